@@ -1,0 +1,138 @@
+#include "runtime/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace cohort::runtime {
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims) push(d);
+}
+
+void Shape::push(int64_t d) {
+  if (rank_ >= kMaxDims) COHORT_THROW(InvalidArgument) << "tensor rank above " << kMaxDims;
+  if (d < 0) COHORT_THROW(InvalidArgument) << "negative dimension " << d;
+  dims_[static_cast<size_t>(rank_++)] = d;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  return rank_ == o.rank_ && std::equal(dims_.begin(), dims_.begin() + rank_, o.dims_.begin());
+}
+
+std::string Shape::str() const {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < rank_; ++i) os << (i ? ", " : "") << dims_[static_cast<size_t>(i)];
+  os << "]";
+  return os.str();
+}
+
+Storage::Storage(Allocator& allocator, size_t bytes)
+    : data_(allocator.allocate(bytes)), bytes_(bytes), device_(allocator.device()),
+      allocator_(&allocator) {}
+
+Storage::Storage(void* data, size_t bytes, Device device)
+    : data_(data), bytes_(bytes), device_(device) {}
+
+Storage::~Storage() {
+  if (allocator_ && data_) allocator_->deallocate(data_, bytes_);
+}
+
+Tensor Tensor::empty(const Shape& shape, Allocator& allocator) {
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(allocator, static_cast<size_t>(shape.numel()) * sizeof(float));
+  t.data_ = static_cast<float*>(t.storage_->data());
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, Allocator& allocator) {
+  COHORT_CHECK(allocator.device().isCpu()) << "Tensor::zeros is host-only";
+  Tensor t = empty(shape, allocator);
+  t.fill(0.0f);
+  return t;
+}
+
+Tensor Tensor::view(float* data, const Shape& shape, Device device) {
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(data, static_cast<size_t>(shape.numel()) * sizeof(float), device);
+  t.data_ = data;
+  t.shape_ = shape;
+  return t;
+}
+
+size_t Tensor::capacityBytes() const {
+  if (!storage_) return 0;
+  auto* base = static_cast<const char*>(storage_->data());
+  return storage_->bytes() - static_cast<size_t>(reinterpret_cast<const char*>(data_) - base);
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (shape.numel() != numel()) {
+    COHORT_THROW(InvalidArgument) << "cannot reshape " << shape_.str() << " to " << shape.str();
+  }
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::narrowRows(int64_t start, int64_t count) const {
+  COHORT_CHECK(rank() >= 1 && start >= 0 && count >= 0 && start + count <= dim(0))
+      << "narrowRows(" << start << ", " << count << ") of " << shape_.str();
+  Tensor t = *this;
+  int64_t rowElems = dim(0) ? numel() / dim(0) : 0;
+  t.data_ = data_ + start * rowElems;
+  t.shape_[0] = count;
+  return t;
+}
+
+Tensor Tensor::withRows(int64_t rows) const {
+  Shape s = shape_;
+  s[0] = rows;
+  return resizedWithin(s);
+}
+
+Tensor Tensor::resizedWithin(const Shape& shape) const {
+  Tensor t = *this;
+  t.shape_ = shape;
+  COHORT_CHECK(t.bytes() <= capacityBytes()) << "resize to " << shape.str() << " exceeds capacity of "
+                                             << shape_.str();
+  return t;
+}
+
+void Tensor::fill(float value) const {
+  COHORT_CHECK(device().isCpu()) << "fill is host-only";
+  std::fill(data_, data_ + numel(), value);
+}
+
+void Tensor::copyFrom(const Tensor& src) const {
+  COHORT_CHECK(device().isCpu() && src.device().isCpu()) << "copyFrom is host-only";
+  COHORT_CHECK(src.numel() == numel()) << src.shape().str() << " into " << shape_.str();
+  if (numel()) std::memcpy(data_, src.data_, bytes());
+}
+
+Tensor Tensor::clone(Allocator& allocator) const {
+  Tensor t = empty(shape_, allocator);
+  t.copyFrom(*this);
+  return t;
+}
+
+void ensureShape(Tensor& t, const Shape& shape, Allocator& allocator) {
+  size_t need = static_cast<size_t>(shape.numel()) * sizeof(float);
+  if (t.defined() && t.device() == allocator.device() && t.capacityBytes() >= need) {
+    if (t.shape() != shape) t = t.resizedWithin(shape);
+    return;
+  }
+  t = Tensor::empty(shape, allocator);
+}
+
+}  // namespace cohort::runtime

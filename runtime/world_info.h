@@ -1,0 +1,32 @@
+// WorldInfo: who this process is in the job (rank, world size, local rank, job id).
+//
+// detect() reads the environment, in this order (DESIGN.md §4): cohortrun's RANK / WORLD_SIZE /
+// LOCAL_RANK / LOCAL_WORLD_SIZE / COHORT_JOB_ID; Open MPI's OMPI_COMM_WORLD_*; SLURM's
+// SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_JOB_ID; PMI_RANK / PMI_SIZE; else a single
+// process. Inconsistent values (rank >= world size, non-numbers) throw InvalidArgument.
+// A value type; pass it explicitly (no global).
+#pragma once
+
+#include <string>
+
+namespace cohort::runtime {
+
+struct WorldInfo {
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  int localWorldSize = 1;
+  std::string jobId = "local";
+  std::string source = "single";  // which launcher's variables were used
+
+  bool isSingle() const { return worldSize == 1; }
+  bool spansNodes() const { return localWorldSize < worldSize; }
+
+  static WorldInfo detect();
+};
+
+// The rank for a message printed where no WorldInfo is at hand (a failed CHECK): detect()'s rank,
+// or "?" when the environment is inconsistent. Never throws.
+std::string rankForMessages();
+
+}  // namespace cohort::runtime

@@ -1,0 +1,76 @@
+#include "runtime/world_info.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "runtime/error.h"
+
+namespace cohort::runtime {
+namespace {
+
+const char* kAllVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "COHORT_JOB_ID",
+                          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID",
+                          "SLURM_NTASKS_PER_NODE", "PMI_RANK", "PMI_SIZE"};
+
+class WorldInfoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kAllVars) unsetenv(v);
+  }
+};
+
+TEST_F(WorldInfoTest, SingleProcessByDefault) {
+  WorldInfo w = WorldInfo::detect();
+  EXPECT_EQ(w.rank, 0);
+  EXPECT_EQ(w.worldSize, 1);
+  EXPECT_EQ(w.source, "single");
+}
+
+TEST_F(WorldInfoTest, CohortrunVariablesWinOverMpi) {
+  setenv("RANK", "2", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  setenv("COHORT_JOB_ID", "job7", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  WorldInfo w = WorldInfo::detect();
+  EXPECT_EQ(w.rank, 2);
+  EXPECT_EQ(w.worldSize, 4);
+  EXPECT_EQ(w.localRank, 0);
+  EXPECT_TRUE(w.spansNodes());
+  EXPECT_EQ(w.jobId, "job7");
+  EXPECT_EQ(w.source, "cohortrun");
+}
+
+TEST_F(WorldInfoTest, OpenMpiThenSlurmThenPmi) {
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_JOB_ID", "991", 1);
+  WorldInfo w = WorldInfo::detect();
+  EXPECT_EQ(w.source, "slurm");
+  EXPECT_EQ(w.rank, 3);
+  EXPECT_EQ(w.jobId, "991");
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(WorldInfo::detect().source, "openmpi");
+  for (const char* v : kAllVars) unsetenv(v);
+  setenv("PMI_RANK", "0", 1);
+  setenv("PMI_SIZE", "2", 1);
+  EXPECT_EQ(WorldInfo::detect().source, "pmi");
+}
+
+TEST_F(WorldInfoTest, InconsistentValuesAreRefused) {
+  setenv("RANK", "4", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  EXPECT_THROW(WorldInfo::detect(), InvalidArgument);
+  setenv("RANK", "x", 1);
+  EXPECT_THROW(WorldInfo::detect(), InvalidArgument);
+  EXPECT_EQ(rankForMessages(), "?");
+}
+
+}  // namespace
+}  // namespace cohort::runtime
