@@ -1,0 +1,92 @@
+#include "nn/linear.h"
+
+#include <cmath>
+
+#include "runtime/cpu/blas.h"
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+using runtime::cpu::gemm;
+
+Linear::Linear(const LinearOptions& options) : options_(options) {
+  if (options.in <= 0 || options.out <= 0) {
+    COHORT_THROW(InvalidArgument) << "Linear needs positive sizes, got " << options.in << " -> " << options.out;
+  }
+}
+
+std::string Linear::name() const {
+  return "Linear(" + std::to_string(options_.in) + " -> " + std::to_string(options_.out) +
+         (options_.bias ? ")" : ", no bias)");
+}
+
+void Linear::registerParams(ParamBuffer& params, const std::string& prefix) {
+  params.add(prefix + "weight", Shape{options_.out, options_.in}, &weight_, &weightGrad_);
+  if (options_.bias) params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
+}
+
+void Linear::resetParams(runtime::Rng& rng) {
+  // PyTorch: kaiming_uniform_(a=sqrt(5)) on the weight gives bound 1/sqrt(fan_in); the bias uses the
+  // same bound.
+  float bound = 1.0f / std::sqrt(static_cast<float>(options_.in));
+  for (int64_t i = 0; i < weight_.numel(); ++i) weight_.at(i) = rng.uniform(-bound, bound);
+  for (int64_t i = 0; i < bias_.numel(); ++i) bias_.at(i) = rng.uniform(-bound, bound);
+}
+
+Shape Linear::outputShape(const Shape& input) const {
+  if (input.rank() < 1 || input[input.rank() - 1] != options_.in) {
+    COHORT_THROW(InvalidArgument) << name() << " got input of shape " << input.str();
+  }
+  Shape s = input;
+  s[s.rank() - 1] = options_.out;
+  return s;
+}
+
+const Tensor& Linear::forward(const Tensor& input, const Pass& pass) {
+  Shape outShape = outputShape(input.shape());
+  int64_t rows = input.numel() / options_.in;
+  inputShape_ = input.shape();
+  input_ = input.reshape(Shape{rows, options_.in});
+  runtime::ensureShape(output_, outShape);
+  float* y = output_.data();
+  gemm({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out), .k = static_cast<int>(options_.in),
+        .transB = true},
+       input_.data(), weight_.data(), y);
+  if (options_.bias) {
+    const float* b = bias_.data();
+    int64_t out = options_.out;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = y + r * out;
+      for (int64_t j = 0; j < out; ++j) row[j] += b[j];
+    }
+  }
+  return output_;
+}
+
+const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
+  int64_t rows = input_.dim(0);
+  COHORT_CHECK(gradOutput.numel() == rows * options_.out) << gradOutput.shape().str();
+  const float* dy = gradOutput.data();
+  int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out), r = static_cast<int>(rows);
+  float beta = pass.accumulateGrads ? 1.0f : 0.0f;
+  // dW[out, in] = dYᵀ[out, rows] · X[rows, in]
+  gemm({.m = out, .n = in, .k = r, .transA = true, .beta = beta}, dy, input_.data(), weightGrad_.data());
+  if (options_.bias) {
+    float* db = biasGrad_.data();
+    if (!pass.accumulateGrads) biasGrad_.fill(0.0f);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = dy + i * out;
+      for (int j = 0; j < out; ++j) db[j] += row[j];
+    }
+  }
+  if (!pass.needInputGrad) {
+    gradInput_ = Tensor();
+    return gradInput_;
+  }
+  // dX[rows, in] = dY[rows, out] · W[out, in]
+  runtime::ensureShape(gradInput_, inputShape_);
+  gemm({.m = r, .n = in, .k = out}, dy, weight_.data(), gradInput_.data());
+  return gradInput_;
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,66 @@
+#include "nn/loss.h"
+
+#include <cmath>
+
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+float SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
+  if (logits.rank() != 2 || targets.numel() != logits.dim(0)) {
+    COHORT_THROW(InvalidArgument) << "cross-entropy needs logits [batch, classes] and targets [batch], got "
+                                  << logits.shape().str() << " and " << targets.shape().str();
+  }
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  runtime::ensureShape(grad_, logits.shape());
+  const float invRows = rows ? 1.0f / static_cast<float>(rows) : 0.0f;
+  double total = 0.0;
+  correct_ = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits.data() + r * cols;
+    float* g = grad_.data() + r * cols;
+    const float t = targets.data()[r];
+    const int64_t label = static_cast<int64_t>(t);
+    if (!(t >= 0.0f) || static_cast<float>(label) != t || label >= cols) {
+      COHORT_THROW(InvalidArgument) << "target " << t << " in row " << r << " is not a class index below " << cols;
+    }
+    int64_t argmax = 0;
+    for (int64_t c = 1; c < cols; ++c) argmax = x[c] > x[argmax] ? c : argmax;
+    const float mx = x[argmax];
+    float sum = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      g[c] = std::exp(x[c] - mx);
+      sum += g[c];
+    }
+    total += static_cast<double>(std::log(sum) + mx - x[label]);
+    const float scale = invRows / sum;
+    for (int64_t c = 0; c < cols; ++c) g[c] *= scale;
+    g[label] -= invRows;
+    correct_ += argmax == label;
+  }
+  return rows ? static_cast<float>(total / static_cast<double>(rows)) : 0.0f;
+}
+
+float MeanSquaredError::forward(const Tensor& output, const Tensor& targets) {
+  if (output.numel() != targets.numel()) {
+    COHORT_THROW(InvalidArgument) << "mse needs outputs and targets of the same size, got " << output.shape().str()
+                                  << " and " << targets.shape().str();
+  }
+  runtime::ensureShape(grad_, output.shape());
+  const int64_t n = output.numel();
+  const float scale = n ? 2.0f / static_cast<float>(n) : 0.0f;
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = output.data()[i] - targets.data()[i];
+    total += static_cast<double>(d) * d;
+    grad_.data()[i] = scale * d;
+  }
+  return n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
+}
+
+std::unique_ptr<Loss> makeLoss(LossKind kind) {
+  if (kind == LossKind::kMse) return std::make_unique<MeanSquaredError>();
+  return std::make_unique<SoftmaxCrossEntropy>();
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,52 @@
+// Module: a layer or a composition of layers with an explicit forward and backward (no autograd
+// tape; DESIGN.md §3.2).
+//
+// Lifecycle: registerParams() declares parameters to a ParamBuffer (in forward order), the buffer is
+// bound, resetParams() initialises them (PyTorch's defaults), then forward/backward alternate.
+// forward() keeps what backward() needs and returns a reference to an output buffer the module owns;
+// backward() takes d(loss)/d(output) for the last forward(), writes the parameter gradients (or adds
+// to them with Pass::accumulateGrads) and returns d(loss)/d(input) — or an undefined tensor when
+// Pass::needInputGrad is false (the first layer never needs it). Output and gradient buffers are
+// sized per batch shape and reused, so a steady training loop allocates nothing.
+// Thread safety: a module is used by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "nn/param_buffer.h"
+#include "runtime/random.h"
+#include "runtime/tensor.h"
+
+namespace cohort::nn {
+
+// What one forward/backward pass needs to know.
+struct Pass {
+  bool training = true;         // dropout active; layers keep what backward needs
+  bool needInputGrad = true;    // backward must return d(loss)/d(input)
+  bool accumulateGrads = false; // add to the gradient buffer instead of overwriting it
+  runtime::Rng* rng = nullptr;  // dropout masks; required when training with dropout
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual std::string name() const = 0;
+  // Declares this module's parameters as `prefix` + local name ("fc0." + "weight").
+  virtual void registerParams(ParamBuffer& params, const std::string& prefix) {}
+  // Initialises the registered parameters; the buffer must be bound.
+  virtual void resetParams(runtime::Rng& rng) {}
+  // Output shape for an input of `input` shape; throws InvalidArgument on a mismatch.
+  virtual Shape outputShape(const Shape& input) const = 0;
+
+  virtual const Tensor& forward(const Tensor& input, const Pass& pass) = 0;
+  virtual const Tensor& backward(const Tensor& gradOutput, const Pass& pass) = 0;
+};
+
+using ModulePtr = std::unique_ptr<Module>;
+
+}  // namespace cohort::nn

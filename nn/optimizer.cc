@@ -1,0 +1,118 @@
+#include "nn/optimizer.h"
+
+#include <cmath>
+
+#include "runtime/error.h"
+
+namespace cohort::nn {
+namespace {
+
+using runtime::Shape;
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const OptimizerOptions& o, size_t numel) : Optimizer(o) {
+    if (o.momentum != 0.0f) buf_ = Tensor::zeros(Shape{static_cast<int64_t>(numel)});
+  }
+  std::string name() const override { return "sgd"; }
+
+  void step(const Tensor& params, const Tensor& grads) override {
+    float* __restrict p = params.data();
+    const float* __restrict g = grads.data();
+    const int64_t n = params.numel();
+    const float lr = options_.lr, wd = options_.weightDecay, m = options_.momentum;
+    if (m == 0.0f) {
+      for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    } else {
+      float* __restrict b = buf_.data();
+      const bool first = steps_ == 0;
+      const bool nesterov = options_.nesterov;
+      for (int64_t i = 0; i < n; ++i) {
+        float d = g[i] + wd * p[i];
+        float bi = first ? d : m * b[i] + d;
+        b[i] = bi;
+        p[i] -= lr * (nesterov ? d + m * bi : bi);
+      }
+    }
+    ++steps_;
+  }
+
+  std::vector<StateTensor> state() const override {
+    if (!buf_.defined()) return {};
+    return {{"momentum_buffer", buf_}};
+  }
+
+ private:
+  Tensor buf_;
+};
+
+class Adam final : public Optimizer {
+ public:
+  Adam(const OptimizerOptions& o, size_t numel, bool decoupled) : Optimizer(o), decoupled_(decoupled) {
+    expAvg_ = Tensor::zeros(Shape{static_cast<int64_t>(numel)});
+    expAvgSq_ = Tensor::zeros(Shape{static_cast<int64_t>(numel)});
+  }
+  std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
+
+  void step(const Tensor& params, const Tensor& grads) override {
+    ++steps_;
+    float* __restrict p = params.data();
+    const float* __restrict g = grads.data();
+    float* __restrict m = expAvg_.data();
+    float* __restrict v = expAvgSq_.data();
+    const int64_t n = params.numel();
+    const float lr = options_.lr, b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
+    const float wd = options_.weightDecay;
+    const double t = static_cast<double>(steps_);
+    const float stepSize = static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(b1), t)));
+    const float bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
+    const float decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
+    const float coupledWd = decoupled_ ? 0.0f : wd;
+    for (int64_t i = 0; i < n; ++i) {
+      float pi = p[i] * decay;
+      float gi = g[i] + coupledWd * pi;
+      float mi = b1 * m[i] + (1.0f - b1) * gi;
+      float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = pi - stepSize * mi / (std::sqrt(vi) / bc2Sqrt + eps);
+    }
+  }
+
+  std::vector<StateTensor> state() const override { return {{"exp_avg", expAvg_}, {"exp_avg_sq", expAvgSq_}}; }
+
+ private:
+  bool decoupled_;
+  Tensor expAvg_, expAvgSq_;
+};
+
+}  // namespace
+
+OptimizerKind parseOptimizerKind(const std::string& name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adam") return OptimizerKind::kAdam;
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  COHORT_THROW(InvalidArgument) << "unknown optimizer '" << name << "': expected sgd, adam or adamw";
+}
+
+std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel) {
+  if (!(o.lr > 0.0f) || !std::isfinite(o.lr)) COHORT_THROW(InvalidArgument) << "--lr must be positive, got " << o.lr;
+  if (!(o.weightDecay >= 0.0f)) COHORT_THROW(InvalidArgument) << "--weight-decay must be >= 0, got " << o.weightDecay;
+  switch (o.kind) {
+    case OptimizerKind::kSgd:
+      if (!(o.momentum >= 0.0f && o.momentum < 1.0f)) {
+        COHORT_THROW(InvalidArgument) << "--momentum must be in [0, 1), got " << o.momentum;
+      }
+      if (o.nesterov && o.momentum == 0.0f) COHORT_THROW(InvalidArgument) << "nesterov needs a momentum above 0";
+      return std::make_unique<Sgd>(o, numel);
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f && o.beta2 >= 0.0f && o.beta2 < 1.0f && o.eps > 0.0f)) {
+        COHORT_THROW(InvalidArgument) << "adam needs betas in [0, 1) and eps > 0";
+      }
+      return std::make_unique<Adam>(o, numel, o.kind == OptimizerKind::kAdamW);
+  }
+  COHORT_THROW(InvalidArgument) << "unknown optimizer";
+}
+
+}  // namespace cohort::nn

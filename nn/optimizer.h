@@ -1,0 +1,65 @@
+// Optimizers over the flat parameter and gradient buffers (DESIGN.md §3.1), with PyTorch's exact
+// update rules:
+//   SGD   d = g + wd·p; on the first step buf = d, then buf = m·buf + d (dampening 0);
+//         d = nesterov ? d + m·buf : buf; p −= lr·d
+//   Adam  g += wd·p; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
+//         p −= lr/(1−β1ᵗ) · m / (sqrt(v)/sqrt(1−β2ᵗ) + ε)
+//   AdamW p ·= 1 − lr·wd first, then Adam without weight decay in the gradient.
+// State buffers are allocated once at construction (numel floats each), so step() allocates nothing.
+// The state (buffers and the step count) is exposed for checkpoints. step() works on CPU buffers and
+// may run against shared parameters (Hogwild): it reads and writes each parameter element once.
+// Thread safety: one thread at a time per optimizer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace cohort::nn {
+
+using runtime::Tensor;
+
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float lr = 0.01f;
+  float momentum = 0.0f;  // SGD
+  bool nesterov = false;  // SGD
+  float weightDecay = 0.0f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // Adam, AdamW
+};
+
+class Optimizer {
+ public:
+  struct StateTensor {
+    std::string name;  // "momentum_buffer", "exp_avg", "exp_avg_sq"
+    Tensor tensor;
+  };
+
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+  // One update of `params` from `grads` (both flat, numel() elements).
+  virtual void step(const Tensor& params, const Tensor& grads) = 0;
+  virtual std::vector<StateTensor> state() const = 0;
+
+  int64_t steps() const { return steps_; }
+  void setSteps(int64_t steps) { steps_ = steps; }
+  const OptimizerOptions& options() const { return options_; }
+  void setLr(float lr) { options_.lr = lr; }
+
+ protected:
+  explicit Optimizer(const OptimizerOptions& options) : options_(options) {}
+  OptimizerOptions options_;
+  int64_t steps_ = 0;
+};
+
+// Validates the options (lr > 0, momentum in [0, 1), betas in [0, 1), eps > 0, weight decay >= 0,
+// nesterov only with momentum) and makes the optimizer for buffers of `numel` elements.
+std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& options, size_t numel);
+
+OptimizerKind parseOptimizerKind(const std::string& name);  // sgd | adam | adamw
+
+}  // namespace cohort::nn

@@ -1,0 +1,71 @@
+#include "nn/param_buffer.h"
+
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+// Each parameter starts at a multiple of 16 floats (64 bytes) so vector loads of any parameter are
+// aligned; the padding is zero and costs under 64 bytes per parameter.
+static constexpr size_t kAlignElems = 16;
+
+size_t ParamBuffer::add(const std::string& name, const Shape& shape, Tensor* value, Tensor* grad) {
+  if (bound()) COHORT_THROW(InvalidArgument) << "parameter '" << name << "' added after binding";
+  if (find(name)) COHORT_THROW(InvalidArgument) << "duplicate parameter name '" << name << "'";
+  COHORT_CHECK(value && grad);
+  Entry e;
+  e.name = name;
+  e.shape = shape;
+  e.offset = (numel_ + kAlignElems - 1) / kAlignElems * kAlignElems;
+  e.numel = static_cast<size_t>(shape.numel());
+  numel_ = e.offset + e.numel;
+  entries_.push_back(e);
+  targets_.emplace_back(value, grad);
+  return entries_.size() - 1;
+}
+
+const ParamBuffer::Entry* ParamBuffer::find(const std::string& name) const {
+  for (const Entry& e : entries_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+void ParamBuffer::allocate(runtime::Allocator& allocator) {
+  COHORT_CHECK(!bound()) << "ParamBuffer bound twice";
+  values_ = Tensor::empty(Shape{static_cast<int64_t>(numel_)}, allocator);
+  grads_ = Tensor::empty(Shape{static_cast<int64_t>(numel_)}, allocator);
+  if (allocator.device().isCpu()) {
+    values_.fill(0.0f);
+    grads_.fill(0.0f);
+  }
+  bind();
+}
+
+void ParamBuffer::attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator) {
+  COHORT_CHECK(!bound()) << "ParamBuffer bound twice";
+  values_ = Tensor::view(values, Shape{static_cast<int64_t>(numel_)}, device);
+  grads_ = Tensor::empty(Shape{static_cast<int64_t>(numel_)}, gradAllocator);
+  if (gradAllocator.device().isCpu()) grads_.fill(0.0f);
+  bind();
+}
+
+void ParamBuffer::bind() {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    *targets_[i].first = value(i);
+    *targets_[i].second = grad(i);
+  }
+}
+
+Tensor ParamBuffer::value(size_t index) const {
+  const Entry& e = entries_.at(index);
+  return values_.narrowRows(static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel)).reshape(e.shape);
+}
+
+Tensor ParamBuffer::grad(size_t index) const {
+  const Entry& e = entries_.at(index);
+  return grads_.narrowRows(static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel)).reshape(e.shape);
+}
+
+void ParamBuffer::zeroGrads() const { grads_.fill(0.0f); }
+
+}  // namespace cohort::nn

@@ -1,0 +1,70 @@
+// ParamBuffer: every parameter of a model as a view into one contiguous float32 buffer, in forward
+// order, and every gradient as a view into a second buffer of the same layout (DESIGN.md §3.1).
+//
+// Two phases. Registration: modules call add() with a name, a shape and the addresses of the Tensor
+// members that will view the value and the gradient. Binding: allocate() (owned memory) or
+// attach() (parameters in memory owned by someone else, e.g. a shared-memory segment for Hogwild;
+// gradients stay private) creates the buffers and points every registered Tensor into them. After
+// binding the layout is frozen: add() throws. The registered Tensor members must outlive the binding
+// (modules register their own members, and a model owns both the modules and its ParamBuffer).
+// Thread safety: none; binding happens once at start-up.
+//
+//   ParamBuffer params;
+//   model.registerParams(params);      // Linear adds "fc0.weight", "fc0.bias", ...
+//   params.allocate(cpuAllocator());
+//   optimizer.step(params.values(), params.grads());
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/tensor.h"
+
+namespace cohort::nn {
+
+using runtime::Shape;
+using runtime::Tensor;
+
+class ParamBuffer {
+ public:
+  struct Entry {
+    std::string name;
+    Shape shape;
+    size_t offset = 0;  // in elements from the start of the buffer
+    size_t numel = 0;
+  };
+
+  // Registers one parameter; returns its index. Throws if already bound or the name repeats.
+  size_t add(const std::string& name, const Shape& shape, Tensor* value, Tensor* grad);
+
+  // Allocates values and gradients from `allocator` (values uninitialised, gradients zeroed on CPU).
+  void allocate(runtime::Allocator& allocator);
+  // Values live at `values` (numel() floats on `device`, owned by the caller); gradients are
+  // allocated from `gradAllocator`.
+  void attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator);
+
+  bool bound() const { return values_.defined(); }
+  size_t numel() const { return numel_; }
+  size_t bytes() const { return numel_ * sizeof(float); }
+  const std::vector<Entry>& entries() const { return entries_; }
+  const Entry* find(const std::string& name) const;
+  // The flat buffers, shape [numel()].
+  const Tensor& values() const { return values_; }
+  const Tensor& grads() const { return grads_; }
+  // The view of one parameter (or its gradient) by entry index.
+  Tensor value(size_t index) const;
+  Tensor grad(size_t index) const;
+  void zeroGrads() const;
+
+ private:
+  void bind();
+
+  std::vector<Entry> entries_;
+  std::vector<std::pair<Tensor*, Tensor*>> targets_;
+  size_t numel_ = 0;
+  Tensor values_;
+  Tensor grads_;
+};
+
+}  // namespace cohort::nn

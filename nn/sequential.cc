@@ -1,0 +1,49 @@
+#include "nn/sequential.h"
+
+#include <sstream>
+
+namespace cohort::nn {
+
+Sequential& Sequential::add(ModulePtr module, const std::string& name) {
+  names_.push_back(name.empty() ? std::to_string(modules_.size()) : name);
+  modules_.push_back(std::move(module));
+  return *this;
+}
+
+void Sequential::registerParams(ParamBuffer& params, const std::string& prefix) {
+  for (size_t i = 0; i < modules_.size(); ++i) modules_[i]->registerParams(params, prefix + names_[i] + ".");
+}
+
+void Sequential::resetParams(runtime::Rng& rng) {
+  for (auto& m : modules_) m->resetParams(rng);
+}
+
+Shape Sequential::outputShape(const Shape& input) const {
+  Shape s = input;
+  for (const auto& m : modules_) s = m->outputShape(s);
+  return s;
+}
+
+const Tensor& Sequential::forward(const Tensor& input, const Pass& pass) {
+  const Tensor* x = &input;
+  for (auto& m : modules_) x = &m->forward(*x, pass);
+  return *x;
+}
+
+const Tensor& Sequential::backward(const Tensor& gradOutput, const Pass& pass) {
+  const Tensor* g = &gradOutput;
+  for (size_t i = modules_.size(); i-- > 0;) {
+    Pass p = pass;
+    p.needInputGrad = i > 0 || pass.needInputGrad;
+    g = &modules_[i]->backward(*g, p);
+  }
+  return modules_.empty() ? gradOutput : *g;
+}
+
+std::string Sequential::describe() const {
+  std::ostringstream os;
+  for (size_t i = 0; i < modules_.size(); ++i) os << names_[i] << " " << modules_[i]->name() << "\n";
+  return os.str();
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,40 @@
+// Sequential: modules applied in order. Owns its modules. Parameters of module i are registered
+// under "<i>.<name>" unless the module was added with a name ("fc1.weight").
+// backward() runs the modules in reverse, asking the first one for no input gradient unless the
+// caller's Pass asks for one. Thread safety: as Module.
+#pragma once
+
+#include <vector>
+
+#include "nn/module.h"
+
+namespace cohort::nn {
+
+class Sequential final : public Module {
+ public:
+  Sequential() = default;
+  Sequential& add(ModulePtr module, const std::string& name = "");
+  template <class M, class... Args>
+  Sequential& emplace(Args&&... args) {
+    return add(std::make_unique<M>(std::forward<Args>(args)...));
+  }
+
+  std::string name() const override { return "Sequential"; }
+  void registerParams(ParamBuffer& params, const std::string& prefix) override;
+  void resetParams(runtime::Rng& rng) override;
+  Shape outputShape(const Shape& input) const override;
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+  size_t size() const { return modules_.size(); }
+  Module& at(size_t i) { return *modules_.at(i); }
+  // One line per module: "0 Linear(784 -> 512)", used by `cohort train` at start-up.
+  std::string describe() const;
+
+ private:
+  std::vector<ModulePtr> modules_;
+  std::vector<std::string> names_;
+  Tensor empty_;
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,60 @@
+#include "nn/softmax.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    float mx = *std::max_element(xr, xr + cols);
+    double sum = 0.0;
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
+    if (log) {
+      float lse = mx + static_cast<float>(std::log(sum));
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
+    } else {
+      float inv = static_cast<float>(1.0 / sum);
+      for (int64_t c = 0; c < cols; ++c) yr[c] = std::exp(xr[c] - mx) * inv;
+    }
+  }
+}
+
+const Tensor& Softmax::forward(const Tensor& input, const Pass& pass) {
+  COHORT_CHECK(input.rank() >= 1);
+  runtime::ensureShape(output_, input.shape());
+  int64_t cols = input.dim(input.rank() - 1);
+  softmaxRows(input.data(), output_.data(), cols ? input.numel() / cols : 0, cols, log_);
+  return output_;
+}
+
+const Tensor& Softmax::backward(const Tensor& gradOutput, const Pass& pass) {
+  if (!pass.needInputGrad) {
+    gradInput_ = Tensor();
+    return gradInput_;
+  }
+  runtime::ensureShape(gradInput_, output_.shape());
+  int64_t cols = output_.dim(output_.rank() - 1);
+  int64_t rows = cols ? output_.numel() / cols : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* y = output_.data() + r * cols;
+    const float* dy = gradOutput.data() + r * cols;
+    float* dx = gradInput_.data() + r * cols;
+    if (log_) {  // dx = dy - softmax · Σ dy
+      double s = 0.0;
+      for (int64_t c = 0; c < cols; ++c) s += dy[c];
+      for (int64_t c = 0; c < cols; ++c) dx[c] = dy[c] - std::exp(y[c]) * static_cast<float>(s);
+    } else {  // dx = y · (dy − Σ dy·y)
+      double s = 0.0;
+      for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(dy[c]) * y[c];
+      for (int64_t c = 0; c < cols; ++c) dx[c] = y[c] * (dy[c] - static_cast<float>(s));
+    }
+  }
+  return gradInput_;
+}
+
+}  // namespace cohort::nn

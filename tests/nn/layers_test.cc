@@ -1,0 +1,179 @@
+// Finite-difference gradient checks for every layer and loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "nn/activation.h"
+#include "nn/dropout.h"
+#include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/sequential.h"
+#include "nn/softmax.h"
+#include "runtime/error.h"
+#include "tests/nn/grad_check.h"
+
+namespace cohort::nn {
+namespace {
+
+using testing::checkLossGradient;
+using testing::checkModuleGradients;
+using testing::GradCheckOptions;
+using testing::randomTensor;
+
+TEST(Linear, GradientsMatchFiniteDifferences) {
+  Linear fc(5, 3);
+  ParamBuffer params;
+  fc.registerParams(params, "fc.");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(1);
+  fc.resetParams(rng);
+  checkModuleGradients(fc, params, randomTensor(Shape{4, 5}, 2));
+}
+
+TEST(Linear, ForwardMatchesHandComputation) {
+  Linear fc(2, 2);
+  ParamBuffer params;
+  fc.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  float w[] = {1, 2, 3, 4}, b[] = {0.5f, -1};
+  std::copy(w, w + 4, fc.weight().data());
+  std::copy(b, b + 2, fc.bias().data());
+  Tensor x = Tensor::zeros(Shape{1, 2});
+  x.at(0) = 1;
+  x.at(1) = 2;
+  const Tensor& y = fc.forward(x, Pass{});
+  EXPECT_EQ(y.at(0), 1 * 1 + 2 * 2 + 0.5f);
+  EXPECT_EQ(y.at(1), 3 * 1 + 4 * 2 - 1.0f);
+}
+
+TEST(Linear, DefaultInitIsPyTorchsUniformBound) {
+  Linear fc(100, 50);
+  ParamBuffer params;
+  fc.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(3);
+  fc.resetParams(rng);
+  float bound = 0.1f, maxAbs = 0;
+  for (int64_t i = 0; i < fc.weight().numel(); ++i) maxAbs = std::max(maxAbs, std::fabs(fc.weight().at(i)));
+  EXPECT_LE(maxAbs, bound);
+  EXPECT_GT(maxAbs, 0.9f * bound);
+}
+
+TEST(Activation, GradientsMatchFiniteDifferences) {
+  for (ActivationKind kind : {ActivationKind::kRelu, ActivationKind::kTanh, ActivationKind::kSigmoid}) {
+    Activation act(kind);
+    ParamBuffer none;
+    Tensor x = randomTensor(Shape{3, 7}, 4);
+    // Keep ReLU inputs away from the kink at 0, where the derivative is undefined.
+    for (int64_t i = 0; i < x.numel(); ++i) x.at(i) += x.at(i) >= 0 ? 0.1f : -0.1f;
+    SCOPED_TRACE(act.name());
+    checkModuleGradients(act, none, x, GradCheckOptions{.h = 1e-2f});
+  }
+}
+
+TEST(Softmax, GradientsMatchFiniteDifferences) {
+  for (bool log : {false, true}) {
+    Softmax sm(log);
+    ParamBuffer none;
+    SCOPED_TRACE(sm.name());
+    checkModuleGradients(sm, none, randomTensor(Shape{3, 5}, 6, -2, 2));
+  }
+}
+
+TEST(Softmax, RowsSumToOne) {
+  Softmax sm;
+  Tensor x = randomTensor(Shape{4, 6}, 7, -30, 30);
+  const Tensor& y = sm.forward(x, Pass{});
+  for (int r = 0; r < 4; ++r) {
+    double s = 0;
+    for (int c = 0; c < 6; ++c) s += y.at(r * 6 + c);
+    EXPECT_NEAR(s, 1.0, 1e-6);
+  }
+}
+
+TEST(Dropout, GradientsMatchFiniteDifferencesWithAFixedMask) {
+  Dropout d(0.3f);
+  ParamBuffer none;
+  checkModuleGradients(d, none, randomTensor(Shape{4, 8}, 8));
+}
+
+TEST(Dropout, ScalesKeptElementsAndIsIdentityInEval) {
+  Dropout d(0.5f);
+  Tensor x = Tensor::zeros(Shape{10000});
+  x.fill(1.0f);
+  runtime::Rng rng(1);
+  Pass train;
+  train.rng = &rng;
+  const Tensor& y = d.forward(x, train);
+  int kept = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    ASSERT_TRUE(y.at(i) == 0.0f || y.at(i) == 2.0f);
+    kept += y.at(i) != 0.0f;
+  }
+  EXPECT_NEAR(kept, 5000, 300);
+  Pass eval;
+  eval.training = false;
+  EXPECT_EQ(d.forward(x, eval).data(), x.data());
+  EXPECT_THROW(Dropout(1.0f), InvalidArgument);
+}
+
+TEST(Sequential, GradientsOfAnMlpMatchFiniteDifferences) {
+  Sequential net;
+  net.add(std::make_unique<Linear>(4, 6), "fc0").add(tanhActivation()).add(std::make_unique<Linear>(6, 3), "fc1");
+  ParamBuffer params;
+  net.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(10);
+  net.resetParams(rng);
+  EXPECT_EQ(params.entries()[0].name, "fc0.weight");
+  EXPECT_EQ(params.entries()[3].name, "fc1.bias");
+  checkModuleGradients(net, params, randomTensor(Shape{2, 4}, 11));
+}
+
+TEST(SoftmaxCrossEntropy, GradientAndValue) {
+  SoftmaxCrossEntropy ce;
+  Tensor logits = randomTensor(Shape{4, 5}, 12, -2, 2);
+  Tensor targets = Tensor::zeros(Shape{4});
+  float labels[] = {0, 4, 2, 2};
+  std::copy(labels, labels + 4, targets.data());
+  checkLossGradient(ce, logits, targets);
+  // Value against a direct computation.
+  double expect = 0;
+  for (int r = 0; r < 4; ++r) {
+    double s = 0;
+    for (int c = 0; c < 5; ++c) s += std::exp(static_cast<double>(logits.at(r * 5 + c)));
+    expect += std::log(s) - logits.at(r * 5 + static_cast<int>(labels[r]));
+  }
+  EXPECT_NEAR(ce.forward(logits, targets), expect / 4, 1e-5);
+  targets.at(1) = 5;
+  EXPECT_THROW(ce.forward(logits, targets), InvalidArgument);
+  targets.at(1) = 1.5f;
+  EXPECT_THROW(ce.forward(logits, targets), InvalidArgument);
+}
+
+TEST(SoftmaxCrossEntropy, CountsCorrectPredictions) {
+  SoftmaxCrossEntropy ce;
+  Tensor logits = Tensor::zeros(Shape{3, 3});
+  float v[] = {5, 0, 0, 0, 5, 0, 0, 0, 5};
+  std::copy(v, v + 9, logits.data());
+  Tensor targets = Tensor::zeros(Shape{3});
+  targets.at(0) = 0;
+  targets.at(1) = 1;
+  targets.at(2) = 0;
+  ce.forward(logits, targets);
+  EXPECT_EQ(ce.correct(), 2);
+}
+
+TEST(MeanSquaredError, GradientAndValue) {
+  MeanSquaredError mse;
+  Tensor out = randomTensor(Shape{3, 2}, 13);
+  Tensor targets = randomTensor(Shape{3, 2}, 14);
+  checkLossGradient(mse, out, targets);
+  double expect = 0;
+  for (int i = 0; i < 6; ++i) expect += std::pow(out.at(i) - targets.at(i), 2);
+  EXPECT_NEAR(mse.forward(out, targets), expect / 6, 1e-6);
+  EXPECT_THROW(mse.forward(out, Tensor::zeros(Shape{5})), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace cohort::nn
