@@ -1,0 +1,210 @@
+#include "runtime/data/data_loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include "runtime/error.h"
+#include "runtime/random.h"
+
+namespace cohort::runtime::data {
+namespace {
+
+void validate(const DataLoaderOptions& o) {
+  if (o.batchSize <= 0) {
+    COHORT_THROW(InvalidArgument) << "data loader: batch size must be > 0, got " << o.batchSize;
+  }
+  if (o.worldSize < 1) {
+    COHORT_THROW(InvalidArgument) << "data loader: world size must be >= 1, got " << o.worldSize;
+  }
+  if (o.rank < 0 || o.rank >= o.worldSize) {
+    COHORT_THROW(InvalidArgument) << "data loader: rank " << o.rank << " is outside [0, "
+                                  << o.worldSize << ")";
+  }
+  if (o.prefetch < 0) {
+    COHORT_THROW(InvalidArgument) << "data loader: prefetch must be >= 0, got " << o.prefetch;
+  }
+  if (!(o.timeoutSeconds > 0)) {
+    COHORT_THROW(InvalidArgument) << "data loader: timeout must be > 0 seconds, got "
+                                  << o.timeoutSeconds;
+  }
+}
+
+// Samples per rank before batching: DistributedSampler's num_samples.
+int64_t shardSize(int64_t n, const DataLoaderOptions& o) {
+  return o.dropLast ? n / o.worldSize : (n + o.worldSize - 1) / o.worldSize;
+}
+
+// [rows, ...rest]
+Shape withLeading(int64_t rows, const Shape& rest) {
+  Shape s;
+  s.push(rows);
+  for (int i = 0; i < rest.rank(); ++i) s.push(rest[i]);
+  return s;
+}
+
+}  // namespace
+
+std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& options,
+                                  int64_t epoch) {
+  validate(options);
+  if (datasetSize < 0) COHORT_THROW(InvalidArgument) << "data loader: dataset size " << datasetSize;
+  if (epoch < 0) COHORT_THROW(InvalidArgument) << "data loader: epoch must be >= 0, got " << epoch;
+  std::vector<int64_t> perm(static_cast<size_t>(datasetSize));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  if (options.shuffle) {
+    Rng rng(mix(options.seed, static_cast<uint64_t>(epoch)));
+    for (int64_t i = datasetSize - 1; i > 0; --i) {
+      auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i) + 1));
+      std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
+    }
+  }
+  // Position k of the padded (or truncated) list is perm[k % N]: padding repeats the permutation
+  // from its beginning, as often as needed when N < W.
+  int64_t perRank = shardSize(datasetSize, options);
+  std::vector<int64_t> shard(static_cast<size_t>(perRank));
+  for (int64_t s = 0; s < perRank; ++s) {
+    int64_t k = options.rank + s * options.worldSize;
+    shard[static_cast<size_t>(s)] = perm[static_cast<size_t>(k % datasetSize)];
+  }
+  return shard;
+}
+
+DataLoader::DataLoader(const Dataset& dataset, const DataLoaderOptions& options)
+    : dataset_(dataset), options_(options) {
+  validate(options_);
+  sampleElems_ = dataset_.sampleShape().numel();
+  targetElems_ = dataset_.targetShape().numel();
+  int64_t shard = shardSize(dataset_.size(), options_);
+  int64_t b = options_.batchSize;
+  batchesPerEpoch_ = options_.dropLast ? shard / b : (shard + b - 1) / b;
+  samplesPerEpoch_ = options_.dropLast ? batchesPerEpoch_ * b : shard;
+  int64_t slotRows = std::min(b, shard);
+  slots_.resize(static_cast<size_t>(options_.prefetch) + 1);
+  for (Slot& slot : slots_) {
+    slot.inputs = Tensor::empty(withLeading(slotRows, dataset_.sampleShape()), cpuAllocator());
+    slot.targets = Tensor::empty(withLeading(slotRows, dataset_.targetShape()), cpuAllocator());
+  }
+}
+
+DataLoader::~DataLoader() { stopWorker(); }
+
+void DataLoader::stopWorker() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    releasedCv_.notify_all();
+    worker_.join();
+  }
+  stop_ = false;
+  error_ = nullptr;
+  produced_ = 0;
+  released_ = 0;
+  consumed_ = 0;
+}
+
+void DataLoader::startEpoch(int64_t epoch, int64_t firstBatch) {
+  if (firstBatch < 0 || firstBatch > batchesPerEpoch_) {
+    COHORT_THROW(InvalidArgument) << "data loader: first batch " << firstBatch << " is outside [0, "
+                                  << batchesPerEpoch_ << "] for " << dataset_.name();
+  }
+  std::vector<int64_t> indices = shardIndices(dataset_.size(), options_, epoch);  // validates epoch
+  stopWorker();
+  indices_ = std::move(indices);
+  epoch_ = epoch;
+  firstBatch_ = firstBatch;
+  batchesToGo_ = batchesPerEpoch_ - firstBatch;
+  if (options_.prefetch > 0 && batchesToGo_ > 0) worker_ = std::thread([this] { workerLoop(); });
+}
+
+void DataLoader::gather(int64_t batchIndex, Slot& slot) const {
+  int64_t begin = batchIndex * options_.batchSize;
+  int64_t size = std::min(options_.batchSize, samplesPerEpoch_ - begin);
+  const float* x = dataset_.inputs().data();
+  const float* y = dataset_.targets().data();
+  float* xOut = slot.inputs.data();
+  float* yOut = slot.targets.data();
+  size_t xBytes = static_cast<size_t>(sampleElems_) * sizeof(float);
+  size_t yBytes = static_cast<size_t>(targetElems_) * sizeof(float);
+  for (int64_t s = 0; s < size; ++s) {
+    int64_t i = indices_[static_cast<size_t>(begin + s)];
+    std::memcpy(xOut + s * sampleElems_, x + i * sampleElems_, xBytes);
+    std::memcpy(yOut + s * targetElems_, y + i * targetElems_, yBytes);
+  }
+  slot.index = batchIndex;
+  slot.size = size;
+}
+
+// The worker waits for a free slot without a deadline on purpose: a slow training step is not a
+// fault, and stopWorker() wakes it. The consumer's waits are the ones bounded (next()).
+void DataLoader::workerLoop() {
+  const auto slotCount = static_cast<int64_t>(slots_.size());
+  try {
+    for (int64_t seq = 0; seq < batchesToGo_; ++seq) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        releasedCv_.wait(lock, [&] { return stop_ || seq < released_ + slotCount; });
+        if (stop_) return;
+      }
+      gather(firstBatch_ + seq, slots_[static_cast<size_t>(seq % slotCount)]);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        produced_ = seq + 1;
+      }
+      producedCv_.notify_one();
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = std::current_exception();
+    }
+    producedCv_.notify_one();
+  }
+}
+
+void DataLoader::waitForProduced(std::unique_lock<std::mutex>& lock, int64_t seq) {
+  auto timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options_.timeoutSeconds));
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (produced_ <= seq) {
+    if (error_) std::rethrow_exception(error_);
+    if (producedCv_.wait_until(lock, deadline) == std::cv_status::timeout && produced_ <= seq &&
+        !error_) {
+      COHORT_THROW(TimeoutError) << "data loader (" << dataset_.name() << ", rank " << options_.rank
+                                 << "): batch " << firstBatch_ + seq << " of epoch " << epoch_
+                                 << " not ready after " << options_.timeoutSeconds
+                                 << " s; the prefetch thread is stuck";
+    }
+  }
+}
+
+bool DataLoader::next(Batch& batch) {
+  COHORT_CHECK(epoch_ >= 0) << "DataLoader::next() called before startEpoch()";
+  const auto slotCount = static_cast<int64_t>(slots_.size());
+  Slot* slot = nullptr;
+  if (options_.prefetch == 0) {
+    if (consumed_ >= batchesToGo_) return false;
+    slot = &slots_[0];
+    gather(firstBatch_ + consumed_, *slot);
+  } else {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (released_ < consumed_) {  // the batch handed out last time is no longer in use
+      released_ = consumed_;
+      releasedCv_.notify_one();
+    }
+    if (consumed_ >= batchesToGo_) return false;
+    waitForProduced(lock, consumed_);
+    slot = &slots_[static_cast<size_t>(consumed_ % slotCount)];
+  }
+  ++consumed_;
+  batch.inputs = slot->inputs.withRows(slot->size);
+  batch.targets = slot->targets.withRows(slot->size);
+  batch.index = slot->index;
+  batch.size = slot->size;
+  return true;
+}
+
+}  // namespace cohort::runtime::data

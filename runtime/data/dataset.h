@@ -1,0 +1,65 @@
+// Dataset: a whole dataset held in host memory, and openDataset() which builds one from a
+// command-line spec (DESIGN.md §4: synthetic | mnist:DIR | csv:FILE).
+//
+// inputs() is a CPU float32 Tensor [N, ...sampleShape]. targets() is a CPU float32 Tensor: [N]
+// holding class indices as exact floats when numClasses() > 0, or [N, T] regression values when
+// numClasses() == 0 (a caller that trains an integer-target CSV with a regression loss reshapes [N]
+// to [N, 1]; that is a view, no copy).
+// Ownership: a Dataset owns its tensors; loaders and models keep references and must not outlive
+// it. Thread safety: immutable after construction, so any number of threads may read it
+// concurrently.
+//
+//   std::unique_ptr<Dataset> train = openDataset("mnist:/data/mnist", Split::kTrain);
+//   DataLoader loader(*train, {.batchSize = 64});
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/tensor.h"
+
+namespace cohort::runtime::data {
+
+enum class Split { kTrain, kTest };
+
+// Everything a Dataset is made of; producers fill one and hand it over.
+struct DatasetContents {
+  std::string name;        // e.g. "synthetic/train", "csv:/tmp/x.csv"
+  Tensor inputs;           // [N, ...sampleShape], CPU float32
+  Tensor targets;          // [N] class indices or [N, T] regression values, CPU float32
+  int64_t numClasses = 0;  // 0: regression or unknown
+};
+
+class Dataset {
+ public:
+  // Checks that inputs and targets are CPU tensors with the same (non-zero rank) first dimension.
+  explicit Dataset(DatasetContents contents);
+
+  const std::string& name() const { return contents_.name; }
+  const Tensor& inputs() const { return contents_.inputs; }
+  const Tensor& targets() const { return contents_.targets; }
+  int64_t size() const { return contents_.inputs.dim(0); }
+  // The shape of one sample: inputs().shape() without its first dimension.
+  Shape sampleShape() const;
+  // The shape of one target: [] for class indices, [T] for regression.
+  Shape targetShape() const;
+  int64_t numClasses() const { return contents_.numClasses; }
+
+ private:
+  DatasetContents contents_;
+};
+
+// Opens the dataset named by `spec`:
+//   synthetic      the deterministic MNIST-shaped task of DESIGN.md §7 (train or test split)
+//   mnist:DIR      the four IDX files in DIR, plain or .gz (see mnist.h)
+//   csv:FILE       numeric rows, last column the target (see csv.h)
+// A CSV file has no test split: openDataset("csv:F", Split::kTest) throws InvalidArgument telling
+// the user to pass --test-data csv:FILE. The caller opens a spec given explicitly with --test-data
+// using Split::kTrain semantics (for csv that reads the whole file; for synthetic and mnist the
+// caller passes kTest to get the test split).
+// Throws InvalidArgument for an unknown spec (listing the accepted forms) and IoError for files
+// that are missing or malformed.
+std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split);
+
+}  // namespace cohort::runtime::data
