@@ -1,0 +1,67 @@
+// cohort: the worker program. Subcommands:
+//   train    train a model (cli/train_command.h)
+//   devices  list the CPU and CUDA devices of this machine
+//   bench    benchmarks (bench/)
+// The one place (with launcher/'s main) where errors become exit codes (docs/errors.md).
+#include <CLI/CLI.hpp>   // CLI11: flags and subcommands
+
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "bench/train_bench.h"       // cohort bench train
+#include "cli/train_command.h"       // cohort train
+#include "runtime/device_query.h"    // cohort devices
+#include "runtime/error.h"           // exit codes
+#include "runtime/world_info.h"      // rank for error messages
+
+namespace {
+
+int run(int argc, char** argv) {
+  using namespace cohort;
+  CLI::App app{"cohort: multi-process neural-network training"};
+  app.require_subcommand(1);
+  cli::TrainFlags trainFlags;
+  CLI::App* train = app.add_subcommand("train", "train a model");
+  cli::addTrainFlags(*train, trainFlags);
+  CLI::App* devices = app.add_subcommand("devices", "list CPU and CUDA devices");
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  bench::TrainBenchOptions benchOptions;
+  CLI::App* benchTrain = bench->add_subcommand("train", "MLP training throughput (samples/s) and SGEMM rate");
+  bench::addTrainBenchFlags(*benchTrain, benchOptions);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
+  }
+  if (train->parsed()) return cli::runTrain(trainFlags);
+  if (devices->parsed()) {
+    std::string whyNone;
+    auto cuda = runtime::cudaDevices(&whyNone);
+    std::printf("%s", runtime::formatDevices(runtime::hostInfo(), cuda, whyNone).c_str());
+    return 0;
+  }
+  if (benchTrain->parsed()) return bench::runTrainBench(benchOptions);
+  return static_cast<int>(ExitCode::kUsage);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using cohort::ExitCode;
+  auto fail = [](const char* what, ExitCode code) {
+    std::fprintf(stderr, "[rank %s] cohort: error: %s\n", cohort::runtime::rankForMessages().c_str(), what);
+    return static_cast<int>(code);
+  };
+  try {
+    return run(argc, argv);
+  } catch (const cohort::Error& e) {
+    return fail(e.what(), e.code());
+  } catch (const std::bad_alloc&) {
+    return fail("out of host memory", ExitCode::kOutOfMemory);
+  } catch (const std::exception& e) {
+    return fail(e.what(), ExitCode::kInternal);
+  }
+}

@@ -1,0 +1,45 @@
+// `cohort train`: flags (DESIGN.md §4) and the job they describe.
+//
+// addTrainFlags() declares every flag on a CLI11 subcommand, writing into a TrainFlags the caller
+// owns; runTrain() validates them, builds the data, model, optimizer and loss, runs the Trainer and
+// prints the RESULT line on rank 0. Errors are thrown as cohort::Error (the main maps them to exit
+// codes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace cohort::cli {
+
+struct TrainFlags {
+  std::string model = "mlp:784,512,256,10";
+  std::string data = "synthetic";
+  std::string testData;
+  std::string mode = "local";
+  std::string backend;
+  std::string device = "cpu";
+  int64_t epochs = 1;
+  int64_t batchSize = 64;
+  double lr = 0.05;
+  double momentum = 0.0;
+  bool nesterov = false;
+  std::string optimizer = "sgd";
+  double weightDecay = -1;  // < 0: the optimizer's default (0; 0.01 for adamw)
+  std::string loss = "ce";
+  int threads = 1;
+  uint64_t seed = 0;
+  int prefetch = 2;
+  std::string checkpoint;
+  int64_t checkpointEvery = 0;
+  bool resume = false;
+  std::string metrics;
+};
+
+void addTrainFlags(CLI::App& command, TrainFlags& flags);
+int runTrain(const TrainFlags& flags);
+
+}  // namespace cohort::cli

@@ -1,0 +1,130 @@
+#include "nn/trainer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+using Clock = std::chrono::steady_clock;
+
+static double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+Trainer::Trainer(Model& model, Optimizer& optimizer, Loss& loss, runtime::data::DataLoader& train,
+                 const runtime::data::Dataset* test, const runtime::WorldInfo& world, const runtime::Logger& log,
+                 TrainerOptions options)
+    : model_(model), optimizer_(optimizer), loss_(loss), train_(train), test_(test), world_(world), log_(log),
+      options_(std::move(options)), rng_(runtime::mix(options_.seed, 0x64726f70ull /* "drop" */)) {}
+
+TrainResult Trainer::run() {
+  const auto start = Clock::now();
+  Position pos;
+  if (options_.resume && loadCheckpoint(pos)) {
+    log_.info() << "resumed from " << options_.checkpointPath << " at epoch " << pos.epoch + 1 << " batch "
+                << pos.batch << " (step " << pos.step << ")";
+  }
+  Pass pass;
+  pass.rng = &rng_;
+  pass.needInputGrad = false;
+  TrainResult result;
+  double trainSeconds = 0;
+  int64_t trainedSamples = 0;
+  for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
+    const auto epochStart = Clock::now();
+    int64_t epochSamplesBefore = pos.samples;
+    train_.startEpoch(pos.epoch, pos.batch);
+    for (runtime::data::Batch batch; train_.next(batch);) {
+      const Tensor& out = model_.net->forward(batch.inputs, pass);
+      pos.lossSum += static_cast<double>(loss_.forward(out, batch.targets)) * static_cast<double>(batch.size);
+      pos.correct += loss_.correct();
+      pos.samples += batch.size;
+      model_.net->backward(loss_.backward(), pass);
+      optimizer_.step(model_.params.values(), model_.params.grads());
+      ++pos.step;
+      pos.batch = batch.index + 1;
+      if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 &&
+          pos.batch < train_.batchesPerEpoch()) {
+        saveCheckpoint(pos);
+      }
+    }
+    const double epochSeconds = secondsSince(epochStart);
+    trainSeconds += epochSeconds;
+    trainedSamples += pos.samples - epochSamplesBefore;
+    result.trainLoss = pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0;
+    result.trainAcc = pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0;
+    if (test_) {
+      Evaluation e = evaluate(*test_);
+      result.testLoss = e.loss;
+      result.testAcc = e.accuracy;
+      result.haveTest = true;
+    }
+    result.epochs = pos.epoch + 1;
+    result.steps = pos.step;
+    result.samplesPerSec = trainSeconds > 0 ? static_cast<double>(trainedSamples) / trainSeconds : 0;
+    auto line = log_.info();
+    line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss "
+         << result.trainLoss;
+    if (options_.classification) line << " train_acc " << result.trainAcc;
+    if (result.haveTest) line << " test_loss " << result.testLoss;
+    if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
+    line << " samples/s " << static_cast<int64_t>(static_cast<double>(pos.samples - epochSamplesBefore) / epochSeconds);
+    appendMetrics(pos, result);
+    pos.lossSum = 0;
+    pos.correct = 0;
+    pos.samples = 0;
+    if (!options_.checkpointPath.empty()) {
+      Position next = pos;
+      next.epoch = pos.epoch + 1;
+      next.batch = 0;
+      saveCheckpoint(next);
+    }
+  }
+  result.wallSeconds = secondsSince(start);
+  return result;
+}
+
+Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
+  Pass pass;
+  pass.training = false;
+  double lossSum = 0;
+  int64_t correct = 0;
+  const int64_t n = data.size();
+  for (int64_t first = 0; first < n; first += options_.evalBatchSize) {
+    int64_t count = std::min(options_.evalBatchSize, n - first);
+    const Tensor& out = model_.net->forward(data.inputs().narrowRows(first, count), pass);
+    lossSum += static_cast<double>(loss_.forward(out, data.targets().narrowRows(first, count))) * static_cast<double>(count);
+    correct += loss_.correct();
+  }
+  return {n ? lossSum / static_cast<double>(n) : 0, n ? static_cast<double>(correct) / static_cast<double>(n) : 0};
+}
+
+std::string Trainer::resultLine(const TrainResult& r) const {
+  std::ostringstream os;
+  os << "RESULT mode=" << options_.mode << " backend=" << options_.backend << " world_size=" << world_.worldSize
+     << " epochs=" << r.epochs << " train_loss=" << r.trainLoss;
+  if (r.haveTest) os << " test_loss=" << r.testLoss;
+  if (r.haveTest && options_.classification) os << " test_acc=" << r.testAcc;
+  os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec * world_.worldSize) << " wall_s=" << r.wallSeconds;
+  return os.str();
+}
+
+void Trainer::appendMetrics(const Position& pos, const TrainResult& r) const {
+  if (options_.metricsPath.empty() || world_.rank != 0) return;
+  nlohmann::json j = {{"epoch", pos.epoch + 1}, {"step", pos.step}, {"train_loss", r.trainLoss},
+                      {"samples_per_s", r.samplesPerSec}};
+  if (options_.classification) j["train_acc"] = r.trainAcc;
+  if (r.haveTest) j["test_loss"] = r.testLoss;
+  if (r.haveTest && options_.classification) j["test_acc"] = r.testAcc;
+  std::ofstream out(options_.metricsPath, std::ios::app);
+  out << j.dump() << "\n";
+  if (!out) COHORT_THROW(IoError) << options_.metricsPath << ": cannot append metrics";
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,94 @@
+// Trainer: the training loop every worker runs (DESIGN.md §1), readable on one screen.
+//
+//   for epoch: loader.startEpoch(epoch, firstBatch)
+//     for batch: forward -> loss -> backward -> optimizer.step -> (checkpoint every N steps)
+//     evaluate on the test set; log one progress line; append one metrics line
+//
+// Checkpoints (safetensors, nn/checkpoint.h) hold the parameters, the optimizer state and step
+// count, the epoch and the next batch of the data loader, the dropout Rng state and the running
+// epoch sums, so a run resumed from any checkpoint continues bit for bit like the uninterrupted run
+// (on CPU). They are written every `checkpointEvery` steps (if > 0) and at the end of every epoch.
+// The Trainer borrows everything it is given; all of it must outlive run().
+// Thread safety: run() is called from one thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "nn/loss.h"
+#include "nn/model_spec.h"
+#include "nn/optimizer.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/logging.h"
+#include "runtime/world_info.h"
+
+namespace cohort::nn {
+
+struct TrainerOptions {
+  int64_t epochs = 1;
+  uint64_t seed = 0;             // dropout masks (the loader and init have their own seeds)
+  bool classification = true;    // report accuracy
+  std::string checkpointPath;    // empty: no checkpoints
+  int64_t checkpointEvery = 0;   // steps; 0: at the end of each epoch only
+  bool resume = false;           // continue from checkpointPath if it exists
+  std::string metricsPath;       // JSON lines; empty: none
+  int64_t evalBatchSize = 1000;
+  std::string mode = "local";    // for the RESULT line
+  std::string backend = "none";
+};
+
+struct TrainResult {
+  int64_t epochs = 0;
+  int64_t steps = 0;
+  double trainLoss = 0;  // mean over the last epoch
+  double trainAcc = 0;
+  double testLoss = 0;
+  double testAcc = 0;
+  bool haveTest = false;
+  double samplesPerSec = 0;  // training samples / training time (evaluation excluded), this rank
+  double wallSeconds = 0;
+};
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(Model& model, Optimizer& optimizer, Loss& loss, runtime::data::DataLoader& train,
+          const runtime::data::Dataset* test, const runtime::WorldInfo& world, const runtime::Logger& log,
+          TrainerOptions options);
+
+  TrainResult run();
+  Evaluation evaluate(const runtime::data::Dataset& data);
+  // The RESULT line of DESIGN.md §4 for `result`.
+  std::string resultLine(const TrainResult& result) const;
+
+ private:
+  struct Position {
+    int64_t epoch = 0;
+    int64_t batch = 0;  // next batch within the epoch
+    int64_t step = 0;   // optimizer steps so far
+    double lossSum = 0;  // running sums of the current epoch
+    int64_t correct = 0;
+    int64_t samples = 0;
+  };
+
+  void saveCheckpoint(const Position& pos);
+  bool loadCheckpoint(Position& pos);
+  void appendMetrics(const Position& pos, const TrainResult& epochResult) const;
+
+  Model& model_;
+  Optimizer& optimizer_;
+  Loss& loss_;
+  runtime::data::DataLoader& train_;
+  const runtime::data::Dataset* test_;
+  const runtime::WorldInfo& world_;
+  const runtime::Logger& log_;
+  TrainerOptions options_;
+  runtime::Rng rng_;
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,117 @@
+// Trainer state <-> checkpoint files. Kept apart from the loop in trainer.cc.
+//
+// Tensors: every parameter under its own name ("fc0.weight"), every optimizer state buffer as one
+// flat tensor "optimizer.<name>". Metadata: what must match to resume (model spec, optimizer,
+// parameter count) and where the run stands (epoch, batch, step, Rng counter, running sums; the
+// loss sum as a hex float so it round-trips exactly).
+#include <cinttypes>
+#include <cstdio>
+#include <sys/stat.h>
+
+#include "nn/checkpoint.h"
+#include "nn/trainer.h"
+#include "runtime/error.h"
+
+namespace cohort::nn {
+namespace {
+
+std::string hexDouble(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+const std::string& need(const Metadata& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  if (it == m.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks '" << key << "'";
+  return it->second;
+}
+
+int64_t needInt(const Metadata& m, const std::string& key, const std::string& path) {
+  const std::string& text = need(m, key, path);
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < 0) {
+    COHORT_THROW(IoError) << path << ": checkpoint metadata '" << key << "' = '" << text << "' is not a count";
+  }
+  return v;
+}
+
+void expectSame(const Metadata& m, const std::string& key, const std::string& now, const std::string& path) {
+  const std::string& was = need(m, key, path);
+  if (was != now) {
+    COHORT_THROW(InvalidArgument) << path << ": checkpoint was written with " << key << " '" << was
+                                  << "' but this run uses '" << now << "'";
+  }
+}
+
+}  // namespace
+
+void Trainer::saveCheckpoint(const Position& pos) {
+  if (options_.checkpointPath.empty() || world_.rank != 0) return;
+  std::vector<NamedTensor> tensors;
+  for (size_t i = 0; i < model_.params.entries().size(); ++i) {
+    tensors.push_back({model_.params.entries()[i].name, model_.params.value(i)});
+  }
+  for (const auto& s : optimizer_.state()) tensors.push_back({"optimizer." + s.name, s.tensor});
+  Metadata meta = {
+      {"model", model_.spec},
+      {"optimizer", optimizer_.name()},
+      {"param_count", std::to_string(model_.params.numel())},
+      {"world_size", std::to_string(world_.worldSize)},
+      {"epoch", std::to_string(pos.epoch)},
+      {"batch", std::to_string(pos.batch)},
+      {"step", std::to_string(pos.step)},
+      {"optimizer_steps", std::to_string(optimizer_.steps())},
+      {"rng_seed", std::to_string(rng_.seed())},
+      {"rng_counter", std::to_string(rng_.counter())},
+      {"loader_seed", std::to_string(train_.options().seed)},
+      {"batch_size", std::to_string(train_.options().batchSize)},
+      {"epoch_loss_sum", hexDouble(pos.lossSum)},
+      {"epoch_correct", std::to_string(pos.correct)},
+      {"epoch_samples", std::to_string(pos.samples)},
+  };
+  writeCheckpoint(options_.checkpointPath, tensors, meta);
+}
+
+bool Trainer::loadCheckpoint(Position& pos) {
+  const std::string& path = options_.checkpointPath;
+  struct stat st;
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) {
+    log_.info() << "no checkpoint at " << (path.empty() ? "(none given)" : path) << " yet: starting from scratch";
+    return false;
+  }
+  Checkpoint ckpt = readCheckpoint(path);
+  const Metadata& m = ckpt.metadata;
+  expectSame(m, "model", model_.spec, path);
+  expectSame(m, "optimizer", optimizer_.name(), path);
+  expectSame(m, "batch_size", std::to_string(train_.options().batchSize), path);
+  expectSame(m, "loader_seed", std::to_string(train_.options().seed), path);
+  expectSame(m, "world_size", std::to_string(world_.worldSize), path);
+  auto load = [&](const std::string& name, const Tensor& into) {
+    const Tensor* t = ckpt.find(name);
+    if (!t) COHORT_THROW(IoError) << path << ": checkpoint has no tensor '" << name << "'";
+    if (t->numel() != into.numel()) {
+      COHORT_THROW(IoError) << path << ": tensor '" << name << "' has shape " << t->shape().str() << ", the model needs "
+                            << into.shape().str();
+    }
+    into.copyFrom(*t);
+  };
+  for (size_t i = 0; i < model_.params.entries().size(); ++i) load(model_.params.entries()[i].name, model_.params.value(i));
+  for (const auto& s : optimizer_.state()) load("optimizer." + s.name, s.tensor);
+  optimizer_.setSteps(needInt(m, "optimizer_steps", path));
+  pos.epoch = needInt(m, "epoch", path);
+  pos.batch = needInt(m, "batch", path);
+  pos.step = needInt(m, "step", path);
+  pos.correct = needInt(m, "epoch_correct", path);
+  pos.samples = needInt(m, "epoch_samples", path);
+  pos.lossSum = std::strtod(need(m, "epoch_loss_sum", path).c_str(), nullptr);
+  rng_ = runtime::Rng(std::stoull(need(m, "rng_seed", path)), std::stoull(need(m, "rng_counter", path)));
+  if (pos.batch > train_.batchesPerEpoch()) {
+    COHORT_THROW(IoError) << path << ": checkpoint batch " << pos.batch << " is beyond the epoch's "
+                          << train_.batchesPerEpoch() << " batches";
+  }
+  return true;
+}
+
+}  // namespace cohort::nn
