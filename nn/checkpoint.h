@@ -1,0 +1,85 @@
+// Checkpoints: named float32 tensors plus string metadata in one safetensors file.
+//
+// The file is standard safetensors, so PyTorch's `safetensors` reads it:
+//   [8 bytes: header length N, little-endian u64]
+//   [N bytes: UTF-8 JSON, space-padded so that the byte buffer starts 8-byte aligned]
+//   [byte buffer]
+// The JSON holds one entry per tensor, {"dtype":"F32","shape":[...],"data_offsets":[begin,end]}
+// (offsets relative to the byte buffer; tensors lie contiguously in the order given to
+// writeCheckpoint and cover the buffer exactly), and "__metadata__", a string-to-string map with
+// the caller's metadata plus reserved keys (CRCs as 8 lowercase hex digits):
+//   "format"          kCheckpointFormat
+//   "crc32c.<name>"   CRC32C of that tensor's bytes
+//   "header_crc32c"   CRC32C of the header's meaning, so that altered names, shapes or metadata
+//                     are caught too. It covers this compact, key-sorted JSON, which Python's
+//                     json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+//                     also produces:
+//     {"metadata":{all other metadata keys},"tensors":{"<name>":{"dtype":"F32","shape":[...]}}}
+//
+// Writing is atomic: the bytes go to `.<basename>.tmp.<pid>` in the target's directory; that file
+// is fsynced and renamed over the target, then the directory is fsynced. A crash leaves either the old
+// or the new complete file at the path (a crashed writer may leave its temporary file behind).
+// Reading validates the whole file (layout, JSON, dtypes, shapes, offsets, CRCs) and either returns
+// everything or throws IoError with a one-line message naming the file, the problem and, where
+// meaningful, the byte offset in the file (ranges are "bytes begin..end", half-open file offsets);
+// it never returns partial results. It reads the file once, straight into the new tensors.
+//
+// Ownership: readCheckpoint returns tensors that own fresh CPU memory; writeCheckpoint only reads
+// the caller's tensors. Thread safety: the functions share no state. Several processes may write
+// one path at once (each has its own temporary file; the last rename wins); several threads of one
+// process may not (they would share the temporary file).
+//
+//   writeCheckpoint(path, {{"fc1.weight", w}, {"fc1.bias", b}}, {{"step", "100"}});
+//   Checkpoint ckpt = readCheckpoint(path);
+//   const runtime::Tensor* w2 = ckpt.find("fc1.weight");
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace cohort::nn {
+
+inline constexpr char kCheckpointFormat[] = "cohort-checkpoint-v1";
+// Headers longer than this are refused as corrupt (the same limit as the safetensors library).
+inline constexpr uint64_t kMaxCheckpointHeaderBytes = 100'000'000;
+
+// A CPU float32 tensor and the name it is stored under.
+struct NamedTensor {
+  std::string name;
+  runtime::Tensor tensor;
+};
+
+// Caller metadata: strings only (safetensors allows nothing else). The keys "format",
+// "header_crc32c" and "crc32c.*" are reserved.
+using Metadata = std::map<std::string, std::string>;
+
+struct Checkpoint {
+  std::vector<NamedTensor> tensors;  // in file order, i.e. the order they were written in
+  Metadata metadata;                 // the caller's metadata; reserved keys removed
+
+  // The tensor stored under `name`, or nullptr.
+  const runtime::Tensor* find(const std::string& name) const;
+};
+
+// Writes `tensors` and `metadata` to `path` atomically (see above). Throws InvalidArgument for
+// empty, duplicate or reserved names ("__metadata__"), reserved metadata keys, and undefined or
+// non-CPU tensors (before touching the disk); IoError naming the path and the errno text when the
+// file cannot be written, in which case the temporary file is removed and `path` is untouched. (If
+// only the final directory fsync fails, the new file is already in place but may not survive a
+// power loss; that is an IoError too.)
+void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors,
+                     const Metadata& metadata = {});
+
+// Reads and validates the checkpoint at `path`. Throws IoError for anything missing or corrupt.
+Checkpoint readCheckpoint(const std::string& path);
+
+// CRC32C (Castagnoli; check value crc32c("123456789") == 0xE3069283). Chains: crc32c(b, nb,
+// crc32c(a, na)) is the CRC of a followed by b.
+uint32_t crc32c(const void* data, size_t bytes, uint32_t previous = 0);
+
+}  // namespace cohort::nn
