@@ -40,6 +40,7 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--checkpoint", f.checkpoint, "checkpoint file (safetensors), written every epoch");
   c.add_option("--checkpoint-every", f.checkpointEvery, "also write a checkpoint every N steps");
   c.add_flag("--resume", f.resume, "continue from --checkpoint if it exists");
+  c.add_option("--max-steps", f.maxSteps, "stop after N optimizer steps in all (a checkpoint is written)");
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
 }
 
@@ -63,6 +64,7 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
   if (f.prefetch < 0) COHORT_THROW(InvalidArgument) << "--prefetch must be >= 0, got " << f.prefetch;
+  if (f.maxSteps < 0) COHORT_THROW(InvalidArgument) << "--max-steps must be >= 0";
   if (f.checkpointEvery < 0) COHORT_THROW(InvalidArgument) << "--checkpoint-every must be >= 0";
   if ((f.resume || f.checkpointEvery > 0) && f.checkpoint.empty()) {
     COHORT_THROW(InvalidArgument) << (f.resume ? "--resume" : "--checkpoint-every") << " needs --checkpoint PATH";
@@ -137,6 +139,7 @@ int runTrain(const TrainFlags& f) {
   options.checkpointPath = f.checkpoint;
   options.checkpointEvery = f.checkpointEvery;
   options.resume = f.resume;
+  options.maxSteps = f.maxSteps;
   options.metricsPath = f.metrics;
   nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options);
   nn::TrainResult result = trainer.run();

@@ -36,6 +36,7 @@ struct TrainFlags {
   std::string checkpoint;
   int64_t checkpointEvery = 0;
   bool resume = false;
+  int64_t maxSteps = 0;
   std::string metrics;
 };
 

@@ -49,10 +49,13 @@ TrainResult Trainer::run() {
       optimizer_.step(model_.params.values(), model_.params.grads());
       ++pos.step;
       pos.batch = batch.index + 1;
-      if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 &&
-          pos.batch < train_.batchesPerEpoch()) {
+      const bool midEpoch = pos.batch < train_.batchesPerEpoch();
+      if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch) {
         saveCheckpoint(pos);
+        result.stoppedEarly = true;
+        break;
       }
+      if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) saveCheckpoint(pos);
     }
     const double epochSeconds = secondsSince(epochStart);
     trainSeconds += epochSeconds;
@@ -79,11 +82,18 @@ TrainResult Trainer::run() {
     pos.lossSum = 0;
     pos.correct = 0;
     pos.samples = 0;
-    if (!options_.checkpointPath.empty()) {
-      Position next = pos;
-      next.epoch = pos.epoch + 1;
-      next.batch = 0;
-      saveCheckpoint(next);
+    if (result.stoppedEarly) {
+      log_.info() << "stopped after " << pos.step << " steps (--max-steps)";
+      break;
+    }
+    Position next = pos;
+    next.epoch = pos.epoch + 1;
+    next.batch = 0;
+    saveCheckpoint(next);
+    if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && next.epoch < options_.epochs) {
+      result.stoppedEarly = true;
+      log_.info() << "stopped after " << pos.step << " steps (--max-steps)";
+      break;
     }
   }
   result.wallSeconds = secondsSince(start);

@@ -32,6 +32,7 @@ struct TrainerOptions {
   std::string checkpointPath;    // empty: no checkpoints
   int64_t checkpointEvery = 0;   // steps; 0: at the end of each epoch only
   bool resume = false;           // continue from checkpointPath if it exists
+  int64_t maxSteps = 0;          // > 0: stop after this many optimizer steps in all (checkpointed)
   std::string metricsPath;       // JSON lines; empty: none
   int64_t evalBatchSize = 1000;
   std::string mode = "local";    // for the RESULT line
@@ -41,6 +42,7 @@ struct TrainerOptions {
 struct TrainResult {
   int64_t epochs = 0;
   int64_t steps = 0;
+  bool stoppedEarly = false;  // maxSteps reached before the last epoch ended
   double trainLoss = 0;  // mean over the last epoch
   double trainAcc = 0;
   double testLoss = 0;
