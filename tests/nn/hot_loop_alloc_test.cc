@@ -1,0 +1,87 @@
+// The training hot loop (forward, loss, backward, optimizer step, next batch) allocates nothing once
+// the buffers are sized for the batch shape (DESIGN.md §6). Counts calls to the global operator new
+// in steady state, including a smaller last batch followed by full-size batches.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "nn/activation.h"
+#include "nn/dropout.h"
+#include "nn/loss.h"
+#include "nn/model_spec.h"
+#include "nn/optimizer.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/data/synthetic.h"
+
+namespace {
+std::atomic<long> gAllocations{0};
+}
+
+void* operator new(size_t n) {
+  gAllocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace cohort::nn {
+namespace {
+
+void runSteadyState(OptimizerKind kind, float momentum) {
+  auto model = buildModel("mlp:784,64,32,10");
+  model->params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(1);
+  model->net->resetParams(rng);
+  auto opt = makeOptimizer({.kind = kind, .lr = 0.01f, .momentum = momentum}, model->params.numel());
+  SoftmaxCrossEntropy loss;
+  // 1000 samples in batches of 64: the last batch has 40, so every epoch exercises the shrink.
+  auto data = runtime::data::syntheticMnistRows(1, 1000);
+  runtime::data::DataLoader loader(*data, {.batchSize = 64, .seed = 3, .prefetch = 0});
+  Pass pass;
+  pass.needInputGrad = false;
+  auto epoch = [&](int64_t e) {
+    loader.startEpoch(e);
+    for (runtime::data::Batch b; loader.next(b);) {
+      loss.forward(model->net->forward(b.inputs, pass), b.targets);
+      model->net->backward(loss.backward(), pass);
+      opt->step(model->params.values(), model->params.grads());
+    }
+  };
+  epoch(0);  // sizes every buffer
+  runtime::data::Batch b;
+  loader.startEpoch(1);  // startEpoch itself may allocate (the epoch's index list)
+  ASSERT_TRUE(loader.next(b));
+  long before = gAllocations.load();
+  ASSERT_GT(before, 0) << "operator new is not being counted";  // building the model allocated
+  int steps = 0;
+  do {
+    loss.forward(model->net->forward(b.inputs, pass), b.targets);
+    model->net->backward(loss.backward(), pass);
+    opt->step(model->params.values(), model->params.grads());
+    ++steps;
+  } while (loader.next(b));
+  EXPECT_EQ(gAllocations.load() - before, 0) << "allocations in " << steps << " steady-state steps";
+  EXPECT_EQ(steps, 16);
+}
+
+TEST(HotLoop, SgdMomentumStepAllocatesNothing) { runSteadyState(OptimizerKind::kSgd, 0.9f); }
+TEST(HotLoop, AdamStepAllocatesNothing) { runSteadyState(OptimizerKind::kAdam, 0.0f); }
+
+TEST(HotLoop, DropoutAndActivationsAllocateNothingInSteadyState) {
+  Sequential net;
+  net.add(std::make_unique<Dropout>(0.5f)).add(tanhActivation()).add(sigmoid());
+  Tensor x = Tensor::zeros(Shape{32, 16});
+  runtime::Rng rng(2);
+  Pass pass;
+  pass.rng = &rng;
+  net.backward(net.forward(x, pass), pass);
+  long before = gAllocations.load();
+  for (int i = 0; i < 10; ++i) net.backward(net.forward(x, pass), pass);
+  EXPECT_EQ(gAllocations.load() - before, 0);
+}
+
+}  // namespace
+}  // namespace cohort::nn
