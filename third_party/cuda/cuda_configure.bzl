@@ -51,7 +51,10 @@ def _cuda_configure_impl(rctx):
         build.append('exports_files(["nvcc"])')
         rctx.symlink(nvcc, "nvcc")
     else:
-        print("Cohort: no nvcc found at %s/bin/nvcc: building CPU-only (set CUDA_HOME to enable CUDA)" % cuda_home)
+        if nvcc.exists:
+            print("Cohort: CUDA disabled by COHORT_DISABLE_CUDA=1: building CPU-only")
+        else:
+            print("Cohort: no nvcc found at %s/bin/nvcc: building CPU-only (set CUDA_HOME to enable CUDA)" % cuda_home)
         for target in _LIBS.keys():
             build.append('cc_library(name = "%s")' % target)
     rctx.file("BUILD", "\n".join(build) + "\n")

@@ -1,0 +1,161 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/elementwise.h"
+#include "runtime/error.h"
+
+namespace cohort::runtime::cuda {
+namespace {
+
+constexpr unsigned kThreads = 256;
+// Enough resident blocks to fill every SM several times over; grid-stride loops do the rest.
+constexpr int kBlocksPerSm = 8;
+
+struct Launch {
+  unsigned blocks = 0;
+  cudaStream_t stream = nullptr;
+};
+
+void checkCudaStream(const Stream& stream) {
+  COHORT_CHECK(stream.device().isCuda()) << "CUDA kernel launched on " << stream.describe();
+}
+
+// Sizes the grid for `work` items (float4 groups or scalars) on the stream's device, which the
+// caller has made current.
+Launch launchFor(const Stream& stream, size_t work) {
+  int sms = 0;
+  COHORT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, stream.device().index));
+  size_t wanted = (work + kThreads - 1) / kThreads;
+  size_t cap = static_cast<size_t>(std::max(sms, 1)) * kBlocksPerSm;
+  return {static_cast<unsigned>(std::max<size_t>(1, std::min(wanted, cap))),
+          static_cast<cudaStream_t>(stream.native())};
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- sgdStep ----
+
+struct SgdArgs {
+  float lr;
+  float momentum;
+  float weightDecay;
+  bool nesterov;
+  bool firstStep;
+};
+
+__device__ __forceinline__ void sgdElement(float& p, float g, float& buf, const SgdArgs& a) {
+  float d = g;
+  if (a.weightDecay != 0.0f) d = d + a.weightDecay * p;
+  if (a.momentum != 0.0f) {
+    buf = a.firstStep ? d : a.momentum * buf + d;
+    d = a.nesterov ? d + a.momentum * buf : buf;
+  }
+  p = p - a.lr * d;
+}
+
+// Elements [0, 4 * vecCount) as float4, the rest one by one. `buf` is null without momentum.
+__global__ void sgdKernel(float* __restrict__ param, const float* __restrict__ grad,
+                          float* __restrict__ buf, size_t n, size_t vecCount, SgdArgs a) {
+  size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  bool readBuf = buf != nullptr && !a.firstStep;
+  for (size_t i = first; i < vecCount; i += stride) {
+    float4 p = reinterpret_cast<float4*>(param)[i];
+    float4 g = reinterpret_cast<const float4*>(grad)[i];
+    float4 b = readBuf ? reinterpret_cast<float4*>(buf)[i] : make_float4(0, 0, 0, 0);
+    sgdElement(p.x, g.x, b.x, a);
+    sgdElement(p.y, g.y, b.y, a);
+    sgdElement(p.z, g.z, b.z, a);
+    sgdElement(p.w, g.w, b.w, a);
+    reinterpret_cast<float4*>(param)[i] = p;
+    if (buf) reinterpret_cast<float4*>(buf)[i] = b;
+  }
+  for (size_t i = 4 * vecCount + first; i < n; i += stride) {
+    float b = readBuf ? buf[i] : 0.0f;
+    float p = param[i];
+    sgdElement(p, grad[i], b, a);
+    param[i] = p;
+    if (buf) buf[i] = b;
+  }
+}
+
+// ---- fill ----
+
+__global__ void fillKernel(float* __restrict__ data, size_t n, size_t vecCount, float value) {
+  size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float4 v = make_float4(value, value, value, value);
+  for (size_t i = first; i < vecCount; i += stride) reinterpret_cast<float4*>(data)[i] = v;
+  for (size_t i = 4 * vecCount + first; i < n; i += stride) data[i] = value;
+}
+
+// ---- axpy ----
+
+__global__ void axpyKernel(float alpha, const float* __restrict__ x, float* __restrict__ y,
+                           size_t n, size_t vecCount) {
+  size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (size_t i = first; i < vecCount; i += stride) {
+    float4 xv = reinterpret_cast<const float4*>(x)[i];
+    float4 yv = reinterpret_cast<float4*>(y)[i];
+    yv.x = yv.x + alpha * xv.x;
+    yv.y = yv.y + alpha * xv.y;
+    yv.z = yv.z + alpha * xv.z;
+    yv.w = yv.w + alpha * xv.w;
+    reinterpret_cast<float4*>(y)[i] = yv;
+  }
+  for (size_t i = 4 * vecCount + first; i < n; i += stride) y[i] = y[i] + alpha * x[i];
+}
+
+}  // namespace
+
+void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
+  checkCudaStream(stream);
+  size_t n = buffers.param.size();
+  COHORT_CHECK_EQ(buffers.grad.size(), n);
+  bool useMomentum = options.momentum != 0.0f;
+  if (useMomentum) {
+    COHORT_CHECK_EQ(buffers.momentumBuffer.size(), n);
+  }
+  if (n == 0) return;
+  float* buf = useMomentum ? buffers.momentumBuffer.data() : nullptr;
+  bool vectorize = aligned16(buffers.param.data()) && aligned16(buffers.grad.data()) &&
+                   (buf == nullptr || aligned16(buf));
+  size_t vecCount = vectorize ? n / 4 : 0;
+  CudaDeviceGuard guard(stream.device().index);
+  Launch launch = launchFor(stream, vectorize ? vecCount + n % 4 : n);
+  SgdArgs args{options.lr, options.momentum, options.weightDecay, options.nesterov,
+               options.firstStep};
+  sgdKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(
+      buffers.param.data(), buffers.grad.data(), buf, n, vecCount, args);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill(std::span<float> data, float value, const Stream& stream) {
+  checkCudaStream(stream);
+  size_t n = data.size();
+  if (n == 0) return;
+  size_t vecCount = aligned16(data.data()) ? n / 4 : 0;
+  CudaDeviceGuard guard(stream.device().index);
+  Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
+  fillKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(data.data(), n, vecCount, value);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void axpy(float alpha, std::span<const float> x, std::span<float> y, const Stream& stream) {
+  checkCudaStream(stream);
+  size_t n = y.size();
+  COHORT_CHECK_EQ(x.size(), n);
+  if (n == 0) return;
+  size_t vecCount = aligned16(x.data()) && aligned16(y.data()) ? n / 4 : 0;
+  CudaDeviceGuard guard(stream.device().index);
+  Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
+  axpyKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(alpha, x.data(), y.data(), n, vecCount);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace cohort::runtime::cuda

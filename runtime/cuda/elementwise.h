@@ -1,0 +1,53 @@
+// Elementwise CUDA kernels over flat float32 device buffers: the optimizer step and the helpers the
+// training loop needs around it.
+//
+// Each function enqueues one kernel on `stream` (a CUDA stream; passing a CPU stream is a bug and
+// fails a CHECK) and returns without waiting; the buffers must be device memory on the stream's
+// device and must stay alive until the stream has run the kernel. Empty buffers enqueue nothing.
+// Kernels use grid-stride loops, with float4 loads and stores when every buffer is 16-byte aligned.
+// Mismatched buffer lengths fail a CHECK. Launch errors throw cohort::Error (cuda/cuda_check.h).
+// Thread safety: the functions hold no state; ordering is the stream's.
+// Only built when CUDA is compiled in (COHORT_HAVE_CUDA).
+//
+//   SgdBuffers buffers{params, grads, momentumBuffer};
+//   sgdStep(buffers, {.lr = 0.1f, .momentum = 0.9f, .firstStep = step == 0}, stream);
+#pragma once
+
+#include <span>
+
+#include "runtime/stream.h"
+
+namespace cohort::runtime::cuda {
+
+// torch.optim.SGD's hyper-parameters (dampening is always 0).
+struct SgdStepOptions {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float weightDecay = 0.0f;
+  bool nesterov = false;
+  // True on the first step: the momentum buffer is set to the (decayed) gradient instead of being
+  // read, as PyTorch does when the buffer does not exist yet. Its old contents are ignored.
+  bool firstStep = false;
+};
+
+struct SgdBuffers {
+  std::span<float> param;
+  std::span<const float> grad;      // same length as param
+  std::span<float> momentumBuffer;  // same length as param; may be empty when momentum == 0
+};
+
+// Exactly PyTorch's SGD update, per element:
+//   d = grad + weightDecay * param                       (when weightDecay != 0)
+//   if momentum != 0:
+//     buf = firstStep ? d : momentum * buf + d
+//     d   = nesterov ? d + momentum * buf : buf
+//   param = param - lr * d
+void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream);
+
+// data[i] = value.
+void fill(std::span<float> data, float value, const Stream& stream);
+
+// y[i] += alpha * x[i] (BLAS saxpy; x and y have the same length).
+void axpy(float alpha, std::span<const float> x, std::span<float> y, const Stream& stream);
+
+}  // namespace cohort::runtime::cuda

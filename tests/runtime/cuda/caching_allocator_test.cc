@@ -1,0 +1,212 @@
+// CudaCachingAllocator and PinnedHostAllocator on a real device (tags = ["gpu"]). Without a device
+// (or without CUDA compiled in) the device tests skip with the reason.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/error.h"
+#include "tests/runtime/cuda/gpu_test_util.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/pinned_allocator.h"
+
+namespace cohort::runtime::cuda {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// Needs no device: pure arithmetic.
+TEST(CachingAllocatorRounding, SmallTo512LargeTo2MiB) {
+  EXPECT_EQ(CudaCachingAllocator::roundSize(0), 0u);
+  EXPECT_EQ(CudaCachingAllocator::roundSize(1), 512u);
+  EXPECT_EQ(CudaCachingAllocator::roundSize(512), 512u);
+  EXPECT_EQ(CudaCachingAllocator::roundSize(513), 1024u);
+  EXPECT_EQ(CudaCachingAllocator::roundSize(kMiB), kMiB);
+  EXPECT_EQ(CudaCachingAllocator::roundSize(kMiB + 1), 2 * kMiB);
+  EXPECT_EQ(CudaCachingAllocator::roundSize(3 * kMiB), 4 * kMiB);
+  EXPECT_EQ(CudaCachingAllocator::roundSize(4 * kMiB), 4 * kMiB);
+}
+
+TEST(CachingAllocatorDevice, RejectsCpu) {
+  EXPECT_THROW(CudaCachingAllocator(Device::cpu()), InvalidArgument);
+}
+
+class CachingAllocatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { COHORT_SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_F(CachingAllocatorTest, StatsFollowAllocFreeAndReuse) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  EXPECT_EQ(alloc.device(), Device::cuda(0));
+  EXPECT_EQ(alloc.allocate(0), nullptr);
+  void* a = alloc.allocate(1000);
+  ASSERT_NE(a, nullptr);
+  AllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.allocatedBytes, 1024u);
+  EXPECT_EQ(s.reservedBytes, 1024u);
+  EXPECT_EQ(s.allocationCount, 1u);
+  EXPECT_EQ(s.systemAllocations, 1u);
+
+  // The memory is real device memory.
+  ASSERT_EQ(cudaMemset(a, 0x5a, 1000), cudaSuccess);
+  std::vector<unsigned char> host(1000);
+  ASSERT_EQ(cudaMemcpy(host.data(), a, 1000, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host[0], 0x5a);
+  EXPECT_EQ(host[999], 0x5a);
+
+  alloc.deallocate(a, 1000);
+  s = alloc.stats();
+  EXPECT_EQ(s.allocatedBytes, 0u);
+  EXPECT_EQ(s.reservedBytes, 1024u);  // cached, not returned
+
+  void* b = alloc.allocate(900);  // same 1024-byte class: served from the cache
+  EXPECT_EQ(b, a);
+  s = alloc.stats();
+  EXPECT_EQ(s.allocatedBytes, 1024u);
+  EXPECT_EQ(s.allocationCount, 2u);
+  EXPECT_EQ(s.systemAllocations, 1u);
+  alloc.deallocate(b, 900);
+}
+
+TEST_F(CachingAllocatorTest, LargeBlocksBestFitWithinTwiceTheSize) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  void* big = alloc.allocate(3 * kMiB);  // -> 4 MiB
+  EXPECT_EQ(alloc.stats().reservedBytes, 4 * kMiB);
+  alloc.deallocate(big, 3 * kMiB);
+
+  void* again = alloc.allocate(3 * kMiB + 100);  // still 4 MiB: reused
+  EXPECT_EQ(again, big);
+  EXPECT_EQ(alloc.stats().systemAllocations, 1u);
+  alloc.deallocate(again, 3 * kMiB + 100);
+
+  void* half = alloc.allocate(2 * kMiB);  // a 4 MiB block would waste half: fresh cudaMalloc
+  EXPECT_NE(half, big);
+  AllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.systemAllocations, 2u);
+  EXPECT_EQ(s.allocatedBytes, 2 * kMiB);
+  EXPECT_EQ(s.reservedBytes, 6 * kMiB);
+
+  void* small = alloc.allocate(512);  // small requests never take large blocks
+  EXPECT_NE(small, big);
+  EXPECT_EQ(alloc.stats().systemAllocations, 3u);
+  alloc.deallocate(small, 512);
+  alloc.deallocate(half, 2 * kMiB);
+}
+
+TEST_F(CachingAllocatorTest, PeaksAndReset) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  void* a = alloc.allocate(4 * kMiB);
+  void* b = alloc.allocate(2 * kMiB);
+  alloc.deallocate(a, 4 * kMiB);
+  AllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.allocatedBytes, 2 * kMiB);
+  EXPECT_EQ(s.peakAllocatedBytes, 6 * kMiB);
+  EXPECT_EQ(s.peakReservedBytes, 6 * kMiB);
+
+  alloc.resetPeakStats();
+  s = alloc.stats();
+  EXPECT_EQ(s.peakAllocatedBytes, 2 * kMiB);
+  EXPECT_EQ(s.peakReservedBytes, 6 * kMiB);  // the cached 4 MiB block is still reserved
+
+  alloc.emptyCache();
+  s = alloc.stats();
+  EXPECT_EQ(s.reservedBytes, 2 * kMiB);
+  EXPECT_EQ(s.peakReservedBytes, 6 * kMiB);  // peaks only drop on reset
+  alloc.deallocate(b, 2 * kMiB);
+}
+
+TEST_F(CachingAllocatorTest, EmptyCacheReturnsEverythingWhenNothingIsAllocated) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  std::vector<std::pair<void*, size_t>> blocks;
+  for (size_t bytes : {size_t{1}, size_t{4096}, kMiB, 5 * kMiB, 64 * kMiB}) {
+    blocks.emplace_back(alloc.allocate(bytes), bytes);
+  }
+  for (auto& [ptr, bytes] : blocks) alloc.deallocate(ptr, bytes);
+  EXPECT_GT(alloc.stats().reservedBytes, 0u);
+  alloc.emptyCache();
+  AllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.allocatedBytes, 0u);
+  EXPECT_EQ(s.reservedBytes, 0u);
+  // And it still works afterwards.
+  void* p = alloc.allocate(100);
+  EXPECT_NE(p, nullptr);
+  alloc.deallocate(p, 100);
+}
+
+TEST_F(CachingAllocatorTest, AbsurdRequestThrowsOutOfMemoryAndLeavesAllocatorUsable) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  void* keep = alloc.allocate(kMiB);
+  const size_t absurd = size_t{1} << 50;  // 1 PiB
+  try {
+    alloc.allocate(absurd);
+    FAIL() << "allocating 1 PiB succeeded";
+  } catch (const OutOfMemory& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find(std::to_string(absurd)), std::string::npos) << what;
+    EXPECT_NE(what.find("cuda:0"), std::string::npos) << what;
+    EXPECT_NE(what.find("allocated"), std::string::npos) << what;
+    EXPECT_NE(what.find("reserved"), std::string::npos) << what;
+    EXPECT_EQ(e.code(), ExitCode::kOutOfMemory);
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the failure was not left behind
+  EXPECT_EQ(alloc.stats().allocatedBytes, kMiB);
+  EXPECT_THROW(alloc.allocate(~size_t{0}), OutOfMemory);  // rounding would wrap around
+  void* p = alloc.allocate(kMiB);
+  EXPECT_NE(p, nullptr);
+  alloc.deallocate(p, kMiB);
+  alloc.deallocate(keep, kMiB);
+}
+
+TEST_F(CachingAllocatorTest, ThreadsShareOneAllocator) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&alloc, t] {
+      for (int i = 0; i < 200; ++i) {
+        size_t bytes = static_cast<size_t>(512 * (1 + (i + t) % 7));
+        void* p = alloc.allocate(bytes);
+        alloc.deallocate(p, bytes);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  AllocatorStats s = alloc.stats();
+  EXPECT_EQ(s.allocatedBytes, 0u);
+  EXPECT_EQ(s.allocationCount, 800u);
+  EXPECT_LE(s.systemAllocations, 4u * 7u);  // at most one block per thread per size class
+}
+
+TEST(PinnedHostAllocatorTest, AllocatesHostVisiblePinnedMemory) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  PinnedHostAllocator pinned;
+  EXPECT_TRUE(pinned.device().isCpu());
+  EXPECT_EQ(pinned.allocate(0), nullptr);
+  const size_t bytes = 3 * kMiB + 7;
+  void* p = pinned.allocate(bytes);
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 0x11, bytes);  // host-addressable
+  cudaPointerAttributes attrs{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attrs, p), cudaSuccess);
+  EXPECT_EQ(attrs.type, cudaMemoryTypeHost);
+  AllocatorStats s = pinned.stats();
+  EXPECT_EQ(s.allocatedBytes, bytes);
+  EXPECT_EQ(s.peakAllocatedBytes, bytes);
+  pinned.deallocate(p, bytes);
+  EXPECT_EQ(pinned.stats().allocatedBytes, 0u);
+}
+
+}  // namespace
+}  // namespace cohort::runtime::cuda
+
+#else  // !COHORT_HAVE_CUDA
+
+TEST(CachingAllocatorTest, NeedsCuda) { COHORT_SKIP_WITHOUT_CUDA_DEVICE(); }
+
+#endif
