@@ -33,8 +33,9 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: usage on stdout, exit 0
+    // Bad flags are bad usage like any other: one line, exit code 2.
+    throw InvalidArgument(std::string(e.what()) + " (run with --help for usage)");
   }
   if (train->parsed()) return cli::runTrain(trainFlags);
   if (devices->parsed()) {

@@ -34,6 +34,22 @@ TrainResult Trainer::run() {
   pass.rng = &rng_;
   pass.needInputGrad = false;
   TrainResult result;
+  if (pos.epoch >= options_.epochs) {
+    log_.info() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
+                << options_.epochs;
+    result.epochs = pos.epoch;
+    result.steps = pos.step;
+    result.trainLoss = pos.lastTrainLoss;
+    result.trainAcc = pos.lastTrainAcc;
+    if (test_) {
+      Evaluation e = evaluate(*test_);
+      result.testLoss = e.loss;
+      result.testAcc = e.accuracy;
+      result.haveTest = true;
+    }
+    result.wallSeconds = secondsSince(start);
+    return result;
+  }
   double trainSeconds = 0;
   int64_t trainedSamples = 0;
   for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
@@ -79,6 +95,8 @@ TrainResult Trainer::run() {
     if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
     line << " samples/s " << static_cast<int64_t>(static_cast<double>(pos.samples - epochSamplesBefore) / epochSeconds);
     appendMetrics(pos, result);
+    pos.lastTrainLoss = result.trainLoss;
+    pos.lastTrainAcc = result.trainAcc;
     pos.lossSum = 0;
     pos.correct = 0;
     pos.samples = 0;

@@ -76,6 +76,8 @@ class Trainer {
     double lossSum = 0;  // running sums of the current epoch
     int64_t correct = 0;
     int64_t samples = 0;
+    double lastTrainLoss = 0;  // figures of the last completed epoch
+    double lastTrainAcc = 0;
   };
 
   void saveCheckpoint(const Position& pos);

@@ -70,6 +70,8 @@ void Trainer::saveCheckpoint(const Position& pos) {
       {"epoch_loss_sum", hexDouble(pos.lossSum)},
       {"epoch_correct", std::to_string(pos.correct)},
       {"epoch_samples", std::to_string(pos.samples)},
+      {"last_train_loss", hexDouble(pos.lastTrainLoss)},
+      {"last_train_acc", hexDouble(pos.lastTrainAcc)},
   };
   writeCheckpoint(options_.checkpointPath, tensors, meta);
 }
@@ -106,6 +108,8 @@ bool Trainer::loadCheckpoint(Position& pos) {
   pos.correct = needInt(m, "epoch_correct", path);
   pos.samples = needInt(m, "epoch_samples", path);
   pos.lossSum = std::strtod(need(m, "epoch_loss_sum", path).c_str(), nullptr);
+  pos.lastTrainLoss = std::strtod(need(m, "last_train_loss", path).c_str(), nullptr);
+  pos.lastTrainAcc = std::strtod(need(m, "last_train_acc", path).c_str(), nullptr);
   rng_ = runtime::Rng(std::stoull(need(m, "rng_seed", path)), std::stoull(need(m, "rng_counter", path)));
   if (pos.batch > train_.batchesPerEpoch()) {
     COHORT_THROW(IoError) << path << ": checkpoint batch " << pos.batch << " is beyond the epoch's "

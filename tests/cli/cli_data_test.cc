@@ -1,0 +1,129 @@
+// `cohort train` on files: CSV regression and classification, and MNIST IDX directories (plain and
+// gzipped), all written by the test into its own directory.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/cli/cli_test_support.h"
+
+namespace cohort::testing {
+namespace {
+
+// The value after the last " KEY " in the progress lines (e.g. "train_acc 0.98"), or NaN.
+double lastLoggedValue(const std::string& stdoutText, const std::string& key) {
+  size_t at = stdoutText.rfind(" " + key + " ");
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(stdoutText.c_str() + at + key.size() + 2, nullptr);
+}
+
+// Features a, b, c on a grid of multiples of 1/4 in [-1, 0.75] (8 values each, 512 rows), so every
+// value and every target is exact in decimal and in float32.
+struct GridRow {
+  double a, b, c;
+};
+std::vector<GridRow> grid() {
+  std::vector<GridRow> rows;
+  for (int i = 0; i < 512; ++i) rows.push_back({(i % 8) * 0.25 - 1, ((i / 8) % 8) * 0.25 - 1, (i / 64) * 0.25 - 1});
+  return rows;
+}
+
+TEST(CliDataTest, CsvRegressionConverges) {
+  const std::string dir = freshTempDir();
+  std::ostringstream csv;
+  csv << "a,b,c,target\n";
+  std::vector<double> targets;
+  for (const GridRow& r : grid()) {
+    targets.push_back(0.5 * r.a - 2 * r.b + r.c + 1);
+    csv << r.a << "," << r.b << "," << r.c << "," << targets.back() << "\n";
+  }
+  writeFile(dir + "/linear.csv", csv.str());
+  double mean = 0, variance = 0;
+  for (double t : targets) mean += t / static_cast<double>(targets.size());
+  for (double t : targets) variance += (t - mean) * (t - mean) / static_cast<double>(targets.size());
+  ASSERT_GT(variance, 1.0);  // 5.25 * 21/64 = 1.72
+
+  // Adam at lr 0.01 reaches ~1e-3 by epoch 20 and 2e-4..8e-4 by epoch 40 for seeds 0..5: the bound
+  // below (1.7e-2) leaves a margin of 20x.
+  CommandResult r = runCohort({"train", "--data", "csv:" + dir + "/linear.csv", "--loss", "mse", "--optimizer", "adam",
+                               "--lr", "0.01", "--model", "mlp:3,16,1", "--epochs", "40", "--batch-size", "32",
+                               "--threads", "1", "--seed", "0"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(r.stderrText, "");
+  ResultLine result = parseResultLine(r.stdoutText);
+  ASSERT_EQ(result.count, 1) << r.describe();
+  EXPECT_EQ(result.fields["epochs"], "40");
+  EXPECT_LT(result.number("train_loss"), 0.01 * variance) << r.describe();
+  EXPECT_FALSE(result.has("test_acc")) << "regression has no accuracy\n" << r.describe();
+  EXPECT_FALSE(result.has("test_loss")) << "a CSV has no test split unless --test-data is given\n" << r.describe();
+  EXPECT_EQ(r.stdoutText.find("train_acc"), std::string::npos) << r.describe();
+}
+
+TEST(CliDataTest, CsvClassificationReportsAccuracy) {
+  const std::string dir = freshTempDir();
+  // Three classes, linearly separable: (a > b) + (c > 0).
+  std::ostringstream csv;
+  csv << "a,b,c,label\n";
+  for (const GridRow& r : grid()) csv << r.a << "," << r.b << "," << r.c << "," << (r.a > r.b) + (r.c > 0) << "\n";
+  writeFile(dir + "/classes.csv", csv.str());
+  const std::string data = "csv:" + dir + "/classes.csv";
+  CommandResult r = runCohort(
+      {"train",       "--data",       data,   "--test-data", data,      "--loss",     "ce",
+       "--optimizer", "adam",         "--lr", "0.01",        "--model", "mlp:3,16,3", "--epochs",
+       "40",          "--batch-size", "32",   "--threads",   "1",       "--metrics",  dir + "/metrics.jsonl"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ResultLine result = parseResultLine(r.stdoutText);
+  ASSERT_EQ(result.count, 1) << r.describe();
+  EXPECT_GE(result.number("test_acc"), 0.95) << r.describe();  // 1.0 here
+  EXPECT_GE(lastLoggedValue(r.stdoutText, "train_acc"), 0.95) << r.describe();
+  const std::string metrics = readFile(dir + "/metrics.jsonl");
+  EXPECT_EQ(countLines(metrics), 40);
+  EXPECT_NE(metrics.find("\"train_acc\""), std::string::npos) << metrics;
+}
+
+TEST(CliDataTest, CsvWithoutTestDataHasNoTestAccuracy) {
+  const std::string dir = freshTempDir();
+  writeFile(dir + "/small.csv", "1,2,0\n3,4,1\n5,6,1\n7,8,0\n");  // no header: line 1 is numeric
+  CommandResult r = runCohort({"train", "--data", "csv:" + dir + "/small.csv", "--model", "mlp:2,2", "--epochs", "2",
+                               "--batch-size", "2", "--threads", "1"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ResultLine result = parseResultLine(r.stdoutText);
+  EXPECT_EQ(result.fields["epochs"], "2");
+  EXPECT_FALSE(result.has("test_acc"));
+  EXPECT_NE(r.stdoutText.find("4 samples"), std::string::npos) << r.describe();
+}
+
+ResultLine trainOnTinyMnist(Compression compression) {
+  const std::string dir = freshTempDir() + (compression == Compression::kGzip ? "/gz" : "/plain");
+  EXPECT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  writeTinyMnistDir(dir, 64, 32, compression);
+  CommandResult r = runCohort({"train", "--data", "mnist:" + dir, "--model", "mlp:784,32,10", "--epochs", "1",
+                               "--batch-size", "16", "--threads", "1", "--seed", "7"});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(r.stderrText, "");
+  EXPECT_NE(r.stdoutText.find("64 samples, test 32"), std::string::npos) << r.describe();
+  ResultLine result = parseResultLine(r.stdoutText);
+  EXPECT_EQ(result.count, 1) << r.describe();
+  EXPECT_TRUE(result.has("test_acc")) << r.describe();
+  if (result.has("test_acc")) {
+    EXPECT_GE(result.number("test_acc"), 0.0);
+    EXPECT_LE(result.number("test_acc"), 1.0);
+  }
+  return result;
+}
+
+TEST(CliDataTest, MnistPlainAndGzippedGiveTheSameRun) {
+  ResultLine plain = trainOnTinyMnist(Compression::kPlain);
+  ResultLine gz = trainOnTinyMnist(Compression::kGzip);
+  // Same pixels, same seed: the training is bit for bit the same.
+  for (const char* key : {"epochs", "train_loss", "test_loss", "test_acc"}) {
+    EXPECT_EQ(plain.fields[key], gz.fields[key]) << key;
+  }
+}
+
+}  // namespace
+}  // namespace cohort::testing

@@ -1,0 +1,234 @@
+// `cohort train` with bad input: every case must exit with 2 (DESIGN.md §4), print exactly one line
+// on stderr naming the problem (and the file, and the line or offset, where there is one), print no
+// RESULT line, and leave the directory as it found it: no checkpoint, no metrics file, no temporary
+// file, and a corrupt checkpoint given to --resume byte for byte unchanged.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/cli/cli_test_support.h"
+
+namespace cohort::testing {
+namespace {
+
+class CliErrorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = freshTempDir(); }
+
+  // --checkpoint and --metrics in the test directory: a failed run must create neither.
+  std::vector<std::string> outputs() const {
+    return {"--checkpoint", dir_ + "/out.st", "--metrics", dir_ + "/metrics.jsonl"};
+  }
+
+  // Runs `cohort train ARGS` and checks the failure contract; `mentions` must all appear in the
+  // one stderr line.
+  void expectInputError(const std::vector<std::string>& args, const std::vector<std::string>& mentions) {
+    const std::vector<std::string> before = listDir(dir_);
+    std::vector<std::string> argv = {"train", "--threads", "1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    CommandResult r = runCohort(argv);
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_EQ(countLines(r.stderrText), 1) << "want exactly one line on stderr\n" << r.describe();
+    for (const std::string& m : mentions) {
+      EXPECT_NE(r.stderrText.find(m), std::string::npos) << "stderr should mention '" << m << "'\n" << r.describe();
+    }
+    EXPECT_EQ(r.stdoutText.find("RESULT"), std::string::npos) << r.describe();
+    EXPECT_EQ(listDir(dir_), before) << "a failed run must not leave files behind\n" << r.describe();
+  }
+
+  std::vector<std::string> withOutputs(std::vector<std::string> args) const {
+    for (const std::string& a : outputs()) args.push_back(a);
+    return args;
+  }
+
+  // A small classification CSV (3 features, classes 0..2) and a checkpoint trained on it.
+  std::string writeTinyCsv() const {
+    std::string text = "a,b,c,label\n";
+    for (int i = 0; i < 64; ++i) {
+      text += std::to_string(i % 4) + "," + std::to_string((i / 4) % 4) + "," + std::to_string(i / 16) + "," +
+              std::to_string(i % 3) + "\n";
+    }
+    writeFile(dir_ + "/tiny.csv", text);
+    return dir_ + "/tiny.csv";
+  }
+  std::vector<std::string> tinyRun(const std::string& model, const std::string& checkpoint) const {
+    return {"--data",       "csv:" + dir_ + "/tiny.csv",
+            "--model",      model,
+            "--epochs",     "1",
+            "--batch-size", "16",
+            "--checkpoint", checkpoint,
+            "--seed",       "1"};
+  }
+  std::string trainTinyCheckpoint(const std::string& model) const {
+    writeTinyCsv();
+    const std::string path = dir_ + "/good.st";
+    std::vector<std::string> argv = {"train", "--threads", "1"};
+    for (const std::string& a : tinyRun(model, path)) argv.push_back(a);
+    CommandResult r = runCohort(argv);
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_TRUE(fileExists(path)) << r.describe();
+    return path;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CliErrorsTest, UnknownModelSpec) {
+  expectInputError(withOutputs({"--model", "transformer:x"}), {"transformer:x"});
+  expectInputError(withOutputs({"--model", "mlp:10,x"}), {"mlp:10,x", "'x'"});
+  // A model that does not fit the data is refused before training too.
+  expectInputError(withOutputs({"--model", "mlp:10,10"}), {"mlp:10,10", "784"});
+}
+
+TEST_F(CliErrorsTest, BadNumbers) {
+  expectInputError(withOutputs({"--batch-size", "0"}), {"--batch-size", "0"});
+  expectInputError(withOutputs({"--batch-size", "-3"}), {"--batch-size", "-3"});
+  expectInputError(withOutputs({"--epochs", "0"}), {"--epochs", "0"});
+}
+
+TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
+  expectInputError(withOutputs({"--mode", "bogus"}), {"--mode", "bogus"});
+  expectInputError({"--resume"}, {"--resume", "--checkpoint"});
+  expectInputError({"--resume", "--metrics", dir_ + "/metrics.jsonl"}, {"--resume", "--checkpoint"});
+}
+
+// Errors found by the flag parser (CLI11) follow the same one-line contract.
+TEST_F(CliErrorsTest, UnknownFlagAndUnparsableValue) {
+  expectInputError(withOutputs({"--bogus"}), {"--bogus"});
+  expectInputError(withOutputs({"--epochs", "abc"}), {"--epochs", "abc"});
+}
+
+TEST_F(CliErrorsTest, MissingDataFiles) {
+  expectInputError(withOutputs({"--data", "csv:/nonexistent/x.csv"}), {"/nonexistent/x.csv"});
+  expectInputError(withOutputs({"--data", "mnist:" + dir_ + "/no-such-dir"}), {dir_ + "/no-such-dir"});
+  expectInputError(withOutputs({"--data", "imagenet:/x"}), {"imagenet:/x"});
+}
+
+TEST_F(CliErrorsTest, RaggedCsvNamesFileAndLine) {
+  const std::string csv = dir_ + "/ragged.csv";
+  writeFile(csv, "a,b,c,y\n1,2,3,0\n4,5,6,1\n7,8,1\n");
+  expectInputError(withOutputs({"--data", "csv:" + csv, "--model", "mlp:3,2"}), {csv + ":4", "columns"});
+}
+
+TEST_F(CliErrorsTest, NonNumericCsvFieldNamesFileLineAndValue) {
+  const std::string csv = dir_ + "/text.csv";
+  writeFile(csv, "a,b,y\n1,2,0\n4,zz,1\n");
+  expectInputError(withOutputs({"--data", "csv:" + csv, "--model", "mlp:2,2"}), {csv + ":3", "'zz'"});
+}
+
+// Writes a valid tiny MNIST dir, then replaces one file with `bytes`; the run must name that file.
+class CorruptMnistTest : public CliErrorsTest {
+ protected:
+  void expectMnistError(const std::string& file, const std::string& bytes, const std::vector<std::string>& mentions,
+                        Compression compression = Compression::kPlain) {
+    const std::string mnist = dir_ + "/mnist";
+    ASSERT_EQ(::mkdir(mnist.c_str(), 0755), 0);
+    writeTinyMnistDir(mnist, 16, 8, Compression::kPlain);
+    const bool gzip = compression == Compression::kGzip;
+    if (gzip) {  // the .gz file alone, so the reader cannot fall back to the plain one
+      ASSERT_EQ(::unlink((mnist + "/" + file).c_str()), 0);
+    }
+    const std::string path = mnist + "/" + file + (gzip ? ".gz" : "");
+    writeFile(path, bytes, compression);
+    std::vector<std::string> all = {path};
+    all.insert(all.end(), mentions.begin(), mentions.end());
+    expectInputError(withOutputs({"--data", "mnist:" + mnist, "--model", "mlp:784,10", "--batch-size", "4"}), all);
+  }
+};
+
+TEST_F(CorruptMnistTest, TruncatedImages) {
+  TinyMnist set = makeTinyMnist(16, 0);
+  std::string bytes = idxImagesBytes(16, 28, 28, set.pixels);
+  bytes.resize(bytes.size() - 100);
+  expectMnistError("train-images-idx3-ubyte", bytes, {"truncated", "offset 16"});
+}
+
+TEST_F(CorruptMnistTest, TruncatedGzippedImages) {
+  TinyMnist set = makeTinyMnist(16, 0);
+  std::string bytes = idxImagesBytes(16, 28, 28, set.pixels);
+  bytes.resize(bytes.size() - 1);
+  expectMnistError("train-images-idx3-ubyte", bytes, {"truncated"}, Compression::kGzip);
+}
+
+TEST_F(CorruptMnistTest, TruncatedHeader) {
+  expectMnistError("t10k-images-idx3-ubyte", idxImagesBytes(8, 28, 28, {}).substr(0, 10), {"truncated"});
+}
+
+TEST_F(CorruptMnistTest, BadMagic) {
+  expectMnistError("train-labels-idx1-ubyte", idxLabelsBytes(makeTinyMnist(16, 0).labels, 0x00000803), {"magic"});
+}
+
+TEST_F(CorruptMnistTest, TrailingData) {
+  expectMnistError("train-labels-idx1-ubyte", idxLabelsBytes(makeTinyMnist(16, 0).labels) + "x", {"trailing"});
+}
+
+TEST_F(CorruptMnistTest, LabelOutOfRangeNamesOffset) {
+  std::vector<uint8_t> labels = makeTinyMnist(16, 0).labels;
+  labels[5] = 12;
+  expectMnistError("train-labels-idx1-ubyte", idxLabelsBytes(labels), {"label 12", "offset 13"});
+}
+
+TEST_F(CorruptMnistTest, ZeroRows) {
+  expectMnistError("train-images-idx3-ubyte", idxImagesBytes(16, 0, 28, {}), {"zero"});
+}
+
+TEST_F(CorruptMnistTest, CountMismatch) {
+  std::vector<uint8_t> labels = makeTinyMnist(16, 0).labels;
+  labels.pop_back();
+  expectMnistError("train-labels-idx1-ubyte", idxLabelsBytes(labels), {"16 images", "15 labels"});
+}
+
+// Offset of the byte buffer of a safetensors file: 8 + the little-endian header length.
+size_t dataStart(const std::string& bytes) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  return 8 + static_cast<size_t>(n);
+}
+
+TEST_F(CliErrorsTest, CorruptCheckpointIsRefusedAndLeftUntouched) {
+  const std::string good = trainTinyCheckpoint("mlp:3,8,3");
+  const std::string bytes = readFile(good);
+  ASSERT_GT(bytes.size(), dataStart(bytes) + 16);
+
+  const std::string flipped = dir_ + "/flipped.st";
+  std::string corrupt = bytes;
+  corrupt[dataStart(bytes) + (bytes.size() - dataStart(bytes)) / 2] ^= 0x10;
+  writeFile(flipped, corrupt);
+  std::vector<std::string> args = tinyRun("mlp:3,8,3", flipped);
+  args.push_back("--resume");
+  expectInputError(args, {flipped, "crc32c"});
+  EXPECT_EQ(readFile(flipped), corrupt) << "the failed run modified " << flipped;
+
+  const std::string truncated = dir_ + "/truncated.st";
+  writeFile(truncated, bytes.substr(0, bytes.size() - 40));
+  args = tinyRun("mlp:3,8,3", truncated);
+  args.push_back("--resume");
+  expectInputError(args, {truncated});
+  EXPECT_EQ(readFile(truncated), bytes.substr(0, bytes.size() - 40)) << "the failed run modified " << truncated;
+
+  const std::string headerOnly = dir_ + "/header-only.st";
+  writeFile(headerOnly, bytes.substr(0, 5));
+  args = tinyRun("mlp:3,8,3", headerOnly);
+  args.push_back("--resume");
+  expectInputError(args, {headerOnly});
+}
+
+TEST_F(CliErrorsTest, CheckpointFromAnotherModelIsRefused) {
+  const std::string good = trainTinyCheckpoint("mlp:3,8,3");
+  const std::string bytes = readFile(good);
+  std::vector<std::string> args = tinyRun("mlp:3,5,3", good);
+  args.push_back("--resume");
+  expectInputError(args, {good, "model", "mlp:3,8,3", "mlp:3,5,3"});
+  EXPECT_EQ(readFile(good), bytes);
+  // The same for another optimizer.
+  args = tinyRun("mlp:3,8,3", good);
+  for (const char* a : {"--resume", "--optimizer", "adam"}) args.push_back(a);
+  expectInputError(args, {good, "optimizer"});
+  EXPECT_EQ(readFile(good), bytes);
+}
+
+}  // namespace
+}  // namespace cohort::testing

@@ -1,0 +1,186 @@
+#include "tests/cli/cli_test_support.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace cohort::testing {
+
+std::string cohortBinary() {
+  std::vector<std::string> candidates;
+  if (const char* srcdir = std::getenv("TEST_SRCDIR")) candidates.push_back(std::string(srcdir) + "/cohort/cli/cohort");
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof cwd)) candidates.push_back(std::string(cwd) + "/cli/cohort");
+  for (const std::string& path : candidates) {
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  ADD_FAILURE() << "cohort binary not found in the runfiles (tried $TEST_SRCDIR/cohort/cli/cohort and ./cli/cohort)";
+  return "cli/cohort";
+}
+
+CommandResult runCohort(const std::vector<std::string>& args, const CommandOptions& options) {
+  std::vector<std::string> argv = {cohortBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return runCommand(argv, options);
+}
+
+std::string freshTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string name = "cli";
+  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    name = std::string(info->test_suite_name()) + "." + info->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+  }
+  std::string pattern = std::string(base ? base : "/tmp") + "/" + name + ".XXXXXX";
+  if (!::mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp " << pattern << ": " << std::strerror(errno);
+  return pattern;
+}
+
+void writeFile(const std::string& path, const std::string& bytes, Compression compression) {
+  if (compression == Compression::kGzip) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    if (!f) {
+      ADD_FAILURE() << "gzopen " << path << ": " << std::strerror(errno);
+      return;
+    }
+    int wrote = bytes.empty() ? 0 : gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    if (gzclose(f) != Z_OK || wrote != static_cast<int>(bytes.size())) ADD_FAILURE() << "gzwrite " << path;
+    return;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    return {};
+  }
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+bool fileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::vector<std::string> listDir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    ADD_FAILURE() << "opendir " << dir << ": " << std::strerror(errno);
+    return names;
+  }
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+namespace {
+void appendBigEndian32(std::string& out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((v >> shift) & 0xff));
+}
+}  // namespace
+
+std::string idxImagesBytes(uint32_t count, uint32_t rows, uint32_t cols, const std::vector<uint8_t>& pixels,
+                           uint32_t magic) {
+  std::string out;
+  appendBigEndian32(out, magic);
+  appendBigEndian32(out, count);
+  appendBigEndian32(out, rows);
+  appendBigEndian32(out, cols);
+  out.append(pixels.begin(), pixels.end());
+  return out;
+}
+
+std::string idxLabelsBytes(const std::vector<uint8_t>& labels, uint32_t magic) {
+  std::string out;
+  appendBigEndian32(out, magic);
+  appendBigEndian32(out, static_cast<uint32_t>(labels.size()));
+  out.append(labels.begin(), labels.end());
+  return out;
+}
+
+TinyMnist makeTinyMnist(uint32_t count, uint32_t offset) {
+  constexpr int kSide = 28;
+  TinyMnist set;
+  set.pixels.resize(size_t{count} * kSide * kSide);
+  for (uint32_t i = 0; i < count; ++i) {
+    const int label = static_cast<int>((i * 7 + offset) % 10);
+    set.labels.push_back(static_cast<uint8_t>(label));
+    uint8_t* image = set.pixels.data() + size_t{i} * kSide * kSide;
+    for (int r = 0; r < kSide; ++r) {
+      for (int c = 0; c < kSide; ++c) {
+        const bool band = r / 2 == label;
+        image[r * kSide + c] = band ? 255 : static_cast<uint8_t>((r * 31 + c * 17 + i) % 40);
+      }
+    }
+  }
+  return set;
+}
+
+void writeTinyMnistDir(const std::string& dir, uint32_t trainCount, uint32_t testCount, Compression compression) {
+  const bool gzip = compression == Compression::kGzip;
+  const std::string suffix = gzip ? ".gz" : "";
+  TinyMnist train = makeTinyMnist(trainCount, 0), test = makeTinyMnist(testCount, 3);
+  writeFile(dir + "/train-images-idx3-ubyte" + suffix, idxImagesBytes(trainCount, 28, 28, train.pixels), compression);
+  writeFile(dir + "/train-labels-idx1-ubyte" + suffix, idxLabelsBytes(train.labels), compression);
+  writeFile(dir + "/t10k-images-idx3-ubyte" + suffix, idxImagesBytes(testCount, 28, 28, test.pixels), compression);
+  writeFile(dir + "/t10k-labels-idx1-ubyte" + suffix, idxLabelsBytes(test.labels), compression);
+}
+
+double ResultLine::number(const std::string& key) const {
+  auto it = fields.find(key);
+  if (it == fields.end()) {
+    ADD_FAILURE() << "RESULT line has no " << key;
+    return std::nan("");
+  }
+  char* end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  if (it->second.empty() || *end != '\0') {
+    ADD_FAILURE() << "RESULT " << key << "=" << it->second << " is not a number";
+    return std::nan("");
+  }
+  return v;
+}
+
+ResultLine parseResultLine(const std::string& stdoutText) {
+  ResultLine result;
+  std::istringstream lines(stdoutText);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("RESULT ", 0) != 0) continue;
+    ++result.count;
+    result.fields.clear();
+    std::istringstream words(line.substr(7));
+    for (std::string word; words >> word;) {
+      size_t eq = word.find('=');
+      if (eq != std::string::npos) result.fields[word.substr(0, eq)] = word.substr(eq + 1);
+    }
+  }
+  return result;
+}
+
+int countLines(const std::string& text) {
+  int n = static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+  if (!text.empty() && text.back() != '\n') ++n;
+  return n;
+}
+
+}  // namespace cohort::testing
