@@ -1,0 +1,42 @@
+// Names and lifetime of a job's shared-memory segments.
+//
+// Every segment of a job lives in the shared-memory directory (shmDirectory(): /dev/shm, or
+// $COHORT_SHM_DIR when set, e.g. a small tmpfs in tests) under the name
+//   cohort.<jobId>.<name>
+// so one job's segments are found, and removed, by the prefix "cohort.<jobId>.". Job ids contain only
+// [A-Za-z0-9_-] (sanitizeJobId() maps anything else to '_').
+//
+// cohortrun makes job ids "cr-<pid>-<start>" from its own pid and process start time (in clock ticks,
+// /proc/<pid>/stat field 22), so a segment whose launcher is gone is recognisable: no process with
+// that pid, or one with another start time (pid reuse). sweepStaleSegments() removes exactly those,
+// plus segments of other jobs whose header names a creator pid that no longer exists and that are
+// older than a grace period. It never touches a live job's segments.
+// Thread safety: all functions are safe to call concurrently (they only use the file system).
+#pragma once
+
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+namespace cohort::ipc {
+
+// "/dev/shm" or $COHORT_SHM_DIR.
+std::string shmDirectory();
+
+std::string sanitizeJobId(const std::string& jobId);
+// "cohort.<jobId>.<name>" (jobId sanitized; name must be [A-Za-z0-9_-]+, else InvalidArgument).
+std::string segmentName(const std::string& jobId, const std::string& name);
+// "cohort.<jobId>."
+std::string jobPrefix(const std::string& jobId);
+
+// cohortrun's job id for the calling process: "cr-<pid>-<start ticks>".
+std::string makeLauncherJobId();
+// True when jobId has cohortrun's form and its launcher process no longer exists.
+bool launcherJobIsGone(const std::string& jobId);
+
+// Removes every segment of `jobId`; returns the names removed. Missing segments are not an error.
+std::vector<std::string> removeJobSegments(const std::string& jobId);
+// Removes the segments of jobs whose launcher (or creator) is gone; returns the names removed.
+std::vector<std::string> sweepStaleSegments();
+
+}  // namespace cohort::ipc
