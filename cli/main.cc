@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>   // CLI11: flags and subcommands
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <new>
 
@@ -53,7 +54,13 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   using cohort::ExitCode;
   auto fail = [](const char* what, ExitCode code) {
-    std::fprintf(stderr, "[rank %s] cohort: error: %s\n", cohort::runtime::rankForMessages().c_str(), what);
+    // cohortrun prefixes its workers' lines with the rank itself.
+    const char* launcher = std::getenv("COHORT_JOB_ID");
+    if (launcher && std::getenv("RANK")) {
+      std::fprintf(stderr, "cohort: error: %s\n", what);
+    } else {
+      std::fprintf(stderr, "[rank %s] cohort: error: %s\n", cohort::runtime::rankForMessages().c_str(), what);
+    }
     return static_cast<int>(code);
   };
   try {

@@ -11,17 +11,16 @@
 
 namespace cohort::nn {
 
-using Clock = std::chrono::steady_clock;
-
-static double secondsSince(Clock::time_point t) {
+double Trainer::secondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 Trainer::Trainer(Model& model, Optimizer& optimizer, Loss& loss, runtime::data::DataLoader& train,
                  const runtime::data::Dataset* test, const runtime::WorldInfo& world, const runtime::Logger& log,
-                 TrainerOptions options)
+                 TrainerOptions options, JobSync* sync)
     : model_(model), optimizer_(optimizer), loss_(loss), train_(train), test_(test), world_(world), log_(log),
-      options_(std::move(options)), rng_(runtime::mix(options_.seed, 0x64726f70ull /* "drop" */)) {}
+      options_(std::move(options)), sync_(sync),
+      rng_(runtime::mix(options_.seed + static_cast<uint64_t>(world.rank), 0x64726f70ull /* "drop" */)) {}
 
 TrainResult Trainer::run() {
   const auto start = Clock::now();
@@ -30,31 +29,15 @@ TrainResult Trainer::run() {
     log_.info() << "resumed from " << options_.checkpointPath << " at epoch " << pos.epoch + 1 << " batch "
                 << pos.batch << " (step " << pos.step << ")";
   }
+  TrainResult result;
+  if (pos.epoch >= options_.epochs) return alreadyDone(pos, start);
   Pass pass;
   pass.rng = &rng_;
   pass.needInputGrad = false;
-  TrainResult result;
-  if (pos.epoch >= options_.epochs) {
-    log_.info() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
-                << options_.epochs;
-    result.epochs = pos.epoch;
-    result.steps = pos.step;
-    result.trainLoss = pos.lastTrainLoss;
-    result.trainAcc = pos.lastTrainAcc;
-    if (test_) {
-      Evaluation e = evaluate(*test_);
-      result.testLoss = e.loss;
-      result.testAcc = e.accuracy;
-      result.haveTest = true;
-    }
-    result.wallSeconds = secondsSince(start);
-    return result;
-  }
-  double trainSeconds = 0;
-  int64_t trainedSamples = 0;
+  if (sync_) sync_->barrier("start");
   for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
     const auto epochStart = Clock::now();
-    int64_t epochSamplesBefore = pos.samples;
+    const int64_t samplesBefore = pos.samples;
     train_.startEpoch(pos.epoch, pos.batch);
     for (runtime::data::Batch batch; train_.next(batch);) {
       const Tensor& out = model_.net->forward(batch.inputs, pass);
@@ -73,46 +56,73 @@ TrainResult Trainer::run() {
       }
       if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) saveCheckpoint(pos);
     }
-    const double epochSeconds = secondsSince(epochStart);
-    trainSeconds += epochSeconds;
-    trainedSamples += pos.samples - epochSamplesBefore;
-    result.trainLoss = pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0;
-    result.trainAcc = pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0;
-    if (test_) {
-      Evaluation e = evaluate(*test_);
-      result.testLoss = e.loss;
-      result.testAcc = e.accuracy;
-      result.haveTest = true;
-    }
-    result.epochs = pos.epoch + 1;
-    result.steps = pos.step;
-    result.samplesPerSec = trainSeconds > 0 ? static_cast<double>(trainedSamples) / trainSeconds : 0;
-    auto line = log_.info();
-    line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss "
-         << result.trainLoss;
-    if (options_.classification) line << " train_acc " << result.trainAcc;
-    if (result.haveTest) line << " test_loss " << result.testLoss;
-    if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
-    line << " samples/s " << static_cast<int64_t>(static_cast<double>(pos.samples - epochSamplesBefore) / epochSeconds);
-    appendMetrics(pos, result);
-    pos.lastTrainLoss = result.trainLoss;
-    pos.lastTrainAcc = result.trainAcc;
-    pos.lossSum = 0;
-    pos.correct = 0;
-    pos.samples = 0;
-    if (result.stoppedEarly) {
-      log_.info() << "stopped after " << pos.step << " steps (--max-steps)";
-      break;
-    }
-    Position next = pos;
-    next.epoch = pos.epoch + 1;
-    next.batch = 0;
-    saveCheckpoint(next);
-    if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && next.epoch < options_.epochs) {
+    finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
+    if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
       result.stoppedEarly = true;
       log_.info() << "stopped after " << pos.step << " steps (--max-steps)";
       break;
     }
+  }
+  result.wallSeconds = secondsSince(start);
+  return result;
+}
+
+void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples) {
+  trainSeconds_ += epochSeconds;
+  trainedSamples_ += epochSamples;
+  result.trainLoss = pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0;
+  result.trainAcc = pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0;
+  result.epochs = pos.epoch + 1;
+  result.steps = pos.step;
+  JobProgress job{trainedSamples_, trainSeconds_};
+  if (sync_) {
+    sync_->reportProgress(trainedSamples_, trainSeconds_, optimizer_.steps());
+    if (!options_.checkpointPath.empty()) sync_->shareOptimizerState(optimizer_);
+    sync_->barrier("end of epoch " + std::to_string(pos.epoch + 1));
+    job = sync_->jobProgress();
+  }
+  result.samplesPerSec = job.trainSeconds > 0 ? static_cast<double>(job.samples) / job.trainSeconds : 0;
+  if (test_ && world_.rank == 0) {
+    Evaluation e = evaluate(*test_);
+    result.testLoss = e.loss;
+    result.testAcc = e.accuracy;
+    result.haveTest = true;
+  }
+  auto line = log_.info();
+  line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss " << result.trainLoss;
+  if (options_.classification) line << " train_acc " << result.trainAcc;
+  if (result.haveTest) line << " test_loss " << result.testLoss;
+  if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
+  line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
+  if (sync_) line << " (job " << static_cast<int64_t>(result.samplesPerSec) << ")";
+  appendMetrics(pos, result);
+  pos.lastTrainLoss = result.trainLoss;
+  pos.lastTrainAcc = result.trainAcc;
+  pos.lossSum = 0;
+  pos.correct = 0;
+  pos.samples = 0;
+  if (!result.stoppedEarly) {
+    Position next = pos;
+    next.epoch = pos.epoch + 1;
+    next.batch = 0;
+    saveCheckpoint(next);
+  }
+  if (sync_) sync_->barrier("after epoch " + std::to_string(pos.epoch + 1));
+}
+
+TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
+  log_.info() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
+              << options_.epochs;
+  TrainResult result;
+  result.epochs = pos.epoch;
+  result.steps = pos.step;
+  result.trainLoss = pos.lastTrainLoss;
+  result.trainAcc = pos.lastTrainAcc;
+  if (test_ && world_.rank == 0) {
+    Evaluation e = evaluate(*test_);
+    result.testLoss = e.loss;
+    result.testAcc = e.accuracy;
+    result.haveTest = true;
   }
   result.wallSeconds = secondsSince(start);
   return result;
@@ -139,7 +149,7 @@ std::string Trainer::resultLine(const TrainResult& r) const {
      << " epochs=" << r.epochs << " train_loss=" << r.trainLoss;
   if (r.haveTest) os << " test_loss=" << r.testLoss;
   if (r.haveTest && options_.classification) os << " test_acc=" << r.testAcc;
-  os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec * world_.worldSize) << " wall_s=" << r.wallSeconds;
+  os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec) << " wall_s=" << r.wallSeconds;
   return os.str();
 }
 

@@ -4,6 +4,10 @@
 //     for batch: forward -> loss -> backward -> optimizer.step -> (checkpoint every N steps)
 //     evaluate on the test set; log one progress line; append one metrics line
 //
+// With a JobSync (hogwild) all ranks meet at a barrier at the start and at each epoch's end; rank 0
+// then evaluates, checkpoints (parameters plus every rank's optimizer state) and reports the job's
+// throughput, while the others wait at a second barrier so nothing changes the parameters meanwhile.
+//
 // Checkpoints (safetensors, nn/checkpoint.h) hold the parameters, the optimizer state and step
 // count, the epoch and the next batch of the data loader, the dropout Rng state and the running
 // epoch sums, so a run resumed from any checkpoint continues bit for bit like the uninterrupted run
@@ -12,10 +16,12 @@
 // Thread safety: run() is called from one thread.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "nn/job_sync.h"
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
@@ -37,6 +43,9 @@ struct TrainerOptions {
   int64_t evalBatchSize = 1000;
   std::string mode = "local";    // for the RESULT line
   std::string backend = "none";
+  // Hogwild: the parameters live in shared memory, loaded from the checkpoint by the segment's
+  // creator before the others attach; the Trainer then resumes only its own state.
+  bool paramsShared = false;
 };
 
 struct TrainResult {
@@ -48,9 +57,13 @@ struct TrainResult {
   double testLoss = 0;
   double testAcc = 0;
   bool haveTest = false;
-  double samplesPerSec = 0;  // training samples / training time (evaluation excluded), this rank
+  double samplesPerSec = 0;  // the job's training samples / training time (evaluation excluded)
   double wallSeconds = 0;
 };
+
+// Loads the parameters stored in the checkpoint at `path` into `params` (names and sizes must match);
+// used by the creator of a shared parameter segment before the other ranks attach.
+void loadParamsFromCheckpoint(const std::string& path, const ParamBuffer& params);
 
 struct Evaluation {
   double loss = 0;
@@ -61,7 +74,7 @@ class Trainer {
  public:
   Trainer(Model& model, Optimizer& optimizer, Loss& loss, runtime::data::DataLoader& train,
           const runtime::data::Dataset* test, const runtime::WorldInfo& world, const runtime::Logger& log,
-          TrainerOptions options);
+          TrainerOptions options, JobSync* sync = nullptr);
 
   TrainResult run();
   Evaluation evaluate(const runtime::data::Dataset& data);
@@ -80,7 +93,12 @@ class Trainer {
     double lastTrainAcc = 0;
   };
 
+  using Clock = std::chrono::steady_clock;
+  static double secondsSince(Clock::time_point t);
+  TrainResult alreadyDone(const Position& pos, Clock::time_point start);
   void saveCheckpoint(const Position& pos);
+  // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
+  void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
   bool loadCheckpoint(Position& pos);
   void appendMetrics(const Position& pos, const TrainResult& epochResult) const;
 
@@ -92,7 +110,10 @@ class Trainer {
   const runtime::WorldInfo& world_;
   const runtime::Logger& log_;
   TrainerOptions options_;
+  JobSync* sync_;  // nullptr for --mode local
   runtime::Rng rng_;
+  double trainSeconds_ = 0;  // this rank's, over the epochs run in this process
+  int64_t trainedSamples_ = 0;
 };
 
 }  // namespace cohort::nn

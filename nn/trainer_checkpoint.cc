@@ -45,7 +45,25 @@ void expectSame(const Metadata& m, const std::string& key, const std::string& no
   }
 }
 
+void loadTensor(const Checkpoint& ckpt, const std::string& path, const std::string& name, const Tensor& into) {
+  const Tensor* t = ckpt.find(name);
+  if (!t) COHORT_THROW(IoError) << path << ": checkpoint has no tensor '" << name << "'";
+  if (t->numel() != into.numel()) {
+    COHORT_THROW(IoError) << path << ": tensor '" << name << "' has shape " << t->shape().str() << ", the model needs "
+                          << into.shape().str();
+  }
+  into.copyFrom(*t);
+}
+
+void loadParamsFromCheckpoint(const Checkpoint& ckpt, const std::string& path, const ParamBuffer& params) {
+  for (size_t i = 0; i < params.entries().size(); ++i) loadTensor(ckpt, path, params.entries()[i].name, params.value(i));
+}
+
 }  // namespace
+
+void loadParamsFromCheckpoint(const std::string& path, const ParamBuffer& params) {
+  loadParamsFromCheckpoint(readCheckpoint(path), path, params);
+}
 
 void Trainer::saveCheckpoint(const Position& pos) {
   if (options_.checkpointPath.empty() || world_.rank != 0) return;
@@ -53,7 +71,11 @@ void Trainer::saveCheckpoint(const Position& pos) {
   for (size_t i = 0; i < model_.params.entries().size(); ++i) {
     tensors.push_back({model_.params.entries()[i].name, model_.params.value(i)});
   }
-  for (const auto& s : optimizer_.state()) tensors.push_back({"optimizer." + s.name, s.tensor});
+  if (sync_) {
+    for (NamedTensor& t : sync_->gatheredOptimizerState(optimizer_)) tensors.push_back(std::move(t));
+  } else {
+    for (const auto& s : optimizer_.state()) tensors.push_back({"optimizer." + s.name, s.tensor});
+  }
   Metadata meta = {
       {"model", model_.spec},
       {"optimizer", optimizer_.name()},
@@ -73,6 +95,10 @@ void Trainer::saveCheckpoint(const Position& pos) {
       {"last_train_loss", hexDouble(pos.lastTrainLoss)},
       {"last_train_acc", hexDouble(pos.lastTrainAcc)},
   };
+  if (sync_) {
+    std::vector<int64_t> steps = sync_->optimizerSteps();
+    for (size_t r = 0; r < steps.size(); ++r) meta["optimizer_steps.rank" + std::to_string(r)] = std::to_string(steps[r]);
+  }
   writeCheckpoint(options_.checkpointPath, tensors, meta);
 }
 
@@ -90,18 +116,14 @@ bool Trainer::loadCheckpoint(Position& pos) {
   expectSame(m, "batch_size", std::to_string(train_.options().batchSize), path);
   expectSame(m, "loader_seed", std::to_string(train_.options().seed), path);
   expectSame(m, "world_size", std::to_string(world_.worldSize), path);
-  auto load = [&](const std::string& name, const Tensor& into) {
-    const Tensor* t = ckpt.find(name);
-    if (!t) COHORT_THROW(IoError) << path << ": checkpoint has no tensor '" << name << "'";
-    if (t->numel() != into.numel()) {
-      COHORT_THROW(IoError) << path << ": tensor '" << name << "' has shape " << t->shape().str() << ", the model needs "
-                            << into.shape().str();
-    }
-    into.copyFrom(*t);
-  };
-  for (size_t i = 0; i < model_.params.entries().size(); ++i) load(model_.params.entries()[i].name, model_.params.value(i));
-  for (const auto& s : optimizer_.state()) load("optimizer." + s.name, s.tensor);
-  optimizer_.setSteps(needInt(m, "optimizer_steps", path));
+  if (!options_.paramsShared) loadParamsFromCheckpoint(ckpt, path, model_.params);
+  const std::string prefix = sync_ ? "optimizer.rank" + std::to_string(world_.rank) + "." : "optimizer.";
+  for (const auto& s : optimizer_.state()) loadTensor(ckpt, path, prefix + s.name, s.tensor);
+  if (sync_) {
+    optimizer_.setSteps(needInt(m, "optimizer_steps.rank" + std::to_string(world_.rank), path));
+  } else {
+    optimizer_.setSteps(needInt(m, "optimizer_steps", path));
+  }
   pos.epoch = needInt(m, "epoch", path);
   pos.batch = needInt(m, "batch", path);
   pos.step = needInt(m, "step", path);

@@ -13,8 +13,9 @@ LogLine::~LogLine() {
   logger_.writeRaw(logger_.prefix() + tag + os_.str() + "\n");
 }
 
+// cohortrun prefixes every line of its workers itself, so a worker it started writes bare lines.
 Logger::Logger(const WorldInfo& world, Options options)
-    : prefix_("[rank " + std::to_string(world.rank) + "] "), options_(options) {}
+    : prefix_(world.source == "cohortrun" ? "" : "[rank " + std::to_string(world.rank) + "] "), options_(options) {}
 
 void Logger::writeRaw(const std::string& text) const {
   const char* p = text.data();

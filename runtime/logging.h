@@ -1,5 +1,7 @@
 // Logger: rank-prefixed log lines ("[rank 1] epoch 2 ...").
 //
+// Under cohortrun (WorldInfo::source == "cohortrun") the launcher prefixes every output line of a
+// worker with its rank, so the Logger writes lines without a prefix of its own.
 // A Logger is made from the WorldInfo and passed explicitly (no global). Each LogLine collects one
 // message with operator<< and writes it, prefix and newline included, with a single write() when it
 // goes out of scope, so lines of different ranks sharing a terminal never interleave mid-line.

@@ -28,7 +28,13 @@ int parseInt(const char* name, const char* text) {
 
 int intOr(const char* name, int fallback) {
   const char* v = env(name);
-  return v ? parseInt(name, v) : fallback;
+  if (!v) return fallback;
+  if (std::string(name) == "SLURM_TASKS_PER_NODE") {
+    std::string digits;
+    for (const char* p = v; *p >= '0' && *p <= '9'; ++p) digits += *p;
+    return parseInt(name, digits.empty() ? v : digits.c_str());
+  }
+  return parseInt(name, v);
 }
 
 struct Scheme {
@@ -44,8 +50,9 @@ constexpr Scheme kSchemes[] = {
     {"cohortrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "COHORT_JOB_ID"},
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid"},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-     "SLURM_JOB_ID"},
+    // SLURM_TASKS_PER_NODE reads like "4(x2)" or "4,3": its leading count is this node's when the
+    // nodes are uniform, which the launchers we support assume.
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID"},
     {"pmi", "PMI_RANK", "PMI_SIZE", nullptr, nullptr, nullptr},
 };
 
@@ -56,6 +63,8 @@ WorldInfo WorldInfo::detect() {
   for (const Scheme& s : kSchemes) {
     if (!env(s.rank) || !env(s.size)) continue;
     w.source = s.source;
+    // RANK/WORLD_SIZE without COHORT_JOB_ID: another launcher with torchrun's variables.
+    if (w.source == std::string("cohortrun") && !env("COHORT_JOB_ID")) w.source = "env";
     w.rank = parseInt(s.rank, env(s.rank));
     w.worldSize = parseInt(s.size, env(s.size));
     // Without local information a launcher is assumed to have put every rank on this node.

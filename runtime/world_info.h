@@ -17,7 +17,9 @@ struct WorldInfo {
   int localRank = 0;
   int localWorldSize = 1;
   std::string jobId = "local";
-  std::string source = "single";  // which launcher's variables were used
+  // Whose variables were used: "cohortrun" (RANK... with COHORT_JOB_ID), "env" (RANK... without it,
+  // e.g. torchrun), "openmpi", "slurm", "pmi" or "single".
+  std::string source = "single";
 
   bool isSingle() const { return worldSize == 1; }
   bool spansNodes() const { return localWorldSize < worldSize; }

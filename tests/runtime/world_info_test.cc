@@ -12,7 +12,7 @@ const char* kAllVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                           "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID",
-                          "SLURM_NTASKS_PER_NODE", "PMI_RANK", "PMI_SIZE"};
+                          "SLURM_TASKS_PER_NODE", "PMI_RANK", "PMI_SIZE"};
 
 class WorldInfoTest : public ::testing::Test {
  protected:
@@ -61,6 +61,25 @@ TEST_F(WorldInfoTest, OpenMpiThenSlurmThenPmi) {
   setenv("PMI_RANK", "0", 1);
   setenv("PMI_SIZE", "2", 1);
   EXPECT_EQ(WorldInfo::detect().source, "pmi");
+}
+
+TEST_F(WorldInfoTest, TorchrunStyleVariablesWithoutAJobIdAreSourceEnv) {
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  WorldInfo w = WorldInfo::detect();
+  EXPECT_EQ(w.source, "env");
+  EXPECT_EQ(w.rank, 1);
+  EXPECT_EQ(w.localWorldSize, 2);
+}
+
+TEST_F(WorldInfoTest, SlurmTasksPerNodeWithRepeatCount) {
+  setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_TASKS_PER_NODE", "4(x2)", 1);
+  WorldInfo w = WorldInfo::detect();
+  EXPECT_EQ(w.localWorldSize, 4);
+  EXPECT_TRUE(w.spansNodes());
 }
 
 TEST_F(WorldInfoTest, InconsistentValuesAreRefused) {

@@ -1,0 +1,38 @@
+// JobSync: how the workers of one job line up around the training loop. The Trainer calls it at a
+// few fixed points; --mode local has none (the Trainer gets nullptr), --mode hogwild uses the shared
+// segment's barrier and per-rank slots (nn/hogwild.h).
+//
+// Every rank calls barrier() with the same names in the same order. reportProgress() publishes this
+// rank's cumulative training figures; after a barrier, jobProgress() sums them over the job.
+// shareOptimizerState() copies this rank's optimizer state where rank 0 can read it;
+// gatheredOptimizerState() (rank 0, after a barrier) returns every rank's, named
+// "optimizer.rank<k>.<state>", for the checkpoint. Waits throw TimeoutError or PeerError naming the
+// ranks that did not arrive. Thread safety: called from the training thread only.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "nn/checkpoint.h"
+#include "nn/optimizer.h"
+
+namespace cohort::nn {
+
+struct JobProgress {
+  int64_t samples = 0;           // trained samples, all ranks
+  double trainSeconds = 0;       // the slowest rank's training time (evaluation excluded)
+};
+
+class JobSync {
+ public:
+  virtual ~JobSync() = default;
+  virtual void barrier(const std::string& what) = 0;
+  virtual void reportProgress(int64_t samples, double trainSeconds, int64_t optimizerSteps) = 0;
+  virtual JobProgress jobProgress() const = 0;
+  // Every rank's optimizer step count as last reported (rank 0, after a barrier).
+  virtual std::vector<int64_t> optimizerSteps() const = 0;
+  virtual void shareOptimizerState(const Optimizer& optimizer) = 0;
+  virtual std::vector<NamedTensor> gatheredOptimizerState(const Optimizer& optimizer) const = 0;
+};
+
+}  // namespace cohort::nn
