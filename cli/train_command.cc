@@ -2,8 +2,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 
+#include "ipc/shared_params.h"
+#include "nn/hogwild.h"
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
@@ -42,6 +46,8 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--resume", f.resume, "continue from --checkpoint if it exists");
   c.add_option("--max-steps", f.maxSteps, "stop after N optimizer steps in all (a checkpoint is written)");
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
+  c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers) before failing")
+      ->capture_default_str();
 }
 
 namespace {
@@ -50,13 +56,24 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (f.mode != "local" && f.mode != "hogwild" && f.mode != "allreduce") {
     COHORT_THROW(InvalidArgument) << "unknown --mode '" << f.mode << "': expected local, hogwild or allreduce";
   }
-  if (f.mode != "local") {
-    COHORT_THROW(InvalidArgument) << "--mode " << f.mode << " is not available in this version of cohort yet; use --mode local";
+  if (f.mode == "allreduce") {
+    COHORT_THROW(InvalidArgument) << "--mode allreduce is not available in this version of cohort yet; use local or hogwild";
   }
-  if (!world.isSingle()) {
+  if (f.mode == "local" && !world.isSingle()) {
     COHORT_THROW(InvalidArgument) << "--mode local trains in one process, but this process is rank " << world.rank << " of "
-                                  << world.worldSize << " (from " << world.source << " variables)";
+                                  << world.worldSize << " (from " << world.source << " variables): use --mode hogwild";
   }
+  if (f.mode == "hogwild") {
+    if (world.spansNodes()) {
+      COHORT_THROW(InvalidArgument) << "--mode hogwild shares memory, so every rank must be on one node, but this job has "
+                                    << world.worldSize << " ranks with " << world.localWorldSize << " on this node";
+    }
+    if (f.checkpointEvery > 0 || f.maxSteps > 0) {
+      COHORT_THROW(InvalidArgument) << "--checkpoint-every and --max-steps need --mode local: Hogwild workers meet (and "
+                                       "checkpoint) only at the end of each epoch";
+    }
+  }
+  if (!(f.timeout > 0)) COHORT_THROW(InvalidArgument) << "--timeout must be positive, got " << f.timeout;
   if (!f.backend.empty()) COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
   if (runtime::Device::parse(f.device).isCuda()) {
     COHORT_THROW(InvalidArgument) << "--device " << f.device << ": GPU training is not available in this version yet; use --device cpu";
@@ -101,37 +118,74 @@ void checkFits(const nn::Model& model, const data::Dataset& d, bool classificati
 
 }  // namespace
 
-int runTrain(const TrainFlags& f) {
-  const runtime::WorldInfo world = runtime::WorldInfo::detect();
-  validate(f, world);
-  runtime::Logger log(world, {.fd = 1});
-  runtime::cpu::setBlasThreads(f.threads);
-  const bool classification = f.loss == "ce";
+namespace {
 
+nn::OptimizerOptions optimizerOptions(const TrainFlags& f) {
   nn::OptimizerOptions opt;
   opt.kind = nn::parseOptimizerKind(f.optimizer);
   opt.lr = static_cast<float>(f.lr);
   opt.momentum = static_cast<float>(f.momentum);
   opt.nesterov = f.nesterov;
   opt.weightDecay = static_cast<float>(f.weightDecay >= 0 ? f.weightDecay : opt.kind == nn::OptimizerKind::kAdamW ? 0.01 : 0.0);
-  std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
-  auto optimizer = nn::makeOptimizer(opt, model->params.numel());
+  return opt;
+}
 
+bool fileExists(const std::string& path) { return !path.empty() && std::ifstream(path).good(); }
+
+}  // namespace
+
+int runTrain(const TrainFlags& f) {
+  const runtime::WorldInfo world = runtime::WorldInfo::detect();
+  validate(f, world);
+  runtime::Logger log(world, {.fd = 1});
+  if (!world.isSingle()) {
+    log.info() << "rank " << world.rank << " of " << world.worldSize << " (local " << world.localRank << " of "
+               << world.localWorldSize << ") from " << world.source << " variables, job " << world.jobId
+               << (world.restartCount ? ", restart " + std::to_string(world.restartCount) : std::string());
+  }
+  runtime::cpu::setBlasThreads(f.threads);
+  const bool classification = f.loss == "ce";
+  const bool hogwild = f.mode == "hogwild";
+
+  std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
+  auto optimizer = nn::makeOptimizer(optimizerOptions(f), model->params.numel());
   std::unique_ptr<data::Dataset> train = data::openDataset(f.data, data::Split::kTrain);
-  std::unique_ptr<data::Dataset> test = openTestSet(f);
+  std::unique_ptr<data::Dataset> test = world.rank == 0 ? openTestSet(f) : nullptr;
   checkFits(*model, *train, classification);
   if (test) checkFits(*model, *test, classification);
 
-  model->params.allocate(runtime::cpuAllocator());
-  runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
-  model->net->resetParams(initRng);
+  // Parameters: private (local) or in a segment every worker of this node shares (hogwild). Either
+  // way they start from the same seeded initialisation, or from the checkpoint being resumed.
+  auto initialise = [&] {
+    runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
+    model->net->resetParams(initRng);
+    if (hogwild && f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, model->params);
+  };
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
+  std::unique_ptr<ipc::SharedParams> shared;
+  std::unique_ptr<nn::HogwildSync> sync;
+  if (hogwild) {
+    size_t stateFloats = 0;
+    for (const auto& s : optimizer->state()) stateFloats += static_cast<size_t>(s.tensor.numel());
+    shared = nn::shareParams(*model,
+                             {.jobId = world.jobId, .localRank = world.localRank, .localWorldSize = world.localWorldSize,
+                              .generation = static_cast<uint64_t>(world.restartCount), .optimizerStateFloats = stateFloats,
+                              .timeout = timeout},
+                             initialise);
+    sync = std::make_unique<nn::HogwildSync>(*shared, timeout);
+  } else {
+    model->params.allocate(runtime::cpuAllocator());
+    initialise();
+  }
   auto loss = nn::makeLoss(classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
 
   data::DataLoader loader(*train, {.batchSize = f.batchSize, .seed = f.seed, .rank = world.rank,
                                    .worldSize = world.worldSize, .prefetch = f.prefetch});
-  log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters) on " << train->name() << " ("
-             << train->size() << " samples" << (test ? ", test " + std::to_string(test->size()) : std::string()) << "), "
-             << optimizer->name() << " lr " << f.lr << ", batch " << f.batchSize << ", " << f.threads << " BLAS thread(s)";
+  log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
+             << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "
+             << train->name() << " (" << loader.samplesPerEpoch() << " samples per epoch"
+             << (test ? ", test " + std::to_string(test->size()) : std::string()) << "), " << optimizer->name() << " lr "
+             << f.lr << ", batch " << f.batchSize << ", " << f.threads << " BLAS thread(s)";
   nn::TrainerOptions options;
   options.epochs = f.epochs;
   options.seed = f.seed;
@@ -141,7 +195,9 @@ int runTrain(const TrainFlags& f) {
   options.resume = f.resume;
   options.maxSteps = f.maxSteps;
   options.metricsPath = f.metrics;
-  nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options);
+  options.mode = f.mode;
+  options.paramsShared = hogwild;
+  nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options, sync.get());
   nn::TrainResult result = trainer.run();
   if (world.rank == 0) std::printf("%s\n", trainer.resultLine(result).c_str());
   return 0;

@@ -38,6 +38,7 @@ struct TrainFlags {
   bool resume = false;
   int64_t maxSteps = 0;
   std::string metrics;
+  double timeout = 300;  // seconds any wait for other workers may take
 };
 
 void addTrainFlags(CLI::App& command, TrainFlags& flags);

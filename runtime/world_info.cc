@@ -60,6 +60,7 @@ constexpr Scheme kSchemes[] = {
 
 WorldInfo WorldInfo::detect() {
   WorldInfo w;
+  w.restartCount = intOr("COHORT_RESTART_COUNT", 0);
   for (const Scheme& s : kSchemes) {
     if (!env(s.rank) || !env(s.size)) continue;
     w.source = s.source;

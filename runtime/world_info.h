@@ -17,6 +17,7 @@ struct WorldInfo {
   int localRank = 0;
   int localWorldSize = 1;
   std::string jobId = "local";
+  int restartCount = 0;  // COHORT_RESTART_COUNT: how often cohortrun has restarted the group
   // Whose variables were used: "cohortrun" (RANK... with COHORT_JOB_ID), "env" (RANK... without it,
   // e.g. torchrun), "openmpi", "slurm", "pmi" or "single".
   std::string source = "single";

@@ -1,0 +1,86 @@
+#include "nn/hogwild.h"
+
+#include <cstring>
+
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOptions& o,
+                                               const std::function<void()>& initialise) {
+  ipc::SharedParams::Options so;
+  so.jobId = o.jobId;
+  so.localRank = o.localRank;
+  so.localWorldSize = o.localWorldSize;
+  so.numel = model.params.numel();
+  so.scratchFloatsPerRank = o.optimizerStateFloats;
+  so.generation = o.generation;
+  so.timeout = o.timeout;
+  // Rank 0 leaves after the last barrier, when everyone has attached: removing the name then is safe
+  // and keeps /dev/shm clean under mpirun or srun too (cohortrun removes the job's segments anyway).
+  so.unlinkOnDestroy = o.localRank == 0;
+  auto shared = std::make_unique<ipc::SharedParams>(so, [&](float* values, size_t) {
+    model.params.attach(values, runtime::Device::cpu(), runtime::cpuAllocator());
+    initialise();
+  });
+  if (!model.params.bound()) model.params.attach(shared->values(), runtime::Device::cpu(), runtime::cpuAllocator());
+  return shared;
+}
+
+HogwildSync::HogwildSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout)
+    : shared_(shared), timeout_(timeout) {}
+
+void HogwildSync::barrier(const std::string& what) {
+  shared_.barrier().arriveAndWait(shared_.localRank(), {.what = what, .timeout = timeout_});
+}
+
+// startNs = 0 and endNs = the rank's cumulative training time: the job's training time is the slowest
+// rank's, evaluation and checkpoint pauses excluded.
+void HogwildSync::reportProgress(int64_t samples, double trainSeconds, int64_t optimizerSteps) {
+  ipc::RankStats& s = shared_.stats(shared_.localRank());
+  s.startNs.store(0, std::memory_order_relaxed);
+  s.endNs.store(static_cast<int64_t>(trainSeconds * 1e9), std::memory_order_relaxed);
+  s.samples.store(samples, std::memory_order_relaxed);
+  s.steps.store(optimizerSteps, std::memory_order_release);
+}
+
+JobProgress HogwildSync::jobProgress() const {
+  JobProgress p;
+  for (int r = 0; r < shared_.localWorldSize(); ++r) {
+    const ipc::RankStats& s = shared_.stats(r);
+    p.samples += s.samples.load(std::memory_order_acquire);
+    p.trainSeconds = std::max(p.trainSeconds, static_cast<double>(s.endNs.load() - s.startNs.load()) * 1e-9);
+  }
+  return p;
+}
+
+std::vector<int64_t> HogwildSync::optimizerSteps() const {
+  std::vector<int64_t> steps;
+  for (int r = 0; r < shared_.localWorldSize(); ++r) steps.push_back(shared_.stats(r).steps.load(std::memory_order_acquire));
+  return steps;
+}
+
+void HogwildSync::shareOptimizerState(const Optimizer& optimizer) {
+  float* out = shared_.scratch(shared_.localRank());
+  size_t used = 0;
+  for (const auto& s : optimizer.state()) {
+    COHORT_CHECK(used + static_cast<size_t>(s.tensor.numel()) <= shared_.scratchFloatsPerRank());
+    std::memcpy(out + used, s.tensor.data(), s.tensor.bytes());
+    used += static_cast<size_t>(s.tensor.numel());
+  }
+}
+
+std::vector<NamedTensor> HogwildSync::gatheredOptimizerState(const Optimizer& optimizer) const {
+  std::vector<NamedTensor> all;
+  for (int r = 0; r < shared_.localWorldSize(); ++r) {
+    size_t used = 0;
+    for (const auto& s : optimizer.state()) {  // every rank's state has the same names and sizes
+      all.push_back({"optimizer.rank" + std::to_string(r) + "." + s.name,
+                     Tensor::view(shared_.scratch(r) + used, s.tensor.shape())});
+      used += static_cast<size_t>(s.tensor.numel());
+    }
+  }
+  return all;
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,52 @@
+// Hogwild on one node: a model's parameters in a shared segment (ipc::SharedParams) that every
+// worker updates without locks, and the JobSync the Trainer uses to line the workers up.
+//
+// shareParams(): local rank 0 creates the segment, points the model's ParamBuffer into it, runs
+// `initialise` (reset or load the parameters) and publishes it; the other ranks wait for it (up to
+// the timeout) and point their ParamBuffer into the same memory. Gradients and optimizer state stay
+// private to each worker. Each rank's segment scratch area holds a copy of its optimizer state at
+// checkpoint time, so rank 0 can write one checkpoint with everyone's.
+// Every rank of the job must call shareParams() with the same options; all ranks are on this node
+// (callers refuse a world that spans nodes). Thread safety: one training thread per process.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ipc/shared_params.h"
+#include "nn/job_sync.h"
+#include "nn/model_spec.h"
+
+namespace cohort::nn {
+
+struct HogwildOptions {
+  std::string jobId;
+  int localRank = 0;
+  int localWorldSize = 1;
+  uint64_t generation = 0;  // the launcher's restart count: a restarted job makes a fresh segment
+  size_t optimizerStateFloats = 0;  // per rank, for gathering checkpoints
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOptions& options,
+                                               const std::function<void()>& initialise);
+
+class HogwildSync final : public JobSync {
+ public:
+  HogwildSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout);
+
+  void barrier(const std::string& what) override;
+  void reportProgress(int64_t samples, double trainSeconds, int64_t optimizerSteps) override;
+  JobProgress jobProgress() const override;
+  std::vector<int64_t> optimizerSteps() const override;
+  void shareOptimizerState(const Optimizer& optimizer) override;
+  std::vector<NamedTensor> gatheredOptimizerState(const Optimizer& optimizer) const override;
+
+ private:
+  ipc::SharedParams& shared_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,101 @@
+// Hogwild across real processes: every worker's optimizer steps land in the one shared buffer.
+//
+// Each of W forked workers attaches the model's parameters to the shared segment and runs K SGD
+// steps with a gradient that is 1 on the parameters i with i % W == rank and 0 elsewhere, so the
+// workers write disjoint elements (no lost updates are possible) and every element must end exactly
+// K·lr below its initial value — which holds only if every worker's writes reached the same memory.
+// Values are exactly representable (lr = 0.25, K = 8, initial values multiples of 1/4).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "nn/hogwild.h"
+#include "nn/model_spec.h"
+#include "nn/optimizer.h"
+
+namespace cohort::nn {
+namespace {
+
+constexpr int kSteps = 8;
+constexpr float kLr = 0.25f;
+
+std::string freshJobId() {
+  static std::atomic<int> counter{0};
+  return "hogwild-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+}
+
+float initialValue(size_t i) { return static_cast<float>(i % 17) * 0.25f; }
+
+// Runs one worker; returns a process exit code (0 = all checks passed).
+int worker(const std::string& jobId, int rank, int world) {
+  auto model = buildModel("mlp:7,5,3");
+  HogwildOptions o{.jobId = jobId, .localRank = rank, .localWorldSize = world, .timeout = std::chrono::seconds(30)};
+  auto shared = shareParams(*model, o, [&] {
+    for (size_t i = 0; i < model->params.numel(); ++i) model->params.values().at(static_cast<int64_t>(i)) = initialValue(i);
+  });
+  HogwildSync sync(*shared, std::chrono::seconds(30));
+  auto opt = makeOptimizer({.kind = OptimizerKind::kSgd, .lr = kLr}, model->params.numel());
+  const Tensor& grads = model->params.grads();
+  for (size_t i = 0; i < model->params.numel(); ++i) {
+    grads.at(static_cast<int64_t>(i)) = static_cast<int>(i % static_cast<size_t>(world)) == rank ? 1.0f : 0.0f;
+  }
+  sync.barrier("start");
+  for (int s = 0; s < kSteps; ++s) opt->step(model->params.values(), grads);
+  sync.reportProgress(kSteps, 1.0, opt->steps());
+  sync.barrier("end");
+  int bad = 0;
+  for (size_t i = 0; i < model->params.numel(); ++i) {
+    bad += model->params.values().at(static_cast<int64_t>(i)) != initialValue(i) - kSteps * kLr;
+  }
+  if (sync.jobProgress().samples != int64_t{kSteps} * world) return 3;
+  sync.barrier("checked");
+  return bad == 0 ? 0 : 2;
+}
+
+void runWorkers(int world) {
+  const std::string jobId = freshJobId();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = worker(jobId, r, world);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pids[static_cast<size_t>(r)], &status, 0), pids[static_cast<size_t>(r)]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << " of " << world << ": status " << status << " (2: a worker's update is missing)";
+  }
+}
+
+class HogwildTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir_ = std::string(tmp ? tmp : "/tmp") + "/shm-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_.data()), nullptr);
+    setenv("COHORT_SHM_DIR", dir_.c_str(), 1);
+  }
+  std::string dir_;
+};
+
+TEST_F(HogwildTest, EveryWorkersUpdatesLandInTheSharedBufferWith2Workers) { runWorkers(2); }
+TEST_F(HogwildTest, EveryWorkersUpdatesLandInTheSharedBufferWith3Workers) { runWorkers(3); }
+TEST_F(HogwildTest, EveryWorkersUpdatesLandInTheSharedBufferWith4Workers) { runWorkers(4); }
+TEST_F(HogwildTest, OneWorkerIsHogwildWithNobodyElse) { runWorkers(1); }
+
+}  // namespace
+}  // namespace cohort::nn
