@@ -1,0 +1,84 @@
+// ProcessBarrier: a barrier for the processes of one node, living in shared memory.
+//
+// The barrier's state is a block of caller-provided shared memory (e.g. inside a ShmRegion) of
+// bytesFor(numRanks) bytes, 64-byte aligned: a small control block, then one 64-byte slot per rank
+// holding, as lock-free std::atomic<uint64_t>, the barrier generation the rank has reached and its
+// pid and start time. There is no mutex: a process that dies anywhere cannot leave anything locked.
+//
+// Algorithm: rank r arrives at generation g = slot[r].generation + 1 by storing g (release); it
+// waits until every slot holds >= g (acquire). No rank can reach g + 1 before all have reached g, so
+// counters never need resetting. While waiting it spins briefly, then sleeps with growing backoff
+// (up to 10 ms); every ~20 ms it checks the pids of ranks that have not arrived: a registered rank
+// whose process is gone (or a zombie) is a PeerError within ~100 ms; the deadline passing is a
+// TimeoutError that lists the ranks that did not arrive.
+//
+// Order of calls: one process calls initialize() on the memory before any other process attaches
+// (e.g. before publishing the ShmRegion); each rank then constructs a ProcessBarrier view on the
+// same memory, calls registerRank(rank) (so its death is detectable), and all ranks call
+// arriveAndWait() the same number of times, each with its own rank. Rank numbers are 0..numRanks-1.
+//
+// Ownership: a ProcessBarrier is a non-owning view; the memory must outlive it.
+// Thread safety: each rank's calls must come from one thread at a time; different ranks may be
+// threads of one process or separate processes.
+//
+//   ProcessBarrier::initialize(mem, ProcessBarrier::bytesFor(n), n);   // creator, once
+//   ProcessBarrier barrier(mem, ProcessBarrier::bytesFor(n));           // every rank
+//   barrier.registerRank(rank);
+//   barrier.arriveAndWait(rank, {.what = "start", .timeout = std::chrono::seconds(30)});
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cohort::ipc {
+
+class ProcessBarrier {
+ public:
+  static constexpr int kMaxRanks = 1024;
+  static constexpr size_t kAlignment = 64;
+
+  struct WaitOptions {
+    std::string what = "barrier";  // names the barrier in errors: "barrier 'start' timed out ..."
+    std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  };
+
+  // Bytes of shared memory a barrier for numRanks (1..kMaxRanks) needs.
+  static size_t bytesFor(int numRanks);
+  // Lays out a fresh barrier for numRanks in `memory` (64-byte aligned, >= bytesFor(numRanks)).
+  // Call once, before any process constructs a view on it.
+  static void initialize(void* memory, size_t bytes, int numRanks);
+
+  // A view on a barrier initialised by initialize(); IoError when `memory` does not hold one.
+  ProcessBarrier(void* memory, size_t bytes);
+
+  int numRanks() const;
+  // Records the calling process's pid and start time as `rank`'s, so peers notice if it dies.
+  // InvalidArgument when another live process has registered the same rank.
+  void registerRank(int rank);
+
+  // Marks `rank` arrived at its next generation and returns that generation (registers the rank).
+  uint64_t arrive(int rank);
+  // Waits until every rank has reached `generation`. Throws TimeoutError (names the missing ranks)
+  // or PeerError (names a missing rank whose process is gone).
+  void wait(int rank, uint64_t generation, const WaitOptions& options) const;
+  void arriveAndWait(int rank, const WaitOptions& options) { wait(rank, arrive(rank), options); }
+
+  // The generation `rank` has reached (for tests and diagnostics).
+  uint64_t generationOf(int rank) const;
+
+ private:
+  struct Control;
+  struct Slot;
+  Slot& slot(int rank) const;
+  void checkRank(int rank) const;
+  // Fills `missing` with the ranks below `generation`; returns its size.
+  int missingRanks(uint64_t generation, std::string& missing) const;
+  void checkPeersAlive(int rank, uint64_t generation, const WaitOptions& options) const;
+
+  Control* control_;
+  Slot* slots_;
+};
+
+}  // namespace cohort::ipc

@@ -1,0 +1,61 @@
+#include "ipc/process_liveness.h"
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace cohort::ipc {
+
+std::optional<ProcStat> parseProcStat(const std::string& statText) {
+  // "pid (comm) state ppid ..." — comm is free text, so fields are counted after the last ')'.
+  size_t close = statText.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(statText.substr(close + 1));
+  std::string field;
+  ProcStat stat;
+  if (!(rest >> field) || field.size() != 1) return std::nullopt;  // field 3
+  stat.state = field[0];
+  for (int i = 4; i < 22; ++i) {
+    if (!(rest >> field)) return std::nullopt;
+  }
+  if (!(rest >> field)) return std::nullopt;  // field 22
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(field.c_str(), &end, 10);
+  if (errno != 0 || end == field.c_str() || *end != '\0') return std::nullopt;
+  stat.startTicks = static_cast<uint64_t>(v);
+  return stat;
+}
+
+std::optional<ProcStat> readProcStat(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return parseProcStat(text.str());
+}
+
+std::optional<uint64_t> processStartTicks(pid_t pid) {
+  std::optional<ProcStat> stat = readProcStat(pid);
+  if (!stat) return std::nullopt;
+  return stat->startTicks;
+}
+
+bool processIsAlive(pid_t pid, uint64_t startTicks) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::optional<ProcStat> stat = readProcStat(pid);
+  // kill() succeeded (or was refused with EPERM: the process exists but belongs to someone else), yet
+  // /proc may be unreadable (hidepid) — then trust kill().
+  if (!stat) return kill(pid, 0) == 0 || errno != ESRCH;
+  // A zombie has exited; it only waits for its parent to reap it. A worker's peers are usually
+  // siblings, so the launcher, not they, reaps it, and they must not wait for that to notice.
+  if (stat->state == 'Z' || stat->state == 'X') return false;
+  return startTicks == 0 || stat->startTicks == startTicks;
+}
+
+}  // namespace cohort::ipc

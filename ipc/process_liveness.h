@@ -1,0 +1,37 @@
+// Whether a process still exists, robust to pid reuse.
+//
+// A pid alone is not an identity: after a process exits, the kernel may hand its pid to a new one.
+// The pair (pid, start time in clock ticks since boot, /proc/<pid>/stat field 22) is. Segment headers
+// and cohortrun job ids record both, so a stale segment is recognised even when its pid was reused.
+// Thread safety: stateless; safe from any thread. Linux only (/proc).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace cohort::ipc {
+
+// The two fields of /proc/<pid>/stat that liveness needs.
+struct ProcStat {
+  char state = '?';         // field 3: R, S, D, Z (zombie), X (dead), ...
+  uint64_t startTicks = 0;  // field 22: start time in clock ticks since boot
+};
+
+// Parses the text of a /proc/<pid>/stat file; nullopt when malformed. The comm field (2) may contain
+// spaces and parentheses, so fields are counted after the last ')'.
+std::optional<ProcStat> parseProcStat(const std::string& statText);
+
+// /proc/<pid>/stat of a process, or nullopt when it does not exist (or the file cannot be parsed).
+std::optional<ProcStat> readProcStat(pid_t pid);
+
+// Field 22 of /proc/<pid>/stat, or nullopt when the process does not exist.
+std::optional<uint64_t> processStartTicks(pid_t pid);
+
+// False when no process with `pid` exists, it is a zombie (exited, not yet reaped), or it exists with
+// another start time (pid reused). startTicks == 0 means "unknown": the start time is not compared.
+bool processIsAlive(pid_t pid, uint64_t startTicks);
+
+}  // namespace cohort::ipc

@@ -1,0 +1,173 @@
+#include "ipc/shm_names.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "ipc/process_liveness.h"
+#include "ipc/segment_header.h"
+#include "runtime/error.h"
+
+namespace cohort::ipc {
+namespace {
+
+// A segment of a job that is not cohortrun's is only swept when its creator is gone AND it has not
+// been modified for this long, so a creator that just exited while its peers are still attached (and
+// about to remove it themselves) is not raced.
+constexpr std::chrono::seconds kStaleGracePeriod{60};
+
+bool isNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+}
+
+std::optional<uint64_t> parseDecimal(const std::string& text) {
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+  }
+  errno = 0;
+  unsigned long long v = std::strtoull(text.c_str(), nullptr, 10);
+  if (errno != 0) return std::nullopt;
+  return static_cast<uint64_t>(v);
+}
+
+struct LauncherJob {
+  pid_t pid;
+  uint64_t startTicks;
+};
+
+// "cr-<pid>-<start ticks>", nothing else.
+std::optional<LauncherJob> parseLauncherJobId(const std::string& jobId) {
+  if (jobId.rfind("cr-", 0) != 0) return std::nullopt;
+  size_t dash = jobId.find('-', 3);
+  if (dash == std::string::npos) return std::nullopt;
+  std::optional<uint64_t> pid = parseDecimal(jobId.substr(3, dash - 3));
+  std::optional<uint64_t> ticks = parseDecimal(jobId.substr(dash + 1));
+  if (!pid || !ticks || *pid == 0 || *pid > 0x7fffffff) return std::nullopt;
+  return LauncherJob{static_cast<pid_t>(*pid), *ticks};
+}
+
+// The file names in `dir` that start with `prefix`; an absent directory has none.
+std::vector<std::string> listWithPrefix(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> names;
+  std::unique_ptr<DIR, int (*)(DIR*)> d(opendir(dir.c_str()), closedir);
+  if (!d) {
+    if (errno == ENOENT) return names;
+    COHORT_THROW(IoError) << "cannot list shared-memory directory " << dir << ": " << std::strerror(errno);
+  }
+  while (dirent* e = readdir(d.get())) {
+    std::string name = e->d_name;
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+// The job id inside "cohort.<jobId>.<name>", or "" when `file` does not have that form.
+std::string jobIdOfSegment(const std::string& file) {
+  const std::string prefix = "cohort.";
+  size_t dot = file.find('.', prefix.size());
+  if (file.rfind(prefix, 0) != 0 || dot == std::string::npos || dot == prefix.size()) return "";
+  return file.substr(prefix.size(), dot - prefix.size());
+}
+
+// True when `path` is a regular file with a valid Cohort header whose creator is gone and that has
+// not been modified for the grace period. Any doubt (unreadable, foreign, short) answers false.
+bool foreignSegmentIsStale(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  SegmentHeader header{};
+  bool readable = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                  pread(fd, &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
+  close(fd);
+  if (!readable || header.magic != kSegmentMagic) return false;
+  auto modified = std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec);
+  if (std::chrono::system_clock::now() - modified < kStaleGracePeriod) return false;
+  return !processIsAlive(header.creatorPid, header.creatorStartTicks);
+}
+
+}  // namespace
+
+std::string shmDirectory() {
+  const char* dir = std::getenv("COHORT_SHM_DIR");
+  return (dir && *dir) ? std::string(dir) : std::string("/dev/shm");
+}
+
+std::string sanitizeJobId(const std::string& jobId) {
+  std::string out = jobId;
+  for (char& c : out) {
+    if (!isNameChar(c)) c = '_';
+  }
+  return out;
+}
+
+std::string jobPrefix(const std::string& jobId) {
+  if (jobId.empty()) COHORT_THROW(InvalidArgument) << "shared-memory job id is empty";
+  return "cohort." + sanitizeJobId(jobId) + ".";
+}
+
+std::string segmentName(const std::string& jobId, const std::string& name) {
+  bool valid = !name.empty();
+  for (char c : name) valid = valid && isNameChar(c);
+  if (!valid) {
+    COHORT_THROW(InvalidArgument) << "shared-memory segment name '" << name
+                                  << "' must be non-empty and use only [A-Za-z0-9_-]";
+  }
+  return jobPrefix(jobId) + name;
+}
+
+std::string makeLauncherJobId() {
+  pid_t pid = getpid();
+  std::optional<uint64_t> ticks = processStartTicks(pid);
+  if (!ticks) COHORT_THROW(IoError) << "cannot read the start time of process " << pid << " from /proc";
+  return "cr-" + std::to_string(pid) + "-" + std::to_string(*ticks);
+}
+
+bool launcherJobIsGone(const std::string& jobId) {
+  std::optional<LauncherJob> job = parseLauncherJobId(jobId);
+  return job && !processIsAlive(job->pid, job->startTicks);
+}
+
+std::vector<std::string> removeJobSegments(const std::string& jobId) {
+  const std::string dir = shmDirectory();
+  std::vector<std::string> removed;
+  for (const std::string& name : listWithPrefix(dir, jobPrefix(jobId))) {
+    std::string path = dir + "/" + name;
+    if (unlink(path.c_str()) == 0) {
+      removed.push_back(name);
+    } else if (errno != ENOENT) {
+      COHORT_THROW(IoError) << "cannot remove shared-memory segment " << path << ": " << std::strerror(errno);
+    }
+  }
+  return removed;
+}
+
+std::vector<std::string> sweepStaleSegments() {
+  const std::string dir = shmDirectory();
+  std::vector<std::string> removed;
+  std::vector<std::string> names;
+  try {
+    names = listWithPrefix(dir, "cohort.");
+  } catch (const Error&) {
+    return removed;  // an unreadable directory holds nothing we may sweep
+  }
+  for (const std::string& name : names) {
+    std::string jobId = jobIdOfSegment(name);
+    if (jobId.empty()) continue;
+    std::string path = dir + "/" + name;
+    // A cohortrun job's liveness is its launcher's; a live launcher's segments are never touched.
+    bool stale = parseLauncherJobId(jobId) ? launcherJobIsGone(jobId) : foreignSegmentIsStale(path);
+    if (stale && unlink(path.c_str()) == 0) removed.push_back(name);
+  }
+  return removed;
+}
+
+}  // namespace cohort::ipc

@@ -1,0 +1,168 @@
+#include "ipc/barrier.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "ipc/shm_region.h"
+#include "tests/ipc/multiproc.h"
+
+namespace cohort::ipc {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::forkChild;
+using testing::freshJobId;
+using testing::ScopedShmDir;
+using testing::waitChild;
+
+// Barrier memory in this process only, for tests that need no second process.
+struct LocalBarrierMemory {
+  explicit LocalBarrierMemory(int n)
+      : bytes(ProcessBarrier::bytesFor(n)), memory(std::aligned_alloc(64, bytes), std::free) {
+    ProcessBarrier::initialize(memory.get(), bytes, n);
+  }
+  size_t bytes;
+  std::unique_ptr<void, void (*)(void*)> memory;
+};
+
+// A barrier for n ranks followed by n uint64 slots, in a published segment of a fresh job.
+size_t payloadFor(int n) { return ProcessBarrier::bytesFor(n) + n * sizeof(uint64_t); }
+
+ShmRegion createBarrierSegment(const std::string& job, int n) {
+  ShmRegion r = ShmRegion::create({.jobId = job, .name = "barrier", .payloadBytes = payloadFor(n)});
+  ProcessBarrier::initialize(r.payload(), ProcessBarrier::bytesFor(n), n);
+  r.publish();
+  return r;
+}
+
+ShmRegion openBarrierSegment(const std::string& job, int n) {
+  return ShmRegion::open({.jobId = job, .name = "barrier", .payloadBytes = payloadFor(n), .timeout = 30s});
+}
+
+// Each round: every rank writes the round into its slot, meets the others, checks that all slots
+// hold the round, and meets them again before anyone overwrites. Returns 0 or the failing round.
+int runRounds(ShmRegion& region, int rank, int n, int rounds) {
+  ProcessBarrier barrier(region.payload(), ProcessBarrier::bytesFor(n));
+  auto* slots =
+      reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(region.payload()) + ProcessBarrier::bytesFor(n));
+  for (int round = 1; round <= rounds; ++round) {
+    slots[rank].store(round, std::memory_order_relaxed);
+    barrier.arriveAndWait(rank, {.what = "written", .timeout = 30s});
+    for (int r = 0; r < n; ++r) {
+      if (slots[r].load(std::memory_order_relaxed) != static_cast<uint64_t>(round)) return round;
+    }
+    barrier.arriveAndWait(rank, {.what = "checked", .timeout = 30s});
+  }
+  return barrier.generationOf(rank) == static_cast<uint64_t>(2 * rounds) ? 0 : -1;
+}
+
+class BarrierAcrossProcesses : public ::testing::TestWithParam<int> {};
+
+TEST_P(BarrierAcrossProcesses, ManyRoundsStayInStep) {
+  const int n = GetParam();
+  const int rounds = 300;
+  ScopedShmDir dir;
+  const std::string job = freshJobId();
+  ShmRegion region = createBarrierSegment(job, n);
+  std::vector<pid_t> children;
+  for (int rank = 1; rank < n; ++rank) {
+    children.push_back(forkChild([&, rank] {
+      ShmRegion mine = openBarrierSegment(job, n);
+      return runRounds(mine, rank, n, rounds);
+    }));
+  }
+  EXPECT_EQ(runRounds(region, 0, n, rounds), 0);
+  for (pid_t c : children) EXPECT_EQ(waitChild(c), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, BarrierAcrossProcesses, ::testing::Values(2, 3, 4));
+
+TEST(ProcessBarrier, ThreadsOfOneProcessCanBeRanks) {
+  const int n = 3;
+  LocalBarrierMemory mem(n);
+  std::atomic<int> counter{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      ProcessBarrier barrier(mem.memory.get(), mem.bytes);
+      for (int round = 1; round <= 100; ++round) {
+        counter.fetch_add(1);
+        barrier.arriveAndWait(rank, {.what = "add", .timeout = 30s});
+        if (counter.load() != n * round) failures.fetch_add(1);
+        barrier.arriveAndWait(rank, {.what = "check", .timeout = 30s});
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(ProcessBarrier, TimeoutNamesTheMissingRanks) {
+  LocalBarrierMemory mem(4);
+  ProcessBarrier barrier(mem.memory.get(), mem.bytes);
+  barrier.arrive(2);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    barrier.arriveAndWait(0, {.what = "start", .timeout = 300ms});
+    ADD_FAILURE() << "the barrier did not time out";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("barrier 'start' timed out after 0.3 s: ranks 1, 3 of 4 did not arrive"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+}
+
+TEST(ProcessBarrier, RejectsMemoryThatHoldsNoBarrier) {
+  std::unique_ptr<void, void (*)(void*)> memory(std::aligned_alloc(64, 4096), std::free);
+  std::memset(memory.get(), 0, 4096);
+  EXPECT_THROW(ProcessBarrier(memory.get(), 4096), IoError);
+}
+
+TEST(ProcessBarrier, APeerKilledWhileOthersWaitIsAPeerErrorNotAHang) {
+  const int n = 3;
+  ScopedShmDir dir;
+  const std::string job = freshJobId();
+  ShmRegion region = createBarrierSegment(job, n);
+  ProcessBarrier barrier(region.payload(), ProcessBarrier::bytesFor(n));
+  pid_t victim = forkChild([&] {
+    ShmRegion mine = openBarrierSegment(job, n);
+    ProcessBarrier b(mine.payload(), ProcessBarrier::bytesFor(n));
+    b.arriveAndWait(1, {.what = "registered", .timeout = 30s});
+    // Killed while waiting here, without arriving at the generation the others wait for next.
+    b.wait(1, 1000, {.what = "never", .timeout = 60s});
+    return 0;
+  });
+  pid_t witness = forkChild([&] {
+    ShmRegion mine = openBarrierSegment(job, n);
+    ProcessBarrier b(mine.payload(), ProcessBarrier::bytesFor(n));
+    b.arriveAndWait(2, {.what = "registered", .timeout = 30s});
+    b.arriveAndWait(2, {.what = "start", .timeout = 30s});  // must end with PeerError (exit code 4)
+    return 0;
+  });
+  barrier.arriveAndWait(0, {.what = "registered", .timeout = 30s});
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    barrier.arriveAndWait(0, {.what = "start", .timeout = 30s});
+    ADD_FAILURE() << "the barrier passed without rank 1";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 (pid " + std::to_string(victim) +
+                                         ") exited while rank 0 waited at barrier 'start'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_EQ(waitChild(victim), -SIGKILL);
+  EXPECT_EQ(waitChild(witness), static_cast<int>(ExitCode::kPeerFailed));
+}
+
+}  // namespace
+}  // namespace cohort::ipc

@@ -1,0 +1,161 @@
+#include "ipc/shm_names.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <regex>
+
+#include "gtest/gtest.h"
+#include "ipc/process_liveness.h"
+#include "ipc/shm_region.h"
+#include "tests/ipc/multiproc.h"
+
+namespace cohort::ipc {
+namespace {
+
+using testing::forkChild;
+using testing::freshJobId;
+using testing::ScopedShmDir;
+using testing::waitChild;
+
+void touch(const std::string& path, const std::string& content = "") {
+  std::ofstream out(path);
+  out << content;
+}
+
+bool exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+// Moves a file's modification time `seconds` into the past.
+void age(const std::string& path, int seconds) {
+  timespec times[2];
+  clock_gettime(CLOCK_REALTIME, &times[0]);
+  times[0].tv_sec -= seconds;
+  times[1] = times[0];
+  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// The job id a child computes for itself, read back after the child has exited.
+std::string jobIdOfExitedChild() {
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  pid_t child = forkChild([&] {
+    std::string id = makeLauncherJobId();
+    return write(fds[1], id.data(), id.size()) == static_cast<ssize_t>(id.size()) ? 0 : 1;
+  });
+  close(fds[1]);
+  EXPECT_EQ(waitChild(child), 0);
+  char buffer[128] = {};
+  ssize_t n = read(fds[0], buffer, sizeof buffer - 1);
+  close(fds[0]);
+  EXPECT_GT(n, 0);
+  return std::string(buffer, n > 0 ? n : 0);
+}
+
+TEST(ShmNames, SanitizesJobIdsAndBuildsNames) {
+  EXPECT_EQ(sanitizeJobId("ab-C_9"), "ab-C_9");
+  EXPECT_EQ(sanitizeJobId("12.3/x y"), "12_3_x_y");
+  EXPECT_EQ(segmentName("slurm.42", "params"), "cohort.slurm_42.params");
+  EXPECT_EQ(jobPrefix("j"), "cohort.j.");
+  EXPECT_THROW(segmentName("j", "a.b"), InvalidArgument);
+  EXPECT_THROW(segmentName("j", ""), InvalidArgument);
+  EXPECT_THROW(jobPrefix(""), InvalidArgument);
+}
+
+TEST(ShmNames, DirectoryComesFromTheEnvironment) {
+  {
+    ScopedShmDir dir;
+    EXPECT_EQ(shmDirectory(), dir.path());
+  }
+  if (std::getenv("COHORT_SHM_DIR") == nullptr) {
+    EXPECT_EQ(shmDirectory(), "/dev/shm");
+  }
+}
+
+TEST(ProcessLiveness, ParsesStatWithHostileCommandNames) {
+  // comm may hold spaces and parentheses; field 22 is counted after the last ')'.
+  std::string stat = "4321 (evil ) S 1 (x) R 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 19 20";
+  // After the last ')': field 3 is R, fields 4..21 are 1..18, field 22 is 777.
+  std::optional<ProcStat> parsed = parseProcStat(stat);
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->state, 'R');
+  EXPECT_EQ(parsed->startTicks, 777u);
+  EXPECT_FALSE(parseProcStat("12 (no close paren S 1 2").has_value());
+  EXPECT_FALSE(parseProcStat("12 (short) S 1 2 3").has_value());
+  ASSERT_TRUE(processStartTicks(getpid()).has_value());
+  EXPECT_TRUE(processIsAlive(getpid(), *processStartTicks(getpid())));
+  EXPECT_FALSE(processIsAlive(getpid(), *processStartTicks(getpid()) + 1));  // pid reused
+}
+
+TEST(ShmNames, LauncherJobIdIsGoneOnlyAfterItsProcessExits) {
+  std::string own = makeLauncherJobId();
+  EXPECT_TRUE(std::regex_match(own, std::regex("cr-" + std::to_string(getpid()) + "-[0-9]+"))) << own;
+  EXPECT_FALSE(launcherJobIsGone(own));
+  std::string childId = jobIdOfExitedChild();
+  EXPECT_TRUE(std::regex_match(childId, std::regex("cr-[0-9]+-[0-9]+"))) << childId;
+  EXPECT_TRUE(launcherJobIsGone(childId));
+  EXPECT_FALSE(launcherJobIsGone("slurm-42"));  // not cohortrun's: never judged gone by its name
+  EXPECT_FALSE(launcherJobIsGone("cr-12x-5"));
+}
+
+TEST(ShmNames, RemoveJobSegmentsRemovesExactlyThatJob) {
+  ScopedShmDir dir;
+  for (const char* name : {"cohort.j1.a", "cohort.j1.b", "cohort.j10.a", "cohort.j2.a", "other.j1.a"}) {
+    touch(dir.path() + "/" + name);
+  }
+  EXPECT_EQ(sorted(removeJobSegments("j1")), (std::vector<std::string>{"cohort.j1.a", "cohort.j1.b"}));
+  EXPECT_TRUE(exists(dir.path() + "/cohort.j10.a"));
+  EXPECT_TRUE(exists(dir.path() + "/cohort.j2.a"));
+  EXPECT_TRUE(exists(dir.path() + "/other.j1.a"));
+  EXPECT_TRUE(removeJobSegments("j1").empty());  // nothing left is not an error
+}
+
+TEST(ShmNames, SweepRemovesSegmentsOfGoneLaunchersOnly) {
+  ScopedShmDir dir;
+  std::string gone = jobIdOfExitedChild();
+  std::string live = makeLauncherJobId();
+  touch(dir.path() + "/" + segmentName(gone, "params"));
+  touch(dir.path() + "/" + segmentName(gone, "comm"));
+  touch(dir.path() + "/" + segmentName(live, "params"));
+  touch(dir.path() + "/unrelated.file");
+  touch(dir.path() + "/" + sanitizeJobId(gone) + ".not-ours");
+  EXPECT_EQ(sorted(sweepStaleSegments()), sorted({segmentName(gone, "comm"), segmentName(gone, "params")}));
+  EXPECT_TRUE(exists(dir.path() + "/" + segmentName(live, "params")));
+  EXPECT_TRUE(exists(dir.path() + "/unrelated.file"));
+  EXPECT_TRUE(exists(dir.path() + "/" + sanitizeJobId(gone) + ".not-ours"));
+}
+
+TEST(ShmNames, SweepRemovesOtherJobsSegmentsWhoseCreatorIsGoneAfterGracePeriod) {
+  ScopedShmDir dir;
+  std::string deadJob = freshJobId();
+  std::string liveJob = freshJobId();
+  pid_t child = forkChild([&] {
+    ShmRegion r = ShmRegion::create({.jobId = deadJob, .name = "params", .payloadBytes = 64});
+    r.publish();
+    return 0;  // exits without unlinking: a crashed job's leftover
+  });
+  ASSERT_EQ(waitChild(child), 0);
+  ShmRegion mine = ShmRegion::create({.jobId = liveJob, .name = "params", .payloadBytes = 64});
+  std::string deadPath = dir.path() + "/" + segmentName(deadJob, "params");
+  std::string junkPath = dir.path() + "/cohort.junk.x";
+  touch(junkPath, "not a segment header, just some text that is long enough to be read as one");
+
+  EXPECT_TRUE(sweepStaleSegments().empty());  // the dead creator's segment is still within grace
+  age(deadPath, 120);
+  age(mine.path(), 120);
+  age(junkPath, 120);
+  EXPECT_EQ(sweepStaleSegments(), std::vector<std::string>{segmentName(deadJob, "params")});
+  EXPECT_FALSE(exists(deadPath));
+  EXPECT_TRUE(exists(mine.path()));  // its creator (this process) is alive
+  EXPECT_TRUE(exists(junkPath));     // unreadable as a segment: skipped, never thrown on
+}
+
+}  // namespace
+}  // namespace cohort::ipc
