@@ -165,6 +165,8 @@ ResultLine parseResultLine(const std::string& stdoutText) {
   ResultLine result;
   std::istringstream lines(stdoutText);
   for (std::string line; std::getline(lines, line);) {
+    // Under cohortrun the line carries the launcher's "[rank 0] " prefix.
+    if (line.rfind("[rank ", 0) == 0 && line.find("] ") != std::string::npos) line = line.substr(line.find("] ") + 2);
     if (line.rfind("RESULT ", 0) != 0) continue;
     ++result.count;
     result.fields.clear();

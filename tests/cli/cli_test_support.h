@@ -51,7 +51,8 @@ TinyMnist makeTinyMnist(uint32_t count, uint32_t offset);
 // Writes the four IDX files of a tiny MNIST directory (train/t10k) into `dir`, plain or .gz.
 void writeTinyMnistDir(const std::string& dir, uint32_t trainCount, uint32_t testCount, Compression compression);
 
-// The key=value fields of the one line of `stdoutText` that starts with "RESULT ".
+// The key=value fields of the one line of `stdoutText` that starts with "RESULT " (or "[rank k] RESULT ",
+// as cohortrun prints it).
 struct ResultLine {
   int count = 0;  // how many RESULT lines there were (only the last is parsed)
   std::map<std::string, std::string> fields;
