@@ -1,0 +1,93 @@
+#include "launcher/launch_plan.h"
+
+#include <CLI/CLI.hpp>  // CLI11
+#include <cmath>
+
+#include "runtime/error.h"
+
+extern char** environ;
+
+namespace cohort::launcher {
+namespace {
+
+// Set per worker by environmentFor(); an inherited value (a nested launcher, a stale shell) must not
+// leak through.
+const char* const kPerWorkerVariables[] = {"RANK",          "LOCAL_RANK",          "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                           "COHORT_JOB_ID", "COHORT_RESTART_COUNT"};
+
+std::string variableName(const std::string& entry) { return entry.substr(0, entry.find('=')); }
+
+bool isPerWorkerVariable(const std::string& entry) {
+  const std::string name = variableName(entry);
+  for (const char* v : kPerWorkerVariables) {
+    if (name == v) return true;
+  }
+  return false;
+}
+
+// The longest grace period accepted: a day, so that milliseconds never overflow.
+constexpr double kMaxGracePeriodS = 86400.0;
+constexpr int kMaxWorkers = 4096;
+
+}  // namespace
+
+void addLaunchFlags(CLI::App& app, LaunchFlags& flags) {
+  // The underscore spellings are torchrun's; both are accepted.
+  app.add_option("--nproc-per-node,--nproc_per_node", flags.nprocPerNode, "worker processes to start (N >= 1)")
+      ->required();
+  app.add_option("--max-restarts,--max_restarts", flags.maxRestarts,
+                 "restart the whole group up to R times after a worker fails (default 0)");
+  app.add_option("--log-dir,--log_dir", flags.logDir, "also write DIR/rank<k>.log per worker (created if missing)");
+  app.add_option("--grace-period", flags.gracePeriodS,
+                 "seconds the workers get to exit after SIGTERM/SIGINT before SIGKILL (default 5)");
+  app.add_option("command", flags.command, "PROGRAM ARGS…: the worker program (after --)");
+}
+
+LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs) {
+  if (flags.nprocPerNode < 1 || flags.nprocPerNode > kMaxWorkers) {
+    COHORT_THROW(InvalidArgument) << "--nproc-per-node must be between 1 and " << kMaxWorkers << ", got "
+                                  << flags.nprocPerNode;
+  }
+  if (flags.maxRestarts < 0) COHORT_THROW(InvalidArgument) << "--max-restarts must be >= 0, got " << flags.maxRestarts;
+  if (!(flags.gracePeriodS > 0) || flags.gracePeriodS > kMaxGracePeriodS) {
+    COHORT_THROW(InvalidArgument) << "--grace-period must be > 0 and at most " << kMaxGracePeriodS << " seconds, got "
+                                  << flags.gracePeriodS;
+  }
+  if (flags.command.empty() || flags.command[0].empty()) {
+    COHORT_THROW(InvalidArgument) << "missing PROGRAM: usage: cohortrun --nproc-per-node N [flags] -- PROGRAM ARGS…";
+  }
+  LaunchPlan plan;
+  plan.worldSize = flags.nprocPerNode;
+  plan.maxRestarts = flags.maxRestarts;
+  plan.logDir = flags.logDir;
+  plan.gracePeriod = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(flags.gracePeriodS * 1000.0)));
+  plan.command = flags.command;
+  plan.jobId = inputs.jobId;
+  for (const std::string& entry : inputs.environment) {
+    if (!isPerWorkerVariable(entry)) plan.baseEnvironment.push_back(entry);
+  }
+  return plan;
+}
+
+std::vector<std::string> LaunchPlan::environmentFor(int rank, int restartCount) const {
+  std::vector<std::string> env = baseEnvironment;
+  bool ompSet = false;
+  for (const std::string& entry : env) ompSet = ompSet || variableName(entry) == "OMP_NUM_THREADS";
+  // One BLAS/OpenMP thread per worker unless the user chose otherwise (DESIGN.md §6).
+  if (!ompSet) env.push_back("OMP_NUM_THREADS=1");
+  env.push_back("RANK=" + std::to_string(rank));
+  env.push_back("LOCAL_RANK=" + std::to_string(rank));  // single node
+  env.push_back("WORLD_SIZE=" + std::to_string(worldSize));
+  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(worldSize));
+  env.push_back("COHORT_JOB_ID=" + jobId);
+  env.push_back("COHORT_RESTART_COUNT=" + std::to_string(restartCount));
+  return env;
+}
+
+std::vector<std::string> currentEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+}  // namespace cohort::launcher

@@ -1,0 +1,58 @@
+// LaunchPlan: what `cohortrun` is asked to do (DESIGN.md §4), validated, with every worker's
+// environment.
+//
+//   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] -- PROGRAM ARGS…
+//
+// addLaunchFlags() declares the flags on a CLI11 app, writing into LaunchFlags the caller owns;
+// makeLaunchPlan() validates them (InvalidArgument, exit code 2) and fixes the job id and the base
+// environment. environmentFor() gives the exact environment of one worker: the launcher's own minus
+// any inherited rank variables, plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, COHORT_JOB_ID,
+// COHORT_RESTART_COUNT, and OMP_NUM_THREADS=1 unless the launcher's environment sets it.
+// A value type; thread safety as for any const object.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace cohort::launcher {
+
+struct LaunchFlags {
+  int nprocPerNode = 0;
+  int maxRestarts = 0;
+  std::string logDir;
+  double gracePeriodS = 5.0;
+  std::vector<std::string> command;  // PROGRAM ARGS…
+};
+
+void addLaunchFlags(CLI::App& app, LaunchFlags& flags);
+
+struct LaunchPlan {
+  int worldSize = 1;  // single node: also the local world size
+  int maxRestarts = 0;
+  std::string logDir;  // empty: no log files
+  std::chrono::milliseconds gracePeriod{5000};
+  std::vector<std::string> command;
+  std::string jobId;  // the same for every restart of the job
+  // The launcher's environment ("NAME=value") minus the variables environmentFor() sets.
+  std::vector<std::string> baseEnvironment;
+
+  std::vector<std::string> environmentFor(int rank, int restartCount) const;
+};
+
+struct PlanInputs {
+  std::string jobId;
+  std::vector<std::string> environment;  // "NAME=value" entries, e.g. currentEnvironment()
+};
+
+// Throws InvalidArgument (naming the flag) for N < 1, R < 0, S <= 0 or a missing PROGRAM.
+LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs);
+
+// This process's environment as "NAME=value" entries.
+std::vector<std::string> currentEnvironment();
+
+}  // namespace cohort::launcher

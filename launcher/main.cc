@@ -1,0 +1,57 @@
+// cohortrun: starts N worker processes on this node and supervises them (docs/launcher.md).
+//   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] -- PROGRAM ARGS…
+// The one place in launcher/ where errors become exit codes (docs/errors.md). Never links CUDA,
+// NCCL or MPI (DESIGN.md §2): workers are started with fork+exec.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>  // CLI11: flags
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "ipc/shm_names.h"         // makeLauncherJobId
+#include "launcher/launch_plan.h"  // flags -> plan
+#include "launcher/supervisor.h"   // spawn, supervise, restart, clean up
+#include "runtime/error.h"         // exit codes
+
+namespace {
+
+int run(int argc, char** argv) {
+  using namespace cohort;
+  CLI::App app{"cohortrun: start and supervise N Cohort worker processes on this node"};
+  app.footer(
+      "usage: cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] -- PROGRAM ARGS...");
+  launcher::LaunchFlags flags;
+  launcher::addLaunchFlags(app, flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: usage on stdout, exit 0
+    throw InvalidArgument(std::string(e.what()) + " (run with --help for usage)");
+  }
+  launcher::LaunchPlan plan = launcher::makeLaunchPlan(
+      flags, launcher::PlanInputs{.jobId = ipc::makeLauncherJobId(), .environment = launcher::currentEnvironment()});
+  // A closed stdout (cohortrun ... | head) must not kill the launcher while workers still run.
+  ::signal(SIGPIPE, SIG_IGN);
+  launcher::Supervisor supervisor(plan);
+  return supervisor.run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using cohort::ExitCode;
+  auto fail = [](const char* what, ExitCode code) {
+    std::fprintf(stderr, "cohortrun: error: %s\n", what);
+    return static_cast<int>(code);
+  };
+  try {
+    return run(argc, argv);
+  } catch (const cohort::Error& e) {
+    return fail(e.what(), e.code());
+  } catch (const std::bad_alloc&) {
+    return fail("out of host memory", ExitCode::kOutOfMemory);
+  } catch (const std::exception& e) {
+    return fail(e.what(), ExitCode::kInternal);
+  }
+}

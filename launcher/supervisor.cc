@@ -1,0 +1,247 @@
+#include "launcher/supervisor.h"
+
+#include <poll.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "ipc/shm_names.h"
+#include "runtime/error.h"
+
+namespace cohort::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The longest the poll loop sleeps: a bound on every wait, and how late a missed wake-up can be.
+constexpr int kMaxPollMs = 1000;
+
+std::string formatSeconds(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os << static_cast<double>(ms.count()) / 1000.0 << " s";
+  return os.str();
+}
+
+std::string workerName(const WorkerProcess& w) {
+  return "rank " + std::to_string(w.rank()) + " (pid " + std::to_string(w.pid()) + ")";
+}
+
+}  // namespace
+
+void announce(const std::string& message) { writeAll(2, "cohortrun: " + message + "\n"); }
+
+struct Supervisor::Attempt {
+  int restartCount = 0;
+  std::vector<std::unique_ptr<WorkerProcess>> workers;
+  int interruptSignal = 0;  // SIGINT or SIGTERM received by cohortrun, or 0
+  std::optional<Failure> failure;
+  std::optional<Clock::time_point> killDeadline;  // when the survivors get SIGKILL
+  int stopSignal = 0;                             // what they were asked to stop with
+  bool killSent = false;
+
+  bool anyRunning() const {
+    return std::any_of(workers.begin(), workers.end(), [](const auto& w) { return !w->reaped(); });
+  }
+};
+
+Supervisor::Supervisor(const LaunchPlan& plan)
+    : plan_(plan),
+      signals_({SIGINT, SIGTERM, SIGUSR1, SIGCHLD}),
+      pump_(OutputPumpOptions{.worldSize = plan.worldSize, .logDir = plan.logDir, .jobId = plan.jobId}) {}
+
+Supervisor::~Supervisor() = default;
+
+int Supervisor::run() {
+  try {
+    for (const std::string& name : ipc::sweepStaleSegments()) {
+      announce("removed stale shared-memory segment " + name + " (its job is gone)");
+    }
+  } catch (const Error& e) {
+    announce(std::string("warning: sweeping stale shared-memory segments failed: ") + e.what());
+  }
+  try {
+    return runAttempts();
+  } catch (...) {
+    // The attempt's workers are gone by now (their owners were destroyed while unwinding).
+    removeSegments(true);
+    throw;
+  }
+}
+
+int Supervisor::runAttempts() {
+  for (int restart = 0;; ++restart) {
+    if (int signal = pendingInterrupt()) return 128 + signal;
+    Attempt attempt;
+    attempt.restartCount = restart;
+    runAttempt(attempt);
+    removeSegments(attempt.interruptSignal != 0 || attempt.failure.has_value());
+    if (attempt.interruptSignal != 0) return 128 + attempt.interruptSignal;
+    if (!attempt.failure) return 0;
+    if (restart >= plan_.maxRestarts) return attempt.failure->status.launcherExitCode();
+    announce("restarting the group (attempt " + std::to_string(restart + 2) + " of " +
+             std::to_string(plan_.maxRestarts + 1) + ") after rank " + std::to_string(attempt.failure->rank) + " " +
+             attempt.failure->status.describe());
+  }
+}
+
+void Supervisor::runAttempt(Attempt& attempt) {
+  pump_.beginAttempt(attempt.restartCount);
+  for (int rank = 0; rank < plan_.worldSize; ++rank) {
+    attempt.workers.push_back(WorkerProcess::spawn(SpawnOptions{
+        .rank = rank, .argv = plan_.command, .environment = plan_.environmentFor(rank, attempt.restartCount)}));
+  }
+  while (attempt.anyRunning()) pollOnce(attempt);
+}
+
+void Supervisor::pollOnce(Attempt& attempt) {
+  struct Source {
+    WorkerProcess* worker;
+    StreamKind stream;
+  };
+  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  std::vector<Source> sources;
+  for (const auto& w : attempt.workers) {
+    if (w->stdoutPipe()) sources.push_back({w.get(), StreamKind::kStdout});
+    if (w->stderrPipe()) sources.push_back({w.get(), StreamKind::kStderr});
+  }
+  for (const Source& s : sources) {
+    UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
+    fds.push_back({fd.get(), POLLIN, 0});
+  }
+  int timeoutMs = kMaxPollMs;
+  if (attempt.killDeadline && !attempt.killSent) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*attempt.killDeadline - Clock::now());
+    timeoutMs = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, kMaxPollMs));
+  }
+  int ready = ::poll(fds.data(), fds.size(), timeoutMs);
+  if (ready < 0 && errno != EINTR) COHORT_THROW(Error) << "poll: " << std::strerror(errno);
+  if (ready > 0) {
+    if (fds[0].revents != 0) handleSignals(attempt);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (fds[i + 1].revents == 0) continue;
+      const Source& s = sources[i];
+      UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
+      if (!pump_.drain(fd.get(), s.worker->rank(), s.stream)) {
+        pump_.flushPartial(s.worker->rank(), s.stream);
+        fd.reset();
+      }
+    }
+  }
+  reapExited(attempt);
+  escalateIfDue(attempt);
+}
+
+void Supervisor::handleSignals(Attempt& attempt) {
+  for (int signal : signals_.readPending()) {
+    if (signal == SIGCHLD) continue;  // reapExited() checks every worker after each poll
+    if (signal == SIGUSR1) {
+      for (const auto& w : attempt.workers) w->signal(SIGUSR1);
+      continue;
+    }
+    if (attempt.interruptSignal == 0) {  // SIGINT or SIGTERM: stop the job, no restart
+      attempt.interruptSignal = signal;
+      announce("got " + signalName(signal) + "; forwarding it to the workers (SIGKILL after " +
+               formatSeconds(plan_.gracePeriod) + ")");
+      stopWorkers(attempt, signal);
+    } else if (!attempt.killSent) {
+      announce("got " + signalName(signal) + " again; sending SIGKILL to the workers now");
+      for (const auto& w : attempt.workers) w->signal(SIGKILL);
+      attempt.killSent = true;
+    }
+  }
+}
+
+void Supervisor::reapExited(Attempt& attempt) {
+  std::vector<WorkerProcess*> failed;
+  for (const auto& w : attempt.workers) {
+    if (!w->tryReap()) continue;
+    closePipes(*w);
+    if (!w->status()->ok()) failed.push_back(w.get());
+  }
+  if (failed.empty() || attempt.failure || attempt.interruptSignal != 0) return;
+  // Several found dead at once: blame one that did not merely report a failed peer (exit code 4).
+  auto blamed = std::find_if(failed.begin(), failed.end(), [](WorkerProcess* w) {
+    return w->status()->launcherExitCode() != static_cast<int>(ExitCode::kPeerFailed);
+  });
+  WorkerProcess* first = blamed != failed.end() ? *blamed : failed.front();
+  attempt.failure = Failure{first->rank(), first->pid(), *first->status()};
+  reportFailure(*attempt.failure);
+  stopWorkers(attempt, SIGTERM);
+}
+
+void Supervisor::closePipes(WorkerProcess& worker) {
+  // The worker is dead: what it wrote is already in the pipes. One more read each, then close (a
+  // grandchild that escaped its process group may hold the write end open forever).
+  for (StreamKind stream : {StreamKind::kStdout, StreamKind::kStderr}) {
+    UniqueFd& fd = stream == StreamKind::kStdout ? worker.stdoutPipe() : worker.stderrPipe();
+    if (!fd) continue;
+    pump_.drain(fd.get(), worker.rank(), stream);
+    pump_.flushPartial(worker.rank(), stream);
+    fd.reset();
+  }
+}
+
+void Supervisor::reportFailure(const Failure& failure) {
+  std::string text = "cohortrun: rank " + std::to_string(failure.rank) + " (pid " + std::to_string(failure.pid) + ") " +
+                     failure.status.describe() + "\n";
+  const auto& tail = pump_.tail(failure.rank);
+  if (!tail.empty()) {
+    text += "cohortrun: last " + std::to_string(tail.size()) + " lines of rank " + std::to_string(failure.rank) + ":\n";
+    for (const std::string& line : tail) text += "    " + line + "\n";
+  }
+  writeAll(2, text);
+}
+
+void Supervisor::stopWorkers(Attempt& attempt, int signal) {
+  int running = 0;
+  for (const auto& w : attempt.workers) {
+    if (w->reaped()) continue;
+    w->signal(signal);
+    ++running;
+  }
+  if (running == 0 || attempt.killSent) return;
+  if (signal == SIGTERM && attempt.failure && attempt.interruptSignal == 0) {
+    announce("stopping the other " + std::to_string(running) + " worker(s): SIGTERM now, SIGKILL after " +
+             formatSeconds(plan_.gracePeriod));
+  }
+  auto deadline = Clock::now() + plan_.gracePeriod;
+  if (!attempt.killDeadline || deadline < *attempt.killDeadline) {
+    attempt.killDeadline = deadline;
+    attempt.stopSignal = signal;
+  }
+}
+
+void Supervisor::escalateIfDue(Attempt& attempt) {
+  if (!attempt.killDeadline || attempt.killSent || Clock::now() < *attempt.killDeadline) return;
+  for (const auto& w : attempt.workers) {
+    if (w->reaped()) continue;
+    announce(workerName(*w) + " still running " + formatSeconds(plan_.gracePeriod) + " after " +
+             signalName(attempt.stopSignal) + "; sending SIGKILL");
+    w->signal(SIGKILL);
+  }
+  attempt.killSent = true;
+}
+
+void Supervisor::removeSegments(bool announceRemoved) {
+  try {
+    std::vector<std::string> removed = ipc::removeJobSegments(plan_.jobId);
+    if (announceRemoved && !removed.empty()) {
+      announce("removed " + std::to_string(removed.size()) + " shared-memory segment(s) of job " + plan_.jobId);
+    }
+  } catch (const Error& e) {
+    announce(std::string("warning: ") + e.what());
+  }
+}
+
+int Supervisor::pendingInterrupt() {
+  for (int signal : signals_.readPending()) {
+    if (signal == SIGINT || signal == SIGTERM) return signal;
+  }
+  return 0;
+}
+
+}  // namespace cohort::launcher

@@ -1,0 +1,72 @@
+// Supervisor: runs a LaunchPlan to the end — spawns the workers, pumps their output, forwards
+// signals, stops the group when one worker fails, restarts it, cleans up shared memory — and
+// returns cohortrun's exit code (docs/launcher.md).
+//
+// One attempt: spawn ranks 0..N-1 (WorkerProcess), then a poll() loop over a signalfd and every
+// worker's stdout/stderr pipe, with a timeout of at most one second, until every worker is reaped.
+//  - SIGINT / SIGTERM: forwarded to every worker; after the grace period the survivors get SIGKILL;
+//    a second one sends SIGKILL at once. The job then exits 130 / 143 and is never restarted.
+//  - SIGUSR1: forwarded; nothing else.
+//  - A worker that exits non-zero or by a signal is the first failure (if none yet and no signal was
+//    received): it is reported with its last output lines, the others get SIGTERM, then SIGKILL
+//    after the grace period.
+// After the attempt, the job's shared-memory segments are removed; a failed attempt is followed by a
+// new one (COHORT_RESTART_COUNT + 1) while restarts remain. Stale segments of dead jobs are swept
+// once before the first attempt.
+// Exit code: 128 + the signal received; else the first failure's code (128 + signal for a worker
+// killed by one); else 0. An unexecutable PROGRAM throws InvalidArgument.
+// Ownership: owns the workers, the signalfd and the log files; nothing survives it (see
+// WorkerProcess). Thread safety: none; construct and run it on the main thread, which must be the
+// only thread (forks, signal mask, parent-death signal).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/launch_plan.h"
+#include "launcher/output_pump.h"
+#include "launcher/signal_channel.h"
+#include "launcher/worker_process.h"
+
+namespace cohort::launcher {
+
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchPlan& plan);  // throws IoError for an unusable log directory
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+  ~Supervisor();
+
+  int run();
+
+ private:
+  struct Failure {
+    int rank = 0;
+    pid_t pid = 0;
+    ExitStatus status;
+  };
+  struct Attempt;  // the state of one attempt (supervisor.cc)
+
+  int runAttempts();
+  void runAttempt(Attempt& attempt);
+  void pollOnce(Attempt& attempt);
+  void handleSignals(Attempt& attempt);
+  void reapExited(Attempt& attempt);
+  void closePipes(WorkerProcess& worker);
+  void reportFailure(const Failure& failure);
+  void stopWorkers(Attempt& attempt, int signal);
+  void escalateIfDue(Attempt& attempt);
+  void removeSegments(bool announce);
+  int pendingInterrupt();
+
+  LaunchPlan plan_;
+  SignalChannel signals_;
+  OutputPump pump_;
+};
+
+// Writes "cohortrun: <message>\n" to stderr with one write().
+void announce(const std::string& message);
+
+}  // namespace cohort::launcher

@@ -1,0 +1,303 @@
+// cohortrun end to end: the real launcher (//launcher:cohortrun) starts test_worker processes. Each
+// test uses a fresh temporary directory as COHORT_SHM_DIR, so segment checks see only its own job.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "tests/launcher/launcher_test_support.h"
+
+namespace cohort::launcher::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+std::string readWhole(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+size_t countLines(const std::string& text) { return static_cast<size_t>(std::count(text.begin(), text.end(), '\n')); }
+
+class CohortrunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = freshTempDir();
+    shmDir_ = dir_ + "/shm";
+    ASSERT_EQ(::mkdir(shmDir_.c_str(), 0700), 0);
+  }
+  std::vector<std::string> env() const { return {"COHORT_SHM_DIR=" + shmDir_}; }
+  Output launch(const std::vector<std::string>& launcherArgs, const std::vector<std::string>& workerArgs) {
+    std::vector<std::string> args = launcherArgs;
+    args.push_back("--");
+    args.push_back(testWorker());
+    args.insert(args.end(), workerArgs.begin(), workerArgs.end());
+    return runLauncher(args, env());
+  }
+  Child start(const std::vector<std::string>& launcherArgs, const std::vector<std::string>& workerArgs) {
+    std::vector<std::string> argv = {cohortrun()};
+    argv.insert(argv.end(), launcherArgs.begin(), launcherArgs.end());
+    argv.push_back("--");
+    argv.push_back(testWorker());
+    argv.insert(argv.end(), workerArgs.begin(), workerArgs.end());
+    return Child::start(argv, env());
+  }
+  // Waits until `n` lines of stdout contain `needle`.
+  static void awaitLines(Child& child, const std::string& needle, size_t n) {
+    child.readUntil([&](const Output& o) { return linesWith(o.out, needle).size() == n; }, seconds(20));
+  }
+  // Waits until `n` workers have printed their pid.
+  static void awaitWorkers(Child& child, size_t n) { awaitLines(child, "] pid ", n); }
+  static void expectAllGone(const std::vector<pid_t>& pids) {
+    for (pid_t pid : pids) EXPECT_TRUE(processGone(pid)) << "worker pid " << pid << " outlived cohortrun";
+  }
+
+  std::string dir_;
+  std::string shmDir_;
+};
+
+class CohortrunWorldTest : public CohortrunTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CohortrunWorldTest, PrefixesEveryLineOnItsStreamAndSetsTheEnvironment) {
+  const int n = GetParam();
+  const std::string logDir = dir_ + "/logs";
+  Output r = launch({"--nproc-per-node", std::to_string(n), "--log-dir", logDir}, {"--print", "3", "--print-env"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(r.err.find("cohortrun:"), std::string::npos) << r.describe();
+  const std::string jobId = printedEnv(r.out, 0, "COHORT_JOB_ID");
+  EXPECT_EQ(jobId.rfind("cr-", 0), 0u) << r.describe();
+  for (int rank = 0; rank < n; ++rank) {
+    const std::string k = std::to_string(rank);
+    for (int i = 0; i < 3; ++i) {
+      const std::string i_ = std::to_string(i);
+      EXPECT_TRUE(contains(r.out, "[rank " + k + "] stdout line " + i_ + " of rank " + k + "\n")) << r.describe();
+      EXPECT_TRUE(contains(r.err, "[rank " + k + "] stderr line " + i_ + " of rank " + k + "\n")) << r.describe();
+    }
+    EXPECT_EQ(printedEnv(r.out, rank, "RANK"), k);
+    EXPECT_EQ(printedEnv(r.out, rank, "LOCAL_RANK"), k);
+    EXPECT_EQ(printedEnv(r.out, rank, "WORLD_SIZE"), std::to_string(n));
+    EXPECT_EQ(printedEnv(r.out, rank, "LOCAL_WORLD_SIZE"), std::to_string(n));
+    EXPECT_EQ(printedEnv(r.out, rank, "COHORT_JOB_ID"), jobId);
+    EXPECT_EQ(printedEnv(r.out, rank, "COHORT_RESTART_COUNT"), "0");
+    EXPECT_EQ(printedEnv(r.out, rank, "OMP_NUM_THREADS"), "1");
+    const std::string log = readWhole(logDir + "/rank" + k + ".log");
+    EXPECT_TRUE(contains(log, "attempt 1 (COHORT_RESTART_COUNT=0)")) << log;
+    EXPECT_TRUE(contains(log, "\nstdout line 2 of rank " + k + "\n")) << log;
+    EXPECT_TRUE(contains(log, "\nstderr line 2 of rank " + k + "\n")) << log;
+    EXPECT_FALSE(contains(log, "[rank")) << log;
+  }
+  // Every line carries the prefix of the rank that wrote it, on the stream it was written to.
+  for (const std::string& line : linesWith(r.out, "line ")) {
+    EXPECT_EQ(line.substr(1, line.find(']') - 1), "rank " + line.substr(line.rfind(' ') + 1)) << line;
+    EXPECT_TRUE(contains(line, "] stdout line")) << line;
+  }
+  EXPECT_EQ(linesWith(r.err, "stdout line").size(), 0u);
+  EXPECT_EQ(workerPids(r.out).size(), static_cast<size_t>(n));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CohortrunWorldTest, ::testing::Values(1, 2, 3, 4));
+
+TEST_F(CohortrunTest, KeepsOmpNumThreadsWhenSet) {
+  std::vector<std::string> args = {cohortrun(), "--nproc-per-node", "2", "--", testWorker(), "--print-env"};
+  Child child = Child::start(args, {"COHORT_SHM_DIR=" + shmDir_, "OMP_NUM_THREADS=7"});
+  const Output& r = child.finish(seconds(60));
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(printedEnv(r.out, 0, "OMP_NUM_THREADS"), "7");
+  EXPECT_EQ(printedEnv(r.out, 1, "OMP_NUM_THREADS"), "7");
+}
+
+TEST_F(CohortrunTest, FindsTheProgramOnPath) {
+  Output r = runLauncher({"--nproc-per-node", "2", "--", "true"}, env());
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+}
+
+TEST_F(CohortrunTest, SplitsVeryLongLines) {
+  Output r = launch({"--nproc-per-node", "1"}, {"--long-line", "40000"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  size_t xs = 0;
+  for (const std::string& line : linesWith(r.out, "xxx")) {
+    EXPECT_EQ(line.rfind("[rank 0] ", 0), 0u);
+    EXPECT_LE(line.size(), 9u + 16384u);
+    xs += line.size() - 9;
+  }
+  EXPECT_EQ(xs, 40000u);
+}
+
+TEST_F(CohortrunTest, AFailingWorkerStopsTheJobWithItsExitCode) {
+  Output r = launch({"--nproc-per-node", "3"}, {"--create-segment", "--await-peers", "--print-env", "--steps", "10",
+                                                "--at-step", "5", "--exit-code", "3", "--rank", "1", "--hang"});
+  EXPECT_EQ(r.exitCode, 3) << r.describe();
+  std::vector<pid_t> pids = workerPids(r.out);
+  ASSERT_EQ(pids.size(), 3u) << r.describe();
+  const std::string rank1Pid = linesWith(r.out, "[rank 1] pid ").at(0).substr(std::string("[rank 1] pid ").size());
+  EXPECT_TRUE(contains(r.err, "cohortrun: rank 1 (pid " + rank1Pid + ") exited with code 3\n")) << r.describe();
+  // The report ends with rank 1's last lines, up to the one it printed just before failing.
+  const size_t report = r.err.find("lines of rank 1:");
+  ASSERT_NE(report, std::string::npos) << r.describe();
+  EXPECT_TRUE(contains(r.err.substr(report), "    step 4\n")) << r.describe();
+  EXPECT_FALSE(contains(r.err.substr(report), "step 5")) << r.describe();
+  EXPECT_EQ(linesWith(r.err, "exited with code").size(), 1u) << r.describe();
+  expectAllGone(pids);
+  const std::string jobId = printedEnv(r.out, 0, "COHORT_JOB_ID");
+  EXPECT_TRUE(segmentFiles(shmDir_, jobId).empty()) << r.describe();
+  EXPECT_EQ(linesWith(r.out, "segment ").size(), 3u) << r.describe();
+}
+
+TEST_F(CohortrunTest, AWorkerKilledBySignalGives128PlusTheSignal) {
+  Output r = launch({"--nproc-per-node", "2"}, {"--signal-self", "9", "--rank", "1", "--hang"});
+  EXPECT_EQ(r.exitCode, 137) << r.describe();
+  EXPECT_TRUE(contains(r.err, "cohortrun: rank 1 (pid ")) << r.describe();
+  EXPECT_TRUE(contains(r.err, ") terminated by signal 9 (SIGKILL)\n")) << r.describe();
+  expectAllGone(workerPids(r.out));
+}
+
+TEST_F(CohortrunTest, WorkersDieWithAKilledLauncherAndTheNextRunSweepsTheirSegments) {
+  // Orphaned workers are reparented to this process, which reaps them (see processGone).
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  Child child = start({"--nproc-per-node", "3"}, {"--create-segment", "--print-env", "--hang"});
+  awaitLines(child, "] segment ", 3);
+  const std::string jobId = printedEnv(child.output().out, 0, "COHORT_JOB_ID");
+  ASSERT_EQ(::kill(child.pid(), SIGKILL), 0);
+  const Output& killed = child.finish(seconds(10));
+  EXPECT_EQ(killed.signal, SIGKILL);
+  for (pid_t pid : workerPids(killed.out)) {
+    EXPECT_TRUE(waitUntilGone(pid, seconds(2))) << "worker " << pid << " still alive 2 s after cohortrun was killed";
+  }
+  EXPECT_EQ(segmentFiles(shmDir_, jobId).size(), 3u) << "nobody was left to remove them";
+
+  Output next = launch({"--nproc-per-node", "1"}, {});
+  EXPECT_EQ(next.exitCode, 0) << next.describe();
+  EXPECT_TRUE(contains(next.err, "cohortrun: removed stale shared-memory segment cohort." + jobId + ".test-0"))
+      << next.describe();
+  EXPECT_TRUE(segmentFiles(shmDir_, jobId).empty());
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
+TEST_F(CohortrunTest, RestartsTheGroupAfterAFailure) {
+  const std::string logDir = dir_ + "/logs";
+  Output r = launch({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", logDir},
+                    {"--fail-first-attempt", "--rank", "1", "--print-env", "--create-segment", "--await-peers"});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "cohortrun: restarting the group (attempt 2 of 2) after rank 1 exited with code 3\n"))
+      << r.describe();
+  std::set<std::string> jobIds;
+  for (const std::string& line : linesWith(r.out, "env COHORT_JOB_ID=")) jobIds.insert(line.substr(line.find('=') + 1));
+  EXPECT_EQ(jobIds.size(), 1u) << r.describe();
+  EXPECT_EQ(linesWith(r.out, "env COHORT_RESTART_COUNT=0").size(), 2u) << r.describe();
+  EXPECT_EQ(linesWith(r.out, "env COHORT_RESTART_COUNT=1").size(), 2u) << r.describe();
+  const std::string log = readWhole(logDir + "/rank1.log");
+  EXPECT_TRUE(contains(log, "attempt 1 (COHORT_RESTART_COUNT=0)")) << log;
+  EXPECT_TRUE(contains(log, "attempt 2 (COHORT_RESTART_COUNT=1)")) << log;
+  EXPECT_LT(log.find("failing on purpose"), log.find("attempt 2")) << log;
+  EXPECT_TRUE(segmentFiles(shmDir_, *jobIds.begin()).empty());
+  expectAllGone(workerPids(r.out));
+}
+
+TEST_F(CohortrunTest, WithoutRestartsTheSameFailureEndsTheJob) {
+  Output r = launch({"--nproc-per-node", "2", "--max-restarts", "0"}, {"--fail-first-attempt", "--rank", "1"});
+  EXPECT_EQ(r.exitCode, 3) << r.describe();
+  EXPECT_FALSE(contains(r.err, "restarting")) << r.describe();
+  EXPECT_TRUE(contains(r.err, "rank 1 (pid ")) << r.describe();
+}
+
+TEST_F(CohortrunTest, GivesUpWhenEveryAttemptFails) {
+  Output r = launch({"--nproc-per-node", "2", "--max-restarts", "2"},
+                    {"--steps", "1", "--at-step", "0", "--exit-code", "5", "--rank", "0"});
+  EXPECT_EQ(r.exitCode, 5) << r.describe();
+  EXPECT_EQ(linesWith(r.err, "restarting the group").size(), 2u) << r.describe();
+  EXPECT_TRUE(contains(r.err, "(attempt 3 of 3)")) << r.describe();
+}
+
+TEST_F(CohortrunTest, ForwardsSigtermAndSigusr1ThenExits143) {
+  Child child = start({"--nproc-per-node", "2"}, {"--report-signal", "--create-segment", "--print-env", "--hang"});
+  awaitLines(child, "] segment ", 2);
+  const std::string jobId = printedEnv(child.output().out, 0, "COHORT_JOB_ID");
+  ASSERT_EQ(::kill(child.pid(), SIGUSR1), 0);
+  child.readUntil([](const Output& o) { return linesWith(o.out, "got SIGUSR1").size() == 2; }, seconds(10));
+  ASSERT_EQ(::kill(child.pid(), SIGTERM), 0);
+  const Output& r = child.finish(seconds(30));
+  EXPECT_EQ(r.exitCode, 143) << r.describe();
+  EXPECT_TRUE(contains(r.out, "[rank 0] rank 0 got SIGTERM\n")) << r.describe();
+  EXPECT_TRUE(contains(r.out, "[rank 1] rank 1 got SIGTERM\n")) << r.describe();
+  EXPECT_FALSE(contains(r.err, "exited with code")) << "a forwarded signal is not a worker failure\n" << r.describe();
+  expectAllGone(workerPids(r.out));
+  EXPECT_TRUE(segmentFiles(shmDir_, jobId).empty()) << r.describe();
+}
+
+TEST_F(CohortrunTest, SigintExits130) {
+  Child child = start({"--nproc-per-node", "2"}, {"--hang"});
+  awaitWorkers(child, 2);
+  ASSERT_EQ(::kill(child.pid(), SIGINT), 0);
+  const Output& r = child.finish(seconds(30));
+  EXPECT_EQ(r.exitCode, 130) << r.describe();
+  expectAllGone(workerPids(r.out));
+}
+
+TEST_F(CohortrunTest, AWorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  Child child = start({"--nproc-per-node", "2", "--grace-period", "1"}, {"--ignore-sigterm", "--hang"});
+  awaitWorkers(child, 2);
+  const auto sent = Clock::now();
+  ASSERT_EQ(::kill(child.pid(), SIGTERM), 0);
+  const Output& r = child.finish(seconds(30));
+  const auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - sent);
+  EXPECT_EQ(r.exitCode, 143) << r.describe();
+  EXPECT_GE(took.count(), 900) << r.describe();
+  EXPECT_LT(took.count(), 4000) << r.describe();
+  EXPECT_EQ(linesWith(r.err, "sending SIGKILL").size(), 2u) << r.describe();
+  expectAllGone(workerPids(r.out));
+}
+
+TEST_F(CohortrunTest, UsageErrorsAreOneLineAndExitCode2) {
+  const std::string notExecutable = dir_ + "/plain-file";
+  std::ofstream(notExecutable) << "data\n";
+  const std::string w = testWorker();
+  struct Case {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {{"--nproc-per-node", "0", "--", w}, "--nproc-per-node"},
+      {{"--nproc-per-node", "-3", "--", w}, "--nproc-per-node"},
+      {{"--nproc-per-node", "two", "--", w}, "--nproc-per-node"},
+      {{"--", w}, "--nproc-per-node"},
+      {{"--nproc-per-node", "2"}, "missing PROGRAM"},
+      {{"--nproc-per-node", "2", "--"}, "missing PROGRAM"},
+      {{"--nproc-per-node", "2", "--bogus", "--", w}, "--bogus"},
+      {{"--nproc-per-node", "2", "--grace-period", "0", "--", w}, "--grace-period"},
+      {{"--nproc-per-node", "2", "--max-restarts", "-1", "--", w}, "--max-restarts"},
+      {{"--nproc-per-node", "2", "--log-dir", notExecutable + "/sub", "--", w}, "log directory"},
+      {{"--nproc-per-node", "2", "--", "no-such-program-xyz"},
+       "cohortrun: error: cannot execute 'no-such-program-xyz': No such file or directory"},
+      {{"--nproc-per-node", "2", "--", dir_ + "/missing"}, "cannot execute '" + dir_ + "/missing': No such file"},
+      {{"--nproc-per-node", "2", "--", notExecutable}, "cannot execute '" + notExecutable + "': Permission denied"},
+  };
+  for (const Case& c : cases) {
+    Output r = runLauncher(c.args, env());
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_EQ(countLines(r.err), 1u) << r.describe();
+    EXPECT_TRUE(contains(r.err, c.needle)) << "expected '" << c.needle << "'\n" << r.describe();
+    EXPECT_EQ(r.out, "") << r.describe();
+  }
+}
+
+TEST_F(CohortrunTest, HelpGoesToStdoutWithExitCode0) {
+  Output r = runLauncher({"--help"}, env());
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_TRUE(contains(r.out, "--nproc-per-node")) << r.describe();
+  EXPECT_TRUE(contains(r.out, "--grace-period")) << r.describe();
+}
+
+}  // namespace
+}  // namespace cohort::launcher::testing

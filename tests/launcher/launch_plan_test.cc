@@ -1,0 +1,107 @@
+// LaunchPlan: flag validation and the exact environment of each worker.
+#include "launcher/launch_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace cohort::launcher {
+namespace {
+
+LaunchFlags validFlags() {
+  LaunchFlags f;
+  f.nprocPerNode = 4;
+  f.command = {"prog", "--x"};
+  return f;
+}
+
+std::string valueOf(const std::vector<std::string>& env, const std::string& name) {
+  std::string found = "<unset>";
+  int count = 0;
+  for (const std::string& e : env) {
+    if (e.rfind(name + "=", 0) == 0) {
+      found = e.substr(name.size() + 1);
+      ++count;
+    }
+  }
+  return count > 1 ? "<duplicate>" : found;
+}
+
+TEST(LaunchPlan, RejectsBadFlagsAsUsageErrors) {
+  auto expectInvalid = [](LaunchFlags f, const std::string& needle) {
+    try {
+      makeLaunchPlan(f, {.jobId = "j", .environment = {}});
+      ADD_FAILURE() << "accepted flags that mention " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_EQ(e.code(), ExitCode::kUsage);
+    }
+  };
+  LaunchFlags f = validFlags();
+  f.nprocPerNode = 0;
+  expectInvalid(f, "--nproc-per-node");
+  f = validFlags();
+  f.maxRestarts = -1;
+  expectInvalid(f, "--max-restarts");
+  f = validFlags();
+  f.gracePeriodS = 0;
+  expectInvalid(f, "--grace-period");
+  f.gracePeriodS = -2;
+  expectInvalid(f, "--grace-period");
+  f = validFlags();
+  f.command.clear();
+  expectInvalid(f, "PROGRAM");
+}
+
+TEST(LaunchPlan, CopiesFlagsAndRoundsTheGracePeriodUp) {
+  LaunchFlags f = validFlags();
+  f.maxRestarts = 2;
+  f.logDir = "logs";
+  f.gracePeriodS = 0.0015;
+  LaunchPlan plan = makeLaunchPlan(f, {.jobId = "cr-1-2", .environment = {}});
+  EXPECT_EQ(plan.worldSize, 4);
+  EXPECT_EQ(plan.maxRestarts, 2);
+  EXPECT_EQ(plan.logDir, "logs");
+  EXPECT_EQ(plan.gracePeriod.count(), 2);
+  EXPECT_EQ(plan.command, f.command);
+  EXPECT_EQ(plan.jobId, "cr-1-2");
+}
+
+TEST(LaunchPlan, EnvironmentPerRank) {
+  LaunchPlan plan = makeLaunchPlan(validFlags(), {.jobId = "cr-7-9", .environment = {"PATH=/bin", "HOME=/h"}});
+  for (int rank = 0; rank < 4; ++rank) {
+    std::vector<std::string> env = plan.environmentFor(rank, 2);
+    EXPECT_EQ(valueOf(env, "RANK"), std::to_string(rank));
+    EXPECT_EQ(valueOf(env, "LOCAL_RANK"), std::to_string(rank));
+    EXPECT_EQ(valueOf(env, "WORLD_SIZE"), "4");
+    EXPECT_EQ(valueOf(env, "LOCAL_WORLD_SIZE"), "4");
+    EXPECT_EQ(valueOf(env, "COHORT_JOB_ID"), "cr-7-9");
+    EXPECT_EQ(valueOf(env, "COHORT_RESTART_COUNT"), "2");
+    EXPECT_EQ(valueOf(env, "OMP_NUM_THREADS"), "1");
+    EXPECT_EQ(valueOf(env, "PATH"), "/bin");
+    EXPECT_EQ(valueOf(env, "HOME"), "/h");
+  }
+}
+
+TEST(LaunchPlan, KeepsOmpNumThreadsAndReplacesInheritedRankVariables) {
+  LaunchPlan plan = makeLaunchPlan(
+      validFlags(),
+      {.jobId = "cr-7-9",
+       .environment = {"OMP_NUM_THREADS=6", "RANK=9", "WORLD_SIZE=17", "LOCAL_RANK=3", "LOCAL_WORLD_SIZE=5",
+                       "COHORT_JOB_ID=old", "COHORT_RESTART_COUNT=4", "COHORT_SHM_DIR=/tmp/x", "RANKING=keep"}});
+  std::vector<std::string> env = plan.environmentFor(1, 0);
+  EXPECT_EQ(valueOf(env, "OMP_NUM_THREADS"), "6");
+  EXPECT_EQ(valueOf(env, "RANK"), "1");
+  EXPECT_EQ(valueOf(env, "WORLD_SIZE"), "4");
+  EXPECT_EQ(valueOf(env, "LOCAL_RANK"), "1");
+  EXPECT_EQ(valueOf(env, "LOCAL_WORLD_SIZE"), "4");
+  EXPECT_EQ(valueOf(env, "COHORT_JOB_ID"), "cr-7-9");
+  EXPECT_EQ(valueOf(env, "COHORT_RESTART_COUNT"), "0");
+  EXPECT_EQ(valueOf(env, "COHORT_SHM_DIR"), "/tmp/x");
+  EXPECT_EQ(valueOf(env, "RANKING"), "keep");
+}
+
+}  // namespace
+}  // namespace cohort::launcher

@@ -1,0 +1,258 @@
+#include "tests/launcher/launcher_test_support.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace cohort::launcher::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string runfile(const std::string& relative) {
+  std::vector<std::string> candidates;
+  if (const char* srcdir = std::getenv("TEST_SRCDIR"))
+    candidates.push_back(std::string(srcdir) + "/cohort/" + relative);
+  candidates.push_back(relative);
+  for (const std::string& path : candidates) {
+    if (::access(path.c_str(), X_OK) != 0) continue;
+    if (path[0] == '/') return path;
+    char cwd[4096];
+    return std::string(::getcwd(cwd, sizeof cwd) ? cwd : ".") + "/" + path;
+  }
+  ADD_FAILURE() << relative << " not found in the runfiles";
+  return relative;
+}
+
+bool isJobVariable(const std::string& entry) {
+  static const char* const kPrefixes[] = {
+      "RANK=",  "LOCAL_RANK=", "WORLD_SIZE=",     "LOCAL_WORLD_SIZE=", "COHORT_", "OMPI_COMM_WORLD_",
+      "SLURM_", "PMI_",        "OMP_NUM_THREADS="};
+  for (const char* p : kPrefixes) {
+    if (entry.rfind(p, 0) == 0) return true;
+  }
+  return false;
+}
+
+// Appends what is readable; false at end of file.
+bool drain(int fd, std::string& into) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      into.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && errno == EAGAIN;
+  }
+}
+
+}  // namespace
+
+std::string cohortrun() { return runfile("launcher/cohortrun"); }
+std::string testWorker() { return runfile("tests/launcher/test_worker"); }
+
+std::string freshTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string name = "launcher";
+  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    name = std::string(info->test_suite_name()) + "." + info->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+  }
+  std::string pattern = std::string(base ? base : "/tmp") + "/" + name + ".XXXXXX";
+  if (!::mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp " << pattern << ": " << std::strerror(errno);
+  return pattern;
+}
+
+std::string Output::describe() const {
+  std::ostringstream os;
+  os << "exit code " << exitCode << ", signal " << signal << "\n--- stdout ---\n"
+     << out << "--- stderr ---\n"
+     << err << "--------------";
+  return os.str();
+}
+
+Child Child::start(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv) {
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e; ++e) {
+    if (!isJobVariable(*e)) envStrings.emplace_back(*e);
+  }
+  envStrings.insert(envStrings.end(), extraEnv.begin(), extraEnv.end());
+  std::vector<char*> args, env;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& e : envStrings) env.push_back(const_cast<char*>(e.c_str()));
+  args.push_back(nullptr);
+  env.push_back(nullptr);
+  int out[2], err[2];
+  Child child;
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+    return child;
+  }
+  int devNull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  child.pid_ = ::fork();
+  if (child.pid_ == 0) {
+    ::dup2(devNull, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execve(args[0], args.data(), env.data());
+    ::_exit(127);
+  }
+  ::close(devNull);
+  ::close(out[1]);
+  ::close(err[1]);
+  child.outFd_ = out[0];
+  child.errFd_ = err[0];
+  ::fcntl(child.outFd_, F_SETFL, O_NONBLOCK);
+  ::fcntl(child.errFd_, F_SETFL, O_NONBLOCK);
+  if (child.pid_ < 0) ADD_FAILURE() << "fork: " << std::strerror(errno);
+  return child;
+}
+
+Child::Child(Child&& o) noexcept
+    : pid_(std::exchange(o.pid_, -1)),
+      outFd_(std::exchange(o.outFd_, -1)),
+      errFd_(std::exchange(o.errFd_, -1)),
+      reaped_(o.reaped_),
+      output_(std::move(o.output_)) {}
+
+Child::~Child() {
+  closeFds();
+  if (pid_ > 0 && !reaped_) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Child::closeFds() {
+  if (outFd_ >= 0) ::close(outFd_);
+  if (errFd_ >= 0) ::close(errFd_);
+  outFd_ = errFd_ = -1;
+}
+
+bool Child::pumpOnce(int timeoutMs) {
+  if (outFd_ < 0 && errFd_ < 0) return false;
+  pollfd fds[2] = {{outFd_, POLLIN, 0}, {errFd_, POLLIN, 0}};
+  if (::poll(fds, 2, timeoutMs) <= 0) return true;
+  if (fds[0].revents && !drain(outFd_, output_.out)) {
+    ::close(outFd_);
+    outFd_ = -1;
+  }
+  if (fds[1].revents && !drain(errFd_, output_.err)) {
+    ::close(errFd_);
+    errFd_ = -1;
+  }
+  return true;
+}
+
+bool Child::readUntil(const std::function<bool(const Output&)>& done, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done(output_)) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 || !pumpOnce(static_cast<int>(std::min<long>(left, 100)))) {
+      if (done(output_)) return true;
+      ADD_FAILURE() << "the expected output did not come within " << timeout.count() << " ms\n" << output_.describe();
+      return false;
+    }
+  }
+  return true;
+}
+
+const Output& Child::finish(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (outFd_ >= 0 || errFd_ >= 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      ADD_FAILURE() << "timed out after " << timeout.count() << " ms; killing the child\n" << output_.describe();
+      ::kill(pid_, SIGKILL);
+      break;
+    }
+    pumpOnce(static_cast<int>(std::min<long>(left, 100)));
+  }
+  closeFds();
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  reaped_ = true;
+  if (WIFEXITED(status)) output_.exitCode = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) output_.signal = WTERMSIG(status);
+  return output_;
+}
+
+Output runLauncher(const std::vector<std::string>& args, const std::vector<std::string>& extraEnv) {
+  std::vector<std::string> argv = {cohortrun()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child child = Child::start(argv, extraEnv);
+  return child.finish(std::chrono::seconds(60));
+}
+
+std::vector<std::string> linesWith(const std::string& text, const std::string& needle) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) != std::string::npos) lines.push_back(line);
+  }
+  return lines;
+}
+
+std::vector<pid_t> workerPids(const std::string& launcherStdout) {
+  std::vector<pid_t> pids;
+  for (const std::string& line : linesWith(launcherStdout, "] pid ")) {
+    pids.push_back(static_cast<pid_t>(std::stol(line.substr(line.find("] pid ") + 6))));
+  }
+  return pids;
+}
+
+std::string printedEnv(const std::string& launcherStdout, int rank, const std::string& name) {
+  const std::string prefix = "[rank " + std::to_string(rank) + "] env " + name + "=";
+  for (const std::string& line : linesWith(launcherStdout, prefix)) {
+    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+  }
+  return "";
+}
+
+bool processGone(pid_t pid) {
+  ::waitpid(pid, nullptr, WNOHANG);  // reaps it if it is an orphan reparented to this subreaper
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z';
+}
+
+bool waitUntilGone(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!processGone(pid)) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+std::vector<std::string> segmentFiles(const std::string& dir, const std::string& jobId) {
+  std::vector<std::string> names;
+  const std::string prefix = "cohort." + jobId + ".";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) names.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+}  // namespace cohort::launcher::testing

@@ -1,0 +1,168 @@
+// test_worker: a stand-in worker for the cohortrun tests, driven by flags. It first prints
+// "pid <P>" on stdout (so a test can check afterwards that the process is gone), then does, in
+// this order, what its flags ask:
+//   --print-env             print "env NAME=value" for the launcher's variables
+//   --create-segment        create the file shmDirectory()/segmentName($COHORT_JOB_ID, "test-<rank>")
+//                           and print "segment <path>"
+//   --await-peers           wait (up to 20 s) until every rank's segment exists: then every rank
+//                           has printed its pid and environment
+//   --print N               print N lines on stdout and N on stderr, naming the stream
+//   --long-line BYTES       print one line of BYTES 'x' characters on stdout
+//   --report-signal         on SIGTERM print "rank <k> got SIGTERM" and exit 143; on SIGUSR1 print
+//                           "rank <k> got SIGUSR1" and go on
+//   --ignore-sigterm        ignore SIGTERM
+//   --steps S               print "step i" for i < S; with --exit-code C --at-step I (and
+//                           --rank R: only that rank) exit with C at step I
+//   --signal-self SIG       raise SIG (only on --rank R when given)
+//   --fail-first-attempt    exit with --exit-code (default 3) when COHORT_RESTART_COUNT is 0
+//                           (only on --rank R when given)
+//   --hang                  sleep in short naps until killed
+// Exits 0 otherwise. Not a Cohort API: only the tests use it.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>  // CLI11
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "ipc/shm_names.h"
+
+namespace {
+
+struct Flags {
+  int rank = -1;  // -1: every rank
+  bool createSegment = false;
+  bool awaitPeers = false;
+  bool printEnv = false;
+  int print = 0;
+  int longLine = 0;
+  bool reportSignal = false;
+  bool ignoreSigterm = false;
+  int steps = 0;
+  int exitCode = 3;
+  int atStep = -1;
+  int signalSelf = 0;
+  bool failFirstAttempt = false;
+  bool hang = false;
+};
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "<unset>";
+}
+
+int myRank() { return std::atoi(env("RANK").c_str()); }
+
+// Written before the handlers are installed; the handlers only read them.
+char gSigtermMessage[64];
+char gSigusr1Message[64];
+
+void onSigterm(int) {
+  (void)!::write(1, gSigtermMessage, std::strlen(gSigtermMessage));
+  ::_exit(143);
+}
+
+void onSigusr1(int) { (void)!::write(1, gSigusr1Message, std::strlen(gSigusr1Message)); }
+
+void say(const std::string& line, FILE* stream = stdout) {
+  std::fprintf(stream, "%s\n", line.c_str());
+  std::fflush(stream);
+}
+
+std::string segmentPath(int rank) {
+  return cohort::ipc::shmDirectory() + "/" +
+         cohort::ipc::segmentName(env("COHORT_JOB_ID"), "test-" + std::to_string(rank));
+}
+
+void createSegment() {
+  std::string path = segmentPath(myRank());
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    say("cannot create " + path, stderr);
+    std::exit(1);
+  }
+  ::close(fd);
+  say("segment " + path);
+}
+
+// A file-system barrier: polls for every rank's segment file.
+void awaitPeers() {
+  const int worldSize = std::atoi(env("WORLD_SIZE").c_str());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int rank = 0; rank < worldSize; ++rank) {
+    while (::access(segmentPath(rank).c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        say("timed out waiting for the segment of rank " + std::to_string(rank), stderr);
+        std::exit(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+}
+
+int runSteps(const Flags& f, bool thisRank) {
+  for (int step = 0; step < f.steps; ++step) {
+    if (thisRank && step == f.atStep) return f.exitCode;
+    say("step " + std::to_string(step));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"test worker for cohortrun"};
+  Flags f;
+  app.add_option("--rank", f.rank);
+  app.add_flag("--create-segment", f.createSegment);
+  app.add_flag("--await-peers", f.awaitPeers);
+  app.add_flag("--print-env", f.printEnv);
+  app.add_option("--print", f.print);
+  app.add_option("--long-line", f.longLine);
+  app.add_flag("--report-signal", f.reportSignal);
+  app.add_flag("--ignore-sigterm", f.ignoreSigterm);
+  app.add_option("--steps", f.steps);
+  app.add_option("--exit-code", f.exitCode);
+  app.add_option("--at-step", f.atStep);
+  app.add_option("--signal-self", f.signalSelf);
+  app.add_flag("--fail-first-attempt", f.failFirstAttempt);
+  app.add_flag("--hang", f.hang);
+  CLI11_PARSE(app, argc, argv);
+
+  const int rank = myRank();
+  const bool thisRank = f.rank < 0 || f.rank == rank;
+  std::snprintf(gSigtermMessage, sizeof gSigtermMessage, "rank %d got SIGTERM\n", rank);
+  std::snprintf(gSigusr1Message, sizeof gSigusr1Message, "rank %d got SIGUSR1\n", rank);
+  if (f.reportSignal) {
+    ::signal(SIGTERM, onSigterm);
+    ::signal(SIGUSR1, onSigusr1);
+  }
+  if (f.ignoreSigterm) ::signal(SIGTERM, SIG_IGN);
+  say("pid " + std::to_string(::getpid()));
+  if (f.printEnv) {
+    for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "COHORT_JOB_ID",
+                             "COHORT_RESTART_COUNT", "OMP_NUM_THREADS"}) {
+      say(std::string("env ") + name + "=" + env(name));
+    }
+  }
+  if (f.createSegment) createSegment();
+  if (f.awaitPeers) awaitPeers();
+  for (int i = 0; i < f.print; ++i) {
+    say("stdout line " + std::to_string(i) + " of rank " + std::to_string(rank));
+    say("stderr line " + std::to_string(i) + " of rank " + std::to_string(rank), stderr);
+  }
+  if (f.longLine > 0) say(std::string(static_cast<size_t>(f.longLine), 'x'));
+  if (int code = runSteps(f, thisRank)) return code;
+  if (f.signalSelf != 0 && thisRank) ::raise(f.signalSelf);
+  if (f.failFirstAttempt && thisRank && env("COHORT_RESTART_COUNT") == "0") {
+    say("failing on purpose in the first attempt");
+    return f.exitCode;
+  }
+  while (f.hang) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return 0;
+}
