@@ -42,17 +42,28 @@ std::optional<uint64_t> parseDecimal(const std::string& text) {
 struct LauncherJob {
   pid_t pid;
   uint64_t startTicks;
+  uint64_t pidNamespace;
 };
 
-// "cr-<pid>-<start ticks>", nothing else.
+// The inode of this process's pid namespace: pids (and so job ids) mean something only inside one.
+// Containers or sandboxes that share /dev/shm but not a pid namespace must not judge each other's jobs.
+uint64_t pidNamespaceId() {
+  struct stat st;
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// "cr-<pid>-<start ticks>-<pid namespace inode>", nothing else.
 std::optional<LauncherJob> parseLauncherJobId(const std::string& jobId) {
   if (jobId.rfind("cr-", 0) != 0) return std::nullopt;
-  size_t dash = jobId.find('-', 3);
-  if (dash == std::string::npos) return std::nullopt;
-  std::optional<uint64_t> pid = parseDecimal(jobId.substr(3, dash - 3));
-  std::optional<uint64_t> ticks = parseDecimal(jobId.substr(dash + 1));
-  if (!pid || !ticks || *pid == 0 || *pid > 0x7fffffff) return std::nullopt;
-  return LauncherJob{static_cast<pid_t>(*pid), *ticks};
+  size_t dash1 = jobId.find('-', 3);
+  if (dash1 == std::string::npos) return std::nullopt;
+  size_t dash2 = jobId.find('-', dash1 + 1);
+  if (dash2 == std::string::npos) return std::nullopt;
+  std::optional<uint64_t> pid = parseDecimal(jobId.substr(3, dash1 - 3));
+  std::optional<uint64_t> ticks = parseDecimal(jobId.substr(dash1 + 1, dash2 - dash1 - 1));
+  std::optional<uint64_t> ns = parseDecimal(jobId.substr(dash2 + 1));
+  if (!pid || !ticks || !ns || *pid == 0 || *pid > 0x7fffffff) return std::nullopt;
+  return LauncherJob{static_cast<pid_t>(*pid), *ticks, *ns};
 }
 
 // The file names in `dir` that start with `prefix`; an absent directory has none.
@@ -128,12 +139,12 @@ std::string makeLauncherJobId() {
   pid_t pid = getpid();
   std::optional<uint64_t> ticks = processStartTicks(pid);
   if (!ticks) COHORT_THROW(IoError) << "cannot read the start time of process " << pid << " from /proc";
-  return "cr-" + std::to_string(pid) + "-" + std::to_string(*ticks);
+  return "cr-" + std::to_string(pid) + "-" + std::to_string(*ticks) + "-" + std::to_string(pidNamespaceId());
 }
 
 bool launcherJobIsGone(const std::string& jobId) {
   std::optional<LauncherJob> job = parseLauncherJobId(jobId);
-  return job && !processIsAlive(job->pid, job->startTicks);
+  return job && job->pidNamespace == pidNamespaceId() && !processIsAlive(job->pid, job->startTicks);
 }
 
 std::vector<std::string> removeJobSegments(const std::string& jobId) {

@@ -6,9 +6,11 @@
 // so one job's segments are found, and removed, by the prefix "cohort.<jobId>.". Job ids contain only
 // [A-Za-z0-9_-] (sanitizeJobId() maps anything else to '_').
 //
-// cohortrun makes job ids "cr-<pid>-<start>" from its own pid and process start time (in clock ticks,
-// /proc/<pid>/stat field 22), so a segment whose launcher is gone is recognisable: no process with
-// that pid, or one with another start time (pid reuse). sweepStaleSegments() removes exactly those,
+// cohortrun makes job ids "cr-<pid>-<start>-<pidns>" from its own pid, process start time (in clock
+// ticks, /proc/<pid>/stat field 22) and pid namespace (the inode of /proc/self/ns/pid), so a segment
+// whose launcher is gone is recognisable: no process with that pid, or one with another start time
+// (pid reuse). Jobs of another pid namespace (a container or sandbox sharing /dev/shm) are never
+// judged from this one. sweepStaleSegments() removes exactly those,
 // plus segments of other jobs whose header names a creator pid that no longer exists and that are
 // older than a grace period. It never touches a live job's segments.
 // Thread safety: all functions are safe to call concurrently (they only use the file system).
@@ -29,7 +31,7 @@ std::string segmentName(const std::string& jobId, const std::string& name);
 // "cohort.<jobId>."
 std::string jobPrefix(const std::string& jobId);
 
-// cohortrun's job id for the calling process: "cr-<pid>-<start ticks>".
+// cohortrun's job id for the calling process: "cr-<pid>-<start ticks>-<pid namespace inode>".
 std::string makeLauncherJobId();
 // True when jobId has cohortrun's form and its launcher process no longer exists.
 bool launcherJobIsGone(const std::string& jobId);

@@ -96,11 +96,14 @@ TEST(ProcessLiveness, ParsesStatWithHostileCommandNames) {
 
 TEST(ShmNames, LauncherJobIdIsGoneOnlyAfterItsProcessExits) {
   std::string own = makeLauncherJobId();
-  EXPECT_TRUE(std::regex_match(own, std::regex("cr-" + std::to_string(getpid()) + "-[0-9]+"))) << own;
+  EXPECT_TRUE(std::regex_match(own, std::regex("cr-" + std::to_string(getpid()) + "-[0-9]+-[0-9]+"))) << own;
   EXPECT_FALSE(launcherJobIsGone(own));
   std::string childId = jobIdOfExitedChild();
-  EXPECT_TRUE(std::regex_match(childId, std::regex("cr-[0-9]+-[0-9]+"))) << childId;
+  EXPECT_TRUE(std::regex_match(childId, std::regex("cr-[0-9]+-[0-9]+-[0-9]+"))) << childId;
   EXPECT_TRUE(launcherJobIsGone(childId));
+  // The same job id seen from another pid namespace (a container sharing /dev/shm) is never judged.
+  std::string otherNamespace = childId.substr(0, childId.rfind('-') + 1) + "1";
+  EXPECT_FALSE(launcherJobIsGone(otherNamespace));
   EXPECT_FALSE(launcherJobIsGone("slurm-42"));  // not cohortrun's: never judged gone by its name
   EXPECT_FALSE(launcherJobIsGone("cr-12x-5"));
 }
