@@ -105,7 +105,7 @@ ResultLine trainOnTinyMnist(Compression compression) {
                                "--batch-size", "16", "--threads", "1", "--seed", "7"});
   EXPECT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_EQ(r.stderrText, "");
-  EXPECT_NE(r.stdoutText.find("64 samples, test 32"), std::string::npos) << r.describe();
+  EXPECT_NE(r.stdoutText.find("64 samples per epoch, test 32"), std::string::npos) << r.describe();
   ResultLine result = parseResultLine(r.stdoutText);
   EXPECT_EQ(result.count, 1) << r.describe();
   EXPECT_TRUE(result.has("test_acc")) << r.describe();
