@@ -20,7 +20,7 @@ cohort=bazel-bin/cli/cohort
 cohortrun=bazel-bin/launcher/cohortrun
 job=(--data synthetic --model mlp:784,512,256,10 --epochs 1 --batch-size 64 --lr 0.05 --momentum 0.9 --threads 1)
 field() { sed -nE "s/.*RESULT .*$1=([0-9.]+).*/\1/p"; }
-torch() { sed -nE "s/.*name=[^ ]*\.$1 value=([0-9.]+).*/\1/p"; }
+torch() { sed -nE "s/.*name=[^ ]*blas\.$1 value=([0-9.]+).*/\1/p"; }
 
 echo "# OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset>}   $(date -u +%FT%TZ)   load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for rep in $(seq 1 "$REPS"); do

@@ -173,6 +173,7 @@ int runTrain(const TrainFlags& f) {
                               .timeout = timeout},
                              initialise);
     sync = std::make_unique<nn::HogwildSync>(*shared, timeout);
+    optimizer->setSweepStart(nn::hogwildSweepStart(model->params.numel(), world.localRank, world.localWorldSize));
   } else {
     model->params.allocate(runtime::cpuAllocator());
     initialise();

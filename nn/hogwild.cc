@@ -30,6 +30,11 @@ std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOption
 HogwildSync::HogwildSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout)
     : shared_(shared), timeout_(timeout) {}
 
+size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
+  size_t start = numel / static_cast<size_t>(localWorldSize) * static_cast<size_t>(localRank);
+  return start / 16 * 16;  // a whole cache line of floats
+}
+
 void HogwildSync::barrier(const std::string& what) {
   shared_.barrier().arriveAndWait(shared_.localRank(), {.what = what, .timeout = timeout_});
 }

@@ -33,6 +33,10 @@ struct HogwildOptions {
 std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOptions& options,
                                                const std::function<void()>& initialise);
 
+// Where rank `localRank`'s optimizer starts its sweep over the shared parameters (Optimizer::
+// setSweepStart), so the workers' updates begin on different cache lines.
+size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize);
+
 class HogwildSync final : public JobSync {
  public:
   HogwildSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout);

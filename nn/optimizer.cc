@@ -1,5 +1,6 @@
 #include "nn/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "runtime/error.h"
@@ -16,25 +17,21 @@ class Sgd final : public Optimizer {
   }
   std::string name() const override { return "sgd"; }
 
-  void step(const Tensor& params, const Tensor& grads) override {
-    float* __restrict p = params.data();
-    const float* __restrict g = grads.data();
-    const int64_t n = params.numel();
+  void stepRange(float* __restrict p, const float* __restrict g, int64_t begin, int64_t end) override {
     const float lr = options_.lr, wd = options_.weightDecay, m = options_.momentum;
     if (m == 0.0f) {
-      for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-    } else {
-      float* __restrict b = buf_.data();
-      const bool first = steps_ == 0;
-      const bool nesterov = options_.nesterov;
-      for (int64_t i = 0; i < n; ++i) {
-        float d = g[i] + wd * p[i];
-        float bi = first ? d : m * b[i] + d;
-        b[i] = bi;
-        p[i] -= lr * (nesterov ? d + m * bi : bi);
-      }
+      for (int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+      return;
     }
-    ++steps_;
+    float* __restrict b = buf_.data();
+    const bool first = steps_ == 0;
+    const bool nesterov = options_.nesterov;
+    for (int64_t i = begin; i < end; ++i) {
+      float d = g[i] + wd * p[i];
+      float bi = first ? d : m * b[i] + d;
+      b[i] = bi;
+      p[i] -= lr * (nesterov ? d + m * bi : bi);
+    }
   }
 
   std::vector<StateTensor> state() const override {
@@ -54,21 +51,21 @@ class Adam final : public Optimizer {
   }
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
 
-  void step(const Tensor& params, const Tensor& grads) override {
-    ++steps_;
-    float* __restrict p = params.data();
-    const float* __restrict g = grads.data();
+  void beginStep() override {
+    const double t = static_cast<double>(steps_ + 1);
+    stepSize_ = static_cast<float>(options_.lr / (1.0 - std::pow(static_cast<double>(options_.beta1), t)));
+    bc2Sqrt_ = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)));
+  }
+
+  void stepRange(float* __restrict p, const float* __restrict g, int64_t begin, int64_t end) override {
     float* __restrict m = expAvg_.data();
     float* __restrict v = expAvgSq_.data();
-    const int64_t n = params.numel();
     const float lr = options_.lr, b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
     const float wd = options_.weightDecay;
-    const double t = static_cast<double>(steps_);
-    const float stepSize = static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(b1), t)));
-    const float bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
     const float decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
     const float coupledWd = decoupled_ ? 0.0f : wd;
-    for (int64_t i = 0; i < n; ++i) {
+    const float stepSize = stepSize_, bc2Sqrt = bc2Sqrt_;
+    for (int64_t i = begin; i < end; ++i) {
       float pi = p[i] * decay;
       float gi = g[i] + coupledWd * pi;
       float mi = b1 * m[i] + (1.0f - b1) * gi;
@@ -84,9 +81,19 @@ class Adam final : public Optimizer {
  private:
   bool decoupled_;
   Tensor expAvg_, expAvgSq_;
+  float stepSize_ = 0, bc2Sqrt_ = 1;  // this step's bias corrections
 };
 
 }  // namespace
+
+void Optimizer::step(const Tensor& params, const Tensor& grads) {
+  const int64_t n = params.numel();
+  const int64_t start = std::min<int64_t>(static_cast<int64_t>(sweepStart_), n);
+  beginStep();
+  stepRange(params.data(), grads.data(), start, n);
+  stepRange(params.data(), grads.data(), 0, start);
+  ++steps_;
+}
 
 OptimizerKind parseOptimizerKind(const std::string& name) {
   if (name == "sgd") return OptimizerKind::kSgd;

@@ -42,8 +42,13 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
   // One update of `params` from `grads` (both flat, numel() elements).
-  virtual void step(const Tensor& params, const Tensor& grads) = 0;
+  void step(const Tensor& params, const Tensor& grads);
   virtual std::vector<StateTensor> state() const = 0;
+
+  // Hogwild: workers sharing the parameters start their sweep at different elements (wrapping
+  // around), so they do not fight over the same cache lines at the same moment. The update of each
+  // element is the same whatever the order.
+  void setSweepStart(size_t element) { sweepStart_ = element; }
 
   int64_t steps() const { return steps_; }
   void setSteps(int64_t steps) { steps_ = steps; }
@@ -52,8 +57,12 @@ class Optimizer {
 
  protected:
   explicit Optimizer(const OptimizerOptions& options) : options_(options) {}
+  // Updates elements [begin, end) for the step being taken (steps_ not yet incremented).
+  virtual void stepRange(float* params, const float* grads, int64_t begin, int64_t end) = 0;
+  virtual void beginStep() {}
   OptimizerOptions options_;
   int64_t steps_ = 0;
+  size_t sweepStart_ = 0;
 };
 
 // Validates the options (lr > 0, momentum in [0, 1), betas in [0, 1), eps > 0, weight decay >= 0,

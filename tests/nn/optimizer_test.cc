@@ -94,6 +94,20 @@ TEST(Adam, FirstStepMovesEachParameterByLrTimesTheGradientSign) {
 TEST(Adam, MatchesPyTorchsFormulaOverSeveralSteps) { checkAdam(false); }
 TEST(AdamW, MatchesPyTorchsFormulaOverSeveralSteps) { checkAdam(true); }
 
+TEST(Optimizer, ASweepStartingMidwayGivesIdenticalResults) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    Tensor p1 = vec({1.0f, -2.0f, 0.5f, 3.0f, -1.5f}), p2 = p1.clone(), g = vec({0.5f, 0.25f, -4.0f, 1.0f, 2.0f});
+    OptimizerOptions o{.kind = kind, .lr = 0.125f, .momentum = kind == OptimizerKind::kSgd ? 0.5f : 0.0f, .weightDecay = 0.25f};
+    auto a = makeOptimizer(o, 5), b = makeOptimizer(o, 5);
+    b->setSweepStart(3);
+    for (int s = 0; s < 3; ++s) {
+      a->step(p1, g);
+      b->step(p2, g);
+    }
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(p1.at(i), p2.at(i)) << "optimizer " << a->name() << " element " << i;
+  }
+}
+
 TEST(Optimizer, RejectsBadOptions) {
   EXPECT_THROW(makeOptimizer({.lr = 0.0f}, 1), InvalidArgument);
   EXPECT_THROW(makeOptimizer({.lr = 0.1f, .momentum = 1.5f}, 1), InvalidArgument);
