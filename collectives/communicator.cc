@@ -1,0 +1,28 @@
+#include "collectives/communicator.h"
+
+#include "collectives/mpi/mpi_communicator.h"
+#include "collectives/shm/shm_communicator.h"
+#include "runtime/error.h"
+
+namespace cohort::collectives {
+
+std::vector<std::string> availableBackends() { return {"shm", "mpi"}; }
+
+std::unique_ptr<Communicator> makeCommunicator(const CommunicatorOptions& options) {
+  std::string backend = options.backend;
+  if (backend.empty()) backend = options.world.spansNodes() ? "mpi" : "shm";
+  if (backend == "shm") {
+    if (options.world.spansNodes()) {
+      COHORT_THROW(InvalidArgument) << "the shm backend works on one node, but this job has " << options.world.worldSize
+                                    << " ranks with " << options.world.localWorldSize << " on this node: use --backend mpi";
+    }
+    return makeShmCommunicator(options);
+  }
+  if (backend == "mpi") return makeMpiCommunicator(options);
+  if (backend == "nccl") {
+    COHORT_THROW(InvalidArgument) << "the nccl backend (GPU) is not available in this version yet; use shm or mpi";
+  }
+  COHORT_THROW(InvalidArgument) << "unknown backend '" << backend << "': expected shm or mpi";
+}
+
+}  // namespace cohort::collectives

@@ -1,0 +1,95 @@
+// Communicator: collective operations among the ranks of one job (DESIGN.md §2, §3.3).
+//
+// Every rank calls the same collectives in the same order (a rule the backends check: see
+// Fingerprint). Each call starts the operation and returns a Work; the buffers must stay valid and
+// untouched until wait() returns. Collectives run in the order they were issued, one after another,
+// on the backend's own progress thread (shm) or inside MPI (mpi), so a caller may issue several and
+// wait for them later (GradSync overlaps backward this way).
+// wait(timeout) throws:
+//   TimeoutError  the ranks that did not arrive, the collective's sequence number and fingerprint;
+//   PeerError     a rank died (names it);
+//   InvalidArgument  ranks issued different collectives (names the ranks and both fingerprints),
+//                 detected before any data is touched.
+// After an error the communicator is unusable (every later wait() rethrows it).
+// Buffers are CPU float32 (GPU backends come later); `count` is in elements; input == output means
+// in place. Thread safety: issue collectives from one thread; Work::wait may be called from that
+// thread only.
+//
+//   auto comm = makeCommunicator({.backend = "shm", .world = world, .timeout = 30s});
+//   auto work = comm->allReduce(grads, grads, n, {.op = ReduceOp::kAvg});
+//   work->wait(30s);
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/world_info.h"
+
+namespace cohort::collectives {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
+enum class CollectiveKind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+
+const char* toString(ReduceOp op);
+const char* toString(CollectiveKind kind);
+
+// What every rank must agree on for one collective. Compared across ranks before any data moves.
+struct Fingerprint {
+  uint64_t sequence = 0;  // 0, 1, 2, ... per communicator
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  ReduceOp op = ReduceOp::kSum;
+  uint8_t dtype = 0;  // 0 = float32
+  int32_t root = -1;  // broadcast only
+  uint64_t count = 0;  // elements (per rank for reduceScatter/allGather)
+  bool operator==(const Fingerprint& o) const;
+  // "#12 allreduce(sum, float32, 1000 elements)"
+  std::string str() const;
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool done() = 0;
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+};
+using WorkPtr = std::unique_ptr<Work>;
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // output[i] = op over ranks of input[i], i < count.
+  virtual WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) = 0;
+  // input holds size()*countPerRank elements; rank r receives the reduction of chunk r.
+  virtual WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) = 0;
+  // output holds size()*countPerRank elements: rank r's input at chunk r.
+  virtual WorkPtr allGather(const float* input, float* output, size_t countPerRank) = 0;
+  // data on `root` is copied to every rank's data.
+  virtual WorkPtr broadcast(float* data, size_t count, int root) = 0;
+  virtual WorkPtr barrier() = 0;
+};
+
+struct CommunicatorOptions {
+  std::string backend;  // "shm", "mpi"; empty = the default for this world (DESIGN.md §1)
+  runtime::WorldInfo world;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // set-up (rendezvous) waits
+};
+
+// The backends compiled into this binary, e.g. {"shm", "mpi"}.
+std::vector<std::string> availableBackends();
+// Throws InvalidArgument for an unknown or unavailable backend, or one that cannot serve this world
+// (shm across nodes); TimeoutError when peers do not arrive at the rendezvous.
+std::unique_ptr<Communicator> makeCommunicator(const CommunicatorOptions& options);
+
+}  // namespace cohort::collectives
