@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nn/checkpoint.h"
+#include "nn/module.h"
 #include "nn/optimizer.h"
 
 namespace cohort::nn {
@@ -33,6 +34,14 @@ class JobSync {
   virtual std::vector<int64_t> optimizerSteps() const = 0;
   virtual void shareOptimizerState(const Optimizer& optimizer) = 0;
   virtual std::vector<NamedTensor> gatheredOptimizerState(const Optimizer& optimizer) const = 0;
+
+  // Replicated training (allreduce): every rank holds identical parameters and optimizer state, so a
+  // checkpoint is rank 0's own state and every rank resumes from it in full.
+  virtual bool replicated() const { return false; }
+  // Gradient synchronisation around backward (allreduce): told as gradients become final, then
+  // synchronizeGradients() before the optimizer step.
+  virtual GradReadyListener* gradReady() { return nullptr; }
+  virtual void synchronizeGradients() {}
 };
 
 }  // namespace cohort::nn

@@ -20,12 +20,21 @@
 
 namespace cohort::nn {
 
+// Told during backward which parameters' gradients are final: entries [first, end) of the model's
+// ParamBuffer (GradSync starts a bucket's all-reduce as soon as all of its entries are ready).
+class GradReadyListener {
+ public:
+  virtual ~GradReadyListener() = default;
+  virtual void gradsReady(size_t firstEntry, size_t endEntry) = 0;
+};
+
 // What one forward/backward pass needs to know.
 struct Pass {
   bool training = true;         // dropout active; layers keep what backward needs
   bool needInputGrad = true;    // backward must return d(loss)/d(input)
   bool accumulateGrads = false; // add to the gradient buffer instead of overwriting it
   runtime::Rng* rng = nullptr;  // dropout masks; required when training with dropout
+  GradReadyListener* gradReady = nullptr;  // told as each module's gradients become final
 };
 
 class Module {

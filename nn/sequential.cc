@@ -11,7 +11,12 @@ Sequential& Sequential::add(ModulePtr module, const std::string& name) {
 }
 
 void Sequential::registerParams(ParamBuffer& params, const std::string& prefix) {
-  for (size_t i = 0; i < modules_.size(); ++i) modules_[i]->registerParams(params, prefix + names_[i] + ".");
+  entries_.clear();
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    size_t first = params.entries().size();
+    modules_[i]->registerParams(params, prefix + names_[i] + ".");
+    entries_.emplace_back(first, params.entries().size());
+  }
 }
 
 void Sequential::resetParams(runtime::Rng& rng) {
@@ -36,6 +41,11 @@ const Tensor& Sequential::backward(const Tensor& gradOutput, const Pass& pass) {
     Pass p = pass;
     p.needInputGrad = i > 0 || pass.needInputGrad;
     g = &modules_[i]->backward(*g, p);
+    // A nested Sequential reports its own children; the listener hears each range once.
+    if (pass.gradReady && i < entries_.size() && entries_[i].first < entries_[i].second &&
+        dynamic_cast<Sequential*>(modules_[i].get()) == nullptr) {
+      pass.gradReady->gradsReady(entries_[i].first, entries_[i].second);
+    }
   }
   return modules_.empty() ? gradOutput : *g;
 }

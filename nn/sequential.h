@@ -1,7 +1,8 @@
 // Sequential: modules applied in order. Owns its modules. Parameters of module i are registered
 // under "<i>.<name>" unless the module was added with a name ("fc1.weight").
 // backward() runs the modules in reverse, asking the first one for no input gradient unless the
-// caller's Pass asks for one. Thread safety: as Module.
+// caller's Pass asks for one, and tells Pass::gradReady after each module with parameters which
+// ParamBuffer entries it has just finished. Thread safety: as Module.
 #pragma once
 
 #include <vector>
@@ -34,6 +35,7 @@ class Sequential final : public Module {
  private:
   std::vector<ModulePtr> modules_;
   std::vector<std::string> names_;
+  std::vector<std::pair<size_t, size_t>> entries_;  // each module's [first, end) ParamBuffer entries
   Tensor empty_;
 };
 

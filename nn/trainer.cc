@@ -34,6 +34,7 @@ TrainResult Trainer::run() {
   Pass pass;
   pass.rng = &rng_;
   pass.needInputGrad = false;
+  pass.gradReady = sync_ ? sync_->gradReady() : nullptr;
   if (sync_) sync_->barrier("start");
   for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
     const auto epochStart = Clock::now();
@@ -45,6 +46,7 @@ TrainResult Trainer::run() {
       pos.correct += loss_.correct();
       pos.samples += batch.size;
       model_.net->backward(loss_.backward(), pass);
+      if (sync_) sync_->synchronizeGradients();
       optimizer_.step(model_.params.values(), model_.params.grads());
       ++pos.step;
       pos.batch = batch.index + 1;
@@ -77,7 +79,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   JobProgress job{trainedSamples_, trainSeconds_};
   if (sync_) {
     sync_->reportProgress(trainedSamples_, trainSeconds_, optimizer_.steps());
-    if (!options_.checkpointPath.empty()) sync_->shareOptimizerState(optimizer_);
+    if (!options_.checkpointPath.empty() && !sync_->replicated()) sync_->shareOptimizerState(optimizer_);
     sync_->barrier("end of epoch " + std::to_string(pos.epoch + 1));
     job = sync_->jobProgress();
   }

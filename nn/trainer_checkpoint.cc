@@ -71,7 +71,8 @@ void Trainer::saveCheckpoint(const Position& pos) {
   for (size_t i = 0; i < model_.params.entries().size(); ++i) {
     tensors.push_back({model_.params.entries()[i].name, model_.params.value(i)});
   }
-  if (sync_) {
+  const bool perRankState = sync_ && !sync_->replicated();
+  if (perRankState) {
     for (NamedTensor& t : sync_->gatheredOptimizerState(optimizer_)) tensors.push_back(std::move(t));
   } else {
     for (const auto& s : optimizer_.state()) tensors.push_back({"optimizer." + s.name, s.tensor});
@@ -95,7 +96,7 @@ void Trainer::saveCheckpoint(const Position& pos) {
       {"last_train_loss", hexDouble(pos.lastTrainLoss)},
       {"last_train_acc", hexDouble(pos.lastTrainAcc)},
   };
-  if (sync_) {
+  if (perRankState) {
     std::vector<int64_t> steps = sync_->optimizerSteps();
     for (size_t r = 0; r < steps.size(); ++r) meta["optimizer_steps.rank" + std::to_string(r)] = std::to_string(steps[r]);
   }
@@ -117,9 +118,10 @@ bool Trainer::loadCheckpoint(Position& pos) {
   expectSame(m, "loader_seed", std::to_string(train_.options().seed), path);
   expectSame(m, "world_size", std::to_string(world_.worldSize), path);
   if (!options_.paramsShared) loadParamsFromCheckpoint(ckpt, path, model_.params);
-  const std::string prefix = sync_ ? "optimizer.rank" + std::to_string(world_.rank) + "." : "optimizer.";
+  const bool perRankState = sync_ && !sync_->replicated();
+  const std::string prefix = perRankState ? "optimizer.rank" + std::to_string(world_.rank) + "." : "optimizer.";
   for (const auto& s : optimizer_.state()) loadTensor(ckpt, path, prefix + s.name, s.tensor);
-  if (sync_) {
+  if (perRankState) {
     optimizer_.setSteps(needInt(m, "optimizer_steps.rank" + std::to_string(world_.rank), path));
   } else {
     optimizer_.setSteps(needInt(m, "optimizer_steps", path));

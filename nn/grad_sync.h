@@ -1,0 +1,60 @@
+// GradSync: averages gradients across the ranks of a job with bucketed all-reduce, overlapped with
+// backward (DESIGN.md §3.1, Flashlight's reducer shape: gradsReady(), then finish()).
+//
+// Buckets are contiguous slices of the flat gradient buffer, formed once from the ParamBuffer's
+// entries in reverse order (backward produces the last layer's gradients first): the first bucket
+// holds up to `firstBucketBytes`, the others up to `bucketBytes`; a bucket never splits a module's
+// parameters (entries named "<module>.<param>", which become final together), and one module larger
+// than the cap is a bucket of its own. During backward the model tells
+// gradsReady() which entries are final; when every entry of a bucket is, its all-reduce (average)
+// starts at once, in place, on the communicator's progress thread. finish() waits for every bucket
+// (bounded by the timeout) and readies the next step. All ranks build the same buckets from the same
+// model and issue them in the same order, which the communicator's fingerprints check.
+// broadcastParams() makes every replica start from rank 0's parameters.
+// Ownership: borrows the communicator and the ParamBuffer, which must outlive it.
+// Thread safety: the training thread only.
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "nn/module.h"
+#include "nn/param_buffer.h"
+
+namespace cohort::nn {
+
+struct GradSyncOptions {
+  size_t bucketBytes = size_t{25} << 20;
+  size_t firstBucketBytes = size_t{1} << 20;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+class GradSync final : public GradReadyListener {
+ public:
+  GradSync(collectives::Communicator& comm, const ParamBuffer& params, const GradSyncOptions& options);
+
+  void broadcastParams();
+  void gradsReady(size_t firstEntry, size_t endEntry) override;
+  // Starts whatever has not started (a model that reported nothing) and waits for every bucket.
+  void finish();
+
+  struct Bucket {
+    size_t firstEntry = 0, endEntry = 0;  // entries [first, end)
+    size_t offset = 0, count = 0;         // slice of the flat buffer, in elements
+  };
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  void start(size_t bucket);
+
+  collectives::Communicator& comm_;
+  const ParamBuffer& params_;
+  GradSyncOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucketOfEntry_;
+  std::vector<size_t> pending_;  // entries not yet ready, per bucket
+  std::vector<collectives::WorkPtr> work_;
+};
+
+}  // namespace cohort::nn

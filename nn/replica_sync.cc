@@ -1,0 +1,20 @@
+#include "nn/replica_sync.h"
+
+namespace cohort::nn {
+
+ReplicaSync::ReplicaSync(collectives::Communicator& comm, const ParamBuffer& params, const GradSyncOptions& options)
+    : comm_(comm), gradSync_(comm, params, options), timeout_(options.timeout) {}
+
+void ReplicaSync::barrier(const std::string&) { comm_.barrier()->wait(timeout_); }
+
+// Every rank trains the same number of samples (DistributedSampler pads the shards), so the job's
+// samples are this rank's times the world size; the job's time is the slowest rank's.
+void ReplicaSync::reportProgress(int64_t samples, double trainSeconds, int64_t optimizerSteps) {
+  float seconds = static_cast<float>(trainSeconds);
+  comm_.allReduce(&seconds, &seconds, 1, {.op = collectives::ReduceOp::kMax})->wait(timeout_);
+  progress_.samples = samples * comm_.size();
+  progress_.trainSeconds = seconds;
+  steps_ = optimizerSteps;
+}
+
+}  // namespace cohort::nn
