@@ -10,6 +10,7 @@
 #include <exception>
 #include <new>
 
+#include "bench/allreduce_bench.h"   // cohort bench allreduce
 #include "bench/train_bench.h"       // cohort bench train
 #include "cli/train_command.h"       // cohort train
 #include "runtime/device_query.h"    // cohort devices
@@ -31,6 +32,9 @@ int run(int argc, char** argv) {
   bench::TrainBenchOptions benchOptions;
   CLI::App* benchTrain = bench->add_subcommand("train", "MLP training throughput (samples/s) and SGEMM rate");
   bench::addTrainBenchFlags(*benchTrain, benchOptions);
+  bench::AllReduceBenchOptions allReduceOptions;
+  CLI::App* benchAllReduce = bench->add_subcommand("allreduce", "all-reduce time and bandwidth per message size");
+  bench::addAllReduceBenchFlags(*benchAllReduce, allReduceOptions);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -46,6 +50,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (benchTrain->parsed()) return bench::runTrainBench(benchOptions);
+  if (benchAllReduce->parsed()) return bench::runAllReduceBench(allReduceOptions);
   return static_cast<int>(ExitCode::kUsage);
 }
 

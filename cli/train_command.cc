@@ -2,15 +2,19 @@
 
 #include <CLI/CLI.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 
+#include "collectives/communicator.h"
 #include "ipc/shared_params.h"
 #include "nn/hogwild.h"
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
+#include "nn/replica_sync.h"
 #include "nn/trainer.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/data/data_loader.h"
@@ -56,12 +60,10 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (f.mode != "local" && f.mode != "hogwild" && f.mode != "allreduce") {
     COHORT_THROW(InvalidArgument) << "unknown --mode '" << f.mode << "': expected local, hogwild or allreduce";
   }
-  if (f.mode == "allreduce") {
-    COHORT_THROW(InvalidArgument) << "--mode allreduce is not available in this version of cohort yet; use local or hogwild";
-  }
   if (f.mode == "local" && !world.isSingle()) {
     COHORT_THROW(InvalidArgument) << "--mode local trains in one process, but this process is rank " << world.rank << " of "
-                                  << world.worldSize << " (from " << world.source << " variables): use --mode hogwild";
+                                  << world.worldSize << " (from " << world.source
+                                  << " variables): use --mode allreduce or --mode hogwild";
   }
   if (f.mode == "hogwild") {
     if (world.spansNodes()) {
@@ -74,7 +76,7 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
     }
   }
   if (!(f.timeout > 0)) COHORT_THROW(InvalidArgument) << "--timeout must be positive, got " << f.timeout;
-  if (!f.backend.empty()) COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
+  if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
   if (runtime::Device::parse(f.device).isCuda()) {
     COHORT_THROW(InvalidArgument) << "--device " << f.device << ": GPU training is not available in this version yet; use --device cpu";
   }
@@ -132,6 +134,21 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f) {
 
 bool fileExists(const std::string& path) { return !path.empty() && std::ifstream(path).good(); }
 
+// SIGUSR1 (SLURM sends it before the time limit with --signal=USR1@SECONDS; cohortrun forwards it)
+// asks the training loop to checkpoint and stop cleanly. A signal handler can only reach a global;
+// this is the one, and only the program (never the library) has it.
+std::atomic<bool> gStopRequested{false};
+
+void onStopSignal(int) { gStopRequested.store(true, std::memory_order_relaxed); }
+
+void installStopSignal() {
+  struct sigaction sa {};
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+
 }  // namespace
 
 int runTrain(const TrainFlags& f) {
@@ -163,8 +180,17 @@ int runTrain(const TrainFlags& f) {
   };
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
   std::unique_ptr<ipc::SharedParams> shared;
-  std::unique_ptr<nn::HogwildSync> sync;
-  if (hogwild) {
+  std::unique_ptr<collectives::Communicator> comm;
+  std::unique_ptr<nn::JobSync> sync;
+  if (f.mode == "allreduce") {
+    // Replicas: each rank initialises its own copy, then rank 0's is broadcast to all of them.
+    comm = collectives::makeCommunicator({.backend = f.backend, .world = world, .timeout = timeout});
+    model->params.allocate(runtime::cpuAllocator());
+    initialise();
+    auto replicas = std::make_unique<nn::ReplicaSync>(*comm, model->params, nn::GradSyncOptions{.timeout = timeout});
+    replicas->broadcastParams();
+    sync = std::move(replicas);
+  } else if (hogwild) {
     size_t stateFloats = 0;
     for (const auto& s : optimizer->state()) stateFloats += static_cast<size_t>(s.tensor.numel());
     shared = nn::shareParams(*model,
@@ -197,10 +223,19 @@ int runTrain(const TrainFlags& f) {
   options.maxSteps = f.maxSteps;
   options.metricsPath = f.metrics;
   options.mode = f.mode;
+  options.backend = comm ? comm->backend() : "none";
   options.paramsShared = hogwild;
+  options.stopRequested = &gStopRequested;
+  installStopSignal();
   nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options, sync.get());
   nn::TrainResult result = trainer.run();
   if (world.rank == 0) std::printf("%s\n", trainer.resultLine(result).c_str());
+  std::fflush(stdout);
+  if (result.stoppedBySignal && world.rank == 0) {
+    log.info() << "stopped on request after step " << result.steps
+               << (f.checkpoint.empty() ? "; no --checkpoint was given, so nothing was saved"
+                                        : "; continue with the same command and --resume");
+  }
   return 0;
 }
 

@@ -42,6 +42,9 @@ class JobSync {
   // synchronizeGradients() before the optimizer step.
   virtual GradReadyListener* gradReady() { return nullptr; }
   virtual void synchronizeGradients() {}
+  // True on every rank when any rank wants to stop now (a signal reaches ranks at different steps);
+  // called by every rank after every step. Unsupported (always false) where ranks do not step together.
+  virtual bool anyRankStopping(bool thisRank) { return false; }
 };
 
 }  // namespace cohort::nn

@@ -17,4 +17,10 @@ void ReplicaSync::reportProgress(int64_t samples, double trainSeconds, int64_t o
   steps_ = optimizerSteps;
 }
 
+bool ReplicaSync::anyRankStopping(bool thisRank) {
+  float flag = thisRank ? 1.0f : 0.0f;
+  comm_.allReduce(&flag, &flag, 1, {.op = collectives::ReduceOp::kMax})->wait(timeout_);
+  return flag != 0.0f;
+}
+
 }  // namespace cohort::nn

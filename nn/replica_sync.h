@@ -26,6 +26,7 @@ class ReplicaSync final : public JobSync {
   bool replicated() const override { return true; }
   GradReadyListener* gradReady() override { return &gradSync_; }
   void synchronizeGradients() override { gradSync_.finish(); }
+  bool anyRankStopping(bool thisRank) override;
 
  private:
   collectives::Communicator& comm_;

@@ -51,6 +51,12 @@ TrainResult Trainer::run() {
       ++pos.step;
       pos.batch = batch.index + 1;
       const bool midEpoch = pos.batch < train_.batchesPerEpoch();
+      if (stopRequested(pos.step) && midEpoch) {
+        log_.info() << "stop requested (SIGUSR1): checkpointing at step " << pos.step << " and stopping";
+        saveCheckpoint(pos);
+        result.stoppedEarly = result.stoppedBySignal = true;
+        break;
+      }
       if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch) {
         saveCheckpoint(pos);
         result.stoppedEarly = true;
@@ -59,9 +65,15 @@ TrainResult Trainer::run() {
       if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) saveCheckpoint(pos);
     }
     finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
+    if (result.stoppedBySignal) break;
     if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
       result.stoppedEarly = true;
       log_.info() << "stopped after " << pos.step << " steps (--max-steps)";
+      break;
+    }
+    if (pos.epoch + 1 < options_.epochs && stopRequested(0)) {
+      log_.info() << "stop requested (SIGUSR1): stopping after epoch " << pos.epoch + 1 << " (checkpointed)";
+      result.stoppedEarly = result.stoppedBySignal = true;
       break;
     }
   }
@@ -110,6 +122,16 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
     saveCheckpoint(next);
   }
   if (sync_) sync_->barrier("after epoch " + std::to_string(pos.epoch + 1));
+}
+
+bool Trainer::stopRequested(int64_t step) {
+  const bool mine = options_.stopRequested && options_.stopRequested->load(std::memory_order_relaxed);
+  if (!sync_) return mine;
+  // Agreeing costs a small collective: every 16 steps (the same steps on every rank) is plenty for a
+  // signal sent minutes before a time limit.
+  constexpr int64_t kAgreeEvery = 16;
+  if (step % kAgreeEvery != 0) return false;
+  return sync_->anyRankStopping(mine);
 }
 
 TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {

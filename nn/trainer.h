@@ -16,6 +16,7 @@
 // Thread safety: run() is called from one thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -39,6 +40,9 @@ struct TrainerOptions {
   int64_t checkpointEvery = 0;   // steps; 0: at the end of each epoch only
   bool resume = false;           // continue from checkpointPath if it exists
   int64_t maxSteps = 0;          // > 0: stop after this many optimizer steps in all (checkpointed)
+  // Set asynchronously (a SIGUSR1 handler): stop after the current step, write the checkpoint and
+  // return. Local and allreduce modes (ranks agree on the step); Hogwild ignores it.
+  const std::atomic<bool>* stopRequested = nullptr;
   std::string metricsPath;       // JSON lines; empty: none
   int64_t evalBatchSize = 1000;
   std::string mode = "local";    // for the RESULT line
@@ -51,7 +55,8 @@ struct TrainerOptions {
 struct TrainResult {
   int64_t epochs = 0;
   int64_t steps = 0;
-  bool stoppedEarly = false;  // maxSteps reached before the last epoch ended
+  bool stoppedEarly = false;  // maxSteps reached (or a stop requested) before the last epoch ended
+  bool stoppedBySignal = false;
   double trainLoss = 0;  // mean over the last epoch
   double trainAcc = 0;
   double testLoss = 0;
@@ -96,6 +101,8 @@ class Trainer {
   using Clock = std::chrono::steady_clock;
   static double secondsSince(Clock::time_point t);
   TrainResult alreadyDone(const Position& pos, Clock::time_point start);
+  // Whether to stop now: this process's request, agreed with the other ranks where they step together.
+  bool stopRequested(int64_t step);
   void saveCheckpoint(const Position& pos);
   // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);

@@ -1,0 +1,126 @@
+// `cohort train --mode allreduce` end to end: N workers × batch b equal one worker × batch N·b (same
+// seed) to 1e-5 on every parameter after 20 steps, for shm and mpi; and one job under cohortrun,
+// under mpirun and under SLURM's variables set by hand sees the same ranks and the same accuracy.
+// Every test has its own temporary directory as COHORT_SHM_DIR.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "nn/checkpoint.h"
+#include "tests/cli/cli_test_support.h"
+
+namespace cohort::testing {
+namespace {
+
+std::string runfile(const std::string& path) {
+  std::string srcdir = std::getenv("TEST_SRCDIR") ? std::getenv("TEST_SRCDIR") : ".";
+  for (const std::string& p : {srcdir + "/cohort/" + path, path}) {
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  ADD_FAILURE() << path << " not found in the runfiles";
+  return path;
+}
+
+const std::vector<std::string> kMpirun = {"/usr/bin/mpirun", "--oversubscribe", "-x", "COHORT_SHM_DIR", "-np"};
+
+std::vector<std::string> trainArgs(const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {cohortBinary(), "train", "--data", "synthetic", "--model", "mlp:784,64,10", "--lr", "0.05",
+                                "--momentum", "0.9", "--seed", "5", "--threads", "1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+class AllreduceCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = freshTempDir();
+    shm_ = dir_ + "/shm";
+    ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
+    setenv("COHORT_SHM_DIR", shm_.c_str(), 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  CommandResult run(std::vector<std::string> launcher, const std::vector<std::string>& worker) {
+    launcher.insert(launcher.end(), worker.begin(), worker.end());
+    return runCommand(launcher, {.timeout = std::chrono::seconds(240)});
+  }
+  std::vector<std::string> cohortrun(int n) { return {runfile("launcher/cohortrun"), "--nproc-per-node", std::to_string(n), "--"}; }
+  std::vector<std::string> mpirun(int n) {
+    std::vector<std::string> v = kMpirun;
+    v.push_back(std::to_string(n));
+    return v;
+  }
+
+  // Trains 20 steps N workers x batch b with `launcher`, and 1 worker x batch N*b, and compares.
+  void expectEquivalent(const std::vector<std::string>& launcher, int n, const std::string& backend) {
+    const int b = 16;
+    std::string many = dir_ + "/many.st", one = dir_ + "/one.st";
+    CommandResult r = run(launcher, trainArgs({"--mode", "allreduce", "--backend", backend, "--batch-size", std::to_string(b),
+                                               "--max-steps", "20", "--checkpoint", many}));
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    CommandResult s = runCohort({"train", "--data", "synthetic", "--model", "mlp:784,64,10", "--lr", "0.05", "--momentum", "0.9",
+                                 "--seed", "5", "--threads", "1", "--batch-size", std::to_string(n * b), "--max-steps", "20",
+                                 "--checkpoint", one});
+    ASSERT_EQ(s.exitCode, 0) << s.describe();
+    nn::Checkpoint a = nn::readCheckpoint(many), c = nn::readCheckpoint(one);
+    EXPECT_EQ(a.metadata["step"], "20");
+    int compared = 0;
+    for (const auto& t : c.tensors) {
+      if (t.name.rfind("optimizer.", 0) == 0) continue;
+      const runtime::Tensor* other = a.find(t.name);
+      ASSERT_NE(other, nullptr) << t.name;
+      ASSERT_EQ(other->numel(), t.tensor.numel());
+      double worst = 0;
+      for (int64_t i = 0; i < t.tensor.numel(); ++i) worst = std::max(worst, std::fabs(double(other->at(i)) - t.tensor.at(i)));
+      EXPECT_LE(worst, 1e-5) << t.name << " differs by " << worst << " (" << backend << ", " << n << " workers)";
+      ++compared;
+    }
+    EXPECT_EQ(compared, 4);
+    EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+  }
+
+  std::string dir_, shm_;
+};
+
+TEST_F(AllreduceCliTest, TwoShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(2), 2, "shm"); }
+TEST_F(AllreduceCliTest, ThreeShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(3), 3, "shm"); }
+TEST_F(AllreduceCliTest, TwoMpiWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(mpirun(2), 2, "mpi"); }
+
+TEST_F(AllreduceCliTest, CohortrunMpirunAndSlurmVariablesSeeTheSameRanksAndAccuracy) {
+  const std::vector<std::string> job = trainArgs({"--mode", "allreduce", "--backend", "shm", "--epochs", "1", "--batch-size", "64"});
+  CommandResult viaCohortrun = run(cohortrun(2), job);
+  ASSERT_EQ(viaCohortrun.exitCode, 0) << viaCohortrun.describe();
+  CommandResult viaMpirun = run(mpirun(2), job);
+  ASSERT_EQ(viaMpirun.exitCode, 0) << viaMpirun.describe();
+  // SLURM: two processes started by hand with srun's variables.
+  std::string quoted;
+  for (const auto& a : job) quoted += " '" + a + "'";
+  std::string slurm = "for r in 0 1; do SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_TASKS_PER_NODE=2 "
+                      "SLURM_JOB_ID=4242$$ " + quoted + " > '" + dir_ + "/slurm.'$r 2>&1 & done; wait; cat '" + dir_ +
+                      "/slurm.0' '" + dir_ + "/slurm.1'";
+  CommandResult viaSlurm = runCommand({"/bin/sh", "-c", slurm}, {.timeout = std::chrono::seconds(240)});
+  ASSERT_EQ(viaSlurm.exitCode, 0) << viaSlurm.describe();
+  for (const CommandResult* r : {&viaCohortrun, &viaMpirun, &viaSlurm}) {
+    EXPECT_NE(r->stdoutText.find("rank 1 of 2 (local 1 of 2)"), std::string::npos) << r->describe();
+    EXPECT_NE(r->stdoutText.find("rank 0 of 2 (local 0 of 2)"), std::string::npos) << r->describe();
+  }
+  EXPECT_NE(viaMpirun.stdoutText.find("from openmpi variables"), std::string::npos) << viaMpirun.stdoutText;
+  EXPECT_NE(viaSlurm.stdoutText.find("from slurm variables"), std::string::npos) << viaSlurm.stdoutText;
+  ResultLine a = parseResultLine(viaCohortrun.stdoutText), b = parseResultLine(viaMpirun.stdoutText),
+             c = parseResultLine(viaSlurm.stdoutText);
+  ASSERT_EQ(a.count, 1);
+  EXPECT_EQ(a.fields["test_acc"], b.fields["test_acc"]);
+  EXPECT_EQ(a.fields["test_acc"], c.fields["test_acc"]);
+  EXPECT_EQ(a.fields["train_loss"], c.fields["train_loss"]);
+  EXPECT_EQ(a.fields["mode"], "allreduce");
+  EXPECT_EQ(a.fields["backend"], "shm");
+  EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+}
+
+}  // namespace
+}  // namespace cohort::testing
