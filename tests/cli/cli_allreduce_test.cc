@@ -122,5 +122,31 @@ TEST_F(AllreduceCliTest, CohortrunMpirunAndSlurmVariablesSeeTheSameRanksAndAccur
   EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
 }
 
+TEST_F(AllreduceCliTest, Sigusr1MakesEveryRankStopAtOneStepCheckpointAndExitCleanly) {
+  // cohortrun forwards SIGUSR1 (as SLURM's --signal does through srun); the workers agree on a step,
+  // rank 0 checkpoints and all exit 0; the same command with --resume then finishes the epochs.
+  std::string ckpt = dir_ + "/usr1.st";
+  std::vector<std::string> job = trainArgs({"--mode", "allreduce", "--backend", "shm", "--epochs", "3", "--batch-size", "64",
+                                            "--checkpoint", ckpt, "--checkpoint-every", "50", "--resume"});
+  std::string quoted;
+  for (const auto& a : cohortrun(2)) quoted += " '" + a + "'";
+  for (const auto& a : job) quoted += " '" + a + "'";
+  // Signal once the first periodic checkpoint exists (training is under way), polling, bounded.
+  std::string script = quoted + " & pid=$!; n=0; until [ -f '" + ckpt +
+                       "' ] || [ $n -ge 1200 ]; do sleep 0.05; n=$((n+1)); done; kill -USR1 $pid; wait $pid";
+  CommandResult r = runCommand({"/bin/sh", "-c", script}, {.timeout = std::chrono::seconds(240)});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find("stop requested (SIGUSR1)"), std::string::npos) << r.stdoutText;
+  EXPECT_NE(r.stdoutText.find("continue with the same command and --resume"), std::string::npos) << r.stdoutText;
+  ResultLine stopped = parseResultLine(r.stdoutText);
+  ASSERT_EQ(stopped.count, 1) << r.stdoutText;
+  EXPECT_LT(stopped.number("epochs"), 3 + 1);
+  CommandResult resumed = run(cohortrun(2), job);
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.describe();
+  EXPECT_NE(resumed.stdoutText.find("resumed from " + ckpt), std::string::npos) << resumed.stdoutText;
+  EXPECT_EQ(parseResultLine(resumed.stdoutText).number("epochs"), 3);
+  EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+}
+
 }  // namespace
 }  // namespace cohort::testing
