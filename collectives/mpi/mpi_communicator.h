@@ -1,4 +1,15 @@
-// The Open MPI backend (any number of nodes, CPU): see docs/collectives.md.
+// The Open MPI backend (CPU buffers, any number of nodes): see docs/collectives.md, "MPI backend".
+//
+// Wraps duplicates of MPI_COMM_WORLD. Before MPI sees the data of a collective, every rank sends its
+// Fingerprint to every other rank (one small non-blocking message round), so ranks that issued
+// different collectives all throw the same InvalidArgument and no data moves; a wait that runs out
+// names the ranks whose fingerprints did not arrive. Collectives are non-blocking MPI calls (MPI_I*);
+// MPI progresses them only inside this backend's calls (issue, Work::done, Work::wait).
+// Ownership: the communicator and its Works share the MPI state; a Work may outlive the
+// communicator. Destroying the communicator finishes collectives nobody waited for (bounded by
+// options.timeout) and frees its MPI communicators.
+// Thread safety: as Communicator (one issuing thread); MPI runs at MPI_THREAD_SERIALIZED.
+// All ranks must call makeMpiCommunicator (it is collective) and then the same collectives in order.
 #pragma once
 
 #include <memory>
@@ -8,7 +19,9 @@
 namespace cohort::collectives {
 
 // Initialises MPI on first use (MPI_Init_thread; finalised at process exit) and wraps
-// MPI_COMM_WORLD. The world must match Open MPI's (options.world from OMPI_COMM_WORLD_* variables).
+// MPI_COMM_WORLD. The world must match Open MPI's (options.world from OMPI_COMM_WORLD_* variables),
+// else InvalidArgument; TimeoutError when not every rank creates its communicator within
+// options.timeout.
 std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options);
 
 }  // namespace cohort::collectives

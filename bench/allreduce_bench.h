@@ -1,0 +1,56 @@
+// `cohort bench allreduce`: all-reduce latency and bandwidth per message size, in the manner of
+// nccl-tests (DESIGN.md §6). Every rank of the job (runtime::WorldInfo::detect(): cohortrun, mpirun,
+// srun) runs it; run it as
+//   cohortrun --nproc-per-node 2 -- cohort bench allreduce --backend shm
+//   mpirun -np 2 cohort bench allreduce --backend mpi
+//
+// Per size (min-bytes, ×step-factor, …, ≤ max-bytes) every rank fills its float32 input with exactly
+// predictable values (element i of rank r is (r + 1)·(i mod 13 + 1), so sums, maxima and minima are
+// small integers), runs `warmup` untimed all-reduces, then `iters` timed ones, each
+// `barrier; t0; allReduce; wait; t1`. An iteration's time is the maximum over ranks (gathered with an
+// all-reduce after the timed loop); the reported time is the median over iterations. `time_b2b` is
+// one barrier then `iters` all-reduces back to back, the slowest rank's elapsed time / iters.
+// algbw = bytes / time and busbw = algbw · 2(n−1)/n (n ranks; GB = 1e9 bytes), as nccl-tests'
+// doc/PERFORMANCE.md defines them. After timing, the input is filled again, the output cleared and
+// one more all-reduce is checked element by element: `wrong` counts mismatching elements over all
+// ranks (for out of place, also input elements the operation changed).
+//
+// Rank 0 prints `#` setup lines and one line per size (DESIGN.md §4):
+//   RESULT bench=allreduce backend=shm ranks=2 bytes=4096 time_us=.. algbw_gbps=.. busbw_gbps=.. wrong=0
+//          time_b2b_us=.. op=sum inplace=0 iters=200 warmup=5
+// and, with --json, the same rows as a JSON file. The two buffers are allocated once at the largest
+// size (64-byte aligned) and written before any timing, so no page faults land in a timed region.
+// Every rank must run it with the same flags (the collectives' fingerprints check that they agree).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace cohort::bench {
+
+struct AllReduceBenchOptions {
+  std::string backend;  // "shm", "mpi"; empty: the default for this world (DESIGN.md §1)
+  size_t minBytes = size_t{4} << 10;
+  size_t maxBytes = size_t{256} << 20;
+  int stepFactor = 4;
+  int iters = 0;           // timed iterations per size; 0: by size (200 ≤ 64 KiB, 50 ≤ 1 MiB, else 20)
+  int warmup = -1;         // untimed iterations per size; -1: by size (5, or 2 from 256 MiB)
+  std::string op = "sum";  // sum | avg | max | min
+  bool inPlace = false;
+  std::string jsonPath;         // also write the rows here (rank 0); empty: no file
+  double timeoutSeconds = 120;  // for the rendezvous and every wait
+};
+
+// "4096", "4K", "16k", "256M", "1G", "64KiB": bytes (K = 1024). Throws InvalidArgument.
+size_t parseByteSize(const std::string& text);
+
+void addAllReduceBenchFlags(CLI::App& command, AllReduceBenchOptions& options);
+// Returns the process exit code: 0, or 1 (ExitCode::kInternal) when any result was wrong.
+// Throws InvalidArgument for bad options; TimeoutError / PeerError from the communicator.
+int runAllReduceBench(const AllReduceBenchOptions& options);
+
+}  // namespace cohort::bench

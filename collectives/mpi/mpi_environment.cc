@@ -1,0 +1,61 @@
+#include "collectives/mpi/mpi_environment.h"
+
+#include <openmpi/mpi.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "runtime/error.h"
+
+namespace cohort::collectives::mpi_detail {
+
+namespace {
+std::mutex& environmentMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+}  // namespace
+
+MpiEnvironment::MpiEnvironment() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized)
+    COHORT_THROW(InvalidArgument) << "the mpi backend cannot start: MPI was already finalised in this process";
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;  // the program owns MPI; it finalises it too
+  int provided = 0;
+  checkMpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  initialisedHere_ = true;
+  // MPI_THREAD_FUNNELED (or less) would still serve callers that issue and wait from the thread that
+  // created the communicator, which is the Communicator contract.
+}
+
+MpiEnvironment::~MpiEnvironment() {
+  std::lock_guard<std::mutex> lock(environmentMutex());
+  if (!initialisedHere_ || unclean_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+MpiEnvironment& MpiEnvironment::acquire() {
+  std::lock_guard<std::mutex> lock(environmentMutex());
+  static MpiEnvironment environment;  // constructed once; a throwing constructor is retried next time
+  return environment;
+}
+
+void MpiEnvironment::markUnclean() {
+  std::lock_guard<std::mutex> lock(environmentMutex());
+  unclean_ = true;
+}
+
+void checkMpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  COHORT_THROW(PeerError) << what << " failed: " << std::string(text, length);
+}
+
+}  // namespace cohort::collectives::mpi_detail
