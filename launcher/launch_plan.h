@@ -26,6 +26,7 @@ struct LaunchFlags {
   int maxRestarts = 0;
   std::string logDir;
   double gracePeriodS = 5.0;
+  std::string bind = "auto";         // auto | cores | none
   std::vector<std::string> command;  // PROGRAM ARGS…
 };
 
@@ -40,6 +41,8 @@ struct LaunchPlan {
   std::string jobId;  // the same for every restart of the job
   // The launcher's environment ("NAME=value") minus the variables environmentFor() sets.
   std::vector<std::string> baseEnvironment;
+  // The CPUs each rank is bound to (--bind); empty: not bound.
+  std::vector<std::vector<int>> cpusOfRank;
 
   std::vector<std::string> environmentFor(int rank, int restartCount) const;
 };
@@ -47,7 +50,11 @@ struct LaunchPlan {
 struct PlanInputs {
   std::string jobId;
   std::vector<std::string> environment;  // "NAME=value" entries, e.g. currentEnvironment()
+  std::vector<int> allowedCpus;          // e.g. allowedCpus(): the CPUs cohortrun may use
 };
+
+// The CPUs this process may run on (sched_getaffinity), in increasing order.
+std::vector<int> allowedCpus();
 
 // Throws InvalidArgument (naming the flag) for N < 1, R < 0, S <= 0 or a missing PROGRAM.
 LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs);

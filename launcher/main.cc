@@ -30,7 +30,8 @@ int run(int argc, char** argv) {
     throw InvalidArgument(std::string(e.what()) + " (run with --help for usage)");
   }
   launcher::LaunchPlan plan = launcher::makeLaunchPlan(
-      flags, launcher::PlanInputs{.jobId = ipc::makeLauncherJobId(), .environment = launcher::currentEnvironment()});
+      flags, launcher::PlanInputs{.jobId = ipc::makeLauncherJobId(), .environment = launcher::currentEnvironment(),
+                           .allowedCpus = launcher::allowedCpus()});
   // A closed stdout (cohortrun ... | head) must not kill the launcher while workers still run.
   ::signal(SIGPIPE, SIG_IGN);
   launcher::Supervisor supervisor(plan);

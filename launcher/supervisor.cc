@@ -92,7 +92,10 @@ void Supervisor::runAttempt(Attempt& attempt) {
   pump_.beginAttempt(attempt.restartCount);
   for (int rank = 0; rank < plan_.worldSize; ++rank) {
     attempt.workers.push_back(WorkerProcess::spawn(SpawnOptions{
-        .rank = rank, .argv = plan_.command, .environment = plan_.environmentFor(rank, attempt.restartCount)}));
+        .rank = rank,
+        .argv = plan_.command,
+        .environment = plan_.environmentFor(rank, attempt.restartCount),
+        .cpus = plan_.cpusOfRank.empty() ? std::vector<int>{} : plan_.cpusOfRank[static_cast<size_t>(rank)]}));
   }
   while (attempt.anyRunning()) pollOnce(attempt);
 }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +45,7 @@ struct ChildSetup {
   int execErrorFd;
   char** argv;
   char** envp;
+  const cpu_set_t* cpus;  // nullptr: not bound
 };
 
 [[noreturn]] void runChild(const ChildSetup& s) {
@@ -52,6 +54,7 @@ struct ChildSetup {
   // call, the death signal will never come: leave now.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != s.launcherPid) ::_exit(127);
+  if (s.cpus) ::sched_setaffinity(0, sizeof(cpu_set_t), s.cpus);  // binding is advice: ignore failure
   unblockAllSignalsInChild();
   // cohortrun ignores SIGPIPE; its workers should not. The signals it forwards must act on them even
   // when cohortrun was started with them ignored (an `&` job of a non-interactive shell ignores SIGINT).
@@ -108,8 +111,11 @@ std::unique_ptr<WorkerProcess> WorkerProcess::spawn(const SpawnOptions& options)
   Pipe out = makePipe(), err = makePipe(), execError = makePipe();
   UniqueFd devNull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devNull) COHORT_THROW(Error) << "cannot open /dev/null: " << std::strerror(errno);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : options.cpus) CPU_SET(c, &cpus);
   const ChildSetup setup{::getpid(),  devNull.get(), out.write.get(), err.write.get(), execError.write.get(),
-                         argv.data(), envp.data()};
+                         argv.data(), envp.data(), options.cpus.empty() ? nullptr : &cpus};
   const pid_t pid = ::fork();
   if (pid < 0) COHORT_THROW(Error) << "fork: " << std::strerror(errno);
   if (pid == 0) runChild(setup);

@@ -42,6 +42,7 @@ struct SpawnOptions {
   int rank = 0;
   std::vector<std::string> argv;                 // argv[0] is PROGRAM
   std::vector<std::string> environment;          // "NAME=value": the child's whole environment
+  std::vector<int> cpus;                         // bind the child to these CPUs; empty: not bound
   std::chrono::milliseconds execTimeout{10000};  // fork-to-exec; only a wedged system takes long
 };
 

@@ -69,6 +69,31 @@ TEST(LaunchPlan, CopiesFlagsAndRoundsTheGracePeriodUp) {
   EXPECT_EQ(plan.jobId, "cr-1-2");
 }
 
+TEST(LaunchPlan, BindsEachWorkerToItsOwnBlockOfCpusWhenThereAreEnough) {
+  LaunchFlags f = validFlags();  // 4 workers
+  LaunchPlan plan = makeLaunchPlan(f, {.jobId = "j", .environment = {}, .allowedCpus = {0, 1, 2, 3, 4, 5, 6, 7, 9}});
+  ASSERT_EQ(plan.cpusOfRank.size(), 4u);
+  EXPECT_EQ(plan.cpusOfRank[0], (std::vector<int>{0, 1}));
+  EXPECT_EQ(plan.cpusOfRank[3], (std::vector<int>{6, 7}));
+  // auto: fewer CPUs than workers -> not bound; none -> never bound; cores -> a usage error.
+  EXPECT_TRUE(makeLaunchPlan(f, {.jobId = "j", .environment = {}, .allowedCpus = {0, 1}}).cpusOfRank.empty());
+  f.bind = "none";
+  EXPECT_TRUE(makeLaunchPlan(f, {.jobId = "j", .environment = {}, .allowedCpus = {0, 1, 2, 3}}).cpusOfRank.empty());
+  auto invalid = [](LaunchFlags flags, const std::string& needle) {
+    try {
+      makeLaunchPlan(flags, {.jobId = "j", .environment = {}, .allowedCpus = {0, 1}});
+      ADD_FAILURE() << "accepted --bind " << flags.bind;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  f.bind = "cores";
+  invalid(f, "--bind cores needs a CPU per worker");
+  f.bind = "sockets";
+  invalid(f, "--bind must be auto, cores or none");
+  EXPECT_FALSE(allowedCpus().empty());
+}
+
 TEST(LaunchPlan, EnvironmentPerRank) {
   LaunchPlan plan = makeLaunchPlan(validFlags(), {.jobId = "cr-7-9", .environment = {"PATH=/bin", "HOME=/h"}});
   for (int rank = 0; rank < 4; ++rank) {
