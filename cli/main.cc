@@ -57,24 +57,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  using cohort::ExitCode;
-  auto fail = [](const char* what, ExitCode code) {
-    // cohortrun prefixes its workers' lines with the rank itself.
-    const char* launcher = std::getenv("COHORT_JOB_ID");
-    if (launcher && std::getenv("RANK")) {
-      std::fprintf(stderr, "cohort: error: %s\n", what);
-    } else {
-      std::fprintf(stderr, "[rank %s] cohort: error: %s\n", cohort::runtime::rankForMessages().c_str(), what);
-    }
-    return static_cast<int>(code);
-  };
-  try {
-    return run(argc, argv);
-  } catch (const cohort::Error& e) {
-    return fail(e.what(), e.code());
-  } catch (const std::bad_alloc&) {
-    return fail("out of host memory", ExitCode::kOutOfMemory);
-  } catch (const std::exception& e) {
-    return fail(e.what(), ExitCode::kInternal);
-  }
+  // cohortrun prefixes its workers' lines with the rank itself.
+  const bool underCohortrun = std::getenv("COHORT_JOB_ID") && std::getenv("RANK");
+  const std::string prefix =
+      underCohortrun ? "cohort: " : "[rank " + cohort::runtime::rankForMessages() + "] cohort: ";
+  return cohort::runMain(prefix, [&] { return run(argc, argv); });
 }

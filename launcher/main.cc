@@ -40,19 +40,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  using cohort::ExitCode;
-  auto fail = [](const char* what, ExitCode code) {
-    std::fprintf(stderr, "cohortrun: error: %s\n", what);
-    return static_cast<int>(code);
-  };
-  try {
-    return run(argc, argv);
-  } catch (const cohort::Error& e) {
-    return fail(e.what(), e.code());
-  } catch (const std::bad_alloc&) {
-    return fail("out of host memory", ExitCode::kOutOfMemory);
-  } catch (const std::exception& e) {
-    return fail(e.what(), ExitCode::kInternal);
-  }
-}
+int main(int argc, char** argv) { return cohort::runMain("cohortrun: ", [&] { return run(argc, argv); }); }

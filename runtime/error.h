@@ -10,6 +10,7 @@
 // Thread safety: all types are value types; COHORT_CHECK is safe from any thread.
 #pragma once
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -68,6 +69,11 @@ class OutOfMemory : public Error {
  public:
   explicit OutOfMemory(const std::string& what) : Error(what, ExitCode::kOutOfMemory) {}
 };
+
+// The one place exceptions become exit codes (tier 3): runs `body`, and for what it throws prints
+// "<prefix>error: <what>" as one line on stderr and returns the exception's exit code (OutOfMemory
+// for std::bad_alloc, kInternal for anything else). For the programs' mains only.
+int runMain(const std::string& prefix, const std::function<int()>& body);
 
 // Builds a message with operator<< and throws it as E when the builder goes out of scope.
 //   COHORT_THROW(IoError) << path << ": truncated at byte " << offset;
