@@ -1,0 +1,23 @@
+// Element-wise reduction loops of the shm backend, written so the compiler vectorises them.
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/communicator.h"
+
+namespace cohort::collectives::shm {
+
+inline constexpr int kMaxSources = 64;  // the shm backend serves at most 64 local ranks
+
+// out[i] = op over k < numSources of sources[k][i], for i < count; kAvg sums and then multiplies by
+// `scale` (1/n), so avg == float(sum) * float(1/n) exactly on every backend that follows the docs.
+// `out` may equal sources[0] (in place); other aliasing is not allowed. 1 <= numSources <= kMaxSources.
+void reduceInto(float* out, const float* const* sources, int numSources, size_t count, ReduceOp op, float scale);
+
+// Copies count floats like memcpy, but with non-temporal (streaming) stores for the 32-byte-aligned
+// middle of `out`, so a large output does not first read each destination line from memory nor
+// evict the staging buffers from the cache. Ends with a store fence. No overlap allowed.
+void copyStreaming(float* out, const float* in, size_t count);
+
+}  // namespace cohort::collectives::shm

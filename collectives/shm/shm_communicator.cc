@@ -1,0 +1,223 @@
+// ShmCommunicator: the Communicator interface over ShmEngine, with a progress thread per
+// communicator that runs the collectives in issue order (see shm_engine.h and docs/collectives.md).
+// A caller blocked in Work::wait() runs the queued collectives up to its own inline when the
+// progress thread is idle (same order, one engine user at a time), which saves two thread hand-offs
+// per small collective. A Work must not outlive its communicator.
+#include "collectives/shm/shm_communicator.h"
+
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "collectives/shm/shm_engine.h"
+#include "runtime/error.h"
+
+namespace cohort::collectives {
+
+namespace {
+
+// Completion of one collective, shared by its Work and the progress thread.
+struct WorkState {
+  std::mutex mutex;
+  bool finished = false;
+  std::exception_ptr error;
+  Fingerprint fingerprint;  // names the collective in Work::wait's timeout message
+  int rank = 0;
+};
+
+// Implemented by ShmCommunicator: lets a waiting caller run queued collectives itself.
+class WorkRunner {
+ public:
+  virtual ~WorkRunner() = default;
+  virtual void waitFor(WorkState& state, std::chrono::milliseconds timeout) = 0;
+};
+
+class ShmWork : public Work {
+ public:
+  ShmWork(WorkRunner& runner, std::shared_ptr<WorkState> state) : runner_(runner), state_(std::move(state)) {}
+
+  bool done() override {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->finished;
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    runner_.waitFor(*state_, timeout);
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->error) std::rethrow_exception(state_->error);
+  }
+
+ private:
+  WorkRunner& runner_;
+  std::shared_ptr<WorkState> state_;
+};
+
+// Tuning knobs for benchmarks (docs/collectives.md); every rank of a job must see the same values.
+size_t bytesFromEnvironment(const char* name, size_t fallback, unsigned long long lo, unsigned long long hi) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || value < lo || value > hi) {
+    COHORT_THROW(InvalidArgument) << name << "='" << text << "': expected bytes in [" << lo << ", " << hi << "]";
+  }
+  return static_cast<size_t>(value);
+}
+
+class ShmCommunicator : public Communicator, public WorkRunner {
+ public:
+  explicit ShmCommunicator(const CommunicatorOptions& options)
+      : engine_(
+            {.world = options.world,
+             .timeout = options.timeout,
+             .chunkBytes = bytesFromEnvironment("COHORT_SHM_CHUNK_BYTES", shm::kDefaultChunkBytes, 4096, 1ull << 30),
+             .streamingBytes = bytesFromEnvironment("COHORT_SHM_STREAMING_BYTES", shm::kStreamingBytes, 0, ~0ull)}),
+        thread_([this] { progressLoop(); }) {}
+
+  ~ShmCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  int rank() const override { return engine_.rank(); }
+  int size() const override { return engine_.size(); }
+  std::string backend() const override { return "shm"; }
+
+  WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
+    checkBuffers(input, output, count, "allReduce");
+    return enqueue({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count}, input, output);
+  }
+
+  WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
+    checkBuffers(input, output, countPerRank, "reduceScatter");
+    return enqueue({.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank}, input, output);
+  }
+
+  WorkPtr allGather(const float* input, float* output, size_t countPerRank) override {
+    checkBuffers(input, output, countPerRank, "allGather");
+    return enqueue({.kind = CollectiveKind::kAllGather, .count = countPerRank}, input, output);
+  }
+
+  WorkPtr broadcast(float* data, size_t count, int root) override {
+    checkBuffers(data, data, count, "broadcast");
+    if (root < 0 || root >= size()) {
+      COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this " << size()
+                                    << "-rank communicator";
+    }
+    return enqueue({.kind = CollectiveKind::kBroadcast, .root = root, .count = count}, data, data);
+  }
+
+  WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
+
+ private:
+  struct Task {
+    shm::CollectiveArgs args;
+    std::shared_ptr<WorkState> state;
+  };
+
+  static void checkBuffers(const float* input, const float* output, size_t count, const char* what) {
+    if (count > 0 && (input == nullptr || output == nullptr)) {
+      COHORT_THROW(InvalidArgument) << what << ": null buffer for " << count << " elements";
+    }
+  }
+
+  WorkPtr enqueue(Fingerprint fp, const float* input, float* output) {
+    fp.sequence = nextSequence_++;
+    auto state = std::make_shared<WorkState>();
+    state->fingerprint = fp;
+    state->rank = rank();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back({{.fingerprint = fp, .input = input, .output = output}, state});
+    }
+    wake_.notify_all();
+    return std::make_unique<ShmWork>(*this, state);
+  }
+
+  // The progress thread: runs queued collectives in issue order while nobody waits for them.
+  void progressLoop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return !busy_ && (stopping_ || !queue_.empty()); });
+      if (queue_.empty() && !busy_) return;  // stopping, and everything issued has run
+      if (!queue_.empty() && !busy_) runFront(lock);
+    }
+  }
+
+  // A caller waiting for `state` runs the queued collectives up to it itself when the progress
+  // thread is not busy: the same issue order, without two thread hand-offs (small-message latency).
+  void waitFor(WorkState& state, std::chrono::milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!isFinished(state)) {
+      if (!busy_ && !queue_.empty()) {
+        runFront(lock);
+        continue;
+      }
+      if (wake_.wait_until(lock, deadline) == std::cv_status::timeout && !isFinished(state) &&
+          (busy_ || queue_.empty())) {
+        std::ostringstream secs;
+        secs << std::fixed << std::setprecision(1) << timeout.count() / 1000.0;
+        COHORT_THROW(TimeoutError) << "collective " << state.fingerprint.str() << " did not complete within "
+                                   << secs.str() << " s on rank " << state.rank << " (Work::wait)";
+      }
+    }
+  }
+
+  static bool isFinished(WorkState& state) {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    return state.finished;
+  }
+
+  // Pops the front task and runs it with mutex_ released; busy_ keeps the engine single-threaded.
+  void runFront(std::unique_lock<std::mutex>& lock) {
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    std::exception_ptr error = broken_;
+    if (!error) {
+      try {
+        engine_.run(task.args);
+      } catch (...) {
+        error = std::current_exception();
+        broken_ = error;  // the communicator is unusable from now on (communicator.h)
+      }
+    }
+    {
+      std::lock_guard<std::mutex> stateLock(task.state->mutex);
+      task.state->finished = true;
+      task.state->error = error;
+    }
+    lock.lock();
+    busy_ = false;
+    wake_.notify_all();
+  }
+
+  shm::ShmEngine engine_;
+  uint64_t nextSequence_ = 0;  // issuing thread only
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  bool busy_ = false;          // a thread is running engine_ (guarded by mutex_)
+  std::exception_ptr broken_;  // written only by the thread running engine_
+  std::thread thread_;         // last: started once everything above exists
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeShmCommunicator(const CommunicatorOptions& options) {
+  return std::make_unique<ShmCommunicator>(options);
+}
+
+}  // namespace cohort::collectives

@@ -1,0 +1,246 @@
+#include "collectives/shm/shm_engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/shm/reduce_kernels.h"
+#include "ipc/barrier.h"
+#include "ipc/process_liveness.h"
+#include "runtime/error.h"
+
+namespace cohort::collectives::shm {
+
+namespace {
+
+constexpr size_t kAlignElems = 16;  // 64 bytes of float32
+
+uint64_t packFingerprint(const Fingerprint& fp) {
+  return static_cast<uint64_t>(fp.kind) | static_cast<uint64_t>(fp.op) << 8 | static_cast<uint64_t>(fp.dtype) << 16 |
+         static_cast<uint64_t>(static_cast<uint32_t>(fp.root)) << 32;
+}
+
+Fingerprint unpackFingerprint(uint64_t sequence, uint64_t word, uint64_t count) {
+  Fingerprint fp;
+  fp.sequence = sequence;
+  fp.kind = static_cast<CollectiveKind>(word & 0xff);
+  fp.op = static_cast<ReduceOp>((word >> 8) & 0xff);
+  fp.dtype = static_cast<uint8_t>((word >> 16) & 0xff);
+  fp.root = static_cast<int32_t>(static_cast<uint32_t>(word >> 32));
+  fp.count = count;
+  return fp;
+}
+
+// fpState encoding: 2*seq + 1 while rank writes fingerprint `seq`, 2*(seq + 1) once published.
+uint64_t publishedState(uint64_t sequence) { return 2 * (sequence + 1); }
+
+}  // namespace
+
+ShmEngine::ShmEngine(const Options& options)
+    : rank_(options.world.localRank),
+      numRanks_(options.world.localWorldSize),
+      timeout_(options.timeout),
+      streamingBytes_(options.streamingBytes) {
+  if (options.world.spansNodes()) {
+    COHORT_THROW(InvalidArgument) << "the shm backend works on one node, but this job has " << options.world.worldSize
+                                  << " ranks with " << options.world.localWorldSize << " on this node";
+  }
+  if (numRanks_ > kMaxSources) {
+    COHORT_THROW(InvalidArgument) << "the shm backend serves at most " << kMaxSources << " local ranks, not "
+                                  << numRanks_;
+  }
+  const size_t unit = kAlignElems * static_cast<size_t>(numRanks_);
+  chunkElems_ = std::max(unit, options.chunkBytes / sizeof(float) / unit * unit);
+  segElems_ = chunkElems_ / static_cast<size_t>(numRanks_);
+  if (numRanks_ > 1) setUp(options);
+}
+
+void ShmEngine::setUp(const Options& options) {
+  const size_t chunkBytes = chunkElems_ * sizeof(float);
+  const SegmentLayout layout(numRanks_, chunkBytes);
+  const auto generation = static_cast<uint64_t>(options.world.restartCount);
+  if (rank_ == 0) {
+    region_.emplace(ipc::ShmRegion::create(
+        {.jobId = options.world.jobId, .name = "comm", .payloadBytes = layout.totalBytes, .generation = generation}));
+    char* base = static_cast<char*>(region_->payload());
+    auto* control = new (base) ShmControl{};
+    control->numRanks = static_cast<uint32_t>(numRanks_);
+    control->slots = kSlots;
+    control->chunkBytes = chunkBytes;
+    control->magic = kCommMagic;
+    ipc::ProcessBarrier::initialize(base + layout.barrierOffset, ipc::ProcessBarrier::bytesFor(numRanks_), numRanks_);
+    for (int q = 0; q < numRanks_; ++q) new (base + layout.slotsOffset + q * sizeof(RankSlot)) RankSlot{};
+    region_->publish();
+  } else {
+    region_.emplace(ipc::ShmRegion::open({.jobId = options.world.jobId,
+                                          .name = "comm",
+                                          .payloadBytes = layout.totalBytes,
+                                          .generation = generation,
+                                          .timeout = options.timeout}));
+  }
+  char* base = static_cast<char*>(region_->payload());
+  const auto* control = reinterpret_cast<const ShmControl*>(base);
+  if (control->magic != kCommMagic || control->numRanks != static_cast<uint32_t>(numRanks_) ||
+      control->chunkBytes != chunkBytes || control->slots != static_cast<uint32_t>(kSlots)) {
+    COHORT_THROW(InvalidArgument) << "shared-memory segment " << region_->name() << " was laid out for "
+                                  << control->numRanks << " ranks and " << control->chunkBytes
+                                  << "-byte chunks, but this rank expects " << numRanks_ << " and " << chunkBytes
+                                  << " (do all ranks see the same COHORT_SHM_CHUNK_BYTES?)";
+  }
+  slots_ = reinterpret_cast<RankSlot*>(base + layout.slotsOffset);
+  staging_ = base + layout.stagingOffset;
+  RankSlot& mine = slots_[rank_];
+  mine.startTicks.store(ipc::processStartTicks(getpid()).value_or(0), std::memory_order_relaxed);
+  mine.pid.store(static_cast<uint64_t>(getpid()), std::memory_order_release);
+  ipc::ProcessBarrier barrier(base + layout.barrierOffset, ipc::ProcessBarrier::bytesFor(numRanks_));
+  barrier.arriveAndWait(rank_, {.what = "shm communicator set-up", .timeout = options.timeout});
+  // Every rank has the segment mapped: its name is no longer needed, and removing it now means a
+  // crash later leaves nothing behind.
+  if (rank_ == 0) region_->unlink();
+  waiter_.emplace(slots_, numRanks_, rank_);
+}
+
+void ShmEngine::run(const CollectiveArgs& args) {
+  if (numRanks_ == 1) return runSingleRank(args);
+  const Fingerprint& fp = args.fingerprint;
+  waiter_->begin(fp, timeout_);
+  if (fp.kind == CollectiveKind::kAllReduce && fp.count * sizeof(float) <= kSmallBytes) return allReduceSmall(args);
+  exchangeFingerprints(fp);
+  switch (fp.kind) {
+    case CollectiveKind::kBarrier:
+      return;
+    case CollectiveKind::kBroadcast:
+      return broadcast(args);
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kReduceScatter:
+    case CollectiveKind::kAllGather:
+      return pipeline(args);
+  }
+}
+
+void ShmEngine::runSingleRank(const CollectiveArgs& args) const {
+  const Fingerprint& fp = args.fingerprint;
+  if (fp.kind == CollectiveKind::kBarrier || fp.kind == CollectiveKind::kBroadcast) return;
+  if (args.output != args.input && fp.count > 0) std::memmove(args.output, args.input, fp.count * sizeof(float));
+}
+
+// --- fingerprints -------------------------------------------------------------------------------
+
+void ShmEngine::exchangeFingerprints(const Fingerprint& fp) {
+  RankSlot& mine = slots_[rank_];
+  mine.fpState.store(2 * fp.sequence + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  mine.fpWord.store(packFingerprint(fp), std::memory_order_relaxed);
+  mine.fpCount.store(fp.count, std::memory_order_relaxed);
+  mine.fpState.store(publishedState(fp.sequence), std::memory_order_release);
+  Waiter::ring(mine);
+  const uint64_t target = publishedState(fp.sequence);
+  waiter_->waitAll(
+      [&](int q) {
+        uint64_t state = slots_[q].fpState.load(std::memory_order_acquire);
+        return state >= target;
+      },
+      "issue it");
+  // Every rank has published #sequence. A rank that already moved past it saw all fingerprints equal
+  // to its own, so all matched; otherwise nobody moves on and every rank reads the same values.
+  std::vector<Fingerprint> all(numRanks_);
+  for (int q = 0; q < numRanks_; ++q) {
+    bool passed = false;
+    if (!readFingerprint(q, fp.sequence, all[q], passed) || passed) return;
+  }
+  for (int q = 1; q < numRanks_; ++q) {
+    if (!(all[q] == all[0])) {
+      COHORT_THROW(InvalidArgument) << "collective mismatch: rank 0 issued " << all[0].str() << " but rank " << q
+                                    << " issued " << all[q].str();
+    }
+  }
+}
+
+// Reads rank q's fingerprint for `sequence`; `passed` when q already published a later one.
+bool ShmEngine::readFingerprint(int q, uint64_t sequence, Fingerprint& fp, bool& passed) const {
+  const RankSlot& s = slots_[q];
+  const uint64_t target = publishedState(sequence);
+  uint64_t before = s.fpState.load(std::memory_order_acquire);
+  if (before != target) {
+    passed = before > target;
+    return before > target;
+  }
+  uint64_t word = s.fpWord.load(std::memory_order_relaxed);
+  uint64_t count = s.fpCount.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  uint64_t after = s.fpState.load(std::memory_order_relaxed);
+  passed = after != before;
+  fp = unpackFingerprint(sequence, word, count);
+  return true;
+}
+
+// --- data movement ------------------------------------------------------------------------------
+
+float* ShmEngine::stage(int owner, uint64_t g, int segmentIndex) const {
+  const size_t slot = static_cast<size_t>(g % kSlots);
+  const size_t chunkBytes = chunkElems_ * sizeof(float);
+  char* buffer = staging_ + (static_cast<size_t>(owner) * kSlots + slot) * chunkBytes;
+  return reinterpret_cast<float*>(buffer) + static_cast<size_t>(segmentIndex) * segElems_;
+}
+
+void ShmEngine::publish(std::atomic<uint64_t>& counter, uint64_t value) {
+  counter.store(value, std::memory_order_release);
+  Waiter::ring(slots_[rank_]);
+}
+
+void ShmEngine::waitSlotFree(uint64_t g) {
+  if (g < kSlots) return;
+  const uint64_t need = g - kSlots + 1;
+  waiter_->waitAll([&](int q) { return slots_[q].consumed.load(std::memory_order_acquire) >= need; },
+                   "finish an earlier chunk");
+}
+
+// One round instead of two: the input goes into this rank's own slot first (no peer reads that slot
+// before this rank publishes), and the fingerprint's release store publishes the data with it. The
+// fingerprints are still compared before any peer's data is read or the output is written.
+void ShmEngine::allReduceSmall(const CollectiveArgs& args) {
+  const Fingerprint& fp = args.fingerprint;
+  const uint64_t g = chunkBase_;
+  waitSlotFree(g);
+  std::memcpy(stage(rank_, g, 0), args.input, fp.count * sizeof(float));
+  exchangeFingerprints(fp);
+  const float* sources[kMaxSources];
+  sources[0] = args.input;
+  for (int q = 0, k = 1; q < numRanks_; ++q) {
+    if (q != rank_) sources[k++] = stage(q, g, 0);
+  }
+  reduceInto(args.output, sources, numRanks_, fp.count, fp.op, 1.0f / static_cast<float>(numRanks_));
+  RankSlot& mine = slots_[rank_];
+  mine.copied.store(g + 1, std::memory_order_relaxed);
+  mine.reduced.store(g + 1, std::memory_order_relaxed);
+  publish(mine.consumed, g + 1);
+  chunkBase_ += 1;
+}
+
+void ShmEngine::broadcast(const CollectiveArgs& args) {
+  const Fingerprint& fp = args.fingerprint;
+  const size_t chunks = (fp.count + chunkElems_ - 1) / chunkElems_;
+  RankSlot& mine = slots_[rank_];
+  const int root = fp.root;
+  for (size_t c = 0; c < chunks; ++c) {
+    const uint64_t g = chunkBase_ + c;
+    const size_t at = c * chunkElems_;
+    const size_t bytes = std::min(chunkElems_, fp.count - at) * sizeof(float);
+    if (rank_ == root) {
+      waitSlotFree(g);
+      std::memcpy(stage(root, g, 0), args.output + at, bytes);
+      publish(mine.copied, g + 1);
+    } else {
+      // Only the root matters here (the timeout message lists the ranks this predicate rejects).
+      waiter_->waitRank(
+          root, [&](int q) { return q != root || slots_[q].copied.load(std::memory_order_acquire) >= g + 1; },
+          "stage the broadcast data");
+      std::memcpy(args.output + at, stage(root, g, 0), bytes);
+    }
+    publish(mine.consumed, g + 1);
+  }
+  chunkBase_ += chunks;
+}
+
+}  // namespace cohort::collectives::shm

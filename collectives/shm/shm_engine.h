@@ -1,0 +1,104 @@
+// ShmEngine: runs one collective at a time over the job segment "cohort.<jobId>.comm"
+// (shm_layout.h); the ShmCommunicator calls it from its progress thread. Algorithm: docs/collectives.md.
+//
+// Reduce-scatter then all-gather, in chunks. A chunk of an all-reduce is split into one segment per
+// rank; chunk g (counted over the communicator's life) uses staging slot g % kSlots of every rank:
+//   copyIn  rank r copies every segment q != r of its input chunk into its own staging slot
+//           (after every rank has finished reading that slot's previous chunk), publishes `copied`;
+//   reduce  rank r reduces segment r: its own input plus segment r of every peer's slot, into
+//           segment r of its own slot, publishes `reduced`, and copies it to its output;
+//   gather  rank r copies segment q of rank q's slot into its output for every q != r, publishes
+//           `consumed` (it no longer reads chunk g's slots).
+// The phases of chunks g, g-1 and g-2 run back to back (copyIn(g), reduce(g-1), gather(g-2)), so
+// ranks drift by up to a few chunks instead of meeting at every phase. Reduce-scatter is copyIn +
+// reduce, all-gather is copyIn + gather, broadcast streams the root's chunks through its slots.
+// All-reduces of at most kSmallBytes take a one-shot path: each rank stages its whole input, publishes
+// it together with its fingerprint, and reduces everything into its output.
+// Before any data moves, each rank publishes its Fingerprint and checks every rank's (a mismatch is
+// an InvalidArgument on every rank; nothing is touched); this exchange is also the barrier.
+//
+// Ownership: owns the segment mapping; local rank 0 creates the segment and unlinks its name once
+// every rank has mapped it, so nothing is left behind however the job ends.
+// Thread safety: run() from one thread at a time (the progress thread).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+
+#include "collectives/communicator.h"
+#include "collectives/shm/shm_layout.h"
+#include "collectives/shm/shm_waiter.h"
+#include "ipc/shm_region.h"
+#include "runtime/world_info.h"
+
+namespace cohort::collectives::shm {
+
+inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
+inline constexpr size_t kSmallBytes = size_t{64} << 10;
+inline constexpr size_t kStreamingBytes = size_t{32} << 20;  // outputs this large use streaming stores
+
+// One collective as the engine sees it. Broadcast uses output (input == output).
+struct CollectiveArgs {
+  Fingerprint fingerprint;
+  const float* input = nullptr;
+  float* output = nullptr;
+};
+
+class ShmEngine {
+ public:
+  struct Options {
+    runtime::WorldInfo world;
+    std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // set-up and every collective
+    size_t chunkBytes = kDefaultChunkBytes;                        // rounded down to a multiple of 64 * numRanks
+    size_t streamingBytes = kStreamingBytes;                       // outputs at least this large use streaming stores
+  };
+
+  // Creates (local rank 0) or opens the segment, registers this rank and waits for all ranks.
+  explicit ShmEngine(const Options& options);
+  ShmEngine(const ShmEngine&) = delete;
+  ShmEngine& operator=(const ShmEngine&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return numRanks_; }
+
+  // Runs one collective to completion; throws InvalidArgument / PeerError / TimeoutError.
+  void run(const CollectiveArgs& args);
+
+ private:
+  struct Span {
+    size_t in = 0;
+    size_t out = 0;
+    size_t len = 0;
+  };
+  void setUp(const Options& options);
+  void exchangeFingerprints(const Fingerprint& fp);
+  bool readFingerprint(int q, uint64_t sequence, Fingerprint& fp, bool& passed) const;
+  void runSingleRank(const CollectiveArgs& args) const;
+  void allReduceSmall(const CollectiveArgs& args);
+  void pipeline(const CollectiveArgs& args);
+  void broadcast(const CollectiveArgs& args);
+  size_t numChunks(const Fingerprint& fp) const;
+  Span segment(const Fingerprint& fp, size_t chunk, int q) const;
+  void waitSlotFree(uint64_t g);
+  void copyIn(const CollectiveArgs& args, size_t chunk);
+  void reduce(const CollectiveArgs& args, size_t chunk);
+  void gather(const CollectiveArgs& args, size_t chunk);
+  void copyOut(float* out, const float* in, size_t len, size_t totalElems) const;
+  float* stage(int owner, uint64_t g, int segmentIndex) const;
+  void publish(std::atomic<uint64_t>& counter, uint64_t value);
+
+  int rank_ = 0;
+  int numRanks_ = 1;
+  std::chrono::milliseconds timeout_;
+  size_t chunkElems_ = 0;  // elements per chunk (a multiple of 16 * numRanks)
+  size_t segElems_ = 0;    // chunkElems_ / numRanks: one segment, 64-byte aligned
+  size_t streamingBytes_ = kStreamingBytes;
+  uint64_t chunkBase_ = 0;  // chunks completed by earlier collectives
+  std::optional<ipc::ShmRegion> region_;
+  RankSlot* slots_ = nullptr;
+  char* staging_ = nullptr;
+  std::optional<Waiter> waiter_;
+};
+
+}  // namespace cohort::collectives::shm

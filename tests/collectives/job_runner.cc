@@ -1,0 +1,153 @@
+#include "tests/collectives/job_runner.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "runtime/error.h"
+
+namespace cohort::collectives::testing {
+
+std::string runfile(const std::string& workspacePath) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  std::string base = srcdir ? std::string(srcdir) + "/" + (workspace ? workspace : "cohort") : ".";
+  return base + "/" + workspacePath;
+}
+
+std::string freshDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string pattern =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/" + tag + "." + std::to_string(counter++) + ".XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) std::abort();
+  return pattern;
+}
+
+bool dirIsEmpty(const std::string& dir, std::string* listing) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return true;
+  bool empty = true;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    empty = false;
+    if (listing) *listing += name + " ";
+  }
+  closedir(d);
+  return empty;
+}
+
+std::vector<std::string> linesWith(const std::string& text, const std::string& needle) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) != std::string::npos) lines.push_back(line);
+  }
+  return lines;
+}
+
+namespace {
+
+[[noreturn]] void execChild(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv,
+                            const std::string& outputPath) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "COHORT_JOB_ID",
+                           "COHORT_RESTART_COUNT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) {
+    unsetenv(name);
+  }
+  for (const auto& kv : extraEnv) putenv(strdup(kv.c_str()));
+  int fd = ::open(outputPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  int devNull = ::open("/dev/null", O_RDONLY);
+  if (fd < 0 || devNull < 0) _exit(127);
+  dup2(devNull, 0);
+  dup2(fd, 1);
+  dup2(fd, 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
+}  // namespace
+
+pid_t spawnJob(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv,
+               const std::string& outputPath) {
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) execChild(argv, extraEnv, outputPath);
+  return pid;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+JobResult runJob(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv,
+                 std::chrono::milliseconds timeout) {
+  const std::string outputPath = freshDir("job") + "/output.txt";
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = spawnJob(argv, extraEnv, outputPath);
+  JobResult result;
+  int code = waitChild(pid, timeout);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (code == -1000) {
+    result.timedOut = true;
+  } else if (code < 0) {
+    result.signal = -code;
+  } else {
+    result.exitCode = code;
+  }
+  result.output = readFile(outputPath);
+  return result;
+}
+
+pid_t forkChild(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  int code = 99;
+  try {
+    code = body();
+  } catch (const cohort::Error& e) {
+    std::fprintf(stderr, "[child %d] %s\n", getpid(), e.what());
+    code = static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[child %d] unexpected exception: %s\n", getpid(), e.what());
+  }
+  std::fflush(nullptr);
+  _exit(code);
+}
+
+int waitChild(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0) return -2000;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1000;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+}  // namespace cohort::collectives::testing

@@ -1,0 +1,63 @@
+// Ranks that disagree about a collective: every rank must report the same error naming the ranks,
+// the job must exit non-zero, and nothing may hang (each run is bounded well below its timeout).
+#include <gtest/gtest.h>
+
+#include "tests/collectives/mpi_run.h"
+
+namespace cohort::collectives::testing {
+namespace {
+
+int countOf(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+MpirunResult runScenario(int ranks, const std::string& scenario) {
+  return runMpirun(
+      {.ranks = ranks,
+       .argv = {runfile("tests/collectives/mpi_smoke_worker"), "--scenario", scenario, "--timeout-ms", "3000"},
+       .timeout = std::chrono::seconds(60)});
+}
+
+TEST(MpiMismatchTest, CountMismatchIsReportedByEveryRank) {
+  for (int ranks : {2, 3}) {
+    MpirunResult r = runScenario(ranks, "count-mismatch");
+    ASSERT_FALSE(r.timedOut) << r.output;
+    EXPECT_NE(r.exitCode, 0) << r.output;
+    const std::string others = ranks == 2 ? "rank 0" : "ranks 0, 1";
+    const std::string last = std::to_string(ranks - 1);
+    const std::string message = "collective mismatch: " + others +
+                                " issued #1 allreduce(sum, float32, 1000 elements) but rank " + last +
+                                " issued #1 allreduce(sum, float32, 999 elements)";
+    EXPECT_EQ(countOf(r.output, message), ranks) << r.output;
+    for (int rank = 0; rank < ranks; ++rank) {
+      EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] ERROR: " + message), std::string::npos) << r.output;
+    }
+    EXPECT_LT(r.seconds, 30) << r.output;
+  }
+}
+
+TEST(MpiMismatchTest, DifferentCollectivesAreReportedByEveryRank) {
+  MpirunResult r = runScenario(3, "kind-mismatch");
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  const std::string message =
+      "collective mismatch: rank 0 issued #0 broadcast(root 0, float32, 1000 elements) but ranks 1, 2 issued #0 "
+      "allreduce(sum, float32, 1000 elements)";
+  EXPECT_EQ(countOf(r.output, message), 3) << r.output;
+}
+
+TEST(MpiMismatchTest, MissingRankIsNamedAfterTheTimeout) {
+  MpirunResult r = runScenario(3, "missing-rank");
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  const std::string message = "collective #1 allreduce(sum, float32, 1000 elements): rank 2 did not arrive within 3 s";
+  // The first rank to give up exits without MPI_Finalize and mpirun then ends the job, so the
+  // other waiting rank may be killed before its own timeout: at least one must have said it.
+  EXPECT_GE(countOf(r.output, "ERROR: " + message), 1) << r.output;
+  EXPECT_LT(r.seconds, 40) << r.output;
+}
+
+}  // namespace
+}  // namespace cohort::collectives::testing
