@@ -3,6 +3,8 @@
 // and its shared-memory segments (COHORT_SHM_DIR), and an environment without any rank variables.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include "tests/support/process.h"
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,24 +20,11 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
+
+using cohort::testing::runfile;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string runfile(const std::string& relative) {
-  std::vector<std::string> candidates;
-  if (const char* srcdir = std::getenv("TEST_SRCDIR"))
-    candidates.push_back(std::string(srcdir) + "/cohort/" + relative);
-  char cwd[4096];
-  if (::getcwd(cwd, sizeof cwd)) candidates.push_back(std::string(cwd) + "/" + relative);
-  for (const std::string& path : candidates) {
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  ADD_FAILURE() << relative << " not found in the runfiles";
-  return relative;
-}
 
 std::string freshDir() {
   const char* base = std::getenv("TEST_TMPDIR");
@@ -52,65 +41,21 @@ std::string readFile(const std::string& path) {
   return s.str();
 }
 
-// Variables that would make the child believe it is one rank of a job (runtime/world_info.h).
-bool isJobVariable(const std::string& entry) {
-  for (const char* prefix :
-       {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "COHORT_", "OMPI_", "PMIX_", "SLURM_", "PMI_"}) {
-    if (entry.rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
-
 struct ChildRun {
   int exitCode = -1;
-  std::string out, err, command;
-  std::string describe() const {
-    return command + "\nexit " + std::to_string(exitCode) + "\nstdout:\n" + out + "stderr:\n" + err;
-  }
+  std::string out, err;
+  std::string describeText;
+  std::string describe() const { return describeText; }
 };
 
-// Runs argv with stdout/stderr in files of `dir` and COHORT_SHM_DIR=dir/shm; kills it after 120 s.
+// Runs argv (job variables removed) with COHORT_SHM_DIR=dir/shm; killed after 120 s.
 ChildRun runIn(const std::string& dir, const std::vector<std::string>& argv) {
-  ChildRun run;
-  for (const auto& a : argv) run.command += a + " ";
-  std::string shm = dir + "/shm", outPath = dir + "/stdout", errPath = dir + "/stderr";
+  std::string shm = dir + "/shm";
   ::mkdir(shm.c_str(), 0700);
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    if (!isJobVariable(*e)) env.emplace_back(*e);
-  }
-  env.push_back("COHORT_SHM_DIR=" + shm);
-  std::vector<char*> cargv, cenv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
-  cargv.push_back(nullptr);
-  cenv.push_back(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int in = ::open("/dev/null", O_RDONLY), out = ::open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600),
-        err = ::open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(in, 0);
-    ::dup2(out, 1);
-    ::dup2(err, 2);
-    ::execve(cargv[0], cargv.data(), cenv.data());
-    _exit(127);
-  }
-  EXPECT_GT(pid, 0);
-  int status = 0;
-  auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      ADD_FAILURE() << "timed out: " << run.command;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling the child, not synchronising
-  }
-  run.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  run.out = readFile(outPath);
-  run.err = readFile(errPath);
-  return run;
+  cohort::testing::CommandResult r = cohort::testing::runCommand(
+      argv, {.timeout = std::chrono::seconds(120), .extraEnvironment = {"COHORT_SHM_DIR=" + shm}});
+  EXPECT_FALSE(r.timedOut) << r.describe();
+  return {r.exitCode, r.stdoutText, r.stderrText, r.describe()};
 }
 
 using Fields = std::map<std::string, std::string>;

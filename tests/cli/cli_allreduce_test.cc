@@ -17,15 +17,6 @@
 namespace cohort::testing {
 namespace {
 
-std::string runfile(const std::string& path) {
-  std::string srcdir = std::getenv("TEST_SRCDIR") ? std::getenv("TEST_SRCDIR") : ".";
-  for (const std::string& p : {srcdir + "/cohort/" + path, path}) {
-    if (::access(p.c_str(), X_OK) == 0) return p;
-  }
-  ADD_FAILURE() << path << " not found in the runfiles";
-  return path;
-}
-
 const std::vector<std::string> kMpirun = {"/usr/bin/mpirun", "--oversubscribe", "-x", "COHORT_SHM_DIR", "-np"};
 
 std::vector<std::string> trainArgs(const std::vector<std::string>& extra) {

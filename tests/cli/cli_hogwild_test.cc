@@ -17,14 +17,7 @@
 namespace cohort::testing {
 namespace {
 
-std::string cohortrunBinary() {
-  std::string srcdir = std::getenv("TEST_SRCDIR") ? std::getenv("TEST_SRCDIR") : ".";
-  for (const std::string& p : {srcdir + "/cohort/launcher/cohortrun", std::string("launcher/cohortrun")}) {
-    if (::access(p.c_str(), X_OK) == 0) return p;
-  }
-  ADD_FAILURE() << "cohortrun not found in the runfiles";
-  return "launcher/cohortrun";
-}
+std::string cohortrunBinary() { return runfile("launcher/cohortrun"); }
 
 // The reference Hogwild job of the issue: MLP 784-512-256-10, one epoch, SGD lr 0.05, momentum 0.9
 // per worker, 1 thread each.

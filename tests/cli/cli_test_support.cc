@@ -16,17 +16,7 @@
 
 namespace cohort::testing {
 
-std::string cohortBinary() {
-  std::vector<std::string> candidates;
-  if (const char* srcdir = std::getenv("TEST_SRCDIR")) candidates.push_back(std::string(srcdir) + "/cohort/cli/cohort");
-  char cwd[4096];
-  if (::getcwd(cwd, sizeof cwd)) candidates.push_back(std::string(cwd) + "/cli/cohort");
-  for (const std::string& path : candidates) {
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  ADD_FAILURE() << "cohort binary not found in the runfiles (tried $TEST_SRCDIR/cohort/cli/cohort and ./cli/cohort)";
-  return "cli/cohort";
-}
+std::string cohortBinary() { return runfile("cli/cohort"); }
 
 CommandResult runCohort(const std::vector<std::string>& args, const CommandOptions& options) {
   std::vector<std::string> argv = {cohortBinary()};

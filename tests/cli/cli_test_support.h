@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cli/run_command.h"
+#include "tests/support/process.h"
 
 namespace cohort::testing {
 

@@ -24,6 +24,7 @@ namespace cohort::testing {
 struct CommandOptions {
   std::chrono::seconds timeout{120};
   std::string workingDirectory;  // empty: the caller's
+  std::vector<std::string> extraEnvironment;  // "NAME=value" added to the child's environment
 };
 
 struct CommandResult {
@@ -41,5 +42,13 @@ struct CommandResult {
 // Fails the calling test (ADD_FAILURE) and returns a result with exitCode -1 if the fork or pipes
 // cannot be set up, or if exec fails (the child then exits with 127 and says why on stderr).
 CommandResult runCommand(const std::vector<std::string>& argv, const CommandOptions& options = {});
+
+}  // namespace cohort::testing
+
+namespace cohort::testing {
+
+// The absolute path of a workspace file in this test's runfiles ("cli/cohort"); fails the test when
+// it is missing.
+std::string runfile(const std::string& workspacePath);
 
 }  // namespace cohort::testing

@@ -1,4 +1,4 @@
-#include "tests/cli/run_command.h"
+#include "tests/support/process.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -21,10 +21,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Variables that WorldInfo::detect() reads; a test run inside a launcher or a batch job must not
-// turn the child into one rank of that job.
+// turn the child into one rank of that job. (COHORT_SHM_DIR and the like pass: tests set them.)
 bool isJobVariable(const char* entry) {
-  static const char* const kPrefixes[] = {
-      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "COHORT_", "OMPI_COMM_WORLD_", "SLURM_", "PMI_"};
+  static const char* const kPrefixes[] = {"RANK=",          "LOCAL_RANK=",          "WORLD_SIZE=",
+                                          "LOCAL_WORLD_SIZE=", "COHORT_JOB_ID=",     "COHORT_RESTART_COUNT=",
+                                          "OMPI_COMM_WORLD_", "SLURM_",              "PMI_"};
   for (const char* prefix : kPrefixes) {
     if (std::strncmp(entry, prefix, std::strlen(prefix)) == 0) return true;
   }
@@ -80,6 +81,7 @@ CommandResult runCommand(const std::vector<std::string>& argv, const CommandOpti
   for (char** e = environ; *e; ++e) {
     if (!isJobVariable(*e)) env.push_back(*e);
   }
+  for (const std::string& extra : options.extraEnvironment) env.push_back(const_cast<char*>(extra.c_str()));
   env.push_back(nullptr);
   const char* cwd = options.workingDirectory.empty() ? nullptr : options.workingDirectory.c_str();
 
@@ -154,6 +156,22 @@ CommandResult runCommand(const std::vector<std::string>& argv, const CommandOpti
     ADD_FAILURE() << "timed out after " << options.timeout.count() << " s and killed: " << result.commandLine;
   }
   return result;
+}
+
+}  // namespace cohort::testing
+
+namespace cohort::testing {
+
+std::string runfile(const std::string& workspacePath) {
+  std::vector<std::string> candidates;
+  if (const char* srcdir = std::getenv("TEST_SRCDIR")) candidates.push_back(std::string(srcdir) + "/cohort/" + workspacePath);
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof cwd)) candidates.push_back(std::string(cwd) + "/" + workspacePath);
+  for (const std::string& path : candidates) {
+    if (::access(path.c_str(), X_OK) == 0 || ::access(path.c_str(), R_OK) == 0) return path;
+  }
+  ADD_FAILURE() << workspacePath << " not found in the runfiles (tried $TEST_SRCDIR/cohort/ and ./)";
+  return workspacePath;
 }
 
 }  // namespace cohort::testing

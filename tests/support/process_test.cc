@@ -1,6 +1,6 @@
 // The child-process helper the end-to-end tests rely on: separate stdout and stderr, the exit
 // status, a working directory, no deadlock on large output, and a kill at the deadline.
-#include "tests/cli/run_command.h"
+#include "tests/support/process.h"
 
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
