@@ -45,6 +45,9 @@ class JobSync {
   // True on every rank when any rank wants to stop now (a signal reaches ranks at different steps);
   // called by every rank after every step. Unsupported (always false) where ranks do not step together.
   virtual bool anyRankStopping(bool thisRank) { return false; }
+  // The mean of `value` over the ranks (every rank calls it, same order); this rank's value where the
+  // ranks have no collective for it (Hogwild reports rank 0's figures).
+  virtual double averageOverRanks(double value) { return value; }
 };
 
 }  // namespace cohort::nn

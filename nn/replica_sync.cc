@@ -17,6 +17,13 @@ void ReplicaSync::reportProgress(int64_t samples, double trainSeconds, int64_t o
   steps_ = optimizerSteps;
 }
 
+// Every rank trains the same number of samples per epoch, so the mean of the ranks' means is the job's.
+double ReplicaSync::averageOverRanks(double value) {
+  float v = static_cast<float>(value);
+  comm_.allReduce(&v, &v, 1, {.op = collectives::ReduceOp::kAvg})->wait(timeout_);
+  return v;
+}
+
 bool ReplicaSync::anyRankStopping(bool thisRank) {
   float flag = thisRank ? 1.0f : 0.0f;
   comm_.allReduce(&flag, &flag, 1, {.op = collectives::ReduceOp::kMax})->wait(timeout_);

@@ -27,6 +27,7 @@ class ReplicaSync final : public JobSync {
   GradReadyListener* gradReady() override { return &gradSync_; }
   void synchronizeGradients() override { gradSync_.finish(); }
   bool anyRankStopping(bool thisRank) override;
+  double averageOverRanks(double value) override;
 
  private:
   collectives::Communicator& comm_;

@@ -94,6 +94,8 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
     if (!options_.checkpointPath.empty() && !sync_->replicated()) sync_->shareOptimizerState(optimizer_);
     sync_->barrier("end of epoch " + std::to_string(pos.epoch + 1));
     job = sync_->jobProgress();
+    result.trainLoss = sync_->averageOverRanks(result.trainLoss);
+    result.trainAcc = sync_->averageOverRanks(result.trainAcc);
   }
   result.samplesPerSec = job.trainSeconds > 0 ? static_cast<double>(job.samples) / job.trainSeconds : 0;
   if (test_ && world_.rank == 0) {
