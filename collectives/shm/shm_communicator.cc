@@ -57,6 +57,10 @@ class ShmWork : public Work {
   std::shared_ptr<WorkState> state_;
 };
 
+// How long Work::wait, past its own deadline, lets a running collective report the engine's more
+// specific error (see waitFor).
+constexpr std::chrono::seconds kEngineReportGrace{2};
+
 // Tuning knobs for benchmarks (docs/collectives.md); every rank of a job must see the same values.
 size_t bytesFromEnvironment(const char* name, size_t fallback, unsigned long long lo, unsigned long long hi) {
   const char* text = std::getenv(name);
@@ -156,7 +160,8 @@ class ShmCommunicator : public Communicator, public WorkRunner {
   // A caller waiting for `state` runs the queued collectives up to it itself when the progress
   // thread is not busy: the same issue order, without two thread hand-offs (small-message latency).
   void waitFor(WorkState& state, std::chrono::milliseconds timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    bool graceUsed = false;
     std::unique_lock<std::mutex> lock(mutex_);
     while (!isFinished(state)) {
       if (!busy_ && !queue_.empty()) {
@@ -165,6 +170,14 @@ class ShmCommunicator : public Communicator, public WorkRunner {
       }
       if (wake_.wait_until(lock, deadline) == std::cv_status::timeout && !isFinished(state) &&
           (busy_ || queue_.empty())) {
+        // The engine is still inside a collective and enforces the communicator's own timeout, whose
+        // error names the ranks that did not arrive: give it a moment to report that rather than
+        // this generic one (the two timeouts are often equal and race).
+        if (busy_ && !graceUsed) {
+          graceUsed = true;
+          deadline = std::chrono::steady_clock::now() + kEngineReportGrace;
+          continue;
+        }
         std::ostringstream secs;
         secs << std::fixed << std::setprecision(1) << timeout.count() / 1000.0;
         COHORT_THROW(TimeoutError) << "collective " << state.fingerprint.str() << " did not complete within "
