@@ -26,13 +26,10 @@ std::vector<std::string> trainArgs(const std::vector<std::string>& extra) {
   return a;
 }
 
-class AllreduceCliTest : public ::testing::Test {
+class AllreduceCliTest : public ShmDirTest {
  protected:
   void SetUp() override {
-    dir_ = freshTempDir();
-    shm_ = dir_ + "/shm";
-    ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
-    setenv("COHORT_SHM_DIR", shm_.c_str(), 1);
+    ShmDirTest::SetUp();
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   }
@@ -74,8 +71,6 @@ class AllreduceCliTest : public ::testing::Test {
     EXPECT_EQ(compared, 4);
     EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
   }
-
-  std::string dir_, shm_;
 };
 
 TEST_F(AllreduceCliTest, TwoShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(2), 2, "shm"); }

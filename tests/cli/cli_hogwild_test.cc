@@ -36,14 +36,8 @@ std::string shellQuoted(const std::vector<std::string>& args) {
   return s;
 }
 
-class HogwildCliTest : public ::testing::Test {
+class HogwildCliTest : public ShmDirTest {
  protected:
-  void SetUp() override {
-    dir_ = freshTempDir();
-    shm_ = dir_ + "/shm";
-    ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
-    setenv("COHORT_SHM_DIR", shm_.c_str(), 1);
-  }
   CommandResult cohortrun(int n, const std::vector<std::string>& worker, const std::vector<std::string>& flags = {}) {
     std::vector<std::string> argv = {cohortrunBinary(), "--nproc-per-node", std::to_string(n)};
     argv.insert(argv.end(), flags.begin(), flags.end());
@@ -74,7 +68,6 @@ class HogwildCliTest : public ::testing::Test {
     // torch.multiprocessing Hogwild reaches 0.748 with 2 processes (momentum 0.9 per process).
     EXPECT_GE(accuracies[1], 0.72) << "median of " << accuracies[0] << ", " << accuracies[1] << ", " << accuracies[2];
   }
-  std::string dir_, shm_;
 };
 
 TEST_F(HogwildCliTest, TwoWorkersReachTorchHogwildAccuracy) { expectTrained(2); }

@@ -24,18 +24,6 @@ CommandResult runCohort(const std::vector<std::string>& args, const CommandOptio
   return runCommand(argv, options);
 }
 
-std::string freshTempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string name = "cli";
-  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
-    name = std::string(info->test_suite_name()) + "." + info->name();
-    std::replace(name.begin(), name.end(), '/', '_');
-  }
-  std::string pattern = std::string(base ? base : "/tmp") + "/" + name + ".XXXXXX";
-  if (!::mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp " << pattern << ": " << std::strerror(errno);
-  return pattern;
-}
-
 void writeFile(const std::string& path, const std::string& bytes, Compression compression) {
   if (compression == Compression::kGzip) {
     gzFile f = gzopen(path.c_str(), "wb");

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include "tests/support/process.h"
 
 namespace cohort::testing {
@@ -24,8 +28,6 @@ std::string cohortBinary();
 // Runs `cohort ARGS...` (the binary is prepended).
 CommandResult runCohort(const std::vector<std::string>& args, const CommandOptions& options = {});
 
-// A new, empty directory under $TEST_TMPDIR named after the running test.
-std::string freshTempDir();
 
 enum class Compression { kPlain, kGzip };
 
@@ -65,5 +67,18 @@ ResultLine parseResultLine(const std::string& stdoutText);
 
 // Number of '\n'-terminated lines in `text`; an unterminated last line counts too.
 int countLines(const std::string& text);
+
+// A test with its own directory (dir_) and, inside it, its own shared-memory directory (shm_), set as
+// COHORT_SHM_DIR for every program it starts, so "nothing left in shared memory" can be checked.
+class ShmDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = freshTempDir();
+    shm_ = dir_ + "/shm";
+    ASSERT_EQ(::mkdir(shm_.c_str(), 0700), 0);
+    setenv("COHORT_SHM_DIR", shm_.c_str(), 1);
+  }
+  std::string dir_, shm_;
+};
 
 }  // namespace cohort::testing

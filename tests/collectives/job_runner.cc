@@ -18,13 +18,6 @@
 
 namespace cohort::collectives::testing {
 
-std::string runfile(const std::string& workspacePath) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  std::string base = srcdir ? std::string(srcdir) + "/" + (workspace ? workspace : "cohort") : ".";
-  return base + "/" + workspacePath;
-}
-
 std::string freshDir(const std::string& tag) {
   static std::atomic<int> counter{0};
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -46,15 +39,6 @@ bool dirIsEmpty(const std::string& dir, std::string* listing) {
   }
   closedir(d);
   return empty;
-}
-
-std::vector<std::string> linesWith(const std::string& text, const std::string& needle) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(needle) != std::string::npos) lines.push_back(line);
-  }
-  return lines;
 }
 
 namespace {
@@ -113,41 +97,6 @@ JobResult runJob(const std::vector<std::string>& argv, const std::vector<std::st
   }
   result.output = readFile(outputPath);
   return result;
-}
-
-pid_t forkChild(const std::function<int()>& body) {
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  int code = 99;
-  try {
-    code = body();
-  } catch (const cohort::Error& e) {
-    std::fprintf(stderr, "[child %d] %s\n", getpid(), e.what());
-    code = static_cast<int>(e.code());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[child %d] unexpected exception: %s\n", getpid(), e.what());
-  }
-  std::fflush(nullptr);
-  _exit(code);
-}
-
-int waitChild(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int status = 0;
-  while (true) {
-    pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (done < 0) return -2000;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1000;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (WIFSIGNALED(status)) return -WTERMSIG(status);
-  return WEXITSTATUS(status);
 }
 
 }  // namespace cohort::collectives::testing

@@ -11,16 +11,19 @@
 #include <string>
 #include <vector>
 
+#include "tests/ipc/multiproc.h"
+#include "tests/support/process.h"
+
 namespace cohort::collectives::testing {
 
-// Absolute path of a runfile, e.g. runfile("launcher/cohortrun").
-std::string runfile(const std::string& workspacePath);
+// The absolute path of a file in this test's runfiles (tests/support/process.h).
+using cohort::testing::runfile;
 // A new empty directory under $TEST_TMPDIR (or /tmp).
 std::string freshDir(const std::string& tag);
 // True when `dir` holds no entries; `listing` gets their names otherwise.
 bool dirIsEmpty(const std::string& dir, std::string* listing = nullptr);
 // Lines of `text` containing `needle`.
-std::vector<std::string> linesWith(const std::string& text, const std::string& needle);
+using cohort::testing::linesWith;
 
 struct JobResult {
   int exitCode = -1;  // -1 when a signal ended it or it timed out
@@ -41,10 +44,8 @@ pid_t spawnJob(const std::vector<std::string>& argv, const std::vector<std::stri
                const std::string& outputPath);
 std::string readFile(const std::string& path);
 
-// Forks a child that runs `body` and _exit()s with its result: the cohort exit code of a
-// cohort::Error it throws, 99 for any other exception.
-pid_t forkChild(const std::function<int()>& body);
-// The child's exit code, -SIGNAL when a signal ended it, or -1000 after the timeout (killed).
-int waitChild(pid_t pid, std::chrono::milliseconds timeout);
+// Forking children and waiting for them with a timeout: the ipc tests' helpers (tests/ipc/multiproc.h).
+using ipc::testing::forkChild;
+using ipc::testing::waitChild;
 
 }  // namespace cohort::collectives::testing

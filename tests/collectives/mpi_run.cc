@@ -28,14 +28,6 @@ bool inheritable(const std::string& entry) {
 
 }  // namespace
 
-std::string runfile(const std::string& workspaceRelativePath) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  std::string path = srcdir ? std::string(srcdir) + "/cohort/" + workspaceRelativePath : workspaceRelativePath;
-  char resolved[PATH_MAX];
-  if (realpath(path.c_str(), resolved) != nullptr) return resolved;
-  return path;
-}
-
 MpirunResult runMpirun(const MpirunOptions& options) {
   std::vector<std::string> args = {"/usr/bin/mpirun", "--oversubscribe", "-np", std::to_string(options.ranks)};
   args.insert(args.end(), options.argv.begin(), options.argv.end());

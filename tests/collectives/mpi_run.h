@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/process.h"
+
 namespace cohort::collectives::testing {
 
 struct MpirunOptions {
@@ -32,7 +34,7 @@ struct MpirunResult {
 
 MpirunResult runMpirun(const MpirunOptions& options);
 
-// The absolute path of a binary in this test's runfiles, e.g. "tests/collectives/mpi_smoke_worker".
-std::string runfile(const std::string& workspaceRelativePath);
+// The absolute path of a file in this test's runfiles (tests/support/process.h).
+using cohort::testing::runfile;
 
 }  // namespace cohort::collectives::testing

@@ -1,5 +1,7 @@
 #include "tests/launcher/launcher_test_support.h"
 
+#include "tests/support/process.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,24 +20,11 @@
 extern char** environ;
 
 namespace cohort::launcher::testing {
+
+using cohort::testing::runfile;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string runfile(const std::string& relative) {
-  std::vector<std::string> candidates;
-  if (const char* srcdir = std::getenv("TEST_SRCDIR"))
-    candidates.push_back(std::string(srcdir) + "/cohort/" + relative);
-  candidates.push_back(relative);
-  for (const std::string& path : candidates) {
-    if (::access(path.c_str(), X_OK) != 0) continue;
-    if (path[0] == '/') return path;
-    char cwd[4096];
-    return std::string(::getcwd(cwd, sizeof cwd) ? cwd : ".") + "/" + path;
-  }
-  ADD_FAILURE() << relative << " not found in the runfiles";
-  return relative;
-}
 
 bool isJobVariable(const std::string& entry) {
   static const char* const kPrefixes[] = {
@@ -65,18 +54,6 @@ bool drain(int fd, std::string& into) {
 
 std::string cohortrun() { return runfile("launcher/cohortrun"); }
 std::string testWorker() { return runfile("tests/launcher/test_worker"); }
-
-std::string freshTempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string name = "launcher";
-  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
-    name = std::string(info->test_suite_name()) + "." + info->name();
-    std::replace(name.begin(), name.end(), '/', '_');
-  }
-  std::string pattern = std::string(base ? base : "/tmp") + "/" + name + ".XXXXXX";
-  if (!::mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp " << pattern << ": " << std::strerror(errno);
-  return pattern;
-}
 
 std::string Output::describe() const {
   std::ostringstream os;
@@ -198,15 +175,6 @@ Output runLauncher(const std::vector<std::string>& args, const std::vector<std::
   argv.insert(argv.end(), args.begin(), args.end());
   Child child = Child::start(argv, extraEnv);
   return child.finish(std::chrono::seconds(60));
-}
-
-std::vector<std::string> linesWith(const std::string& text, const std::string& needle) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(needle) != std::string::npos) lines.push_back(line);
-  }
-  return lines;
 }
 
 std::vector<pid_t> workerPids(const std::string& launcherStdout) {

@@ -19,14 +19,18 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/process.h"
+
 namespace cohort::launcher::testing {
 
 // Absolute paths of //launcher:cohortrun and //tests/launcher:test_worker in the runfiles.
 std::string cohortrun();
 std::string testWorker();
 
-// A new empty directory under $TEST_TMPDIR named after the running test.
-std::string freshTempDir();
+// A new empty directory under $TEST_TMPDIR named after the running test; the lines of a text that
+// contain a needle (shared with the other test packages).
+using cohort::testing::freshTempDir;
+using cohort::testing::linesWith;
 
 struct Output {
   std::string out;
@@ -70,7 +74,6 @@ class Child {
 Output runLauncher(const std::vector<std::string>& args, const std::vector<std::string>& extraEnv);
 
 // Lines of `text` that contain `needle`.
-std::vector<std::string> linesWith(const std::string& text, const std::string& needle);
 // The pids that workers printed ("[rank k] pid P" lines).
 std::vector<pid_t> workerPids(const std::string& launcherStdout);
 // The value of "env NAME=value" printed by rank `rank`, or "" when absent.

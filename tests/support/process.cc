@@ -174,4 +174,25 @@ std::string runfile(const std::string& workspacePath) {
   return workspacePath;
 }
 
+std::string freshTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string name = "test";
+  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    name = std::string(info->test_suite_name()) + "." + info->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+  }
+  std::string pattern = std::string(base ? base : "/tmp") + "/" + name + ".XXXXXX";
+  if (!::mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp " << pattern << ": " << std::strerror(errno);
+  return pattern;
+}
+
+std::vector<std::string> linesWith(const std::string& text, const std::string& needle) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) != std::string::npos) lines.push_back(line);
+  }
+  return lines;
+}
+
 }  // namespace cohort::testing

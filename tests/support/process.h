@@ -51,4 +51,10 @@ namespace cohort::testing {
 // it is missing.
 std::string runfile(const std::string& workspacePath);
 
+// A new, empty directory under $TEST_TMPDIR named after the running test.
+std::string freshTempDir();
+
+// The lines of `text` that contain `needle`.
+std::vector<std::string> linesWith(const std::string& text, const std::string& needle);
+
 }  // namespace cohort::testing
