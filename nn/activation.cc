@@ -2,9 +2,23 @@
 
 #include <cmath>
 
+#include "nn/gpu_dispatch.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
+
+#ifdef COHORT_HAVE_CUDA
+namespace {
+runtime::cuda::ActivationOp gpuOp(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kRelu: return runtime::cuda::ActivationOp::kRelu;
+    case ActivationKind::kTanh: return runtime::cuda::ActivationOp::kTanh;
+    case ActivationKind::kSigmoid: return runtime::cuda::ActivationOp::kSigmoid;
+  }
+  return runtime::cuda::ActivationOp::kIdentity;
+}
+}  // namespace
+#endif
 
 std::string Activation::name() const {
   switch (kind_) {
@@ -16,6 +30,14 @@ std::string Activation::name() const {
 }
 
 const Tensor& Activation::forward(const Tensor& input, const Pass& pass) {
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(output_, input.shape(), gpu.allocator());
+    runtime::cuda::activationForward(gpuOp(kind_), input.data(), output_.data(), input.numel(), gpu.stream());
+    return output_;
+  }
+#endif
   runtime::ensureShape(output_, input.shape());
   const float* x = input.data();
   float* y = output_.data();
@@ -40,6 +62,15 @@ const Tensor& Activation::backward(const Tensor& gradOutput, const Pass& pass) {
     gradInput_ = Tensor();
     return gradInput_;
   }
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradOutput)) {
+    auto& gpu = gpuFor(pass, gradOutput, name());
+    runtime::ensureShape(gradInput_, output_.shape(), gpu.allocator());
+    runtime::cuda::activationBackward(gpuOp(kind_), output_.data(), gradOutput.data(), gradInput_.data(),
+                                      output_.numel(), gpu.stream());
+    return gradInput_;
+  }
+#endif
   runtime::ensureShape(gradInput_, output_.shape());
   const float* y = output_.data();
   const float* dy = gradOutput.data();

@@ -141,8 +141,7 @@ void validateForWrite(const std::string& path, const std::vector<NamedTensor>& t
       COHORT_THROW(InvalidArgument) << path << ": duplicate tensor name '" << t.name << "'";
     }
     if (!t.tensor.defined() || !t.tensor.device().isCpu()) {
-      COHORT_THROW(InvalidArgument)
-          << path << ": tensor '" << t.name << "' must be a defined CPU tensor";
+      COHORT_THROW(InvalidArgument) << path << ": tensor '" << t.name << "' is undefined";
     }
   }
   for (const auto& [key, value] : metadata) {
@@ -245,6 +244,13 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t previous) {
 
 void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors,
                      const Metadata& metadata) {
+  if (std::any_of(tensors.begin(), tensors.end(), [](const NamedTensor& t) { return t.tensor.device().isCuda(); })) {
+    // GPU tensors are written from host copies (the caller has synchronised the stream that wrote them).
+    std::vector<NamedTensor> host;
+    for (const NamedTensor& t : tensors) host.push_back({t.name, t.tensor.device().isCuda() ? t.tensor.clone() : t.tensor});
+    writeCheckpoint(path, host, metadata);
+    return;
+  }
   validateForWrite(path, tensors, metadata);
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));

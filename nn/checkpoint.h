@@ -48,7 +48,7 @@ inline constexpr char kCheckpointFormat[] = "cohort-checkpoint-v1";
 // Headers longer than this are refused as corrupt (the same limit as the safetensors library).
 inline constexpr uint64_t kMaxCheckpointHeaderBytes = 100'000'000;
 
-// A CPU float32 tensor and the name it is stored under.
+// A float32 tensor and the name it is stored under.
 struct NamedTensor {
   std::string name;
   runtime::Tensor tensor;
@@ -67,8 +67,9 @@ struct Checkpoint {
 };
 
 // Writes `tensors` and `metadata` to `path` atomically (see above). Throws InvalidArgument for
-// empty, duplicate or reserved names ("__metadata__"), reserved metadata keys, and undefined or
-// non-CPU tensors (before touching the disk); IoError naming the path and the errno text when the
+// empty, duplicate or reserved names ("__metadata__"), reserved metadata keys, and undefined
+// tensors (before touching the disk); GPU tensors are copied to the host first (synchronise the
+// stream that wrote them before calling); IoError naming the path and the errno text when the
 // file cannot be written, in which case the temporary file is removed and `path` is untouched. (If
 // only the final directory fsync fails, the new file is already in place but may not survive a
 // power loss; that is an IoError too.)

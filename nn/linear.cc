@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nn/gpu_dispatch.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
@@ -47,6 +48,20 @@ const Tensor& Linear::forward(const Tensor& input, const Pass& pass) {
   int64_t rows = input.numel() / options_.in;
   inputShape_ = input.shape();
   input_ = input.reshape(Shape{rows, options_.in});
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(output_, outShape, gpu.allocator());
+    gpu.blas().gemm({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out),
+                     .k = static_cast<int>(options_.in), .transB = true},
+                    input_.data(), weight_.data(), output_.data());
+    if (options_.bias) {
+      runtime::cuda::biasActivation(runtime::cuda::ActivationOp::kIdentity, output_.data(), bias_.data(), rows,
+                                    options_.out, gpu.stream());
+    }
+    return output_;
+  }
+#endif
   runtime::ensureShape(output_, outShape);
   float* y = output_.data();
   gemm({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out), .k = static_cast<int>(options_.in),
@@ -69,6 +84,20 @@ const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
   const float* dy = gradOutput.data();
   int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out), r = static_cast<int>(rows);
   float beta = pass.accumulateGrads ? 1.0f : 0.0f;
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradOutput)) {
+    auto& gpu = gpuFor(pass, gradOutput, name());
+    gpu.blas().gemm({.m = out, .n = in, .k = r, .transA = true, .beta = beta}, dy, input_.data(), weightGrad_.data());
+    if (options_.bias) runtime::cuda::sumRows(dy, biasGrad_.data(), rows, out, pass.accumulateGrads, gpu.stream());
+    if (!pass.needInputGrad) {
+      gradInput_ = Tensor();
+      return gradInput_;
+    }
+    runtime::ensureShape(gradInput_, inputShape_, gpu.allocator());
+    gpu.blas().gemm({.m = r, .n = in, .k = out}, dy, weight_.data(), gradInput_.data());
+    return gradInput_;
+  }
+#endif
   // dW[out, in] = dYᵀ[out, rows] · X[rows, in]
   gemm({.m = out, .n = in, .k = r, .transA = true, .beta = beta}, dy, input_.data(), weightGrad_.data());
   if (options_.bias) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nn/gpu_dispatch.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -57,6 +58,55 @@ float MeanSquaredError::forward(const Tensor& output, const Tensor& targets) {
   }
   return n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
 }
+
+#ifdef COHORT_HAVE_CUDA
+float* Loss::gpuSums(runtime::cuda::GpuContext& gpu) {
+  if (!gpuSums_.defined() || gpuSums_.device() != gpu.device()) {
+    gpuSums_ = Tensor::empty(Shape{3}, gpu.allocator());
+    runtime::cuda::fill({gpuSums_.data(), 3}, 0.0f, gpu.stream());
+  }
+  return gpuSums_.data();
+}
+
+LossSums Loss::takeGpuSums(runtime::cuda::GpuContext& gpu) {
+  float host[3] = {0, 0, 0};
+  float* sums = gpuSums(gpu);
+  runtime::cuda::copyToHost(host, sums, sizeof(host), gpu.stream());
+  runtime::cuda::fill({sums, 3}, 0.0f, gpu.stream());
+  gpu.stream().synchronize();
+  if (host[2] != 0.0f) {
+    COHORT_THROW(InvalidArgument) << name() << ": " << static_cast<int64_t>(host[2])
+                                  << " targets were not class indices below the number of outputs";
+  }
+  return {static_cast<double>(host[0]), static_cast<int64_t>(host[1])};
+}
+
+void SoftmaxCrossEntropy::forwardGpu(const Tensor& logits, const Tensor& targets, runtime::cuda::GpuContext& gpu) {
+  if (logits.rank() != 2 || targets.numel() != logits.dim(0) || !onGpu(targets)) {
+    COHORT_THROW(InvalidArgument) << "cross-entropy on a GPU needs logits [batch, classes] and targets [batch] on "
+                                  << gpu.device().str() << ", got " << logits.shape().str() << " and "
+                                  << targets.shape().str() << " on " << targets.device().str();
+  }
+  runtime::ensureShape(grad_, logits.shape(), gpu.allocator());
+  float* sums = gpuSums(gpu);
+  runtime::cuda::softmaxCrossEntropy(logits.data(), targets.data(), grad_.data(), logits.dim(0), logits.dim(1),
+                                     sums, sums + 1, sums + 2, gpu.stream());
+}
+
+void MeanSquaredError::forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) {
+  if (output.numel() != targets.numel() || !onGpu(targets)) {
+    COHORT_THROW(InvalidArgument) << "mse on a GPU needs outputs and targets of the same size on "
+                                  << gpu.device().str() << ", got " << output.shape().str() << " and "
+                                  << targets.shape().str() << " on " << targets.device().str();
+  }
+  runtime::ensureShape(grad_, output.shape(), gpu.allocator());
+  // Summed per sample like the CPU loop (the batch mean times its rows).
+  const int64_t n = output.numel();
+  const float lossScale = n ? static_cast<float>(output.rank() ? output.dim(0) : 1) / static_cast<float>(n) : 0.0f;
+  runtime::cuda::meanSquaredError(output.data(), targets.data(), grad_.data(), n, lossScale, gpuSums(gpu),
+                                  gpu.stream());
+}
+#endif
 
 std::unique_ptr<Loss> makeLoss(LossKind kind) {
   if (kind == LossKind::kMse) return std::make_unique<MeanSquaredError>();

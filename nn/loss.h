@@ -5,6 +5,11 @@
 //     correct() counts rows whose argmax equals the target (first maximum wins).
 //   MeanSquaredError: output and targets of the same element count; mean over all elements.
 // Bad targets (class out of range, shape mismatch) throw InvalidArgument naming the row.
+// GPU (CUDA builds): forward() takes CPU tensors only. On a GPU, forwardGpu() enqueues the fused
+// kernel (gradient for backward() plus device-side sums of the loss and of correct predictions) and
+// returns without waiting; takeGpuSums() waits for the stream and returns and resets the sums, so a
+// training loop reads them once per epoch or checkpoint rather than waiting every step. The sums are
+// float32 on the device: exact for counts up to 2^24 per read.
 // Thread safety: one thread at a time.
 #pragma once
 
@@ -13,9 +18,19 @@
 
 #include "runtime/tensor.h"
 
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
+
 namespace cohort::nn {
 
 using runtime::Tensor;
+
+// What a loop accumulated on the device since the last read.
+struct LossSums {
+  double loss = 0;      // summed over samples (a batch's mean times its size)
+  int64_t correct = 0;  // classification losses; 0 otherwise
+};
 
 class Loss {
  public:
@@ -25,6 +40,18 @@ class Loss {
   virtual const Tensor& backward() = 0;
   // Correct predictions in the last forward (classification losses; 0 otherwise).
   virtual int64_t correct() const { return 0; }
+#ifdef COHORT_HAVE_CUDA
+  virtual void forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) = 0;
+  // Throws InvalidArgument when a target since the last read was not a class index.
+  LossSums takeGpuSums(runtime::cuda::GpuContext& gpu);
+
+ protected:
+  // [loss sum, correct, bad targets] on the device, zeroed on first use and by every read.
+  float* gpuSums(runtime::cuda::GpuContext& gpu);
+
+ private:
+  Tensor gpuSums_;
+#endif
 };
 
 class SoftmaxCrossEntropy final : public Loss {
@@ -33,6 +60,9 @@ class SoftmaxCrossEntropy final : public Loss {
   float forward(const Tensor& logits, const Tensor& targets) override;
   const Tensor& backward() override { return grad_; }
   int64_t correct() const override { return correct_; }
+#ifdef COHORT_HAVE_CUDA
+  void forwardGpu(const Tensor& logits, const Tensor& targets, runtime::cuda::GpuContext& gpu) override;
+#endif
 
  private:
   Tensor grad_;
@@ -44,6 +74,9 @@ class MeanSquaredError final : public Loss {
   std::string name() const override { return "MeanSquaredError"; }
   float forward(const Tensor& output, const Tensor& targets) override;
   const Tensor& backward() override { return grad_; }
+#ifdef COHORT_HAVE_CUDA
+  void forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) override;
+#endif
 
  private:
   Tensor grad_;

@@ -8,6 +8,9 @@
 // to them with Pass::accumulateGrads) and returns d(loss)/d(input) — or an undefined tensor when
 // Pass::needInputGrad is false (the first layer never needs it). Output and gradient buffers are
 // sized per batch shape and reused, so a steady training loop allocates nothing.
+// Devices: a module runs where its input lives. CPU tensors take the CPU code (OpenBLAS and plain
+// loops); CUDA tensors (parameters bound to device memory, input on the same device) enqueue the
+// kernels of runtime/cuda/kernels.h on Pass::gpu's stream and return without waiting.
 // Thread safety: a module is used by one thread at a time.
 #pragma once
 
@@ -17,6 +20,10 @@
 #include "nn/param_buffer.h"
 #include "runtime/random.h"
 #include "runtime/tensor.h"
+
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
 
 namespace cohort::nn {
 
@@ -35,6 +42,9 @@ struct Pass {
   bool accumulateGrads = false; // add to the gradient buffer instead of overwriting it
   runtime::Rng* rng = nullptr;  // dropout masks; required when training with dropout
   GradReadyListener* gradReady = nullptr;  // told as each module's gradients become final
+  // The GPU a pass on CUDA tensors runs on (its compute stream, allocator and cuBLAS handle); unused
+  // for CPU tensors. A module given CUDA tensors without it throws InvalidArgument.
+  runtime::cuda::GpuContext* gpu = nullptr;
 };
 
 class Module {

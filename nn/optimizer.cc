@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
+#include "nn/gpu_dispatch.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -12,8 +14,8 @@ using runtime::Shape;
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const OptimizerOptions& o, size_t numel) : Optimizer(o) {
-    if (o.momentum != 0.0f) buf_ = Tensor::zeros(Shape{static_cast<int64_t>(numel)});
+  Sgd(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) : Optimizer(o, gpu) {
+    if (o.momentum != 0.0f) buf_ = zeroState(numel);
   }
   std::string name() const override { return "sgd"; }
 
@@ -34,6 +36,17 @@ class Sgd final : public Optimizer {
     }
   }
 
+  void stepGpu(const Tensor& params, const Tensor& grads) override {
+#ifdef COHORT_HAVE_CUDA
+    const size_t n = static_cast<size_t>(params.numel());
+    runtime::cuda::sgdStep({.param = {params.data(), n},
+                            .grad = {grads.data(), n},
+                            .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data(), n) : std::span<float>()},
+                           {.lr = options_.lr, .momentum = options_.momentum, .weightDecay = options_.weightDecay,
+                            .nesterov = options_.nesterov, .firstStep = steps_ == 0},
+                           gpu_->stream());
+#endif
+  }
   std::vector<StateTensor> state() const override {
     if (!buf_.defined()) return {};
     return {{"momentum_buffer", buf_}};
@@ -45,9 +58,10 @@ class Sgd final : public Optimizer {
 
 class Adam final : public Optimizer {
  public:
-  Adam(const OptimizerOptions& o, size_t numel, bool decoupled) : Optimizer(o), decoupled_(decoupled) {
-    expAvg_ = Tensor::zeros(Shape{static_cast<int64_t>(numel)});
-    expAvgSq_ = Tensor::zeros(Shape{static_cast<int64_t>(numel)});
+  Adam(const OptimizerOptions& o, size_t numel, bool decoupled, runtime::cuda::GpuContext* gpu)
+      : Optimizer(o, gpu), decoupled_(decoupled) {
+    expAvg_ = zeroState(numel);
+    expAvgSq_ = zeroState(numel);
   }
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
 
@@ -76,6 +90,17 @@ class Adam final : public Optimizer {
     }
   }
 
+  void stepGpu(const Tensor& params, const Tensor& grads) override {
+#ifdef COHORT_HAVE_CUDA
+    const float lr = options_.lr, wd = options_.weightDecay;
+    runtime::cuda::adamStep(params.data(), grads.data(), expAvg_.data(), expAvgSq_.data(), params.numel(),
+                            {.beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
+                             .decay = decoupled_ ? 1.0f - lr * wd : 1.0f,
+                             .coupledWeightDecay = decoupled_ ? 0.0f : wd,
+                             .stepSize = stepSize_, .bc2Sqrt = bc2Sqrt_},
+                            gpu_->stream());
+#endif
+  }
   std::vector<StateTensor> state() const override { return {{"exp_avg", expAvg_}, {"exp_avg_sq", expAvgSq_}}; }
 
  private:
@@ -86,7 +111,35 @@ class Adam final : public Optimizer {
 
 }  // namespace
 
+Tensor Optimizer::zeroState(size_t numel) const {
+  const Shape shape{static_cast<int64_t>(numel)};
+#ifdef COHORT_HAVE_CUDA
+  if (gpu_) {
+    Tensor t = Tensor::empty(shape, gpu_->allocator());
+    runtime::cuda::fill({t.data(), numel}, 0.0f, gpu_->stream());
+    return t;
+  }
+#endif
+  return Tensor::zeros(shape);
+}
+
 void Optimizer::step(const Tensor& params, const Tensor& grads) {
+  if (onGpu(params) || gpu_) {
+#ifdef COHORT_HAVE_CUDA
+    const bool sameDevice = gpu_ && params.device() == gpu_->device() && grads.device() == params.device();
+#else
+    const bool sameDevice = false;
+#endif
+    if (!sameDevice) {
+      COHORT_THROW(InvalidArgument) << name() << " steps buffers on " << params.device().str() << " and "
+                                    << grads.device().str() << " but its state is on "
+                                    << (gpu_ ? "a GPU" : "the CPU") << "; make the optimizer for that device";
+    }
+    beginStep();
+    stepGpu(params, grads);
+    ++steps_;
+    return;
+  }
   const int64_t n = params.numel();
   const int64_t start = std::min<int64_t>(static_cast<int64_t>(sweepStart_), n);
   beginStep();
@@ -102,7 +155,7 @@ OptimizerKind parseOptimizerKind(const std::string& name) {
   COHORT_THROW(InvalidArgument) << "unknown optimizer '" << name << "': expected sgd, adam or adamw";
 }
 
-std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel) {
+std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) {
   if (!(o.lr > 0.0f) || !std::isfinite(o.lr)) COHORT_THROW(InvalidArgument) << "--lr must be positive, got " << o.lr;
   if (!(o.weightDecay >= 0.0f)) COHORT_THROW(InvalidArgument) << "--weight-decay must be >= 0, got " << o.weightDecay;
   switch (o.kind) {
@@ -111,13 +164,13 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel
         COHORT_THROW(InvalidArgument) << "--momentum must be in [0, 1), got " << o.momentum;
       }
       if (o.nesterov && o.momentum == 0.0f) COHORT_THROW(InvalidArgument) << "nesterov needs a momentum above 0";
-      return std::make_unique<Sgd>(o, numel);
+      return std::make_unique<Sgd>(o, numel, gpu);
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
       if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f && o.beta2 >= 0.0f && o.beta2 < 1.0f && o.eps > 0.0f)) {
         COHORT_THROW(InvalidArgument) << "adam needs betas in [0, 1) and eps > 0";
       }
-      return std::make_unique<Adam>(o, numel, o.kind == OptimizerKind::kAdamW);
+      return std::make_unique<Adam>(o, numel, o.kind == OptimizerKind::kAdamW, gpu);
   }
   COHORT_THROW(InvalidArgument) << "unknown optimizer";
 }

@@ -8,6 +8,8 @@
 // State buffers are allocated once at construction (numel floats each), so step() allocates nothing.
 // The state (buffers and the step count) is exposed for checkpoints. step() works on CPU buffers and
 // may run against shared parameters (Hogwild): it reads and writes each parameter element once.
+// GPU (CUDA builds): made with a GpuContext, the state lives on that GPU and step() enqueues one
+// fused kernel over the flat buffers on its stream (runtime/cuda/elementwise.h, kernels.h).
 // Thread safety: one thread at a time per optimizer.
 #pragma once
 
@@ -16,6 +18,10 @@
 #include <vector>
 
 #include "runtime/tensor.h"
+
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
 
 namespace cohort::nn {
 
@@ -56,18 +62,25 @@ class Optimizer {
   void setLr(float lr) { options_.lr = lr; }
 
  protected:
-  explicit Optimizer(const OptimizerOptions& options) : options_(options) {}
+  Optimizer(const OptimizerOptions& options, runtime::cuda::GpuContext* gpu) : options_(options), gpu_(gpu) {}
+  // A zeroed state buffer of `numel` floats on the optimizer's device.
+  Tensor zeroState(size_t numel) const;
   // Updates elements [begin, end) for the step being taken (steps_ not yet incremented).
   virtual void stepRange(float* params, const float* grads, int64_t begin, int64_t end) = 0;
   virtual void beginStep() {}
+  // The whole update on the GPU (params and grads are device buffers of gpu_'s device).
+  virtual void stepGpu(const Tensor& params, const Tensor& grads) = 0;
   OptimizerOptions options_;
   int64_t steps_ = 0;
   size_t sweepStart_ = 0;
+  runtime::cuda::GpuContext* gpu_ = nullptr;
 };
 
 // Validates the options (lr > 0, momentum in [0, 1), betas in [0, 1), eps > 0, weight decay >= 0,
-// nesterov only with momentum) and makes the optimizer for buffers of `numel` elements.
-std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& options, size_t numel);
+// nesterov only with momentum) and makes the optimizer for buffers of `numel` elements, with its
+// state on `gpu`'s device when given (CUDA builds), else on the CPU.
+std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& options, size_t numel,
+                                         runtime::cuda::GpuContext* gpu = nullptr);
 
 OptimizerKind parseOptimizerKind(const std::string& name);  // sgd | adam | adamw
 

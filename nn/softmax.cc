@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "nn/gpu_dispatch.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -26,8 +27,17 @@ void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log)
 
 const Tensor& Softmax::forward(const Tensor& input, const Pass& pass) {
   COHORT_CHECK(input.rank() >= 1);
-  runtime::ensureShape(output_, input.shape());
   int64_t cols = input.dim(input.rank() - 1);
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(output_, input.shape(), gpu.allocator());
+    runtime::cuda::softmaxForward(input.data(), output_.data(), cols ? input.numel() / cols : 0, cols, log_,
+                                  gpu.stream());
+    return output_;
+  }
+#endif
+  runtime::ensureShape(output_, input.shape());
   softmaxRows(input.data(), output_.data(), cols ? input.numel() / cols : 0, cols, log_);
   return output_;
 }
@@ -37,9 +47,18 @@ const Tensor& Softmax::backward(const Tensor& gradOutput, const Pass& pass) {
     gradInput_ = Tensor();
     return gradInput_;
   }
-  runtime::ensureShape(gradInput_, output_.shape());
   int64_t cols = output_.dim(output_.rank() - 1);
   int64_t rows = cols ? output_.numel() / cols : 0;
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradOutput)) {
+    auto& gpu = gpuFor(pass, gradOutput, name());
+    runtime::ensureShape(gradInput_, output_.shape(), gpu.allocator());
+    runtime::cuda::softmaxBackward(output_.data(), gradOutput.data(), gradInput_.data(), rows, cols, log_,
+                                   gpu.stream());
+    return gradInput_;
+  }
+#endif
+  runtime::ensureShape(gradInput_, output_.shape());
   for (int64_t r = 0; r < rows; ++r) {
     const float* y = output_.data() + r * cols;
     const float* dy = gradOutput.data() + r * cols;

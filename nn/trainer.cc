@@ -3,11 +3,17 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/gpu_context.h"
+#include "runtime/data/device_loader.h"
+#endif
 
 namespace cohort::nn {
 
@@ -35,15 +41,34 @@ TrainResult Trainer::run() {
   pass.rng = &rng_;
   pass.needInputGrad = false;
   pass.gradReady = sync_ ? sync_->gradReady() : nullptr;
+  pass.gpu = options_.gpu;
+  // Batches come from the host loader, or on a GPU through the device loader that copies them ahead.
+  std::function<void(int64_t, int64_t)> startEpoch = [&](int64_t e, int64_t b) { train_.startEpoch(e, b); };
+  std::function<bool(runtime::data::Batch&)> nextBatch = [&](runtime::data::Batch& b) { return train_.next(b); };
+#ifdef COHORT_HAVE_CUDA
+  std::unique_ptr<runtime::data::DeviceLoader> deviceBatches;
+  if (options_.gpu) {
+    deviceBatches = std::make_unique<runtime::data::DeviceLoader>(train_, *options_.gpu);
+    startEpoch = [&](int64_t e, int64_t b) { deviceBatches->startEpoch(e, b); };
+    nextBatch = [&](runtime::data::Batch& b) { return deviceBatches->next(b); };
+  }
+#endif
   if (sync_) sync_->barrier("start");
   for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
     const auto epochStart = Clock::now();
     const int64_t samplesBefore = pos.samples;
-    train_.startEpoch(pos.epoch, pos.batch);
-    for (runtime::data::Batch batch; train_.next(batch);) {
+    startEpoch(pos.epoch, pos.batch);
+    for (runtime::data::Batch batch; nextBatch(batch);) {
       const Tensor& out = model_.net->forward(batch.inputs, pass);
-      pos.lossSum += static_cast<double>(loss_.forward(out, batch.targets)) * static_cast<double>(batch.size);
-      pos.correct += loss_.correct();
+#ifdef COHORT_HAVE_CUDA
+      if (options_.gpu) {
+        loss_.forwardGpu(out, batch.targets, *options_.gpu);
+      } else
+#endif
+      {
+        pos.lossSum += static_cast<double>(loss_.forward(out, batch.targets)) * static_cast<double>(batch.size);
+        pos.correct += loss_.correct();
+      }
       pos.samples += batch.size;
       model_.net->backward(loss_.backward(), pass);
       if (sync_) sync_->synchronizeGradients();
@@ -53,17 +78,23 @@ TrainResult Trainer::run() {
       const bool midEpoch = pos.batch < train_.batchesPerEpoch();
       if (stopRequested(pos.step) && midEpoch) {
         log_.info() << "stop requested (SIGUSR1): checkpointing at step " << pos.step << " and stopping";
+        collectGpuSums(pos);
         saveCheckpoint(pos);
         result.stoppedEarly = result.stoppedBySignal = true;
         break;
       }
       if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch) {
+        collectGpuSums(pos);
         saveCheckpoint(pos);
         result.stoppedEarly = true;
         break;
       }
-      if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) saveCheckpoint(pos);
+      if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) {
+        collectGpuSums(pos);
+        saveCheckpoint(pos);
+      }
     }
+    collectGpuSums(pos);  // also waits for the epoch's last step, so the time below includes it
     finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
     if (result.stoppedBySignal) break;
     if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
@@ -78,7 +109,19 @@ TrainResult Trainer::run() {
     }
   }
   result.wallSeconds = secondsSince(start);
+#ifdef COHORT_HAVE_CUDA
+  if (deviceBatches) result.inputWaitMs = deviceBatches->inputWaitMs();
+#endif
   return result;
+}
+
+void Trainer::collectGpuSums(Position& pos) {
+#ifdef COHORT_HAVE_CUDA
+  if (!options_.gpu) return;
+  LossSums sums = loss_.takeGpuSums(*options_.gpu);
+  pos.lossSum += sums.loss;
+  pos.correct += sums.correct;
+#endif
 }
 
 void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples) {
@@ -157,9 +200,29 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
 Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
   Pass pass;
   pass.training = false;
+  pass.gpu = options_.gpu;
   double lossSum = 0;
   int64_t correct = 0;
   const int64_t n = data.size();
+#ifdef COHORT_HAVE_CUDA
+  if (options_.gpu) {
+    // Chunks are copied to the device one at a time (evaluation is not the hot loop).
+    auto& gpu = *options_.gpu;
+    Tensor inputs, targets;
+    for (int64_t first = 0; first < n; first += options_.evalBatchSize) {
+      int64_t count = std::min(options_.evalBatchSize, n - first);
+      Tensor hostIn = data.inputs().narrowRows(first, count), hostTgt = data.targets().narrowRows(first, count);
+      gpu.stream().synchronize();  // the previous chunk's kernels are done with the device buffers
+      runtime::ensureShape(inputs, hostIn.shape(), gpu.allocator());
+      runtime::ensureShape(targets, hostTgt.shape(), gpu.allocator());
+      runtime::cuda::copyToDevice(inputs.data(), hostIn.data(), hostIn.bytes(), gpu.stream());
+      runtime::cuda::copyToDevice(targets.data(), hostTgt.data(), hostTgt.bytes(), gpu.stream());
+      loss_.forwardGpu(model_.net->forward(inputs, pass), targets, gpu);
+    }
+    LossSums sums = loss_.takeGpuSums(gpu);
+    return {n ? sums.loss / static_cast<double>(n) : 0, n ? static_cast<double>(sums.correct) / static_cast<double>(n) : 0};
+  }
+#endif
   for (int64_t first = 0; first < n; first += options_.evalBatchSize) {
     int64_t count = std::min(options_.evalBatchSize, n - first);
     const Tensor& out = model_.net->forward(data.inputs().narrowRows(first, count), pass);

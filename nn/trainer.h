@@ -50,6 +50,10 @@ struct TrainerOptions {
   // Hogwild: the parameters live in shared memory, loaded from the checkpoint by the segment's
   // creator before the others attach; the Trainer then resumes only its own state.
   bool paramsShared = false;
+  // Train on this GPU (CUDA builds): the model's parameters, the optimizer's state and the loss live
+  // on its device; batches are copied ahead on a copy stream (runtime/data/device_loader.h); the
+  // loss sums are read from the device at checkpoints and epoch ends only.
+  runtime::cuda::GpuContext* gpu = nullptr;
 };
 
 struct TrainResult {
@@ -64,6 +68,7 @@ struct TrainResult {
   bool haveTest = false;
   double samplesPerSec = 0;  // the job's training samples / training time (evaluation excluded)
   double wallSeconds = 0;
+  double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
 };
 
 // Loads the parameters stored in the checkpoint at `path` into `params` (names and sizes must match);
@@ -107,6 +112,8 @@ class Trainer {
   // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
   bool loadCheckpoint(Position& pos);
+  // GPU: adds the loss sums accumulated on the device to `pos` (waits for the compute stream).
+  void collectGpuSums(Position& pos);
   void appendMetrics(const Position& pos, const TrainResult& epochResult) const;
 
   Model& model_;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -144,6 +145,16 @@ std::vector<CudaDeviceInfo> cudaDevices(std::string* whyNone) {
   cudaRuntimeGetVersion(&runtimeVersion);
   std::vector<CudaDeviceInfo> devices;
   for (int i = 0; i < count; ++i) devices.push_back(queryDevice(i, driverVersion, runtimeVersion));
+  for (int i = 0; i < count; ++i) {
+    devices[static_cast<size_t>(i)].canAccessPeer.assign(static_cast<size_t>(count), false);
+    for (int j = 0; j < count; ++j) {
+      int can = 0;
+      if (i != j && cudaDeviceCanAccessPeer(&can, i, j) == cudaSuccess) {
+        devices[static_cast<size_t>(i)].canAccessPeer[static_cast<size_t>(j)] = can != 0;
+      }
+      cudaGetLastError();
+    }
+  }
   return devices;
 #endif
 }
@@ -177,6 +188,7 @@ std::string formatDevices(const HostInfo& host, const std::vector<CudaDeviceInfo
   }
   os << "CUDA devices: " << devices.size() << " (driver " << versionText(devices[0].driverVersion)
      << ", runtime " << versionText(devices[0].runtimeVersion) << ")\n";
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) os << "  CUDA_VISIBLE_DEVICES=" << visible << "\n";
   for (const CudaDeviceInfo& d : devices) {
     os << "  cuda:" << d.index << "  " << d.name << "  compute " << d.computeCapability() << "  "
        << d.multiprocessorCount << " SMs  " << formatBytes(d.totalMemoryBytes) << " total, "
@@ -188,7 +200,38 @@ std::string formatDevices(const HostInfo& host, const std::vector<CudaDeviceInfo
        << (d.eccEnabled ? "on" : "off") << ", PCI " << (d.pciBusId.empty() ? "?" : d.pciBusId)
        << "\n";
   }
+  if (devices.size() > 1) {
+    os << "  peer access (row can access column):\n          ";
+    for (const CudaDeviceInfo& d : devices) os << " cuda:" << d.index;
+    os << "\n";
+    for (const CudaDeviceInfo& d : devices) {
+      os << "  cuda:" << d.index << "  ";
+      for (size_t j = 0; j < devices.size(); ++j) {
+        const char* cell = j == static_cast<size_t>(d.index) ? "-" : (j < d.canAccessPeer.size() && d.canAccessPeer[j] ? "yes" : "no");
+        os << " " << std::string(6 - std::char_traits<char>::length(cell), ' ') << cell;
+      }
+      os << "\n";
+    }
+  }
   return os.str();
+}
+
+Device selectDevice(const std::string& spec, int localRank) {
+  const Device requested = Device::parse(spec);
+  if (requested.isCpu()) return requested;
+  std::string why;
+  std::vector<CudaDeviceInfo> gpus = cudaDevices(&why);
+  if (gpus.empty()) COHORT_THROW(InvalidArgument) << "--device " << spec << ": " << why;
+  const bool explicitIndex = spec.find(':') != std::string::npos;
+  const int index = explicitIndex ? requested.index : localRank;
+  if (index < 0 || index >= static_cast<int>(gpus.size())) {
+    COHORT_THROW(InvalidArgument) << "--device " << spec << ": "
+                                  << (explicitIndex ? "cuda:" + std::to_string(index) + " requested"
+                                                    : "local rank " + std::to_string(localRank) + " needs cuda:" + std::to_string(index))
+                                  << " but " << gpus.size() << " CUDA device(s) are visible"
+                                  << (std::getenv("CUDA_VISIBLE_DEVICES") ? " (CUDA_VISIBLE_DEVICES is set)" : "");
+  }
+  return Device::cuda(index);
 }
 
 }  // namespace cohort::runtime

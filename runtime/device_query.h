@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/device.h"
+
 namespace cohort::runtime {
 
 struct HostInfo {
@@ -47,6 +49,9 @@ struct CudaDeviceInfo {
   bool eccEnabled = false;
   int driverVersion = 0;   // e.g. 13000 for 13.0
   int runtimeVersion = 0;  // the CUDA runtime Cohort was built against
+  // canAccessPeer[j]: this device can read and write device j's memory directly (cudaDeviceCanAccessPeer;
+  // false for itself).
+  std::vector<bool> canAccessPeer;
 
   // "9.0"
   std::string computeCapability() const;
@@ -63,9 +68,18 @@ std::vector<CudaDeviceInfo> cudaDevices(std::string* whyNone = nullptr);
 //     cuda:0  NVIDIA H200  compute 9.0  132 SMs  139.8 GiB total, 139.2 GiB free
 //             clock 1980 MHz, memory 2619 MHz x 5120-bit, L2 60.0 MiB, 1024 threads/block,
 //             48.0 KiB shared/block, ECC on, PCI 0000:19:00.0
+//   peer access (row can access column):  ... a matrix of yes/no when there are two or more devices
+//   CUDA_VISIBLE_DEVICES=... when it is set, since it decides what is listed
 // or, without devices, "CUDA devices: 0 (no CUDA device (...))" with the reason.
 std::string formatDevices(const HostInfo& host, const std::vector<CudaDeviceInfo>& devices,
                           const std::string& whyNone);
+
+// The device `cohort train --device SPEC` runs on: "cpu"; "cuda" = the GPU of this worker's local
+// rank (one worker per GPU under cohortrun, mpirun or srun); "cuda:N" = GPU N (numbered as
+// CUDA_VISIBLE_DEVICES leaves them). Throws InvalidArgument with one line saying why when the spec is
+// malformed, CUDA is not compiled in, there is no usable device (no driver, a driver older than the
+// runtime, none visible), or the index is out of range.
+Device selectDevice(const std::string& spec, int localRank);
 
 // "1.5 GiB", "512 B": binary units with one decimal.
 std::string formatBytes(size_t bytes);

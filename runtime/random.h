@@ -9,10 +9,17 @@
 #include <cmath>
 #include <cstdint>
 
+// mix and mix24 are also device functions when nvcc compiles the includer (dropout masks on a GPU).
+#ifdef __CUDACC__
+#define COHORT_HOST_DEVICE __host__ __device__
+#else
+#define COHORT_HOST_DEVICE
+#endif
+
 namespace cohort::runtime {
 
 // splitmix64 of stream `seed` at index k.
-inline uint64_t mix(uint64_t seed, uint64_t k) {
+COHORT_HOST_DEVICE inline uint64_t mix(uint64_t seed, uint64_t k) {
   uint64_t z = seed * 0xD1B54A32D192ED03ull + (k + 1) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -20,7 +27,7 @@ inline uint64_t mix(uint64_t seed, uint64_t k) {
 }
 
 // The 24-bit uniform integer m of DESIGN.md §7.
-inline uint32_t mix24(uint64_t seed, uint64_t k) { return static_cast<uint32_t>(mix(seed, k) >> 40); }
+COHORT_HOST_DEVICE inline uint32_t mix24(uint64_t seed, uint64_t k) { return static_cast<uint32_t>(mix(seed, k) >> 40); }
 
 class Rng {
  public:

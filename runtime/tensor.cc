@@ -6,6 +6,12 @@
 
 #include "runtime/error.h"
 
+#ifdef COHORT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cuda/cuda_check.h"
+#endif
+
 namespace cohort::runtime {
 
 Shape::Shape(std::initializer_list<int64_t> dims) {
@@ -115,9 +121,21 @@ void Tensor::fill(float value) const {
 }
 
 void Tensor::copyFrom(const Tensor& src) const {
-  COHORT_CHECK(device().isCpu() && src.device().isCpu()) << "copyFrom is host-only";
   COHORT_CHECK(src.numel() == numel()) << src.shape().str() << " into " << shape_.str();
-  if (numel()) std::memcpy(data_, src.data_, bytes());
+  if (!numel()) return;
+  if (device().isCpu() && src.device().isCpu()) {
+    std::memcpy(data_, src.data_, bytes());
+    return;
+  }
+#ifdef COHORT_HAVE_CUDA
+  // A blocking copy on the legacy default stream, which waits for work on every blocking stream but
+  // not for Cohort's non-blocking ones: callers synchronise their streams first (checkpoints do).
+  const Device gpu = device().isCuda() ? device() : src.device();
+  cuda::CudaDeviceGuard guard(gpu.index);
+  COHORT_CUDA_CHECK(cudaMemcpy(data_, src.data_, bytes(), cudaMemcpyDefault));
+#else
+  COHORT_CHECK(false) << "copy from " << src.device().str() << " to " << device().str() << " without CUDA";
+#endif
 }
 
 Tensor Tensor::clone(Allocator& allocator) const {

@@ -108,6 +108,9 @@ class Tensor {
   // CPU helpers (tests, data, checkpoints); the hot path uses kernels.
   float& at(int64_t i) const { return data_[i]; }
   void fill(float value) const;
+  // copyFrom and clone work between any two devices; a copy that involves a GPU is blocking (a
+  // plain cudaMemcpy) and does not wait for Cohort's non-blocking streams: synchronise the stream
+  // that wrote `src` first. Not for the hot path.
   void copyFrom(const Tensor& src) const;
   Tensor clone(Allocator& allocator = cpuAllocator()) const;
 

@@ -11,17 +11,11 @@
 
 #include <string>
 
+#include "runtime/gemm_options.h"
+
 namespace cohort::runtime::cpu {
 
-struct GemmOptions {
-  int m = 0;  // rows of op(A) and C
-  int n = 0;  // columns of op(B) and C
-  int k = 0;  // columns of op(A) = rows of op(B)
-  bool transA = false;
-  bool transB = false;
-  float alpha = 1.0f;
-  float beta = 0.0f;
-};
+using GemmOptions = runtime::GemmOptions;
 
 void gemm(const GemmOptions& o, const float* a, const float* b, float* c);
 

@@ -43,7 +43,8 @@ def _cuda_configure_impl(rctx):
                     break
                 linkopts += ["-L" + d, "-Wl,-rpath," + d, "-l" + n]
             if target == "cudart":
-                extra = 'hdrs = glob(["include/**/*.h", "include/**/*.hpp"]), includes = ["include"]'
+                # nv/target has no extension; cuda_fp16.h (and so cublas_api.h) includes it.
+                extra = 'hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/nv/**"]), includes = ["include"]'
             else:
                 extra = 'deps = [":cudart"]'
             build.append('cc_library(name = "%s", %s, linkopts = %s)' % (target, extra, repr(linkopts)))

@@ -1,0 +1,90 @@
+// Blas (runtime/cuda/kernels.h): cuBLAS SGEMM on one stream, row-major.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <sstream>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/error.h"
+
+namespace cohort::runtime::cuda {
+namespace {
+
+// Like throwCudaError: the call's text, the status name and string, and file:line.
+[[noreturn]] void throwCublasError(cublasStatus_t status, const char* call, const char* file, int line) {
+  cudaGetLastError();  // a failed launch inside cuBLAS must not be reported again by the next check
+  std::ostringstream os;
+  os << "cuBLAS error " << cublasGetStatusName(status) << " (" << cublasGetStatusString(status) << ") from " << call
+     << " at " << file << ":" << line;
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) throw OutOfMemory(os.str());
+  throw Error(os.str());
+}
+
+#define COHORT_CUBLAS_CHECK(expr)                                              \
+  do {                                                                         \
+    cublasStatus_t cohort_cublas_status_ = (expr);                             \
+    if (__builtin_expect(cohort_cublas_status_ != CUBLAS_STATUS_SUCCESS, 0)) { \
+      throwCublasError(cohort_cublas_status_, #expr, __FILE__, __LINE__);      \
+    }                                                                          \
+  } while (0)
+
+cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+}  // namespace
+
+Blas::Blas(const Stream& stream) : stream_(stream) {
+  COHORT_CHECK(stream.device().isCuda()) << "cuBLAS needs a CUDA stream, got " << stream.describe();
+  CudaDeviceGuard guard(stream.device().index);
+  cublasHandle_t handle = nullptr;
+  COHORT_CUBLAS_CHECK(cublasCreate(&handle));
+  try {
+    COHORT_CUBLAS_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream.native())));
+    // Full fp32: CUBLAS_DEFAULT_MATH never rounds inputs to TF32 or BF16 (those modes are opt-in),
+    // so results stay within float32 rounding of the CPU's OpenBLAS.
+    COHORT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    COHORT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));  // alpha, beta
+  } catch (...) {
+    cublasDestroy(handle);
+    throw;
+  }
+  handle_ = handle;
+}
+
+Blas::~Blas() {
+  // The handle's device must be current; a destructor must not throw, so failures are ignored.
+  int previous = -1;
+  int device = stream_.device().index;
+  bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
+  cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (switched) cudaSetDevice(previous);
+}
+
+// Row-major C[m, n] is column-major Cᵀ[n, m] in the same memory, and Cᵀ = op(B)ᵀ · op(A)ᵀ. So cuBLAS
+// multiplies B's memory (column-major: Bᵀ, or B when transB) by A's, with the operands swapped and
+// the same transpose flags. Leading dimensions are the row-major row lengths: k or n for B, m or k
+// for A, n for C.
+void Blas::gemm(const GemmOptions& o, const float* a, const float* b, float* c) const {
+  COHORT_CHECK(o.m >= 0 && o.n >= 0 && o.k >= 0) << "gemm of " << o.m << " x " << o.n << " x " << o.k;
+  if (o.m == 0 || o.n == 0) return;
+  cublasHandle_t handle = static_cast<cublasHandle_t>(handle_);
+  CudaDeviceGuard guard(stream_.device().index);
+  if (o.k == 0) {
+    // C = beta·C, spelled out rather than left to cuBLAS's handling of empty products; beta == 0
+    // overwrites C (BLAS's rule: NaNs in C do not survive).
+    size_t count = static_cast<size_t>(o.m) * static_cast<size_t>(o.n);
+    if (o.beta == 0.0f) {
+      COHORT_CUDA_CHECK(cudaMemsetAsync(c, 0, count * sizeof(float), static_cast<cudaStream_t>(stream_.native())));
+    } else if (o.beta != 1.0f) {
+      COHORT_CUBLAS_CHECK(cublasSscal_64(handle, static_cast<int64_t>(count), &o.beta, c, 1));
+    }
+    return;
+  }
+  int lda = o.transA ? o.m : o.k;
+  int ldb = o.transB ? o.k : o.n;
+  COHORT_CUBLAS_CHECK(
+      cublasSgemm(handle, op(o.transB), op(o.transA), o.n, o.m, o.k, &o.alpha, b, ldb, a, lda, &o.beta, c, o.n));
+}
+
+}  // namespace cohort::runtime::cuda

@@ -1,0 +1,48 @@
+// GpuContext: what the nn runtime needs to run on one GPU, made once per worker: the compute
+// stream every kernel of a training step is enqueued on, the caching allocator every device buffer
+// comes from (statistics for --memory-report), and a cuBLAS handle bound to that stream.
+//
+// Everything a step enqueues goes to the one compute stream, which is what makes the caching
+// allocator's immediate reuse of freed blocks safe (caching_allocator.h, single-stream contract).
+// Side streams (the data prefetcher's copy stream) hand work over with events.
+// Ownership: owns the three; members are destroyed in reverse order (cuBLAS before the stream).
+// Thread safety: as its members; one training thread uses it.
+// Only built when CUDA is compiled in (COHORT_HAVE_CUDA).
+//
+//   cuda::GpuContext gpu(Device::cuda(localRank));
+//   Tensor y = Tensor::empty(Shape{64, 512}, gpu.allocator());
+//   gpu.blas().gemm({...}, x, w, y.data());
+#pragma once
+
+#include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/stream.h"
+
+namespace cohort::runtime::cuda {
+
+class GpuContext {
+ public:
+  // Throws InvalidArgument for a non-CUDA device; cohort::Error when the device cannot be used.
+  explicit GpuContext(Device device);
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+
+  Device device() const { return device_; }
+  const Stream& stream() const { return stream_; }
+  CudaCachingAllocator& allocator() { return allocator_; }
+  const Blas& blas() const { return blas_; }
+
+ private:
+  Device device_;
+  Stream stream_;
+  CudaCachingAllocator allocator_;
+  Blas blas_;
+};
+
+// Host <-> device copies of `bytes` bytes, enqueued on `stream` (cudaMemcpyAsync). Pageable host
+// memory makes the call return only once the copy has been staged; pinned memory is asynchronous.
+void copyToDevice(void* dst, const void* src, size_t bytes, const Stream& stream);
+void copyToHost(void* dst, const void* src, size_t bytes, const Stream& stream);
+void copyOnDevice(void* dst, const void* src, size_t bytes, const Stream& stream);
+
+}  // namespace cohort::runtime::cuda

@@ -1,0 +1,626 @@
+// The kernels of runtime/cuda/kernels.h (Blas lives in blas.cc).
+//
+// Launch shapes. Elementwise kernels use kThreads-thread blocks and grid-stride loops over a grid
+// capped at kBlocksPerSm blocks per SM, with float4 loads and stores when every buffer is 16-byte
+// aligned (a scalar loop finishes the tail), like elementwise.cu. Row kernels (softmax,
+// cross-entropy) give each row a row group: a warp when the row has at most kWarpRowMaxCols
+// columns, else a whole block. A group combines its threads' partial results with warp shuffles
+// (a block adds one pass through shared memory); every thread of the group ends with the same bits,
+// and the row loop is uniform over the group, so the shuffles and barriers are always reached.
+// Precision follows the CPU reference: softmax and the MSE loss accumulate in double as
+// nn/softmax.cc and nn/loss.cc do, cross-entropy's exp sum in float as nn/loss.cc does, and each
+// expression keeps the CPU's operation order. Both compilers may contract a·b + c into an FMA,
+// which is why the two agree to float32 rounding rather than bit for bit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/dropout_mask.h"
+#include "runtime/error.h"
+
+namespace cohort::runtime::cuda {
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr unsigned kWarpSize = 32;
+constexpr unsigned kWarpsPerBlock = kThreads / kWarpSize;
+constexpr unsigned kFullMask = 0xffffffffu;
+// Enough resident blocks to fill every SM several times over; grid-stride loops do the rest.
+constexpr int kBlocksPerSm = 8;
+// Rows up to this wide get one warp (no barriers, 8 rows per block); wider rows a whole block.
+constexpr int64_t kWarpRowMaxCols = 1024;
+
+void checkCudaStream(const Stream& stream) {
+  COHORT_CHECK(stream.device().isCuda()) << "CUDA kernel launched on " << stream.describe();
+}
+
+cudaStream_t nativeStream(const Stream& stream) { return static_cast<cudaStream_t>(stream.native()); }
+
+// Most blocks worth launching on the stream's device, which the caller has made current.
+size_t maxBlocks(const Stream& stream) {
+  int sms = 0;
+  COHORT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, stream.device().index));
+  return static_cast<size_t>(std::max(sms, 1)) * kBlocksPerSm;
+}
+
+// Blocks for `work` items when one block takes `perBlock` of them per pass.
+unsigned blocksFor(const Stream& stream, size_t work, size_t perBlock = kThreads) {
+  size_t wanted = (work + perBlock - 1) / perBlock;
+  return static_cast<unsigned>(std::clamp<size_t>(wanted, 1, maxBlocks(stream)));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// float4 groups the flat kernels process vectorised: all of n / 4 when every buffer is aligned.
+template <class... Buffers>
+size_t vecCountFor(size_t n, const Buffers*... buffers) {
+  return (aligned16(buffers) && ...) ? n / 4 : 0;
+}
+
+// Threads for the flat kernels: one per float4 group plus one per tail element.
+size_t flatWork(size_t n, size_t vecCount) { return vecCount > 0 ? vecCount + n % 4 : n; }
+
+__device__ __forceinline__ size_t firstIndex() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ size_t gridStride() { return static_cast<size_t>(blockDim.x) * gridDim.x; }
+
+// ---- activations ----
+
+__device__ __forceinline__ float activate(ActivationOp op, float x) {
+  switch (op) {
+    case ActivationOp::kIdentity:
+      return x;
+    case ActivationOp::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case ActivationOp::kTanh:
+      return tanhf(x);
+    case ActivationOp::kSigmoid:
+      return 1.0f / (1.0f + expf(-x));
+  }
+  return x;
+}
+
+// dy · act'(x), expressed through the output y.
+__device__ __forceinline__ float activationGrad(ActivationOp op, float y, float dy) {
+  switch (op) {
+    case ActivationOp::kIdentity:
+      return dy;
+    case ActivationOp::kRelu:
+      return y > 0.0f ? dy : 0.0f;
+    case ActivationOp::kTanh:
+      return dy * (1.0f - y * y);
+    case ActivationOp::kSigmoid:
+      return dy * y * (1.0f - y);
+  }
+  return dy;
+}
+
+__device__ __forceinline__ float biasActivate(ActivationOp op, float v, float b) { return activate(op, v + b); }
+__device__ __forceinline__ float4 biasActivate(ActivationOp op, float4 v, float4 b) {
+  return make_float4(activate(op, v.x + b.x), activate(op, v.y + b.y), activate(op, v.z + b.z),
+                     activate(op, v.w + b.w));
+}
+
+// y[r, ·] as `units` values of T (float, or float4 when cols % 4 == 0 and the buffers are aligned).
+// Block (x, y) covers blockDim.y rows of blockDim.x units, so narrow rows share a block.
+template <class T>
+__global__ void biasActivationKernel(ActivationOp op, float* y, const float* bias, int64_t rows, int64_t cols,
+                                     int64_t units) {
+  const T* b = reinterpret_cast<const T*>(bias);
+  int64_t rowStride = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  int64_t unitStride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += rowStride) {
+    T* row = reinterpret_cast<T*>(y + r * cols);
+    for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < units; c += unitStride) {
+      row[c] = biasActivate(op, row[c], b[c]);
+    }
+  }
+}
+
+// x may equal y.
+__global__ void activationForwardKernel(ActivationOp op, const float* x, float* y, size_t n, size_t vecCount) {
+  for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
+    float4 v = reinterpret_cast<const float4*>(x)[i];
+    reinterpret_cast<float4*>(y)[i] =
+        make_float4(activate(op, v.x), activate(op, v.y), activate(op, v.z), activate(op, v.w));
+  }
+  for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) y[i] = activate(op, x[i]);
+}
+
+// dy may equal dx.
+__global__ void activationBackwardKernel(ActivationOp op, const float* y, const float* dy, float* dx, size_t n,
+                                         size_t vecCount) {
+  for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
+    float4 yv = reinterpret_cast<const float4*>(y)[i];
+    float4 g = reinterpret_cast<const float4*>(dy)[i];
+    reinterpret_cast<float4*>(dx)[i] = make_float4(activationGrad(op, yv.x, g.x), activationGrad(op, yv.y, g.y),
+                                                   activationGrad(op, yv.z, g.z), activationGrad(op, yv.w, g.w));
+  }
+  for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) dx[i] = activationGrad(op, y[i], dy[i]);
+}
+
+// ---- sumRows ----
+
+// Column sums of dy[rows, cols]. A block owns a tile of kWarpSize columns (threadIdx.x, so a warp
+// reads one contiguous stretch of a row); its kWarpsPerBlock thread rows (threadIdx.y) each sum
+// every kWarpsPerBlock-th row, and the partial sums meet in shared memory. No atomics, so the
+// result is deterministic. Sized for bias gradients, where rows is a batch.
+__global__ void sumRowsKernel(const float* __restrict__ dy, float* __restrict__ db, int64_t rows, int64_t cols,
+                              bool accumulate) {
+  __shared__ float partial[kWarpsPerBlock][kWarpSize];
+  for (int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarpSize; tile < cols;
+       tile += static_cast<int64_t>(gridDim.x) * kWarpSize) {
+    int64_t c = tile + threadIdx.x;
+    float sum = 0.0f;
+    if (c < cols) {
+      for (int64_t r = threadIdx.y; r < rows; r += kWarpsPerBlock) sum += dy[r * cols + c];
+    }
+    partial[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+      float total = accumulate ? db[c] : 0.0f;
+      for (unsigned k = 0; k < kWarpsPerBlock; ++k) total += partial[k][threadIdx.x];
+      db[c] = total;
+    }
+    __syncthreads();  // the next tile overwrites partial
+  }
+}
+
+// ---- row groups ----
+
+// kWidth threads (a warp, or the whole kThreads block) cooperate on one row at a time.
+template <unsigned kWidth>
+struct RowGroup {
+  static_assert(kWidth == kWarpSize || kWidth == kThreads);
+  static constexpr unsigned kRowsPerBlock = kThreads / kWidth;
+  __device__ static unsigned lane() { return threadIdx.x % kWidth; }
+  __device__ static unsigned groupInBlock() { return threadIdx.x / kWidth; }
+  __device__ static int64_t firstRow() { return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + groupInBlock(); }
+  __device__ static int64_t rowStride() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
+};
+
+struct MaxOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return b > a ? b : a;
+  }
+};
+
+struct SumOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Combines v over the row group. The xor butterfly gives every lane of a warp the same bits; a
+// block then combines its warps' results in the same order in every thread.
+template <unsigned kWidth, class T, class Op>
+__device__ T groupReduce(T v, Op op) {
+  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  if constexpr (kWidth == kWarpSize) {
+    return v;
+  } else {
+    __shared__ T perWarp[kWarpsPerBlock];
+    __syncthreads();  // readers of the previous reduction are done with perWarp
+    if (threadIdx.x % kWarpSize == 0) perWarp[threadIdx.x / kWarpSize] = v;
+    __syncthreads();
+    T total = perWarp[0];
+    for (unsigned w = 1; w < kWarpsPerBlock; ++w) total = op(total, perWarp[w]);
+    return total;
+  }
+}
+
+// A row's maximum and the first column holding it (nn/loss.cc's argmax: the first maximum wins).
+struct ArgMax {
+  float value;
+  int64_t index;
+};
+
+__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b) {
+  return b.value > a.value || (b.value == a.value && b.index < a.index) ? b : a;
+}
+
+template <unsigned kWidth>
+__device__ ArgMax groupArgMax(ArgMax v) {
+  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    ArgMax other{__shfl_xor_sync(kFullMask, v.value, offset), __shfl_xor_sync(kFullMask, v.index, offset)};
+    v = better(v, other);
+  }
+  if constexpr (kWidth == kWarpSize) {
+    return v;
+  } else {
+    __shared__ float values[kWarpsPerBlock];
+    __shared__ int64_t indices[kWarpsPerBlock];
+    __syncthreads();
+    if (threadIdx.x % kWarpSize == 0) {
+      values[threadIdx.x / kWarpSize] = v.value;
+      indices[threadIdx.x / kWarpSize] = v.index;
+    }
+    __syncthreads();
+    ArgMax best{values[0], indices[0]};
+    for (unsigned w = 1; w < kWarpsPerBlock; ++w) best = better(best, {values[w], indices[w]});
+    return best;
+  }
+}
+
+// ---- softmax ----
+
+// As nn::softmaxRows: max-subtracted, the exp sum in double. x may equal y.
+template <unsigned kWidth>
+__global__ void softmaxForwardKernel(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
+  using G = RowGroup<kWidth>;
+  for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    float mx = -INFINITY;
+    for (int64_t c = G::lane(); c < cols; c += kWidth) mx = MaxOp{}(mx, xr[c]);
+    mx = groupReduce<kWidth>(mx, MaxOp{});
+    double sum = 0.0;
+    for (int64_t c = G::lane(); c < cols; c += kWidth) sum += static_cast<double>(expf(xr[c] - mx));
+    sum = groupReduce<kWidth>(sum, SumOp{});
+    if (log) {
+      float lse = mx + static_cast<float>(::log(sum));
+      for (int64_t c = G::lane(); c < cols; c += kWidth) yr[c] = xr[c] - lse;
+    } else {
+      float inv = static_cast<float>(1.0 / sum);
+      for (int64_t c = G::lane(); c < cols; c += kWidth) yr[c] = expf(xr[c] - mx) * inv;
+    }
+  }
+}
+
+// As nn::Softmax::backward: the row sum in double. dy may equal dx.
+template <unsigned kWidth>
+__global__ void softmaxBackwardKernel(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                                      bool log) {
+  using G = RowGroup<kWidth>;
+  for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    double s = 0.0;
+    for (int64_t c = G::lane(); c < cols; c += kWidth) {
+      s += log ? static_cast<double>(dyr[c]) : static_cast<double>(dyr[c]) * yr[c];
+    }
+    float sum = static_cast<float>(groupReduce<kWidth>(s, SumOp{}));
+    for (int64_t c = G::lane(); c < cols; c += kWidth) {
+      dxr[c] = log ? dyr[c] - expf(yr[c]) * sum : yr[c] * (dyr[c] - sum);
+    }
+  }
+}
+
+// ---- losses ----
+
+// As nn::SoftmaxCrossEntropy::forward, with bad targets counted instead of thrown. Each group's
+// first thread keeps its rows' loss and counts; they meet per block in shared memory, and the block
+// adds them to the device scalars with one atomicAdd each.
+template <unsigned kWidth>
+__global__ void softmaxCrossEntropyKernel(const float* __restrict__ logits, const float* __restrict__ targets,
+                                          float* __restrict__ grad, int64_t rows, int64_t cols, float invRows,
+                                          float* lossSum, float* correct, float* badTargets) {
+  using G = RowGroup<kWidth>;
+  double loss = 0.0;
+  float hits = 0.0f, bad = 0.0f;
+  for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
+    const float* x = logits + r * cols;
+    float* g = grad + r * cols;
+    const float t = targets[r];
+    // The same for the whole group, so `continue` keeps the group together.
+    if (!(t >= 0.0f && t < static_cast<float>(cols) && truncf(t) == t)) {
+      for (int64_t c = G::lane(); c < cols; c += kWidth) g[c] = 0.0f;
+      if (G::lane() == 0) bad += 1.0f;
+      continue;
+    }
+    const int64_t label = static_cast<int64_t>(t);
+    ArgMax best{-INFINITY, INT64_MAX};  // a lane without columns never wins
+    if (G::lane() < cols) best = {x[G::lane()], G::lane()};
+    for (int64_t c = G::lane() + kWidth; c < cols; c += kWidth) best = better(best, {x[c], c});
+    best = groupArgMax<kWidth>(best);
+    const float mx = best.value;
+    float sum = 0.0f;
+    for (int64_t c = G::lane(); c < cols; c += kWidth) sum += expf(x[c] - mx);
+    sum = groupReduce<kWidth>(sum, SumOp{});
+    const float scale = invRows / sum;
+    for (int64_t c = G::lane(); c < cols; c += kWidth) {
+      float p = expf(x[c] - mx) * scale;
+      g[c] = c == label ? p - invRows : p;
+    }
+    if (G::lane() == 0) {
+      loss += static_cast<double>(logf(sum) + mx - x[label]);
+      hits += best.index == label ? 1.0f : 0.0f;
+    }
+  }
+  __shared__ double groupLoss[G::kRowsPerBlock];
+  __shared__ float groupHits[G::kRowsPerBlock], groupBad[G::kRowsPerBlock];
+  if (G::lane() == 0) {
+    groupLoss[G::groupInBlock()] = loss;
+    groupHits[G::groupInBlock()] = hits;
+    groupBad[G::groupInBlock()] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (unsigned k = 1; k < G::kRowsPerBlock; ++k) {
+      loss += groupLoss[k];
+      hits += groupHits[k];
+      bad += groupBad[k];
+    }
+    if (loss != 0.0) atomicAdd(lossSum, static_cast<float>(loss));
+    if (hits != 0.0f) atomicAdd(correct, hits);
+    if (bad != 0.0f) atomicAdd(badTargets, bad);
+  }
+}
+
+// As nn::MeanSquaredError::forward: grad = scale · d with the caller's scale = 2/n, the squares
+// summed in double; each block adds lossScale times its share with one atomicAdd.
+__global__ void meanSquaredErrorKernel(const float* __restrict__ out, const float* __restrict__ targets,
+                                       float* __restrict__ grad, size_t n, size_t vecCount, float scale,
+                                       float lossScale, float* lossSum) {
+  double total = 0.0;
+  for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
+    float4 o = reinterpret_cast<const float4*>(out)[i];
+    float4 t = reinterpret_cast<const float4*>(targets)[i];
+    float4 d = make_float4(o.x - t.x, o.y - t.y, o.z - t.z, o.w - t.w);
+    total += static_cast<double>(d.x) * d.x + static_cast<double>(d.y) * d.y + static_cast<double>(d.z) * d.z +
+             static_cast<double>(d.w) * d.w;
+    reinterpret_cast<float4*>(grad)[i] = make_float4(scale * d.x, scale * d.y, scale * d.z, scale * d.w);
+  }
+  for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) {
+    float d = out[i] - targets[i];
+    total += static_cast<double>(d) * d;
+    grad[i] = scale * d;
+  }
+  total = groupReduce<kThreads>(total, SumOp{});
+  if (threadIdx.x == 0 && total != 0.0) atomicAdd(lossSum, static_cast<float>(total * lossScale));
+}
+
+// ---- dropout ----
+
+__device__ __forceinline__ float dropoutMask(uint64_t seed, size_t i, float p, float scale) {
+  return dropoutKeep(seed, i, p) ? scale : 0.0f;
+}
+
+// x may equal y.
+__global__ void dropoutForwardKernel(const float* x, float* y, float* __restrict__ mask, size_t n, size_t vecCount,
+                                     float p, float scale, uint64_t seed) {
+  for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
+    size_t e = 4 * i;
+    float4 m = make_float4(dropoutMask(seed, e, p, scale), dropoutMask(seed, e + 1, p, scale),
+                           dropoutMask(seed, e + 2, p, scale), dropoutMask(seed, e + 3, p, scale));
+    float4 v = reinterpret_cast<const float4*>(x)[i];
+    reinterpret_cast<float4*>(mask)[i] = m;
+    reinterpret_cast<float4*>(y)[i] = make_float4(v.x * m.x, v.y * m.y, v.z * m.z, v.w * m.w);
+  }
+  for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) {
+    float m = dropoutMask(seed, i, p, scale);
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+// out may equal a or b.
+__global__ void multiplyKernel(const float* a, const float* b, float* out, size_t n, size_t vecCount) {
+  for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
+    float4 u = reinterpret_cast<const float4*>(a)[i];
+    float4 v = reinterpret_cast<const float4*>(b)[i];
+    reinterpret_cast<float4*>(out)[i] = make_float4(u.x * v.x, u.y * v.y, u.z * v.z, u.w * v.w);
+  }
+  for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) out[i] = a[i] * b[i];
+}
+
+// ---- Adam ----
+
+// nn/optimizer.cc's Adam::stepRange for one element, in its operation order.
+__device__ __forceinline__ void adamElement(float& p, float g, float& m, float& v, const AdamStepOptions& o) {
+  float pi = p * o.decay;
+  float gi = g + o.coupledWeightDecay * pi;
+  float mi = o.beta1 * m + (1.0f - o.beta1) * gi;
+  float vi = o.beta2 * v + (1.0f - o.beta2) * gi * gi;
+  m = mi;
+  v = vi;
+  p = pi - o.stepSize * mi / (sqrtf(vi) / o.bc2Sqrt + o.eps);
+}
+
+__global__ void adamKernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ expAvg,
+                           float* __restrict__ expAvgSq, size_t n, size_t vecCount, AdamStepOptions o) {
+  for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
+    float4 p = reinterpret_cast<float4*>(param)[i];
+    float4 g = reinterpret_cast<const float4*>(grad)[i];
+    float4 m = reinterpret_cast<float4*>(expAvg)[i];
+    float4 v = reinterpret_cast<float4*>(expAvgSq)[i];
+    adamElement(p.x, g.x, m.x, v.x, o);
+    adamElement(p.y, g.y, m.y, v.y, o);
+    adamElement(p.z, g.z, m.z, v.z, o);
+    adamElement(p.w, g.w, m.w, v.w, o);
+    reinterpret_cast<float4*>(param)[i] = p;
+    reinterpret_cast<float4*>(expAvg)[i] = m;
+    reinterpret_cast<float4*>(expAvgSq)[i] = v;
+  }
+  for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) {
+    float p = param[i], m = expAvg[i], v = expAvgSq[i];
+    adamElement(p, grad[i], m, v, o);
+    param[i] = p;
+    expAvg[i] = m;
+    expAvgSq[i] = v;
+  }
+}
+
+void checkMatrix(int64_t rows, int64_t cols) {
+  COHORT_CHECK(rows >= 0 && cols >= 0) << "matrix of " << rows << " x " << cols;
+}
+
+bool warpPerRow(int64_t cols) { return cols <= kWarpRowMaxCols; }
+
+// Blocks for a row kernel: kWarpsPerBlock rows per block with a warp per row, else one.
+unsigned rowBlocks(const Stream& stream, int64_t rows, int64_t cols) {
+  return blocksFor(stream, static_cast<size_t>(rows), warpPerRow(cols) ? kWarpsPerBlock : 1);
+}
+
+}  // namespace
+
+void biasActivation(ActivationOp op, float* y, const float* bias, int64_t rows, int64_t cols, const Stream& stream) {
+  checkCudaStream(stream);
+  checkMatrix(rows, cols);
+  if (bias == nullptr) {
+    activationForward(op, y, y, rows * cols, stream);
+    return;
+  }
+  if (rows == 0 || cols == 0) return;
+  bool vectorize = cols % 4 == 0 && aligned16(y) && aligned16(bias);
+  int64_t units = vectorize ? cols / 4 : cols;
+  CudaDeviceGuard guard(stream.device().index);
+  // Whole warps across a row's units (up to the block), the block's remaining threads down rows.
+  unsigned tx = static_cast<unsigned>(std::min<int64_t>(kThreads, (units + kWarpSize - 1) / kWarpSize * kWarpSize));
+  dim3 block(tx, kThreads / tx);
+  size_t cap = maxBlocks(stream);
+  unsigned gx = blocksFor(stream, static_cast<size_t>(units), block.x);
+  size_t gyCap = std::clamp<size_t>(cap / gx, 1, 65535);  // 65535: CUDA's limit on gridDim.y
+  unsigned gy =
+      static_cast<unsigned>(std::clamp<size_t>((static_cast<size_t>(rows) + block.y - 1) / block.y, 1, gyCap));
+  if (vectorize) {
+    biasActivationKernel<float4><<<dim3(gx, gy), block, 0, nativeStream(stream)>>>(op, y, bias, rows, cols, units);
+  } else {
+    biasActivationKernel<float><<<dim3(gx, gy), block, 0, nativeStream(stream)>>>(op, y, bias, rows, cols, units);
+  }
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void activationForward(ActivationOp op, const float* x, float* y, int64_t n, const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(n >= 0) << n;
+  if (n == 0 || (op == ActivationOp::kIdentity && x == y)) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, x, y);
+  CudaDeviceGuard guard(stream.device().index);
+  activationForwardKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+      op, x, y, count, vecCount);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void activationBackward(ActivationOp op, const float* y, const float* dy, float* dx, int64_t n, const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(n >= 0) << n;
+  if (n == 0) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, y, dy, dx);
+  CudaDeviceGuard guard(stream.device().index);
+  activationBackwardKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+      op, y, dy, dx, count, vecCount);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void sumRows(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate, const Stream& stream) {
+  checkCudaStream(stream);
+  checkMatrix(rows, cols);
+  // With no rows the sums are 0: the kernel still runs to write them unless it would add nothing.
+  if (cols == 0 || (rows == 0 && accumulate)) return;
+  CudaDeviceGuard guard(stream.device().index);
+  unsigned blocks = blocksFor(stream, static_cast<size_t>(cols), kWarpSize);
+  sumRowsKernel<<<blocks, dim3(kWarpSize, kWarpsPerBlock), 0, nativeStream(stream)>>>(dy, db, rows, cols, accumulate);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool log, const Stream& stream) {
+  checkCudaStream(stream);
+  checkMatrix(rows, cols);
+  if (rows == 0 || cols == 0) return;
+  CudaDeviceGuard guard(stream.device().index);
+  unsigned blocks = rowBlocks(stream, rows, cols);
+  if (warpPerRow(cols)) {
+    softmaxForwardKernel<kWarpSize><<<blocks, kThreads, 0, nativeStream(stream)>>>(x, y, rows, cols, log);
+  } else {
+    softmaxForwardKernel<kThreads><<<blocks, kThreads, 0, nativeStream(stream)>>>(x, y, rows, cols, log);
+  }
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void softmaxBackward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, bool log,
+                     const Stream& stream) {
+  checkCudaStream(stream);
+  checkMatrix(rows, cols);
+  if (rows == 0 || cols == 0) return;
+  CudaDeviceGuard guard(stream.device().index);
+  unsigned blocks = rowBlocks(stream, rows, cols);
+  if (warpPerRow(cols)) {
+    softmaxBackwardKernel<kWarpSize><<<blocks, kThreads, 0, nativeStream(stream)>>>(y, dy, dx, rows, cols, log);
+  } else {
+    softmaxBackwardKernel<kThreads><<<blocks, kThreads, 0, nativeStream(stream)>>>(y, dy, dx, rows, cols, log);
+  }
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void dropoutForward(const float* x, float* y, float* mask, int64_t n, float p, uint64_t seed, const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(n >= 0) << n;
+  COHORT_CHECK(p >= 0.0f && p < 1.0f) << "dropout probability " << p;
+  if (n == 0) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, x, y, mask);
+  const float scale = 1.0f / (1.0f - p);  // as nn/dropout.cc
+  CudaDeviceGuard guard(stream.device().index);
+  dropoutForwardKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+      x, y, mask, count, vecCount, p, scale, seed);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void multiply(const float* a, const float* b, float* out, int64_t n, const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(n >= 0) << n;
+  if (n == 0) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, a, b, out);
+  CudaDeviceGuard guard(stream.device().index);
+  multiplyKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(a, b, out, count,
+                                                                                                      vecCount);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void softmaxCrossEntropy(const float* logits, const float* targets, float* grad, int64_t rows, int64_t cols,
+                         float* lossSum, float* correct, float* badTargets, const Stream& stream) {
+  checkCudaStream(stream);
+  checkMatrix(rows, cols);
+  if (rows == 0) return;
+  COHORT_CHECK(cols > 0) << "cross-entropy over " << rows << " rows of 0 classes";
+  const float invRows = 1.0f / static_cast<float>(rows);  // as nn/loss.cc
+  CudaDeviceGuard guard(stream.device().index);
+  unsigned blocks = rowBlocks(stream, rows, cols);
+  if (warpPerRow(cols)) {
+    softmaxCrossEntropyKernel<kWarpSize><<<blocks, kThreads, 0, nativeStream(stream)>>>(
+        logits, targets, grad, rows, cols, invRows, lossSum, correct, badTargets);
+  } else {
+    softmaxCrossEntropyKernel<kThreads><<<blocks, kThreads, 0, nativeStream(stream)>>>(
+        logits, targets, grad, rows, cols, invRows, lossSum, correct, badTargets);
+  }
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale, float* lossSum,
+                      const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(n >= 0) << n;
+  if (n == 0) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, out, targets, grad);
+  const float scale = 2.0f / static_cast<float>(n);  // as nn/loss.cc
+  CudaDeviceGuard guard(stream.device().index);
+  meanSquaredErrorKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+      out, targets, grad, count, vecCount, scale, lossScale, lossSum);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
+              const AdamStepOptions& options, const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(n >= 0) << n;
+  if (n == 0) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, param, grad, expAvg, expAvgSq);
+  CudaDeviceGuard guard(stream.device().index);
+  adamKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+      param, grad, expAvg, expAvgSq, count, vecCount, options);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace cohort::runtime::cuda

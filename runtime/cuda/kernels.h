@@ -1,0 +1,103 @@
+// CUDA kernels for the nn runtime: every op the layers, losses and optimizers use, over raw device
+// pointers, enqueued on an explicit stream (DESIGN.md §3.4).
+//
+// Conventions (the same for every function here):
+//   - Pointers are device memory on the stream's device, float32, row-major, contiguous; `rows` and
+//     `cols` describe a [rows, cols] matrix, `n` a flat element count. They must stay alive until
+//     the stream has run the kernel (the caching allocator's single-stream contract covers that).
+//   - Each call enqueues its kernels on `stream` (a CUDA stream; a CPU stream fails a CHECK) and
+//     returns without waiting. Empty inputs enqueue nothing. Launch errors throw cohort::Error.
+//   - Results match the CPU code in nn/ to float32 rounding (the CPU code is the reference; the GPU
+//     test in tests/runtime/cuda/kernels_test.cc compares the two op by op).
+// The fused kernels are the ones that pay on a GPU: bias + activation in one pass over the output,
+// softmax + cross-entropy (loss, gradient and accuracy in one kernel), and the optimizer updates
+// over the whole flat parameter buffer (sgdStep in elementwise.h, adamStep here).
+// Thread safety: no state; ordering is the stream's. Only built when CUDA is compiled in.
+//
+//   cuda::Blas blas(stream);
+//   blas.gemm({.m = 64, .n = 512, .k = 784, .transB = true}, x, w, y);   // y = x · wᵀ
+//   cuda::biasActivation(ActivationOp::kRelu, y, b, 64, 512, stream);
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/gemm_options.h"
+#include "runtime/stream.h"
+
+namespace cohort::runtime::cuda {
+
+enum class ActivationOp { kIdentity, kRelu, kTanh, kSigmoid };
+
+// A cuBLAS handle bound to one stream. Owns the handle; not copyable. Creating one initialises
+// cuBLAS on the stream's device (milliseconds): make one per stream and keep it. It keeps a
+// reference to the stream, which must outlive it (and not be moved from). Math is plain fp32 (no
+// TF32). cuBLAS failures throw cohort::Error naming the call and status (OutOfMemory for
+// CUBLAS_STATUS_ALLOC_FAILED). Thread safety: one thread at a time per Blas.
+class Blas {
+ public:
+  explicit Blas(const Stream& stream);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // C = alpha · op(A) · op(B) + beta · C, row-major, exactly runtime::cpu::gemm's contract (cuBLAS is
+  // column-major; the row-major product is computed as the column-major Cᵀ = op(B)ᵀ · op(A)ᵀ).
+  void gemm(const GemmOptions& options, const float* a, const float* b, float* c) const;
+  const Stream& stream() const { return stream_; }
+
+ private:
+  const Stream& stream_;
+  void* handle_ = nullptr;  // cublasHandle_t
+};
+
+// y[r, c] = act(y[r, c] + bias[c]); bias may be nullptr (activation only).
+void biasActivation(ActivationOp op, float* y, const float* bias, int64_t rows, int64_t cols, const Stream& stream);
+
+// y = act(x), elementwise (x may equal y).
+void activationForward(ActivationOp op, const float* x, float* y, int64_t n, const Stream& stream);
+// dx = dy · act'(x) expressed through the output y (ReLU: y > 0; Tanh: 1 − y²; Sigmoid: y(1 − y)).
+void activationBackward(ActivationOp op, const float* y, const float* dy, float* dx, int64_t n, const Stream& stream);
+
+// db[c] = Σ_r dy[r, c] (accumulate: db[c] += ...). With rows == 0 that is db = 0 (or db unchanged).
+void sumRows(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate, const Stream& stream);
+
+// Row-wise softmax (or log-softmax) of x into y, max-subtracted like the CPU code.
+void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool log, const Stream& stream);
+// Softmax: dx = y · (dy − Σ dy·y); log-softmax: dx = dy − exp(y) · Σ dy (per row).
+void softmaxBackward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, bool log,
+                     const Stream& stream);
+
+// Dropout with keep-scale 1/(1 − p): mask[i] = keep ? scale : 0, y = x · mask. The keep decision
+// for element i is dropoutKeep(seed, i, p) (runtime/dropout_mask.h), the same function the CPU
+// uses, so CPU and GPU draw identical masks for the same seed.
+void dropoutForward(const float* x, float* y, float* mask, int64_t n, float p, uint64_t seed, const Stream& stream);
+// out[i] = a[i] · b[i] (dropout's backward: dx = dy · mask).
+void multiply(const float* a, const float* b, float* out, int64_t n, const Stream& stream);
+
+// Fused softmax cross-entropy over logits [rows, cols] with targets [rows] holding class indices
+// as floats: grad = (softmax − onehot) / rows, and adds to three device scalars: *lossSum += Σ_r
+// (logsumexp − logit[target]), *correct += rows whose first argmax equals the target, and
+// *badTargets += rows whose target is not an integer in [0, cols) (their loss and gradient are 0;
+// the caller checks badTargets when it reads the sums and throws InvalidArgument). The caller zeroes
+// the scalars before the first call it wants summed. cols must be positive when rows is.
+void softmaxCrossEntropy(const float* logits, const float* targets, float* grad, int64_t rows, int64_t cols,
+                         float* lossSum, float* correct, float* badTargets, const Stream& stream);
+// Mean squared error over n elements: grad = 2 (out − target) / n, and
+// *lossSum += lossScale · Σ (out − target)² (lossScale = rows / n sums the batch mean per sample).
+void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale,
+                      float* lossSum, const Stream& stream);
+
+// One Adam/AdamW step over the flat buffers (PyTorch's rule, as nn/optimizer.h states):
+//   p ·= decay (AdamW: 1 − lr·wd, Adam: 1); g' = g + coupledWd · p (Adam: wd, AdamW: 0)
+//   m = β1 m + (1 − β1) g'; v = β2 v + (1 − β2) g'²; p −= stepSize · m / (sqrt(v) / bc2Sqrt + eps)
+struct AdamStepOptions {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float decay = 1.0f;
+  float coupledWeightDecay = 0.0f;
+  float stepSize = 0.0f;  // lr / (1 − β1ᵗ)
+  float bc2Sqrt = 1.0f;   // sqrt(1 − β2ᵗ)
+};
+void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
+              const AdamStepOptions& options, const Stream& stream);
+
+}  // namespace cohort::runtime::cuda
