@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 
 #include "nn/linear.h"
 #include "nn/loss.h"
@@ -13,7 +15,14 @@
 #include "runtime/cpu/blas.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/synthetic.h"
+#include "runtime/device_query.h"
 #include "runtime/error.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
+#include "runtime/data/device_loader.h"
+#endif
 
 namespace cohort::bench {
 
@@ -22,11 +31,13 @@ using runtime::Shape;
 using runtime::Tensor;
 
 void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
-  c.add_option("--model", o.model, "mlp spec")->capture_default_str();
+  c.add_option("--model", o.model, "mlp:… | cnn:lenet | cnn:rosetta")->capture_default_str();
+  c.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   c.add_option("--threads", o.threads, "BLAS thread counts to measure")->delimiter(',')->capture_default_str();
   c.add_option("--repeats", o.repeats, "runs per thread count (median reported)")->capture_default_str();
   c.add_option("--batch-size", o.batchSize, "batch size")->capture_default_str();
-  c.add_option("--samples", o.samples, "training samples per run")->capture_default_str();
+  c.add_option("--samples", o.samples, "training samples per run (default: 60000 for MNIST-shaped models, 5000 for "
+                                       "cnn:rosetta, the peers' figures)");
 }
 
 namespace {
@@ -67,42 +78,107 @@ double timeGemm(const runtime::cpu::GemmOptions& o) {
   return median(t);
 }
 
-// One epoch of training; returns samples/s.
-double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data, uint64_t seed) {
+// One epoch of training (SGD lr 0.01 momentum 0.9, dropout active); returns samples/s. On a GPU the
+// batches come through the DeviceLoader and the clock stops when the compute stream is done.
+double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data, uint64_t seed, runtime::Device device) {
   auto model = nn::buildModel(o.model);
-  model->params.allocate(runtime::cpuAllocator());
+  runtime::cuda::GpuContext* gpu = nullptr;
+#ifdef COHORT_HAVE_CUDA
+  std::unique_ptr<runtime::cuda::GpuContext> gpuOwner;
+  if (device.isCuda()) {
+    gpuOwner = std::make_unique<runtime::cuda::GpuContext>(device);
+    gpu = gpuOwner.get();
+  }
+#endif
+  auto host = nn::buildModel(o.model);
+  host->params.allocate(runtime::cpuAllocator());
   runtime::Rng rng(seed);
-  model->net->resetParams(rng);
-  auto opt = nn::makeOptimizer({.kind = nn::OptimizerKind::kSgd, .lr = 0.05f, .momentum = 0.9f}, model->params.numel());
+  host->net->resetParams(rng);
+  if (gpu) {
+#ifdef COHORT_HAVE_CUDA
+    model->params.allocate(gpu->allocator());
+    model->params.values().copyFrom(host->params.values());
+    runtime::cuda::fill({model->params.grads().data(), model->params.numel()}, 0.0f, gpu->stream());
+#endif
+  } else {
+    model = std::move(host);
+  }
+  auto opt = nn::makeOptimizer({.kind = nn::OptimizerKind::kSgd, .lr = 0.01f, .momentum = 0.9f}, model->params.numel(), gpu);
   nn::SoftmaxCrossEntropy loss;
   runtime::data::DataLoader loader(data, {.batchSize = o.batchSize, .seed = seed});
+  runtime::Rng dropoutRng(seed + 1);
   nn::Pass pass;
   pass.needInputGrad = false;
+  pass.rng = &dropoutRng;
+  pass.gpu = gpu;
+  std::function<void(int64_t)> startEpoch = [&](int64_t e) { loader.startEpoch(e); };
+  std::function<bool(runtime::data::Batch&)> next = [&](runtime::data::Batch& b) { return loader.next(b); };
+  std::function<void()> finish = [] {};
+#ifdef COHORT_HAVE_CUDA
+  std::unique_ptr<runtime::data::DeviceLoader> deviceBatches;
+  if (gpu) {
+    deviceBatches = std::make_unique<runtime::data::DeviceLoader>(loader, *gpu);
+    startEpoch = [&](int64_t e) { deviceBatches->startEpoch(e); };
+    next = [&](runtime::data::Batch& b) { return deviceBatches->next(b); };
+    finish = [&] { loss.takeGpuSums(*gpu); };
+  }
+#endif
   auto step = [&](const runtime::data::Batch& b) {
-    loss.forward(model->net->forward(b.inputs, pass), b.targets);
+    const Tensor& out = model->net->forward(b.inputs, pass);
+#ifdef COHORT_HAVE_CUDA
+    if (gpu) {
+      loss.forwardGpu(out, b.targets, *gpu);
+    } else
+#endif
+    {
+      loss.forward(out, b.targets);
+    }
     model->net->backward(loss.backward(), pass);
     opt->step(model->params.values(), model->params.grads());
   };
   // Warm-up: 20 steps (the peers do the same on a throwaway model).
-  loader.startEpoch(1000);
+  startEpoch(1000);
   runtime::data::Batch b;
-  for (int i = 0; i < 20 && loader.next(b); ++i) step(b);
-  loader.startEpoch(0);
+  for (int i = 0; i < 20 && next(b); ++i) step(b);
+  finish();
+  startEpoch(0);
   int64_t done = 0;
   auto start = Clock::now();
-  while (done < o.samples && loader.next(b)) {
+  while (done < o.samples && next(b)) {
     step(b);
     done += b.size;
   }
+  finish();
   return static_cast<double>(done) / seconds(start, Clock::now());
 }
 
 }  // namespace
 
-int runTrainBench(const TrainBenchOptions& o) {
-  if (o.repeats < 1 || o.batchSize < 1 || o.samples < 1) COHORT_THROW(InvalidArgument) << "bench train: counts must be positive";
+int runTrainBench(const TrainBenchOptions& options) {
+  TrainBenchOptions o = options;
+  if (o.repeats < 1 || o.batchSize < 1 || o.samples < 0) COHORT_THROW(InvalidArgument) << "bench train: counts must be positive";
+  const runtime::Device device = runtime::selectDevice(o.device, 0);
   auto probe = nn::buildModel(o.model);
+  // Data: the synthetic set the peers use for this input shape.
+  const bool cifarShaped = probe->sampleShape.numel() == 3 * 32 * 32;
+  if (o.samples == 0) o.samples = cifarShaped ? runtime::data::kSyntheticCifarTrainSize : 60000;
+  auto data = cifarShaped ? runtime::data::syntheticCifar(std::max<int64_t>(o.samples, o.batchSize))
+                          : runtime::data::syntheticMnist(runtime::data::Split::kTrain);
+  if (data->sampleShape().numel() != probe->sampleShape.numel()) {
+    COHORT_THROW(InvalidArgument) << "bench train: model " << o.model << " takes " << probe->sampleShape.numel()
+                                  << " inputs; the benchmark has synthetic MNIST- (784) and CIFAR-shaped (3072) data";
+  }
+  if (device.isCuda()) {
+    std::vector<double> runs;
+    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device));
+    std::printf("RESULT bench=train model=%s device=%s batch=%lld samples_per_s=%.0f min=%.0f max=%.0f\n", o.model.c_str(),
+                device.str().c_str(), static_cast<long long>(o.batchSize), median(runs),
+                *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));
+    return 0;
+  }
+  // An MLP's step is all GEMMs: time them alone for the bound (other models get the SGEMM peak only).
   std::vector<std::pair<int, int>> layers;
+  bool mlp = o.model.rfind("mlp:", 0) == 0;
   for (const auto& e : probe->params.entries()) {
     if (e.shape.rank() == 2) layers.emplace_back(static_cast<int>(e.shape[1]), static_cast<int>(e.shape[0]));
   }
@@ -110,34 +186,38 @@ int runTrainBench(const TrainBenchOptions& o) {
   for (size_t i = 0; i < layers.size(); ++i) flopsPerSample += 2.0 * layers[i].first * layers[i].second * (i ? 3 : 2);
   std::printf("# blas: %s\n", runtime::cpu::blasDescription().c_str());
 
-  // The GEMM-only bound at 1 thread: the step's GEMMs timed alone, and a large square SGEMM.
   runtime::cpu::setBlasThreads(1);
   double gemmStep = 0;
-  for (const auto& g : stepGemms(layers, static_cast<int>(o.batchSize))) {
-    double t = timeGemm(g);
-    gemmStep += t;
-    std::printf("RESULT bench=sgemm shape=%dx%dx%d trans=%c%c threads=1 gflops=%.1f\n", g.m, g.n, g.k, g.transA ? 'T' : 'N',
-                g.transB ? 'T' : 'N', 2.0 * g.m * g.n * g.k / t / 1e9);
+  if (mlp) {
+    for (const auto& g : stepGemms(layers, static_cast<int>(o.batchSize))) {
+      double t = timeGemm(g);
+      gemmStep += t;
+      std::printf("RESULT bench=sgemm shape=%dx%dx%d trans=%c%c threads=1 gflops=%.1f\n", g.m, g.n, g.k, g.transA ? 'T' : 'N',
+                  g.transB ? 'T' : 'N', 2.0 * g.m * g.n * g.k / t / 1e9);
+    }
   }
   double peak = 2.0 * 1024 * 1024 * 1024 / timeGemm({.m = 1024, .n = 1024, .k = 1024}) / 1e9;
-  double gemmOnlySamples = static_cast<double>(o.batchSize) / gemmStep;
   std::printf("RESULT bench=sgemm shape=1024x1024x1024 trans=NN threads=1 gflops=%.1f\n", peak);
-  std::printf("RESULT bench=sgemm_step model=%s batch=%lld threads=1 samples_per_s=%.0f\n", o.model.c_str(),
-              static_cast<long long>(o.batchSize), gemmOnlySamples);
+  double gemmOnlySamples = mlp ? static_cast<double>(o.batchSize) / gemmStep : 0;
+  if (mlp) {
+    std::printf("RESULT bench=sgemm_step model=%s batch=%lld threads=1 samples_per_s=%.0f\n", o.model.c_str(),
+                static_cast<long long>(o.batchSize), gemmOnlySamples);
+  }
   std::fflush(stdout);
 
-  auto data = runtime::data::syntheticMnist(runtime::data::Split::kTrain);
   for (int threads : o.threads) {
     runtime::cpu::setBlasThreads(threads);
     std::vector<double> runs;
-    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r)));
+    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device));
     double sps = median(runs);
-    double gflops = sps * flopsPerSample / 1e9;
-    std::printf("RESULT bench=train model=%s threads=%d samples_per_s=%.0f min=%.0f max=%.0f gflops=%.1f "
-                "peak_fraction=%.3f gemm_step_fraction=%.3f\n",
-                o.model.c_str(), threads, sps, *std::min_element(runs.begin(), runs.end()),
-                *std::max_element(runs.begin(), runs.end()), gflops, gflops / (peak * threads),
-                threads == 1 ? sps / gemmOnlySamples : 0.0);
+    std::printf("RESULT bench=train model=%s threads=%d samples_per_s=%.0f min=%.0f max=%.0f", o.model.c_str(), threads, sps,
+                *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));
+    if (mlp) {
+      double gflops = sps * flopsPerSample / 1e9;
+      std::printf(" gflops=%.1f peak_fraction=%.3f gemm_step_fraction=%.3f", gflops, gflops / (peak * threads),
+                  threads == 1 ? sps / gemmOnlySamples : 0.0);
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;

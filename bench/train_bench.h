@@ -1,10 +1,13 @@
-// `cohort bench train`: training throughput of the MLP 784-512-256-10 (batch 64, SGD momentum 0.9,
-// synthetic data; issue 2 §7) at each requested BLAS thread count, median of several runs of one
-// epoch each, and the single-thread OpenBLAS SGEMM rate on the same layer shapes, so the training
-// rate can be read as a fraction of what the GEMMs alone could reach.
+// `cohort bench train`: training throughput of a model (default the MLP 784-512-256-10; cnn:lenet,
+// cnn:rosetta; batch 64, SGD lr 0.01 momentum 0.9, the peers' synthetic data: MNIST-shaped of
+// DESIGN.md §7, or 5000 CIFAR-shaped samples for cnn:rosetta) at each requested BLAS thread count,
+// or on a GPU with --device cuda, median of several runs of one epoch each. For an MLP also the
+// single-thread OpenBLAS SGEMM rate on the same layer shapes, so the training rate can be read as a
+// fraction of what the GEMMs alone could reach.
 // Prints one line per figure:
 //   RESULT bench=sgemm shape=MxNxK trans=.. threads=1 gflops=..
 //   RESULT bench=train model=mlp:784,512,256,10 threads=T samples_per_s=.. gflops=.. sgemm_fraction=..
+//   RESULT bench=train model=… device=cuda:0 batch=B samples_per_s=..          (--device cuda)
 #pragma once
 
 #include <string>
@@ -18,10 +21,11 @@ namespace cohort::bench {
 
 struct TrainBenchOptions {
   std::string model = "mlp:784,512,256,10";
+  std::string device = "cpu";
   std::vector<int> threads = {1, 2};
   int repeats = 5;
   int64_t batchSize = 64;
-  int64_t samples = 60000;  // per run (one epoch of the synthetic train set)
+  int64_t samples = 0;  // per run; 0: one epoch of the synthetic set (60000 MNIST-shaped, 5000 CIFAR-shaped)
 };
 
 void addTrainBenchFlags(CLI::App& command, TrainBenchOptions& options);

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include <sys/resource.h>
+
 #include "collectives/communicator.h"
 #include "ipc/shared_params.h"
 #include "nn/hogwild.h"
@@ -19,17 +21,25 @@
 #include "runtime/cpu/blas.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/dataset.h"
+#include "runtime/device_query.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
+#endif
 
 namespace cohort::cli {
 
 namespace data = runtime::data;
 
 void addTrainFlags(CLI::App& c, TrainFlags& f) {
-  c.add_option("--model", f.model, "model spec: mlp:IN,HIDDEN...,OUT")->capture_default_str();
-  c.add_option("--data", f.data, "training data: synthetic | mnist:DIR | csv:FILE")->capture_default_str();
+  c.add_option("--model", f.model, "model spec: mlp:IN,HIDDEN...,OUT | cnn:lenet | cnn:rosetta")->capture_default_str();
+  c.add_option("--data", f.data, "training data: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE")
+      ->capture_default_str();
+  c.add_flag("--augment", f.augment, "random crop (padding 4) and horizontal flip of image samples [C,H,W] while training");
   c.add_option("--test-data", f.testData, "test data (default: the test split of --data; none for csv)");
   c.add_option("--mode", f.mode, "local | hogwild | allreduce")->capture_default_str();
   c.add_option("--backend", f.backend, "all-reduce backend: shm | mpi | nccl");
@@ -50,6 +60,8 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--resume", f.resume, "continue from --checkpoint if it exists");
   c.add_option("--max-steps", f.maxSteps, "stop after N optimizer steps in all (a checkpoint is written)");
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
+  c.add_flag("--memory-report", f.memoryReport,
+             "print the memory the run used at the end (GPU: the caching allocator's allocated, reserved and peak bytes)");
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers) before failing")
       ->capture_default_str();
 }
@@ -77,8 +89,10 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   if (!(f.timeout > 0)) COHORT_THROW(InvalidArgument) << "--timeout must be positive, got " << f.timeout;
   if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
-  if (runtime::Device::parse(f.device).isCuda()) {
-    COHORT_THROW(InvalidArgument) << "--device " << f.device << ": GPU training is not available in this version yet; use --device cpu";
+  if (runtime::Device::parse(f.device).isCuda() && f.mode != "local") {
+    COHORT_THROW(InvalidArgument) << "--device " << f.device << " trains with --mode local only in this version (GPU Hogwild "
+                                  << "over CUDA IPC and the NCCL backend are not available yet); use --device cpu for --mode "
+                                  << f.mode;
   }
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
@@ -149,6 +163,22 @@ void installStopSignal() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
+// --memory-report: what the run held, in the terms of torch.cuda.memory_allocated/_reserved and
+// max_memory_allocated on a GPU; the process's peak resident size on the CPU.
+void reportMemory(const runtime::Logger& log, const runtime::Device& device, const runtime::AllocatorStats* gpu) {
+  if (gpu) {
+    log.info() << "memory report (" << device.str() << " caching allocator): allocated "
+               << runtime::formatBytes(gpu->allocatedBytes) << ", reserved " << runtime::formatBytes(gpu->reservedBytes)
+               << ", peak allocated " << runtime::formatBytes(gpu->peakAllocatedBytes) << ", peak reserved "
+               << runtime::formatBytes(gpu->peakReservedBytes) << ", " << gpu->allocationCount << " allocations ("
+               << gpu->systemAllocations << " from the driver)";
+    return;
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  log.info() << "memory report (cpu): peak resident " << runtime::formatBytes(static_cast<size_t>(usage.ru_maxrss) * 1024);
+}
+
 }  // namespace
 
 int runTrain(const TrainFlags& f) {
@@ -163,9 +193,18 @@ int runTrain(const TrainFlags& f) {
   runtime::cpu::setBlasThreads(f.threads);
   const bool classification = f.loss == "ce";
   const bool hogwild = f.mode == "hogwild";
+  // One worker per GPU: "cuda" is the GPU of this worker's local rank.
+  const runtime::Device device = runtime::selectDevice(f.device, world.localRank);
+#ifdef COHORT_HAVE_CUDA
+  std::unique_ptr<runtime::cuda::GpuContext> gpu;
+  if (device.isCuda()) gpu = std::make_unique<runtime::cuda::GpuContext>(device);
+  runtime::cuda::GpuContext* gpuContext = gpu.get();
+#else
+  runtime::cuda::GpuContext* gpuContext = nullptr;
+#endif
 
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
-  auto optimizer = nn::makeOptimizer(optimizerOptions(f), model->params.numel());
+  auto optimizer = nn::makeOptimizer(optimizerOptions(f), model->params.numel(), gpuContext);
   std::unique_ptr<data::Dataset> train = data::openDataset(f.data, data::Split::kTrain);
   std::unique_ptr<data::Dataset> test = world.rank == 0 ? openTestSet(f) : nullptr;
   checkFits(*model, *train, classification);
@@ -200,6 +239,17 @@ int runTrain(const TrainFlags& f) {
                              initialise);
     sync = std::make_unique<nn::HogwildSync>(*shared, timeout);
     optimizer->setSweepStart(nn::hogwildSweepStart(model->params.numel(), world.localRank, world.localWorldSize));
+  } else if (device.isCuda()) {
+#ifdef COHORT_HAVE_CUDA
+    // Initialised on the CPU (the same numbers as a CPU run), then copied to the GPU once.
+    std::unique_ptr<nn::Model> host = nn::buildModel(f.model);
+    host->params.allocate(runtime::cpuAllocator());
+    runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
+    host->net->resetParams(initRng);
+    model->params.allocate(gpu->allocator());
+    model->params.values().copyFrom(host->params.values());
+    runtime::cuda::fill({model->params.grads().data(), model->params.numel()}, 0.0f, gpu->stream());
+#endif
   } else {
     model->params.allocate(runtime::cpuAllocator());
     initialise();
@@ -207,12 +257,14 @@ int runTrain(const TrainFlags& f) {
   auto loss = nn::makeLoss(classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
 
   data::DataLoader loader(*train, {.batchSize = f.batchSize, .seed = f.seed, .rank = world.rank,
-                                   .worldSize = world.worldSize, .prefetch = f.prefetch});
+                                   .worldSize = world.worldSize, .prefetch = f.prefetch,
+                                   .augment = f.augment ? data::kStandardAugment : data::Augment{}});
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
              << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "
              << train->name() << " (" << loader.samplesPerEpoch() << " samples per epoch"
              << (test ? ", test " + std::to_string(test->size()) : std::string()) << "), " << optimizer->name() << " lr "
-             << f.lr << ", batch " << f.batchSize << ", " << f.threads << " BLAS thread(s)";
+             << f.lr << ", batch " << f.batchSize << ", "
+             << (device.isCuda() ? "on " + device.str() : std::to_string(f.threads) + " BLAS thread(s)");
   nn::TrainerOptions options;
   options.epochs = f.epochs;
   options.seed = f.seed;
@@ -226,11 +278,20 @@ int runTrain(const TrainFlags& f) {
   options.backend = comm ? comm->backend() : "none";
   options.paramsShared = hogwild;
   options.stopRequested = &gStopRequested;
+  options.gpu = gpuContext;
   installStopSignal();
   nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options, sync.get());
   nn::TrainResult result = trainer.run();
   if (world.rank == 0) std::printf("%s\n", trainer.resultLine(result).c_str());
   std::fflush(stdout);
+  if (device.isCuda()) log.info() << "input wait on " << device.str() << ": " << result.inputWaitMs << " ms in all";
+  if (f.memoryReport) {
+    runtime::AllocatorStats gpuStats;
+#ifdef COHORT_HAVE_CUDA
+    if (gpu) gpuStats = gpu->allocator().stats();
+#endif
+    reportMemory(log, device, device.isCuda() ? &gpuStats : nullptr);
+  }
   if (result.stoppedBySignal && world.rank == 0) {
     log.info() << "stopped on request after step " << result.steps
                << (f.checkpoint.empty() ? "; no --checkpoint was given, so nothing was saved"

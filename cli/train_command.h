@@ -19,6 +19,7 @@ struct TrainFlags {
   std::string model = "mlp:784,512,256,10";
   std::string data = "synthetic";
   std::string testData;
+  bool augment = false;
   std::string mode = "local";
   std::string backend;
   std::string device = "cpu";
@@ -38,6 +39,7 @@ struct TrainFlags {
   bool resume = false;
   int64_t maxSteps = 0;
   std::string metrics;
+  bool memoryReport = false;
   double timeout = 300;  // seconds any wait for other workers may take
 };
 

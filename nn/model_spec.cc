@@ -4,13 +4,19 @@
 #include <vector>
 
 #include "nn/activation.h"
+#include "nn/batchnorm.h"
+#include "nn/conv2d.h"
+#include "nn/dropout.h"
 #include "nn/linear.h"
+#include "nn/pool.h"
+#include "nn/reshape.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
 namespace {
 
-constexpr const char* kAccepted = "accepted: mlp:IN,HIDDEN...,OUT (e.g. mlp:784,512,256,10)";
+constexpr const char* kAccepted =
+    "accepted: mlp:IN,HIDDEN...,OUT (e.g. mlp:784,512,256,10), cnn:lenet, cnn:lenet-bn, cnn:rosetta";
 
 std::vector<int64_t> parseSizes(const std::string& spec, const std::string& list) {
   std::vector<int64_t> sizes;
@@ -28,6 +34,58 @@ std::vector<int64_t> parseSizes(const std::string& spec, const std::string& list
     pos = comma + 1;
   }
   return sizes;
+}
+
+// Appends layers to a CNN under the mlp's naming scheme: each kind numbered from 0 in forward order
+// (conv0, bn0, relu0, pool0, drop0, fc0, ...).
+class CnnBuilder {
+ public:
+  explicit CnnBuilder(Sequential& net) : net_(net) {}
+
+  CnnBuilder& view(const Shape& sampleShape) { return add(std::make_unique<Unflatten>(sampleShape), "view", nullptr); }
+  CnnBuilder& conv(const Conv2dOptions& options) { return add(std::make_unique<Conv2d>(options), "conv", &convs_); }
+  CnnBuilder& batchNorm(int64_t channels) { return add(std::make_unique<BatchNorm2d>(channels), "bn", &bns_); }
+  CnnBuilder& relu() { return add(nn::relu(), "relu", &relus_); }
+  CnnBuilder& maxPool(int64_t kernel) { return add(std::make_unique<MaxPool2d>(kernel), "pool", &pools_); }
+  CnnBuilder& dropout(float p) { return add(std::make_unique<Dropout>(p), "drop", &drops_); }
+  CnnBuilder& flatten() { return add(std::make_unique<Flatten>(), "flatten", nullptr); }
+  CnnBuilder& linear(int64_t in, int64_t out) { return add(std::make_unique<Linear>(in, out), "fc", &fcs_); }
+
+ private:
+  CnnBuilder& add(ModulePtr m, const std::string& kind, int* counter) {
+    net_.add(std::move(m), counter ? kind + std::to_string((*counter)++) : kind);
+    return *this;
+  }
+
+  Sequential& net_;
+  int convs_ = 0, bns_ = 0, relus_ = 0, pools_ = 0, drops_ = 0, fcs_ = 0;
+};
+
+// LeNet-5 with ReLU and max-pooling, for [1, 28, 28] images (flat [784] rows are viewed as such);
+// with `batchNorm`, a BatchNorm2d follows each convolution.
+void buildLenet(Model& model, bool batchNorm) {
+  CnnBuilder b(*model.net);
+  b.view(Shape{1, 28, 28}).conv({.in = 1, .out = 6, .kernel = 5, .padding = 2});
+  if (batchNorm) b.batchNorm(6);
+  b.relu().maxPool(2).conv({.in = 6, .out = 16, .kernel = 5});
+  if (batchNorm) b.batchNorm(16);
+  b.relu().maxPool(2).flatten().linear(16 * 5 * 5, 120).relu().linear(120, 84).relu().linear(84, 10);
+  model.sampleShape = Shape{1, 28, 28};
+  model.outputs = 10;
+}
+
+// The CIFAR-10 CNN of the 'rosetta' framework comparison (Keras' cifar10_cnn layout with 50 and 100
+// filters) for [3, 32, 32] images (flat [3072] rows are viewed as such).
+void buildRosetta(Model& model) {
+  CnnBuilder b(*model.net);
+  b.view(Shape{3, 32, 32});
+  b.conv({.in = 3, .out = 50, .kernel = 3, .padding = 1}).relu().conv({.in = 50, .out = 50, .kernel = 3}).relu();
+  b.maxPool(2).dropout(0.25f);
+  b.conv({.in = 50, .out = 100, .kernel = 3, .padding = 1}).relu().conv({.in = 100, .out = 100, .kernel = 3}).relu();
+  b.maxPool(2).dropout(0.25f);
+  b.flatten().linear(100 * 6 * 6, 512).relu().dropout(0.5f).linear(512, 10);
+  model.sampleShape = Shape{3, 32, 32};
+  model.outputs = 10;
 }
 
 }  // namespace
@@ -48,6 +106,10 @@ std::unique_ptr<Model> buildModel(const std::string& spec) {
     }
     model->sampleShape = Shape{sizes.front()};
     model->outputs = sizes.back();
+  } else if (spec == "cnn:lenet" || spec == "cnn:lenet-bn") {
+    buildLenet(*model, spec == "cnn:lenet-bn");
+  } else if (spec == "cnn:rosetta") {
+    buildRosetta(*model);
   } else {
     COHORT_THROW(InvalidArgument) << "unknown model spec '" << spec << "'; " << kAccepted;
   }

@@ -1,6 +1,15 @@
 // Model specs as given on the command line (DESIGN.md §4) and the Model they build.
 //
 //   mlp:784,512,256,10   Linear(784→512) ReLU Linear(512→256) ReLU Linear(256→10)
+//   cnn:lenet            [1, 28, 28] (flat [784] rows are viewed as images): conv 1→6 5x5 pad 2, ReLU,
+//                        max-pool 2, conv 6→16 5x5, ReLU, max-pool 2, flatten, fc 400→120, ReLU,
+//                        fc 120→84, ReLU, fc 84→10
+//   cnn:lenet-bn         the same with BatchNorm2d after each convolution (bn0, bn1)
+//   cnn:rosetta          [3, 32, 32]: 2 × (conv 3x3 pad 1 + ReLU, conv 3x3 + ReLU, max-pool 2,
+//                        dropout 0.25) with 50 then 100 channels, flatten (3600), fc 512 + ReLU,
+//                        dropout 0.5, fc 10
+//
+// Layers are named by kind, numbered in forward order: fc0.weight, conv1.bias, bn0.running_mean.
 //
 // A Model owns its network and the ParamBuffer its parameters live in. It is built unbound: call
 // params.allocate()/attach() and then net->resetParams(). Unknown or malformed specs throw
@@ -18,7 +27,7 @@ namespace cohort::nn {
 
 struct Model {
   std::string spec;
-  Shape sampleShape;  // one input sample, e.g. [784]
+  Shape sampleShape;  // one input sample, e.g. [784] or [3, 32, 32]
   int64_t outputs = 0;
   std::unique_ptr<Sequential> net;
   ParamBuffer params;

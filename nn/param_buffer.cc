@@ -1,30 +1,53 @@
 #include "nn/param_buffer.h"
 
+#include <algorithm>
+
 #include "runtime/error.h"
 
 namespace cohort::nn {
 
 // Each parameter starts at a multiple of 16 floats (64 bytes) so vector loads of any parameter are
-// aligned; the padding is zero and costs under 64 bytes per parameter.
+// aligned; the padding is zero and costs under 64 bytes per parameter. Buffers are laid out alike.
 static constexpr size_t kAlignElems = 16;
+
+static ParamBuffer::Entry appendEntry(const std::string& name, const Shape& shape, size_t& numel) {
+  ParamBuffer::Entry e;
+  e.name = name;
+  e.shape = shape;
+  e.offset = (numel + kAlignElems - 1) / kAlignElems * kAlignElems;
+  e.numel = static_cast<size_t>(shape.numel());
+  numel = e.offset + e.numel;
+  return e;
+}
 
 size_t ParamBuffer::add(const std::string& name, const Shape& shape, Tensor* value, Tensor* grad) {
   if (bound()) COHORT_THROW(InvalidArgument) << "parameter '" << name << "' added after binding";
-  if (find(name)) COHORT_THROW(InvalidArgument) << "duplicate parameter name '" << name << "'";
+  if (find(name) || findBuffer(name)) COHORT_THROW(InvalidArgument) << "duplicate parameter name '" << name << "'";
   COHORT_CHECK(value && grad);
-  Entry e;
-  e.name = name;
-  e.shape = shape;
-  e.offset = (numel_ + kAlignElems - 1) / kAlignElems * kAlignElems;
-  e.numel = static_cast<size_t>(shape.numel());
-  numel_ = e.offset + e.numel;
-  entries_.push_back(e);
+  entries_.push_back(appendEntry(name, shape, numel_));
   targets_.emplace_back(value, grad);
   return entries_.size() - 1;
 }
 
+size_t ParamBuffer::addBuffer(const std::string& name, const Shape& shape, Tensor* value, float initial) {
+  if (bound()) COHORT_THROW(InvalidArgument) << "buffer '" << name << "' added after binding";
+  if (find(name) || findBuffer(name)) COHORT_THROW(InvalidArgument) << "duplicate buffer name '" << name << "'";
+  COHORT_CHECK(value);
+  bufferEntries_.push_back(appendEntry(name, shape, bufferNumel_));
+  bufferTargets_.push_back(value);
+  bufferInitial_.push_back(initial);
+  return bufferEntries_.size() - 1;
+}
+
 const ParamBuffer::Entry* ParamBuffer::find(const std::string& name) const {
   for (const Entry& e : entries_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+const ParamBuffer::Entry* ParamBuffer::findBuffer(const std::string& name) const {
+  for (const Entry& e : bufferEntries_) {
     if (e.name == name) return &e;
   }
   return nullptr;
@@ -38,7 +61,7 @@ void ParamBuffer::allocate(runtime::Allocator& allocator) {
     values_.fill(0.0f);
     grads_.fill(0.0f);
   }
-  bind();
+  bind(allocator);
 }
 
 void ParamBuffer::attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator) {
@@ -46,14 +69,23 @@ void ParamBuffer::attach(float* values, runtime::Device device, runtime::Allocat
   values_ = Tensor::view(values, Shape{static_cast<int64_t>(numel_)}, device);
   grads_ = Tensor::empty(Shape{static_cast<int64_t>(numel_)}, gradAllocator);
   if (gradAllocator.device().isCpu()) grads_.fill(0.0f);
-  bind();
+  bind(gradAllocator);
 }
 
-void ParamBuffer::bind() {
+void ParamBuffer::bind(runtime::Allocator& bufferAllocator) {
+  buffers_ = Tensor::empty(Shape{static_cast<int64_t>(bufferNumel_)}, bufferAllocator);
+  if (bufferAllocator.device().isCpu()) {
+    buffers_.fill(0.0f);
+    for (size_t i = 0; i < bufferEntries_.size(); ++i) {
+      const Entry& e = bufferEntries_[i];
+      std::fill_n(buffers_.data() + e.offset, e.numel, bufferInitial_[i]);
+    }
+  }
   for (size_t i = 0; i < entries_.size(); ++i) {
     *targets_[i].first = value(i);
     *targets_[i].second = grad(i);
   }
+  for (size_t i = 0; i < bufferEntries_.size(); ++i) *bufferTargets_[i] = buffer(i);
 }
 
 Tensor ParamBuffer::value(size_t index) const {
@@ -64,6 +96,11 @@ Tensor ParamBuffer::value(size_t index) const {
 Tensor ParamBuffer::grad(size_t index) const {
   const Entry& e = entries_.at(index);
   return grads_.narrowRows(static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel)).reshape(e.shape);
+}
+
+Tensor ParamBuffer::buffer(size_t index) const {
+  const Entry& e = bufferEntries_.at(index);
+  return buffers_.narrowRows(static_cast<int64_t>(e.offset), static_cast<int64_t>(e.numel)).reshape(e.shape);
 }
 
 void ParamBuffer::zeroGrads() const { grads_.fill(0.0f); }

@@ -1,12 +1,17 @@
 // ParamBuffer: every parameter of a model as a view into one contiguous float32 buffer, in forward
 // order, and every gradient as a view into a second buffer of the same layout (DESIGN.md §3.1).
+// A third flat buffer holds the model's non-trainable state ("buffers" in PyTorch's sense, e.g.
+// BatchNorm's running statistics): saved in checkpoints like parameters, but never touched by
+// optimizers or gradient synchronisation, and always in this process's private memory.
 //
 // Two phases. Registration: modules call add() with a name, a shape and the addresses of the Tensor
-// members that will view the value and the gradient. Binding: allocate() (owned memory) or
-// attach() (parameters in memory owned by someone else, e.g. a shared-memory segment for Hogwild;
-// gradients stay private) creates the buffers and points every registered Tensor into them. After
-// binding the layout is frozen: add() throws. The registered Tensor members must outlive the binding
-// (modules register their own members, and a model owns both the modules and its ParamBuffer).
+// members that will view the value and the gradient, and addBuffer() for state. Binding: allocate()
+// (owned memory) or attach() (parameters in memory owned by someone else, e.g. a shared-memory
+// segment for Hogwild; gradients and buffers stay private) creates the flat buffers and points every
+// registered Tensor into them. After binding the layout is frozen: add() and addBuffer() throw.
+// Parameter and buffer names share one namespace (checkpoints store both under their names). The
+// registered Tensor members must outlive the binding (modules register their own members, and a
+// model owns both the modules and its ParamBuffer).
 // Thread safety: none; binding happens once at start-up.
 //
 //   ParamBuffer params;
@@ -37,11 +42,15 @@ class ParamBuffer {
 
   // Registers one parameter; returns its index. Throws if already bound or the name repeats.
   size_t add(const std::string& name, const Shape& shape, Tensor* value, Tensor* grad);
+  // Registers one non-trainable state tensor, which binding fills with `initial` (on CPU); returns
+  // its index among the buffers. Throws if already bound or the name repeats (among parameters too).
+  size_t addBuffer(const std::string& name, const Shape& shape, Tensor* value, float initial = 0.0f);
 
-  // Allocates values and gradients from `allocator` (values uninitialised, gradients zeroed on CPU).
+  // Allocates values, gradients and buffers from `allocator` (on CPU: values and gradients zeroed,
+  // buffers set to their initial values).
   void allocate(runtime::Allocator& allocator);
-  // Values live at `values` (numel() floats on `device`, owned by the caller); gradients are
-  // allocated from `gradAllocator`.
+  // Values live at `values` (numel() floats on `device`, owned by the caller); gradients and
+  // buffers are allocated from `gradAllocator`.
   void attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator);
 
   bool bound() const { return values_.defined(); }
@@ -57,14 +66,26 @@ class ParamBuffer {
   Tensor grad(size_t index) const;
   void zeroGrads() const;
 
+  // Non-trainable state, laid out like the parameters in its own flat buffer.
+  size_t bufferNumel() const { return bufferNumel_; }
+  const std::vector<Entry>& bufferEntries() const { return bufferEntries_; }
+  const Entry* findBuffer(const std::string& name) const;
+  const Tensor& buffers() const { return buffers_; }  // shape [bufferNumel()]
+  Tensor buffer(size_t index) const;
+
  private:
-  void bind();
+  void bind(runtime::Allocator& bufferAllocator);
 
   std::vector<Entry> entries_;
   std::vector<std::pair<Tensor*, Tensor*>> targets_;
   size_t numel_ = 0;
   Tensor values_;
   Tensor grads_;
+  std::vector<Entry> bufferEntries_;
+  std::vector<Tensor*> bufferTargets_;
+  std::vector<float> bufferInitial_;
+  size_t bufferNumel_ = 0;
+  Tensor buffers_;
 };
 
 }  // namespace cohort::nn

@@ -1,9 +1,11 @@
 // Trainer state <-> checkpoint files. Kept apart from the loop in trainer.cc.
 //
-// Tensors: every parameter under its own name ("fc0.weight"), every optimizer state buffer as one
-// flat tensor "optimizer.<name>". Metadata: what must match to resume (model spec, optimizer,
-// parameter count) and where the run stands (epoch, batch, step, Rng counter, running sums; the
-// loss sum as a hex float so it round-trips exactly).
+// Tensors: every parameter under its own name ("fc0.weight"), then every non-trainable buffer of the
+// model under its own name ("bn0.running_mean"; models without any write none, so their checkpoints
+// are unchanged), then every optimizer state buffer as one flat tensor "optimizer.<name>".
+// Metadata: what must match to resume (model spec, optimizer, parameter count) and where the run
+// stands (epoch, batch, step, Rng counter, running sums; the loss sum as a hex float so it
+// round-trips exactly).
 #include <cinttypes>
 #include <cstdio>
 #include <sys/stat.h>
@@ -59,8 +61,16 @@ void loadParamsFromCheckpoint(const Checkpoint& ckpt, const std::string& path, c
   for (size_t i = 0; i < params.entries().size(); ++i) loadTensor(ckpt, path, params.entries()[i].name, params.value(i));
 }
 
+// Buffers are private to each process (never in a shared segment), so every rank loads its own.
+void loadBuffersFromCheckpoint(const Checkpoint& ckpt, const std::string& path, const ParamBuffer& params) {
+  for (size_t i = 0; i < params.bufferEntries().size(); ++i) {
+    loadTensor(ckpt, path, params.bufferEntries()[i].name, params.buffer(i));
+  }
+}
+
 }  // namespace
 
+// Parameters only: the buffers are loaded by each rank's Trainer::loadCheckpoint.
 void loadParamsFromCheckpoint(const std::string& path, const ParamBuffer& params) {
   loadParamsFromCheckpoint(readCheckpoint(path), path, params);
 }
@@ -70,6 +80,9 @@ void Trainer::saveCheckpoint(const Position& pos) {
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < model_.params.entries().size(); ++i) {
     tensors.push_back({model_.params.entries()[i].name, model_.params.value(i)});
+  }
+  for (size_t i = 0; i < model_.params.bufferEntries().size(); ++i) {
+    tensors.push_back({model_.params.bufferEntries()[i].name, model_.params.buffer(i)});
   }
   const bool perRankState = sync_ && !sync_->replicated();
   if (perRankState) {
@@ -118,6 +131,7 @@ bool Trainer::loadCheckpoint(Position& pos) {
   expectSame(m, "loader_seed", std::to_string(train_.options().seed), path);
   expectSame(m, "world_size", std::to_string(world_.worldSize), path);
   if (!options_.paramsShared) loadParamsFromCheckpoint(ckpt, path, model_.params);
+  loadBuffersFromCheckpoint(ckpt, path, model_.params);
   const bool perRankState = sync_ && !sync_->replicated();
   const std::string prefix = perRankState ? "optimizer.rank" + std::to_string(world_.rank) + "." : "optimizer.";
   for (const auto& s : optimizer_.state()) loadTensor(ckpt, path, prefix + s.name, s.tensor);

@@ -74,6 +74,11 @@ std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& 
 DataLoader::DataLoader(const Dataset& dataset, const DataLoaderOptions& options)
     : dataset_(dataset), options_(options) {
   validate(options_);
+  try {
+    augmenter_ = Augmenter(options_.augment, dataset_.sampleShape());
+  } catch (const InvalidArgument& e) {
+    COHORT_THROW(InvalidArgument) << "data loader (" << dataset_.name() << "): " << e.what();
+  }
   sampleElems_ = dataset_.sampleShape().numel();
   targetElems_ = dataset_.targetShape().numel();
   int64_t shard = shardSize(dataset_.size(), options_);
@@ -131,7 +136,12 @@ void DataLoader::gather(int64_t batchIndex, Slot& slot) const {
   size_t yBytes = static_cast<size_t>(targetElems_) * sizeof(float);
   for (int64_t s = 0; s < size; ++s) {
     int64_t i = indices_[static_cast<size_t>(begin + s)];
-    std::memcpy(xOut + s * sampleElems_, x + i * sampleElems_, xBytes);
+    if (augmenter_.enabled()) {
+      augmenter_.apply(augmenter_.draw(options_.seed, epoch_, i), x + i * sampleElems_,
+                       xOut + s * sampleElems_);
+    } else {
+      std::memcpy(xOut + s * sampleElems_, x + i * sampleElems_, xBytes);
+    }
     std::memcpy(yOut + s * targetElems_, y + i * targetElems_, yBytes);
   }
   slot.index = batchIndex;

@@ -6,6 +6,9 @@
 //      from their beginning up to ceil(N/W)*W; with dropLast truncated to floor(N/W)*W; rank r
 //      takes indices[r], indices[r + W], ...;
 //   3. cut into batches of batchSize; the last one is smaller, or dropped with dropLast.
+// With `augment` enabled, each gathered sample is randomly cropped and/or flipped (augment.h) by
+// choices that are a pure function of (seed, epoch, sample index), so batches stay reproducible.
+// Disabled (the default), samples are copied unchanged. Use it for training loaders only.
 // startEpoch(e, k) starts epoch e at batch k (a resumed run continues mid-epoch); next() returns
 // batches k, k+1, ... and then false.
 //
@@ -30,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/data/augment.h"
 #include "runtime/data/dataset.h"
 #include "runtime/tensor.h"
 
@@ -44,6 +48,7 @@ struct DataLoaderOptions {
   int prefetch = 2;   // batches gathered ahead; 0 = synchronous
   bool dropLast = false;
   double timeoutSeconds = 60;  // longest wait in next() for the worker (> 0)
+  Augment augment = {};        // default: none; enabled needs samples of shape [C, H, W]
 };
 
 struct Batch {
@@ -60,7 +65,8 @@ std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& 
 
 class DataLoader {
  public:
-  // Throws InvalidArgument for invalid options. Allocates the slots; starts no thread yet.
+  // Throws InvalidArgument for invalid options (including augmentation of samples that are not
+  // [C, H, W]). Allocates the slots; starts no thread yet.
   DataLoader(const Dataset& dataset, const DataLoaderOptions& options);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
@@ -93,6 +99,7 @@ class DataLoader {
 
   const Dataset& dataset_;
   const DataLoaderOptions options_;
+  Augmenter augmenter_;
   int64_t sampleElems_ = 0;
   int64_t targetElems_ = 0;
   int64_t samplesPerEpoch_ = 0;

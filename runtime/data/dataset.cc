@@ -1,7 +1,10 @@
 #include "runtime/data/dataset.h"
 
+#include <charconv>
+#include <system_error>
 #include <utility>
 
+#include "runtime/data/cifar10.h"
 #include "runtime/data/csv.h"
 #include "runtime/data/mnist.h"
 #include "runtime/data/synthetic.h"
@@ -11,7 +14,10 @@ namespace cohort::runtime::data {
 namespace {
 
 constexpr const char* kAcceptedSpecs =
-    "accepted forms: 'synthetic', 'mnist:DIR', 'csv:FILE' ('cifar10:DIR' is not supported yet)";
+    "accepted forms: 'synthetic', 'synthetic-cifar', 'synthetic-cifar:N', 'mnist:DIR', "
+    "'cifar10:DIR', 'csv:FILE'";
+// Bounds N in synthetic-cifar:N well below where N x 3072 floats could overflow a size.
+constexpr int64_t kMaxSyntheticCifarSize = int64_t{1} << 32;
 
 bool startsWith(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
@@ -33,6 +39,20 @@ std::string specArgument(const std::string& spec, const std::string& prefix) {
   return arg;
 }
 
+// N of "synthetic-cifar:N": a decimal integer in [1, kMaxSyntheticCifarSize].
+int64_t syntheticCifarSize(const std::string& spec, const std::string& prefix) {
+  std::string arg = spec.substr(prefix.size());
+  int64_t n = 0;
+  const char* end = arg.data() + arg.size();
+  auto [ptr, ec] = std::from_chars(arg.data(), end, n);
+  if (arg.empty() || ec != std::errc() || ptr != end || n < 1 || n > kMaxSyntheticCifarSize) {
+    COHORT_THROW(InvalidArgument) << "dataset spec '" << spec << "': the sample count after '"
+                                  << prefix << "' must be an integer in [1, "
+                                  << kMaxSyntheticCifarSize << "]; " << kAcceptedSpecs;
+  }
+  return n;
+}
+
 }  // namespace
 
 Dataset::Dataset(DatasetContents contents) : contents_(std::move(contents)) {
@@ -52,6 +72,11 @@ Shape Dataset::targetShape() const { return dropFirst(contents_.targets.shape())
 
 std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split) {
   if (spec == "synthetic") return syntheticMnist(split);
+  if (spec == "synthetic-cifar") return syntheticCifar(kSyntheticCifarTrainSize, split);
+  if (startsWith(spec, "synthetic-cifar:")) {
+    return syntheticCifar(syntheticCifarSize(spec, "synthetic-cifar:"), split);
+  }
+  if (startsWith(spec, "cifar10:")) return readCifar10(specArgument(spec, "cifar10:"), split);
   if (startsWith(spec, "mnist:")) return readMnist(specArgument(spec, "mnist:"), split);
   if (startsWith(spec, "csv:")) {
     std::string path = specArgument(spec, "csv:");
@@ -61,10 +86,6 @@ std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split) {
                                        "with --test-data csv:FILE";
     }
     return readCsv(path);
-  }
-  if (startsWith(spec, "cifar10:")) {
-    COHORT_THROW(InvalidArgument) << "dataset spec '" << spec << "': cifar10 is not supported yet; "
-                                  << kAcceptedSpecs;
   }
   COHORT_THROW(InvalidArgument) << "unknown dataset spec '" << spec << "'; " << kAcceptedSpecs;
 }

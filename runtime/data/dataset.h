@@ -1,5 +1,6 @@
 // Dataset: a whole dataset held in host memory, and openDataset() which builds one from a
-// command-line spec (DESIGN.md §4: synthetic | mnist:DIR | csv:FILE).
+// command-line spec (DESIGN.md §4: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR |
+// csv:FILE).
 //
 // inputs() is a CPU float32 Tensor [N, ...sampleShape]. targets() is a CPU float32 Tensor: [N]
 // holding class indices as exact floats when numClasses() > 0, or [N, T] regression values when
@@ -51,13 +52,18 @@ class Dataset {
 };
 
 // Opens the dataset named by `spec`:
-//   synthetic      the deterministic MNIST-shaped task of DESIGN.md §7 (train or test split)
-//   mnist:DIR      the four IDX files in DIR, plain or .gz (see mnist.h)
-//   csv:FILE       numeric rows, last column the target (see csv.h)
+//   synthetic          the deterministic MNIST-shaped task of DESIGN.md §7 (train or test split)
+//   synthetic-cifar:N  the CIFAR-shaped set of DESIGN.md §7, [N, 3, 32, 32] in [0, 1), random
+//                      labels; N in [1, 2^32], default 5000 ("synthetic-cifar"). Its test split is
+//                      the 1000 samples that continue the same streams after the N train samples
+//                      (see synthetic.h)
+//   mnist:DIR          the four IDX files in DIR, plain or .gz (see mnist.h)
+//   cifar10:DIR        the CIFAR-10 binary batches in DIR, normalised per channel (see cifar10.h)
+//   csv:FILE           numeric rows, last column the target (see csv.h)
 // A CSV file has no test split: openDataset("csv:F", Split::kTest) throws InvalidArgument telling
 // the user to pass --test-data csv:FILE. The caller opens a spec given explicitly with --test-data
-// using Split::kTrain semantics (for csv that reads the whole file; for synthetic and mnist the
-// caller passes kTest to get the test split).
+// using Split::kTrain semantics (for csv that reads the whole file; for the synthetic sets, mnist
+// and cifar10 the caller passes kTest to get the test split).
 // Throws InvalidArgument for an unknown spec (listing the accepted forms) and IoError for files
 // that are missing or malformed.
 std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split);

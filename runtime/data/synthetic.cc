@@ -101,26 +101,44 @@ std::unique_ptr<Dataset> syntheticMnist(Split split) {
   return std::make_unique<Dataset>(std::move(c));
 }
 
-std::unique_ptr<Dataset> syntheticCifar(int64_t n) {
-  if (n < 0) COHORT_THROW(InvalidArgument) << "synthetic CIFAR size must be >= 0, got " << n;
-  constexpr int64_t kSample = 3 * 32 * 32;
+std::unique_ptr<Dataset> syntheticCifarSamples(int64_t first, int64_t n) {
+  if (first < 0 || n < 0) {
+    COHORT_THROW(InvalidArgument)
+        << "synthetic CIFAR samples must start at >= 0 and number >= 0, got " << n << " from "
+        << first;
+  }
+  constexpr int64_t kSample = kSyntheticCifarSample;
   DatasetContents c;
   c.name = "synthetic-cifar";
   c.inputs = Tensor::empty(Shape{n, 3, 32, 32}, cpuAllocator());
   c.targets = Tensor::empty(Shape{n}, cpuAllocator());
-  c.numClasses = 10;
+  c.numClasses = kSyntheticClasses;
   float* x = c.inputs.data();
   float* y = c.targets.data();
   parallelRows(n, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      for (int64_t e = i * kSample; e < (i + 1) * kSample; ++e) {
-        x[e] =
-            static_cast<float>(mix24(kSyntheticCifarInputSeed, static_cast<uint64_t>(e))) * kInv24;
+      // Row i of this dataset is sample first + i of the streams; its elements are k0 .. k0+3071.
+      auto k0 = static_cast<uint64_t>((first + i) * kSample);
+      float* row = x + i * kSample;
+      for (int64_t e = 0; e < kSample; ++e) {
+        row[e] =
+            static_cast<float>(mix24(kSyntheticCifarInputSeed, k0 + static_cast<uint64_t>(e))) *
+            kInv24;
       }
-      uint64_t m = mix24(kSyntheticCifarLabelSeed, static_cast<uint64_t>(i));
+      uint64_t m = mix24(kSyntheticCifarLabelSeed, static_cast<uint64_t>(first + i));
       y[i] = static_cast<float>((m * 10) >> 24);
     }
   });
+  return std::make_unique<Dataset>(std::move(c));
+}
+
+std::unique_ptr<Dataset> syntheticCifar(int64_t n, Split split) {
+  if (n < 0) COHORT_THROW(InvalidArgument) << "synthetic CIFAR size must be >= 0, got " << n;
+  bool train = split == Split::kTrain;
+  auto dataset =
+      train ? syntheticCifarSamples(0, n) : syntheticCifarSamples(n, kSyntheticCifarTestSize);
+  DatasetContents c{train ? "synthetic-cifar/train" : "synthetic-cifar/test", dataset->inputs(),
+                    dataset->targets(), kSyntheticClasses};
   return std::make_unique<Dataset>(std::move(c));
 }
 

@@ -20,6 +20,7 @@ struct GradCheckOptions {
   float h = 1e-2f;
   double tolerance = 2e-3;  // on |numeric − analytic| / max(1, |numeric|)
   bool checkInput = true;
+  bool training = true;  // Pass::training of every forward (false: evaluation mode, e.g. BatchNorm)
 };
 
 inline double objective(Module& m, const Tensor& x, const Tensor& r, const Pass& pass) {
@@ -44,6 +45,7 @@ inline void checkModuleGradients(Module& m, ParamBuffer& params, Tensor x, const
   runtime::Rng passRng(5);
   Pass pass;
   pass.rng = &passRng;
+  pass.training = o.training;
   auto eval = [&]() {
     passRng = runtime::Rng(5);
     return objective(m, x, r, pass);
@@ -90,6 +92,14 @@ inline void checkLossGradient(Loss& loss, Tensor out, const Tensor& targets, con
     out.at(i) = saved;
     expectClose((up - down) / (2.0 * o.h), g.at(i), o.tolerance, "output[" + std::to_string(i) + "]");
   }
+}
+
+// Registers m's parameters in `params` (prefix ""), allocates them and initialises them from `seed`.
+inline void bindParams(Module& m, ParamBuffer& params, uint64_t seed) {
+  m.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(seed);
+  m.resetParams(rng);
 }
 
 inline Tensor randomTensor(const Shape& shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {

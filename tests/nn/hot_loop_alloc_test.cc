@@ -8,10 +8,14 @@
 #include <new>
 
 #include "nn/activation.h"
+#include "nn/batchnorm.h"
+#include "nn/conv2d.h"
 #include "nn/dropout.h"
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
+#include "nn/pool.h"
+#include "nn/reshape.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/synthetic.h"
 
@@ -30,8 +34,8 @@ void operator delete(void* p, size_t) noexcept { std::free(p); }
 namespace cohort::nn {
 namespace {
 
-void runSteadyState(OptimizerKind kind, float momentum) {
-  auto model = buildModel("mlp:784,64,32,10");
+void runSteadyState(const std::string& spec, OptimizerKind kind, float momentum) {
+  auto model = buildModel(spec);
   model->params.allocate(runtime::cpuAllocator());
   runtime::Rng rng(1);
   model->net->resetParams(rng);
@@ -67,8 +71,38 @@ void runSteadyState(OptimizerKind kind, float momentum) {
   EXPECT_EQ(steps, 16);
 }
 
-TEST(HotLoop, SgdMomentumStepAllocatesNothing) { runSteadyState(OptimizerKind::kSgd, 0.9f); }
-TEST(HotLoop, AdamStepAllocatesNothing) { runSteadyState(OptimizerKind::kAdam, 0.0f); }
+TEST(HotLoop, SgdMomentumStepAllocatesNothing) { runSteadyState("mlp:784,64,32,10", OptimizerKind::kSgd, 0.9f); }
+TEST(HotLoop, AdamStepAllocatesNothing) { runSteadyState("mlp:784,64,32,10", OptimizerKind::kAdam, 0.0f); }
+// Conv2d, BatchNorm2d, MaxPool2d, Flatten and the view of flat rows as images.
+TEST(HotLoop, CnnStepAllocatesNothing) { runSteadyState("cnn:lenet-bn", OptimizerKind::kSgd, 0.9f); }
+
+TEST(HotLoop, EveryCnnLayerAllocatesNothingInSteadyState) {
+  Sequential net;
+  net.add(std::make_unique<Unflatten>(Shape{2, 6, 6}))
+      .add(std::make_unique<Conv2d>(Conv2dOptions{.in = 2, .out = 4, .kernel = 3, .padding = 1, .tileColumns = 12}))
+      .add(std::make_unique<BatchNorm2d>(4))
+      .add(std::make_unique<MaxPool2d>(2))
+      .add(std::make_unique<Dropout>(0.5f))
+      .add(std::make_unique<Conv2d>(
+          Conv2dOptions{.in = 4, .out = 4, .kernel = 2, .stride = 2, .padding = 1, .tileColumns = 18}))
+      .add(std::make_unique<AvgPool2d>(2))
+      .add(std::make_unique<Flatten>());
+  ParamBuffer params;
+  net.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(2);
+  net.resetParams(rng);
+  Tensor big = Tensor::zeros(Shape{8, 72}), small = Tensor::zeros(Shape{5, 72});
+  Pass pass;
+  pass.rng = &rng;
+  net.backward(net.forward(big, pass), pass);  // sizes every buffer for the largest batch
+  long before = gAllocations.load();
+  for (int i = 0; i < 4; ++i) {
+    const Tensor& x = i % 2 ? small : big;
+    net.backward(net.forward(x, pass), pass);
+  }
+  EXPECT_EQ(gAllocations.load() - before, 0);
+}
 
 TEST(HotLoop, DropoutAndActivationsAllocateNothingInSteadyState) {
   Sequential net;

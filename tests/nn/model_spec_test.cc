@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -24,13 +26,78 @@ TEST(ModelSpec, MlpLayoutIsOneContiguousBufferInForwardOrder) {
   EXPECT_EQ(model->params.grad(5).data(), model->params.grads().data() + e[5].offset);
 }
 
+TEST(ModelSpec, LenetViewsFlatRowsAsImages) {
+  auto model = buildModel("cnn:lenet");
+  EXPECT_EQ(model->sampleShape, (Shape{1, 28, 28}));
+  EXPECT_EQ(model->outputs, 10);
+  std::vector<std::pair<std::string, Shape>> want = {{"conv0.weight", Shape{6, 1, 5, 5}},  {"conv0.bias", Shape{6}},
+                                                     {"conv1.weight", Shape{16, 6, 5, 5}}, {"conv1.bias", Shape{16}},
+                                                     {"fc0.weight", Shape{120, 400}},      {"fc0.bias", Shape{120}},
+                                                     {"fc1.weight", Shape{84, 120}},       {"fc1.bias", Shape{84}},
+                                                     {"fc2.weight", Shape{10, 84}},        {"fc2.bias", Shape{10}}};
+  const auto& e = model->params.entries();
+  ASSERT_EQ(e.size(), want.size());
+  for (size_t i = 0; i < e.size(); ++i) {
+    EXPECT_EQ(e[i].name, want[i].first);
+    EXPECT_EQ(e[i].shape, want[i].second) << e[i].name;
+  }
+  EXPECT_TRUE(model->params.bufferEntries().empty());
+  EXPECT_EQ(model->net->outputShape(Shape{7, 784}), (Shape{7, 10}));
+  EXPECT_EQ(model->net->outputShape(Shape{7, 1, 28, 28}), (Shape{7, 10}));
+  EXPECT_THROW(model->net->outputShape(Shape{7, 3, 32, 32}), InvalidArgument);
+  // It runs: a forward pass of a flat batch gives one row of logits per sample.
+  model->params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(1);
+  model->net->resetParams(rng);
+  Pass eval;
+  eval.training = false;
+  EXPECT_EQ(model->net->forward(Tensor::zeros(Shape{3, 784}), eval).shape(), (Shape{3, 10}));
+}
+
+TEST(ModelSpec, LenetBnAddsBatchNormBuffers) {
+  auto model = buildModel("cnn:lenet-bn");
+  std::vector<std::string> buffers;
+  for (const auto& e : model->params.bufferEntries()) buffers.push_back(e.name);
+  EXPECT_EQ(buffers,
+            (std::vector<std::string>{"bn0.running_mean", "bn0.running_var", "bn1.running_mean", "bn1.running_var"}));
+  EXPECT_NE(model->params.find("bn1.weight"), nullptr);
+  EXPECT_EQ(model->net->outputShape(Shape{2, 784}), (Shape{2, 10}));
+}
+
+TEST(ModelSpec, RosettaIsTheCifarCnn) {
+  auto model = buildModel("cnn:rosetta");
+  EXPECT_EQ(model->sampleShape, (Shape{3, 32, 32}));
+  EXPECT_EQ(model->outputs, 10);
+  const auto& e = model->params.entries();
+  ASSERT_EQ(e.size(), 12u);
+  EXPECT_EQ(e[0].name, "conv0.weight");
+  EXPECT_EQ(e[0].shape, (Shape{50, 3, 3, 3}));
+  EXPECT_EQ(e[6].name, "conv3.weight");
+  EXPECT_EQ(e[6].shape, (Shape{100, 100, 3, 3}));
+  EXPECT_EQ(e[8].name, "fc0.weight");
+  EXPECT_EQ(e[8].shape, (Shape{512, 3600}));
+  EXPECT_EQ(e[11].name, "fc1.bias");
+  size_t count = 0;
+  for (const auto& entry : e) count += entry.numel;
+  EXPECT_EQ(count, 3u * 50 * 9 + 50 + 50 * 50 * 9 + 50 + 50 * 100 * 9 + 100 + 100 * 100 * 9 + 100 + 3600 * 512 + 512 +
+                       512 * 10 + 10);
+  EXPECT_EQ(model->net->outputShape(Shape{4, 3, 32, 32}), (Shape{4, 10}));
+  EXPECT_EQ(model->net->outputShape(Shape{4, 3072}), (Shape{4, 10}));
+  const std::string layers = model->net->describe();
+  for (const char* name : {"conv3 ", "pool1 ", "drop2 ", "flatten ", "fc1 "}) {
+    EXPECT_NE(layers.find(name), std::string::npos) << name << " in\n" << layers;
+  }
+}
+
 TEST(ModelSpec, BadSpecsAreRefusedWithTheSpecInTheMessage) {
-  for (const char* spec : {"mlp:", "mlp:10", "mlp:10,-3", "mlp:10,x", "transformer:big", "cnn:nothing"}) {
+  for (const char* spec :
+       {"mlp:", "mlp:10", "mlp:10,-3", "mlp:10,x", "transformer:big", "cnn:nothing", "cnn:lenet,5"}) {
     try {
       buildModel(spec);
       ADD_FAILURE() << spec << " was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(spec), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cnn:rosetta"), std::string::npos) << e.what();
     }
   }
 }

@@ -1,6 +1,6 @@
 // Checks DESIGN.md §6 for the data path: in steady state DataLoader::next() allocates nothing, on
-// the calling thread or in the prefetch worker. This binary replaces the global operator new to
-// count.
+// the calling thread or in the prefetch worker, with or without augmentation. This binary replaces
+// the global operator new to count.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -45,6 +45,25 @@ TEST(DataLoaderAllocations, NextAllocatesNothingInSteadyState) {
     long during = gAllocations.load() - before;
     EXPECT_EQ(batches, loader.batchesPerEpoch());
     EXPECT_EQ(during, 0) << "prefetch " << prefetch;
+  }
+}
+
+TEST(DataLoaderAllocations, AugmentationAllocatesNothingInSteadyState) {
+  DatasetContents c;
+  c.name = "images";
+  c.inputs = Tensor::zeros(Shape{500, 3, 8, 8});
+  c.targets = Tensor::zeros(Shape{500});
+  Dataset d(std::move(c));
+  for (int prefetch : {0, 2}) {
+    DataLoader loader(
+        d, {.batchSize = 8, .seed = 1, .prefetch = prefetch, .augment = kStandardAugment});
+    loader.startEpoch(1);
+    Batch b;
+    ASSERT_TRUE(loader.next(b));
+    long before = gAllocations.load();
+    while (loader.next(b)) {
+    }
+    EXPECT_EQ(gAllocations.load() - before, 0) << "prefetch " << prefetch;
   }
 }
 

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/error.h"
@@ -252,6 +255,103 @@ TEST(DataLoader, InvalidOptions) {
             std::string::npos);
   EXPECT_NE(message({.batchSize = 1, .timeoutSeconds = 0}).find("timeout"), std::string::npos);
   EXPECT_THROW(shardIndices(10, {.batchSize = 0}, 0), InvalidArgument);
+}
+
+// Sample i of a [n, 2, 3, 4] dataset holds 100 i + e + 1 at element e (never 0, so padding shows),
+// and target i.
+std::unique_ptr<Dataset> images(int64_t n) {
+  DatasetContents c;
+  c.name = "images";
+  c.inputs = Tensor::empty(Shape{n, 2, 3, 4}, cpuAllocator());
+  c.targets = Tensor::empty(Shape{n}, cpuAllocator());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t e = 0; e < 24; ++e) c.inputs.at(24 * i + e) = static_cast<float>(100 * i + e + 1);
+    c.targets.at(i) = static_cast<float>(i);
+  }
+  c.numClasses = n;
+  return std::make_unique<Dataset>(std::move(c));
+}
+
+// Every sample of every batch, by (sample index, values), in order.
+std::vector<std::pair<int64_t, std::vector<float>>> samplesOf(DataLoader& loader, int64_t epoch,
+                                                              int64_t firstBatch = 0) {
+  std::vector<std::pair<int64_t, std::vector<float>>> out;
+  loader.startEpoch(epoch, firstBatch);
+  constexpr int64_t elems = 24;
+  for (Batch b; loader.next(b);) {
+    for (int64_t s = 0; s < b.size; ++s) {
+      const float* x = b.inputs.data() + s * elems;
+      out.emplace_back(static_cast<int64_t>(b.targets.at(s)), std::vector<float>(x, x + elems));
+    }
+  }
+  return out;
+}
+
+TEST(DataLoaderAugment, BatchesHoldTheAugmenterOutputForEachSample) {
+  auto d = images(30);
+  Augmenter augmenter(kStandardAugment, Shape{2, 3, 4});
+  DataLoader loader(*d, {.batchSize = 4, .seed = 17, .augment = kStandardAugment});
+  int changed = 0;
+  for (int64_t epoch : {0, 1}) {
+    auto samples = samplesOf(loader, epoch);
+    ASSERT_EQ(samples.size(), 30u);
+    for (const auto& [i, got] : samples) {
+      std::vector<float> expected(24);
+      augmenter.apply(augmenter.draw(17, epoch, i), d->inputs().data() + 24 * i, expected.data());
+      EXPECT_EQ(got, expected) << "epoch " << epoch << " sample " << i;
+      changed +=
+          got != std::vector<float>(d->inputs().data() + 24 * i, d->inputs().data() + 24 * (i + 1));
+    }
+  }
+  EXPECT_GT(changed, 40);  // 1 in 162 draws is the identity
+}
+
+TEST(DataLoaderAugment, SameBatchesForAnyPrefetchWorldSizeOrResumePoint) {
+  auto d = images(30);
+  DataLoaderOptions o{.batchSize = 3, .seed = 5, .augment = kStandardAugment};
+  DataLoader reference(*d, o);
+  auto epoch2 = samplesOf(reference, 2);
+  auto epoch3 = samplesOf(reference, 3);
+  EXPECT_NE(epoch2, epoch3);
+  EXPECT_EQ(samplesOf(reference, 2), epoch2);  // replay
+  o.prefetch = 0;
+  DataLoader sync(*d, o);
+  EXPECT_EQ(samplesOf(sync, 2), epoch2);
+  // Resumed at batch 4: the tail of the epoch, augmented the same way.
+  auto resumed = samplesOf(sync, 2, 4);
+  EXPECT_EQ(resumed, decltype(epoch2)(epoch2.begin() + 12, epoch2.end()));
+  // Three ranks see the same augmentation of each sample as one rank does.
+  std::map<int64_t, std::vector<float>> byIndex(epoch2.begin(), epoch2.end());
+  for (int r = 0; r < 3; ++r) {
+    DataLoader shard(
+        *d, {.batchSize = 2, .seed = 5, .rank = r, .worldSize = 3, .augment = kStandardAugment});
+    for (const auto& [i, got] : samplesOf(shard, 2)) EXPECT_EQ(got, byIndex[i]) << i;
+  }
+}
+
+TEST(DataLoaderAugment, DisabledLeavesSamplesUntouched) {
+  auto d = images(10);
+  for (Augment off : {Augment{}, Augment{.cropPadding = 0, .horizontalFlip = false}}) {
+    DataLoader loader(*d, {.batchSize = 4, .seed = 2, .augment = off});
+    for (const auto& [i, got] : samplesOf(loader, 0)) {
+      EXPECT_EQ(got,
+                std::vector<float>(d->inputs().data() + 24 * i, d->inputs().data() + 24 * (i + 1)));
+    }
+  }
+}
+
+TEST(DataLoaderAugment, RefusesSamplesThatAreNotImages) {
+  auto d = numbered(10);
+  try {
+    DataLoader loader(*d, {.batchSize = 2, .augment = {.horizontalFlip = true}});
+    ADD_FAILURE() << "no InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("numbered"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[C, H, W]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[3]"), std::string::npos) << msg;
+  }
+  EXPECT_THROW((DataLoader(*d, {.batchSize = 2, .augment = {.cropPadding = -4}})), InvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,226 @@
+#include "nn/conv2d.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "nn/im2col.h"
+#include "runtime/cpu/blas.h"
+#include "runtime/error.h"
+
+namespace cohort::nn {
+namespace {
+
+using runtime::cpu::gemm;
+
+// Σ row[0, n) in 8 interleaved partial sums, which the compiler keeps in one vector register.
+float sumRow(const float* row, int64_t n) {
+  float partial[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) partial[k] += row[i + k];
+  }
+  float sum = 0.0f;
+  for (; i < n; ++i) sum += row[i];
+  for (float v : partial) sum += v;
+  return sum;
+}
+
+int toInt(int64_t v, const char* what) {
+  COHORT_CHECK(v >= 0 && v <= INT32_MAX) << what << " " << v << " is too large for one GEMM";
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+Conv2d::Conv2d(const Conv2dOptions& options)
+    : options_(options), kh_(options.kernel), kw_(options.kernelW > 0 ? options.kernelW : options.kernel) {
+  if (options.in <= 0 || options.out <= 0 || kh_ <= 0 || kw_ <= 0 || options.stride < 1 || options.padding < 0 ||
+      options.tileColumns < 0) {
+    COHORT_THROW(InvalidArgument) << "Conv2d needs positive channels and kernel, stride >= 1 and padding >= 0; got "
+                                  << name();
+  }
+}
+
+std::string Conv2d::name() const {
+  std::string s = "Conv2d(" + std::to_string(options_.in) + " -> " + std::to_string(options_.out) + ", " +
+                  std::to_string(kh_) + "x" + std::to_string(kw_);
+  if (options_.stride != 1) s += ", stride " + std::to_string(options_.stride);
+  if (options_.padding != 0) s += ", padding " + std::to_string(options_.padding);
+  return s + (options_.bias ? ")" : ", no bias)");
+}
+
+void Conv2d::registerParams(ParamBuffer& params, const std::string& prefix) {
+  params.add(prefix + "weight", Shape{options_.out, options_.in, kh_, kw_}, &weight_, &weightGrad_);
+  if (options_.bias) params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
+}
+
+void Conv2d::resetParams(runtime::Rng& rng) {
+  // PyTorch: kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(fan_in), fan_in = in·kh·kw; the bias
+  // uses the same bound.
+  float bound = 1.0f / std::sqrt(static_cast<float>(options_.in * kh_ * kw_));
+  for (int64_t i = 0; i < weight_.numel(); ++i) weight_.at(i) = rng.uniform(-bound, bound);
+  // (An undefined Tensor has the empty shape, whose numel() is 1: ask the options, not bias_.)
+  if (options_.bias) {
+    for (int64_t i = 0; i < bias_.numel(); ++i) bias_.at(i) = rng.uniform(-bound, bound);
+  }
+}
+
+Conv2d::Geometry Conv2d::geometry(const Shape& input) const {
+  if (input.rank() != 4 || input[1] != options_.in || input[2] + 2 * options_.padding < kh_ ||
+      input[3] + 2 * options_.padding < kw_) {
+    COHORT_THROW(InvalidArgument) << name() << " needs input [N, " << options_.in
+                                  << ", H >= " << std::max<int64_t>(kh_ - 2 * options_.padding, 1)
+                                  << ", W >= " << std::max<int64_t>(kw_ - 2 * options_.padding, 1) << "], got "
+                                  << input.str();
+  }
+  Geometry g;
+  g.batch = input[0];
+  g.channels = input[1];
+  g.height = input[2];
+  g.width = input[3];
+  g.outHeight = (g.height + 2 * options_.padding - kh_) / options_.stride + 1;
+  g.outWidth = (g.width + 2 * options_.padding - kw_) / options_.stride + 1;
+  g.patch = g.channels * kh_ * kw_;
+  g.positions = g.outHeight * g.outWidth;
+  // Tiles: whole samples while a sample has fewer columns than the target, else bands of rows.
+  int64_t target = options_.tileColumns;
+  if (target == 0) {
+    const int threads = runtime::cpu::blasThreads();
+    target = threads > 1 ? kColumnsPerBlasThread * threads
+                         : std::clamp<int64_t>(kTileBytes / (g.patch * int64_t{sizeof(float)}), kMinTileColumns,
+                                               kMaxTileColumns);
+  }
+  if (g.positions <= target) {
+    g.samplesPerTile =
+        std::clamp<int64_t>(target / std::max<int64_t>(g.positions, 1), 1, std::max<int64_t>(g.batch, 1));
+    g.rowsPerTile = g.outHeight;
+  } else {
+    g.samplesPerTile = 1;
+    g.rowsPerTile = std::clamp<int64_t>(target / g.outWidth, 1, g.outHeight);
+  }
+  return g;
+}
+
+Shape Conv2d::outputShape(const Shape& input) const {
+  Geometry g = geometry(input);
+  return Shape{g.batch, options_.out, g.outHeight, g.outWidth};
+}
+
+template <class F>
+void Conv2d::forEachTile(F&& f) const {
+  for (int64_t first = 0; first < g_.batch; first += g_.samplesPerTile) {
+    const int64_t count = std::min(g_.samplesPerTile, g_.batch - first);
+    for (int64_t row = 0; row < g_.outHeight; row += g_.rowsPerTile) {
+      f(Tile{first, count, row, std::min(row + g_.rowsPerTile, g_.outHeight)});
+    }
+  }
+}
+
+Unfolding Conv2d::unfolding() const {
+  return {g_.channels, g_.height, g_.width, kh_, kw_, options_.stride, options_.padding, g_.outHeight, g_.outWidth};
+}
+
+void Conv2d::unfold(const Tile& t) {
+  const Unfolding u = unfolding();
+  const int64_t sampleElems = g_.channels * g_.height * g_.width, perSample = t.columnsPerSample(g_.outWidth);
+  for (int64_t s = 0; s < t.count; ++s) {
+    im2col(u, input_.data() + (t.first + s) * sampleElems, t.rowBegin, t.rowEnd, col_.data() + s * perSample,
+           t.count * perSample);
+  }
+}
+
+const float* Conv2d::tileOf(const Tensor& gradOutput, const Tile& t) {
+  const int64_t out = options_.out, p = g_.positions;
+  const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
+  const float* dy = gradOutput.data() + t.first * out * p + t.rowBegin * g_.outWidth;
+  if (cols == p) return dy;
+  for (int64_t s = 0; s < t.count; ++s) {
+    for (int64_t o = 0; o < out; ++o)
+      std::copy_n(dy + (s * out + o) * p, perSample, tile_.data() + o * cols + s * perSample);
+  }
+  return tile_.data();
+}
+
+const Tensor& Conv2d::forward(const Tensor& input, const Pass& pass) {
+  if (!input.device().isCpu()) COHORT_THROW(InvalidArgument) << name() << " runs on the CPU only so far";
+  g_ = geometry(input.shape());
+  input_ = input;
+  const int64_t out = options_.out, p = g_.positions;
+  const int64_t maxColumns = g_.samplesPerTile * g_.rowsPerTile * g_.outWidth;
+  runtime::ensureShape(output_, Shape{g_.batch, out, g_.outHeight, g_.outWidth});
+  runtime::ensureShape(col_, Shape{g_.patch, maxColumns});
+  if (maxColumns < p || g_.samplesPerTile > 1) runtime::ensureShape(tile_, Shape{out, maxColumns});
+  const float* b = options_.bias ? bias_.data() : nullptr;
+  forEachTile([&](const Tile& t) {
+    const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
+    unfold(t);
+    float* y = output_.data() + t.first * out * p + t.rowBegin * g_.outWidth;  // y + (s·out + o)·P: a tile row
+    if (cols == p) {
+      // One whole sample: the GEMM writes [out, P] straight into the output, on top of the bias
+      // (beta = 1 costs no more than beta = 0, for which OpenBLAS zeroes C first).
+      if (b) {
+        for (int64_t o = 0; o < out; ++o) std::fill_n(y + o * p, p, b[o]);
+      }
+      gemm({.m = toInt(out, "out"), .n = toInt(p, "columns"), .k = toInt(g_.patch, "patch"), .beta = b ? 1.0f : 0.0f},
+           weight_.data(), col_.data(), y);
+      return;
+    }
+    // Otherwise the tile's [out, columns] result is copied to its place in each sample.
+    gemm({.m = toInt(out, "out"), .n = toInt(cols, "columns"), .k = toInt(g_.patch, "patch")}, weight_.data(),
+         col_.data(), tile_.data());
+    for (int64_t s = 0; s < t.count; ++s) {
+      for (int64_t o = 0; o < out; ++o) {
+        const float* src = tile_.data() + o * cols + s * perSample;
+        float* dst = y + (s * out + o) * p;
+        const float bo = b ? b[o] : 0.0f;
+        for (int64_t i = 0; i < perSample; ++i) dst[i] = src[i] + bo;
+      }
+    }
+  });
+  return output_;
+}
+
+const Tensor& Conv2d::backward(const Tensor& gradOutput, const Pass& pass) {
+  const int64_t out = options_.out, p = g_.positions;
+  COHORT_CHECK(gradOutput.numel() == g_.batch * out * p) << name() << ": gradient " << gradOutput.shape().str();
+  if (!pass.accumulateGrads) {
+    if (g_.batch == 0) weightGrad_.fill(0.0f);  // otherwise the first tile's GEMM overwrites it
+    if (options_.bias) biasGrad_.fill(0.0f);
+  }
+  if (pass.needInputGrad) {
+    runtime::ensureShape(gradInput_, input_.shape());
+  } else {
+    gradInput_ = Tensor();
+  }
+  const Unfolding u = unfolding();
+  const int64_t sampleElems = g_.channels * g_.height * g_.width;
+  const int out32 = toInt(out, "out"), patch32 = toInt(g_.patch, "patch");
+  bool firstTile = true;
+  forEachTile([&](const Tile& t) {
+    const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
+    const int cols32 = toInt(cols, "columns");
+    const float* dyTile = tileOf(gradOutput, t);
+    if (options_.bias) {
+      float* db = biasGrad_.data();
+      for (int64_t o = 0; o < out; ++o) db[o] += sumRow(dyTile + o * cols, cols);
+    }
+    unfold(t);
+    // dW[out, K] (+)= dY[out, columns] · colᵀ[columns, K]
+    const float beta = firstTile && !pass.accumulateGrads ? 0.0f : 1.0f;
+    firstTile = false;
+    gemm({.m = out32, .n = patch32, .k = cols32, .transB = true, .beta = beta}, dyTile, col_.data(),
+         weightGrad_.data());
+    if (!pass.needInputGrad) return;
+    // dcol[K, columns] = Wᵀ[K, out] · dY[out, columns], into the column buffer, then folded back.
+    gemm({.m = patch32, .n = cols32, .k = out32, .transA = true}, weight_.data(), dyTile, col_.data());
+    for (int64_t s = 0; s < t.count; ++s) {
+      float* dx = gradInput_.data() + (t.first + s) * sampleElems;
+      // Zeroed at the sample's first tile rather than all at once, so that it is still in cache.
+      if (t.rowBegin == 0) std::fill_n(dx, sampleElems, 0.0f);
+      col2im(u, col_.data() + s * perSample, cols, t.rowBegin, t.rowEnd, dx);
+    }
+  });
+  return gradInput_;
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,105 @@
+// Conv2d: 2-D convolution (cross-correlation, as in PyTorch) over NCHW float32 input.
+//
+//   y[n, o, i, j] = b[o] + Σ_{c, u, v} W[o, c, u, v] · x[n, c, i·stride − padding + u, j·stride − padding + v]
+//
+// with zeros outside the input. W has PyTorch's layout [out, in, kh, kw] and PyTorch's default
+// initialisation (W and b uniform in ±1/sqrt(in·kh·kw)). Input [N, in, H, W], output [N, out, OH, OW]
+// with OH = (H + 2·padding − kh) / stride + 1 (rounded down), likewise OW.
+//
+// CPU: im2col + OpenBLAS GEMM over tiles of the output. A tile is either several whole samples
+// (small feature maps) or a band of output rows of one sample (large ones) of about
+// kMaxTileColumns output positions, so that its column buffer col[K, columns] (K = in·kh·kw) stays
+// in L2 cache, where the GEMM that reads it back finds it; the tile's output is one GEMM
+// W[out, K] · col. (On the rosetta CNN's layers with one BLAS thread, tiles of 64 positions or of
+// many whole samples ran 10-35% slower than tiles of 256; with two threads, tiles of 4096 ran
+// about 25% faster than tiles of 256.)
+// Backward unfolds each tile again (nothing batch-sized is kept besides a handle to the input),
+// accumulates dW += dY·colᵀ and, when the input gradient is wanted, computes dcol = Wᵀ·dY into the
+// same column buffer and folds it back (col2im).
+// Buffers are sized per batch shape and reused: a steady loop allocates nothing.
+// Keeps a handle to its input for backward (no copy). Thread safety: as Module.
+//
+//   Conv2d conv({.in = 3, .out = 50, .kernel = 3, .padding = 1});
+#pragma once
+
+#include "nn/im2col.h"
+#include "nn/module.h"
+
+namespace cohort::nn {
+
+struct Conv2dOptions {
+  int64_t in = 0;       // input channels
+  int64_t out = 0;      // output channels
+  int64_t kernel = 0;   // kernel height, and width unless kernelW > 0
+  int64_t kernelW = 0;  // kernel width for non-square kernels; 0: same as kernel
+  int64_t stride = 1;   // both directions
+  int64_t padding = 0;  // zeros added on every side
+  bool bias = true;
+  int64_t tileColumns = 0;  // output positions per im2col/GEMM tile; 0: automatic (below)
+};
+
+class Conv2d final : public Module {
+ public:
+  // Output positions per tile when tileColumns is 0, with one BLAS thread: kMaxTileColumns, fewer
+  // where the column buffer would outgrow kTileBytes, never fewer than kMinTileColumns (a GEMM needs
+  // some width to run near its peak). With several BLAS threads OpenBLAS splits each GEMM between
+  // them, which pays only for wide ones: kColumnsPerBlasThread per thread. Measured with
+  // bench/conv_bench --sweep on the rosetta CNN's layers.
+  static constexpr int64_t kTileBytes = 1 << 20;
+  static constexpr int64_t kMinTileColumns = 64;
+  static constexpr int64_t kMaxTileColumns = 256;
+  static constexpr int64_t kColumnsPerBlasThread = 2048;
+
+  // Throws InvalidArgument for non-positive sizes, stride < 1 or padding < 0.
+  explicit Conv2d(const Conv2dOptions& options);
+
+  std::string name() const override;
+  void registerParams(ParamBuffer& params, const std::string& prefix) override;
+  void resetParams(runtime::Rng& rng) override;
+  Shape outputShape(const Shape& input) const override;
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+  const Conv2dOptions& options() const { return options_; }
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  const Tensor& weightGrad() const { return weightGrad_; }
+  const Tensor& biasGrad() const { return biasGrad_; }
+
+ private:
+  // Sizes of one forward, derived from the input shape.
+  struct Geometry {
+    int64_t batch = 0, channels = 0, height = 0, width = 0;
+    int64_t outHeight = 0, outWidth = 0;
+    int64_t patch = 0;      // K = in·kh·kw: rows of the column buffer
+    int64_t positions = 0;  // P = OH·OW: output positions per sample
+    int64_t samplesPerTile = 1;
+    int64_t rowsPerTile = 0;  // output rows per tile; outHeight when a tile holds whole samples
+  };
+  // Samples [first, first + count) × output rows [rowBegin, rowEnd); count > 1 only with all rows.
+  struct Tile {
+    int64_t first, count, rowBegin, rowEnd;
+    int64_t columnsPerSample(int64_t outWidth) const { return (rowEnd - rowBegin) * outWidth; }
+  };
+  Geometry geometry(const Shape& input) const;
+  template <class F>
+  void forEachTile(F&& f) const;
+  Unfolding unfolding() const;
+  // Unfolds the tile of input_ into col_ ([K, columns]; sample s's columns start at s · its share).
+  void unfold(const Tile& t);
+  // The tile's part of dY as [out, columns] in col_'s column order: dY itself for a whole sample,
+  // else gathered into tile_.
+  const float* tileOf(const Tensor& gradOutput, const Tile& t);
+
+  Conv2dOptions options_;
+  int64_t kh_, kw_;
+  Tensor weight_, bias_, weightGrad_, biasGrad_;
+  Geometry g_;
+  Tensor input_;  // last forward's input
+  Tensor output_;
+  Tensor gradInput_;
+  Tensor col_;   // [K, columns] of one tile; reused for dcol in backward
+  Tensor tile_;  // [out, columns]: a tile's GEMM result (or its share of dY) unless it is one whole sample
+};
+
+}  // namespace cohort::nn
