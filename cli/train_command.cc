@@ -36,7 +36,7 @@ namespace cohort::cli {
 namespace data = runtime::data;
 
 void addTrainFlags(CLI::App& c, TrainFlags& f) {
-  c.add_option("--model", f.model, "model spec: mlp:IN,HIDDEN...,OUT | cnn:lenet | cnn:rosetta")->capture_default_str();
+  c.add_option("--model", f.model, "model spec: mlp:IN,HIDDEN...,OUT | cnn:lenet | cnn:lenet-bn | cnn:rosetta")->capture_default_str();
   c.add_option("--data", f.data, "training data: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE")
       ->capture_default_str();
   c.add_flag("--augment", f.augment, "random crop (padding 4) and horizontal flip of image samples [C,H,W] while training");
@@ -248,6 +248,7 @@ int runTrain(const TrainFlags& f) {
     host->net->resetParams(initRng);
     model->params.allocate(gpu->allocator());
     model->params.values().copyFrom(host->params.values());
+    if (model->params.bufferNumel() > 0) model->params.buffers().copyFrom(host->params.buffers());
     runtime::cuda::fill({model->params.grads().data(), model->params.numel()}, 0.0f, gpu->stream());
 #endif
   } else {

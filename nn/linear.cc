@@ -31,7 +31,9 @@ void Linear::resetParams(runtime::Rng& rng) {
   // same bound.
   float bound = 1.0f / std::sqrt(static_cast<float>(options_.in));
   for (int64_t i = 0; i < weight_.numel(); ++i) weight_.at(i) = rng.uniform(-bound, bound);
-  for (int64_t i = 0; i < bias_.numel(); ++i) bias_.at(i) = rng.uniform(-bound, bound);
+  if (options_.bias) {
+    for (int64_t i = 0; i < bias_.numel(); ++i) bias_.at(i) = rng.uniform(-bound, bound);
+  }
 }
 
 Shape Linear::outputShape(const Shape& input) const {

@@ -1,5 +1,6 @@
 #include "nn/sequential.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace cohort::nn {
@@ -36,10 +37,19 @@ const Tensor& Sequential::forward(const Tensor& input, const Pass& pass) {
 }
 
 const Tensor& Sequential::backward(const Tensor& gradOutput, const Pass& pass) {
+  // A module needs to pass a gradient down only when a module before it has parameters (or the
+  // caller wants d(loss)/d(input)): a parameter-free prefix such as Unflatten costs nothing.
+  size_t firstWithParams = 0;
+  if (entries_.size() == modules_.size()) {
+    while (firstWithParams < modules_.size() && entries_[firstWithParams].first == entries_[firstWithParams].second) {
+      ++firstWithParams;
+    }
+  }
   const Tensor* g = &gradOutput;
-  for (size_t i = modules_.size(); i-- > 0;) {
+  const size_t last = pass.needInputGrad ? 0 : std::min(firstWithParams, modules_.size());
+  for (size_t i = modules_.size(); i-- > last;) {
     Pass p = pass;
-    p.needInputGrad = i > 0 || pass.needInputGrad;
+    p.needInputGrad = i > firstWithParams || pass.needInputGrad;
     g = &modules_[i]->backward(*g, p);
     // A nested Sequential reports its own children; the listener hears each range once.
     if (pass.gradReady && i < entries_.size() && entries_[i].first < entries_[i].second &&
@@ -47,6 +57,7 @@ const Tensor& Sequential::backward(const Tensor& gradOutput, const Pass& pass) {
       pass.gradReady->gradsReady(entries_[i].first, entries_[i].second);
     }
   }
+  if (!pass.needInputGrad && last > 0) return empty_;  // the prefix below `last` was skipped
   return modules_.empty() ? gradOutput : *g;
 }
 

@@ -30,6 +30,17 @@ TEST(Linear, GradientsMatchFiniteDifferences) {
   checkModuleGradients(fc, params, randomTensor(Shape{4, 5}, 2));
 }
 
+TEST(Linear, WithoutBiasInitialisesAndMatchesFiniteDifferences) {
+  Linear fc(LinearOptions{.in = 5, .out = 3, .bias = false});
+  ParamBuffer params;
+  fc.registerParams(params, "fc.");
+  ASSERT_EQ(params.entries().size(), 1u);
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(1);
+  fc.resetParams(rng);
+  checkModuleGradients(fc, params, randomTensor(Shape{4, 5}, 2));
+}
+
 TEST(Linear, ForwardMatchesHandComputation) {
   Linear fc(2, 2);
   ParamBuffer params;
@@ -128,6 +139,27 @@ TEST(Sequential, GradientsOfAnMlpMatchFiniteDifferences) {
   EXPECT_EQ(params.entries()[0].name, "fc0.weight");
   EXPECT_EQ(params.entries()[3].name, "fc1.bias");
   checkModuleGradients(net, params, randomTensor(Shape{2, 4}, 11));
+}
+
+TEST(Sequential, ParameterFreePrefixGetsNoInputGradientRequest) {
+  // Tanh before the first Linear: with needInputGrad false nothing below fc0 computes a gradient,
+  // and the parameter gradients are the same as when the input gradient is asked for.
+  Sequential net;
+  net.add(tanhActivation()).add(std::make_unique<Linear>(4, 3), "fc0");
+  ParamBuffer params;
+  net.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(3);
+  net.resetParams(rng);
+  Tensor x = randomTensor(Shape{2, 4}, 4), dy = randomTensor(Shape{2, 3}, 5);
+  Pass full, paramsOnly;
+  paramsOnly.needInputGrad = false;
+  net.forward(x, full);
+  EXPECT_TRUE(net.backward(dy, full).defined());
+  Tensor want = params.grads().clone();
+  net.forward(x, paramsOnly);
+  EXPECT_FALSE(net.backward(dy, paramsOnly).defined());
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(params.grads().at(i), want.at(i)) << i;
 }
 
 TEST(SoftmaxCrossEntropy, GradientAndValue) {
