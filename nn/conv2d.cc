@@ -65,7 +65,7 @@ void Conv2d::resetParams(runtime::Rng& rng) {
   }
 }
 
-Conv2d::Geometry Conv2d::geometry(const Shape& input) const {
+Conv2d::Geometry Conv2d::geometry(const Shape& input, int threads) const {
   if (input.rank() != 4 || input[1] != options_.in || input[2] + 2 * options_.padding < kh_ ||
       input[3] + 2 * options_.padding < kw_) {
     COHORT_THROW(InvalidArgument) << name() << " needs input [N, " << options_.in
@@ -82,17 +82,20 @@ Conv2d::Geometry Conv2d::geometry(const Shape& input) const {
   g.outWidth = (g.width + 2 * options_.padding - kw_) / options_.stride + 1;
   g.patch = g.channels * kh_ * kw_;
   g.positions = g.outHeight * g.outWidth;
+  // Parallel tiles need whole samples to share out; each of their GEMMs runs on one BLAS thread.
+  if (threads > 1 && g.batch > 1) g.workers = threads;
+  const int gemmThreads = g.workers > 1 ? 1 : threads;
   // Tiles: whole samples while a sample has fewer columns than the target, else bands of rows.
   int64_t target = options_.tileColumns;
   if (target == 0) {
-    const int threads = runtime::cpu::blasThreads();
-    target = threads > 1 ? kColumnsPerBlasThread * threads
-                         : std::clamp<int64_t>(kTileBytes / (g.patch * int64_t{sizeof(float)}), kMinTileColumns,
-                                               kMaxTileColumns);
+    target = gemmThreads > 1 ? kColumnsPerBlasThread * gemmThreads
+                             : std::clamp<int64_t>(kTileBytes / (g.patch * int64_t{sizeof(float)}), kMinTileColumns,
+                                                   kMaxTileColumns);
   }
   if (g.positions <= target) {
-    g.samplesPerTile =
-        std::clamp<int64_t>(target / std::max<int64_t>(g.positions, 1), 1, std::max<int64_t>(g.batch, 1));
+    // In parallel, at least as many groups of samples as workers.
+    const int64_t maxSamples = std::max<int64_t>((g.batch + g.workers - 1) / g.workers, 1);
+    g.samplesPerTile = std::clamp<int64_t>(target / std::max<int64_t>(g.positions, 1), 1, maxSamples);
     g.rowsPerTile = g.outHeight;
   } else {
     g.samplesPerTile = 1;
@@ -102,14 +105,14 @@ Conv2d::Geometry Conv2d::geometry(const Shape& input) const {
 }
 
 Shape Conv2d::outputShape(const Shape& input) const {
-  Geometry g = geometry(input);
+  Geometry g = geometry(input, 1);
   return Shape{g.batch, options_.out, g.outHeight, g.outWidth};
 }
 
 template <class F>
-void Conv2d::forEachTile(F&& f) const {
-  for (int64_t first = 0; first < g_.batch; first += g_.samplesPerTile) {
-    const int64_t count = std::min(g_.samplesPerTile, g_.batch - first);
+void Conv2d::forEachTile(int64_t groupBegin, int64_t groupEnd, F&& f) const {
+  for (int64_t group = groupBegin; group < groupEnd; ++group) {
+    const int64_t first = group * g_.samplesPerTile, count = std::min(g_.samplesPerTile, g_.batch - first);
     for (int64_t row = 0; row < g_.outHeight; row += g_.rowsPerTile) {
       f(Tile{first, count, row, std::min(row + g_.rowsPerTile, g_.outHeight)});
     }
@@ -120,64 +123,104 @@ Unfolding Conv2d::unfolding() const {
   return {g_.channels, g_.height, g_.width, kh_, kw_, options_.stride, options_.padding, g_.outHeight, g_.outWidth};
 }
 
-void Conv2d::unfold(const Tile& t) {
+void Conv2d::unfold(const Tile& t, float* col) const {
   const Unfolding u = unfolding();
   const int64_t sampleElems = g_.channels * g_.height * g_.width, perSample = t.columnsPerSample(g_.outWidth);
   for (int64_t s = 0; s < t.count; ++s) {
-    im2col(u, input_.data() + (t.first + s) * sampleElems, t.rowBegin, t.rowEnd, col_.data() + s * perSample,
+    im2col(u, input_.data() + (t.first + s) * sampleElems, t.rowBegin, t.rowEnd, col + s * perSample,
            t.count * perSample);
   }
 }
 
-const float* Conv2d::tileOf(const Tensor& gradOutput, const Tile& t) {
+const float* Conv2d::tileOf(const Tensor& gradOutput, const Tile& t, Scratch& scratch) const {
   const int64_t out = options_.out, p = g_.positions;
   const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
   const float* dy = gradOutput.data() + t.first * out * p + t.rowBegin * g_.outWidth;
   if (cols == p) return dy;
   for (int64_t s = 0; s < t.count; ++s) {
     for (int64_t o = 0; o < out; ++o)
-      std::copy_n(dy + (s * out + o) * p, perSample, tile_.data() + o * cols + s * perSample);
+      std::copy_n(dy + (s * out + o) * p, perSample, scratch.tile.data() + o * cols + s * perSample);
   }
-  return tile_.data();
+  return scratch.tile.data();
+}
+
+void Conv2d::forwardTile(const Tile& t, Scratch& scratch) {
+  const int64_t out = options_.out, p = g_.positions;
+  const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
+  const float* b = options_.bias ? bias_.data() : nullptr;
+  unfold(t, scratch.col.data());
+  float* y = output_.data() + t.first * out * p + t.rowBegin * g_.outWidth;  // y + (s·out + o)·P: a tile row
+  if (cols == p) {
+    // One whole sample: the GEMM writes [out, P] straight into the output, on top of the bias
+    // (beta = 1 costs no more than beta = 0, for which OpenBLAS zeroes C first).
+    if (b) {
+      for (int64_t o = 0; o < out; ++o) std::fill_n(y + o * p, p, b[o]);
+    }
+    gemm({.m = toInt(out, "out"), .n = toInt(p, "columns"), .k = toInt(g_.patch, "patch"), .beta = b ? 1.0f : 0.0f},
+         weight_.data(), scratch.col.data(), y);
+    return;
+  }
+  // Otherwise the tile's [out, columns] result is copied to its place in each sample.
+  gemm({.m = toInt(out, "out"), .n = toInt(cols, "columns"), .k = toInt(g_.patch, "patch")}, weight_.data(),
+       scratch.col.data(), scratch.tile.data());
+  for (int64_t s = 0; s < t.count; ++s) {
+    for (int64_t o = 0; o < out; ++o) {
+      const float* src = scratch.tile.data() + o * cols + s * perSample;
+      float* dst = y + (s * out + o) * p;
+      const float bo = b ? b[o] : 0.0f;
+      for (int64_t i = 0; i < perSample; ++i) dst[i] = src[i] + bo;
+    }
+  }
 }
 
 const Tensor& Conv2d::forward(const Tensor& input, const Pass& pass) {
   if (!input.device().isCpu()) COHORT_THROW(InvalidArgument) << name() << " runs on the CPU only so far";
-  g_ = geometry(input.shape());
+  g_ = geometry(input.shape(), runtime::cpu::blasThreads());
   input_ = input;
   const int64_t out = options_.out, p = g_.positions;
   const int64_t maxColumns = g_.samplesPerTile * g_.rowsPerTile * g_.outWidth;
   runtime::ensureShape(output_, Shape{g_.batch, out, g_.outHeight, g_.outWidth});
-  runtime::ensureShape(col_, Shape{g_.patch, maxColumns});
-  if (maxColumns < p || g_.samplesPerTile > 1) runtime::ensureShape(tile_, Shape{out, maxColumns});
-  const float* b = options_.bias ? bias_.data() : nullptr;
-  forEachTile([&](const Tile& t) {
-    const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
-    unfold(t);
-    float* y = output_.data() + t.first * out * p + t.rowBegin * g_.outWidth;  // y + (s·out + o)·P: a tile row
-    if (cols == p) {
-      // One whole sample: the GEMM writes [out, P] straight into the output, on top of the bias
-      // (beta = 1 costs no more than beta = 0, for which OpenBLAS zeroes C first).
-      if (b) {
-        for (int64_t o = 0; o < out; ++o) std::fill_n(y + o * p, p, b[o]);
-      }
-      gemm({.m = toInt(out, "out"), .n = toInt(p, "columns"), .k = toInt(g_.patch, "patch"), .beta = b ? 1.0f : 0.0f},
-           weight_.data(), col_.data(), y);
-      return;
-    }
-    // Otherwise the tile's [out, columns] result is copied to its place in each sample.
-    gemm({.m = toInt(out, "out"), .n = toInt(cols, "columns"), .k = toInt(g_.patch, "patch")}, weight_.data(),
-         col_.data(), tile_.data());
-    for (int64_t s = 0; s < t.count; ++s) {
-      for (int64_t o = 0; o < out; ++o) {
-        const float* src = tile_.data() + o * cols + s * perSample;
-        float* dst = y + (s * out + o) * p;
-        const float bo = b ? b[o] : 0.0f;
-        for (int64_t i = 0; i < perSample; ++i) dst[i] = src[i] + bo;
-      }
-    }
+  if (scratch_.size() < static_cast<size_t>(g_.workers)) scratch_.resize(static_cast<size_t>(g_.workers));
+  for (int w = 0; w < g_.workers; ++w) {
+    Scratch& scratch = scratch_[static_cast<size_t>(w)];
+    runtime::ensureShape(scratch.col, Shape{g_.patch, maxColumns});
+    if (maxColumns < p || g_.samplesPerTile > 1) runtime::ensureShape(scratch.tile, Shape{out, maxColumns});
+  }
+  if (g_.workers == 1) {
+    forEachTile(0, g_.groups(), [&](const Tile& t) { forwardTile(t, scratch_[0]); });
+    return output_;
+  }
+  if (!pool_ || pool_->threads() != g_.workers) pool_ = std::make_unique<runtime::cpu::ThreadPool>(g_.workers);
+  runtime::cpu::BlasThreadsScope oneBlasThread(1);
+  pool_->parallelFor(g_.groups(), [&](int64_t begin, int64_t end, int worker) {
+    forEachTile(begin, end, [&](const Tile& t) { forwardTile(t, scratch_[static_cast<size_t>(worker)]); });
   });
   return output_;
+}
+
+void Conv2d::backwardTile(const Tile& t, const Tensor& gradOutput, Scratch& scratch, float* dW, float beta, float* db) {
+  const int64_t out = options_.out;
+  const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
+  const int out32 = toInt(out, "out"), patch32 = toInt(g_.patch, "patch"), cols32 = toInt(cols, "columns");
+  const float* dyTile = tileOf(gradOutput, t, scratch);
+  if (db) {
+    for (int64_t o = 0; o < out; ++o) db[o] += sumRow(dyTile + o * cols, cols);
+  }
+  float* col = scratch.col.data();
+  unfold(t, col);
+  // dW[out, K] (+)= dY[out, columns] · colᵀ[columns, K]
+  gemm({.m = out32, .n = patch32, .k = cols32, .transB = true, .beta = beta}, dyTile, col, dW);
+  if (!gradInput_.defined()) return;
+  // dcol[K, columns] = Wᵀ[K, out] · dY[out, columns], into the column buffer, then folded back.
+  gemm({.m = patch32, .n = cols32, .k = out32, .transA = true}, weight_.data(), dyTile, col);
+  const Unfolding u = unfolding();
+  const int64_t sampleElems = g_.channels * g_.height * g_.width;
+  for (int64_t s = 0; s < t.count; ++s) {
+    float* dx = gradInput_.data() + (t.first + s) * sampleElems;
+    // Zeroed at the sample's first tile rather than all at once, so that it is still in cache.
+    if (t.rowBegin == 0) std::fill_n(dx, sampleElems, 0.0f);
+    col2im(u, col + s * perSample, cols, t.rowBegin, t.rowEnd, dx);
+  }
 }
 
 const Tensor& Conv2d::backward(const Tensor& gradOutput, const Pass& pass) {
@@ -192,35 +235,51 @@ const Tensor& Conv2d::backward(const Tensor& gradOutput, const Pass& pass) {
   } else {
     gradInput_ = Tensor();
   }
-  const Unfolding u = unfolding();
-  const int64_t sampleElems = g_.channels * g_.height * g_.width;
-  const int out32 = toInt(out, "out"), patch32 = toInt(g_.patch, "patch");
+  if (g_.workers > 1) {
+    parallelBackward(gradOutput, pass);
+    return gradInput_;
+  }
+  float* db = options_.bias ? biasGrad_.data() : nullptr;
   bool firstTile = true;
-  forEachTile([&](const Tile& t) {
-    const int64_t perSample = t.columnsPerSample(g_.outWidth), cols = t.count * perSample;
-    const int cols32 = toInt(cols, "columns");
-    const float* dyTile = tileOf(gradOutput, t);
-    if (options_.bias) {
-      float* db = biasGrad_.data();
-      for (int64_t o = 0; o < out; ++o) db[o] += sumRow(dyTile + o * cols, cols);
-    }
-    unfold(t);
-    // dW[out, K] (+)= dY[out, columns] · colᵀ[columns, K]
+  forEachTile(0, g_.groups(), [&](const Tile& t) {
     const float beta = firstTile && !pass.accumulateGrads ? 0.0f : 1.0f;
     firstTile = false;
-    gemm({.m = out32, .n = patch32, .k = cols32, .transB = true, .beta = beta}, dyTile, col_.data(),
-         weightGrad_.data());
-    if (!pass.needInputGrad) return;
-    // dcol[K, columns] = Wᵀ[K, out] · dY[out, columns], into the column buffer, then folded back.
-    gemm({.m = patch32, .n = cols32, .k = out32, .transA = true}, weight_.data(), dyTile, col_.data());
-    for (int64_t s = 0; s < t.count; ++s) {
-      float* dx = gradInput_.data() + (t.first + s) * sampleElems;
-      // Zeroed at the sample's first tile rather than all at once, so that it is still in cache.
-      if (t.rowBegin == 0) std::fill_n(dx, sampleElems, 0.0f);
-      col2im(u, col_.data() + s * perSample, cols, t.rowBegin, t.rowEnd, dx);
-    }
+    backwardTile(t, gradOutput, scratch_[0], weightGrad_.data(), beta, db);
   });
   return gradInput_;
+}
+
+// Worker 0 adds to the layer's dW and db, the others to their own partial sums (zeroed first, as a
+// worker may get no samples), which are then added in worker order: deterministic for a given T.
+void Conv2d::parallelBackward(const Tensor& gradOutput, const Pass& pass) {
+  if (!pass.accumulateGrads) weightGrad_.fill(0.0f);
+  for (int w = 1; w < g_.workers; ++w) {
+    Scratch& scratch = scratch_[static_cast<size_t>(w)];
+    runtime::ensureShape(scratch.weightGrad, weightGrad_.shape());
+    scratch.weightGrad.fill(0.0f);
+    if (options_.bias) {
+      runtime::ensureShape(scratch.biasGrad, biasGrad_.shape());
+      scratch.biasGrad.fill(0.0f);
+    }
+  }
+  {
+    runtime::cpu::BlasThreadsScope oneBlasThread(1);
+    pool_->parallelFor(g_.groups(), [&](int64_t begin, int64_t end, int worker) {
+      Scratch& scratch = scratch_[static_cast<size_t>(worker)];
+      float* dW = worker == 0 ? weightGrad_.data() : scratch.weightGrad.data();
+      float* db = !options_.bias ? nullptr : worker == 0 ? biasGrad_.data() : scratch.biasGrad.data();
+      forEachTile(begin, end, [&](const Tile& t) { backwardTile(t, gradOutput, scratch, dW, 1.0f, db); });
+    });
+  }
+  for (int w = 1; w < g_.workers; ++w) {
+    const Scratch& scratch = scratch_[static_cast<size_t>(w)];
+    float* dW = weightGrad_.data();
+    const float* partial = scratch.weightGrad.data();
+    for (int64_t i = 0; i < weightGrad_.numel(); ++i) dW[i] += partial[i];
+    if (options_.bias) {
+      for (int64_t i = 0; i < biasGrad_.numel(); ++i) biasGrad_.data()[i] += scratch.biasGrad.data()[i];
+    }
+  }
 }
 
 }  // namespace cohort::nn

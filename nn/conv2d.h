@@ -11,19 +11,31 @@
 // kMaxTileColumns output positions, so that its column buffer col[K, columns] (K = in·kh·kw) stays
 // in L2 cache, where the GEMM that reads it back finds it; the tile's output is one GEMM
 // W[out, K] · col. (On the rosetta CNN's layers with one BLAS thread, tiles of 64 positions or of
-// many whole samples ran 10-35% slower than tiles of 256; with two threads, tiles of 4096 ran
-// about 25% faster than tiles of 256.)
+// many whole samples ran 10-35% slower than tiles of 256; with two threads splitting each GEMM,
+// tiles of 4096 ran about 25% faster than tiles of 256.)
 // Backward unfolds each tile again (nothing batch-sized is kept besides a handle to the input),
 // accumulates dW += dY·colᵀ and, when the input gradient is wanted, computes dcol = Wᵀ·dY into the
 // same column buffer and folds it back (col2im).
+// With several BLAS threads (T = runtime::cpu::blasThreads() > 1) and more than one sample, the
+// tiles run in parallel instead, on a pool of T threads that the layer owns, each GEMM on one BLAS
+// thread (the count is set to 1 for the duration and restored): worker w takes a contiguous block
+// of whole samples, so that no two workers fold into the same input elements, with its own column
+// buffer and, in backward, its own partial dW and db; these are added up in worker order at the
+// end, so the result depends on T but not on the run. Tiles are then sized as for one thread. With
+// one thread the serial path is exactly as described above.
 // Buffers are sized per batch shape and reused: a steady loop allocates nothing.
-// Keeps a handle to its input for backward (no copy). Thread safety: as Module.
+// Keeps a handle to its input for backward (no copy). Thread safety: as Module (the layer's own
+// pool is used only inside forward and backward).
 //
 //   Conv2d conv({.in = 3, .out = 50, .kernel = 3, .padding = 1});
 #pragma once
 
+#include <memory>
+#include <vector>
+
 #include "nn/im2col.h"
 #include "nn/module.h"
+#include "runtime/cpu/parallel.h"
 
 namespace cohort::nn {
 
@@ -42,8 +54,9 @@ class Conv2d final : public Module {
  public:
   // Output positions per tile when tileColumns is 0, with one BLAS thread: kMaxTileColumns, fewer
   // where the column buffer would outgrow kTileBytes, never fewer than kMinTileColumns (a GEMM needs
-  // some width to run near its peak). With several BLAS threads OpenBLAS splits each GEMM between
-  // them, which pays only for wide ones: kColumnsPerBlasThread per thread. Measured with
+  // some width to run near its peak). With several BLAS threads the tiles of a batch run in parallel
+  // and are sized as for one; only a single sample leaves OpenBLAS to split each GEMM between its
+  // threads, which pays only for wide ones: kColumnsPerBlasThread per thread. Measured with
   // bench/conv_bench --sweep on the rosetta CNN's layers.
   static constexpr int64_t kTileBytes = 1 << 20;
   static constexpr int64_t kMinTileColumns = 64;
@@ -75,21 +88,35 @@ class Conv2d final : public Module {
     int64_t positions = 0;  // P = OH·OW: output positions per sample
     int64_t samplesPerTile = 1;
     int64_t rowsPerTile = 0;  // output rows per tile; outHeight when a tile holds whole samples
+    int workers = 1;          // > 1: tiles run in parallel (see the top of this file)
+    int64_t groups() const { return (batch + samplesPerTile - 1) / samplesPerTile; }
   };
   // Samples [first, first + count) × output rows [rowBegin, rowEnd); count > 1 only with all rows.
   struct Tile {
     int64_t first, count, rowBegin, rowEnd;
     int64_t columnsPerSample(int64_t outWidth) const { return (rowEnd - rowBegin) * outWidth; }
   };
-  Geometry geometry(const Shape& input) const;
+  // One worker's buffers. Worker 0's weightGrad and biasGrad stay empty: it adds to the layer's own.
+  struct Scratch {
+    Tensor col;   // [K, columns] of one tile; reused for dcol in backward
+    Tensor tile;  // [out, columns]: a tile's GEMM result (or its share of dY) unless it is one whole sample
+    Tensor weightGrad, biasGrad;  // partial sums of a parallel backward
+  };
+  Geometry geometry(const Shape& input, int threads) const;
+  // The tiles of groups [groupBegin, groupEnd): a group is the tiles of samples
+  // [group · samplesPerTile, ...), i.e. one tile of whole samples or all row bands of one sample.
   template <class F>
-  void forEachTile(F&& f) const;
+  void forEachTile(int64_t groupBegin, int64_t groupEnd, F&& f) const;
   Unfolding unfolding() const;
-  // Unfolds the tile of input_ into col_ ([K, columns]; sample s's columns start at s · its share).
-  void unfold(const Tile& t);
-  // The tile's part of dY as [out, columns] in col_'s column order: dY itself for a whole sample,
-  // else gathered into tile_.
-  const float* tileOf(const Tensor& gradOutput, const Tile& t);
+  // Unfolds the tile of input_ into col ([K, columns]; sample s's columns start at s · its share).
+  void unfold(const Tile& t, float* col) const;
+  // The tile's part of dY as [out, columns] in col's column order: dY itself for a whole sample,
+  // else gathered into scratch.tile.
+  const float* tileOf(const Tensor& gradOutput, const Tile& t, Scratch& scratch) const;
+  void forwardTile(const Tile& t, Scratch& scratch);
+  // dW (beta = 0: overwritten) and db += the tile's share; dX too when gradInput_ is defined.
+  void backwardTile(const Tile& t, const Tensor& gradOutput, Scratch& scratch, float* dW, float beta, float* db);
+  void parallelBackward(const Tensor& gradOutput, const Pass& pass);
 
   Conv2dOptions options_;
   int64_t kh_, kw_;
@@ -98,8 +125,8 @@ class Conv2d final : public Module {
   Tensor input_;  // last forward's input
   Tensor output_;
   Tensor gradInput_;
-  Tensor col_;   // [K, columns] of one tile; reused for dcol in backward
-  Tensor tile_;  // [out, columns]: a tile's GEMM result (or its share of dY) unless it is one whole sample
+  std::vector<Scratch> scratch_;                    // one per worker; [0] serves the serial path
+  std::unique_ptr<runtime::cpu::ThreadPool> pool_;  // while blasThreads() > 1
 };
 
 }  // namespace cohort::nn

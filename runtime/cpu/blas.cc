@@ -23,6 +23,14 @@ void setBlasThreads(int threads) {
 
 int blasThreads() { return openblas_get_num_threads(); }
 
+BlasThreadsScope::BlasThreadsScope(int threads) : previous_(blasThreads()) {
+  if (threads != previous_) setBlasThreads(threads);
+}
+
+BlasThreadsScope::~BlasThreadsScope() {
+  if (blasThreads() != previous_) openblas_set_num_threads(previous_);
+}
+
 std::string blasDescription() {
   // OpenBLAS (DYNAMIC_ARCH) picks its kernels when it is loaded, from OPENBLAS_CORETYPE if set,
   // else from its own CPU detection; say which, since it decides the GEMM rate.

@@ -4,7 +4,9 @@
 // (GemmOptions::transA / transB). It runs on the calling thread plus OpenBLAS's own pool, whose size
 // setBlasThreads() sets for the whole process (one worker process = one BLAS pool; DESIGN.md §6: one
 // thread per worker unless --threads says otherwise). Not safe to call setBlasThreads concurrently
-// with gemm; gemm itself may be called from one thread at a time per process.
+// with gemm. With several BLAS threads gemm may be called from one thread at a time per process;
+// with one, from several threads at once (each runs on its caller; Conv2d's parallel tiles do this
+// inside a BlasThreadsScope, and tests/runtime/cpu/blas_test.cc checks it).
 //
 //   gemm({.m = 64, .n = 512, .k = 784, .transB = true}, x, w, y);   // y = x · wᵀ
 #pragma once
@@ -22,6 +24,19 @@ void gemm(const GemmOptions& o, const float* a, const float* b, float* c);
 // Sets the number of threads OpenBLAS uses in this process (>= 1).
 void setBlasThreads(int threads);
 int blasThreads();
+
+// Sets the BLAS thread count for the scope's lifetime and restores the previous count on exit
+// (also when an exception leaves the scope). Same thread-safety rule as setBlasThreads.
+class BlasThreadsScope {
+ public:
+  explicit BlasThreadsScope(int threads);
+  ~BlasThreadsScope();
+  BlasThreadsScope(const BlasThreadsScope&) = delete;
+  BlasThreadsScope& operator=(const BlasThreadsScope&) = delete;
+
+ private:
+  int previous_;
+};
 // "OpenBLAS 0.3.21 (Zen, pthread)" or similar: what is actually linked.
 std::string blasDescription();
 

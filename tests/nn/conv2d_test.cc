@@ -1,13 +1,30 @@
 // Conv2d: finite-difference gradients over the geometry edge cases, forward values against a direct
-// convolution, tiling, gradient accumulation and argument checks.
+// convolution, tiling, gradient accumulation, parallel tiles with several BLAS threads (same results
+// as one thread, deterministic, allocation-free in steady state) and argument checks.
 #include "nn/conv2d.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 
+#include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 #include "tests/nn/grad_check.h"
+
+namespace {
+std::atomic<long> gAllocations{0};
+}
+
+void* operator new(size_t n) {
+  gAllocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace cohort::nn {
 namespace {
@@ -190,6 +207,79 @@ TEST(Conv2d, DefaultInitIsPyTorchsUniformBound) {
   EXPECT_GT(maxAbs, 0.95f * bound);
   EXPECT_LE(maxBias, bound);
   EXPECT_GT(maxBias, 0.5f * bound);
+}
+
+struct Results {
+  Tensor y, dx, grads;
+};
+
+// Forward, then backward twice with accumulateGrads (so the parallel path's accumulation is covered),
+// with `threads` BLAS threads.
+Results runWithThreads(const Conv2dOptions& options, const Tensor& x, const Tensor& dy, int threads) {
+  runtime::cpu::BlasThreadsScope scope(threads);
+  Conv2d conv(options);
+  ParamBuffer params;
+  bindParams(conv, params, 13);
+  Results r;
+  r.y = conv.forward(x, Pass{}).clone();
+  r.dx = conv.backward(dy, Pass{}).clone();
+  Pass accumulate;
+  accumulate.accumulateGrads = true;
+  conv.forward(x, accumulate);
+  conv.backward(dy, accumulate);
+  r.grads = params.grads().clone();
+  EXPECT_EQ(runtime::cpu::blasThreads(), threads) << "the BLAS thread count is restored";
+  return r;
+}
+
+// Whole-sample tiles (several per tile, and a batch smaller than the threads), row bands of one
+// sample with padding (overlapping input rows), strides, no bias, and the automatic tiling.
+const Case kParallelCases[] = {
+    {{.in = 3, .out = 4, .kernel = 3, .padding = 1}, Shape{5, 3, 6, 7}},
+    {{.in = 3, .out = 4, .kernel = 3, .padding = 1, .tileColumns = 14}, Shape{5, 3, 6, 7}},
+    {{.in = 2, .out = 3, .kernel = 3, .padding = 2, .bias = false, .tileColumns = 5}, Shape{3, 2, 5, 5}},
+    {{.in = 2, .out = 2, .kernel = 2, .stride = 2, .tileColumns = 100}, Shape{7, 2, 5, 5}},
+    {{.in = 2, .out = 3, .kernel = 3, .stride = 2, .padding = 1, .tileColumns = 3}, Shape{2, 2, 7, 6}},
+    {{.in = 3, .out = 5, .kernel = 3, .padding = 1}, Shape{1, 3, 9, 9}},
+    {{.in = 3, .out = 50, .kernel = 3, .padding = 1}, Shape{9, 3, 32, 32}},
+};
+
+TEST(Conv2d, ParallelTilesMatchOneThreadAndAreDeterministic) {
+  for (const Case& c : kParallelCases) {
+    SCOPED_TRACE(describe(c));
+    Tensor x = randomTensor(c.input, 14);
+    Tensor dy = randomTensor(Conv2d(c.options).outputShape(c.input), 15);
+    Results one = runWithThreads(c.options, x, dy, 1);
+    for (int threads : {2, 3}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads");
+      Results a = runWithThreads(c.options, x, dy, threads), b = runWithThreads(c.options, x, dy, threads);
+      for (int64_t i = 0; i < one.y.numel(); ++i) ASSERT_NEAR(a.y.at(i), one.y.at(i), 1e-5) << i;
+      for (int64_t i = 0; i < one.dx.numel(); ++i) ASSERT_NEAR(a.dx.at(i), one.dx.at(i), 1e-5) << i;
+      for (int64_t i = 0; i < one.grads.numel(); ++i) {
+        ASSERT_NEAR(a.grads.at(i), one.grads.at(i), 1e-4 * (1 + std::fabs(one.grads.at(i)))) << i;
+      }
+      for (int64_t i = 0; i < a.y.numel(); ++i) ASSERT_EQ(a.y.at(i), b.y.at(i)) << i;
+      for (int64_t i = 0; i < a.dx.numel(); ++i) ASSERT_EQ(a.dx.at(i), b.dx.at(i)) << i;
+      for (int64_t i = 0; i < a.grads.numel(); ++i) ASSERT_EQ(a.grads.at(i), b.grads.at(i)) << i;
+    }
+  }
+}
+
+TEST(Conv2d, ParallelTilesAllocateNothingInSteadyState) {
+  runtime::cpu::BlasThreadsScope scope(2);
+  Conv2d conv({.in = 3, .out = 8, .kernel = 3, .padding = 1, .tileColumns = 20});
+  ParamBuffer params;
+  bindParams(conv, params, 16);
+  Tensor big = randomTensor(Shape{6, 3, 8, 8}, 17), small = randomTensor(Shape{3, 3, 8, 8}, 18);
+  Tensor dyBig = randomTensor(Shape{6, 8, 8, 8}, 19), dySmall = randomTensor(Shape{3, 8, 8, 8}, 20);
+  conv.forward(big, Pass{});
+  conv.backward(dyBig, Pass{});  // sizes every buffer and starts the pool
+  long before = gAllocations.load();
+  for (int i = 0; i < 4; ++i) {
+    conv.forward(i % 2 ? small : big, Pass{});
+    conv.backward(i % 2 ? dySmall : dyBig, Pass{});
+  }
+  EXPECT_EQ(gAllocations.load() - before, 0);
 }
 
 }  // namespace
