@@ -5,26 +5,13 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <new>
 
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 #include "tests/nn/grad_check.h"
+#include "tests/support/alloc_counter.h"
 
-namespace {
-std::atomic<long> gAllocations{0};
-}
-
-void* operator new(size_t n) {
-  gAllocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace cohort::nn {
 namespace {
@@ -274,12 +261,12 @@ TEST(Conv2d, ParallelTilesAllocateNothingInSteadyState) {
   Tensor dyBig = randomTensor(Shape{6, 8, 8, 8}, 19), dySmall = randomTensor(Shape{3, 8, 8, 8}, 20);
   conv.forward(big, Pass{});
   conv.backward(dyBig, Pass{});  // sizes every buffer and starts the pool
-  long before = gAllocations.load();
+  long before = cohort::testing::allocationCount();
   for (int i = 0; i < 4; ++i) {
     conv.forward(i % 2 ? small : big, Pass{});
     conv.backward(i % 2 ? dySmall : dyBig, Pass{});
   }
-  EXPECT_EQ(gAllocations.load() - before, 0);
+  EXPECT_EQ(cohort::testing::allocationCount() - before, 0);
 }
 
 }  // namespace

@@ -3,10 +3,8 @@
 // in steady state, including a smaller last batch followed by full-size batches.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
 
+#include "tests/support/alloc_counter.h"
 #include "nn/activation.h"
 #include "nn/batchnorm.h"
 #include "nn/conv2d.h"
@@ -19,17 +17,6 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/data/synthetic.h"
 
-namespace {
-std::atomic<long> gAllocations{0};
-}
-
-void* operator new(size_t n) {
-  gAllocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace cohort::nn {
 namespace {
@@ -58,7 +45,7 @@ void runSteadyState(const std::string& spec, OptimizerKind kind, float momentum)
   runtime::data::Batch b;
   loader.startEpoch(1);  // startEpoch itself may allocate (the epoch's index list)
   ASSERT_TRUE(loader.next(b));
-  long before = gAllocations.load();
+  long before = cohort::testing::allocationCount();
   ASSERT_GT(before, 0) << "operator new is not being counted";  // building the model allocated
   int steps = 0;
   do {
@@ -67,7 +54,7 @@ void runSteadyState(const std::string& spec, OptimizerKind kind, float momentum)
     opt->step(model->params.values(), model->params.grads());
     ++steps;
   } while (loader.next(b));
-  EXPECT_EQ(gAllocations.load() - before, 0) << "allocations in " << steps << " steady-state steps";
+  EXPECT_EQ(cohort::testing::allocationCount() - before, 0) << "allocations in " << steps << " steady-state steps";
   EXPECT_EQ(steps, 16);
 }
 
@@ -96,12 +83,12 @@ TEST(HotLoop, EveryCnnLayerAllocatesNothingInSteadyState) {
   Pass pass;
   pass.rng = &rng;
   net.backward(net.forward(big, pass), pass);  // sizes every buffer for the largest batch
-  long before = gAllocations.load();
+  long before = cohort::testing::allocationCount();
   for (int i = 0; i < 4; ++i) {
     const Tensor& x = i % 2 ? small : big;
     net.backward(net.forward(x, pass), pass);
   }
-  EXPECT_EQ(gAllocations.load() - before, 0);
+  EXPECT_EQ(cohort::testing::allocationCount() - before, 0);
 }
 
 TEST(HotLoop, DropoutAndActivationsAllocateNothingInSteadyState) {
@@ -112,9 +99,9 @@ TEST(HotLoop, DropoutAndActivationsAllocateNothingInSteadyState) {
   Pass pass;
   pass.rng = &rng;
   net.backward(net.forward(x, pass), pass);
-  long before = gAllocations.load();
+  long before = cohort::testing::allocationCount();
   for (int i = 0; i < 10; ++i) net.backward(net.forward(x, pass), pass);
-  EXPECT_EQ(gAllocations.load() - before, 0);
+  EXPECT_EQ(cohort::testing::allocationCount() - before, 0);
 }
 
 }  // namespace
