@@ -19,7 +19,7 @@ class CnnCliTest : public ShmDirTest {
     ShmDirTest::SetUp();
     mnist_ = dir_ + "/mnist";
     ASSERT_EQ(::mkdir(mnist_.c_str(), 0700), 0);
-    writeTinyMnistDir(mnist_, 640, 200, Compression::kPlain);
+    writeTinyMnistDir(mnist_, 1280, 200, Compression::kPlain);
   }
 
   // `cohort train` alone (n == 0) or under cohortrun with n workers.
@@ -33,7 +33,7 @@ class CnnCliTest : public ShmDirTest {
   }
 
   void expectLearns(const std::string& model, const std::string& mode, int workers) {
-    CommandResult r = train(workers, {"--model", model, "--data", "mnist:" + mnist_, "--mode", mode, "--epochs", "4",
+    CommandResult r = train(workers, {"--model", model, "--data", "mnist:" + mnist_, "--mode", mode, "--epochs", "6",
                                       "--batch-size", "32", "--lr", "0.02", "--momentum", "0.9", "--threads", "1"});
     ASSERT_EQ(r.exitCode, 0) << r.describe();
     ResultLine result = parseResultLine(r.stdoutText);
