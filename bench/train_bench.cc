@@ -19,7 +19,6 @@
 #include "runtime/error.h"
 
 #ifdef COHORT_HAVE_CUDA
-#include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/gpu_context.h"
 #include "runtime/data/device_loader.h"
 #endif
@@ -95,11 +94,7 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
   runtime::Rng rng(seed);
   host->net->resetParams(rng);
   if (gpu) {
-#ifdef COHORT_HAVE_CUDA
-    model->params.allocate(gpu->allocator());
-    model->params.values().copyFrom(host->params.values());
-    runtime::cuda::fill({model->params.grads().data(), model->params.numel()}, 0.0f, gpu->stream());
-#endif
+    nn::bindOnGpu(*model, *host, *gpu);
   } else {
     model = std::move(host);
   }

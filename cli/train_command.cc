@@ -27,7 +27,6 @@
 #include "runtime/world_info.h"
 
 #ifdef COHORT_HAVE_CUDA
-#include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/gpu_context.h"
 #endif
 
@@ -246,10 +245,7 @@ int runTrain(const TrainFlags& f) {
     host->params.allocate(runtime::cpuAllocator());
     runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
     host->net->resetParams(initRng);
-    model->params.allocate(gpu->allocator());
-    model->params.values().copyFrom(host->params.values());
-    if (model->params.bufferNumel() > 0) model->params.buffers().copyFrom(host->params.buffers());
-    runtime::cuda::fill({model->params.grads().data(), model->params.numel()}, 0.0f, gpu->stream());
+    nn::bindOnGpu(*model, *host, *gpu);
 #endif
   } else {
     model->params.allocate(runtime::cpuAllocator());

@@ -7,6 +7,7 @@
 #include "nn/batchnorm.h"
 #include "nn/conv2d.h"
 #include "nn/dropout.h"
+#include "nn/gpu_dispatch.h"
 #include "nn/linear.h"
 #include "nn/pool.h"
 #include "nn/reshape.h"
@@ -115,6 +116,22 @@ std::unique_ptr<Model> buildModel(const std::string& spec) {
   }
   model->net->registerParams(model->params, "");
   return model;
+}
+
+void bindOnGpu(Model& model, const Model& initialised, runtime::cuda::GpuContext& gpu) {
+#ifdef COHORT_HAVE_CUDA
+  if (initialised.spec != model.spec || !initialised.params.bound()) {
+    COHORT_THROW(InvalidArgument) << "bindOnGpu needs a bound " << model.spec << " to copy, got " << initialised.spec;
+  }
+  model.params.allocate(gpu.allocator());
+  model.params.values().copyFrom(initialised.params.values());
+  if (model.params.bufferNumel() > 0) model.params.buffers().copyFrom(initialised.params.buffers());
+  runtime::cuda::fill({model.params.grads().data(), model.params.numel()}, 0.0f, gpu.stream());
+  gpu.stream().synchronize();
+#else
+  (void)model, (void)initialised, (void)gpu;
+  COHORT_THROW(InvalidArgument) << "bindOnGpu: CUDA support not compiled in";
+#endif
 }
 
 }  // namespace cohort::nn

@@ -36,4 +36,10 @@ struct Model {
 // Builds the network and registers its parameters in model->params (unbound).
 std::unique_ptr<Model> buildModel(const std::string& spec);
 
+// Binds `model` (unbound) on `gpu`'s device with the parameter and buffer values of `initialised`
+// (a bound CPU model of the same spec, e.g. freshly reset from a seed, so a GPU run starts from the
+// numbers a CPU run would), gradients zeroed; returns when the copies are done. CUDA builds only:
+// without CUDA it throws InvalidArgument.
+void bindOnGpu(Model& model, const Model& initialised, runtime::cuda::GpuContext& gpu);
+
 }  // namespace cohort::nn

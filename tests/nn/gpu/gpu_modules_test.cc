@@ -53,18 +53,16 @@ struct ModelRun {
   std::unique_ptr<nn::Loss> loss;
 };
 
-// One model on `gpu` (or the CPU when null) with the parameters `init` (a CPU flat buffer).
-ModelRun makeRun(const std::string& spec, const Tensor& init, const nn::OptimizerOptions& opt, runtime::cuda::GpuContext* gpu) {
+// One model on `gpu` (or the CPU when null) with the parameters of `init` (a bound CPU model).
+ModelRun makeRun(const nn::Model& init, const nn::OptimizerOptions& opt, runtime::cuda::GpuContext* gpu) {
   ModelRun r;
-  r.model = nn::buildModel(spec);
+  r.model = nn::buildModel(init.spec);
   if (gpu) {
-    r.model->params.allocate(gpu->allocator());
-    runtime::cuda::fill({r.model->params.grads().data(), r.model->params.numel()}, 0.0f, gpu->stream());
-    gpu->stream().synchronize();
+    nn::bindOnGpu(*r.model, init, *gpu);
   } else {
     r.model->params.allocate(runtime::cpuAllocator());
+    r.model->params.values().copyFrom(init.params.values());
   }
-  r.model->params.values().copyFrom(init);
   r.optimizer = nn::makeOptimizer(opt, r.model->params.numel(), gpu);
   r.loss = nn::makeLoss(nn::LossKind::kCrossEntropy);
   return r;
@@ -84,8 +82,8 @@ TEST_P(GpuModulesTest, TrainingStepsMatchTheCpu) {
   probe->net->resetParams(initRng);
   nn::OptimizerOptions opt{.kind = GetParam(), .lr = 0.01f, .momentum = GetParam() == nn::OptimizerKind::kSgd ? 0.9f : 0.0f,
                            .weightDecay = 1e-4f};
-  ModelRun cpu = makeRun(spec, probe->params.values(), opt, nullptr);
-  ModelRun dev = makeRun(spec, probe->params.values(), opt, &gpu);
+  ModelRun cpu = makeRun(*probe, opt, nullptr);
+  ModelRun dev = makeRun(*probe, opt, &gpu);
 
   auto data = runtime::data::syntheticMnist(runtime::data::Split::kTest);
   Tensor devInputs, devTargets;
