@@ -10,6 +10,16 @@
 namespace cohort::nn {
 namespace {
 
+// PREFETCHW: the line in exclusive state, ready to be written (a no-op on x86 processors without
+// it; GCC only emits it under -mprfchw, which x86-64-v3 lacks, hence the asm).
+inline void prefetchForWrite(const float* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetchw %0" : : "m"(*reinterpret_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
+
 using runtime::Shape;
 
 class Sgd final : public Optimizer {
@@ -143,9 +153,21 @@ void Optimizer::step(const Tensor& params, const Tensor& grads) {
   const int64_t n = params.numel();
   const int64_t start = std::min<int64_t>(static_cast<int64_t>(sweepStart_), n);
   beginStep();
-  stepRange(params.data(), grads.data(), start, n);
-  stepRange(params.data(), grads.data(), 0, start);
+  sweep(params.data(), grads.data(), start, n);
+  sweep(params.data(), grads.data(), 0, start);
   ++steps_;
+}
+
+// Blocks of kSweepBlock elements; before updating one, ask for the next block's parameter lines in
+// exclusive state (PREFETCHW). With Hogwild those lines were last written by another core, and
+// fetching them one store at a time made the update 2.5 times slower than on private memory.
+void Optimizer::sweep(float* params, const float* grads, int64_t begin, int64_t end) {
+  constexpr int64_t kSweepBlock = 1024, kLineFloats = 16;
+  for (int64_t b = begin; b < end; b += kSweepBlock) {
+    const int64_t e = std::min(end, b + kSweepBlock);
+    for (int64_t i = e; i < std::min(end, e + kSweepBlock); i += kLineFloats) prefetchForWrite(params + i);
+    stepRange(params, grads, b, e);
+  }
 }
 
 OptimizerKind parseOptimizerKind(const std::string& name) {

@@ -68,6 +68,8 @@ class Optimizer {
   // Updates elements [begin, end) for the step being taken (steps_ not yet incremented).
   virtual void stepRange(float* params, const float* grads, int64_t begin, int64_t end) = 0;
   virtual void beginStep() {}
+  // stepRange over [begin, end) in blocks, prefetching the parameter lines ahead for writing.
+  void sweep(float* params, const float* grads, int64_t begin, int64_t end);
   // The whole update on the GPU (params and grads are device buffers of gpu_'s device).
   virtual void stepGpu(const Tensor& params, const Tensor& grads) = 0;
   OptimizerOptions options_;

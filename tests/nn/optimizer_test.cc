@@ -108,6 +108,30 @@ TEST(Optimizer, ASweepStartingMidwayGivesIdenticalResults) {
   }
 }
 
+// The update runs in blocks with the next block prefetched: every element is updated exactly once,
+// whatever the sweep start and however the size falls against the block size.
+TEST(Optimizer, BlockedSweepUpdatesEveryElementOnce) {
+  for (int64_t n : {int64_t{1}, int64_t{1023}, int64_t{1024}, int64_t{2500}, int64_t{4096}}) {
+    for (size_t start : {size_t{0}, size_t{1}, size_t{1203}, static_cast<size_t>(n - 1)}) {
+      if (start >= static_cast<size_t>(n)) continue;
+      Tensor p = Tensor::zeros(Shape{n}), g = Tensor::zeros(Shape{n});
+      for (int64_t i = 0; i < n; ++i) {
+        p.data()[i] = static_cast<float>(i % 97) * 0.5f;
+        g.data()[i] = static_cast<float>(i % 13) - 6.0f;
+      }
+      Tensor expected = p.clone();
+      const float lr = 0.25f;
+      for (int64_t i = 0; i < n; ++i) expected.data()[i] -= lr * g.data()[i];
+      auto sgd = makeOptimizer({.lr = lr}, static_cast<size_t>(n));
+      sgd->setSweepStart(start);
+      sgd->step(p, g);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(p.at(i), expected.at(i)) << "n " << n << " start " << start << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(Optimizer, RejectsBadOptions) {
   EXPECT_THROW(makeOptimizer({.lr = 0.0f}, 1), InvalidArgument);
   EXPECT_THROW(makeOptimizer({.lr = 0.1f, .momentum = 1.5f}, 1), InvalidArgument);
