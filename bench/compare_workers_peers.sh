@@ -2,7 +2,8 @@
 # Side by side, in one run: 2 workers × 1 thread on the MLP workload (784-512-256-10, batch 64 per
 # worker, SGD lr 0.05, momentum 0.9, synthetic data, one epoch split over the workers):
 #   cohort   one worker (--mode local); `cohortrun --nproc-per-node 2 cohort train --mode hogwild`;
-#            `--mode allreduce` over shm (cohortrun) and over Open MPI (mpirun)
+#            `--mode allreduce` over shm (cohortrun; one shared copy with a sharded update, and with
+#            --replicas the bucketed gradient all-reduce) and over Open MPI (mpirun)
 #   PyTorch  torch.multiprocessing Hogwild and DDP with Gloo, 2 processes
 #            (../shared/bench-peers/mlp_torch.py, run from there, not copied), OpenBLAS (OpenMP build)
 # REPS interleaved repetitions; medians of job throughput and test accuracy; the ratios the issues
@@ -42,6 +43,7 @@ for rep in $(seq 1 "$REPS"); do
         recordTorch torch_hogwild_p2 "$(LD_LIBRARY_PATH=$OPENMP_BLAS /usr/bin/python3 "$PEERS/mlp_torch.py" --mode hogwild --procs 2 --momentum 0.9)" ;;
       allreduce)
         record cohort_allreduce_shm_w2 "$("$cohortrun" --nproc-per-node 2 -- "$cohort" train --mode allreduce --backend shm "${job[@]}")"
+        record cohort_allreduce_shm_replicas_w2 "$("$cohortrun" --nproc-per-node 2 -- "$cohort" train --mode allreduce --backend shm --replicas "${job[@]}")"
         record cohort_allreduce_mpi_w2 "$(mpirun -np 2 "$cohort" train --mode allreduce --backend mpi "${job[@]}")"
         recordTorch torch_ddp_gloo_p2 "$(LD_LIBRARY_PATH=$OPENMP_BLAS /usr/bin/python3 "$PEERS/mlp_torch.py" --mode ddp --procs 2)" ;;
     esac
@@ -56,10 +58,10 @@ for name in names:
     sps = [float(r[1]) for r in rows if r[0] == name]
     acc = [float(r[2]) for r in rows if r[0] == name]
     med[name] = statistics.median(sps)
-    print(f"{name:24s} samples_per_s median={med[name]:8.0f} runs={' '.join(f'{v:.0f}' for v in sps)}  "
+    print(f"{name:34s} samples_per_s median={med[name]:8.0f} runs={' '.join(f'{v:.0f}' for v in sps)}  "
           f"test_acc median={statistics.median(acc):.4f} runs={' '.join(f'{v:.4f}' for v in acc)}")
 for ours, peer in (("cohort_hogwild_w2", "torch_hogwild_p2"), ("cohort_allreduce_shm_w2", "torch_ddp_gloo_p2"),
-                   ("cohort_allreduce_mpi_w2", "torch_ddp_gloo_p2")):
+                   ("cohort_allreduce_shm_replicas_w2", "torch_ddp_gloo_p2"), ("cohort_allreduce_mpi_w2", "torch_ddp_gloo_p2")):
     if ours in med and peer in med:
         print(f"RESULT compare={ours} workers=2 samples_per_s={med[ours]:.0f} peer={peer} peer_samples_per_s={med[peer]:.0f} "
               f"scaling_over_1_worker={med[ours] / med['cohort_w1']:.2f} over_peer={med[ours] / med[peer]:.2f}")

@@ -13,6 +13,7 @@
 #include "collectives/communicator.h"
 #include "ipc/shared_params.h"
 #include "nn/hogwild.h"
+#include "nn/sharded_sync.h"
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
@@ -42,6 +43,9 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--test-data", f.testData, "test data (default: the test split of --data; none for csv)");
   c.add_option("--mode", f.mode, "local | hogwild | allreduce")->capture_default_str();
   c.add_option("--backend", f.backend, "all-reduce backend: shm | mpi | nccl");
+  c.add_flag("--replicas", f.replicas,
+             "--mode allreduce --backend shm: a full replica per worker and bucketed gradient all-reduce, instead of "
+             "one shared parameter copy that each worker updates a shard of");
   c.add_option("--device", f.device, "cpu | cuda[:N]")->capture_default_str();
   c.add_option("--epochs", f.epochs, "epochs to train")->capture_default_str();
   c.add_option("--batch-size", f.batchSize, "samples per step and worker")->capture_default_str();
@@ -88,6 +92,7 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   if (!(f.timeout > 0)) COHORT_THROW(InvalidArgument) << "--timeout must be positive, got " << f.timeout;
   if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
+  if (f.replicas && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--replicas applies to --mode allreduce only";
   if (runtime::Device::parse(f.device).isCuda() && f.mode != "local") {
     COHORT_THROW(InvalidArgument) << "--device " << f.device << " trains with --mode local only in this version (GPU Hogwild "
                                   << "over CUDA IPC and the NCCL backend are not available yet); use --device cpu for --mode "
@@ -209,18 +214,28 @@ int runTrain(const TrainFlags& f) {
   checkFits(*model, *train, classification);
   if (test) checkFits(*model, *test, classification);
 
-  // Parameters: private (local) or in a segment every worker of this node shares (hogwild). Either
-  // way they start from the same seeded initialisation, or from the checkpoint being resumed.
+  // Parameters: private (local, allreduce replicas) or in a segment every worker of this node shares
+  // (hogwild; allreduce over shm: one copy, sharded update). Either way they start from the same
+  // seeded initialisation, or from the checkpoint being resumed.
+  const bool sharded = f.mode == "allreduce" && !f.replicas && !device.isCuda() &&
+                       collectives::resolveBackend({.backend = f.backend, .world = world}) == "shm";
+  const bool paramsShared = hogwild || sharded;
   auto initialise = [&] {
     runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
     model->net->resetParams(initRng);
-    if (hogwild && f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, model->params);
+    if (paramsShared && f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, model->params);
   };
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
   std::unique_ptr<ipc::SharedParams> shared;
   std::unique_ptr<collectives::Communicator> comm;
   std::unique_ptr<nn::JobSync> sync;
-  if (f.mode == "allreduce") {
+  const nn::HogwildOptions segmentOptions{.jobId = world.jobId, .localRank = world.localRank,
+                                          .localWorldSize = world.localWorldSize,
+                                          .generation = static_cast<uint64_t>(world.restartCount), .timeout = timeout};
+  if (sharded) {
+    shared = nn::shareForShardedTraining(*model, *optimizer, segmentOptions, initialise);
+    sync = std::make_unique<nn::ShardedSync>(*shared, timeout);
+  } else if (f.mode == "allreduce") {
     // Replicas: each rank initialises its own copy, then rank 0's is broadcast to all of them.
     comm = collectives::makeCommunicator({.backend = f.backend, .world = world, .timeout = timeout});
     model->params.allocate(runtime::cpuAllocator());
@@ -229,13 +244,9 @@ int runTrain(const TrainFlags& f) {
     replicas->broadcastParams();
     sync = std::move(replicas);
   } else if (hogwild) {
-    size_t stateFloats = 0;
-    for (const auto& s : optimizer->state()) stateFloats += static_cast<size_t>(s.tensor.numel());
-    shared = nn::shareParams(*model,
-                             {.jobId = world.jobId, .localRank = world.localRank, .localWorldSize = world.localWorldSize,
-                              .generation = static_cast<uint64_t>(world.restartCount), .optimizerStateFloats = stateFloats,
-                              .timeout = timeout},
-                             initialise);
+    nn::HogwildOptions o = segmentOptions;
+    o.scratchFloatsPerRank = optimizer->stateFloats();
+    shared = nn::shareParams(*model, o, initialise);
     sync = std::make_unique<nn::HogwildSync>(*shared, timeout);
     optimizer->setSweepStart(nn::hogwildSweepStart(model->params.numel(), world.localRank, world.localWorldSize));
   } else if (device.isCuda()) {
@@ -272,8 +283,9 @@ int runTrain(const TrainFlags& f) {
   options.maxSteps = f.maxSteps;
   options.metricsPath = f.metrics;
   options.mode = f.mode;
-  options.backend = comm ? comm->backend() : "none";
-  options.paramsShared = hogwild;
+  options.backend = comm ? comm->backend() : sharded ? "shm" : "none";
+  options.paramsShared = paramsShared;
+  options.optimizerStateShared = sharded;
   options.stopRequested = &gStopRequested;
   options.gpu = gpuContext;
   installStopSignal();

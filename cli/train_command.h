@@ -22,6 +22,7 @@ struct TrainFlags {
   bool augment = false;
   std::string mode = "local";
   std::string backend;
+  bool replicas = false;  // allreduce over shm: full replicas and gradient all-reduce, not one shared copy
   std::string device = "cpu";
   int64_t epochs = 1;
   int64_t batchSize = 64;

@@ -88,8 +88,11 @@ struct CommunicatorOptions {
 
 // The backends compiled into this binary, e.g. {"shm", "mpi"}.
 std::vector<std::string> availableBackends();
+// The backend makeCommunicator() would use: options.backend, or the default for this world.
 // Throws InvalidArgument for an unknown or unavailable backend, or one that cannot serve this world
-// (shm across nodes); TimeoutError when peers do not arrive at the rendezvous.
+// (shm across nodes).
+std::string resolveBackend(const CommunicatorOptions& options);
+// Throws as resolveBackend(); TimeoutError when peers do not arrive at the rendezvous.
 std::unique_ptr<Communicator> makeCommunicator(const CommunicatorOptions& options);
 
 }  // namespace cohort::collectives

@@ -21,6 +21,7 @@ struct Control {
   uint64_t numel;
   uint64_t localWorldSize;
   uint64_t scratchFloatsPerRank;
+  uint64_t extraFloats;
 };
 static_assert(sizeof(Control) <= kControlBytes);
 
@@ -31,6 +32,7 @@ struct SharedParams::Layout {
   size_t barrierBytes = 0;
   size_t statsOffset = 0;
   size_t valuesOffset = 0;
+  size_t extraOffset = 0;
   size_t scratchOffset = 0;
   size_t scratchStrideFloats = 0;
   size_t payloadBytes = 0;
@@ -49,7 +51,8 @@ SharedParams::Layout SharedParams::layoutFor(const Options& o) {
   l.barrierBytes = ProcessBarrier::bytesFor(o.localWorldSize);
   l.statsOffset = roundUp(l.barrierOffset + l.barrierBytes, alignof(RankStats));
   l.valuesOffset = roundUp(l.statsOffset + ranks * sizeof(RankStats), kValuesAlignment);
-  l.scratchOffset = roundUp(l.valuesOffset + o.numel * sizeof(float), kScratchAlignment);
+  l.extraOffset = roundUp(l.valuesOffset + o.numel * sizeof(float), kScratchAlignment);
+  l.scratchOffset = roundUp(l.extraOffset + o.extraFloats * sizeof(float), kScratchAlignment);
   l.scratchStrideFloats = roundUp(o.scratchFloatsPerRank * sizeof(float), kScratchAlignment) / sizeof(float);
   l.payloadBytes = l.scratchOffset + ranks * l.scratchStrideFloats * sizeof(float);
   return l;
@@ -77,7 +80,7 @@ ShmRegion SharedParams::makeRegion(const Options& o, const Initializer& initiali
                                         .unlinkOnDestroy = o.unlinkOnDestroy});
   char* base = static_cast<char*>(region.payload());  // zeroed by fallocate
   auto* control =
-      new (base) Control{kParamsMagic, o.numel, static_cast<uint64_t>(o.localWorldSize), o.scratchFloatsPerRank};
+      new (base) Control{kParamsMagic, o.numel, static_cast<uint64_t>(o.localWorldSize), o.scratchFloatsPerRank, o.extraFloats};
   (void)control;
   ProcessBarrier::initialize(base + l.barrierOffset, l.barrierBytes, o.localWorldSize);
   for (int r = 0; r < o.localWorldSize; ++r) new (base + l.statsOffset + r * sizeof(RankStats)) RankStats{};
@@ -90,6 +93,7 @@ SharedParams::SharedParams(const Options& options, const Initializer& initialize
     : region_(makeRegion(options, initialize)),
       barrier_(static_cast<char*>(region_.payload()) + kControlBytes, layoutFor(options).barrierBytes),
       numel_(options.numel),
+      extraFloats_(options.extraFloats),
       scratchFloatsPerRank_(options.scratchFloatsPerRank),
       localRank_(options.localRank),
       localWorldSize_(options.localWorldSize) {
@@ -98,14 +102,16 @@ SharedParams::SharedParams(const Options& options, const Initializer& initialize
   const auto* control = reinterpret_cast<const Control*>(base);
   if (control->magic != kParamsMagic || control->numel != options.numel ||
       control->localWorldSize != static_cast<uint64_t>(options.localWorldSize) ||
-      control->scratchFloatsPerRank != options.scratchFloatsPerRank) {
+      control->scratchFloatsPerRank != options.scratchFloatsPerRank || control->extraFloats != options.extraFloats) {
     COHORT_THROW(IoError) << "shared parameters " << region_.path() << " hold " << control->numel << " floats for "
                           << control->localWorldSize << " ranks with " << control->scratchFloatsPerRank
-                          << " scratch floats each; local rank " << options.localRank << " expects " << options.numel
-                          << ", " << options.localWorldSize << " and " << options.scratchFloatsPerRank
+                          << " scratch floats each and " << control->extraFloats << " shared extra floats; local rank "
+                          << options.localRank << " expects " << options.numel << ", " << options.localWorldSize << ", "
+                          << options.scratchFloatsPerRank << " and " << options.extraFloats
                           << " (do all ranks use the same model and options?)";
   }
   values_ = reinterpret_cast<float*>(base + l.valuesOffset);
+  extra_ = reinterpret_cast<float*>(base + l.extraOffset);
   stats_ = reinterpret_cast<RankStats*>(base + l.statsOffset);
   scratch_ = reinterpret_cast<float*>(base + l.scratchOffset);
   scratchStride_ = l.scratchStrideFloats;

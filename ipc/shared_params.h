@@ -5,6 +5,7 @@
 //   64            barrier      ProcessBarrier::bytesFor(localWorldSize)
 //   then          stats        localWorldSize x RankStats (64 B each, one cache line per rank)
 //   4096-aligned  values       numel floats
+//   64-aligned    extra        extraFloats floats, shared like the values (e.g. sharded optimizer state)
 //   64-aligned    scratch      localWorldSize x scratchFloatsPerRank floats, each rank's 64-aligned
 // Every rank computes the same layout from the same Options; the control block checks it agrees.
 //
@@ -47,6 +48,7 @@ struct alignas(64) RankStats {
   std::atomic<int64_t> endNs{0};
   std::atomic<int64_t> samples{0};
   std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> exchange{0};  // a value this rank publishes for the others between two barriers
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free, "stats must be lock-free across processes");
 
@@ -57,7 +59,8 @@ class SharedParams {
     int localRank = 0;
     int localWorldSize = 1;
     size_t numel = 0;                 // floats in values()
-    size_t scratchFloatsPerRank = 0;  // private per-rank area (e.g. gathering optimizer state)
+    size_t scratchFloatsPerRank = 0;  // per-rank area (e.g. gathering optimizer state, gradients)
+    size_t extraFloats = 0;           // one more area shared by all ranks
     uint64_t generation = 0;          // of the job (bumped on restart)
     std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // others' wait for rank 0
     bool unlinkOnDestroy = false;                                 // rank 0 only: remove the name when destroyed
@@ -84,6 +87,8 @@ class SharedParams {
   int localRank() const { return localRank_; }
   int localWorldSize() const { return localWorldSize_; }
   float* scratch(int rank) const;
+  float* extra() const { return extra_; }
+  size_t extraFloats() const { return extraFloats_; }
   size_t scratchFloatsPerRank() const { return scratchFloatsPerRank_; }
   ProcessBarrier& barrier() { return barrier_; }
   RankStats& stats(int rank) const;
@@ -99,7 +104,9 @@ class SharedParams {
   float* values_;
   RankStats* stats_;
   float* scratch_;
+  float* extra_ = nullptr;
   size_t numel_;
+  size_t extraFloats_;
   size_t scratchFloatsPerRank_;
   size_t scratchStride_;  // floats between two ranks' scratch areas
   int localRank_;

@@ -13,7 +13,8 @@ std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOption
   so.localRank = o.localRank;
   so.localWorldSize = o.localWorldSize;
   so.numel = model.params.numel();
-  so.scratchFloatsPerRank = o.optimizerStateFloats;
+  so.scratchFloatsPerRank = o.scratchFloatsPerRank;
+  so.extraFloats = o.extraFloats;
   so.generation = o.generation;
   so.timeout = o.timeout;
   // Rank 0 leaves after the last barrier, when everyone has attached: removing the name then is safe
@@ -27,7 +28,7 @@ std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOption
   return shared;
 }
 
-HogwildSync::HogwildSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout)
+SegmentSync::SegmentSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout)
     : shared_(shared), timeout_(timeout) {}
 
 size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
@@ -35,13 +36,13 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
   return start / 16 * 16;  // a whole cache line of floats
 }
 
-void HogwildSync::barrier(const std::string& what) {
+void SegmentSync::barrier(const std::string& what) {
   shared_.barrier().arriveAndWait(shared_.localRank(), {.what = what, .timeout = timeout_});
 }
 
 // startNs = 0 and endNs = the rank's cumulative training time: the job's training time is the slowest
 // rank's, evaluation and checkpoint pauses excluded.
-void HogwildSync::reportProgress(int64_t samples, double trainSeconds, int64_t optimizerSteps) {
+void SegmentSync::reportProgress(int64_t samples, double trainSeconds, int64_t optimizerSteps) {
   ipc::RankStats& s = shared_.stats(shared_.localRank());
   s.startNs.store(0, std::memory_order_relaxed);
   s.endNs.store(static_cast<int64_t>(trainSeconds * 1e9), std::memory_order_relaxed);
@@ -49,7 +50,7 @@ void HogwildSync::reportProgress(int64_t samples, double trainSeconds, int64_t o
   s.steps.store(optimizerSteps, std::memory_order_release);
 }
 
-JobProgress HogwildSync::jobProgress() const {
+JobProgress SegmentSync::jobProgress() const {
   JobProgress p;
   for (int r = 0; r < shared_.localWorldSize(); ++r) {
     const ipc::RankStats& s = shared_.stats(r);
@@ -59,7 +60,7 @@ JobProgress HogwildSync::jobProgress() const {
   return p;
 }
 
-std::vector<int64_t> HogwildSync::optimizerSteps() const {
+std::vector<int64_t> SegmentSync::optimizerSteps() const {
   std::vector<int64_t> steps;
   for (int r = 0; r < shared_.localWorldSize(); ++r) steps.push_back(shared_.stats(r).steps.load(std::memory_order_acquire));
   return steps;

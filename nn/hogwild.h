@@ -26,7 +26,8 @@ struct HogwildOptions {
   int localRank = 0;
   int localWorldSize = 1;
   uint64_t generation = 0;  // the launcher's restart count: a restarted job makes a fresh segment
-  size_t optimizerStateFloats = 0;  // per rank, for gathering checkpoints
+  size_t scratchFloatsPerRank = 0;  // Hogwild: optimizer state, for gathering checkpoints; sharded: gradients
+  size_t extraFloats = 0;           // shared by all ranks (sharded: the optimizer state)
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
@@ -37,20 +38,28 @@ std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOption
 // setSweepStart), so the workers' updates begin on different cache lines.
 size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize);
 
-class HogwildSync final : public JobSync {
+// The parts of a JobSync that live in the shared segment: its barrier, and the per-rank stats slots
+// for the job's progress figures and optimizer step counts.
+class SegmentSync : public JobSync {
  public:
-  HogwildSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout);
+  SegmentSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout);
 
   void barrier(const std::string& what) override;
   void reportProgress(int64_t samples, double trainSeconds, int64_t optimizerSteps) override;
   JobProgress jobProgress() const override;
   std::vector<int64_t> optimizerSteps() const override;
-  void shareOptimizerState(const Optimizer& optimizer) override;
-  std::vector<NamedTensor> gatheredOptimizerState(const Optimizer& optimizer) const override;
 
- private:
+ protected:
   ipc::SharedParams& shared_;
   std::chrono::milliseconds timeout_;
+};
+
+class HogwildSync final : public SegmentSync {
+ public:
+  using SegmentSync::SegmentSync;
+
+  void shareOptimizerState(const Optimizer& optimizer) override;
+  std::vector<NamedTensor> gatheredOptimizerState(const Optimizer& optimizer) const override;
 };
 
 }  // namespace cohort::nn

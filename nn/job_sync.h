@@ -42,6 +42,11 @@ class JobSync {
   // synchronizeGradients() before the optimizer step.
   virtual GradReadyListener* gradReady() { return nullptr; }
   virtual void synchronizeGradients() {}
+  // The optimizer step after synchronizeGradients(): the whole step here; a sharded sync updates
+  // this rank's shard and lines the ranks up around it (nn/sharded_sync.h).
+  virtual void optimizerStep(Optimizer& optimizer, const Tensor& params, const Tensor& grads) {
+    optimizer.step(params, grads);
+  }
   // True on every rank when any rank wants to stop now (a signal reaches ranks at different steps);
   // called by every rank after every step. Unsupported (always false) where ranks do not step together.
   virtual bool anyRankStopping(bool thisRank) { return false; }

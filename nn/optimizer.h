@@ -13,6 +13,7 @@
 // Thread safety: one thread at a time per optimizer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,20 @@ class Optimizer {
   void step(const Tensor& params, const Tensor& grads);
   virtual std::vector<StateTensor> state() const = 0;
 
+  // One step over elements [begin, end) only (CPU): a worker that owns that shard of the parameters
+  // in synchronous sharded training (nn/sharded_sync.h). `prepareBlock(b, e)`, when given, runs
+  // before each block [b, e) of at most 1024 elements is updated (e.g. to average that block of the
+  // gradient across ranks), while the block is hot in the cache. Counts as one step.
+  using BlockHook = std::function<void(int64_t begin, int64_t end)>;
+  void stepSlice(const Tensor& params, const Tensor& grads, int64_t begin, int64_t end, const BlockHook& prepareBlock);
+
+  // Total floats of state (0 for plain SGD) and placing it in `memory` (CPU, stateFloats() floats,
+  // 64-byte aligned, owned by the caller and outliving the optimizer), e.g. a segment shared by the
+  // workers that each update their own shard of it. The memory's contents become the state: the
+  // current values are not copied (a fresh segment is zeroed, which is every optimizer's initial state).
+  size_t stateFloats() const;
+  void placeState(float* memory);
+
   // Hogwild: workers sharing the parameters start their sweep at different elements (wrapping
   // around), so they do not fight over the same cache lines at the same moment. The update of each
   // element is the same whatever the order.
@@ -69,7 +84,9 @@ class Optimizer {
   virtual void stepRange(float* params, const float* grads, int64_t begin, int64_t end) = 0;
   virtual void beginStep() {}
   // stepRange over [begin, end) in blocks, prefetching the parameter lines ahead for writing.
-  void sweep(float* params, const float* grads, int64_t begin, int64_t end);
+  void sweep(float* params, const float* grads, int64_t begin, int64_t end, const BlockHook* prepareBlock = nullptr);
+  // The state tensors, for placeState() (a subset of state(), same order).
+  virtual std::vector<Tensor*> stateTensors() = 0;
   // The whole update on the GPU (params and grads are device buffers of gpu_'s device).
   virtual void stepGpu(const Tensor& params, const Tensor& grads) = 0;
   OptimizerOptions options_;

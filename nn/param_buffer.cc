@@ -72,6 +72,13 @@ void ParamBuffer::attach(float* values, runtime::Device device, runtime::Allocat
   bind(gradAllocator);
 }
 
+void ParamBuffer::placeGrads(float* grads) {
+  COHORT_CHECK(bound() && values_.device().isCpu()) << "placeGrads needs a ParamBuffer bound on the CPU";
+  grads_ = Tensor::view(grads, Shape{static_cast<int64_t>(numel_)});
+  grads_.fill(0.0f);
+  for (size_t i = 0; i < entries_.size(); ++i) *targets_[i].second = grad(i);
+}
+
 void ParamBuffer::bind(runtime::Allocator& bufferAllocator) {
   buffers_ = Tensor::empty(Shape{static_cast<int64_t>(bufferNumel_)}, bufferAllocator);
   if (bufferAllocator.device().isCpu()) {

@@ -52,6 +52,10 @@ class ParamBuffer {
   // Values live at `values` (numel() floats on `device`, owned by the caller); gradients and
   // buffers are allocated from `gradAllocator`.
   void attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator);
+  // After binding on the CPU: the gradients move to external memory (numel() floats, zeroed here,
+  // owned by the caller), e.g. a shared segment where the other workers read them (synchronous
+  // sharded training); every registered gradient Tensor is pointed there.
+  void placeGrads(float* grads);
 
   bool bound() const { return values_.defined(); }
   size_t numel() const { return numel_; }

@@ -71,8 +71,12 @@ TrainResult Trainer::run() {
       }
       pos.samples += batch.size;
       model_.net->backward(loss_.backward(), pass);
-      if (sync_) sync_->synchronizeGradients();
-      optimizer_.step(model_.params.values(), model_.params.grads());
+      if (sync_) {
+        sync_->synchronizeGradients();
+        sync_->optimizerStep(optimizer_, model_.params.values(), model_.params.grads());
+      } else {
+        optimizer_.step(model_.params.values(), model_.params.grads());
+      }
       ++pos.step;
       pos.batch = batch.index + 1;
       const bool midEpoch = pos.batch < train_.batchesPerEpoch();

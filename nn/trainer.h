@@ -50,6 +50,9 @@ struct TrainerOptions {
   // Hogwild: the parameters live in shared memory, loaded from the checkpoint by the segment's
   // creator before the others attach; the Trainer then resumes only its own state.
   bool paramsShared = false;
+  // Sharded synchronous training (nn/sharded_sync.h): the optimizer state is one buffer in shared
+  // memory too, which local rank 0 loads from the checkpoint before the others pass the start barrier.
+  bool optimizerStateShared = false;
   // Train on this GPU (CUDA builds): the model's parameters, the optimizer's state and the loss live
   // on its device; batches are copied ahead on a copy stream (runtime/data/device_loader.h); the
   // loss sums are read from the device at checkpoints and epoch ends only.

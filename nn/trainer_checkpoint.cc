@@ -134,7 +134,9 @@ bool Trainer::loadCheckpoint(Position& pos) {
   loadBuffersFromCheckpoint(ckpt, path, model_.params);
   const bool perRankState = sync_ && !sync_->replicated();
   const std::string prefix = perRankState ? "optimizer.rank" + std::to_string(world_.rank) + "." : "optimizer.";
-  for (const auto& s : optimizer_.state()) loadTensor(ckpt, path, prefix + s.name, s.tensor);
+  if (!options_.optimizerStateShared || world_.localRank == 0) {
+    for (const auto& s : optimizer_.state()) loadTensor(ckpt, path, prefix + s.name, s.tensor);
+  }
   if (perRankState) {
     optimizer_.setSteps(needInt(m, "optimizer_steps.rank" + std::to_string(world_.rank), path));
   } else {

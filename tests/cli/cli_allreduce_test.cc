@@ -45,11 +45,15 @@ class AllreduceCliTest : public ShmDirTest {
   }
 
   // Trains 20 steps N workers x batch b with `launcher`, and 1 worker x batch N*b, and compares.
-  void expectEquivalent(const std::vector<std::string>& launcher, int n, const std::string& backend) {
+  // `extra`: more flags for the N-worker job (e.g. --replicas).
+  void expectEquivalent(const std::vector<std::string>& launcher, int n, const std::string& backend,
+                        const std::vector<std::string>& extra = {}) {
     const int b = 16;
     std::string many = dir_ + "/many.st", one = dir_ + "/one.st";
-    CommandResult r = run(launcher, trainArgs({"--mode", "allreduce", "--backend", backend, "--batch-size", std::to_string(b),
-                                               "--max-steps", "20", "--checkpoint", many}));
+    std::vector<std::string> args = {"--mode", "allreduce", "--backend", backend, "--batch-size", std::to_string(b),
+                                     "--max-steps", "20", "--checkpoint", many};
+    args.insert(args.end(), extra.begin(), extra.end());
+    CommandResult r = run(launcher, trainArgs(args));
     ASSERT_EQ(r.exitCode, 0) << r.describe();
     CommandResult s = runCohort({"train", "--data", "synthetic", "--model", "mlp:784,64,10", "--lr", "0.05", "--momentum", "0.9",
                                  "--seed", "5", "--threads", "1", "--batch-size", std::to_string(n * b), "--max-steps", "20",
@@ -76,6 +80,46 @@ class AllreduceCliTest : public ShmDirTest {
 TEST_F(AllreduceCliTest, TwoShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(2), 2, "shm"); }
 TEST_F(AllreduceCliTest, ThreeShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(3), 3, "shm"); }
 TEST_F(AllreduceCliTest, TwoMpiWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(mpirun(2), 2, "mpi"); }
+// --replicas: the shm communicator's bucketed gradient all-reduce instead of the shared sharded copy.
+TEST_F(AllreduceCliTest, TwoShmReplicaWorkersEqualOneWorkerWithTheCombinedBatch) {
+  expectEquivalent(cohortrun(2), 2, "shm", {"--replicas"});
+}
+TEST_F(AllreduceCliTest, ThreeShmReplicaWorkersEqualOneWorkerWithTheCombinedBatch) {
+  expectEquivalent(cohortrun(3), 3, "shm", {"--replicas"});
+}
+
+// Sharded shm training keeps one optimizer state in shared memory, each rank updating its shard:
+// the checkpoint must still hold all of it, so 10 steps + 10 resumed equal 20 in one go, bit for bit.
+TEST_F(AllreduceCliTest, ShardedShmTrainingResumesBitForBit) {
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    std::string whole = dir_ + "/whole-" + optimizer + ".st", split = dir_ + "/split-" + optimizer + ".st";
+    auto job = [&](const std::string& path, const std::string& steps, bool resume) {
+      std::vector<std::string> a = {"--mode", "allreduce", "--backend", "shm", "--optimizer", optimizer,
+                                    "--batch-size", "16", "--max-steps", steps, "--checkpoint", path};
+      if (resume) a.push_back("--resume");
+      return run(cohortrun(3), trainArgs(a));
+    };
+    CommandResult r = job(whole, "20", false);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    r = job(split, "10", false);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    r = job(split, "20", true);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_NE(r.stdoutText.find("resumed from " + split), std::string::npos) << r.stdoutText;
+    nn::Checkpoint a = nn::readCheckpoint(whole), c = nn::readCheckpoint(split);
+    EXPECT_EQ(c.metadata["step"], "20");
+    ASSERT_EQ(a.tensors.size(), c.tensors.size());
+    for (const auto& t : a.tensors) {
+      const runtime::Tensor* other = c.find(t.name);
+      ASSERT_NE(other, nullptr) << t.name;
+      ASSERT_EQ(other->numel(), t.tensor.numel()) << t.name;
+      int64_t differing = 0;
+      for (int64_t i = 0; i < t.tensor.numel(); ++i) differing += other->at(i) != t.tensor.at(i);
+      EXPECT_EQ(differing, 0) << optimizer << ": " << t.name << " differs in " << differing << " elements";
+    }
+  }
+  EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+}
 
 TEST_F(AllreduceCliTest, CohortrunMpirunAndSlurmVariablesSeeTheSameRanksAndAccuracy) {
   const std::vector<std::string> job = trainArgs({"--mode", "allreduce", "--backend", "shm", "--epochs", "1", "--batch-size", "64"});

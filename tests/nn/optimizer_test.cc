@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -130,6 +131,34 @@ TEST(Optimizer, BlockedSweepUpdatesEveryElementOnce) {
       }
     }
   }
+}
+
+// A shard's step with a per-block hook: the hook sees every block of the slice once, before the
+// block is updated, and nothing outside the slice changes; state placed in outside memory is used.
+TEST(Optimizer, StepSliceUpdatesOnlyTheSliceAfterEachBlocksHook) {
+  const int64_t n = 3000, begin = 1008, end = 2500;
+  Tensor p = Tensor::zeros(Shape{n}), g = Tensor::zeros(Shape{n});
+  for (int64_t i = 0; i < n; ++i) p.data()[i] = static_cast<float>(i % 7);
+  auto sgd = makeOptimizer({.lr = 0.5f, .momentum = 0.5f}, static_cast<size_t>(n));
+  ASSERT_EQ(sgd->stateFloats(), static_cast<size_t>(n));
+  std::vector<float> state(static_cast<size_t>(n), 0.0f);
+  sgd->placeState(state.data());
+  int64_t covered = 0, expectedBegin = begin;
+  sgd->stepSlice(p, g, begin, end, [&](int64_t b, int64_t e) {
+    EXPECT_EQ(b, expectedBegin);
+    EXPECT_LE(e - b, 1024);
+    for (int64_t i = b; i < e; ++i) g.data()[i] = 2.0f;  // e.g. averaged over the ranks here
+    covered += e - b;
+    expectedBegin = e;
+  });
+  EXPECT_EQ(covered, end - begin);
+  EXPECT_EQ(sgd->steps(), 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool in = i >= begin && i < end;
+    ASSERT_EQ(p.at(i), static_cast<float>(i % 7) - (in ? 1.0f : 0.0f)) << "element " << i;
+    ASSERT_EQ(state[static_cast<size_t>(i)], in ? 2.0f : 0.0f) << "momentum " << i;  // first step: buf = g
+  }
+  EXPECT_EQ(sgd->state()[0].tensor.data(), state.data());
 }
 
 TEST(Optimizer, RejectsBadOptions) {

@@ -78,5 +78,20 @@ TEST(ParamBuffer, AModelWithoutBuffersHasAnEmptyBufferTensor) {
   EXPECT_EQ(params.buffers().numel(), 0);
 }
 
+TEST(ParamBuffer, PlaceGradsPointsEveryGradientIntoOutsideMemory) {
+  ParamBuffer params;
+  Tensor w, wGrad, b, bGrad;
+  params.add("fc.weight", Shape{2, 3}, &w, &wGrad);
+  params.add("fc.bias", Shape{2}, &b, &bGrad);
+  params.allocate(runtime::cpuAllocator());
+  std::vector<float> outside(params.numel(), 9.0f);
+  params.placeGrads(outside.data());
+  EXPECT_EQ(params.grads().data(), outside.data());
+  EXPECT_EQ(wGrad.data(), outside.data());
+  EXPECT_EQ(bGrad.data(), outside.data() + params.entries()[1].offset);
+  EXPECT_EQ(bGrad.shape(), (Shape{2}));
+  for (float v : outside) EXPECT_EQ(v, 0.0f);  // zeroed
+}
+
 }  // namespace
 }  // namespace cohort::nn
