@@ -114,6 +114,12 @@ std::vector<std::string> FileStore::missing(const std::vector<std::string>& keys
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  waitForKeys(keys, timeout, "store " + directory_, [&](const std::vector<std::string>& k) { return missing(k); });
+}
+
+void Store::waitForKeys(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                        const std::string& storeName,
+                        const std::function<std::vector<std::string>(const std::vector<std::string>&)>& missing) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   ipc::Backoff backoff;
   while (true) {
@@ -122,9 +128,9 @@ void FileStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
     if (std::chrono::steady_clock::now() >= deadline) {
       std::ostringstream os;
       for (size_t i = 0; i < absent.size(); ++i) os << (i ? ", " : "") << "'" << absent[i] << "'";
-      COHORT_THROW(TimeoutError) << "store " << directory_ << ": timed out after " << seconds(timeout)
-                                 << " s waiting for key" << (absent.size() == 1 ? " " : "s ") << os.str() << " ("
-                                 << absent.size() << " of " << keys.size() << " missing)";
+      COHORT_THROW(TimeoutError) << storeName << ": timed out after " << seconds(timeout) << " s waiting for key"
+                                 << (absent.size() == 1 ? " " : "s ") << os.str() << " (" << absent.size() << " of "
+                                 << keys.size() << " missing)";
     }
     backoff.pause();
   }

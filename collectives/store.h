@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,13 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   // True when every key exists now.
   virtual bool check(const std::vector<std::string>& keys) = 0;
+
+ protected:
+  // Polls `missing(keys)` (the keys absent now) with ipc::Backoff until it is empty; TimeoutError
+  // "<storeName>: timed out after S s waiting for keys 'a', 'b' (2 of 3 missing)" at the deadline.
+  static void waitForKeys(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                          const std::string& storeName,
+                          const std::function<std::vector<std::string>(const std::vector<std::string>&)>& missing);
 };
 
 class FileStore : public Store {

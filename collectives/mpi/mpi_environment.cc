@@ -25,10 +25,10 @@ MpiEnvironment::MpiEnvironment() {
   MPI_Initialized(&initialized);
   if (initialized) return;  // the program owns MPI; it finalises it too
   int provided = 0;
-  checkMpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  // MPI_THREAD_MULTIPLE: MpiStore's service thread calls MPI beside the communicator's thread. (The
+  // communicator alone would do with MPI_THREAD_SERIALIZED: callers issue and wait from one thread.)
+  checkMpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   initialisedHere_ = true;
-  // MPI_THREAD_FUNNELED (or less) would still serve callers that issue and wait from the thread that
-  // created the communicator, which is the Communicator contract.
 }
 
 MpiEnvironment::~MpiEnvironment() {

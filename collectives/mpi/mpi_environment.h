@@ -2,7 +2,7 @@
 //
 // MPI can be initialised and finalised once per process, so this is the one process-wide object of
 // the backend (a function-local static; it holds no state a caller could misuse). acquire()
-// initialises MPI with MPI_Init_thread(MPI_THREAD_SERIALIZED) unless the program already did;
+// initialises MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) unless the program already did;
 // the static's destructor, at process exit, calls MPI_Finalize only if Cohort initialised MPI and
 // no communicator left requests unfinished (markUnclean): MPI_Finalize with a request pending, or
 // with a peer stuck, can hang, and a job that failed with a timeout is better ended by mpirun

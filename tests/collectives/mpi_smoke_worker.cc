@@ -1,7 +1,7 @@
 // A small program run under mpirun by mpi_smoke_test and mpi_mismatch_test: it checks every
 // collective of the mpi backend with exact data, or provokes one error on purpose.
 //
-//   mpi_smoke_worker [--scenario ok|count-mismatch|kind-mismatch|missing-rank] [--timeout-ms N]
+//   mpi_smoke_worker [--scenario ok|store|count-mismatch|kind-mismatch|missing-rank] [--timeout-ms N]
 // Prints "WORLD rank=R size=N source=S" first, "OK rank=R" on success; on a cohort::Error prints
 // "[rank R] ERROR: <message>" to stderr and exits with its exit code (2 mismatch, 3 timeout).
 #include <cstdio>
@@ -11,6 +11,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/mpi/mpi_communicator.h"
+#include "collectives/mpi/mpi_store.h"
 #include "runtime/error.h"
 #include "runtime/world_info.h"
 
@@ -100,6 +101,43 @@ void checkAll(Communicator& comm) {
   comm.barrier();
 }
 
+// The MPI rendezvous store beside a live communicator: every rank sets a binary value, waits for
+// and reads everyone's (rank 0's is 1 MiB), check() on present and absent keys, a get that times out
+// naming its key, then a collective on the communicator still works.
+void checkStore(Communicator& comm) {
+  const int rank = comm.rank(), n = comm.size();
+  cohort::collectives::MpiStore store(gTimeout);
+  auto valueOf = [](int r) {
+    std::vector<uint8_t> v(r == 0 ? size_t{1} << 20 : static_cast<size_t>(1000 * r + 1));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>((i * 7 + static_cast<size_t>(r)) % 256);
+    return v;
+  };
+  store.set("rank" + std::to_string(rank), valueOf(rank));
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back("rank" + std::to_string(r));
+  store.wait(keys, gTimeout);
+  if (!store.check(keys) || store.check({"rank0", "nobody"})) {
+    ++gFailures;
+    std::fprintf(stderr, "[rank %d] FAIL store check\n", rank);
+  }
+  for (int r = 0; r < n; ++r) {
+    if (store.get(keys[static_cast<size_t>(r)], gTimeout) != valueOf(r)) {
+      ++gFailures;
+      std::fprintf(stderr, "[rank %d] FAIL store value of rank %d\n", rank, r);
+    }
+  }
+  try {
+    store.get("nobody", std::chrono::milliseconds(200));
+    ++gFailures;
+    std::fprintf(stderr, "[rank %d] FAIL store get of a missing key returned\n", rank);
+  } catch (const cohort::TimeoutError& e) {
+    std::printf("STORE-TIMEOUT rank=%d %s\n", rank, e.what());
+  }
+  std::vector<float> buffer(1000, 1.0f);
+  comm.allReduce(buffer.data(), buffer.data(), buffer.size(), {})->wait(gTimeout);
+  expectEqual(buffer, std::vector<float>(1000, static_cast<float>(n)), "allreduce beside the store", rank);
+}
+
 int run(const std::string& scenario) {
   const cohort::runtime::WorldInfo world = cohort::runtime::WorldInfo::detect();
   std::printf("WORLD rank=%d size=%d source=%s\n", world.rank, world.worldSize, world.source.c_str());
@@ -110,6 +148,8 @@ int run(const std::string& scenario) {
   std::vector<float> buffer(1000, 1.0f);
   if (scenario == "ok") {
     checkAll(*comm);
+  } else if (scenario == "store") {
+    checkStore(*comm);
   } else if (scenario == "count-mismatch") {
     comm->barrier()->wait(gTimeout);
     const size_t count = rank == last ? 999 : 1000;
