@@ -5,6 +5,9 @@
 // per small collective. A Work must not outlive its communicator.
 #include "collectives/shm/shm_communicator.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -149,12 +152,26 @@ class ShmCommunicator : public Communicator, public WorkRunner {
 
   // The progress thread: runs queued collectives in issue order while nobody waits for them.
   void progressLoop() {
+    yieldToCallerOnSharedCpu();
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
       wake_.wait(lock, [&] { return !busy_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty() && !busy_) return;  // stopping, and everything issued has run
       if (!queue_.empty() && !busy_) runFront(lock);
     }
+  }
+
+  // A worker pinned to one CPU (cohortrun --bind, mpirun's binding) cannot overlap anything with
+  // its progress thread, and when the thread woke on every issue it often preempted the issuing
+  // thread and ran the collective itself: two context switches, a 4 KiB all-reduce at 3.9 us instead
+  // of 1.7 us. At SCHED_IDLE it runs only while the worker's thread sleeps, so the caller's wait()
+  // runs the collectives inline, and nothing issued is left unprogressed while the caller blocks.
+  static void yieldToCallerOnSharedCpu() {
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) != 1) return;
+    sched_param param{};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
   }
 
   // A caller waiting for `state` runs the queued collectives up to it itself when the progress
