@@ -54,6 +54,17 @@ struct Reader {
 
 double secondsOf(std::chrono::milliseconds t) { return static_cast<double>(t.count()) / 1000.0; }
 
+// Polls `ready` with backoff (spin, then sleeps up to 1 ms) until it is true or the deadline passes.
+template <class Ready>
+bool pollUntil(Clock::time_point deadline, Ready ready) {
+  ipc::Backoff backoff(std::chrono::milliseconds(1));
+  while (!ready()) {
+    if (Clock::now() >= deadline) return false;
+    backoff.pause();
+  }
+  return true;
+}
+
 }  // namespace
 
 struct MpiStore::Impl {
@@ -67,15 +78,12 @@ struct MpiStore::Impl {
   std::atomic<bool> failed{false};  // a request never completed: do not free the communicator
 
   // Polls `request` until it completes or the deadline passes.
-  bool complete(MPI_Request& request, Clock::time_point deadline) {
-    ipc::Backoff backoff(std::chrono::milliseconds(1));
-    while (true) {
+  static bool complete(MPI_Request& request, Clock::time_point deadline) {
+    return pollUntil(deadline, [&] {
       int done = 0;
       checkMpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "store: MPI_Test");
-      if (done) return true;
-      if (Clock::now() >= deadline) return false;
-      backoff.pause();
-    }
+      return done != 0;
+    });
   }
 
   [[noreturn]] void noAnswer(const char* what) {
@@ -93,15 +101,13 @@ struct MpiStore::Impl {
     checkMpi(MPI_Isend(message.data(), static_cast<int>(message.size()), MPI_BYTE, 0, kRequestTag, comm, &send),
              "store: MPI_Isend");
     if (!complete(send, deadline)) noAnswer(what);
-    ipc::Backoff backoff(std::chrono::milliseconds(1));
     MPI_Status status;
-    while (true) {
+    const bool replied = pollUntil(deadline, [&] {
       int flag = 0;
       checkMpi(MPI_Iprobe(0, kReplyTag, comm, &flag, &status), "store: MPI_Iprobe");
-      if (flag) break;
-      if (Clock::now() >= deadline) noAnswer(what);
-      backoff.pause();
-    }
+      return flag != 0;
+    });
+    if (!replied) noAnswer(what);
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
     std::vector<uint8_t> reply(static_cast<size_t>(bytes));
