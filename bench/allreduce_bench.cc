@@ -59,6 +59,11 @@ void addAllReduceBenchFlags(CLI::App& c, AllReduceBenchOptions& o) {
   c.add_option("--warmup", o.warmup, "untimed iterations per size (default: 5, 2 from 256M)");
   c.add_option("--op", o.op, "reduction: sum | avg | max | min")->capture_default_str();
   c.add_flag("--in-place", o.inPlace, "reduce in place (output == input); default out of place");
+  c.add_option("--buffers", o.buffers,
+               "shared: from Communicator::allocateBuffer (shm: mapped by every rank, no staging copies); "
+               "user: ordinary memory")
+      ->check(CLI::IsMember({"shared", "user"}))
+      ->capture_default_str();
   c.add_option("--json", o.jsonPath, "also write the rows to this JSON file (rank 0)");
   c.add_option("--timeout", o.timeoutSeconds, "seconds to wait for peers (rendezvous, each collective)")
       ->capture_default_str();
@@ -242,16 +247,18 @@ Row measureSize(const Setup& s, size_t bytes, int iters, int warmup) {
 void printRow(const Row& r, const std::string& backend, int ranks, const AllReduceBenchOptions& o) {
   std::printf(
       "RESULT bench=allreduce backend=%s ranks=%d bytes=%zu time_us=%.2f algbw_gbps=%.4f busbw_gbps=%.4f "
-      "wrong=%llu time_b2b_us=%.2f time_min_us=%.2f time_max_us=%.2f op=%s inplace=%d iters=%d warmup=%d\n",
+      "wrong=%llu time_b2b_us=%.2f time_min_us=%.2f time_max_us=%.2f op=%s inplace=%d buffers=%s iters=%d "
+      "warmup=%d\n",
       backend.c_str(), ranks, r.bytes, r.timeUs, r.algbwGbps, r.busbwGbps, static_cast<unsigned long long>(r.wrong),
-      r.b2bUs, r.minUs, r.maxUs, o.op.c_str(), o.inPlace ? 1 : 0, r.iters, r.warmup);
+      r.b2bUs, r.minUs, r.maxUs, o.op.c_str(), o.inPlace ? 1 : 0, o.buffers.c_str(), r.iters, r.warmup);
   std::fflush(stdout);
 }
 
 void writeJson(const std::string& path, const std::vector<Row>& rows, const std::string& backend, int ranks,
                const AllReduceBenchOptions& o) {
   nlohmann::json out = {{"bench", "allreduce"}, {"backend", backend},   {"ranks", ranks},
-                        {"op", o.op},           {"inplace", o.inPlace}, {"rows", nlohmann::json::array()}};
+                        {"op", o.op},           {"inplace", o.inPlace}, {"buffers", o.buffers},
+                        {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
     out["rows"].push_back({{"bytes", r.bytes},
                            {"time_us", r.timeUs},
@@ -282,17 +289,27 @@ int runAllReduceBench(const AllReduceBenchOptions& o) {
   const int rank = comm->rank(), ranks = comm->size();
 
   const size_t maxCount = sizes.back() / sizeof(float);
-  AlignedFloats output = allocateFloats(maxCount);
-  AlignedFloats input = o.inPlace ? nullptr : allocateFloats(maxCount);
+  const bool shared = o.buffers == "shared";
+  collectives::BufferPtr sharedOutput = shared ? comm->allocateBuffer(maxCount) : nullptr;
+  collectives::BufferPtr sharedInput = shared && !o.inPlace ? comm->allocateBuffer(maxCount) : nullptr;
+  AlignedFloats userOutput = shared ? nullptr : allocateFloats(maxCount);
+  AlignedFloats userInput = shared || o.inPlace ? nullptr : allocateFloats(maxCount);
+  float* output = shared ? sharedOutput->data() : userOutput.get();
+  float* input = o.inPlace ? output : (shared ? sharedInput->data() : userInput.get());
+  // Touch every page now, not in a timed region (allocateBuffer's pages are reserved but unmapped).
+  std::memset(output, 0, maxCount * sizeof(float));
+  std::memset(input, 0, maxCount * sizeof(float));
   int maxIters = 0;
   for (size_t b : sizes) maxIters = std::max(maxIters, itersFor(o, b));
   std::vector<float> times(static_cast<size_t>(maxIters));
-  Setup setup{*comm, op, o.inPlace, timeout, o.inPlace ? output.get() : input.get(), output.get(), times};
+  Setup setup{*comm, op, o.inPlace, timeout, input, output, times};
 
   if (rank == 0) {
-    std::printf("# cohort bench allreduce: backend=%s ranks=%d (world from %s, %d on this node) op=%s %s, float32\n",
-                comm->backend().c_str(), ranks, world.source.c_str(), world.localWorldSize, o.op.c_str(),
-                o.inPlace ? "in place" : "out of place");
+    std::printf(
+        "# cohort bench allreduce: backend=%s ranks=%d (world from %s, %d on this node) op=%s %s, float32, %s\n",
+        comm->backend().c_str(), ranks, world.source.c_str(), world.localWorldSize, o.op.c_str(),
+        o.inPlace ? "in place" : "out of place",
+        shared ? "buffers from Communicator::allocateBuffer" : "buffers in ordinary memory");
     std::printf(
         "# sizes %zu..%zu bytes x%d; time = median over iterations of the slowest rank's "
         "barrier-separated op; time_b2b = back to back, per op; %ld online cores\n",

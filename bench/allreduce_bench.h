@@ -20,6 +20,9 @@
 //          time_b2b_us=.. op=sum inplace=0 iters=200 warmup=5
 // and, with --json, the same rows as a JSON file. The two buffers are allocated once at the largest
 // size (64-byte aligned) and written before any timing, so no page faults land in a timed region.
+// They come from Communicator::allocateBuffer (`--buffers shared`, the default: memory every local
+// rank maps, which the shm backend reduces in place of staging copies) or from the heap
+// (`--buffers user`: what MPI_Allreduce and the staged shm path see).
 // Every rank must run it with the same flags (the collectives' fingerprints check that they agree).
 #pragma once
 
@@ -41,6 +44,7 @@ struct AllReduceBenchOptions {
   int warmup = -1;         // untimed iterations per size; -1: by size (5, or 2 from 256 MiB)
   std::string op = "sum";  // sum | avg | max | min
   bool inPlace = false;
+  std::string buffers = "shared";  // "shared": Communicator::allocateBuffer; "user": ordinary memory
   std::string jsonPath;         // also write the rows here (rank 0); empty: no file
   double timeoutSeconds = 120;  // for the rendezvous and every wait
 };

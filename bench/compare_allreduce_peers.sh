@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Side by side, in one run: Cohort's `cohort bench allreduce` (shm backend, NP ranks under cohortrun)
-# against Open MPI's MPI_Allreduce (the peer program w1_allreduce_mpi.cpp in ../shared/bench-peers,
+# Side by side, in one run: Cohort's `cohort bench allreduce` (shm backend, NP ranks under cohortrun),
+# on buffers from Communicator::allocateBuffer (`shared`: the direct path) and on ordinary memory
+# (`user`: the staged path), against Open MPI's MPI_Allreduce (the peer program w1_allreduce_mpi.cpp in ../shared/bench-peers,
 # compiled into a temporary directory, not copied), float32 sum, out of place, the same sizes and the
 # same iteration schedule (200 iterations up to 64 KiB, 50 up to 1 MiB, else 20; the per-op time is
 # the slowest rank's, median over iterations). REPS interleaved repetitions; per size the median
-# busbw of each and the ratio cohort / mpi.
+# busbw of each and the ratios cohort / mpi.
 #
 #   bench/compare_allreduce_peers.sh                       # REPS=3, NP=2, 4K..256M
 #   REPS=5 MAX_BYTES=16M bench/compare_allreduce_peers.sh
@@ -45,10 +46,12 @@ PY
 
 echo "# NP=$NP sizes=$sizes   $(date -u +%FT%TZ)   load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for rep in $(seq 1 "$REPS"); do
-  "$cohortrun" --nproc-per-node "$NP" -- "$cohort" bench allreduce --backend shm --min-bytes "$MIN_BYTES" \
-      --max-bytes "$MAX_BYTES" --step-factor "$STEP_FACTOR" |
-    sed -nE 's/.*RESULT bench=allreduce .* bytes=([0-9]+) time_us=([0-9.]+) .* busbw_gbps=([0-9.]+) wrong=([0-9]+).*/cohort \1 \2 \3 \4/p' \
-      >>"$work/raw"
+  for buffers in shared user; do
+    "$cohortrun" --nproc-per-node "$NP" -- "$cohort" bench allreduce --backend shm --buffers "$buffers" \
+        --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" --step-factor "$STEP_FACTOR" |
+      sed -nE "s/.*RESULT bench=allreduce .* bytes=([0-9]+) time_us=([0-9.]+) .* busbw_gbps=([0-9.]+) wrong=([0-9]+).*/$buffers \1 \2 \3 \4/p" \
+        >>"$work/raw"
+  done
   mpirun -np "$NP" "$work/w1_allreduce_mpi" --sizes "$sizes" >"$work/mpi.out"
   /usr/bin/python3 - "$work/mpi.out" >>"$work/raw" <<'PY'
 import re, sys
@@ -68,22 +71,21 @@ rows = [l.split() for l in open(sys.argv[1])]
 sizes = sorted({int(r[1]) for r in rows})
 def runs(peer, b, col):
     return [float(r[col]) for r in rows if r[0] == peer and int(r[1]) == b]
-print(f"{'bytes':>10} {'cohort busbw':>13} {'mpi busbw':>10} {'ratio':>6}   {'cohort us':>10} {'mpi us':>10}   runs (GB/s) cohort | mpi")
+def med(peer, b, col):
+    v = runs(peer, b, col)
+    return statistics.median(v) if v else float("nan")
+print("busbw GB/s, median of the runs; shared = cohort on allocateBuffer memory, user = cohort on ordinary memory")
+print(f"{'bytes':>10} {'shared':>8} {'user':>8} {'mpi':>8} {'shared/mpi':>11} {'user/mpi':>9}   "
+      f"{'shared us':>10} {'user us':>10} {'mpi us':>10}   runs shared | user | mpi")
 for b in sizes:
-    c, m = runs("cohort", b, 3), runs("mpi", b, 3)
-    if not c or not m:
-        print(f"{b:>10} missing: cohort {len(c)} runs, mpi {len(m)} runs")
-        continue
-    mc, mm = statistics.median(c), statistics.median(m)
-    tc, tm = statistics.median(runs("cohort", b, 2)), statistics.median(runs("mpi", b, 2))
-    wrong = int(sum(runs("cohort", b, 4)) + sum(runs("mpi", b, 4)))
-    ratio = mc / mm if mm > 0 else float("nan")
-    print(f"{b:>10} {mc:>13.3f} {mm:>10.3f} {ratio:>6.2f}   {tc:>10.2f} {tm:>10.2f}   "
-          f"{' '.join(f'{v:.3f}' for v in c)} | {' '.join(f'{v:.3f}' for v in m)}" + (f"  WRONG={wrong}" if wrong else ""))
+    s, u, m = (med(p, b, 3) for p in ("shared", "user", "mpi"))
+    wrong = int(sum(sum(runs(p, b, 4)) for p in ("shared", "user", "mpi")))
+    print(f"{b:>10} {s:>8.3f} {u:>8.3f} {m:>8.3f} {s / m:>11.2f} {u / m:>9.2f}   "
+          f"{med('shared', b, 2):>10.2f} {med('user', b, 2):>10.2f} {med('mpi', b, 2):>10.2f}   "
+          + " | ".join(" ".join(f"{v:.2f}" for v in runs(p, b, 3)) for p in ("shared", "user", "mpi"))
+          + (f"  WRONG={wrong}" if wrong else ""))
 for b in sizes:
-    c, m = runs("cohort", b, 3), runs("mpi", b, 3)
-    if c and m:
-        mc, mm = statistics.median(c), statistics.median(m)
-        print(f"RESULT compare=allreduce np={sys.argv[2]} bytes={b} cohort_busbw_gbps={mc:.4f} mpi_busbw_gbps={mm:.4f} "
-              f"cohort_over_mpi={mc / mm if mm > 0 else float('nan'):.2f}")
+    s, u, m = (med(p, b, 3) for p in ("shared", "user", "mpi"))
+    print(f"RESULT compare=allreduce np={sys.argv[2]} bytes={b} cohort_shared_busbw_gbps={s:.4f} "
+          f"cohort_user_busbw_gbps={u:.4f} mpi_busbw_gbps={m:.4f} shared_over_mpi={s / m:.2f} user_over_mpi={u / m:.2f}")
 PY

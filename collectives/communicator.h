@@ -58,6 +58,28 @@ class Work {
 };
 using WorkPtr = std::unique_ptr<Work>;
 
+// Memory from Communicator::allocateBuffer(): zero-filled float32, 64-byte aligned. On the shm
+// backend every local rank can map it, and an all-reduce whose input and output lie in such buffers
+// on every rank reads the peers' data where it is, without the staging copies (about twice the
+// bandwidth for large messages; docs/collectives.md). Elsewhere it is ordinary memory. Any buffer
+// works with any collective; freeing one that a pending collective uses is undefined.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  float* data() const { return data_; }
+  size_t count() const { return count_; }
+
+ protected:
+  Buffer(float* data, size_t count) : data_(data), count_(count) {}
+
+ private:
+  float* data_;
+  size_t count_;
+};
+using BufferPtr = std::unique_ptr<Buffer>;
+
 struct AllReduceOptions {
   ReduceOp op = ReduceOp::kSum;
 };
@@ -78,6 +100,10 @@ class Communicator {
   // data on `root` is copied to every rank's data.
   virtual WorkPtr broadcast(float* data, size_t count, int root) = 0;
   virtual WorkPtr barrier() = 0;
+
+  // A buffer of `count` floats for collectives (see Buffer); call from the issuing thread. This
+  // default gives ordinary memory.
+  virtual BufferPtr allocateBuffer(size_t count);
 };
 
 struct CommunicatorOptions {

@@ -2,8 +2,20 @@
 
 namespace cohort::nn {
 
-ReplicaSync::ReplicaSync(collectives::Communicator& comm, const ParamBuffer& params, const GradSyncOptions& options)
-    : comm_(comm), gradSync_(comm, params, options), timeout_(options.timeout) {}
+namespace {
+collectives::BufferPtr placeGradsForCollectives(collectives::Communicator& comm, ParamBuffer& params) {
+  if (!params.values().device().isCpu()) return nullptr;
+  collectives::BufferPtr buffer = comm.allocateBuffer(params.numel());
+  params.placeGrads(buffer->data());
+  return buffer;
+}
+}  // namespace
+
+ReplicaSync::ReplicaSync(collectives::Communicator& comm, ParamBuffer& params, const GradSyncOptions& options)
+    : comm_(comm),
+      grads_(placeGradsForCollectives(comm, params)),
+      gradSync_(comm, params, options),
+      timeout_(options.timeout) {}
 
 void ReplicaSync::barrier(const std::string&) { comm_.barrier()->wait(timeout_); }
 

@@ -1,6 +1,8 @@
 // ReplicaSync: the JobSync of synchronous data-parallel training (--mode allreduce). Every rank keeps
 // a full replica; GradSync averages gradients every step; barriers and job figures go through the
-// communicator. All ranks call every method in the same order (they are collectives).
+// communicator. All ranks call every method in the same order (they are collectives). On the CPU the
+// gradients move into a Communicator::allocateBuffer buffer, so the shm backend all-reduces the
+// buckets where they lie, without staging copies.
 // Ownership: borrows the communicator and the model, which must outlive it.
 #pragma once
 
@@ -12,7 +14,7 @@ namespace cohort::nn {
 
 class ReplicaSync final : public JobSync {
  public:
-  ReplicaSync(collectives::Communicator& comm, const ParamBuffer& params, const GradSyncOptions& options);
+  ReplicaSync(collectives::Communicator& comm, ParamBuffer& params, const GradSyncOptions& options);
 
   // Every replica starts from rank 0's parameters.
   void broadcastParams() { gradSync_.broadcastParams(); }
@@ -31,6 +33,7 @@ class ReplicaSync final : public JobSync {
 
  private:
   collectives::Communicator& comm_;
+  collectives::BufferPtr grads_;  // the gradients, on the CPU
   GradSync gradSync_;
   std::chrono::milliseconds timeout_;
   JobProgress progress_;

@@ -84,6 +84,8 @@ class ShmCommunicator : public Communicator, public WorkRunner {
              .timeout = options.timeout,
              .chunkBytes = bytesFromEnvironment("COHORT_SHM_CHUNK_BYTES", shm::kDefaultChunkBytes, 4096, 1ull << 30),
              .streamingBytes = bytesFromEnvironment("COHORT_SHM_STREAMING_BYTES", shm::kStreamingBytes, 0, ~0ull)}),
+        buffers_(std::make_shared<shm::BufferRegistry>(options.world.jobId, options.world.localRank,
+                                                       static_cast<uint64_t>(options.world.restartCount))),
         thread_([this] { progressLoop(); }) {}
 
   ~ShmCommunicator() override {
@@ -101,7 +103,15 @@ class ShmCommunicator : public Communicator, public WorkRunner {
 
   WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
     checkBuffers(input, output, count, "allReduce");
-    return enqueue({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count}, input, output);
+    shm::CollectiveArgs args;
+    args.input = input;
+    args.output = output;
+    const size_t bytes = count * sizeof(float);
+    if (size() > 1 && bytes > shm::kSmallBytes) {
+      args.inputRef = buffers_->find(input, bytes);
+      args.outputRef = buffers_->find(output, bytes);
+    }
+    return enqueue({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count}, args);
   }
 
   WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
@@ -125,6 +135,12 @@ class ShmCommunicator : public Communicator, public WorkRunner {
 
   WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
 
+  // One segment per buffer, which the peers map when a collective names it (shm_buffers.h).
+  BufferPtr allocateBuffer(size_t count) override {
+    if (size() == 1) return Communicator::allocateBuffer(count);
+    return buffers_->allocate(count);
+  }
+
  private:
   struct Task {
     shm::CollectiveArgs args;
@@ -138,13 +154,21 @@ class ShmCommunicator : public Communicator, public WorkRunner {
   }
 
   WorkPtr enqueue(Fingerprint fp, const float* input, float* output) {
+    shm::CollectiveArgs args;
+    args.input = input;
+    args.output = output;
+    return enqueue(fp, args);
+  }
+
+  WorkPtr enqueue(Fingerprint fp, shm::CollectiveArgs args) {
     fp.sequence = nextSequence_++;
+    args.fingerprint = fp;
     auto state = std::make_shared<WorkState>();
     state->fingerprint = fp;
     state->rank = rank();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back({{.fingerprint = fp, .input = input, .output = output}, state});
+      queue_.push_back({args, state});
     }
     wake_.notify_all();
     return std::make_unique<ShmWork>(*this, state);
@@ -234,6 +258,7 @@ class ShmCommunicator : public Communicator, public WorkRunner {
   }
 
   shm::ShmEngine engine_;
+  std::shared_ptr<shm::BufferRegistry> buffers_;
   uint64_t nextSequence_ = 0;  // issuing thread only
   std::mutex mutex_;
   std::condition_variable wake_;

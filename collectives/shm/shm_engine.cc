@@ -99,6 +99,10 @@ void ShmEngine::setUp(const Options& options) {
   // crash later leaves nothing behind.
   if (rank_ == 0) region_->unlink();
   waiter_.emplace(slots_, numRanks_, rank_);
+  peerBuffers_.emplace(options.world.jobId, numRanks_, generation, options.timeout);
+  published_.resize(numRanks_);
+  peerInputs_.resize(numRanks_);
+  peerOutputs_.resize(numRanks_);
 }
 
 void ShmEngine::run(const CollectiveArgs& args) {
@@ -106,13 +110,14 @@ void ShmEngine::run(const CollectiveArgs& args) {
   const Fingerprint& fp = args.fingerprint;
   waiter_->begin(fp, timeout_);
   if (fp.kind == CollectiveKind::kAllReduce && fp.count * sizeof(float) <= kSmallBytes) return allReduceSmall(args);
-  exchangeFingerprints(fp);
+  const bool allShared = exchangeFingerprints(args);
   switch (fp.kind) {
     case CollectiveKind::kBarrier:
       return;
     case CollectiveKind::kBroadcast:
       return broadcast(args);
     case CollectiveKind::kAllReduce:
+      return allShared ? allReduceDirect(args) : pipeline(args);
     case CollectiveKind::kReduceScatter:
     case CollectiveKind::kAllGather:
       return pipeline(args);
@@ -127,12 +132,30 @@ void ShmEngine::runSingleRank(const CollectiveArgs& args) const {
 
 // --- fingerprints -------------------------------------------------------------------------------
 
-void ShmEngine::exchangeFingerprints(const Fingerprint& fp) {
+namespace {
+void storeRef(std::atomic<uint64_t>& id, std::atomic<uint64_t>& offset, std::atomic<uint64_t>& bytes,
+              const BufferRef& ref) {
+  id.store(ref.id, std::memory_order_relaxed);
+  offset.store(ref.offset, std::memory_order_relaxed);
+  bytes.store(ref.bufferBytes, std::memory_order_relaxed);
+}
+BufferRef loadRef(const std::atomic<uint64_t>& id, const std::atomic<uint64_t>& offset,
+                  const std::atomic<uint64_t>& bytes) {
+  return {.id = id.load(std::memory_order_relaxed),
+          .offset = offset.load(std::memory_order_relaxed),
+          .bufferBytes = bytes.load(std::memory_order_relaxed)};
+}
+}  // namespace
+
+bool ShmEngine::exchangeFingerprints(const CollectiveArgs& args) {
+  const Fingerprint& fp = args.fingerprint;
   RankSlot& mine = slots_[rank_];
   mine.fpState.store(2 * fp.sequence + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   mine.fpWord.store(packFingerprint(fp), std::memory_order_relaxed);
   mine.fpCount.store(fp.count, std::memory_order_relaxed);
+  storeRef(mine.inId, mine.inOffset, mine.inBytes, args.inputRef);
+  storeRef(mine.outId, mine.outOffset, mine.outBytes, args.outputRef);
   mine.fpState.store(publishedState(fp.sequence), std::memory_order_release);
   Waiter::ring(mine);
   const uint64_t target = publishedState(fp.sequence);
@@ -144,21 +167,29 @@ void ShmEngine::exchangeFingerprints(const Fingerprint& fp) {
       "issue it");
   // Every rank has published #sequence. A rank that already moved past it saw all fingerprints equal
   // to its own, so all matched; otherwise nobody moves on and every rank reads the same values.
-  std::vector<Fingerprint> all(numRanks_);
+  bool allShared = true;
   for (int q = 0; q < numRanks_; ++q) {
     bool passed = false;
-    if (!readFingerprint(q, fp.sequence, all[q], passed) || passed) return;
+    if (!readPublished(q, fp.sequence, published_[q], passed) || passed) {
+      // Only a collective that needs no later step of this rank can be passed: a barrier, a
+      // broadcast's root, a small all-reduce. A direct all-reduce reads the refs of every rank.
+      COHORT_CHECK(fp.kind != CollectiveKind::kAllReduce || fp.count * sizeof(float) <= kSmallBytes)
+          << "rank " << q << " moved past " << fp.str() << " before this rank read it";
+      return false;
+    }
+    allShared = allShared && published_[q].input.shared() && published_[q].output.shared();
   }
   for (int q = 1; q < numRanks_; ++q) {
-    if (!(all[q] == all[0])) {
-      COHORT_THROW(InvalidArgument) << "collective mismatch: rank 0 issued " << all[0].str() << " but rank " << q
-                                    << " issued " << all[q].str();
+    if (!(published_[q].fingerprint == published_[0].fingerprint)) {
+      COHORT_THROW(InvalidArgument) << "collective mismatch: rank 0 issued " << published_[0].fingerprint.str()
+                                    << " but rank " << q << " issued " << published_[q].fingerprint.str();
     }
   }
+  return allShared;
 }
 
-// Reads rank q's fingerprint for `sequence`; `passed` when q already published a later one.
-bool ShmEngine::readFingerprint(int q, uint64_t sequence, Fingerprint& fp, bool& passed) const {
+// Reads what rank q published for `sequence`; `passed` when q already published a later one.
+bool ShmEngine::readPublished(int q, uint64_t sequence, Published& published, bool& passed) const {
   const RankSlot& s = slots_[q];
   const uint64_t target = publishedState(sequence);
   uint64_t before = s.fpState.load(std::memory_order_acquire);
@@ -168,10 +199,12 @@ bool ShmEngine::readFingerprint(int q, uint64_t sequence, Fingerprint& fp, bool&
   }
   uint64_t word = s.fpWord.load(std::memory_order_relaxed);
   uint64_t count = s.fpCount.load(std::memory_order_relaxed);
+  published.input = loadRef(s.inId, s.inOffset, s.inBytes);
+  published.output = loadRef(s.outId, s.outOffset, s.outBytes);
   std::atomic_thread_fence(std::memory_order_acquire);
   uint64_t after = s.fpState.load(std::memory_order_relaxed);
   passed = after != before;
-  fp = unpackFingerprint(sequence, word, count);
+  published.fingerprint = unpackFingerprint(sequence, word, count);
   return true;
 }
 
@@ -204,7 +237,7 @@ void ShmEngine::allReduceSmall(const CollectiveArgs& args) {
   const uint64_t g = chunkBase_;
   waitSlotFree(g);
   std::memcpy(stage(rank_, g, 0), args.input, fp.count * sizeof(float));
-  exchangeFingerprints(fp);
+  exchangeFingerprints(args);
   const float* sources[kMaxSources];
   sources[0] = args.input;
   for (int q = 0, k = 1; q < numRanks_; ++q) {

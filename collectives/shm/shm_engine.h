@@ -12,6 +12,12 @@
 // The phases of chunks g, g-1 and g-2 run back to back (copyIn(g), reduce(g-1), gather(g-2)), so
 // ranks drift by up to a few chunks instead of meeting at every phase. Reduce-scatter is copyIn +
 // reduce, all-gather is copyIn + gather, broadcast streams the root's chunks through its slots.
+// An all-reduce larger than kSmallBytes whose input and output lie in shared buffers on every rank
+// (Communicator::allocateBuffer, shm_buffers.h) runs direct: no staging. Rank r reduces segment r
+// of every rank's input, mapped where it lies, into its own output and publishes `reduced`; then
+// copies segment q of rank q's output into its own for every q != r and publishes `consumed`. The
+// reduce of chunk g and the gather of chunk g-1 run back to back; before returning, a rank waits
+// until every peer has consumed every chunk, since they read its buffers until then.
 // All-reduces of at most kSmallBytes take a one-shot path: each rank stages its whole input, publishes
 // it together with its fingerprint, and reduces everything into its output.
 // Before any data moves, each rank publishes its Fingerprint and checks every rank's (a mismatch is
@@ -25,8 +31,10 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/shm/shm_buffers.h"
 #include "collectives/shm/shm_layout.h"
 #include "collectives/shm/shm_waiter.h"
 #include "ipc/shm_region.h"
@@ -38,11 +46,14 @@ inline constexpr size_t kDefaultChunkBytes = size_t{1} << 20;
 inline constexpr size_t kSmallBytes = size_t{64} << 10;
 inline constexpr size_t kStreamingBytes = size_t{32} << 20;  // outputs this large use streaming stores
 
-// One collective as the engine sees it. Broadcast uses output (input == output).
+// One collective as the engine sees it. Broadcast uses output (input == output). The refs say where
+// input and output lie when they are in this rank's shared buffers (all-reduce only).
 struct CollectiveArgs {
   Fingerprint fingerprint;
   const float* input = nullptr;
   float* output = nullptr;
+  BufferRef inputRef;
+  BufferRef outputRef;
 };
 
 class ShmEngine {
@@ -71,9 +82,16 @@ class ShmEngine {
     size_t out = 0;
     size_t len = 0;
   };
+  // What a rank published for one collective.
+  struct Published {
+    Fingerprint fingerprint;
+    BufferRef input;
+    BufferRef output;
+  };
   void setUp(const Options& options);
-  void exchangeFingerprints(const Fingerprint& fp);
-  bool readFingerprint(int q, uint64_t sequence, Fingerprint& fp, bool& passed) const;
+  // True when every rank's input and output lie in shared buffers (only then are they all read).
+  bool exchangeFingerprints(const CollectiveArgs& args);
+  bool readPublished(int q, uint64_t sequence, Published& published, bool& passed) const;
   void runSingleRank(const CollectiveArgs& args) const;
   void allReduceSmall(const CollectiveArgs& args);
   void pipeline(const CollectiveArgs& args);
@@ -84,6 +102,9 @@ class ShmEngine {
   void copyIn(const CollectiveArgs& args, size_t chunk);
   void reduce(const CollectiveArgs& args, size_t chunk);
   void gather(const CollectiveArgs& args, size_t chunk);
+  void allReduceDirect(const CollectiveArgs& args);
+  void reduceDirect(const CollectiveArgs& args, size_t chunk);
+  void gatherDirect(const CollectiveArgs& args, size_t chunk);
   void copyOut(float* out, const float* in, size_t len, size_t totalElems) const;
   float* stage(int owner, uint64_t g, int segmentIndex) const;
   void publish(std::atomic<uint64_t>& counter, uint64_t value);
@@ -99,6 +120,10 @@ class ShmEngine {
   RankSlot* slots_ = nullptr;
   char* staging_ = nullptr;
   std::optional<Waiter> waiter_;
+  std::optional<PeerBuffers> peerBuffers_;
+  std::vector<Published> published_;      // every rank's, from the last exchangeFingerprints
+  std::vector<const float*> peerInputs_;  // direct all-reduce: each rank's input, mapped here
+  std::vector<const float*> peerOutputs_;
 };
 
 }  // namespace cohort::collectives::shm

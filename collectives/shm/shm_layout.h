@@ -2,8 +2,8 @@
 //
 //   payload offset 0     Control: magic, numRanks, slots, chunkBytes (checked by every opener)
 //   64                   ipc::ProcessBarrier for numRanks ranks (set-up only)
-//   64-aligned           RankSlot[numRanks]: pid/start time, the published fingerprint, the
-//                        chunk counters (copied, reduced, consumed) and the futex "bell"
+//   64-aligned           RankSlot[numRanks]: pid/start time, the published fingerprint and buffer
+//                        references, the chunk counters (copied, reduced, consumed) and the futex "bell"
 //   4096-aligned         staging: numRanks x kSlots buffers of chunkBytes each
 // Every word another process reads is a lock-free std::atomic; the staging buffers are plain memory
 // whose hand-over is ordered by the counters (release store by the writer, acquire load by readers).
@@ -18,7 +18,7 @@
 
 namespace cohort::collectives::shm {
 
-inline constexpr uint64_t kCommMagic = 0x4d4d4f43484f4331ull;
+inline constexpr uint64_t kCommMagic = 0x4d4d4f43484f4332ull;  // bumped with every change of this layout
 inline constexpr int kSlots = 4;  // staging buffers per rank: chunk g uses slot g % kSlots
 
 struct ShmControl {
@@ -39,6 +39,14 @@ struct alignas(64) RankSlot {
   std::atomic<uint64_t> fpState;  // 0 = none yet, kFpWriting, or sequence + 1
   std::atomic<uint64_t> fpWord;   // kind | op << 8 | dtype << 16 | (uint32 root) << 32
   std::atomic<uint64_t> fpCount;
+  // Published with the fingerprint (same seqlock): where this rank's input and output lie when they
+  // are in its shared buffers (shm_buffers.h; id 0 = not shared).
+  alignas(64) std::atomic<uint64_t> inId;
+  std::atomic<uint64_t> inOffset;
+  std::atomic<uint64_t> inBytes;
+  std::atomic<uint64_t> outId;
+  std::atomic<uint64_t> outOffset;
+  std::atomic<uint64_t> outBytes;
   alignas(64) std::atomic<uint64_t> copied;  // chunks whose input this rank has staged
   std::atomic<uint64_t> reduced;             // chunks whose own segment this rank has reduced
   std::atomic<uint64_t> consumed;            // chunks this rank has finished reading (its slot reads done)
@@ -47,7 +55,7 @@ struct alignas(64) RankSlot {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
-static_assert(sizeof(RankSlot) == 192);
+static_assert(sizeof(RankSlot) == 256);
 
 inline size_t alignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 

@@ -134,4 +134,56 @@ void ShmEngine::gather(const CollectiveArgs& args, size_t chunk) {
   publish(slots_[rank_].consumed, g + 1);
 }
 
+// --- direct all-reduce over shared buffers (see shm_engine.h) -----------------------------------
+
+void ShmEngine::allReduceDirect(const CollectiveArgs& args) {
+  const Fingerprint& fp = args.fingerprint;
+  const size_t bytes = fp.count * sizeof(float);
+  for (int q = 0; q < numRanks_; ++q) {
+    if (q == rank_) continue;
+    peerInputs_[q] = peerBuffers_->map(q, published_[q].input, bytes);
+    peerOutputs_[q] = peerBuffers_->map(q, published_[q].output, bytes);
+  }
+  const size_t chunks = numChunks(fp);
+  for (size_t t = 0; t <= chunks; ++t) {
+    if (t < chunks) reduceDirect(args, t);
+    if (t >= 1) gatherDirect(args, t - 1);
+  }
+  // The peers read this rank's input and output until their last gather.
+  const uint64_t end = chunkBase_ + chunks;
+  waiter_->waitAll([&](int q) { return slots_[q].consumed.load(std::memory_order_acquire) >= end; },
+                   "finish reading this rank's buffers");
+  chunkBase_ = end;
+}
+
+// In place is safe: segment r of a rank's input is read only by rank r before it publishes
+// `reduced`, and that rank's gather overwrites it only after seeing that.
+void ShmEngine::reduceDirect(const CollectiveArgs& args, size_t chunk) {
+  const Fingerprint& fp = args.fingerprint;
+  const uint64_t g = chunkBase_ + chunk;
+  const Span s = segment(fp, chunk, rank_);
+  const float* sources[kMaxSources];
+  sources[0] = args.input + s.in;
+  for (int q = 0, k = 1; q < numRanks_; ++q) {
+    if (q != rank_) sources[k++] = peerInputs_[q] + s.in;
+  }
+  reduceInto(args.output + s.out, sources, numRanks_, s.len, fp.op, 1.0f / static_cast<float>(numRanks_));
+  RankSlot& mine = slots_[rank_];
+  mine.copied.store(g + 1, std::memory_order_relaxed);
+  publish(mine.reduced, g + 1);
+}
+
+void ShmEngine::gatherDirect(const CollectiveArgs& args, size_t chunk) {
+  const Fingerprint& fp = args.fingerprint;
+  const uint64_t g = chunkBase_ + chunk;
+  waiter_->waitAll([&](int q) { return slots_[q].reduced.load(std::memory_order_acquire) >= g + 1; },
+                   "reduce their segment");
+  for (int q = 0; q < numRanks_; ++q) {
+    if (q == rank_) continue;
+    const Span s = segment(fp, chunk, q);
+    copyOut(args.output + s.out, peerOutputs_[q] + s.out, s.len, fp.count);
+  }
+  publish(slots_[rank_].consumed, g + 1);
+}
+
 }  // namespace cohort::collectives::shm

@@ -3,12 +3,15 @@
 // makeCommunicator()), so the same program runs under cohortrun (shm) and mpirun (mpi).
 //
 //   cohortrun --nproc-per-node 3 -- conformance_worker --backend shm [--timeout-ms 60000]
+//       [--buffers user|shared|mixed]
 //
 // Covers: allReduce (sum, avg, max, min), reduceScatter (same ops), allGather, broadcast from every
 // root, barrier; each out of place and in place (input == output, as communicator.h defines it:
 // for reduceScatter the result lands at the start of the input, for allGather this rank's input is
 // the first countPerRank elements of the output); counts 0, 1, 7, 13*n+5 (not divisible by n),
-// 1000003 and 2^20+3; several collectives issued before the first wait.
+// 1000003 and 2^20+3; several collectives issued before the first wait. Buffers are ordinary memory
+// (--buffers user, the default), from Communicator::allocateBuffer (shared; the shm backend's direct
+// all-reduce), or shared on even ranks only (mixed: every rank must still agree on one path).
 // Data: rank r's element i is value(r, i) = ((5i + 3r) mod 11) + 1 + r, a small integer, so sums,
 // maxima and minima are exact in float32 in any order. avg is defined as float(sum) * float(1/n)
 // (docs/collectives.md): exact when n is a power of two, so then checked with tolerance 0; for other
@@ -61,10 +64,32 @@ struct Reference {
   }
 };
 
+// One float array of a case, filled with `fill`: ordinary memory, or Communicator::allocateBuffer.
+class Array {
+ public:
+  Array() = default;
+  Array(Communicator& comm, bool shared, size_t len, float fill) {
+    if (shared) {
+      buffer_ = comm.allocateBuffer(len);
+      data_ = buffer_->data();
+    } else {
+      vector_.resize(len);
+      data_ = vector_.data();
+    }
+    std::fill_n(data_, len, fill);
+  }
+  float* data() const { return data_; }
+
+ private:
+  cohort::collectives::BufferPtr buffer_;
+  std::vector<float> vector_;
+  float* data_ = nullptr;
+};
+
 class Suite {
  public:
-  Suite(Communicator& comm, std::chrono::milliseconds timeout)
-      : comm_(comm), rank_(comm.rank()), n_(comm.size()), ref_{comm.size()}, timeout_(timeout) {}
+  Suite(Communicator& comm, std::chrono::milliseconds timeout, bool shared)
+      : comm_(comm), rank_(comm.rank()), n_(comm.size()), ref_{comm.size()}, timeout_(timeout), shared_(shared) {}
 
   int failures() const { return failures_; }
 
@@ -97,16 +122,20 @@ class Suite {
     }
   }
 
-  static std::vector<float> filled(size_t len, float v) { return std::vector<float>(len, v); }
+  Array filled(size_t len, float v) { return Array(comm_, shared_, len, v); }
+  Array values(size_t len, int rank) {
+    Array a = filled(len, 0.0f);
+    for (size_t i = 0; i < len; ++i) a.data()[i] = value(rank, i);
+    return a;
+  }
 
   void allReduce(size_t count, bool inPlace) {
     const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
-    std::vector<std::vector<float>> in(4), out(4);
+    std::vector<Array> in(4), out(4);
     std::vector<cohort::collectives::WorkPtr> works;
     for (int k = 0; k < 4; ++k) {  // all four issued before the first wait
-      in[k].resize(count);
-      for (size_t i = 0; i < count; ++i) in[k][i] = value(rank_, i);
-      out[k] = inPlace ? std::vector<float>() : filled(count, std::nanf(""));
+      in[k] = values(count, rank_);
+      if (!inPlace) out[k] = filled(count, std::nanf(""));
       float* dst = inPlace ? in[k].data() : out[k].data();
       works.push_back(comm_.allReduce(in[k].data(), dst, count, {.op = ops[k]}));
     }
@@ -124,9 +153,8 @@ class Suite {
     const size_t total = countPerRank * static_cast<size_t>(n_);
     const size_t offset = static_cast<size_t>(rank_) * countPerRank;
     for (ReduceOp op : ops) {
-      std::vector<float> in(total);
-      for (size_t i = 0; i < total; ++i) in[i] = value(rank_, i);
-      std::vector<float> out = inPlace ? std::vector<float>() : filled(countPerRank, std::nanf(""));
+      Array in = values(total, rank_);
+      Array out = inPlace ? Array() : filled(countPerRank, std::nanf(""));
       float* dst = inPlace ? in.data() : out.data();
       comm_.reduceScatter(in.data(), dst, countPerRank, op)->wait(timeout_);
       check(
@@ -137,9 +165,8 @@ class Suite {
 
   void allGather(size_t countPerRank, bool inPlace) {
     const size_t total = countPerRank * static_cast<size_t>(n_);
-    std::vector<float> out = filled(total, std::nanf(""));
-    std::vector<float> in(countPerRank);
-    for (size_t i = 0; i < countPerRank; ++i) in[i] = value(rank_, i);
+    Array out = filled(total, std::nanf(""));
+    Array in = values(countPerRank, rank_);
     const float* src = in.data();
     if (inPlace) {
       std::memcpy(out.data(), in.data(), countPerRank * sizeof(float));
@@ -151,8 +178,8 @@ class Suite {
   }
 
   void broadcast(size_t count, int root) {
-    std::vector<float> data(count);
-    for (size_t i = 0; i < count; ++i) data[i] = rank_ == root ? value(root, i) : -1.0f;
+    Array data = filled(count, -1.0f);
+    for (size_t i = 0; i < count && rank_ == root; ++i) data.data()[i] = value(root, i);
     comm_.broadcast(data.data(), count, root)->wait(timeout_);
     check("broadcast(root " + std::to_string(root) + ")", count, true, data.data(), count,
           [&](size_t i) { return static_cast<double>(value(root, i)); });
@@ -163,6 +190,7 @@ class Suite {
   int n_;
   Reference ref_;
   std::chrono::milliseconds timeout_;
+  bool shared_;
   int failures_ = 0;
 };
 
@@ -171,14 +199,19 @@ class Suite {
 int main(int argc, char** argv) {
   std::string backend;
   long timeoutMs = 60000;
+  std::string buffers = "user";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--backend" && i + 1 < argc) {
       backend = argv[++i];
     } else if (arg == "--timeout-ms" && i + 1 < argc) {
       timeoutMs = std::atol(argv[++i]);
+    } else if (arg == "--buffers" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "user" || std::string(argv[i + 1]) == "shared" ||
+                std::string(argv[i + 1]) == "mixed")) {
+      buffers = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: conformance_worker --backend NAME [--timeout-ms MS]\n");
+      std::fprintf(stderr, "usage: conformance_worker --backend NAME [--timeout-ms MS] [--buffers user|shared|mixed]\n");
       return 2;
     }
   }
@@ -187,11 +220,12 @@ int main(int argc, char** argv) {
     auto world = cohort::runtime::WorldInfo::detect();
     auto comm = cohort::collectives::makeCommunicator({.backend = backend, .world = world, .timeout = timeout});
     const auto start = Clock::now();
-    Suite suite(*comm, timeout);
+    const bool shared = buffers == "shared" || (buffers == "mixed" && comm->rank() % 2 == 0);
+    Suite suite(*comm, timeout, shared);
     suite.run();
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-    std::printf("rank %d: conformance %s on %d ranks: %d failure(s), %.2f s\n", comm->rank(), comm->backend().c_str(),
-                comm->size(), suite.failures(), secs);
+    std::printf("rank %d: conformance %s on %d ranks, %s buffers: %d failure(s), %.2f s\n", comm->rank(),
+                comm->backend().c_str(), comm->size(), buffers.c_str(), suite.failures(), secs);
     return suite.failures() == 0 ? 0 : 1;
   } catch (const cohort::Error& e) {
     std::fprintf(stderr, "conformance_worker: %s\n", e.what());

@@ -1,0 +1,96 @@
+// Shared buffers of the shm backend: memory that every local rank can map, so an all-reduce whose
+// input and output lie in it skips the staging copies (docs/collectives.md, "Shared buffers").
+//
+// Each Communicator::allocateBuffer() creates one segment, segmentName(jobId, "buf-<rank>-<id>"),
+// owned by the allocating rank. A collective names its buffers to the peers by BufferRef (owner's id
+// and byte offset, published with the fingerprint); a peer maps the owner's segment the first time it
+// sees the id and keeps the mapping. The last peer to map it removes the name, so a crash later
+// leaves nothing in /dev/shm; an owner that frees its buffer marks it freed and peers drop their
+// mapping on their next map().
+//
+// Ownership: BufferRegistry is shared by the communicator and its buffers (a buffer may outlive
+// neither the communicator's job nor the registry: it holds a reference). PeerBuffers owns the
+// mappings of peers' buffers.
+// Thread safety: BufferRegistry is internally locked (buffers are allocated and freed on the issuing
+// thread, looked up at issue). PeerBuffers belongs to the thread that runs the engine.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "collectives/communicator.h"
+#include "ipc/shm_region.h"
+
+namespace cohort::collectives::shm {
+
+// Where a collective's buffer lies: owner rank's buffer `id` (0 = not in a shared buffer) of
+// `bufferBytes` data bytes, at `offset` bytes into its data.
+struct BufferRef {
+  uint64_t id = 0;
+  uint64_t offset = 0;
+  uint64_t bufferBytes = 0;
+  bool shared() const { return id != 0; }
+};
+
+// At the start of each buffer segment's payload; the data follows at kBufferDataOffset.
+struct BufferHeader {
+  std::atomic<uint32_t> peersMapped;  // peers that have mapped it; the last one unlinks the name
+  std::atomic<uint32_t> freed;        // set by the owner before it unmaps
+  uint64_t dataBytes;
+};
+inline constexpr size_t kBufferDataOffset = 64;
+
+std::string bufferSegmentName(int rank, uint64_t id);  // "buf-<rank>-<id>"
+
+class BufferRegistry : public std::enable_shared_from_this<BufferRegistry> {
+ public:
+  BufferRegistry(std::string jobId, int rank, uint64_t generation) :
+      jobId_(std::move(jobId)), rank_(rank), generation_(generation) {}
+
+  // A zero-filled buffer of `count` floats in a new segment (count 0 gives an empty buffer).
+  BufferPtr allocate(size_t count);
+  // The ref of [data, data + bytes) when it lies inside one live buffer of this rank, else id 0.
+  BufferRef find(const void* data, size_t bytes) const;
+
+ private:
+  class SharedBuffer;
+  void forget(uintptr_t address);
+
+  const std::string jobId_;
+  const int rank_;
+  const uint64_t generation_;
+  mutable std::mutex mutex_;
+  uint64_t nextId_ = 1;
+  struct Entry {
+    uint64_t id;
+    size_t bytes;
+  };
+  std::map<uintptr_t, Entry> buffers_;  // by data address
+};
+
+class PeerBuffers {
+ public:
+  PeerBuffers(std::string jobId, int numRanks, uint64_t generation, std::chrono::milliseconds timeout) :
+      jobId_(std::move(jobId)), numRanks_(numRanks), generation_(generation), timeout_(timeout) {}
+
+  // The address, in this process, of `bytes` bytes at rank `owner`'s `ref`. Maps the buffer on first
+  // use; throws InvalidArgument when the range lies outside it, TimeoutError/IoError from the mapping.
+  float* map(int owner, BufferRef ref, size_t bytes);
+
+ private:
+  void dropFreed();
+
+  const std::string jobId_;
+  const int numRanks_;
+  const uint64_t generation_;
+  const std::chrono::milliseconds timeout_;
+  std::map<std::pair<int, uint64_t>, ipc::ShmRegion> mapped_;
+};
+
+}  // namespace cohort::collectives::shm
