@@ -63,6 +63,8 @@ using WorkPtr = std::unique_ptr<Work>;
 // on every rank reads the peers' data where it is, without the staging copies (about twice the
 // bandwidth for large messages; docs/collectives.md). Elsewhere it is ordinary memory. Any buffer
 // works with any collective; freeing one that a pending collective uses is undefined.
+// allocateBuffer is collective on the shm backend: every rank calls it with the same count, in the
+// same order as its other collectives (a different count is an InvalidArgument on every rank).
 class Buffer {
  public:
   virtual ~Buffer() = default;
@@ -101,8 +103,8 @@ class Communicator {
   virtual WorkPtr broadcast(float* data, size_t count, int root) = 0;
   virtual WorkPtr barrier() = 0;
 
-  // A buffer of `count` floats for collectives (see Buffer); call from the issuing thread. This
-  // default gives ordinary memory.
+  // A buffer of `count` floats for collectives (see Buffer); call from the issuing thread, on every
+  // rank alike (collective). This default gives ordinary memory.
   virtual BufferPtr allocateBuffer(size_t count);
 };
 

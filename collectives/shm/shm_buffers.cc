@@ -26,7 +26,6 @@ class BufferRegistry::SharedBuffer : public Buffer {
   ~SharedBuffer() override {
     registry_->forget(reinterpret_cast<uintptr_t>(data()));
     headerOf(region_)->freed.store(1, std::memory_order_release);
-    // region_ (unlinkOnDestroy) removes the name if no peer has mapped it yet, then unmaps.
   }
 
  private:
@@ -34,7 +33,7 @@ class BufferRegistry::SharedBuffer : public Buffer {
   ipc::ShmRegion region_;
 };
 
-BufferPtr BufferRegistry::allocate(size_t count) {
+BufferPtr BufferRegistry::allocate(size_t count, const std::function<void(uint64_t, size_t)>& shareWithPeers) {
   uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -49,6 +48,8 @@ BufferPtr BufferRegistry::allocate(size_t count) {
   auto* header = new (region.payload()) BufferHeader{};
   header->dataBytes = bytes;
   region.publish();  // the pages are fresh from fallocate: already zero
+  shareWithPeers(id, bytes);  // on a throw, region's unlinkOnDestroy removes the name
+  region.unlink();
   const auto address = reinterpret_cast<uintptr_t>(dataOf(region));
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -73,33 +74,8 @@ BufferRef BufferRegistry::find(const void* data, size_t bytes) const {
   return {.id = it->second.id, .offset = address - begin, .bufferBytes = it->second.bytes};
 }
 
-float* PeerBuffers::map(int owner, BufferRef ref, size_t bytes) {
-  const auto key = std::make_pair(owner, ref.id);
-  auto it = mapped_.find(key);
-  if (it == mapped_.end()) {
-    dropFreed();
-    // The owner created and published the segment before it issued the collective naming it.
-    ipc::ShmRegion region = ipc::ShmRegion::open({.jobId = jobId_,
-                                                  .name = bufferSegmentName(owner, ref.id),
-                                                  .payloadBytes = kBufferDataOffset + ref.bufferBytes,
-                                                  .generation = generation_,
-                                                  .timeout = timeout_,
-                                                  .creatorDescription = "rank " + std::to_string(owner)});
-    if (headerOf(region)->peersMapped.fetch_add(1, std::memory_order_acq_rel) + 1 ==
-        static_cast<uint32_t>(numRanks_ - 1)) {
-      region.unlink();  // every peer has it mapped: the name is no longer needed
-    }
-    it = mapped_.emplace(key, std::move(region)).first;
-  }
-  const uint64_t dataBytes = headerOf(it->second)->dataBytes;
-  if (ref.offset > dataBytes || bytes > dataBytes - ref.offset) {
-    COHORT_THROW(InvalidArgument) << "rank " << owner << " named bytes [" << ref.offset << ", " << ref.offset + bytes
-                                  << ") of its shared buffer " << ref.id << ", which holds " << dataBytes;
-  }
-  return reinterpret_cast<float*>(reinterpret_cast<char*>(dataOf(it->second)) + ref.offset);
-}
-
-void PeerBuffers::dropFreed() {
+void PeerBuffers::open(int owner, uint64_t id, size_t dataBytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = mapped_.begin(); it != mapped_.end();) {
     if (headerOf(it->second)->freed.load(std::memory_order_acquire) != 0) {
       it = mapped_.erase(it);
@@ -107,6 +83,29 @@ void PeerBuffers::dropFreed() {
       ++it;
     }
   }
+  ipc::ShmRegion region = ipc::ShmRegion::open({.jobId = jobId_,
+                                                .name = bufferSegmentName(owner, id),
+                                                .payloadBytes = kBufferDataOffset + dataBytes,
+                                                .generation = generation_,
+                                                .timeout = timeout_,
+                                                .creatorDescription = "rank " + std::to_string(owner)});
+  mapped_.insert_or_assign(std::make_pair(owner, id), std::move(region));
+}
+
+float* PeerBuffers::find(int owner, BufferRef ref, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = mapped_.find(std::make_pair(owner, ref.id));
+  if (it == mapped_.end()) {
+    COHORT_THROW(InvalidArgument) << "rank " << owner << " named its shared buffer " << ref.id
+                                  << ", which this rank has not mapped (allocateBuffer is collective: every rank "
+                                     "must call it, in the same order)";
+  }
+  const uint64_t dataBytes = headerOf(it->second)->dataBytes;
+  if (ref.offset > dataBytes || bytes > dataBytes - ref.offset) {
+    COHORT_THROW(InvalidArgument) << "rank " << owner << " named bytes [" << ref.offset << ", " << ref.offset + bytes
+                                  << ") of its shared buffer " << ref.id << ", which holds " << dataBytes;
+  }
+  return reinterpret_cast<float*>(reinterpret_cast<char*>(dataOf(it->second)) + ref.offset);
 }
 
 }  // namespace cohort::collectives::shm

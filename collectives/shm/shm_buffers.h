@@ -1,12 +1,12 @@
 // Shared buffers of the shm backend: memory that every local rank can map, so an all-reduce whose
 // input and output lie in it skips the staging copies (docs/collectives.md, "Shared buffers").
 //
-// Each Communicator::allocateBuffer() creates one segment, segmentName(jobId, "buf-<rank>-<id>"),
-// owned by the allocating rank. A collective names its buffers to the peers by BufferRef (owner's id
-// and byte offset, published with the fingerprint); a peer maps the owner's segment the first time it
-// sees the id and keeps the mapping. The last peer to map it removes the name, so a crash later
-// leaves nothing in /dev/shm; an owner that frees its buffer marks it freed and peers drop their
-// mapping on their next map().
+// Communicator::allocateBuffer() is collective: every rank creates one segment,
+// segmentName(jobId, "buf-<rank>-<id>") (ids count allocations, so they agree across ranks), every
+// rank maps every peer's, and then each owner removes its name, so a crash later leaves nothing in
+// /dev/shm. A collective names its buffers to the peers by BufferRef (owner's id and byte offset,
+// published with the fingerprint), which a peer looks up among its mappings. An owner that frees its
+// buffer marks it freed; peers drop their mapping of it at the next allocation.
 //
 // Ownership: BufferRegistry is shared by the communicator and its buffers (a buffer may outlive
 // neither the communicator's job nor the registry: it holds a reference). PeerBuffers owns the
@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,8 +41,7 @@ struct BufferRef {
 
 // At the start of each buffer segment's payload; the data follows at kBufferDataOffset.
 struct BufferHeader {
-  std::atomic<uint32_t> peersMapped;  // peers that have mapped it; the last one unlinks the name
-  std::atomic<uint32_t> freed;        // set by the owner before it unmaps
+  std::atomic<uint32_t> freed;  // set by the owner before it unmaps
   uint64_t dataBytes;
 };
 inline constexpr size_t kBufferDataOffset = 64;
@@ -54,7 +54,9 @@ class BufferRegistry : public std::enable_shared_from_this<BufferRegistry> {
       jobId_(std::move(jobId)), rank_(rank), generation_(generation) {}
 
   // A zero-filled buffer of `count` floats in a new segment (count 0 gives an empty buffer).
-  BufferPtr allocate(size_t count);
+  // shareWithPeers(id, dataBytes) runs once the segment is published and must return once every
+  // peer has mapped it; then the name is removed.
+  BufferPtr allocate(size_t count, const std::function<void(uint64_t, size_t)>& shareWithPeers);
   // The ref of [data, data + bytes) when it lies inside one live buffer of this rank, else id 0.
   BufferRef find(const void* data, size_t bytes) const;
 
@@ -74,22 +76,24 @@ class BufferRegistry : public std::enable_shared_from_this<BufferRegistry> {
   std::map<uintptr_t, Entry> buffers_;  // by data address
 };
 
+// Thread safety: internally locked (open() runs on the allocating thread, find() on the engine's).
 class PeerBuffers {
  public:
-  PeerBuffers(std::string jobId, int numRanks, uint64_t generation, std::chrono::milliseconds timeout) :
-      jobId_(std::move(jobId)), numRanks_(numRanks), generation_(generation), timeout_(timeout) {}
+  PeerBuffers(std::string jobId, uint64_t generation, std::chrono::milliseconds timeout) :
+      jobId_(std::move(jobId)), generation_(generation), timeout_(timeout) {}
 
-  // The address, in this process, of `bytes` bytes at rank `owner`'s `ref`. Maps the buffer on first
-  // use; throws InvalidArgument when the range lies outside it, TimeoutError/IoError from the mapping.
-  float* map(int owner, BufferRef ref, size_t bytes);
+  // Maps rank `owner`'s buffer `id` of `dataBytes` (published by now); first drops the mappings of
+  // buffers their owners have freed. Throws TimeoutError/IoError from the mapping.
+  void open(int owner, uint64_t id, size_t dataBytes);
+  // The address, in this process, of `bytes` bytes at rank `owner`'s `ref`. Throws InvalidArgument
+  // when that buffer is not mapped here (it was not allocated collectively) or the range lies outside.
+  float* find(int owner, BufferRef ref, size_t bytes) const;
 
  private:
-  void dropFreed();
-
   const std::string jobId_;
-  const int numRanks_;
   const uint64_t generation_;
   const std::chrono::milliseconds timeout_;
+  mutable std::mutex mutex_;
   std::map<std::pair<int, uint64_t>, ipc::ShmRegion> mapped_;
 };
 

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "collectives/shm/shm_engine.h"
 #include "runtime/error.h"
@@ -79,7 +80,8 @@ size_t bytesFromEnvironment(const char* name, size_t fallback, unsigned long lon
 class ShmCommunicator : public Communicator, public WorkRunner {
  public:
   explicit ShmCommunicator(const CommunicatorOptions& options)
-      : engine_(
+      : timeout_(options.timeout),
+        engine_(
             {.world = options.world,
              .timeout = options.timeout,
              .chunkBytes = bytesFromEnvironment("COHORT_SHM_CHUNK_BYTES", shm::kDefaultChunkBytes, 4096, 1ull << 30),
@@ -135,10 +137,10 @@ class ShmCommunicator : public Communicator, public WorkRunner {
 
   WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
 
-  // One segment per buffer, which the peers map when a collective names it (shm_buffers.h).
+  // Collective: one segment per rank, which every peer maps before the names go (shm_buffers.h).
   BufferPtr allocateBuffer(size_t count) override {
     if (size() == 1) return Communicator::allocateBuffer(count);
-    return buffers_->allocate(count);
+    return buffers_->allocate(count, [&](uint64_t id, size_t bytes) { shareBuffer(id, bytes); });
   }
 
  private:
@@ -146,6 +148,33 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     shm::CollectiveArgs args;
     std::shared_ptr<WorkState> state;
   };
+
+  // Every rank's (count, id) of this allocation, exactly in floats (count < 2^48, id < 2^24); the
+  // gather is also the barrier after which every segment exists. Then each rank maps its peers'.
+  void shareBuffer(uint64_t id, size_t bytes) {
+    const size_t count = bytes / sizeof(float);
+    if (count >= (uint64_t{1} << 48) || id >= (uint64_t{1} << 24)) {
+      COHORT_THROW(InvalidArgument) << "allocateBuffer: buffer " << id << " of " << count << " floats is beyond what "
+                                    << "the shm backend can name";
+    }
+    constexpr uint64_t kLow = (uint64_t{1} << 24) - 1;
+    const float mine[3] = {static_cast<float>(count >> 24), static_cast<float>(count & kLow), static_cast<float>(id)};
+    std::vector<float> all(3 * static_cast<size_t>(size()));
+    allGather(mine, all.data(), 3)->wait(timeout_);
+    auto countOf = [&](int q) {
+      return static_cast<uint64_t>(all[3 * q]) << 24 | static_cast<uint64_t>(all[3 * q + 1]);
+    };
+    for (int q = 0; q < size(); ++q) {
+      if (countOf(q) != countOf(0)) {
+        COHORT_THROW(InvalidArgument) << "allocateBuffer is collective, but rank 0 asked for " << countOf(0)
+                                      << " floats and rank " << q << " for " << countOf(q);
+      }
+    }
+    for (int q = 0; q < size(); ++q) {
+      if (q != rank()) engine_.mapPeerBuffer(q, static_cast<uint64_t>(all[3 * q + 2]), bytes);
+    }
+    barrier()->wait(timeout_);  // every rank has mapped every buffer: the owners may remove the names
+  }
 
   static void checkBuffers(const float* input, const float* output, size_t count, const char* what) {
     if (count > 0 && (input == nullptr || output == nullptr)) {
@@ -257,6 +286,7 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     wake_.notify_all();
   }
 
+  std::chrono::milliseconds timeout_;
   shm::ShmEngine engine_;
   std::shared_ptr<shm::BufferRegistry> buffers_;
   uint64_t nextSequence_ = 0;  // issuing thread only

@@ -99,7 +99,7 @@ void ShmEngine::setUp(const Options& options) {
   // crash later leaves nothing behind.
   if (rank_ == 0) region_->unlink();
   waiter_.emplace(slots_, numRanks_, rank_);
-  peerBuffers_.emplace(options.world.jobId, numRanks_, generation, options.timeout);
+  peerBuffers_.emplace(options.world.jobId, generation, options.timeout);
   published_.resize(numRanks_);
   peerInputs_.resize(numRanks_);
   peerOutputs_.resize(numRanks_);

@@ -76,6 +76,10 @@ class ShmEngine {
   // Runs one collective to completion; throws InvalidArgument / PeerError / TimeoutError.
   void run(const CollectiveArgs& args);
 
+  // Maps rank q's shared buffer `id` of `dataBytes` (Communicator::allocateBuffer, once q has
+  // published it); any thread.
+  void mapPeerBuffer(int q, uint64_t id, size_t dataBytes) { peerBuffers_->open(q, id, dataBytes); }
+
  private:
   struct Span {
     size_t in = 0;

@@ -141,8 +141,8 @@ void ShmEngine::allReduceDirect(const CollectiveArgs& args) {
   const size_t bytes = fp.count * sizeof(float);
   for (int q = 0; q < numRanks_; ++q) {
     if (q == rank_) continue;
-    peerInputs_[q] = peerBuffers_->map(q, published_[q].input, bytes);
-    peerOutputs_[q] = peerBuffers_->map(q, published_[q].output, bytes);
+    peerInputs_[q] = peerBuffers_->find(q, published_[q].input, bytes);
+    peerOutputs_[q] = peerBuffers_->find(q, published_[q].output, bytes);
   }
   const size_t chunks = numChunks(fp);
   for (size_t t = 0; t <= chunks; ++t) {

@@ -11,7 +11,8 @@
 // the first countPerRank elements of the output); counts 0, 1, 7, 13*n+5 (not divisible by n),
 // 1000003 and 2^20+3; several collectives issued before the first wait. Buffers are ordinary memory
 // (--buffers user, the default), from Communicator::allocateBuffer (shared; the shm backend's direct
-// all-reduce), or shared on even ranks only (mixed: every rank must still agree on one path).
+// all-reduce), or allocated on every rank but used on even ranks only (mixed: every rank must still
+// agree on one path).
 // Data: rank r's element i is value(r, i) = ((5i + 3r) mod 11) + 1 + r, a small integer, so sums,
 // maxima and minima are exact in float32 in any order. avg is defined as float(sum) * float(1/n)
 // (docs/collectives.md): exact when n is a power of two, so then checked with tolerance 0; for other
@@ -64,13 +65,14 @@ struct Reference {
   }
 };
 
-// One float array of a case, filled with `fill`: ordinary memory, or Communicator::allocateBuffer.
+// One float array of a case, filled with `fill`: ordinary memory, or Communicator::allocateBuffer
+// (`allocate`, which every rank of a job calls alike; `use` says whether this rank uses it).
 class Array {
  public:
   Array() = default;
-  Array(Communicator& comm, bool shared, size_t len, float fill) {
-    if (shared) {
-      buffer_ = comm.allocateBuffer(len);
+  Array(Communicator& comm, bool allocate, bool use, size_t len, float fill) {
+    if (allocate) buffer_ = comm.allocateBuffer(len);
+    if (use) {
       data_ = buffer_->data();
     } else {
       vector_.resize(len);
@@ -88,8 +90,14 @@ class Array {
 
 class Suite {
  public:
-  Suite(Communicator& comm, std::chrono::milliseconds timeout, bool shared)
-      : comm_(comm), rank_(comm.rank()), n_(comm.size()), ref_{comm.size()}, timeout_(timeout), shared_(shared) {}
+  Suite(Communicator& comm, std::chrono::milliseconds timeout, const std::string& buffers)
+      : comm_(comm),
+        rank_(comm.rank()),
+        n_(comm.size()),
+        ref_{comm.size()},
+        timeout_(timeout),
+        allocate_(buffers != "user"),
+        shared_(buffers == "shared" || (buffers == "mixed" && rank_ % 2 == 0)) {}
 
   int failures() const { return failures_; }
 
@@ -122,7 +130,7 @@ class Suite {
     }
   }
 
-  Array filled(size_t len, float v) { return Array(comm_, shared_, len, v); }
+  Array filled(size_t len, float v) { return Array(comm_, allocate_, shared_, len, v); }
   Array values(size_t len, int rank) {
     Array a = filled(len, 0.0f);
     for (size_t i = 0; i < len; ++i) a.data()[i] = value(rank, i);
@@ -190,6 +198,7 @@ class Suite {
   int n_;
   Reference ref_;
   std::chrono::milliseconds timeout_;
+  bool allocate_;
   bool shared_;
   int failures_ = 0;
 };
@@ -220,8 +229,7 @@ int main(int argc, char** argv) {
     auto world = cohort::runtime::WorldInfo::detect();
     auto comm = cohort::collectives::makeCommunicator({.backend = backend, .world = world, .timeout = timeout});
     const auto start = Clock::now();
-    const bool shared = buffers == "shared" || (buffers == "mixed" && comm->rank() % 2 == 0);
-    Suite suite(*comm, timeout, shared);
+    Suite suite(*comm, timeout, buffers);
     suite.run();
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("rank %d: conformance %s on %d ranks, %s buffers: %d failure(s), %.2f s\n", comm->rank(),

@@ -6,12 +6,15 @@
 //   mismatch-count  #3 is an all-reduce of 1000 elements, but 999 on rank 1
 //   mismatch-kind   #3 is an all-reduce on every rank but a broadcast from root 0 on rank 1
 //   kill            #3 is a large all-reduce; rank 1 SIGKILLs itself while it runs
+//   kill-shared     the same on buffers from allocateBuffer (the shm backend's direct path)
+//   alloc-mismatch  allocateBuffer(1000), but 999 on rank 1
 //   skip            rank 1 never issues #3 (it sleeps past the others' timeout, then exits 0)
 // Exits with the cohort exit code of the error a rank saw (2 mismatch, 3 timeout, 4 peer), after
 // printing "fault_worker: <message>" on stderr; 0 when nothing failed.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -36,14 +39,27 @@ void runFault(Communicator& comm, const std::string& mode, std::chrono::millisec
   } else if (mode == "mismatch-kind") {
     auto work = bad ? comm.broadcast(data.data(), 1000, 0) : comm.allReduce(data.data(), data.data(), 1000, {});
     work->wait(timeout);
-  } else if (mode == "kill") {
-    std::vector<float> big(size_t{32} << 20, 1.0f);  // 128 MiB: long enough to be killed inside it
-    auto work = comm.allReduce(big.data(), big.data(), big.size(), {});
+  } else if (mode == "kill" || mode == "kill-shared") {
+    const size_t count = size_t{32} << 20;  // 128 MiB: long enough to be killed inside it
+    std::vector<float> big;
+    cohort::collectives::BufferPtr shared;
+    float* p = nullptr;
+    if (mode == "kill") {
+      big.assign(count, 1.0f);
+      p = big.data();
+    } else {
+      shared = comm.allocateBuffer(count);
+      p = shared->data();
+      std::fill_n(p, count, 1.0f);
+    }
+    auto work = comm.allReduce(p, p, count, {});
     if (bad) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       raise(SIGKILL);
     }
     work->wait(timeout);
+  } else if (mode == "alloc-mismatch") {
+    auto buffer = comm.allocateBuffer(bad ? 999 : 1000);
   } else if (mode == "skip") {
     if (bad) {
       std::this_thread::sleep_for(timeout * 3);

@@ -82,6 +82,29 @@ TEST(ShmFailure, KilledRankIsAPeerErrorNamingIt) {
   }
 }
 
+// The direct path on shared buffers: the same error, and no buffer segment left (no launcher here
+// to sweep the job's names).
+TEST(ShmFailure, KilledRankDuringDirectAllReduceIsAPeerErrorNamingIt) {
+  auto runs = runRanks(3, "kill-shared", 30000, std::chrono::seconds(40));
+  EXPECT_EQ(runs[1].exitCode, -9) << runs[1].output;
+  for (int r : {0, 2}) {
+    EXPECT_EQ(runs[r].exitCode, 4) << "rank " << r << ": " << runs[r].output;
+    EXPECT_NE(runs[r].output.find(") died during collective #"), std::string::npos) << runs[r].output;
+    EXPECT_NE(runs[r].output.find("allreduce(sum, float32, 33554432 elements)"), std::string::npos) << runs[r].output;
+    EXPECT_LT(runs[r].seconds, 10.0) << "the survivors must not wait for the 30 s timeout";
+  }
+}
+
+TEST(ShmFailure, AllocateBufferWithDifferentCountsFailsOnEveryRank) {
+  auto runs = runRanks(3, "alloc-mismatch", 20000, std::chrono::seconds(30));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(runs[r].exitCode, 2) << "rank " << r << ": " << runs[r].output;
+    EXPECT_NE(runs[r].output.find("allocateBuffer is collective, but rank 0 asked for 1000 floats and rank 1 for 999"),
+              std::string::npos)
+        << "rank " << r << ": " << runs[r].output;
+  }
+}
+
 // Repeated: the survivors must let cohortrun reap the killed rank before they exit with code 4.
 TEST(ShmFailure, CohortrunBlamesTheKilledRank) {
   for (int attempt = 0; attempt < 3; ++attempt) {
