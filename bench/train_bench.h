@@ -2,7 +2,7 @@
 // cnn:rosetta; batch 64, SGD lr 0.01 momentum 0.9, the peers' synthetic data: MNIST-shaped of
 // DESIGN.md §7, or 5000 CIFAR-shaped samples for cnn:rosetta) at each requested BLAS thread count,
 // or on a GPU with --device cuda, median of several runs of one epoch each. For an MLP also the
-// single-thread OpenBLAS SGEMM rate on the same layer shapes, so the training rate can be read as a
+// single-thread SGEMM rate (runtime::cpu::gemm) on the same layer shapes, so the training rate can be read as a
 // fraction of what the GEMMs alone could reach.
 // Prints one line per figure:
 //   RESULT bench=sgemm shape=MxNxK trans=.. threads=1 gflops=..

@@ -1,12 +1,15 @@
-// CPU GEMM through OpenBLAS, row-major, float32.
+// CPU GEMM through oneDNN's sgemm (Debian's libdnnl), row-major, float32.
 //
 // gemm computes C = alpha · op(A) · op(B) + beta · C for row-major matrices, where op(X) is X or Xᵀ
-// (GemmOptions::transA / transB). It runs on the calling thread plus OpenBLAS's own pool, whose size
-// setBlasThreads() sets for the whole process (one worker process = one BLAS pool; DESIGN.md §6: one
-// thread per worker unless --threads says otherwise). Not safe to call setBlasThreads concurrently
-// with gemm. With several BLAS threads gemm may be called from one thread at a time per process;
-// with one, from several threads at once (each runs on its caller; Conv2d's parallel tiles do this
-// inside a BlasThreadsScope, and tests/runtime/cpu/blas_test.cc checks it).
+// (GemmOptions::transA / transB). oneDNN picks its kernels from the CPU at run time (AVX-512 where
+// there is one); it measured 1.1-2.0x OpenBLAS's rate on our layer shapes, and OpenBLAS's kernel
+// choice can be forced down by OPENBLAS_CORETYPE (docs/nn.md). It runs on the calling thread plus
+// an OpenMP team of setBlasThreads() threads in total (one worker process = one BLAS pool;
+// DESIGN.md §6: one thread per worker unless --threads says otherwise); each calling thread applies
+// the count to its own OpenMP setting at its next gemm. With several BLAS threads gemm may be called
+// from one thread at a time per process; with one, from several threads at once (each runs on its
+// caller; Conv2d's parallel tiles do this inside a BlasThreadsScope, and
+// tests/runtime/cpu/blas_test.cc checks it).
 //
 //   gemm({.m = 64, .n = 512, .k = 784, .transB = true}, x, w, y);   // y = x · wᵀ
 #pragma once
@@ -21,7 +24,7 @@ using GemmOptions = runtime::GemmOptions;
 
 void gemm(const GemmOptions& o, const float* a, const float* b, float* c);
 
-// Sets the number of threads OpenBLAS uses in this process (>= 1).
+// Sets the number of threads a gemm uses in this process (>= 1).
 void setBlasThreads(int threads);
 int blasThreads();
 
@@ -37,7 +40,7 @@ class BlasThreadsScope {
  private:
   int previous_;
 };
-// "OpenBLAS 0.3.21 (Zen, pthread)" or similar: what is actually linked.
+// "oneDNN 2.6.3 sgemm (AVX-512, OpenMP)" or similar: what is actually linked and its kernels.
 std::string blasDescription();
 
 }  // namespace cohort::runtime::cpu

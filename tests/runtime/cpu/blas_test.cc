@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
 #include <vector>
 
 #include "runtime/error.h"
@@ -38,7 +39,35 @@ TEST(Gemm, ThreadsAreSetAndBadCountsRefused) {
   setBlasThreads(1);
   EXPECT_EQ(blasThreads(), 1);
   EXPECT_THROW(setBlasThreads(0), InvalidArgument);
-  EXPECT_NE(blasDescription().find("OpenBLAS"), std::string::npos) << blasDescription();
+  EXPECT_NE(blasDescription().find("oneDNN"), std::string::npos) << blasDescription();
+}
+
+// A product large enough for oneDNN to split between threads, on small-integer data (exact).
+void expectExactProduct(int m, int n, int k) {
+  std::vector<float> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n), c(static_cast<size_t>(m) * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 5) - 2.0f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 3) - 1.0f;
+  gemm({.m = m, .n = n, .k = k}, a.data(), b.data(), c.data());
+  for (int i = 0; i < m; i += 37) {
+    for (int j = 0; j < n; j += 41) {
+      float s = 0;
+      for (int p = 0; p < k; ++p) s += a[static_cast<size_t>(i) * k + p] * b[static_cast<size_t>(p) * n + j];
+      ASSERT_EQ(c[static_cast<size_t>(i) * n + j], s) << i << "," << j;
+    }
+  }
+}
+
+// Two threads at once with one BLAS thread each (Conv2d's parallel tiles), then one caller with two.
+TEST(Gemm, ConcurrentCallersAndSeveralThreadsAreExact) {
+  {
+    BlasThreadsScope one(1);
+    std::thread other([] { expectExactProduct(300, 280, 260); });
+    expectExactProduct(256, 300, 270);
+    other.join();
+  }
+  BlasThreadsScope two(2);
+  EXPECT_EQ(blasThreads(), 2);
+  expectExactProduct(512, 512, 512);
 }
 
 }  // namespace
