@@ -186,6 +186,9 @@ void reportMemory(const runtime::Logger& log, const runtime::Device& device, con
 }  // namespace
 
 int runTrain(const TrainFlags& f) {
+  // First thing: a SIGUSR1 during set-up (a job started close to its time limit) must not kill the
+  // worker; the loop sees the request at its first step.
+  installStopSignal();
   const runtime::WorldInfo world = runtime::WorldInfo::detect();
   validate(f, world);
   runtime::Logger log(world, {.fd = 1});
@@ -288,7 +291,6 @@ int runTrain(const TrainFlags& f) {
   options.optimizerStateShared = sharded;
   options.stopRequested = &gStopRequested;
   options.gpu = gpuContext;
-  installStopSignal();
   nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options, sync.get());
   nn::TrainResult result = trainer.run();
   if (world.rank == 0) std::printf("%s\n", trainer.resultLine(result).c_str());

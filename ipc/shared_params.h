@@ -16,9 +16,9 @@
 //   every rank:   registers its pid with the barrier; then e.g. barrier().arriveAndWait(localRank, ..).
 // Rank 0's constructor returns without waiting for the others; use the barrier to line them up.
 //
-// Ownership: the object owns its mapping. The segment's name is removed by rank 0's destructor only
-// with Options::unlinkOnDestroy, since other ranks may still be attached; the launcher removes the
-// job's segments at the end anyway (removeJobSegments). Destroying a SharedParams invalidates
+// Ownership: the object owns its mapping. The segment's name is removed by unlinkName() (once every
+// rank has attached) or by rank 0's destructor with Options::unlinkOnDestroy; the launcher removes
+// the job's segments at the end anyway (removeJobSegments). Destroying a SharedParams invalidates
 // values(), scratch(), barrier() and stats() in this process only.
 // Thread safety: Hogwild by design: values() is written by all ranks without locks (races between
 // float stores are accepted: each store is a whole aligned float, and SGD tolerates lost updates).
@@ -93,6 +93,9 @@ class SharedParams {
   ProcessBarrier& barrier() { return barrier_; }
   RankStats& stats(int rank) const;
   const ShmRegion& region() const { return region_; }
+  // Removes the segment's name (the mappings stay valid); call once every rank has attached, e.g.
+  // after the first barrier. Idempotent.
+  void unlinkName() { region_.unlink(); }
 
  private:
   struct Layout;

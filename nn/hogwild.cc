@@ -38,6 +38,13 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
 
 void SegmentSync::barrier(const std::string& what) {
   shared_.barrier().arriveAndWait(shared_.localRank(), {.what = what, .timeout = timeout_});
+  // Every rank attached before its first barrier, so the name is no longer needed: removed now, a
+  // killed job leaves nothing in /dev/shm under srun or mpirun, where no launcher sweeps it (and a
+  // requeued SLURM job, which keeps its id, finds no stale segment).
+  if (!unlinked_ && shared_.localRank() == 0) {
+    shared_.unlinkName();
+    unlinked_ = true;
+  }
 }
 
 // startNs = 0 and endNs = the rank's cumulative training time: the job's training time is the slowest

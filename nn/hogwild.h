@@ -52,6 +52,7 @@ class SegmentSync : public JobSync {
  protected:
   ipc::SharedParams& shared_;
   std::chrono::milliseconds timeout_;
+  bool unlinked_ = false;
 };
 
 class HogwildSync final : public SegmentSync {

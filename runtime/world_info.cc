@@ -78,6 +78,12 @@ WorldInfo WorldInfo::detect() {
       // single-node fallbacks and documented as such.
       w.jobId = std::string(s.source) + "-" + std::to_string(getppid());
     }
+    if (w.source == std::string("slurm")) {
+      // Two srun steps of one job may run at once, each its own world; a requeued job keeps its id
+      // and SLURM_RESTART_COUNT tells its runs apart (the generation of its segments).
+      if (const char* step = env("SLURM_STEP_ID")) w.jobId += std::string("-") + step;
+      if (!env("COHORT_RESTART_COUNT")) w.restartCount = intOr("SLURM_RESTART_COUNT", 0);
+    }
     if (w.worldSize < 1 || w.rank >= w.worldSize || w.localRank >= w.localWorldSize) {
       COHORT_THROW(InvalidArgument) << "inconsistent " << s.source << " environment: rank " << w.rank
                                     << ", world size " << w.worldSize << ", local rank "

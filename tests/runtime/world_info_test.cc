@@ -12,7 +12,8 @@ const char* kAllVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                           "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID",
-                          "SLURM_TASKS_PER_NODE", "PMI_RANK", "PMI_SIZE"};
+                          "SLURM_TASKS_PER_NODE", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "COHORT_RESTART_COUNT",
+                          "PMI_RANK", "PMI_SIZE"};
 
 class WorldInfoTest : public ::testing::Test {
  protected:
@@ -54,6 +55,15 @@ TEST_F(WorldInfoTest, OpenMpiThenSlurmThenPmi) {
   EXPECT_EQ(w.source, "slurm");
   EXPECT_EQ(w.rank, 3);
   EXPECT_EQ(w.jobId, "991");
+  EXPECT_EQ(w.restartCount, 0);
+  // Each srun step is its own world; a requeued job's run count is its restart count.
+  setenv("SLURM_STEP_ID", "2", 1);
+  setenv("SLURM_RESTART_COUNT", "3", 1);
+  w = WorldInfo::detect();
+  EXPECT_EQ(w.jobId, "991-2");
+  EXPECT_EQ(w.restartCount, 3);
+  unsetenv("SLURM_STEP_ID");
+  unsetenv("SLURM_RESTART_COUNT");
   setenv("OMPI_COMM_WORLD_RANK", "1", 1);
   setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
   EXPECT_EQ(WorldInfo::detect().source, "openmpi");
