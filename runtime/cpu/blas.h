@@ -2,8 +2,8 @@
 //
 // gemm computes C = alpha · op(A) · op(B) + beta · C for row-major matrices, where op(X) is X or Xᵀ
 // (GemmOptions::transA / transB). oneDNN picks its kernels from the CPU at run time (AVX-512 where
-// there is one); it measured 1.1-2.0x OpenBLAS's rate on our layer shapes, and OpenBLAS's kernel
-// choice can be forced down by OPENBLAS_CORETYPE (docs/nn.md). It runs on the calling thread plus
+// there is one); it measured 1.1-2.0x OpenBLAS's rate on our layer shapes but the smallest (docs/build.md),
+// and OpenBLAS's kernel choice can be forced down by OPENBLAS_CORETYPE. It runs on the calling thread plus
 // an OpenMP team of setBlasThreads() threads in total (one worker process = one BLAS pool;
 // DESIGN.md §6: one thread per worker unless --threads says otherwise); each calling thread applies
 // the count to its own OpenMP setting at its next gemm. With several BLAS threads gemm may be called
