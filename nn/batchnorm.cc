@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nn/gpu_dispatch.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -38,7 +39,6 @@ Shape BatchNorm2d::outputShape(const Shape& input) const {
 }
 
 const Tensor& BatchNorm2d::forward(const Tensor& input, const Pass& pass) {
-  if (!input.device().isCpu()) COHORT_THROW(InvalidArgument) << name() << " runs on the CPU only so far";
   inputShape_ = outputShape(input.shape());
   const int64_t n = inputShape_[0], plane = inputShape_[2] * inputShape_[3], m = n * plane;
   batchStats_ = pass.training;
@@ -46,6 +46,7 @@ const Tensor& BatchNorm2d::forward(const Tensor& input, const Pass& pass) {
     COHORT_THROW(InvalidArgument) << name() << " in training needs more than one value per channel, got input "
                                   << inputShape_.str();
   }
+  if (onGpu(input)) return forwardGpu(input, pass);
   runtime::ensureShape(normalized_, inputShape_);
   runtime::ensureShape(output_, inputShape_);
   runtime::ensureShape(invStd_, Shape{channels_});
@@ -97,6 +98,7 @@ const Tensor& BatchNorm2d::backward(const Tensor& gradOutput, const Pass& pass) 
   COHORT_CHECK(gradOutput.numel() == inputShape_.numel()) << name() << ": gradient " << gradOutput.shape().str();
   const int64_t n = inputShape_[0], plane = inputShape_[2] * inputShape_[3], m = n * plane;
   const int64_t stride = channels_ * plane;
+  if (onGpu(gradOutput)) return backwardGpu(gradOutput, pass);
   if (pass.needInputGrad) {
     runtime::ensureShape(gradInput_, inputShape_);
   } else {
@@ -142,5 +144,47 @@ const Tensor& BatchNorm2d::backward(const Tensor& gradOutput, const Pass& pass) 
   }
   return gradInput_;
 }
+
+#ifdef COHORT_HAVE_CUDA
+
+const Tensor& BatchNorm2d::forwardGpu(const Tensor& input, const Pass& pass) {
+  auto& gpu = gpuFor(pass, input, name());
+  runtime::ensureShape(normalized_, inputShape_, gpu.allocator());
+  runtime::ensureShape(output_, inputShape_, gpu.allocator());
+  runtime::ensureShape(invStd_, Shape{channels_}, gpu.allocator());
+  runtime::cuda::batchNormForward(
+      input.data(), weight_.data(), bias_.data(), runningMean_.data(), runningVar_.data(), invStd_.data(),
+      normalized_.data(), output_.data(),
+      {.batch = inputShape_[0], .channels = channels_, .plane = inputShape_[2] * inputShape_[3]},
+      {.eps = eps_, .momentum = momentum_, .batchStats = batchStats_}, gpu.stream());
+  return output_;
+}
+
+const Tensor& BatchNorm2d::backwardGpu(const Tensor& gradOutput, const Pass& pass) {
+  auto& gpu = gpuFor(pass, gradOutput, name());
+  if (pass.needInputGrad) {
+    runtime::ensureShape(gradInput_, inputShape_, gpu.allocator());
+  } else {
+    gradInput_ = Tensor();
+  }
+  runtime::cuda::batchNormBackward(
+      gradOutput.data(), normalized_.data(), weight_.data(), invStd_.data(), weightGrad_.data(), biasGrad_.data(),
+      pass.needInputGrad ? gradInput_.data() : nullptr,
+      {.batch = inputShape_[0], .channels = channels_, .plane = inputShape_[2] * inputShape_[3]}, batchStats_,
+      pass.accumulateGrads, gpu.stream());
+  return gradInput_;
+}
+
+#else
+
+const Tensor& BatchNorm2d::forwardGpu(const Tensor& input, const Pass& pass) {
+  COHORT_THROW(InvalidArgument) << name() << " got a tensor on " << input.device().str() << " in a build without CUDA";
+}
+
+const Tensor& BatchNorm2d::backwardGpu(const Tensor& gradOutput, const Pass& pass) {
+  return forwardGpu(gradOutput, pass);
+}
+
+#endif
 
 }  // namespace cohort::nn

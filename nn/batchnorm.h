@@ -13,6 +13,8 @@
 // "running_var" (1) registered with ParamBuffer::addBuffer, so checkpoints carry them. Training
 // needs M > 1 (InvalidArgument otherwise, as PyTorch). PyTorch's num_batches_tracked is not kept:
 // it only matters for momentum = None (a cumulative average), which is not offered.
+// CUDA tensors run the same arithmetic in runtime/cuda/kernels.h's batch-norm kernels on the pass's
+// stream (running statistics updated on the device; agreement with the CPU to float32 rounding).
 // Buffers are sized per batch shape and reused: a steady loop allocates nothing.
 // Keeps the normalised input for backward. Thread safety: as Module.
 #pragma once
@@ -40,6 +42,9 @@ class BatchNorm2d final : public Module {
   const Tensor& runningVar() const { return runningVar_; }
 
  private:
+  const Tensor& forwardGpu(const Tensor& input, const Pass& pass);
+  const Tensor& backwardGpu(const Tensor& gradOutput, const Pass& pass);
+
   int64_t channels_;
   double eps_, momentum_;
   Tensor weight_, bias_, weightGrad_, biasGrad_;

@@ -3,9 +3,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "nn/gpu_dispatch.h"
 #include "nn/im2col.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
+
+#ifdef COHORT_HAVE_CUDNN
+#include "runtime/cuda/dnn.h"
+#endif
 
 namespace cohort::nn {
 namespace {
@@ -40,6 +45,8 @@ Conv2d::Conv2d(const Conv2dOptions& options)
                                   << name();
   }
 }
+
+Conv2d::~Conv2d() = default;
 
 std::string Conv2d::name() const {
   std::string s = "Conv2d(" + std::to_string(options_.in) + " -> " + std::to_string(options_.out) + ", " +
@@ -174,7 +181,7 @@ void Conv2d::forwardTile(const Tile& t, Scratch& scratch) {
 }
 
 const Tensor& Conv2d::forward(const Tensor& input, const Pass& pass) {
-  if (!input.device().isCpu()) COHORT_THROW(InvalidArgument) << name() << " runs on the CPU only so far";
+  if (onGpu(input)) return forwardGpu(input, pass);
   g_ = geometry(input.shape(), runtime::cpu::blasThreads());
   input_ = input;
   const int64_t out = options_.out, p = g_.positions;
@@ -224,6 +231,7 @@ void Conv2d::backwardTile(const Tile& t, const Tensor& gradOutput, Scratch& scra
 }
 
 const Tensor& Conv2d::backward(const Tensor& gradOutput, const Pass& pass) {
+  if (onGpu(gradOutput)) return backwardGpu(gradOutput, pass);
   const int64_t out = options_.out, p = g_.positions;
   COHORT_CHECK(gradOutput.numel() == g_.batch * out * p) << name() << ": gradient " << gradOutput.shape().str();
   if (!pass.accumulateGrads) {
@@ -281,5 +289,66 @@ void Conv2d::parallelBackward(const Tensor& gradOutput, const Pass& pass) {
     }
   }
 }
+
+#ifdef COHORT_HAVE_CUDNN
+
+const Tensor& Conv2d::forwardGpu(const Tensor& input, const Pass& pass) {
+  auto& gpu = gpuFor(pass, input, name());
+  g_ = geometry(input.shape(), 1);
+  input_ = input;
+  const int64_t out = options_.out;
+  runtime::ensureShape(output_, Shape{g_.batch, out, g_.outHeight, g_.outWidth}, gpu.allocator());
+  if (g_.batch == 0) return output_;
+  if (!gpuConv_) gpuConv_ = std::make_unique<runtime::cuda::Convolution>();
+  const runtime::cuda::ConvShape shape{.batch = g_.batch,
+                                       .channels = g_.channels,
+                                       .height = g_.height,
+                                       .width = g_.width,
+                                       .out = out,
+                                       .kernelH = kh_,
+                                       .kernelW = kw_,
+                                       .stride = options_.stride,
+                                       .padding = options_.padding};
+  gpuConv_->prepare(gpu.dnn(), shape, gpu.allocator());
+  gpuConv_->forward(gpu.dnn(), input.data(), weight_.data(), options_.bias ? bias_.data() : nullptr, output_.data());
+  return output_;
+}
+
+const Tensor& Conv2d::backwardGpu(const Tensor& gradOutput, const Pass& pass) {
+  auto& gpu = gpuFor(pass, gradOutput, name());
+  COHORT_CHECK(gradOutput.numel() == g_.batch * options_.out * g_.positions)
+      << name() << ": gradient " << gradOutput.shape().str();
+  if (pass.needInputGrad) {
+    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator());
+  } else {
+    gradInput_ = Tensor();
+  }
+  if (g_.batch == 0) {
+    // Nothing to add; an overwrite leaves zeros, as on the CPU.
+    if (!pass.accumulateGrads) {
+      runtime::cuda::fill({weightGrad_.data(), static_cast<size_t>(weightGrad_.numel())}, 0.0f, gpu.stream());
+      if (options_.bias)
+        runtime::cuda::fill({biasGrad_.data(), static_cast<size_t>(biasGrad_.numel())}, 0.0f, gpu.stream());
+    }
+    return gradInput_;
+  }
+  const auto& dnn = gpu.dnn();
+  gpuConv_->backwardFilter(dnn, input_.data(), gradOutput.data(), weightGrad_.data(), pass.accumulateGrads);
+  if (options_.bias) gpuConv_->backwardBias(dnn, gradOutput.data(), biasGrad_.data(), pass.accumulateGrads);
+  if (pass.needInputGrad) gpuConv_->backwardData(dnn, weight_.data(), gradOutput.data(), gradInput_.data());
+  return gradInput_;
+}
+
+#else
+
+const Tensor& Conv2d::forwardGpu(const Tensor& input, const Pass& pass) {
+  COHORT_THROW(InvalidArgument) << name() << " got a tensor on " << input.device().str()
+                                << ", but this build found no cuDNN, which convolutions on a GPU need "
+                                << "(install cuDNN into the CUDA toolkit and rebuild; docs/gpu.md)";
+}
+
+const Tensor& Conv2d::backwardGpu(const Tensor& gradOutput, const Pass& pass) { return forwardGpu(gradOutput, pass); }
+
+#endif
 
 }  // namespace cohort::nn

@@ -23,6 +23,9 @@
 // buffer and, in backward, its own partial dW and db; these are added up in worker order at the
 // end, so the result depends on T but not on the run. Tiles are then sized as for one thread. With
 // one thread the serial path is exactly as described above.
+// GPU (CUDA tensors): cuDNN's convolution, backward-data, backward-filter and bias kernels on the
+// pass's compute stream (runtime/cuda/dnn.h: plain fp32, algorithms from cuDNN's heuristics, chosen
+// once per batch shape). A build without cuDNN refuses CUDA input with InvalidArgument.
 // Buffers are sized per batch shape and reused: a steady loop allocates nothing.
 // Keeps a handle to its input for backward (no copy). Thread safety: as Module (the layer's own
 // pool is used only inside forward and backward).
@@ -36,6 +39,10 @@
 #include "nn/im2col.h"
 #include "nn/module.h"
 #include "runtime/cpu/parallel.h"
+
+namespace cohort::runtime::cuda {
+class Convolution;
+}
 
 namespace cohort::nn {
 
@@ -65,6 +72,7 @@ class Conv2d final : public Module {
 
   // Throws InvalidArgument for non-positive sizes, stride < 1 or padding < 0.
   explicit Conv2d(const Conv2dOptions& options);
+  ~Conv2d() override;
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
@@ -117,6 +125,8 @@ class Conv2d final : public Module {
   // dW (beta = 0: overwritten) and db += the tile's share; dX too when gradInput_ is defined.
   void backwardTile(const Tile& t, const Tensor& gradOutput, Scratch& scratch, float* dW, float beta, float* db);
   void parallelBackward(const Tensor& gradOutput, const Pass& pass);
+  const Tensor& forwardGpu(const Tensor& input, const Pass& pass);
+  const Tensor& backwardGpu(const Tensor& gradOutput, const Pass& pass);
 
   Conv2dOptions options_;
   int64_t kh_, kw_;
@@ -127,6 +137,7 @@ class Conv2d final : public Module {
   Tensor gradInput_;
   std::vector<Scratch> scratch_;                    // one per worker; [0] serves the serial path
   std::unique_ptr<runtime::cpu::ThreadPool> pool_;  // while blasThreads() > 1
+  std::unique_ptr<runtime::cuda::Convolution> gpuConv_;  // cuDNN state, from the first CUDA forward
 };
 
 }  // namespace cohort::nn

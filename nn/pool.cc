@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "nn/gpu_dispatch.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -21,10 +22,6 @@ std::string Pool2dBase::describe(const char* kind) const {
   return s + ")";
 }
 
-void Pool2dBase::requireCpu(const Tensor& input) const {
-  if (!input.device().isCpu()) COHORT_THROW(InvalidArgument) << name() << " runs on the CPU only so far";
-}
-
 Shape Pool2dBase::outputShape(const Shape& input) const {
   if (input.rank() != 4 || input[2] < kernel_ || input[3] < kernel_) {
     COHORT_THROW(InvalidArgument) << name() << " needs input [N, C, H >= " << kernel_ << ", W >= " << kernel_
@@ -34,6 +31,20 @@ Shape Pool2dBase::outputShape(const Shape& input) const {
 }
 
 namespace {
+
+#ifdef COHORT_HAVE_CUDA
+runtime::cuda::PoolShape poolShape(const Shape& in, const Shape& out, int64_t kernel, int64_t stride) {
+  return {.planes = in[0] * in[1],
+          .height = in[2],
+          .width = in[3],
+          .outHeight = out[2],
+          .outWidth = out[3],
+          .kernel = kernel,
+          .stride = stride};
+}
+
+int32_t* asIndices(Tensor& t) { return reinterpret_cast<int32_t*>(t.data()); }
+#endif
 
 // PyTorch's rule: strictly greater (so the first maximum wins), or NaN (which propagates).
 inline bool beats(float v, float best) { return v > best || v != v; }
@@ -68,9 +79,19 @@ void maxPoolPlane(const float* x, int64_t w, int64_t oh, int64_t ow, int64_t ker
 }  // namespace
 
 const Tensor& MaxPool2d::forward(const Tensor& input, const Pass& pass) {
-  requireCpu(input);
   const Shape outShape = outputShape(input.shape());
   inputShape_ = input.shape();
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(output_, outShape, gpu.allocator());
+    static_assert(sizeof(int32_t) == sizeof(float));
+    runtime::ensureShape(gpuArgmax_, outShape, gpu.allocator());
+    runtime::cuda::maxPoolForward(input.data(), output_.data(), asIndices(gpuArgmax_),
+                                  poolShape(inputShape_, outShape, kernel_, stride_), gpu.stream());
+    return output_;
+  }
+#endif
   runtime::ensureShape(output_, outShape);
   const int64_t planes = outShape[0] * outShape[1], oh = outShape[2], ow = outShape[3];
   const int64_t h = inputShape_[2], w = inputShape_[3];
@@ -89,6 +110,16 @@ const Tensor& MaxPool2d::backward(const Tensor& gradOutput, const Pass& pass) {
     gradInput_ = Tensor();
     return gradInput_;
   }
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradOutput)) {
+    auto& gpu = gpuFor(pass, gradOutput, name());
+    COHORT_CHECK(gradOutput.numel() == gpuArgmax_.numel()) << gradOutput.shape().str();
+    runtime::ensureShape(gradInput_, inputShape_, gpu.allocator());
+    runtime::cuda::maxPoolBackward(gradOutput.data(), asIndices(gpuArgmax_), gradInput_.data(),
+                                   poolShape(inputShape_, gpuArgmax_.shape(), kernel_, stride_), gpu.stream());
+    return gradInput_;
+  }
+#endif
   COHORT_CHECK(gradOutput.numel() == static_cast<int64_t>(argmax_.size())) << gradOutput.shape().str();
   runtime::ensureShape(gradInput_, inputShape_);
   gradInput_.fill(0.0f);
@@ -104,9 +135,17 @@ const Tensor& MaxPool2d::backward(const Tensor& gradOutput, const Pass& pass) {
 }
 
 const Tensor& AvgPool2d::forward(const Tensor& input, const Pass& pass) {
-  requireCpu(input);
   const Shape outShape = outputShape(input.shape());
   inputShape_ = input.shape();
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(output_, outShape, gpu.allocator());
+    runtime::cuda::avgPoolForward(input.data(), output_.data(), poolShape(inputShape_, outShape, kernel_, stride_),
+                                  gpu.stream());
+    return output_;
+  }
+#endif
   runtime::ensureShape(output_, outShape);
   const int64_t planes = outShape[0] * outShape[1], oh = outShape[2], ow = outShape[3];
   const int64_t w = inputShape_[3], planeElems = inputShape_[2] * w;
@@ -135,6 +174,15 @@ const Tensor& AvgPool2d::backward(const Tensor& gradOutput, const Pass& pass) {
   }
   const Shape outShape = outputShape(inputShape_);
   COHORT_CHECK(gradOutput.numel() == outShape.numel()) << gradOutput.shape().str();
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradOutput)) {
+    auto& gpu = gpuFor(pass, gradOutput, name());
+    runtime::ensureShape(gradInput_, inputShape_, gpu.allocator());
+    runtime::cuda::avgPoolBackward(gradOutput.data(), gradInput_.data(),
+                                   poolShape(inputShape_, outShape, kernel_, stride_), gpu.stream());
+    return gradInput_;
+  }
+#endif
   runtime::ensureShape(gradInput_, inputShape_);
   gradInput_.fill(0.0f);
   const int64_t planes = outShape[0] * outShape[1], oh = outShape[2], ow = outShape[3];

@@ -7,6 +7,8 @@
 // row-major order on ties, as PyTorch's CPU kernel), and backward routes the gradient there only;
 // where windows overlap (kernel > stride) an input collects the gradients of every window it won.
 // AvgPool2d spreads each output gradient evenly over its window.
+// CUDA tensors run the same arithmetic in runtime/cuda/kernels.h's pooling kernels on the pass's
+// stream (the same results bit for bit, ties included).
 // Buffers are sized per batch shape and reused: a steady loop allocates nothing.
 // Thread safety: as Module.
 #pragma once
@@ -26,8 +28,6 @@ class Pool2dBase : public Module {
   // Throws InvalidArgument unless kernel >= 1 and stride >= 0 (0: stride = kernel).
   Pool2dBase(const char* kind, int64_t kernel, int64_t stride);
   std::string describe(const char* kind) const;
-  // Throws InvalidArgument for a tensor that is not on the CPU.
-  void requireCpu(const Tensor& input) const;
 
   int64_t kernel_, stride_;
   Shape inputShape_;
@@ -45,6 +45,7 @@ class MaxPool2d final : public Pool2dBase {
   Tensor output_;
   Tensor gradInput_;
   std::vector<int32_t> argmax_;  // per output element: the winner's offset within its input plane
+  Tensor gpuArgmax_;             // the same on a GPU: int32 values in a buffer of as many floats
 };
 
 class AvgPool2d final : public Pool2dBase {

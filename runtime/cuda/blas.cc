@@ -54,11 +54,8 @@ Blas::Blas(const Stream& stream) : stream_(stream) {
 
 Blas::~Blas() {
   // The handle's device must be current; a destructor must not throw, so failures are ignored.
-  int previous = -1;
-  int device = stream_.device().index;
-  bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device && cudaSetDevice(device) == cudaSuccess;
+  QuietDeviceGuard guard(stream_.device().index);
   cublasDestroy(static_cast<cublasHandle_t>(handle_));
-  if (switched) cudaSetDevice(previous);
 }
 
 // Row-major C[m, n] is column-major Cᵀ[n, m] in the same memory, and Cᵀ = op(B)ᵀ · op(A)ᵀ. So cuBLAS

@@ -34,6 +34,20 @@ class CudaDeviceGuard {
   int previous_ = -1;
 };
 
+// CudaDeviceGuard for destructors and other noexcept paths: makes `index` current if it can and
+// restores the previous device, ignoring every failure.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int index) noexcept;
+  ~QuietDeviceGuard();
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 }  // namespace cohort::runtime::cuda
 
 #define COHORT_CUDA_CHECK(expr)                                                                \

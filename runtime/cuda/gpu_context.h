@@ -1,6 +1,8 @@
 // GpuContext: what the nn runtime needs to run on one GPU, made once per worker: the compute
 // stream every kernel of a training step is enqueued on, the caching allocator every device buffer
-// comes from (statistics for --memory-report), and a cuBLAS handle bound to that stream.
+// comes from (statistics for --memory-report), a cuBLAS handle bound to that stream, and (when the
+// build found cuDNN) a cuDNN handle on it, created at the first dnn() call so that models without
+// convolutions never load cuDNN.
 //
 // Everything a step enqueues goes to the one compute stream, which is what makes the caching
 // allocator's immediate reuse of freed blocks safe (caching_allocator.h, single-stream contract).
@@ -14,9 +16,15 @@
 //   gpu.blas().gemm({...}, x, w, y.data());
 #pragma once
 
+#include <memory>
+
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/stream.h"
+
+#ifdef COHORT_HAVE_CUDNN
+#include "runtime/cuda/dnn.h"
+#endif
 
 namespace cohort::runtime::cuda {
 
@@ -31,12 +39,22 @@ class GpuContext {
   const Stream& stream() const { return stream_; }
   CudaCachingAllocator& allocator() { return allocator_; }
   const Blas& blas() const { return blas_; }
+#ifdef COHORT_HAVE_CUDNN
+  // The cuDNN handle on the compute stream, created on first use.
+  const Dnn& dnn() {
+    if (!dnn_) dnn_ = std::make_unique<Dnn>(stream_);
+    return *dnn_;
+  }
+#endif
 
  private:
   Device device_;
   Stream stream_;
   CudaCachingAllocator allocator_;
   Blas blas_;
+#ifdef COHORT_HAVE_CUDNN
+  std::unique_ptr<Dnn> dnn_;  // declared after the stream: destroyed before it
+#endif
 };
 
 // Host <-> device copies of `bytes` bytes, enqueued on `stream` (cudaMemcpyAsync). Pageable host

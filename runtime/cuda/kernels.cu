@@ -19,39 +19,17 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
+#include "runtime/cuda/launch.cuh"
 #include "runtime/dropout_mask.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
 namespace {
 
-constexpr unsigned kThreads = 256;
-constexpr unsigned kWarpSize = 32;
-constexpr unsigned kWarpsPerBlock = kThreads / kWarpSize;
-constexpr unsigned kFullMask = 0xffffffffu;
-// Enough resident blocks to fill every SM several times over; grid-stride loops do the rest.
-constexpr int kBlocksPerSm = 8;
+using namespace launch;  // kThreads, blocksFor, firstIndex, ... (launch.cuh)
+
 // Rows up to this wide get one warp (no barriers, 8 rows per block); wider rows a whole block.
 constexpr int64_t kWarpRowMaxCols = 1024;
-
-void checkCudaStream(const Stream& stream) {
-  COHORT_CHECK(stream.device().isCuda()) << "CUDA kernel launched on " << stream.describe();
-}
-
-cudaStream_t nativeStream(const Stream& stream) { return static_cast<cudaStream_t>(stream.native()); }
-
-// Most blocks worth launching on the stream's device, which the caller has made current.
-size_t maxBlocks(const Stream& stream) {
-  int sms = 0;
-  COHORT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, stream.device().index));
-  return static_cast<size_t>(std::max(sms, 1)) * kBlocksPerSm;
-}
-
-// Blocks for `work` items when one block takes `perBlock` of them per pass.
-unsigned blocksFor(const Stream& stream, size_t work, size_t perBlock = kThreads) {
-  size_t wanted = (work + perBlock - 1) / perBlock;
-  return static_cast<unsigned>(std::clamp<size_t>(wanted, 1, maxBlocks(stream)));
-}
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -64,8 +42,6 @@ size_t vecCountFor(size_t n, const Buffers*... buffers) {
 // Threads for the flat kernels: one per float4 group plus one per tail element.
 size_t flatWork(size_t n, size_t vecCount) { return vecCount > 0 ? vecCount + n % 4 : n; }
 
-__device__ __forceinline__ size_t firstIndex() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ size_t gridStride() { return static_cast<size_t>(blockDim.x) * gridDim.x; }
 
 // ---- activations ----
 

@@ -100,4 +100,41 @@ struct AdamStepOptions {
 void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
               const AdamStepOptions& options, const Stream& stream);
 
+// ---- images (NCHW; image_kernels.cu) ----
+
+// Pooling over `planes` = N·C planes of [height, width], square windows of `kernel` every `stride`,
+// no padding, output planes [outHeight, outWidth] (nn/pool.h's geometry).
+struct PoolShape {
+  int64_t planes = 0, height = 0, width = 0, outHeight = 0, outWidth = 0, kernel = 1, stride = 1;
+};
+// y = the window maxima; argmax[i] = the winner's offset u·width + v + corner within its input plane
+// (the first maximum in row-major order wins; NaN wins and propagates), as nn::MaxPool2d on the CPU.
+void maxPoolForward(const float* x, float* y, int32_t* argmax, const PoolShape& shape, const Stream& stream);
+// dx (overwritten) = for each input element, the sum of dy over the windows it won. Gathered per
+// input element in window order, so no atomics and the same bits every run.
+void maxPoolBackward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& shape, const Stream& stream);
+// y = the window means; dx (overwritten) = Σ over the windows covering the element of dy / kernel².
+void avgPoolForward(const float* x, float* y, const PoolShape& shape, const Stream& stream);
+void avgPoolBackward(const float* dy, float* dx, const PoolShape& shape, const Stream& stream);
+
+// Batch normalisation of [batch, channels, plane] (plane = H·W) per channel, nn::BatchNorm2d's
+// arithmetic: statistics summed in double, the running variance updated with the unbiased
+// estimate, xhat = (x − mean) · invStd and y = weight · xhat + bias in float.
+struct BatchNormShape {
+  int64_t batch = 0, channels = 0, plane = 0;
+};
+struct BatchNormOptions {
+  double eps = 1e-5, momentum = 0.1;
+  bool batchStats = true;  // training: the batch's statistics (and update the running ones)
+};
+// Writes invStd [channels], xhat and y; with batchStats updates runningMean and runningVar.
+void batchNormForward(const float* x, const float* weight, const float* bias, float* runningMean, float* runningVar,
+                      float* invStd, float* xhat, float* y, const BatchNormShape& shape,
+                      const BatchNormOptions& options, const Stream& stream);
+// dweight = Σ dy·xhat and dbias = Σ dy per channel (+= with accumulate); dx (when not null) =
+// weight·invStd·(dy − mean(dy) − xhat·mean(dy·xhat)) with batch statistics, weight·invStd·dy without.
+void batchNormBackward(const float* dy, const float* xhat, const float* weight, const float* invStd, float* dweight,
+                       float* dbias, float* dx, const BatchNormShape& shape, bool batchStats, bool accumulate,
+                       const Stream& stream);
+
 }  // namespace cohort::runtime::cuda

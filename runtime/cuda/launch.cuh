@@ -1,0 +1,47 @@
+// Launch helpers shared by the .cu files of runtime/cuda/ (internal to them): block size, grid
+// sizing for grid-stride loops, and the stream checks every kernel entry point makes.
+// Grids are capped at kBlocksPerSm blocks per multiprocessor of the stream's device, which the
+// caller has made current; grid-stride loops cover the rest of the work.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/error.h"
+#include "runtime/stream.h"
+
+namespace cohort::runtime::cuda::launch {
+
+constexpr unsigned kThreads = 256;
+constexpr unsigned kWarpSize = 32;
+constexpr unsigned kWarpsPerBlock = kThreads / kWarpSize;
+constexpr unsigned kFullMask = 0xffffffffu;
+// Enough resident blocks to fill every SM several times over; grid-stride loops do the rest.
+constexpr int kBlocksPerSm = 8;
+
+inline void checkCudaStream(const Stream& stream) {
+  COHORT_CHECK(stream.device().isCuda()) << "CUDA kernel launched on " << stream.describe();
+}
+
+inline cudaStream_t nativeStream(const Stream& stream) { return static_cast<cudaStream_t>(stream.native()); }
+
+// Most blocks worth launching on the stream's device, which the caller has made current.
+inline size_t maxBlocks(const Stream& stream) {
+  int sms = 0;
+  COHORT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, stream.device().index));
+  return static_cast<size_t>(std::max(sms, 1)) * kBlocksPerSm;
+}
+
+// Blocks for `work` items when one block takes `perBlock` of them per pass.
+inline unsigned blocksFor(const Stream& stream, size_t work, size_t perBlock = kThreads) {
+  size_t wanted = (work + perBlock - 1) / perBlock;
+  return static_cast<unsigned>(std::clamp<size_t>(wanted, 1, maxBlocks(stream)));
+}
+
+__device__ __forceinline__ size_t firstIndex() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ size_t gridStride() { return static_cast<size_t>(blockDim.x) * gridDim.x; }
+
+}  // namespace cohort::runtime::cuda::launch

@@ -1,0 +1,144 @@
+// The image layers on a GPU against the same layers on the CPU (tags = ["gpu"]; skips with the
+// reason when no CUDA device is usable): Conv2d (cuDNN), MaxPool2d, AvgPool2d and BatchNorm2d with
+// identical parameters and input must give the same output, input gradient, parameter gradients
+// (overwritten, then accumulated) and running statistics. The CPU layers are themselves checked
+// against finite differences (tests/nn/conv2d_test, pool_test, batchnorm_test).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nn/batchnorm.h"
+#include "nn/conv2d.h"
+#include "nn/pool.h"
+#include "runtime/random.h"
+#include "tests/runtime/cuda/gpu_test_util.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
+#include "tests/nn/gpu/gpu_compare.h"
+#endif
+
+namespace cohort::testing {
+namespace {
+
+#ifdef COHORT_HAVE_CUDA
+using nn::ModulePtr;
+using runtime::Device;
+using runtime::Shape;
+using runtime::Tensor;
+
+struct LayerCase {
+  std::string name;
+  std::function<ModulePtr()> make;
+  Shape input;
+  bool training = true;
+  bool ties = false;     // small integer inputs, so pooling windows hold equal maxima
+  double tolerance = 0;  // relative (absolute below 1); 0: bit for bit
+};
+
+std::ostream& operator<<(std::ostream& os, const LayerCase& c) { return os << c.name; }
+
+class GpuLayersTest : public ::testing::TestWithParam<LayerCase> {
+ protected:
+  void SetUp() override { COHORT_SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_P(GpuLayersTest, MatchesTheCpu) {
+  const LayerCase& c = GetParam();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  ModulePtr cpu = c.make(), dev = c.make();
+  nn::ParamBuffer cpuParams, devParams;
+  cpu->registerParams(cpuParams, "");
+  dev->registerParams(devParams, "");
+  cpuParams.allocate(runtime::cpuAllocator());
+  devParams.allocate(gpu.allocator());
+  runtime::Rng rng(11);
+  cpu->resetParams(rng);
+  // Moved off their defaults (BatchNorm's 1 and 0) so that every parameter matters.
+  for (int64_t i = 0; i < cpuParams.values().numel(); ++i) cpuParams.values().at(i) += rng.uniform(-0.2f, 0.2f);
+  if (cpuParams.numel() > 0) {
+    devParams.values().copyFrom(cpuParams.values());
+    runtime::cuda::fill({devParams.grads().data(), static_cast<size_t>(devParams.numel())}, 0.0f, gpu.stream());
+  }
+
+  Tensor x = Tensor::zeros(c.input);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.at(i) = c.ties ? static_cast<float>(static_cast<int>(rng.uniform(0.0f, 4.0f))) : rng.uniform(-2.0f, 2.0f);
+  }
+  Tensor dx = x.clone(gpu.allocator());
+  nn::Pass cpuPass, devPass;
+  cpuPass.training = devPass.training = c.training;
+  devPass.gpu = &gpu;
+
+  const Tensor& yc = cpu->forward(x, cpuPass);
+  const Tensor& yg = dev->forward(dx, devPass);
+  ASSERT_TRUE(yg.device().isCuda());
+  expectClose(yc, toHost(yg, gpu), c.tolerance, "output");
+  if (cpuParams.numel() > 0)
+    expectClose(cpuParams.values(), toHost(devParams.values(), gpu), c.tolerance,
+                "parameters and running statistics after forward");
+
+  Tensor dy = Tensor::zeros(yc.shape());
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.at(i) = rng.uniform(-1.0f, 1.0f);
+  Tensor ddy = dy.clone(gpu.allocator());
+  for (bool accumulate : {false, true}) {
+    cpuPass.accumulateGrads = devPass.accumulateGrads = accumulate;
+    const std::string when = accumulate ? " (accumulated)" : " (overwritten)";
+    const Tensor& gc = cpu->backward(dy, cpuPass);
+    const Tensor& gg = dev->backward(ddy, devPass);
+    expectClose(gc, toHost(gg, gpu), c.tolerance, "input gradient" + when);
+    if (cpuParams.numel() > 0)
+      expectClose(cpuParams.grads(), toHost(devParams.grads(), gpu), c.tolerance, "parameter gradients" + when);
+  }
+  // Without an input gradient the parameter gradients still come.
+  cpuPass.needInputGrad = devPass.needInputGrad = false;
+  cpuPass.accumulateGrads = devPass.accumulateGrads = false;
+  EXPECT_FALSE(dev->backward(ddy, devPass).defined());
+  cpu->backward(dy, cpuPass);
+  if (cpuParams.numel() > 0)
+    expectClose(cpuParams.grads(), toHost(devParams.grads(), gpu), c.tolerance,
+                "parameter gradients without input gradient");
+}
+
+// Convolutions add hundreds of products in another order than im2col + GEMM: float32 rounding.
+constexpr double kConvTolerance = 1e-4;
+constexpr double kNormTolerance = 1e-5;
+
+std::vector<LayerCase> cases() {
+  using nn::Conv2dOptions;
+  auto conv = [](Conv2dOptions o) { return [o] { return ModulePtr(new nn::Conv2d(o)); }; };
+  return {
+      {"conv3x3_pad1", conv({.in = 3, .out = 5, .kernel = 3, .padding = 1}), Shape{4, 3, 9, 8}, true, false,
+       kConvTolerance},
+      {"conv_stride2_3x2", conv({.in = 2, .out = 4, .kernel = 3, .kernelW = 2, .stride = 2}), Shape{3, 2, 11, 10}, true,
+       false, kConvTolerance},
+      {"conv_no_bias_pad2", conv({.in = 4, .out = 3, .kernel = 5, .padding = 2, .bias = false}), Shape{2, 4, 6, 7},
+       true, false, kConvTolerance},
+      {"conv_rosetta_layer", conv({.in = 50, .out = 100, .kernel = 3, .padding = 1}), Shape{8, 50, 16, 16}, true, false,
+       kConvTolerance},
+      {"maxpool2", [] { return ModulePtr(new nn::MaxPool2d(2)); }, Shape{3, 4, 9, 8}, true, false, 0},
+      {"maxpool3_stride2_ties", [] { return ModulePtr(new nn::MaxPool2d(3, 2)); }, Shape{2, 3, 11, 9}, true, true, 0},
+      {"avgpool2", [] { return ModulePtr(new nn::AvgPool2d(2)); }, Shape{3, 4, 9, 8}, true, false, 0},
+      {"avgpool3_stride2", [] { return ModulePtr(new nn::AvgPool2d(3, 2)); }, Shape{2, 3, 11, 9}, true, false, 0},
+      {"batchnorm_train", [] { return ModulePtr(new nn::BatchNorm2d(6)); }, Shape{5, 6, 7, 3}, true, false,
+       kNormTolerance},
+      {"batchnorm_eval", [] { return ModulePtr(new nn::BatchNorm2d(6)); }, Shape{5, 6, 7, 3}, false, false,
+       kNormTolerance},
+      {"batchnorm_train_large_plane", [] { return ModulePtr(new nn::BatchNorm2d(3)); }, Shape{16, 3, 32, 32}, true,
+       false, kNormTolerance},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, GpuLayersTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<LayerCase>& info) { return info.param.name; });
+#else
+TEST(GpuLayers, NeedCuda) { GTEST_SKIP() << "no CUDA device: CUDA support not compiled in"; }
+#endif
+
+}  // namespace
+}  // namespace cohort::testing
