@@ -81,6 +81,10 @@ class ShmRegion {
   const std::string& name() const { return name_; }  // "cohort.<jobId>.<name>"
   const std::string& path() const { return path_; }  // directory + "/" + name()
   bool isCreator() const { return isCreator_; }
+  // The creator's pid and start time (/proc/<pid>/stat field 22; 0 when unknown), from the header:
+  // with processIsAlive() they tell whether the creator still runs.
+  pid_t creatorPid() const { return header()->creatorPid; }
+  uint64_t creatorStartTicks() const { return header()->creatorStartTicks; }
 
   // Creator only: marks the payload initialised (release order; openers acquire it).
   void publish();
