@@ -93,9 +93,9 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (!(f.timeout > 0)) COHORT_THROW(InvalidArgument) << "--timeout must be positive, got " << f.timeout;
   if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
   if (f.replicas && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--replicas applies to --mode allreduce only";
-  if (runtime::Device::parse(f.device).isCuda() && f.mode != "local") {
-    COHORT_THROW(InvalidArgument) << "--device " << f.device << " trains with --mode local only in this version (GPU Hogwild "
-                                  << "over CUDA IPC and the NCCL backend are not available yet); use --device cpu for --mode "
+  if (runtime::Device::parse(f.device).isCuda() && f.mode == "allreduce") {
+    COHORT_THROW(InvalidArgument) << "--device " << f.device << " trains with --mode local or hogwild in this version (all-reduce "
+                                  << "training over NCCL is not wired into the trainer yet); use --device cpu for --mode "
                                   << f.mode;
   }
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
@@ -230,6 +230,7 @@ int runTrain(const TrainFlags& f) {
   };
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
   std::unique_ptr<ipc::SharedParams> shared;
+  nn::GpuShare gpuShare;  // GPU Hogwild
   std::unique_ptr<collectives::Communicator> comm;
   std::unique_ptr<nn::JobSync> sync;
   const nn::HogwildOptions segmentOptions{.jobId = world.jobId, .localRank = world.localRank,
@@ -246,6 +247,16 @@ int runTrain(const TrainFlags& f) {
     auto replicas = std::make_unique<nn::ReplicaSync>(*comm, model->params, nn::GradSyncOptions{.timeout = timeout});
     replicas->broadcastParams();
     sync = std::move(replicas);
+  } else if (hogwild && device.isCuda()) {
+    // One device allocation of local rank 0, opened by the others through CUDA IPC.
+    nn::HogwildOptions o = segmentOptions;
+    o.scratchFloatsPerRank = optimizer->stateFloats();
+    gpuShare = nn::shareParamsOnGpu(*model, o, *gpuContext, [&](nn::Model& host) {
+      runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
+      host.net->resetParams(initRng);
+      if (f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, host.params);
+    });
+    sync = std::make_unique<nn::HogwildSync>(*gpuShare.segment, timeout, gpuShare.params.get());
   } else if (hogwild) {
     nn::HogwildOptions o = segmentOptions;
     o.scratchFloatsPerRank = optimizer->stateFloats();

@@ -4,6 +4,12 @@
 
 #include "runtime/error.h"
 
+#ifdef COHORT_HAVE_CUDA
+#include "ipc/cuda_device_memory.h"
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
+#endif
+
 namespace cohort::nn {
 
 std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOptions& o,
@@ -26,6 +32,53 @@ std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOption
   });
   if (!model.params.bound()) model.params.attach(shared->values(), runtime::Device::cpu(), runtime::cpuAllocator());
   return shared;
+}
+
+GpuShare shareParamsOnGpu(Model& model, const HogwildOptions& o, runtime::cuda::GpuContext& gpu,
+                          const std::function<void(Model& host)>& initialise) {
+#ifdef COHORT_HAVE_CUDA
+  GpuShare share;
+  ipc::SharedParams::Options so;
+  so.jobId = o.jobId;
+  so.localRank = o.localRank;
+  so.localWorldSize = o.localWorldSize;
+  so.numel = 1;  // the parameters are on the GPU
+  so.scratchFloatsPerRank = o.scratchFloatsPerRank;
+  so.generation = o.generation;
+  so.timeout = o.timeout;
+  so.unlinkOnDestroy = o.localRank == 0;
+  share.segment = std::make_unique<ipc::SharedParams>(so, nullptr);
+  share.memory = std::make_unique<ipc::CudaDeviceMemory>(gpu.device());
+  const size_t bytes = model.params.numel() * sizeof(float);
+  share.params = std::make_unique<ipc::DeviceShare>(*share.memory,
+                                                    ipc::DeviceShare::Options{.jobId = o.jobId,
+                                                                              .localRank = o.localRank,
+                                                                              .localWorldSize = o.localWorldSize,
+                                                                              .bytes = bytes,
+                                                                              .generation = o.generation,
+                                                                              .timeout = o.timeout},
+                                                    [&](void* device, size_t n) {
+                                                      std::unique_ptr<Model> host = buildModel(model.spec);
+                                                      host->params.allocate(runtime::cpuAllocator());
+                                                      initialise(*host);
+                                                      runtime::cuda::copyToDevice(device, host->params.values().data(),
+                                                                                  n, gpu.stream());
+                                                      gpu.stream().synchronize();
+                                                    });
+  model.params.attach(static_cast<float*>(share.params->data()), gpu.device(), gpu.allocator());
+  runtime::cuda::fill({model.params.grads().data(), model.params.numel()}, 0.0f, gpu.stream());
+  if (model.params.bufferNumel() > 0) {
+    // BatchNorm's running statistics stay private to each rank (as on the CPU): their initial values.
+    std::unique_ptr<Model> host = buildModel(model.spec);
+    host->params.allocate(runtime::cpuAllocator());
+    model.params.buffers().copyFrom(host->params.buffers());
+  }
+  gpu.stream().synchronize();
+  return share;
+#else
+  (void)model, (void)o, (void)gpu, (void)initialise;
+  COHORT_THROW(InvalidArgument) << "GPU Hogwild needs a build with CUDA";
+#endif
 }
 
 SegmentSync::SegmentSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout)
@@ -69,8 +122,14 @@ JobProgress SegmentSync::jobProgress() const {
 
 std::vector<int64_t> SegmentSync::optimizerSteps() const {
   std::vector<int64_t> steps;
-  for (int r = 0; r < shared_.localWorldSize(); ++r) steps.push_back(shared_.stats(r).steps.load(std::memory_order_acquire));
+  for (int r = 0; r < shared_.localWorldSize(); ++r)
+    steps.push_back(shared_.stats(r).steps.load(std::memory_order_acquire));
   return steps;
+}
+
+void HogwildSync::optimizerStep(Optimizer& optimizer, const Tensor& params, const Tensor& grads) {
+  if (deviceShare_) deviceShare_->throwIfOwnerLost();
+  optimizer.step(params, grads);
 }
 
 void HogwildSync::shareOptimizerState(const Optimizer& optimizer) {
@@ -78,7 +137,7 @@ void HogwildSync::shareOptimizerState(const Optimizer& optimizer) {
   size_t used = 0;
   for (const auto& s : optimizer.state()) {
     COHORT_CHECK(used + static_cast<size_t>(s.tensor.numel()) <= shared_.scratchFloatsPerRank());
-    std::memcpy(out + used, s.tensor.data(), s.tensor.bytes());
+    Tensor::view(out + used, s.tensor.shape()).copyFrom(s.tensor);  // from the host or a GPU
     used += static_cast<size_t>(s.tensor.numel());
   }
 }

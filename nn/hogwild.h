@@ -15,9 +15,14 @@
 #include <memory>
 #include <string>
 
+#include "ipc/device_share.h"
 #include "ipc/shared_params.h"
 #include "nn/job_sync.h"
 #include "nn/model_spec.h"
+
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
 
 namespace cohort::nn {
 
@@ -25,7 +30,7 @@ struct HogwildOptions {
   std::string jobId;
   int localRank = 0;
   int localWorldSize = 1;
-  uint64_t generation = 0;  // the launcher's restart count: a restarted job makes a fresh segment
+  uint64_t generation = 0;          // the launcher's restart count: a restarted job makes a fresh segment
   size_t scratchFloatsPerRank = 0;  // Hogwild: optimizer state, for gathering checkpoints; sharded: gradients
   size_t extraFloats = 0;           // shared by all ranks (sharded: the optimizer state)
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
@@ -33,6 +38,23 @@ struct HogwildOptions {
 
 std::unique_ptr<ipc::SharedParams> shareParams(Model& model, const HogwildOptions& options,
                                                const std::function<void()>& initialise);
+
+// GPU Hogwild (DESIGN.md §1): the parameters live in one device allocation of local rank 0 that the
+// other local ranks open through CUDA IPC (ipc::DeviceShare, with its checks and owner-loss
+// detection); a host segment as for shareParams() still carries the barrier, the progress slots and
+// each rank's optimizer state for checkpoints (its values area is unused). Local rank 0 builds a CPU
+// copy of the model, lets `initialise` fill it (reset or load a checkpoint: the same numbers as a
+// CPU run) and copies it to its GPU; every rank then points `model`'s ParamBuffer at the shared
+// device memory, with gradients and BatchNorm buffers private in `gpu`'s allocator.
+// Members are declared so that the device share goes before the segment and the memory it uses.
+struct GpuShare {
+  std::unique_ptr<ipc::SharedParams> segment;
+  std::unique_ptr<ipc::DeviceMemory> memory;
+  std::unique_ptr<ipc::DeviceShare> params;
+};
+// Throws InvalidArgument in a build without CUDA; otherwise as ipc::DeviceShare and SharedParams.
+GpuShare shareParamsOnGpu(Model& model, const HogwildOptions& options, runtime::cuda::GpuContext& gpu,
+                          const std::function<void(Model& host)>& initialise);
 
 // Where rank `localRank`'s optimizer starts its sweep over the shared parameters (Optimizer::
 // setSweepStart), so the workers' updates begin on different cache lines.
@@ -57,10 +79,19 @@ class SegmentSync : public JobSync {
 
 class HogwildSync final : public SegmentSync {
  public:
-  using SegmentSync::SegmentSync;
+  // With `deviceShare` (GPU Hogwild, importers), every optimizer step first checks that the owner of
+  // the shared parameters is still there (PeerError naming it otherwise).
+  HogwildSync(ipc::SharedParams& shared, std::chrono::milliseconds timeout,
+              const ipc::DeviceShare* deviceShare = nullptr)
+      : SegmentSync(shared, timeout), deviceShare_(deviceShare) {}
 
+  void optimizerStep(Optimizer& optimizer, const Tensor& params, const Tensor& grads) override;
+  // Copies the state (host or device) into this rank's scratch area.
   void shareOptimizerState(const Optimizer& optimizer) override;
   std::vector<NamedTensor> gatheredOptimizerState(const Optimizer& optimizer) const override;
+
+ private:
+  const ipc::DeviceShare* deviceShare_;
 };
 
 }  // namespace cohort::nn

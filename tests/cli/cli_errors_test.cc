@@ -99,8 +99,8 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
 TEST_F(CliErrorsTest, DeviceRequestsThatCannotBeMet) {
   expectInputError(withOutputs({"--device", "tpu"}), {"tpu"});
   expectInputError(withOutputs({"--device", "cuda:x"}), {"cuda:x"});
-  // GPU training is --mode local only for now; refused before any device is touched.
-  expectInputError(withOutputs({"--device", "cuda", "--mode", "hogwild"}), {"--device cuda", "--mode local"});
+  // All-reduce training on a GPU is not wired yet; refused before any device is touched.
+  expectInputError(withOutputs({"--device", "cuda", "--mode", "allreduce"}), {"--device cuda", "--mode local or hogwild"});
   CommandResult devices = runCohort({"devices"});
   ASSERT_EQ(devices.exitCode, 0) << devices.describe();
   if (devices.stdoutText.find("CUDA devices: 0 (") == std::string::npos) {
@@ -109,6 +109,7 @@ TEST_F(CliErrorsTest, DeviceRequestsThatCannotBeMet) {
   }
   // No usable GPU (no driver, a driver older than the runtime, or a CPU-only build): one line saying why.
   expectInputError(withOutputs({"--device", "cuda"}), {"--device cuda", "CUDA"});
+  expectInputError(withOutputs({"--device", "cuda", "--mode", "hogwild"}), {"--device cuda", "CUDA"});
   expectInputError(withOutputs({"--device", "cuda:1"}), {"--device cuda:1", "CUDA"});
 }
 

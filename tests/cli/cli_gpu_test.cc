@@ -1,8 +1,15 @@
 // `cohort train --device cuda` end to end (tags = ["gpu"]; skips with the reason when the cohort
 // binary sees no CUDA device): the MLP workload reaches the accuracy it reaches on the CPU, the
-// memory report and the input wait are printed, and a GPU checkpoint resumes.
+// memory report and the input wait are printed, a GPU checkpoint resumes, the batch-norm LeNet
+// learns cli_cnn_test's MNIST-shaped task on the GPU, and cnn:rosetta trains there with --augment.
+// GPU Hogwild (issue 7): 4 workers sharing one GPU's parameters through CUDA IPC reach the single-GPU
+// accuracy; killing the owner (local rank 0) makes the other worker exit with a clear error.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -26,7 +33,8 @@ class CliGpuTest : public ::testing::Test {
 };
 
 TEST_F(CliGpuTest, SyntheticMlpReachesTheCpuAccuracy) {
-  const std::vector<std::string> common = {"train", "--epochs", "1", "--lr", "0.05", "--momentum", "0.9", "--seed", "0"};
+  const std::vector<std::string> common = {"train",      "--epochs", "1",      "--lr", "0.05",
+                                           "--momentum", "0.9",      "--seed", "0"};
   std::vector<std::string> gpuArgs = common, cpuArgs = common;
   for (const char* a : {"--device", "cuda", "--memory-report"}) gpuArgs.push_back(a);
   CommandResult gpu = runCohort(gpuArgs);
@@ -35,14 +43,17 @@ TEST_F(CliGpuTest, SyntheticMlpReachesTheCpuAccuracy) {
   ASSERT_EQ(cpu.exitCode, 0) << cpu.describe();
   ResultLine g = parseResultLine(gpu.stdoutText), c = parseResultLine(cpu.stdoutText);
   EXPECT_GE(g.number("test_acc"), 0.72) << gpu.describe();
-  EXPECT_NEAR(g.number("test_acc"), c.number("test_acc"), 0.02) << "GPU and CPU runs from the same seed\n" << gpu.describe();
-  EXPECT_NE(gpu.stdoutText.find("memory report (cuda:0 caching allocator): allocated"), std::string::npos) << gpu.describe();
+  EXPECT_NEAR(g.number("test_acc"), c.number("test_acc"), 0.02) << "GPU and CPU runs from the same seed\n"
+                                                                << gpu.describe();
+  EXPECT_NE(gpu.stdoutText.find("memory report (cuda:0 caching allocator): allocated"), std::string::npos)
+      << gpu.describe();
   EXPECT_NE(gpu.stdoutText.find("input wait on cuda:0"), std::string::npos) << gpu.describe();
 }
 
 TEST_F(CliGpuTest, CheckpointOnGpuResumes) {
   const std::string ckpt = dir_ + "/gpu.st";
-  std::vector<std::string> args = {"train", "--device", "cuda", "--epochs", "2", "--momentum", "0.9", "--checkpoint", ckpt};
+  std::vector<std::string> args = {"train",      "--device", "cuda",         "--epochs", "2",
+                                   "--momentum", "0.9",      "--checkpoint", ckpt};
   std::vector<std::string> first = args;
   for (const char* a : {"--max-steps", "300"}) first.push_back(a);
   CommandResult a = runCohort(first);
@@ -54,6 +65,65 @@ TEST_F(CliGpuTest, CheckpointOnGpuResumes) {
   ASSERT_EQ(b.exitCode, 0) << b.describe();
   EXPECT_NE(b.stdoutText.find("resumed from"), std::string::npos) << b.describe();
   EXPECT_GE(parseResultLine(b.stdoutText).number("test_acc"), 0.72) << b.describe();
+}
+
+TEST_F(CliGpuTest, LenetWithBatchNormLearnsOnTheGpu) {
+  const std::string mnist = dir_ + "/mnist";
+  ASSERT_EQ(::mkdir(mnist.c_str(), 0700), 0);
+  writeTinyMnistDir(mnist, 1280, 200, Compression::kPlain);
+  CommandResult r = runCohort({"train", "--device", "cuda", "--model", "cnn:lenet-bn", "--data", "mnist:" + mnist,
+                               "--epochs", "6", "--batch-size", "32", "--lr", "0.02", "--momentum", "0.9"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_GE(parseResultLine(r.stdoutText).number("test_acc"), 0.9) << r.describe();
+}
+
+TEST_F(CliGpuTest, RosettaTrainsOnTheGpuWithAugmentation) {
+  CommandResult r =
+      runCohort({"train", "--device", "cuda", "--model", "cnn:rosetta", "--data", "synthetic-cifar:512", "--epochs",
+                 "2", "--batch-size", "64", "--lr", "0.01", "--momentum", "0.9", "--augment"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ResultLine result = parseResultLine(r.stdoutText);
+  EXPECT_GT(result.number("samples_per_s"), 0) << r.describe();
+  EXPECT_TRUE(std::isfinite(result.number("train_loss"))) << r.describe();
+}
+
+TEST_F(CliGpuTest, HogwildWithFourWorkersOnOneGpuReachesTheSingleGpuAccuracy) {
+  const std::vector<std::string> job = {"train", "--device", "cuda:0",     "--epochs", "2",
+                                        "--lr",  "0.05",     "--momentum", "0.9"};
+  std::vector<std::string> single = job;
+  CommandResult one = runCohort(single);
+  ASSERT_EQ(one.exitCode, 0) << one.describe();
+  std::vector<std::string> argv = {runfile("launcher/cohortrun"), "--nproc-per-node", "4", "--", cohortBinary()};
+  argv.insert(argv.end(), job.begin(), job.end());
+  for (const char* a : {"--mode", "hogwild"}) argv.push_back(a);
+  CommandResult four = runCommand(argv, {.timeout = std::chrono::seconds(300)});
+  ASSERT_EQ(four.exitCode, 0) << four.describe();
+  ResultLine a = parseResultLine(one.stdoutText), b = parseResultLine(four.stdoutText);
+  EXPECT_EQ(b.fields["mode"], "hogwild");
+  EXPECT_GE(b.number("test_acc"), a.number("test_acc") - 0.02) << four.describe();
+  EXPECT_NE(four.stdoutText.find("shared by 4 workers"), std::string::npos) << four.describe();
+}
+
+TEST_F(CliGpuTest, HogwildWorkersReportTheLossOfTheOwner) {
+  // Two workers started by hand (cohortrun would stop the job itself when a worker dies): rank 0 is
+  // killed once both are training; rank 1 must exit with the peer-failure code, naming the owner.
+  const std::string job = "job" + std::to_string(::getpid());
+  std::string common;
+  for (const char* a : {"train", "--device", "cuda:0", "--mode", "hogwild", "--epochs", "50", "--lr", "0.05"}) {
+    common += std::string(" '") + a + "'";
+  }
+  const std::string env = "COHORT_SHM_DIR='" + dir_ + "' COHORT_JOB_ID=" + job + " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2";
+  const std::string bin = "'" + cohortBinary() + "'";
+  std::string script = env + " RANK=0 LOCAL_RANK=0 " + bin + common + " > '" + dir_ + "/r0.log' 2>&1 & owner=$!; " +
+                       env + " RANK=1 LOCAL_RANK=1 " + bin + common + " > '" + dir_ + "/r1.log' 2>&1 & other=$!; " +
+                       "n=0; until grep -q 'cohort train:' '" + dir_ + "/r1.log' || [ $n -ge 1200 ]; do sleep 0.05; " +
+                       "n=$((n+1)); done; sleep 2; kill -9 $owner; wait $other; echo \"rank1 exit $?\"; cat '" + dir_ +
+                       "/r1.log'";
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult r = runCommand({"/bin/sh", "-c", script}, {.timeout = std::chrono::seconds(240)});
+  EXPECT_NE(r.stdoutText.find("rank1 exit 4"), std::string::npos) << r.describe();
+  EXPECT_NE(r.stdoutText.find("owns the shared GPU parameters"), std::string::npos) << r.describe();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(120));
 }
 
 }  // namespace
