@@ -10,6 +10,11 @@
 
 #ifdef COHORT_HAVE_CUDNN
 #include "runtime/cuda/dnn.h"
+#else
+// A build without cuDNN never creates one; the empty type lets Conv2d's unique_ptr be destroyed.
+namespace cohort::runtime::cuda {
+class Convolution {};
+}  // namespace cohort::runtime::cuda
 #endif
 
 namespace cohort::nn {
