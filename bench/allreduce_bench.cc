@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/device_bench_memory.h"
 #include "collectives/communicator.h"
 #include "runtime/error.h"
 #include "runtime/world_info.h"
@@ -46,7 +47,8 @@ size_t parseByteSize(const std::string& text) {
 }
 
 void addAllReduceBenchFlags(CLI::App& c, AllReduceBenchOptions& o) {
-  c.add_option("--backend", o.backend, "shm | mpi (default: shm on one node, mpi across nodes)");
+  c.add_option("--backend", o.backend,
+               "shm | mpi | nccl (default: shm on one node, mpi across nodes; nccl: buffers on the GPU)");
   c.add_option_function<std::string>(
       "--min-bytes", [&o](const std::string& s) { o.minBytes = parseByteSize(s); },
       "smallest message, bytes (K/M/G suffixes; default 4K)");
@@ -181,15 +183,59 @@ struct Setup {
   ReduceOp op;
   bool inPlace;
   std::chrono::milliseconds timeout;
-  float* input;  // == output when in place
+  float* input;  // == output when in place; device memory with `device`
   float* output;
   std::vector<float>& times;  // scratch, at least the largest `iters`
+  // nccl: the buffers live on the GPU, and the host fills and checks host copies of them.
+  DeviceBenchMemory* device = nullptr;
+  std::vector<float>* hostInput = nullptr;  // maxCount floats each, with `device`
+  std::vector<float>* hostOutput = nullptr;
 };
 
 void barrier(const Setup& s) { s.comm.barrier()->wait(s.timeout); }
 
+// Without a compute stream, the nccl backend's wait() blocks until the GPU has finished the
+// all-reduce (a sync per iteration), like the CPU backends' wait().
 void allReduceOnce(const Setup& s, size_t count) {
   s.comm.allReduce(s.input, s.output, count, {.op = s.op})->wait(s.timeout);
+}
+
+// The harness's own all-reduce of a few host values (times, counts); via device scratch for nccl.
+void allReduceHostValues(const Setup& s, float* values, size_t count, ReduceOp op) {
+  if (s.device == nullptr) {
+    s.comm.allReduce(values, values, count, {.op = op})->wait(s.timeout);
+    return;
+  }
+  s.device->upload(s.device->scratch(), values, count);
+  s.comm.allReduce(s.device->scratch(), s.device->scratch(), count, {.op = op})->wait(s.timeout);
+  s.device->download(values, s.device->scratch(), count);
+}
+
+void fillInput(const Setup& s, size_t count) {
+  if (s.device == nullptr) {
+    fillInput(s.input, count, s.comm.rank());
+    return;
+  }
+  fillInput(s.hostInput->data(), count, s.comm.rank());
+  s.device->upload(s.input, s.hostInput->data(), count);
+}
+
+void clearOutput(const Setup& s, size_t count) {
+  if (s.device == nullptr) {
+    std::fill(s.output, s.output + count, -1.0f);
+    return;
+  }
+  std::fill(s.hostOutput->begin(), s.hostOutput->begin() + count, -1.0f);
+  s.device->upload(s.output, s.hostOutput->data(), count);
+}
+
+size_t countWrong(const Setup& s, size_t count) {
+  const int n = s.comm.size();
+  if (s.device == nullptr) return countWrong(s.input, s.output, count, s.comm.rank(), n, s.op, s.inPlace);
+  s.device->download(s.hostOutput->data(), s.output, count);
+  if (!s.inPlace) s.device->download(s.hostInput->data(), s.input, count);
+  const float* input = s.inPlace ? s.hostOutput->data() : s.hostInput->data();
+  return countWrong(input, s.hostOutput->data(), count, s.comm.rank(), n, s.op, s.inPlace);
 }
 
 double median(std::vector<float> v) {
@@ -202,7 +248,7 @@ double median(std::vector<float> v) {
 // count travels as two 16-bit halves.
 uint64_t sumOverRanks(const Setup& s, uint64_t mine) {
   float halves[2] = {static_cast<float>(mine >> 16), static_cast<float>(mine & 0xffff)};
-  s.comm.allReduce(halves, halves, 2, {.op = ReduceOp::kSum})->wait(s.timeout);
+  allReduceHostValues(s, halves, 2, ReduceOp::kSum);
   return (static_cast<uint64_t>(halves[0]) << 16) + static_cast<uint64_t>(halves[1]);
 }
 
@@ -210,7 +256,7 @@ Row measureSize(const Setup& s, size_t bytes, int iters, int warmup) {
   const size_t count = bytes / sizeof(float);
   const int n = s.comm.size();
   Row row{.bytes = bytes, .iters = iters, .warmup = warmup};
-  fillInput(s.input, count, s.comm.rank());
+  fillInput(s, count);
   for (int i = 0; i < warmup; ++i) allReduceOnce(s, count);
 
   for (int i = 0; i < iters; ++i) {
@@ -220,7 +266,7 @@ Row measureSize(const Setup& s, size_t bytes, int iters, int warmup) {
     auto t1 = Clock::now();
     s.times[i] = static_cast<float>(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
-  s.comm.allReduce(s.times.data(), s.times.data(), iters, {.op = ReduceOp::kMax})->wait(s.timeout);
+  allReduceHostValues(s, s.times.data(), iters, ReduceOp::kMax);
   std::vector<float> perOp(s.times.begin(), s.times.begin() + iters);
   row.timeUs = median(perOp);
   row.minUs = *std::min_element(perOp.begin(), perOp.end());
@@ -230,14 +276,14 @@ Row measureSize(const Setup& s, size_t bytes, int iters, int warmup) {
   auto b0 = Clock::now();
   for (int i = 0; i < iters; ++i) allReduceOnce(s, count);
   float elapsedUs = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - b0).count());
-  s.comm.allReduce(&elapsedUs, &elapsedUs, 1, {.op = ReduceOp::kMax})->wait(s.timeout);
+  allReduceHostValues(s, &elapsedUs, 1, ReduceOp::kMax);
   row.b2bUs = elapsedUs / iters;
 
   // Check a fresh operation: the timed ones may have reduced in place repeatedly.
-  fillInput(s.input, count, s.comm.rank());
-  if (!s.inPlace) std::fill(s.output, s.output + count, -1.0f);
+  fillInput(s, count);
+  if (!s.inPlace) clearOutput(s, count);
   allReduceOnce(s, count);
-  row.wrong = sumOverRanks(s, countWrong(s.input, s.output, count, s.comm.rank(), n, s.op, s.inPlace));
+  row.wrong = sumOverRanks(s, countWrong(s, count));
 
   row.algbwGbps = static_cast<double>(bytes) / (row.timeUs * 1e-6) / 1e9;
   row.busbwGbps = row.algbwGbps * 2.0 * (n - 1) / n;
@@ -277,6 +323,18 @@ void writeJson(const std::string& path, const std::vector<Row>& rows, const std:
   if (!f) COHORT_THROW(IoError) << path << ": cannot write the --json file";
 }
 
+// Device buffers for the nccl backend; only a build with nccl has that backend (and this factory).
+std::unique_ptr<DeviceBenchMemory> deviceMemoryFor(Communicator& comm, const DeviceBenchMemoryOptions& options) {
+#ifdef COHORT_HAVE_NCCL
+  return makeDeviceBenchMemory(comm, options);
+#else
+  (void)options;
+  COHORT_CHECK(false) << "bench allreduce: a " << comm.backend() << " communicator needs device buffers, "
+                      << "but this build has no nccl backend";
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 int runAllReduceBench(const AllReduceBenchOptions& o) {
@@ -290,26 +348,48 @@ int runAllReduceBench(const AllReduceBenchOptions& o) {
 
   const size_t maxCount = sizes.back() / sizeof(float);
   const bool shared = o.buffers == "shared";
-  collectives::BufferPtr sharedOutput = shared ? comm->allocateBuffer(maxCount) : nullptr;
-  collectives::BufferPtr sharedInput = shared && !o.inPlace ? comm->allocateBuffer(maxCount) : nullptr;
-  AlignedFloats userOutput = shared ? nullptr : allocateFloats(maxCount);
-  AlignedFloats userInput = shared || o.inPlace ? nullptr : allocateFloats(maxCount);
-  float* output = shared ? sharedOutput->data() : userOutput.get();
-  float* input = o.inPlace ? output : (shared ? sharedInput->data() : userInput.get());
-  // Touch every page now, not in a timed region (allocateBuffer's pages are reserved but unmapped).
-  std::memset(output, 0, maxCount * sizeof(float));
-  std::memset(input, 0, maxCount * sizeof(float));
   int maxIters = 0;
   for (size_t b : sizes) maxIters = std::max(maxIters, itersFor(o, b));
   std::vector<float> times(static_cast<size_t>(maxIters));
-  Setup setup{*comm, op, o.inPlace, timeout, input, output, times};
+  const bool onDevice = comm->backend() == "nccl";
+  collectives::BufferPtr sharedOutput, sharedInput;
+  AlignedFloats userOutput, userInput;
+  std::unique_ptr<DeviceBenchMemory> device;  // declared after comm: freed before it
+  std::vector<float> hostInput, hostOutput;
+  float* output = nullptr;
+  float* input = nullptr;
+  if (onDevice) {
+    device = deviceMemoryFor(*comm, {.device = world.localRank,
+                                     .maxCount = maxCount,
+                                     .scratchCount = std::max<size_t>(2, times.size()),
+                                     .inPlace = o.inPlace,
+                                     .fromCommunicator = shared,
+                                     .timeout = timeout});
+    hostInput.resize(maxCount);
+    hostOutput.resize(maxCount);
+    output = device->output();
+    input = device->input();
+  } else {
+    sharedOutput = shared ? comm->allocateBuffer(maxCount) : nullptr;
+    sharedInput = shared && !o.inPlace ? comm->allocateBuffer(maxCount) : nullptr;
+    userOutput = shared ? nullptr : allocateFloats(maxCount);
+    userInput = shared || o.inPlace ? nullptr : allocateFloats(maxCount);
+    output = shared ? sharedOutput->data() : userOutput.get();
+    input = o.inPlace ? output : (shared ? sharedInput->data() : userInput.get());
+    // Touch every page now, not in a timed region (allocateBuffer's pages are reserved but unmapped).
+    std::memset(output, 0, maxCount * sizeof(float));
+    std::memset(input, 0, maxCount * sizeof(float));
+  }
+  Setup setup{*comm, op, o.inPlace, timeout, input, output, times, device.get(), &hostInput, &hostOutput};
+  const std::string where = onDevice ? " on cuda:" + std::to_string(world.localRank) : std::string();
+  const std::string bufferText = shared ? "buffers from Communicator::allocateBuffer" + where
+                                        : (onDevice ? "buffers from cudaMalloc" + where : "buffers in ordinary memory");
 
   if (rank == 0) {
     std::printf(
         "# cohort bench allreduce: backend=%s ranks=%d (world from %s, %d on this node) op=%s %s, float32, %s\n",
         comm->backend().c_str(), ranks, world.source.c_str(), world.localWorldSize, o.op.c_str(),
-        o.inPlace ? "in place" : "out of place",
-        shared ? "buffers from Communicator::allocateBuffer" : "buffers in ordinary memory");
+        o.inPlace ? "in place" : "out of place", bufferText.c_str());
     std::printf(
         "# sizes %zu..%zu bytes x%d; time = median over iterations of the slowest rank's "
         "barrier-separated op; time_b2b = back to back, per op; %ld online cores\n",

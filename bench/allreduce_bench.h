@@ -3,6 +3,7 @@
 // srun) runs it; run it as
 //   cohortrun --nproc-per-node 2 -- cohort bench allreduce --backend shm
 //   mpirun -np 2 cohort bench allreduce --backend mpi
+//   cohortrun --nproc-per-node 8 -- cohort bench allreduce --backend nccl   (one rank per GPU)
 //
 // Per size (min-bytes, ×step-factor, …, ≤ max-bytes) every rank fills its float32 input with exactly
 // predictable values (element i of rank r is (r + 1)·(i mod 13 + 1), so sums, maxima and minima are
@@ -23,6 +24,10 @@
 // They come from Communicator::allocateBuffer (`--buffers shared`, the default: memory every local
 // rank maps, which the shm backend reduces in place of staging copies) or from the heap
 // (`--buffers user`: what MPI_Allreduce and the staged shm path see).
+// With `--backend nccl` the buffers are device memory on cuda:<local rank> (allocateBuffer or
+// cudaMalloc; device_bench_memory.h): the inputs are copied from the same host patterns before each
+// size and the results copied back for the check, outside the timed regions; each timed all-reduce's
+// wait() blocks until the GPU has finished it (no compute stream), so the time includes that sync.
 // Every rank must run it with the same flags (the collectives' fingerprints check that they agree).
 #pragma once
 
@@ -36,7 +41,7 @@ class App;
 namespace cohort::bench {
 
 struct AllReduceBenchOptions {
-  std::string backend;  // "shm", "mpi"; empty: the default for this world (DESIGN.md §1)
+  std::string backend;  // "shm", "mpi", "nccl"; empty: the default for this world (DESIGN.md §1)
   size_t minBytes = size_t{4} << 10;
   size_t maxBytes = size_t{256} << 20;
   int stepFactor = 4;

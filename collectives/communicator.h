@@ -1,19 +1,23 @@
 // Communicator: collective operations among the ranks of one job (DESIGN.md §2, §3.3).
 //
-// Every rank calls the same collectives in the same order (a rule the backends check: see
-// Fingerprint). Each call starts the operation and returns a Work; the buffers must stay valid and
-// untouched until wait() returns. Collectives run in the order they were issued, one after another,
-// on the backend's own progress thread (shm) or inside MPI (mpi), so a caller may issue several and
-// wait for them later (GradSync overlaps backward this way).
+// Every rank calls the same collectives in the same order (a rule shm and mpi check: see
+// Fingerprint; nccl's watchdog times out what that leaves stuck). Each call starts the operation and
+// returns a Work; the buffers must stay valid and untouched until wait() returns. Collectives run in
+// the order they were issued, one after another, on the backend's own progress thread (shm), inside
+// MPI (mpi) or on a CUDA stream (nccl), so a caller may issue several and wait for them later
+// (GradSync overlaps backward this way).
 // wait(timeout) throws:
 //   TimeoutError  the ranks that did not arrive, the collective's sequence number and fingerprint;
 //   PeerError     a rank died (names it);
 //   InvalidArgument  ranks issued different collectives (names the ranks and both fingerprints),
-//                 detected before any data is touched.
+//                 detected before any data is touched (shm, mpi).
 // After an error the communicator is unusable (every later wait() rethrows it).
-// Buffers are CPU float32 (GPU backends come later); `count` is in elements; input == output means
-// in place. Thread safety: issue collectives from one thread; Work::wait may be called from that
-// thread only.
+// Buffers are float32: CPU memory for shm and mpi, device memory on the rank's GPU (cuda:<local
+// rank>) for nccl; `count` is in elements; input == output means in place.
+// nccl: collectives run on the backend's communication stream. Given CommunicatorOptions::
+// computeStream, each one starts after the work enqueued there so far, and Work::wait makes that
+// stream wait for it instead of blocking the host (no host synchronisation; docs/collectives.md).
+// Thread safety: issue collectives from one thread; Work::wait may be called from that thread only.
 //
 //   auto comm = makeCommunicator({.backend = "shm", .world = world, .timeout = 30s});
 //   auto work = comm->allReduce(grads, grads, n, {.op = ReduceOp::kAvg});
@@ -28,6 +32,10 @@
 #include <vector>
 
 #include "runtime/world_info.h"
+
+namespace cohort::runtime {
+class Stream;  // runtime/stream.h; only the nccl backend uses it (this interface links no CUDA)
+}  // namespace cohort::runtime
 
 namespace cohort::collectives {
 
@@ -61,7 +69,8 @@ using WorkPtr = std::unique_ptr<Work>;
 // Memory from Communicator::allocateBuffer(): zero-filled float32, 64-byte aligned. On the shm
 // backend every local rank can map it, and an all-reduce whose input and output lie in such buffers
 // on every rank reads the peers' data where it is, without the staging copies (about twice the
-// bandwidth for large messages; docs/collectives.md). Elsewhere it is ordinary memory. Any buffer
+// bandwidth for large messages; docs/collectives.md). On the nccl backend it is zeroed device memory
+// on the rank's GPU (cudaMalloc, 256-byte aligned). Elsewhere it is ordinary memory. Any buffer
 // works with any collective; freeing one that a pending collective uses is undefined.
 // allocateBuffer is collective on the shm backend: every rank calls it with the same count, in the
 // same order as its other collectives (a different count is an InvalidArgument on every rank).
@@ -109,16 +118,25 @@ class Communicator {
 };
 
 struct CommunicatorOptions {
-  std::string backend;  // "shm", "mpi"; empty = the default for this world (DESIGN.md §1)
+  // "shm", "mpi", "nccl"; empty = shm on one node, mpi across nodes (DESIGN.md §1: the caller
+  // picks nccl for CUDA).
+  std::string backend;
   runtime::WorldInfo world;
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // set-up (rendezvous) waits
+  // Set-up (rendezvous) waits and each collective (nccl: the watchdog aborts a collective that has
+  // not finished this long after it was issued).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // nccl only: the stream the caller's kernels run on, on cuda:<world.localRank>; must outlive the
+  // communicator. Each collective starts after the work enqueued on it so far, and Work::wait makes
+  // it wait for the collective (no host synchronisation). nullptr: collectives start at once (their
+  // input must already be on the device) and Work::wait blocks the host until they finish.
+  const runtime::Stream* computeStream = nullptr;
 };
 
-// The backends compiled into this binary, e.g. {"shm", "mpi"}.
+// The backends compiled into this binary, e.g. {"shm", "mpi"} or {"shm", "mpi", "nccl"}.
 std::vector<std::string> availableBackends();
 // The backend makeCommunicator() would use: options.backend, or the default for this world.
-// Throws InvalidArgument for an unknown or unavailable backend, or one that cannot serve this world
-// (shm across nodes).
+// Throws InvalidArgument for an unknown backend or one this build lacks (the message lists what it
+// has), or one that cannot serve this world (shm across nodes).
 std::string resolveBackend(const CommunicatorOptions& options);
 // Throws as resolveBackend(); TimeoutError when peers do not arrive at the rendezvous.
 std::unique_ptr<Communicator> makeCommunicator(const CommunicatorOptions& options);

@@ -1,0 +1,479 @@
+// The NCCL backend. How one collective runs (docs/collectives.md, "NCCL backend"):
+//
+//  1. issue (the caller's thread): the collective gets the next sequence number. With a compute
+//     stream, the event computeReady_ is recorded there and the communication stream waits for it
+//     (cudaStreamWaitEvent: the GPU orders the two streams, the host does not wait). Then, holding
+//     ncclMutex_: device copies that adapt Cohort's in-place layout to NCCL's (reduceScatter and
+//     allGather), the NCCL call, polling ncclCommGetAsyncError while the non-blocking communicator
+//     says ncclInProgress (bounded by the timeout), and the copies after it. Finally a fresh `done`
+//     event is recorded on the communication stream and handed to the watchdog with the
+//     collective's fingerprint.
+//  2. the watchdog thread probes every pending `done` event and ncclCommGetAsyncError; on a
+//     timeout or an error it calls ncclCommAbort (holding ncclMutex_, so never during an NCCL call of
+//     the issuing thread) and records the error that every later call rethrows.
+//  3. Work::wait: with a compute stream, cudaStreamWaitEvent(compute, done) and return; without,
+//     poll the event from the host (spin, yield, then sleep up to 1 ms) until the timeout.
+// Any error poisons the communicator: every later issue, done() and wait() rethrows it.
+#include "collectives/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <exception>
+#include <functional>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "collectives/nccl/nccl_init.h"
+#include "collectives/watchdog.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/error.h"
+#include "runtime/stream.h"
+
+namespace cohort::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nccl::pollWhileInProgress;
+using nccl::throwNccl;
+
+std::string seconds(std::chrono::milliseconds d) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << d.count() / 1000.0 << " s";
+  return os.str();
+}
+
+ncclRedOp_t ncclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+// What one collective enqueues on the communication stream, in this order.
+struct Launch {
+  std::function<void(cudaStream_t)> before = {};                    // device copies; may be empty
+  std::function<ncclResult_t(ncclComm_t, cudaStream_t)> call = {};  // the NCCL collective; may be empty
+  std::function<void(cudaStream_t)> after = {};                     // device copies; may be empty
+};
+
+void copyOnStream(float* dst, const float* src, size_t count, cudaStream_t stream) {
+  COHORT_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+}
+
+// Zeroed device memory from cudaMalloc, freed with the Buffer.
+class DeviceBuffer : public Buffer {
+ public:
+  static std::unique_ptr<DeviceBuffer> allocate(size_t count, const runtime::Stream& stream,
+                                                std::chrono::milliseconds timeout) {
+    const int device = stream.device().index;
+    runtime::cuda::CudaDeviceGuard guard(device);
+    const size_t bytes = std::max<size_t>(256, count * sizeof(float));
+    void* p = nullptr;
+    COHORT_CUDA_CHECK(cudaMalloc(&p, bytes));
+    std::unique_ptr<DeviceBuffer> buffer(new DeviceBuffer(static_cast<float*>(p), count, device));
+    // Zeroed on the communication stream, so the collectives that use the buffer come after.
+    COHORT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream.native())));
+    stream.synchronize(timeout);
+    return buffer;
+  }
+  ~DeviceBuffer() override {
+    runtime::cuda::QuietDeviceGuard guard(device_);
+    cudaFree(data());
+  }
+
+ private:
+  DeviceBuffer(float* data, size_t count, int device) : Buffer(data, count), device_(device) {}
+  int device_;
+};
+
+// Everything the communicator and its Works share.
+class NcclState {
+ public:
+  NcclState(const CommunicatorOptions& options, nccl::NcclSetup setup)
+      : rank_(options.world.rank),
+        size_(options.world.worldSize),
+        device_(runtime::Device::cuda(setup.device)),
+        timeout_(options.timeout),
+        computeStream_(options.computeStream),
+        commStream_(device_, {.name = "nccl"}),
+        comm_(setup.comm) {
+    runtime::cuda::CudaDeviceGuard guard(device_.index);
+    void* scratch = nullptr;
+    COHORT_CUDA_CHECK(cudaMalloc(&scratch, 256));
+    scratch_ = static_cast<float*>(scratch);
+    try {
+      // Zero, so the barrier's in-place sum stays 0 forever.
+      COHORT_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, 256, stream()));
+      commStream_.synchronize(timeout_);
+    } catch (...) {
+      cudaFree(scratch_);  // no destructor runs for a constructor that throws
+      throw;
+    }
+    watchdog_ = std::make_unique<CollectiveWatchdog>(
+        CollectiveWatchdog::Hooks{.asyncError = [this] { return asyncError(); },
+                                  .abort =
+                                      [this] {
+                                        std::lock_guard<std::mutex> lock(ncclMutex_);
+                                        abortHoldingLock();
+                                      }},
+        CollectiveWatchdog::Options{.timeout = timeout_, .rank = rank_, .backend = "nccl"});
+  }
+
+  ~NcclState() {
+    watchdog_.reset();  // from here on no hook runs
+    runtime::cuda::QuietDeviceGuard guard(device_.index);
+    if (!aborted_) {
+      if (!error_ && finalize())
+        ncclCommDestroy(comm_);
+      else
+        ncclCommAbort(comm_);
+    }
+    cudaFree(scratch_);
+    // computeReady_ and commStream_ go with the members; `done` events with the last Work.
+  }
+
+  NcclState(const NcclState&) = delete;
+  NcclState& operator=(const NcclState&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const runtime::Stream& commStream() const { return commStream_; }
+  const runtime::Stream* computeStream() const { return computeStream_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  float* scratch() const { return scratch_; }
+
+  // The watchdog's error first (it names the stuck collective), then one of this thread's.
+  void rethrowIfFailed() const {
+    watchdog_->rethrowIfFailed();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  // Step 1 of the file comment. Returns the collective's completion event.
+  std::shared_ptr<runtime::Event> issue(Fingerprint& fingerprint, const Launch& launch) {
+    rethrowIfFailed();
+    fingerprint.sequence = nextSequence_++;
+    runtime::cuda::CudaDeviceGuard guard(device_.index);
+    auto done = std::make_shared<runtime::Event>();
+    {
+      std::lock_guard<std::mutex> lock(ncclMutex_);
+      if (aborted_) {
+        rethrowIfFailed();
+        COHORT_THROW(PeerError) << "nccl " << fingerprint.str() << ": the communicator of rank " << rank_
+                                << " was aborted";
+      }
+      try {
+        if (computeStream_ != nullptr) {
+          computeReady_.record(*computeStream_);
+          commStream_.waitEvent(computeReady_);
+        }
+        enqueueHoldingLock(fingerprint, launch);
+        done->record(commStream_);
+      } catch (...) {
+        // A collective this rank could not enqueue leaves its peers waiting: abort at once.
+        if (!error_) error_ = std::current_exception();
+        abortHoldingLock();
+        throw;
+      }
+    }
+    watchdog_->track(fingerprint, probeFor(done));
+    return done;
+  }
+
+  // After a collective's event completed on the host: an NCCL error it may have ended with.
+  void checkAsyncError(const Fingerprint& fingerprint) {
+    std::lock_guard<std::mutex> lock(ncclMutex_);
+    if (aborted_) {
+      // The watchdog aborted meanwhile (it records its error first): the result is not valid.
+      rethrowIfFailed();
+      COHORT_THROW(PeerError) << "nccl " << fingerprint.str() << ": the communicator of rank " << rank_
+                              << " was aborted";
+    }
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state == ncclSuccess || state == ncclInProgress) return;
+    std::ostringstream os;
+    os << "nccl " << fingerprint.str() << " failed on rank " << rank_ << ": " << nccl::ncclMessage(state, comm_)
+       << "; the communicator was aborted";
+    error_ = std::make_exception_ptr(PeerError(os.str()));
+    abortHoldingLock();
+    std::rethrow_exception(error_);
+  }
+
+ private:
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(commStream_.native()); }
+
+  void enqueueHoldingLock(const Fingerprint& fingerprint, const Launch& launch) {
+    if (launch.before) launch.before(stream());
+    if (launch.call) {
+      ncclResult_t result = launch.call(comm_, stream());
+      if (result == ncclInProgress) {
+        // Non-blocking: NCCL finishes enqueueing in the background; the stream holds the kernel
+        // only once the state leaves ncclInProgress.
+        std::optional<ncclResult_t> state = pollWhileInProgress(comm_, Clock::now() + timeout_);
+        if (!state) {
+          COHORT_THROW(TimeoutError) << "nccl " << fingerprint.str() << ": NCCL did not finish enqueueing it within "
+                                     << seconds(timeout_) << " on rank " << rank_ << "; the communicator was aborted";
+        }
+        result = *state;
+      }
+      if (result != ncclSuccess) throwNccl(result, fingerprint.str(), rank_, comm_);
+    }
+    if (launch.after) launch.after(stream());
+  }
+
+  CollectiveWatchdog::ProbeFn probeFor(std::shared_ptr<runtime::Event> done) const {
+    const int device = device_.index;
+    return [done = std::move(done), device] {
+      // The watchdog thread's current device: ours, so that CUDA never creates a context for it
+      // on device 0 (cheap once set).
+      cudaSetDevice(device);
+      try {
+        CollectiveWatchdog::Probe probe;
+        probe.state = done->query() ? CollectiveWatchdog::State::kDone : CollectiveWatchdog::State::kPending;
+        return probe;
+      } catch (const std::exception& e) {
+        return CollectiveWatchdog::Probe{CollectiveWatchdog::State::kFailed, e.what()};
+      }
+    };
+  }
+
+  // The watchdog's asyncError hook. Skips a round while the issuing thread is inside NCCL.
+  std::string asyncError() {
+    std::unique_lock<std::mutex> lock(ncclMutex_, std::try_to_lock);
+    if (!lock.owns_lock() || aborted_) return "";
+    cudaSetDevice(device_.index);
+    ncclResult_t state = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) {
+      return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(r);
+    }
+    if (state == ncclSuccess || state == ncclInProgress) return "";
+    return nccl::ncclMessage(state, comm_);
+  }
+
+  void abortHoldingLock() {
+    if (aborted_) return;
+    cudaSetDevice(device_.index);
+    ncclCommAbort(comm_);  // blocks until NCCL's kernels have returned and its resources are freed
+    aborted_ = true;
+  }
+
+  // ncclCommFinalize flushes what is still enqueued; false when it fails or runs out of time.
+  bool finalize() {
+    ncclResult_t result = ncclCommFinalize(comm_);
+    if (result == ncclInProgress || result == ncclSuccess) {
+      std::optional<ncclResult_t> state = pollWhileInProgress(comm_, Clock::now() + timeout_);
+      return state && *state == ncclSuccess;
+    }
+    return false;
+  }
+
+  const int rank_;
+  const int size_;
+  const runtime::Device device_;
+  const std::chrono::milliseconds timeout_;
+  const runtime::Stream* computeStream_;  // not owned; may be null
+  runtime::Stream commStream_;
+  runtime::Event computeReady_;  // re-recorded per collective: a stream wait copies its state at once
+  ncclComm_t comm_;
+  float* scratch_ = nullptr;  // one zero float for barrier()
+  uint64_t nextSequence_ = 0;
+  std::exception_ptr error_;                      // the issuing thread's own failure (under ncclMutex_ when written)
+  std::mutex ncclMutex_;                          // around every use of comm_ by the issuing thread and the watchdog
+  bool aborted_ = false;                          // under ncclMutex_
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // last: its thread uses everything above
+};
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<runtime::Event> done, const Fingerprint& fingerprint)
+      : state_(std::move(state)), done_(std::move(done)), fingerprint_(fingerprint) {}
+
+  bool done() override {
+    state_->rethrowIfFailed();
+    if (!done_->query()) return false;
+    state_->checkAsyncError(fingerprint_);
+    return true;
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    state_->rethrowIfFailed();
+    if (const runtime::Stream* compute = state_->computeStream()) {
+      compute->waitEvent(*done_);  // the GPU orders the caller's next kernels after the collective
+      return;
+    }
+    const Clock::time_point start = Clock::now();
+    const Clock::time_point deadline = start + timeout;
+    std::chrono::microseconds sleep{0};
+    while (!done_->query()) {
+      state_->rethrowIfFailed();
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) {
+        COHORT_THROW(TimeoutError) << "nccl " << fingerprint_.str() << " did not complete within " << seconds(timeout)
+                                   << " on rank " << state_->rank()
+                                   << " (Work::wait); the watchdog aborts the communicator if it is still pending "
+                                   << seconds(state_->timeout()) << " after it was issued";
+      }
+      // Spin for the first 100 us (small collectives end there), yield up to 2 ms, then sleep.
+      if (now - start < std::chrono::microseconds(100)) continue;
+      if (now - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+        continue;
+      }
+      sleep = std::min(std::chrono::microseconds(1000), sleep + std::chrono::microseconds(50));
+      std::this_thread::sleep_for(sleep);
+    }
+    state_->rethrowIfFailed();
+    state_->checkAsyncError(fingerprint_);
+  }
+
+ private:
+  std::shared_ptr<NcclState> state_;
+  std::shared_ptr<runtime::Event> done_;
+  Fingerprint fingerprint_;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<NcclState> state, int device) : state_(std::move(state)), device_(device) {}
+
+  int rank() const override { return state_->rank(); }
+  int size() const override { return state_->size(); }
+  std::string backend() const override { return "nccl"; }
+
+  WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
+    checkDevicePointer(input, count, "allReduce", "input");
+    checkDevicePointer(output, count, "allReduce", "output");
+    const ncclRedOp_t op = ncclOp(options.op);
+    return start({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count},
+                 {.call = [=](ncclComm_t comm, cudaStream_t s) {
+                   return ncclAllReduce(input, output, count, ncclFloat, op, comm, s);
+                 }});
+  }
+
+  WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
+    checkDevicePointer(input, countPerRank, "reduceScatter", "input");
+    checkDevicePointer(output, countPerRank, "reduceScatter", "output");
+    const Fingerprint fingerprint{.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank};
+    const ncclRedOp_t ncclOperator = ncclOp(op);
+    if (input != output || rank() == 0) {
+      return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
+                     return ncclReduceScatter(input, output, countPerRank, ncclFloat, ncclOperator, comm, s);
+                   }});
+    }
+    // Cohort's in place puts the result at the start of the buffer, NCCL's at this rank's chunk:
+    // reduce in NCCL's place, then move the chunk (the two ranges do not overlap for rank >= 1).
+    float* chunk = output + static_cast<size_t>(rank()) * countPerRank;
+    return start(fingerprint, {.call =
+                                   [=](ncclComm_t comm, cudaStream_t s) {
+                                     return ncclReduceScatter(input, chunk, countPerRank, ncclFloat, ncclOperator, comm,
+                                                              s);
+                                   },
+                               .after = [=](cudaStream_t s) { copyOnStream(output, chunk, countPerRank, s); }});
+  }
+
+  WorkPtr allGather(const float* input, float* output, size_t countPerRank) override {
+    checkDevicePointer(input, countPerRank, "allGather", "input");
+    checkDevicePointer(output, countPerRank, "allGather", "output");
+    const Fingerprint fingerprint{.kind = CollectiveKind::kAllGather, .count = countPerRank};
+    float* chunk = output + static_cast<size_t>(rank()) * countPerRank;
+    if (input != output || rank() == 0) {
+      return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
+                     return ncclAllGather(input, output, countPerRank, ncclFloat, comm, s);
+                   }});
+    }
+    // Cohort's in place has this rank's piece at the start of the output, NCCL's at its chunk.
+    return start(fingerprint, {.before = [=](cudaStream_t s) { copyOnStream(chunk, output, countPerRank, s); },
+                               .call =
+                                   [=](ncclComm_t comm, cudaStream_t s) {
+                                     return ncclAllGather(chunk, output, countPerRank, ncclFloat, comm, s);
+                                   }});
+  }
+
+  WorkPtr broadcast(float* data, size_t count, int root) override {
+    if (root < 0 || root >= size()) {
+      COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this world of " << size();
+    }
+    checkDevicePointer(data, count, "broadcast", "data");
+    return start({.kind = CollectiveKind::kBroadcast, .root = root, .count = count},
+                 {.call = [=](ncclComm_t comm, cudaStream_t s) {
+                   return ncclBroadcast(data, data, count, ncclFloat, root, comm, s);
+                 }});
+  }
+
+  // A one-float all-reduce of a zero scratch value: every rank's stream passes it only once all have
+  // issued it.
+  WorkPtr barrier() override {
+    float* scratch = state_->scratch();
+    Fingerprint fingerprint{.kind = CollectiveKind::kBarrier};
+    auto done = state_->issue(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
+                                return ncclAllReduce(scratch, scratch, 1, ncclFloat, ncclSum, comm, s);
+                              }});
+    return std::make_unique<NcclWork>(state_, std::move(done), fingerprint);
+  }
+
+  BufferPtr allocateBuffer(size_t count) override {
+    state_->rethrowIfFailed();
+    return DeviceBuffer::allocate(count, state_->commStream(), state_->timeout());
+  }
+
+ private:
+  // Count 0 enqueues no NCCL call (every rank has the same count); the events still order it.
+  WorkPtr start(Fingerprint fingerprint, Launch launch) {
+    if (fingerprint.count == 0) launch = {};
+    auto done = state_->issue(fingerprint, launch);
+    return std::make_unique<NcclWork>(state_, std::move(done), fingerprint);
+  }
+
+  // Host memory handed to NCCL would fault on the GPU (or hang the peers): refuse it at issue.
+  void checkDevicePointer(const void* p, size_t count, const char* collective, const char* which) const {
+    if (count == 0) return;
+    if (p == nullptr) {
+      COHORT_THROW(InvalidArgument) << "nccl " << collective << ": the " << which << " is null for " << count
+                                    << " elements";
+    }
+    cudaPointerAttributes attributes{};
+    const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
+    if (status != cudaSuccess) cudaGetLastError();
+    const bool onDevice =
+        status == cudaSuccess && (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
+    if (onDevice && attributes.device == device_) return;
+    std::ostringstream os;
+    os << "nccl " << collective << ": the " << which << " (" << p << ") is ";
+    if (onDevice)
+      os << "memory of cuda:" << attributes.device;
+    else
+      os << "host memory";
+    os << ", but rank " << rank() << "'s nccl backend takes device memory on cuda:" << device_
+       << " (Communicator::allocateBuffer gives some)";
+    throw InvalidArgument(os.str());
+  }
+
+  std::shared_ptr<NcclState> state_;
+  int device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeNcclCommunicator(const CommunicatorOptions& options) {
+  nccl::NcclSetup setup = nccl::initNccl(options);
+  std::shared_ptr<NcclState> state;
+  try {
+    state = std::make_shared<NcclState>(options, setup);
+  } catch (...) {
+    ncclCommAbort(setup.comm);  // the state never took it over
+    throw;
+  }
+  return std::make_unique<NcclCommunicator>(std::move(state), setup.device);
+}
+
+}  // namespace cohort::collectives
