@@ -93,11 +93,15 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (!(f.timeout > 0)) COHORT_THROW(InvalidArgument) << "--timeout must be positive, got " << f.timeout;
   if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
   if (f.replicas && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--replicas applies to --mode allreduce only";
-  if (runtime::Device::parse(f.device).isCuda() && f.mode == "allreduce") {
-    COHORT_THROW(InvalidArgument) << "--device " << f.device << " trains with --mode local or hogwild in this version (all-reduce "
-                                  << "training over NCCL is not wired into the trainer yet); use --device cpu for --mode "
-                                  << f.mode;
+  const bool onGpu = runtime::Device::parse(f.device).isCuda();
+  if (onGpu && f.mode == "allreduce" && !f.backend.empty() && f.backend != "nccl") {
+    COHORT_THROW(InvalidArgument) << "--backend " << f.backend << " all-reduces CPU memory; with --device " << f.device
+                                  << " use --backend nccl (the default on a GPU)";
   }
+  if (!onGpu && f.backend == "nccl") {
+    COHORT_THROW(InvalidArgument) << "--backend nccl all-reduces GPU memory: add --device cuda (or use shm or mpi)";
+  }
+  if (onGpu && f.replicas) COHORT_THROW(InvalidArgument) << "--replicas applies to CPU training (GPU all-reduce always replicates)";
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
   if (f.prefetch < 0) COHORT_THROW(InvalidArgument) << "--prefetch must be >= 0, got " << f.prefetch;
@@ -228,6 +232,16 @@ int runTrain(const TrainFlags& f) {
     model->net->resetParams(initRng);
     if (paramsShared && f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, model->params);
   };
+  // On a GPU: initialised on the CPU (the same numbers as a CPU run), then copied to the GPU once.
+  auto bindInitialisedOnGpu = [&] {
+#ifdef COHORT_HAVE_CUDA
+    std::unique_ptr<nn::Model> host = nn::buildModel(f.model);
+    host->params.allocate(runtime::cpuAllocator());
+    runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
+    host->net->resetParams(initRng);
+    nn::bindOnGpu(*model, *host, *gpu);
+#endif
+  };
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
   std::unique_ptr<ipc::SharedParams> shared;
   nn::GpuShare gpuShare;  // GPU Hogwild
@@ -240,10 +254,20 @@ int runTrain(const TrainFlags& f) {
     shared = nn::shareForShardedTraining(*model, *optimizer, segmentOptions, initialise);
     sync = std::make_unique<nn::ShardedSync>(*shared, timeout);
   } else if (f.mode == "allreduce") {
-    // Replicas: each rank initialises its own copy, then rank 0's is broadcast to all of them.
-    comm = collectives::makeCommunicator({.backend = f.backend, .world = world, .timeout = timeout});
-    model->params.allocate(runtime::cpuAllocator());
-    initialise();
+    // Replicas: each rank initialises its own copy, then rank 0's is broadcast to all of them. On a
+    // GPU the gradient buckets are all-reduced over NCCL, ordered after backward's kernels by events.
+    const runtime::Stream* computeStream = nullptr;
+#ifdef COHORT_HAVE_CUDA
+    if (gpu) computeStream = &gpu->stream();
+#endif
+    comm = collectives::makeCommunicator({.backend = device.isCuda() && f.backend.empty() ? "nccl" : f.backend,
+                                          .world = world, .timeout = timeout, .computeStream = computeStream});
+    if (device.isCuda()) {
+      bindInitialisedOnGpu();
+    } else {
+      model->params.allocate(runtime::cpuAllocator());
+      initialise();
+    }
     auto replicas = std::make_unique<nn::ReplicaSync>(*comm, model->params, nn::GradSyncOptions{.timeout = timeout});
     replicas->broadcastParams();
     sync = std::move(replicas);
@@ -264,14 +288,7 @@ int runTrain(const TrainFlags& f) {
     sync = std::make_unique<nn::HogwildSync>(*shared, timeout);
     optimizer->setSweepStart(nn::hogwildSweepStart(model->params.numel(), world.localRank, world.localWorldSize));
   } else if (device.isCuda()) {
-#ifdef COHORT_HAVE_CUDA
-    // Initialised on the CPU (the same numbers as a CPU run), then copied to the GPU once.
-    std::unique_ptr<nn::Model> host = nn::buildModel(f.model);
-    host->params.allocate(runtime::cpuAllocator());
-    runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
-    host->net->resetParams(initRng);
-    nn::bindOnGpu(*model, *host, *gpu);
-#endif
+    bindInitialisedOnGpu();
   } else {
     model->params.allocate(runtime::cpuAllocator());
     initialise();

@@ -60,6 +60,15 @@ ncclRedOp_t ncclOp(ReduceOp op) {
   return ncclSum;
 }
 
+// Small host buffers (a trainer's scalars: loss averages, stop flags) are staged through the device
+// scratch: copied in on the communication stream at issue (cudaMemcpyAsync from pageable memory
+// takes the values at once), reduced there, and copied out by Work::wait once the host has seen the
+// collective finish. Floats [0, kStagingOffset) of the scratch belong to barrier().
+constexpr size_t kStagingOffset = 16;
+constexpr size_t kHostStagingFloats = 32;
+constexpr size_t kScratchBytes = 256;
+static_assert((kStagingOffset + kHostStagingFloats) * sizeof(float) <= kScratchBytes);
+
 // What one collective enqueues on the communication stream, in this order.
 struct Launch {
   std::function<void(cudaStream_t)> before = {};                    // device copies; may be empty
@@ -110,11 +119,11 @@ class NcclState {
         comm_(setup.comm) {
     runtime::cuda::CudaDeviceGuard guard(device_.index);
     void* scratch = nullptr;
-    COHORT_CUDA_CHECK(cudaMalloc(&scratch, 256));
+    COHORT_CUDA_CHECK(cudaMalloc(&scratch, kScratchBytes));
     scratch_ = static_cast<float*>(scratch);
     try {
       // Zero, so the barrier's in-place sum stays 0 forever.
-      COHORT_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, 256, stream()));
+      COHORT_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, kScratchBytes, stream()));
       commStream_.synchronize(timeout_);
     } catch (...) {
       cudaFree(scratch_);  // no destructor runs for a constructor that throws
@@ -285,7 +294,7 @@ class NcclState {
   runtime::Stream commStream_;
   runtime::Event computeReady_;  // re-recorded per collective: a stream wait copies its state at once
   ncclComm_t comm_;
-  float* scratch_ = nullptr;  // one zero float for barrier()
+  float* scratch_ = nullptr;  // a zero float for barrier(), then the host staging area
   uint64_t nextSequence_ = 0;
   std::exception_ptr error_;                      // the issuing thread's own failure (under ncclMutex_ when written)
   std::mutex ncclMutex_;                          // around every use of comm_ by the issuing thread and the watchdog
@@ -295,8 +304,11 @@ class NcclState {
 
 class NcclWork : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<runtime::Event> done, const Fingerprint& fingerprint)
-      : state_(std::move(state)), done_(std::move(done)), fingerprint_(fingerprint) {}
+  // `copyOut` (host-staged collectives): copies the result to host memory once the collective is
+  // done; wait() then always waits on the host, with or without a compute stream.
+  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<runtime::Event> done, const Fingerprint& fingerprint,
+           std::function<void()> copyOut = {})
+      : state_(std::move(state)), done_(std::move(done)), fingerprint_(fingerprint), copyOut_(std::move(copyOut)) {}
 
   bool done() override {
     state_->rethrowIfFailed();
@@ -307,7 +319,8 @@ class NcclWork : public Work {
 
   void wait(std::chrono::milliseconds timeout) override {
     state_->rethrowIfFailed();
-    if (const runtime::Stream* compute = state_->computeStream()) {
+    const runtime::Stream* compute = state_->computeStream();
+    if (compute && !copyOut_) {
       compute->waitEvent(*done_);  // the GPU orders the caller's next kernels after the collective
       return;
     }
@@ -334,12 +347,17 @@ class NcclWork : public Work {
     }
     state_->rethrowIfFailed();
     state_->checkAsyncError(fingerprint_);
+    if (copyOut_) {
+      copyOut_();
+      copyOut_ = {};
+    }
   }
 
  private:
   std::shared_ptr<NcclState> state_;
   std::shared_ptr<runtime::Event> done_;
   Fingerprint fingerprint_;
+  std::function<void()> copyOut_;
 };
 
 class NcclCommunicator : public Communicator {
@@ -351,11 +369,17 @@ class NcclCommunicator : public Communicator {
   std::string backend() const override { return "nccl"; }
 
   WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
+    const Fingerprint fingerprint{.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count};
+    const ncclRedOp_t op = ncclOp(options.op);
+    if (isSmallHostBuffer(input, count) && isSmallHostBuffer(output, count)) {
+      float* staging = state_->scratch() + kStagingOffset;
+      return startStaged(fingerprint, input, output, count, [=](ncclComm_t comm, cudaStream_t s) {
+        return ncclAllReduce(staging, staging, count, ncclFloat, op, comm, s);
+      });
+    }
     checkDevicePointer(input, count, "allReduce", "input");
     checkDevicePointer(output, count, "allReduce", "output");
-    const ncclRedOp_t op = ncclOp(options.op);
-    return start({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count},
-                 {.call = [=](ncclComm_t comm, cudaStream_t s) {
+    return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
                    return ncclAllReduce(input, output, count, ncclFloat, op, comm, s);
                  }});
   }
@@ -403,9 +427,15 @@ class NcclCommunicator : public Communicator {
     if (root < 0 || root >= size()) {
       COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this world of " << size();
     }
+    const Fingerprint fingerprint{.kind = CollectiveKind::kBroadcast, .root = root, .count = count};
+    if (isSmallHostBuffer(data, count)) {
+      float* staging = state_->scratch() + kStagingOffset;
+      return startStaged(fingerprint, data, data, count, [=](ncclComm_t comm, cudaStream_t s) {
+        return ncclBroadcast(staging, staging, count, ncclFloat, root, comm, s);
+      });
+    }
     checkDevicePointer(data, count, "broadcast", "data");
-    return start({.kind = CollectiveKind::kBroadcast, .root = root, .count = count},
-                 {.call = [=](ncclComm_t comm, cudaStream_t s) {
+    return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
                    return ncclBroadcast(data, data, count, ncclFloat, root, comm, s);
                  }});
   }
@@ -434,7 +464,39 @@ class NcclCommunicator : public Communicator {
     return std::make_unique<NcclWork>(state_, std::move(done), fingerprint);
   }
 
-  // Host memory handed to NCCL would fault on the GPU (or hang the peers): refuse it at issue.
+  // A host-staged collective (see kHostStagingFloats): the input goes to the staging area at issue,
+  // the result comes back in Work::wait.
+  WorkPtr startStaged(Fingerprint fingerprint, const float* input, float* output, size_t count,
+                      std::function<ncclResult_t(ncclComm_t, cudaStream_t)> call) {
+    float* staging = state_->scratch() + kStagingOffset;
+    const size_t bytes = count * sizeof(float);
+    Launch launch{.before = [=](cudaStream_t s) {
+                    COHORT_CUDA_CHECK(cudaMemcpyAsync(staging, input, bytes, cudaMemcpyHostToDevice, s));
+                  },
+                  .call = std::move(call)};
+    if (fingerprint.count == 0) launch = {};
+    auto done = state_->issue(fingerprint, launch);
+    const int device = device_;
+    return std::make_unique<NcclWork>(state_, std::move(done), fingerprint, [=] {
+      if (count == 0) return;
+      runtime::cuda::CudaDeviceGuard guard(device);
+      COHORT_CUDA_CHECK(cudaMemcpy(output, staging, bytes, cudaMemcpyDeviceToHost));
+    });
+  }
+
+  // Host memory of at most kHostStagingFloats elements (pointers CUDA does not know, or pinned
+  // host memory) goes through the staging area.
+  static bool isSmallHostBuffer(const void* p, size_t count) {
+    if (p == nullptr || count > kHostStagingFloats) return false;
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      cudaGetLastError();
+      return true;
+    }
+    return attributes.type == cudaMemoryTypeUnregistered || attributes.type == cudaMemoryTypeHost;
+  }
+
+  // Larger host memory handed to NCCL would fault on the GPU (or hang the peers): refuse it at issue.
   void checkDevicePointer(const void* p, size_t count, const char* collective, const char* which) const {
     if (count == 0) return;
     if (p == nullptr) {
@@ -452,7 +514,7 @@ class NcclCommunicator : public Communicator {
     if (onDevice)
       os << "memory of cuda:" << attributes.device;
     else
-      os << "host memory";
+      os << "host memory (beyond the " << kHostStagingFloats << " elements staged through the device)";
     os << ", but rank " << rank() << "'s nccl backend takes device memory on cuda:" << device_
        << " (Communicator::allocateBuffer gives some)";
     throw InvalidArgument(os.str());

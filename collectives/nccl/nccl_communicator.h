@@ -1,7 +1,8 @@
 // The NCCL backend (GPU buffers, one or many nodes): see docs/collectives.md, "NCCL backend".
 //
 // Local rank k runs on cuda:k. Buffers passed to its collectives are device pointers on that GPU
-// (host memory, or another GPU's, is an InvalidArgument at issue). Set-up: the node's local ranks
+// (host memory, or another GPU's, is an InvalidArgument at issue; allReduce and broadcast of at most
+// 32 host floats are staged through device scratch, and their Work::wait waits on the host). Set-up: the node's local ranks
 // meet through a job segment (node_rendezvous.h), where each publishes its GPU's PCI bus id (two
 // ranks on one GPU are refused, naming both) and, when the job is on one node, local rank 0 publishes
 // the NCCL unique id; a job that spans nodes gets the id from global rank 0 through the MpiStore.

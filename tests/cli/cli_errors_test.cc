@@ -99,8 +99,10 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
 TEST_F(CliErrorsTest, DeviceRequestsThatCannotBeMet) {
   expectInputError(withOutputs({"--device", "tpu"}), {"tpu"});
   expectInputError(withOutputs({"--device", "cuda:x"}), {"cuda:x"});
-  // All-reduce training on a GPU is not wired yet; refused before any device is touched.
-  expectInputError(withOutputs({"--device", "cuda", "--mode", "allreduce"}), {"--device cuda", "--mode local or hogwild"});
+  // Backends that cannot all-reduce the memory the run trains in: refused before any device is touched.
+  expectInputError(withOutputs({"--device", "cuda", "--mode", "allreduce", "--backend", "shm"}),
+                   {"--backend shm", "--backend nccl"});
+  expectInputError(withOutputs({"--mode", "allreduce", "--backend", "nccl"}), {"--backend nccl", "--device cuda"});
   CommandResult devices = runCohort({"devices"});
   ASSERT_EQ(devices.exitCode, 0) << devices.describe();
   if (devices.stdoutText.find("CUDA devices: 0 (") == std::string::npos) {
@@ -110,6 +112,7 @@ TEST_F(CliErrorsTest, DeviceRequestsThatCannotBeMet) {
   // No usable GPU (no driver, a driver older than the runtime, or a CPU-only build): one line saying why.
   expectInputError(withOutputs({"--device", "cuda"}), {"--device cuda", "CUDA"});
   expectInputError(withOutputs({"--device", "cuda", "--mode", "hogwild"}), {"--device cuda", "CUDA"});
+  expectInputError(withOutputs({"--device", "cuda", "--mode", "allreduce"}), {"--device cuda", "CUDA"});
   expectInputError(withOutputs({"--device", "cuda:1"}), {"--device cuda:1", "CUDA"});
 }
 

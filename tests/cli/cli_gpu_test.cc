@@ -4,6 +4,7 @@
 // learns cli_cnn_test's MNIST-shaped task on the GPU, and cnn:rosetta trains there with --augment.
 // GPU Hogwild (issue 7): 4 workers sharing one GPU's parameters through CUDA IPC reach the single-GPU
 // accuracy; killing the owner (local rank 0) makes the other worker exit with a clear error.
+// All-reduce over NCCL with one rank runs the bucket path and matches a local GPU run.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -124,6 +125,25 @@ TEST_F(CliGpuTest, HogwildWorkersReportTheLossOfTheOwner) {
   EXPECT_NE(r.stdoutText.find("rank1 exit 4"), std::string::npos) << r.describe();
   EXPECT_NE(r.stdoutText.find("owns the shared GPU parameters"), std::string::npos) << r.describe();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(120));
+}
+
+TEST_F(CliGpuTest, AllreduceOverNcclWithOneRankMatchesALocalRun) {
+  const std::vector<std::string> job = {"train", "--device", "cuda", "--epochs", "1", "--lr", "0.05", "--momentum", "0.9"};
+  std::vector<std::string> local = job;
+  local.push_back("--mode");
+  local.push_back("local");
+  CommandResult a = runCohort(local);
+  ASSERT_EQ(a.exitCode, 0) << a.describe();
+  std::vector<std::string> argv = {runfile("launcher/cohortrun"), "--nproc-per-node", "1", "--", cohortBinary()};
+  argv.insert(argv.end(), job.begin(), job.end());
+  for (const char* x : {"--mode", "allreduce"}) argv.push_back(x);
+  CommandResult b = runCommand(argv, {.timeout = std::chrono::seconds(240)});
+  ASSERT_EQ(b.exitCode, 0) << b.describe();
+  ResultLine ra = parseResultLine(a.stdoutText), rb = parseResultLine(b.stdoutText);
+  EXPECT_EQ(rb.fields["backend"], "nccl") << b.describe();
+  // The average over one rank is the gradient itself: the same numbers as the local run.
+  EXPECT_EQ(rb.fields["test_acc"], ra.fields["test_acc"]) << a.describe() << b.describe();
+  EXPECT_NEAR(rb.number("train_loss"), ra.number("train_loss"), 1e-5 * std::abs(ra.number("train_loss")));
 }
 
 }  // namespace
