@@ -320,7 +320,15 @@ int runTrain(const TrainFlags& f) {
   options.stopRequested = &gStopRequested;
   options.gpu = gpuContext;
   nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options, sync.get());
-  nn::TrainResult result = trainer.run();
+  nn::TrainResult result;
+  try {
+    result = trainer.run();
+  } catch (const std::exception&) {
+    // A GPU Hogwild worker whose owner died usually learns it from a failing kernel or copy first:
+    // report the cause rather than the symptom.
+    if (gpuShare.params) gpuShare.params->throwIfOwnerLost(std::chrono::seconds(1));
+    throw;
+  }
   if (world.rank == 0) std::printf("%s\n", trainer.resultLine(result).c_str());
   std::fflush(stdout);
   if (device.isCuda()) log.info() << "input wait on " << device.str() << ": " << result.inputWaitMs << " ms in all";

@@ -153,7 +153,15 @@ void DeviceShare::watchOwner(std::chrono::milliseconds interval) {
   }
 }
 
-void DeviceShare::throwIfOwnerLost() const {
+void DeviceShare::throwIfOwnerLost(std::chrono::milliseconds settle) const {
+  if (!region_.isCreator() && settle.count() > 0) {
+    const auto deadline = std::chrono::steady_clock::now() + settle;
+    while (!ownerLost_.load() && processIsAlive(ownerPid_, ownerStartTicks_) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!processIsAlive(ownerPid_, ownerStartTicks_)) ownerLost_.store(true);
+  }
   if (ownerLost_.load(std::memory_order_relaxed)) {
     COHORT_THROW(PeerError) << "local rank 0 (pid " << ownerPid_ << "), which owns the shared GPU parameters, exited "
                             << "while local rank " << localRank_ << " was still using them; the parameters are gone, "

@@ -93,8 +93,11 @@ class DeviceShare {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   bool isOwner() const { return region_.isCreator(); }
-  // Importers: PeerError once the owner has gone (never throws on the owner).
-  void throwIfOwnerLost() const;
+  // Importers: PeerError once the owner has gone (never throws on the owner). With `settle` > 0 it
+  // also looks at the owner's process itself, for up to that long, instead of only at what the
+  // watcher has seen: for a caller whose GPU work just failed, which is how an importer usually
+  // learns first that the owner's memory is gone.
+  void throwIfOwnerLost(std::chrono::milliseconds settle = std::chrono::milliseconds(0)) const;
   // Removes the segment's name once every rank has attached (e.g. after the first barrier).
   void unlinkName() { region_.unlink(); }
 
@@ -119,7 +122,7 @@ class DeviceShare {
   std::chrono::milliseconds timeout_;
   pid_t ownerPid_ = 0;
   uint64_t ownerStartTicks_ = 0;
-  std::atomic<bool> ownerLost_{false};
+  mutable std::atomic<bool> ownerLost_{false};  // set by the watcher, or by throwIfOwnerLost(settle)
   std::atomic<bool> stopWatching_{false};
   std::thread watcher_;  // importers only
 };

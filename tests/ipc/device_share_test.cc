@@ -289,6 +289,28 @@ TEST(DeviceShare, ImportersDetectTheLossOfTheOwner) {
   EXPECT_LT(std::chrono::steady_clock::now() - killed, 2s);
 }
 
+TEST(DeviceShare, ACallerWhoseWorkFailedLearnsOfTheOwnersLossAtOnce) {
+  ScopedShmDir dir;
+  const std::string job = freshJobId();
+  pid_t ownerPid = forkChild([&] {
+    FakeDeviceMemory memory("0000:01:00.0");
+    DeviceShare owner(memory, optionsFor(job, 0), fillPattern);
+    pause();
+    return 0;
+  });
+  FakeDeviceMemory mine("0000:01:00.0");
+  DeviceShare::Options o = optionsFor(job, 1);
+  o.ownerCheckInterval = 10s;  // the watcher would notice far too late
+  DeviceShare share(mine, o, nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(share.throwIfOwnerLost(100ms)) << "a live owner reported lost";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 90ms) << "did not give the owner's exit time to show";
+  kill(ownerPid, SIGKILL);
+  EXPECT_EQ(waitChild(ownerPid), -SIGKILL);
+  EXPECT_THROW(share.throwIfOwnerLost(1s), PeerError);
+  EXPECT_THROW(share.throwIfOwnerLost(), PeerError) << "the loss is remembered";
+}
+
 TEST(DeviceShare, AnImporterWithoutAnOwnerTimesOut) {
   ScopedShmDir dir;
   FakeDeviceMemory mine("0000:01:00.0");
