@@ -1,12 +1,14 @@
 #include "cli/train_command.h"
 
 #include <CLI/CLI.hpp>
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include <sys/resource.h>
 
@@ -157,18 +159,26 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f) {
 bool fileExists(const std::string& path) { return !path.empty() && std::ifstream(path).good(); }
 
 // SIGUSR1 (SLURM sends it before the time limit with --signal=USR1@SECONDS; cohortrun forwards it)
-// asks the training loop to checkpoint and stop cleanly. A signal handler can only reach a global;
-// this is the one, and only the program (never the library) has it.
+// asks the training loop to checkpoint and stop cleanly. The flag is the one global, and only the
+// program (never the library) has it.
+//
+// The signal is never delivered to a training thread: it is blocked before any thread exists (every
+// thread inherits the mask) and taken by one thread of its own with sigwait(). A handler running on
+// a training thread's stack corrupted the heap: Debian's oneDNN 2.6 sgemm kernels keep data below
+// the stack pointer, beyond the red zone, where the kernel writes the signal frame (seen as
+// "corrupted size vs. prev_size" aborts and SIGSEGVs in cli_allreduce_test's SIGUSR1 case; valgrind
+// shows oneDNN reading below its stack pointer).
 std::atomic<bool> gStopRequested{false};
 
-void onStopSignal(int) { gStopRequested.store(true, std::memory_order_relaxed); }
-
 void installStopSignal() {
-  struct sigaction sa {};
-  sa.sa_handler = onStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGUSR1, &sa, nullptr);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    int signal = 0;
+    while (sigwait(&set, &signal) == 0) gStopRequested.store(true, std::memory_order_relaxed);
+  }).detach();
 }
 
 // --memory-report: what the run held, in the terms of torch.cuda.memory_allocated/_reserved and
