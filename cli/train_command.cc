@@ -237,18 +237,19 @@ int runTrain(const TrainFlags& f) {
   const bool sharded = f.mode == "allreduce" && !f.replicas && !device.isCuda() &&
                        collectives::resolveBackend({.backend = f.backend, .world = world}) == "shm";
   const bool paramsShared = hogwild || sharded;
-  auto initialise = [&] {
+  // Shared parameters are loaded here, once, by their creator; private ones by the Trainer.
+  auto initialiseModel = [&](nn::Model& m) {
     runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
-    model->net->resetParams(initRng);
-    if (paramsShared && f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, model->params);
+    m.net->resetParams(initRng);
+    if (paramsShared && f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, m.params);
   };
+  auto initialise = [&] { initialiseModel(*model); };
   // On a GPU: initialised on the CPU (the same numbers as a CPU run), then copied to the GPU once.
   auto bindInitialisedOnGpu = [&] {
 #ifdef COHORT_HAVE_CUDA
     std::unique_ptr<nn::Model> host = nn::buildModel(f.model);
     host->params.allocate(runtime::cpuAllocator());
-    runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
-    host->net->resetParams(initRng);
+    initialiseModel(*host);
     nn::bindOnGpu(*model, *host, *gpu);
 #endif
   };
@@ -285,11 +286,7 @@ int runTrain(const TrainFlags& f) {
     // One device allocation of local rank 0, opened by the others through CUDA IPC.
     nn::HogwildOptions o = segmentOptions;
     o.scratchFloatsPerRank = optimizer->stateFloats();
-    gpuShare = nn::shareParamsOnGpu(*model, o, *gpuContext, [&](nn::Model& host) {
-      runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
-      host.net->resetParams(initRng);
-      if (f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, host.params);
-    });
+    gpuShare = nn::shareParamsOnGpu(*model, o, *gpuContext, initialiseModel);
     sync = std::make_unique<nn::HogwildSync>(*gpuShare.segment, timeout, gpuShare.params.get());
   } else if (hogwild) {
     nn::HogwildOptions o = segmentOptions;

@@ -35,6 +35,17 @@ __device__ __forceinline__ Cover coverOf(int64_t r, int64_t kernel, int64_t stri
   return {first, last};
 }
 
+// Calls f(k) for each output element k (within the plane) whose window covers input element e of
+// its plane, in the CPU's window order (rows, then columns).
+template <class F>
+__device__ __forceinline__ void forEachCoveringWindow(size_t e, const PoolShape& s, F f) {
+  const int64_t r = static_cast<int64_t>(e) / s.width, c = static_cast<int64_t>(e) % s.width;
+  const Cover rows = coverOf(r, s.kernel, s.stride, s.outHeight), cols = coverOf(c, s.kernel, s.stride, s.outWidth);
+  for (int64_t i = rows.first; i <= rows.last; ++i) {
+    for (int64_t j = cols.first; j <= cols.last; ++j) f(i * s.outWidth + j);
+  }
+}
+
 __global__ void maxPoolForwardKernel(const float* x, float* y, int32_t* argmax, PoolShape s, size_t total) {
   const size_t outPlane = static_cast<size_t>(s.outHeight * s.outWidth);
   for (size_t idx = firstIndex(); idx < total; idx += gridStride()) {
@@ -61,16 +72,12 @@ __global__ void maxPoolBackwardKernel(const float* dy, const int32_t* argmax, fl
                outPlane = static_cast<size_t>(s.outHeight * s.outWidth);
   for (size_t idx = firstIndex(); idx < total; idx += gridStride()) {
     const size_t p = idx / inPlane, e = idx % inPlane;
-    const int64_t r = static_cast<int64_t>(e) / s.width, c = static_cast<int64_t>(e) % s.width;
-    const Cover rows = coverOf(r, s.kernel, s.stride, s.outHeight), cols = coverOf(c, s.kernel, s.stride, s.outWidth);
     const float* g = dy + p * outPlane;
     const int32_t* a = argmax + p * outPlane;
     float sum = 0.0f;
-    for (int64_t i = rows.first; i <= rows.last; ++i) {
-      for (int64_t j = cols.first; j <= cols.last; ++j) {
-        if (a[i * s.outWidth + j] == static_cast<int32_t>(e)) sum += g[i * s.outWidth + j];
-      }
-    }
+    forEachCoveringWindow(e, s, [&](int64_t k) {
+      if (a[k] == static_cast<int32_t>(e)) sum += g[k];
+    });
     dx[idx] = sum;
   }
 }
@@ -95,13 +102,9 @@ __global__ void avgPoolBackwardKernel(const float* dy, float* dx, PoolShape s, f
                outPlane = static_cast<size_t>(s.outHeight * s.outWidth);
   for (size_t idx = firstIndex(); idx < total; idx += gridStride()) {
     const size_t p = idx / inPlane, e = idx % inPlane;
-    const int64_t r = static_cast<int64_t>(e) / s.width, c = static_cast<int64_t>(e) % s.width;
-    const Cover rows = coverOf(r, s.kernel, s.stride, s.outHeight), cols = coverOf(c, s.kernel, s.stride, s.outWidth);
     const float* g = dy + p * outPlane;
     float sum = 0.0f;
-    for (int64_t i = rows.first; i <= rows.last; ++i) {
-      for (int64_t j = cols.first; j <= cols.last; ++j) sum += g[i * s.outWidth + j] * scale;
-    }
+    forEachCoveringWindow(e, s, [&](int64_t k) { sum += g[k] * scale; });
     dx[idx] = sum;
   }
 }

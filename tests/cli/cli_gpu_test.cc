@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -113,15 +114,16 @@ TEST_F(CliGpuTest, HogwildWorkersReportTheLossOfTheOwner) {
   for (const char* a : {"train", "--device", "cuda:0", "--mode", "hogwild", "--epochs", "50", "--lr", "0.05"}) {
     common += std::string(" '") + a + "'";
   }
-  const std::string env = "COHORT_SHM_DIR='" + dir_ + "' COHORT_JOB_ID=" + job + " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2";
-  const std::string bin = "'" + cohortBinary() + "'";
-  std::string script = env + " RANK=0 LOCAL_RANK=0 " + bin + common + " > '" + dir_ + "/r0.log' 2>&1 & owner=$!; " +
-                       env + " RANK=1 LOCAL_RANK=1 " + bin + common + " > '" + dir_ + "/r1.log' 2>&1 & other=$!; " +
-                       "n=0; until grep -q 'cohort train:' '" + dir_ + "/r1.log' || [ $n -ge 1200 ]; do sleep 0.05; " +
-                       "n=$((n+1)); done; sleep 2; kill -9 $owner; wait $other; echo \"rank1 exit $?\"; cat '" + dir_ +
-                       "/r1.log'";
+  std::ostringstream script;
+  for (int rank : {0, 1}) {
+    script << "COHORT_SHM_DIR='" << dir_ << "' COHORT_JOB_ID=" << job << " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 RANK=" << rank
+           << " LOCAL_RANK=" << rank << " '" << cohortBinary() << "'" << common << " > '" << dir_ << "/r" << rank
+           << ".log' 2>&1 & pid" << rank << "=$!; ";
+  }
+  script << "n=0; until grep -q 'cohort train:' '" << dir_ << "/r1.log' || [ $n -ge 1200 ]; do sleep 0.05; n=$((n+1)); "
+         << "done; sleep 2; kill -9 $pid0; wait $pid1; echo \"rank1 exit $?\"; cat '" << dir_ << "/r1.log'";
   const auto start = std::chrono::steady_clock::now();
-  CommandResult r = runCommand({"/bin/sh", "-c", script}, {.timeout = std::chrono::seconds(240)});
+  CommandResult r = runCommand({"/bin/sh", "-c", script.str()}, {.timeout = std::chrono::seconds(240)});
   EXPECT_NE(r.stdoutText.find("rank1 exit 4"), std::string::npos) << r.describe();
   EXPECT_NE(r.stdoutText.find("owns the shared GPU parameters"), std::string::npos) << r.describe();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(120));
