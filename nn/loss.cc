@@ -59,6 +59,10 @@ float MeanSquaredError::forward(const Tensor& output, const Tensor& targets) {
   return n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
 }
 
+void Loss::forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) {
+  COHORT_THROW(InvalidArgument) << name() << " has no GPU implementation; give it CPU tensors (forward())";
+}
+
 #ifdef COHORT_HAVE_CUDA
 float* Loss::gpuSums(runtime::cuda::GpuContext& gpu) {
   if (!gpuSums_.defined() || gpuSums_.device() != gpu.device()) {
@@ -105,6 +109,25 @@ void MeanSquaredError::forwardGpu(const Tensor& output, const Tensor& targets, r
   const float lossScale = n ? static_cast<float>(output.rank() ? output.dim(0) : 1) / static_cast<float>(n) : 0.0f;
   runtime::cuda::meanSquaredError(output.data(), targets.data(), grad_.data(), n, lossScale, gpuSums(gpu),
                                   gpu.stream());
+}
+#else
+// The same declarations as a CUDA build, so the class layout does not depend on the build.
+namespace {
+[[noreturn]] void needsCuda(const std::string& what) {
+  COHORT_THROW(InvalidArgument) << what << " needs a build with CUDA; this one has none";
+}
+}  // namespace
+
+float* Loss::gpuSums(runtime::cuda::GpuContext&) { needsCuda(name() + "::gpuSums"); }
+
+LossSums Loss::takeGpuSums(runtime::cuda::GpuContext&) { needsCuda(name() + "::takeGpuSums"); }
+
+void SoftmaxCrossEntropy::forwardGpu(const Tensor&, const Tensor&, runtime::cuda::GpuContext&) {
+  needsCuda(name() + "::forwardGpu");
+}
+
+void MeanSquaredError::forwardGpu(const Tensor&, const Tensor&, runtime::cuda::GpuContext&) {
+  needsCuda(name() + "::forwardGpu");
 }
 #endif
 

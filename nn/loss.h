@@ -5,11 +5,13 @@
 //     correct() counts rows whose argmax equals the target (first maximum wins).
 //   MeanSquaredError: output and targets of the same element count; mean over all elements.
 // Bad targets (class out of range, shape mismatch) throw InvalidArgument naming the row.
-// GPU (CUDA builds): forward() takes CPU tensors only. On a GPU, forwardGpu() enqueues the fused
-// kernel (gradient for backward() plus device-side sums of the loss and of correct predictions) and
+// GPU: forward() takes CPU tensors only. On a GPU, forwardGpu() enqueues the fused kernel
+// (gradient for backward() plus device-side sums of the loss and of correct predictions) and
 // returns without waiting; takeGpuSums() waits for the stream and returns and resets the sums, so a
 // training loop reads them once per epoch or checkpoint rather than waiting every step. The sums are
-// float32 on the device: exact for counts up to 2^24 per read.
+// float32 on the device: exact for counts up to 2^24 per read. The class layout is the same in
+// every build; in a build without CUDA, forwardGpu() and takeGpuSums() throw InvalidArgument. A
+// user's own loss need not implement forwardGpu(): the default throws InvalidArgument (CPU only).
 // Thread safety: one thread at a time.
 #pragma once
 
@@ -40,8 +42,9 @@ class Loss {
   virtual const Tensor& backward() = 0;
   // Correct predictions in the last forward (classification losses; 0 otherwise).
   virtual int64_t correct() const { return 0; }
-#ifdef COHORT_HAVE_CUDA
-  virtual void forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) = 0;
+  // Enqueues the loss on `gpu`'s stream (tensors on its device); the default throws
+  // InvalidArgument naming the loss as CPU-only.
+  virtual void forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu);
   // Throws InvalidArgument when a target since the last read was not a class index.
   LossSums takeGpuSums(runtime::cuda::GpuContext& gpu);
 
@@ -50,8 +53,7 @@ class Loss {
   float* gpuSums(runtime::cuda::GpuContext& gpu);
 
  private:
-  Tensor gpuSums_;
-#endif
+  Tensor gpuSums_;  // undefined until the first GPU pass (and always in a build without CUDA)
 };
 
 class SoftmaxCrossEntropy final : public Loss {
@@ -60,9 +62,7 @@ class SoftmaxCrossEntropy final : public Loss {
   float forward(const Tensor& logits, const Tensor& targets) override;
   const Tensor& backward() override { return grad_; }
   int64_t correct() const override { return correct_; }
-#ifdef COHORT_HAVE_CUDA
   void forwardGpu(const Tensor& logits, const Tensor& targets, runtime::cuda::GpuContext& gpu) override;
-#endif
 
  private:
   Tensor grad_;
@@ -74,9 +74,7 @@ class MeanSquaredError final : public Loss {
   std::string name() const override { return "MeanSquaredError"; }
   float forward(const Tensor& output, const Tensor& targets) override;
   const Tensor& backward() override { return grad_; }
-#ifdef COHORT_HAVE_CUDA
   void forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) override;
-#endif
 
  private:
   Tensor grad_;

@@ -1,17 +1,77 @@
 // Module: a layer or a composition of layers with an explicit forward and backward (no autograd
-// tape; DESIGN.md §3.2).
+// tape; DESIGN.md §3.2). This comment is the contract a user's own layer implements.
 //
-// Lifecycle: registerParams() declares parameters to a ParamBuffer (in forward order), the buffer is
-// bound, resetParams() initialises them (PyTorch's defaults), then forward/backward alternate.
-// forward() keeps what backward() needs and returns a reference to an output buffer the module owns;
-// backward() takes d(loss)/d(output) for the last forward(), writes the parameter gradients (or adds
-// to them with Pass::accumulateGrads) and returns d(loss)/d(input) — or an undefined tensor when
-// Pass::needInputGrad is false (the first layer never needs it). Output and gradient buffers are
-// sized per batch shape and reused, so a steady training loop allocates nothing.
-// Devices: a module runs where its input lives. CPU tensors take the CPU code (OpenBLAS and plain
-// loops); CUDA tensors (parameters bound to device memory, input on the same device) enqueue the
-// kernels of runtime/cuda/kernels.h on Pass::gpu's stream and return without waiting.
+// Lifecycle, in this order:
+//   1. registerParams(params, prefix): declare each parameter with params.add(prefix + "weight",
+//      shape, &weight_, &weightGrad_) (and non-trainable state with addBuffer), in forward order.
+//      The prefix is what the enclosing composite chose ("fc0." inside a Sequential); a composite
+//      passes prefix + childName + "." to its children. A module without parameters does nothing.
+//   2. The owner binds the ParamBuffer (allocate, attach or relocate): from then on the registered
+//      Tensor members view the flat value and gradient buffers; the module must not reassign them,
+//      nor keep their data() pointers across calls (ParamBuffer::relocate moves the memory).
+//   3. resetParams(rng): initialise the values (on the CPU, before any relocation to a GPU).
+//   4. forward and backward alternate: each backward() belongs to the forward() just before it, with
+//      the same batch shape. forward() may be called alone (evaluation) any number of times.
+// forward(input, pass) keeps what backward needs (a handle to its input or output; Tensors are
+// shared handles, so that costs no copy; the caller keeps the input alive and unchanged until
+// backward) and returns a reference to an output buffer the module owns.
+// backward(gradOutput, pass) gets d(loss)/d(output) of the last forward and
+//   - writes d(loss)/d(param) into every registered gradient Tensor, overwriting it, or adds to it
+//     when Pass::accumulateGrads is set (micro-batches: the loop zeroes nothing between them);
+//   - returns d(loss)/d(input), shaped like the input, in a buffer the module owns, unless
+//     Pass::needInputGrad is false: then it may skip that work and return an undefined Tensor (the
+//     first layer of a network never needs one).
+// Buffers: output and gradient buffers are members, sized with runtime::ensureShape(buffer, shape)
+// at every call, which reallocates only when a batch is larger than any before, so a steady
+// training loop allocates nothing (tests/nn/hot_loop_alloc_test.cc). A returned reference stays
+// valid until the module's next forward/backward. outputShape(inputShape) says what forward will
+// return and throws InvalidArgument for an input the module cannot take.
+// Devices: a module runs where its input lives. CPU tensors take the CPU code (plain loops,
+// runtime/cpu/blas.h); CUDA tensors (parameters bound to device memory, input on the same device)
+// enqueue kernels (runtime/cuda/) on Pass::gpu's stream, allocate buffers from Pass::gpu's
+// allocator, and return without waiting. A layer with only a CPU path should throw
+// InvalidArgument for a CUDA tensor (input.device().isCuda()) rather than read device memory.
+// Check a layer with nn/grad_check.h (finite differences against backward).
+// Gradient-ready reporting: Pass::gradReady, when set, is told during backward which ParamBuffer
+// entries hold final gradients (data-parallel training starts their all-reduce while backward goes
+// on). A composite reports its children: after a child's backward it calls
+// gradReady->gradsReady(first, end) with the child's entry range (recorded around the child's
+// registerParams), unless child.reportsGradsReady() is true (the child reports its own). A
+// composite that does this returns true from reportsGradsReady(), and reports any parameters of its
+// own too. A leaf layer does nothing: its container reports it. Every entry is reported at most
+// once per backward; entries nobody reported count as ready when backward returns.
 // Thread safety: a module is used by one thread at a time.
+//
+// A user layer, y = a·x with one parameter a:
+//
+//   class Scale final : public Module {
+//    public:
+//     std::string name() const override { return "Scale"; }
+//     void registerParams(ParamBuffer& params, const std::string& prefix) override {
+//       params.add(prefix + "a", Shape{1}, &a_, &aGrad_);
+//     }
+//     void resetParams(runtime::Rng&) override { a_.at(0) = 1.0f; }
+//     Shape outputShape(const Shape& input) const override { return input; }
+//     const Tensor& forward(const Tensor& x, const Pass&) override {
+//       if (x.device().isCuda()) COHORT_THROW(InvalidArgument) << "Scale runs on the CPU only";
+//       x_ = x;  // a handle: backward needs x for d/da
+//       runtime::ensureShape(y_, x.shape());
+//       for (int64_t i = 0; i < x.numel(); ++i) y_.at(i) = a_.at(0) * x.at(i);
+//       return y_;
+//     }
+//     const Tensor& backward(const Tensor& dy, const Pass& pass) override {
+//       double da = 0;
+//       for (int64_t i = 0; i < dy.numel(); ++i) da += double(dy.at(i)) * x_.at(i);
+//       aGrad_.at(0) = float(da) + (pass.accumulateGrads ? aGrad_.at(0) : 0.0f);
+//       if (!pass.needInputGrad) return dx_ = Tensor();
+//       runtime::ensureShape(dx_, x_.shape());
+//       for (int64_t i = 0; i < dy.numel(); ++i) dx_.at(i) = a_.at(0) * dy.at(i);
+//       return dx_;
+//     }
+//
+//    private:
+//     Tensor a_, aGrad_, x_, y_, dx_;
+//   };
 #pragma once
 
 #include <memory>
@@ -64,6 +124,10 @@ class Module {
 
   virtual const Tensor& forward(const Tensor& input, const Pass& pass) = 0;
   virtual const Tensor& backward(const Tensor& gradOutput, const Pass& pass) = 0;
+
+  // True when backward() tells Pass::gradReady about this module's entries itself (a composite
+  // reporting its children, e.g. Sequential, Residual); its container then does not report them.
+  virtual bool reportsGradsReady() const { return false; }
 };
 
 using ModulePtr = std::unique_ptr<Module>;

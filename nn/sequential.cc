@@ -51,9 +51,9 @@ const Tensor& Sequential::backward(const Tensor& gradOutput, const Pass& pass) {
     Pass p = pass;
     p.needInputGrad = i > firstWithParams || pass.needInputGrad;
     g = &modules_[i]->backward(*g, p);
-    // A nested Sequential reports its own children; the listener hears each range once.
+    // A composite child reports its own entries; the listener hears each range once.
     if (pass.gradReady && i < entries_.size() && entries_[i].first < entries_[i].second &&
-        dynamic_cast<Sequential*>(modules_[i].get()) == nullptr) {
+        !modules_[i]->reportsGradsReady()) {
       pass.gradReady->gradsReady(entries_[i].first, entries_[i].second);
     }
   }

@@ -2,7 +2,8 @@
 // under "<i>.<name>" unless the module was added with a name ("fc1.weight").
 // backward() runs the modules in reverse, asking the first one for no input gradient unless the
 // caller's Pass asks for one, and tells Pass::gradReady after each module with parameters which
-// ParamBuffer entries it has just finished. Thread safety: as Module.
+// ParamBuffer entries it has just finished, unless that module reports its own
+// (Module::reportsGradsReady: a nested Sequential or Residual). Thread safety: as Module.
 #pragma once
 
 #include <vector>
@@ -26,6 +27,7 @@ class Sequential final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+  bool reportsGradsReady() const override { return true; }
 
   size_t size() const { return modules_.size(); }
   Module& at(size_t i) { return *modules_.at(i); }

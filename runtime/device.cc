@@ -20,6 +20,14 @@ Device Device::parse(const std::string& text) {
   COHORT_THROW(InvalidArgument) << "bad device '" << text << "': expected cpu, cuda or cuda:N";
 }
 
+bool cudaCompiled() {
+#ifdef COHORT_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::string Device::str() const { return isCpu() ? "cpu" : "cuda:" + std::to_string(index); }
 
 }  // namespace cohort::runtime

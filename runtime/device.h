@@ -1,6 +1,7 @@
 // Device: where a tensor's memory lives and where its kernels run ("cpu", "cuda:0").
 // A small value type. Which devices exist is a runtime question (runtime/device_query.h); whether
-// CUDA is compiled in at all is kCudaCompiled.
+// CUDA is compiled in at all is cudaCompiled(), a function of the library that was built (not of
+// the headers, which are the same in every build).
 #pragma once
 
 #include <string>
@@ -9,11 +10,8 @@ namespace cohort::runtime {
 
 enum class DeviceType { kCpu, kCuda };
 
-#ifdef COHORT_HAVE_CUDA
-inline constexpr bool kCudaCompiled = true;
-#else
-inline constexpr bool kCudaCompiled = false;
-#endif
+// True when this build of the runtime has CUDA support (COHORT_HAVE_CUDA); false in a CPU-only build.
+bool cudaCompiled();
 
 struct Device {
   DeviceType type = DeviceType::kCpu;

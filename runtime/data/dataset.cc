@@ -1,6 +1,8 @@
 #include "runtime/data/dataset.h"
 
 #include <charconv>
+#include <cmath>
+#include <cstring>
 #include <system_error>
 #include <utility>
 
@@ -53,6 +55,78 @@ int64_t syntheticCifarSize(const std::string& spec, const std::string& prefix) {
   return n;
 }
 
+// Throws unless every dimension of `shape` is positive and a leading sample dimension still fits.
+void checkArrayShape(const std::string& name, const char* what, const Shape& shape) {
+  for (int i = 0; i < shape.rank(); ++i) {
+    if (shape[i] <= 0) {
+      COHORT_THROW(InvalidArgument) << "dataset '" << name << "': " << what << " " << shape.str()
+                                    << " has a dimension that is not positive";
+    }
+  }
+  if (shape.rank() >= kMaxDims) {
+    COHORT_THROW(InvalidArgument) << "dataset '" << name << "': " << what << " " << shape.str() << " has rank "
+                                  << shape.rank() << "; at most " << kMaxDims - 1 << " (the sample count is added)";
+  }
+}
+
+// Throws at the first value of `values` that is NaN or infinite, naming its index and sample.
+void checkFinite(const std::string& name, const char* what, std::span<const float> values, int64_t perSample) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      COHORT_THROW(InvalidArgument) << "dataset '" << name << "': " << what << "[" << i << "] (sample "
+                                    << static_cast<int64_t>(i) / perSample << ") is " << values[i]
+                                    << "; every value must be finite";
+    }
+  }
+}
+
+Shape withLeading(int64_t n, const Shape& shape) {
+  Shape out{n};
+  for (int i = 0; i < shape.rank(); ++i) out.push(shape[i]);
+  return out;
+}
+
+Tensor copyToTensor(std::span<const float> values, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, cpuAllocator());
+  std::memcpy(t.data(), values.data(), values.size_bytes());
+  return t;
+}
+
+// The sample count `data` describes, after checking its shapes and sizes.
+int64_t arraySampleCount(const ArrayData& data) {
+  const std::string& name = data.name;
+  if (data.sampleShape.rank() == 0) {
+    COHORT_THROW(InvalidArgument) << "dataset '" << name
+                                  << "': sampleShape is empty; give one sample's shape, e.g. [13] for 13 features";
+  }
+  checkArrayShape(name, "sampleShape", data.sampleShape);
+  checkArrayShape(name, "targetShape", data.targetShape);
+  if (data.numClasses < 0) {
+    COHORT_THROW(InvalidArgument) << "dataset '" << name << "': numClasses is " << data.numClasses
+                                  << "; give > 0 for class labels or 0 for regression";
+  }
+  if (data.targetShape.rank() > 1 || (data.numClasses > 0 && data.targetShape.rank() != 0)) {
+    COHORT_THROW(InvalidArgument) << "dataset '" << name << "': targetShape " << data.targetShape.str()
+                                  << " is not supported; use [] (one value or class index per sample) or [T] "
+                                     "(T regression values, numClasses 0)";
+  }
+  const auto sampleSize = static_cast<size_t>(data.sampleShape.numel());
+  if (data.inputs.empty()) COHORT_THROW(InvalidArgument) << "dataset '" << name << "' has no samples: inputs is empty";
+  if (data.inputs.size() % sampleSize != 0) {
+    COHORT_THROW(InvalidArgument) << "dataset '" << name << "': inputs hold " << data.inputs.size()
+                                  << " values, not a multiple of the sample size " << sampleSize << " (sampleShape "
+                                  << data.sampleShape.str() << ")";
+  }
+  const auto n = static_cast<int64_t>(data.inputs.size() / sampleSize);
+  const auto targetSize = static_cast<size_t>(data.targetShape.numel());
+  if (data.targets.size() != static_cast<size_t>(n) * targetSize) {
+    COHORT_THROW(InvalidArgument) << "dataset '" << name << "': targets hold " << data.targets.size() << " values but "
+                                  << n << " samples with targetShape " << data.targetShape.str() << " need "
+                                  << static_cast<size_t>(n) * targetSize;
+  }
+  return n;
+}
+
 }  // namespace
 
 Dataset::Dataset(DatasetContents contents) : contents_(std::move(contents)) {
@@ -88,6 +162,27 @@ std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split) {
     return readCsv(path);
   }
   COHORT_THROW(InvalidArgument) << "unknown dataset spec '" << spec << "'; " << kAcceptedSpecs;
+}
+
+std::unique_ptr<Dataset> datasetFromArrays(const ArrayData& data) {
+  const int64_t n = arraySampleCount(data);
+  checkFinite(data.name, "inputs", data.inputs, data.sampleShape.numel());
+  checkFinite(data.name, "targets", data.targets, data.targetShape.numel());
+  if (data.numClasses > 0) {
+    for (size_t i = 0; i < data.targets.size(); ++i) {
+      const float t = data.targets[i];
+      if (!(t >= 0.0f && t < static_cast<float>(data.numClasses) && std::floor(t) == t)) {
+        COHORT_THROW(InvalidArgument) << "dataset '" << data.name << "': target " << t << " of sample " << i
+                                      << " is not a class index (an integer in [0, " << data.numClasses << "))";
+      }
+    }
+  }
+  DatasetContents contents;
+  contents.name = data.name;
+  contents.inputs = copyToTensor(data.inputs, withLeading(n, data.sampleShape));
+  contents.targets = copyToTensor(data.targets, withLeading(n, data.targetShape));
+  contents.numClasses = data.numClasses;
+  return std::make_unique<Dataset>(std::move(contents));
 }
 
 }  // namespace cohort::runtime::data

@@ -1,6 +1,6 @@
-// Dataset: a whole dataset held in host memory, and openDataset() which builds one from a
-// command-line spec (DESIGN.md §4: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR |
-// csv:FILE).
+// Dataset: a whole dataset held in host memory; openDataset() builds one from a command-line spec
+// (DESIGN.md §4: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE), and
+// datasetFromArrays() from a program's own arrays (a library user's data).
 //
 // inputs() is a CPU float32 Tensor [N, ...sampleShape]. targets() is a CPU float32 Tensor: [N]
 // holding class indices as exact floats when numClasses() > 0, or [N, T] regression values when
@@ -10,12 +10,22 @@
 // it. Thread safety: immutable after construction, so any number of threads may read it
 // concurrently.
 //
+// datasetFromArrays() copies flat, sample-major arrays into a Dataset it owns, so the caller's
+// arrays may go away after the call. It validates everything first and throws InvalidArgument
+// naming the problem: no samples; inputs not a whole number of samples; a target count that does
+// not match the sample count; a non-finite input or target (naming its index and sample); for
+// classification, a label that is not an integer in [0, numClasses) (naming the sample).
+//
 //   std::unique_ptr<Dataset> train = openDataset("mnist:/data/mnist", Split::kTrain);
 //   DataLoader loader(*train, {.batchSize = 64});
+//
+//   std::vector<float> x = ..., y = ...;  // 100 samples of 13 features, one value each
+//   auto house = datasetFromArrays({.name = "housing", .inputs = x, .sampleShape = Shape{13}, .targets = y});
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "runtime/tensor.h"
@@ -67,5 +77,19 @@ class Dataset {
 // Throws InvalidArgument for an unknown spec (listing the accepted forms) and IoError for files
 // that are missing or malformed.
 std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split);
+
+// A dataset given as flat arrays: N samples, one after another.
+struct ArrayData {
+  std::string name = "arrays";
+  std::span<const float> inputs = {};   // N × sampleShape.numel() values
+  Shape sampleShape = {};               // one sample, e.g. [13] or [1, 28, 28]: rank >= 1, dimensions > 0
+  std::span<const float> targets = {};  // N × targetShape.numel() values
+  Shape targetShape = {};               // one sample's target: [] = one value, or [T] (regression only)
+  int64_t numClasses = 0;               // > 0: targets are class indices 0..numClasses-1; 0: regression
+};
+
+// Copies `data` into a new Dataset: inputs [N, ...sampleShape], targets [N, ...targetShape].
+// Throws InvalidArgument as described above.
+std::unique_ptr<Dataset> datasetFromArrays(const ArrayData& data);
 
 }  // namespace cohort::runtime::data

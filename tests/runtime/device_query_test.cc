@@ -32,7 +32,7 @@ TEST(FormatBytes, UsesBinaryUnits) {
 TEST(CudaDevices, EmptyListComesWithAReason) {
   std::string why;
   std::vector<CudaDeviceInfo> devices = cudaDevices(&why);
-  if (!kCudaCompiled) {
+  if (!cudaCompiled()) {
     EXPECT_TRUE(devices.empty());
     EXPECT_EQ(why, "CUDA support not compiled in");
   }
@@ -40,7 +40,7 @@ TEST(CudaDevices, EmptyListComesWithAReason) {
     EXPECT_FALSE(why.empty());
     std::string text = formatDevices(hostInfo(), devices, why);
     EXPECT_NE(text.find("CUDA devices: 0"), std::string::npos) << text;
-    EXPECT_NE(text.find(kCudaCompiled ? "no CUDA device" : "CUDA support not compiled in"),
+    EXPECT_NE(text.find(cudaCompiled() ? "no CUDA device" : "CUDA support not compiled in"),
               std::string::npos)
         << text;
   } else {

@@ -73,7 +73,7 @@ TEST(CpuStream, MovesKeepNameAndDevice) {
 }
 
 TEST(CudaStreamWithoutDevice, ConstructionFailsWithAnError) {
-  if (!kCudaCompiled) {
+  if (!cudaCompiled()) {
     EXPECT_THROW(Stream(Device::cuda(0)), InvalidArgument);
     return;
   }

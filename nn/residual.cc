@@ -1,0 +1,79 @@
+#include "nn/residual.h"
+
+#include <utility>
+
+#include "nn/gpu_dispatch.h"
+#include "runtime/error.h"
+
+namespace cohort::nn {
+namespace {
+
+// out = a + b, element-wise, on the device a lives on (b and a have the same shape and device).
+void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass) {
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(a)) {
+    auto& gpu = gpuFor(pass, a, "Residual");
+    runtime::ensureShape(out, a.shape(), gpu.allocator());
+    const auto n = static_cast<size_t>(a.numel());
+    runtime::cuda::copyOnDevice(out.data(), a.data(), a.bytes(), gpu.stream());
+    runtime::cuda::axpy(1.0f, {b.data(), n}, {out.data(), n}, gpu.stream());
+    return;
+  }
+#endif
+  runtime::ensureShape(out, a.shape());
+  const float* x = a.data();
+  const float* y = b.data();
+  float* z = out.data();
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+}
+
+}  // namespace
+
+Residual::Residual(ModulePtr f, std::string name) : f_(std::move(f)), name_(std::move(name)) {
+  if (!f_) COHORT_THROW(InvalidArgument) << "Residual needs a module to wrap, got none";
+}
+
+void Residual::registerParams(ParamBuffer& params, const std::string& prefix) {
+  firstEntry_ = params.entries().size();
+  f_->registerParams(params, name_.empty() ? prefix : prefix + name_ + ".");
+  endEntry_ = params.entries().size();
+}
+
+Shape Residual::outputShape(const Shape& input) const {
+  Shape inner = f_->outputShape(input);
+  if (inner != input) {
+    COHORT_THROW(InvalidArgument) << name() << " needs f to keep its input's shape, but f maps " << input.str()
+                                  << " to " << inner.str();
+  }
+  return input;
+}
+
+const Tensor& Residual::forward(const Tensor& input, const Pass& pass) {
+  const Tensor& fx = f_->forward(input, pass);
+  if (fx.shape() != input.shape() || fx.device() != input.device()) {
+    COHORT_THROW(InvalidArgument) << name() << " needs f to keep its input's shape and device, but f maps "
+                                  << input.shape().str() << " on " << input.device().str() << " to " << fx.shape().str()
+                                  << " on " << fx.device().str();
+  }
+  addInto(output_, input, fx, pass);
+  return output_;
+}
+
+const Tensor& Residual::backward(const Tensor& gradOutput, const Pass& pass) {
+  COHORT_CHECK(gradOutput.shape() == output_.shape()) << gradOutput.shape().str() << " vs " << output_.shape().str();
+  // f's input gradient is only needed for ours; its parameter gradients do not depend on it.
+  const Tensor& fGrad = f_->backward(gradOutput, pass);
+  if (pass.gradReady && firstEntry_ < endEntry_ && !f_->reportsGradsReady()) {
+    pass.gradReady->gradsReady(firstEntry_, endEntry_);
+  }
+  if (!pass.needInputGrad) return none_;  // gradInput_ keeps its memory for the next pass that needs it
+  if (fGrad.shape() != gradOutput.shape()) {
+    COHORT_THROW(InvalidArgument) << name() << ": f's backward returned an input gradient of " << fGrad.shape().str()
+                                  << " for an input of " << gradOutput.shape().str();
+  }
+  addInto(gradInput_, gradOutput, fGrad, pass);
+  return gradInput_;
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,51 @@
+// Residual: y = x + f(x) for any Module f it owns (a skip connection around a block, as in ResNet).
+// f must return its input's shape: outputShape() throws InvalidArgument naming both shapes
+// otherwise (and forward() does, for an f whose output disagrees with its outputShape()).
+//
+// Parameters: f's are registered under prefix + name + "." (name "f" by default), so a Residual
+// added to a Sequential as "res0" around a Linear owns "res0.f.weight" and "res0.f.bias"; an empty
+// name registers them directly under the prefix. backward() computes dx = dy + f.backward(dy),
+// passing Pass::accumulateGrads (and the rest of the Pass) on to f; with Pass::needInputGrad false
+// it asks f for no input gradient either and returns an undefined Tensor. It tells Pass::gradReady
+// about f's entries after f's backward unless f reports its own (a Sequential inside), so
+// reportsGradsReady() is true and every entry is reported exactly once at any nesting.
+// Buffers: the output and the input gradient are owned and sized per batch shape
+// (runtime::ensureShape); nothing is allocated in steady state. Devices: on CUDA tensors the two
+// additions are a device copy and an axpy on Pass::gpu's stream. Thread safety: as Module.
+//
+//   auto block = std::make_unique<Sequential>();
+//   block->add(std::make_unique<Linear>(64, 64), "fc0").add(relu()).add(std::make_unique<Linear>(64, 64), "fc1");
+//   net.add(std::make_unique<Residual>(std::move(block)), "res0");  // "res0.f.fc0.weight", ...
+#pragma once
+
+#include <string>
+
+#include "nn/module.h"
+
+namespace cohort::nn {
+
+class Residual final : public Module {
+ public:
+  // Throws InvalidArgument when f is null.
+  explicit Residual(ModulePtr f, std::string name = "f");
+
+  std::string name() const override { return "Residual(" + f_->name() + ")"; }
+  void registerParams(ParamBuffer& params, const std::string& prefix) override;
+  void resetParams(runtime::Rng& rng) override { f_->resetParams(rng); }
+  Shape outputShape(const Shape& input) const override;
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+  bool reportsGradsReady() const override { return true; }
+
+  Module& inner() { return *f_; }
+
+ private:
+  ModulePtr f_;
+  std::string name_;
+  size_t firstEntry_ = 0, endEntry_ = 0;  // f's [first, end) ParamBuffer entries
+  Tensor output_;
+  Tensor gradInput_;
+  Tensor none_;  // returned when no input gradient is asked for
+};
+
+}  // namespace cohort::nn

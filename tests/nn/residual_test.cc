@@ -1,0 +1,192 @@
+// Residual: gradients against finite differences, gradient-ready reporting at any nesting, shape
+// errors, and accumulation.
+#include "nn/residual.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "nn/activation.h"
+#include "nn/grad_check.h"
+#include "nn/linear.h"
+#include "nn/sequential.h"
+#include "runtime/error.h"
+#include "tests/nn/grad_check.h"
+#include "tests/support/alloc_counter.h"
+
+namespace cohort::nn {
+namespace {
+
+using testing::bindParams;
+using testing::randomTensor;
+
+ModulePtr mlpBlock(int64_t width) {
+  auto block = std::make_unique<Sequential>();
+  block->add(std::make_unique<Linear>(width, width), "fc0")
+      .add(tanhActivation())
+      .add(std::make_unique<Linear>(width, width), "fc1");
+  return block;
+}
+
+// Every range it is told, in order.
+class RecordingListener final : public GradReadyListener {
+ public:
+  void gradsReady(size_t first, size_t end) override { ranges.emplace_back(first, end); }
+  std::vector<std::pair<size_t, size_t>> ranges;
+};
+
+TEST(Residual, AroundALinearMatchesFiniteDifferences) {
+  Residual res(std::make_unique<Linear>(4, 4));
+  ParamBuffer params;
+  bindParams(res, params, 1);
+  ASSERT_EQ(params.entries().size(), 2u);
+  EXPECT_EQ(params.entries()[0].name, "f.weight");
+  GradCheckResult r = checkGradients(res, params, randomTensor(Shape{3, 4}, 2));
+  EXPECT_TRUE(r.ok) << r.summary();
+  EXPECT_EQ(r.checked, 3 * 4 + 16 + 4 + 16 + 4);  // input, parameters, then the accumulation check
+}
+
+TEST(Residual, AroundASequentialMatchesFiniteDifferences) {
+  Residual res(mlpBlock(5), "block");
+  ParamBuffer params;
+  bindParams(res, params, 3);
+  EXPECT_EQ(params.entries()[0].name, "block.fc0.weight");
+  EXPECT_EQ(params.entries()[3].name, "block.fc1.bias");
+  GradCheckResult r = checkGradients(res, params, randomTensor(Shape{2, 5}, 4));
+  EXPECT_TRUE(r.ok) << r.summary();
+}
+
+TEST(Residual, ForwardAddsTheInputAndBackwardAddsTheGradient) {
+  Residual res(std::make_unique<Linear>(LinearOptions{.in = 2, .out = 2, .bias = false}));
+  ParamBuffer params;
+  bindParams(res, params, 1);
+  float w[] = {1, 2, 3, 4};  // y = x + W x
+  std::copy(w, w + 4, params.values().data());
+  Tensor x = Tensor::zeros(Shape{1, 2});
+  x.at(0) = 1;
+  x.at(1) = -1;
+  const Tensor& y = res.forward(x, Pass{});
+  EXPECT_EQ(y.at(0), 1 + (1 - 2));
+  EXPECT_EQ(y.at(1), -1 + (3 - 4));
+  Tensor dy = Tensor::zeros(Shape{1, 2});
+  dy.at(0) = 1;
+  dy.at(1) = 2;
+  const Tensor& dx = res.backward(dy, Pass{});  // dy + Wᵀ dy
+  EXPECT_EQ(dx.at(0), 1 + (1 * 1 + 3 * 2));
+  EXPECT_EQ(dx.at(1), 2 + (2 * 1 + 4 * 2));
+  Pass noInput;
+  noInput.needInputGrad = false;
+  res.forward(x, noInput);
+  EXPECT_FALSE(res.backward(dy, noInput).defined());
+  EXPECT_EQ(params.grads().at(0), 1.0f);  // dW = dy xᵀ, written either way
+  EXPECT_EQ(params.grads().at(3), -2.0f);
+}
+
+TEST(Residual, ReportsEveryEntryExactlyOnceAtAnyNesting) {
+  // fc0, res0 = Residual(Sequential(fc0, tanh, fc1)), res1 = Residual(Linear), fc1.
+  Sequential net;
+  net.add(std::make_unique<Linear>(3, 4), "fc0")
+      .add(std::make_unique<Residual>(mlpBlock(4)), "res0")
+      .add(std::make_unique<Residual>(std::make_unique<Linear>(4, 4)), "res1")
+      .add(std::make_unique<Linear>(4, 2), "fc1");
+  ParamBuffer params;
+  bindParams(net, params, 5);
+  const std::vector<std::string> names = {
+      "fc0.weight",      "fc0.bias",      "res0.f.fc0.weight", "res0.f.fc0.bias", "res0.f.fc1.weight",
+      "res0.f.fc1.bias", "res1.f.weight", "res1.f.bias",       "fc1.weight",      "fc1.bias"};
+  ASSERT_EQ(params.entries().size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(params.entries()[i].name, names[i]);
+
+  for (bool needInputGrad : {false, true}) {
+    RecordingListener spy;
+    Pass pass;
+    pass.needInputGrad = needInputGrad;
+    pass.gradReady = &spy;
+    net.forward(randomTensor(Shape{2, 3}, 6), pass);
+    net.backward(randomTensor(Shape{2, 2}, 7), pass);
+    // Backward order, one range per leaf module with parameters.
+    const std::vector<std::pair<size_t, size_t>> want = {{8, 10}, {6, 8}, {4, 6}, {2, 4}, {0, 2}};
+    EXPECT_EQ(spy.ranges, want) << "needInputGrad " << needInputGrad;
+  }
+}
+
+TEST(Residual, AtTheTopReportsItsModuleOrLetsItReport) {
+  using Ranges = std::vector<std::pair<size_t, size_t>>;
+  auto reported = [](Module& m) {
+    RecordingListener spy;
+    Pass pass;
+    pass.gradReady = &spy;
+    m.forward(randomTensor(Shape{2, 3}, 9), pass);
+    m.backward(randomTensor(Shape{2, 3}, 10), pass);
+    return spy.ranges;
+  };
+  Residual nested(std::make_unique<Residual>(std::make_unique<Linear>(3, 3)), "outer");
+  ParamBuffer params;
+  bindParams(nested, params, 8);
+  EXPECT_EQ(params.entries()[0].name, "outer.f.weight");
+  EXPECT_EQ(reported(nested), (Ranges{{0, 2}}));
+
+  Residual aroundBlock(mlpBlock(3));
+  ParamBuffer blockParams;
+  bindParams(aroundBlock, blockParams, 8);
+  EXPECT_EQ(reported(aroundBlock), (Ranges{{2, 4}, {0, 2}}));
+}
+
+TEST(Residual, ShapeChangingModuleIsRefusedNamingBothShapes) {
+  Residual res(std::make_unique<Linear>(4, 3));
+  try {
+    res.outputShape(Shape{2, 4});
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("[2, 4]"), std::string::npos) << what;
+    EXPECT_NE(what.find("[2, 3]"), std::string::npos) << what;
+  }
+  EXPECT_THROW(Residual(nullptr), InvalidArgument);
+}
+
+TEST(Residual, AccumulateGradsAddsToTheGradients) {
+  Residual res(mlpBlock(3));
+  ParamBuffer params;
+  bindParams(res, params, 11);
+  Tensor x = randomTensor(Shape{2, 3}, 12), dy = randomTensor(Shape{2, 3}, 13);
+  res.forward(x, Pass{});
+  Tensor dx = res.backward(dy, Pass{}).clone();
+  Tensor once = params.grads().clone();
+  Pass accumulate;
+  accumulate.accumulateGrads = true;
+  res.forward(x, accumulate);
+  const Tensor& dx2 = res.backward(dy, accumulate);
+  for (int64_t i = 0; i < once.numel(); ++i) EXPECT_FLOAT_EQ(params.grads().at(i), 2 * once.at(i)) << i;
+  for (int64_t i = 0; i < dx.numel(); ++i) EXPECT_EQ(dx2.at(i), dx.at(i)) << "the input gradient is not accumulated";
+}
+
+TEST(Residual, SteadyStateAllocatesNothing) {
+  Sequential net;
+  net.add(std::make_unique<Residual>(mlpBlock(4)), "res0").add(std::make_unique<Linear>(4, 2), "fc0");
+  ParamBuffer params;
+  bindParams(net, params, 14);
+  Tensor big = randomTensor(Shape{6, 4}, 15), small = randomTensor(Shape{3, 4}, 16);
+  Tensor dyBig = randomTensor(Shape{6, 2}, 17), dySmall = randomTensor(Shape{3, 2}, 18);
+  class Counter final : public GradReadyListener {
+   public:
+    void gradsReady(size_t first, size_t end) override { reported += end - first; }
+    size_t reported = 0;
+  } counter;
+  Pass pass;
+  pass.gradReady = &counter;
+  net.forward(big, pass);
+  net.backward(dyBig, pass);  // sizes every buffer for the largest batch
+  long before = cohort::testing::allocationCount();
+  for (int step = 0; step < 3; ++step) {
+    net.forward(step % 2 ? small : big, pass);
+    net.backward(step % 2 ? dySmall : dyBig, pass);
+  }
+  EXPECT_EQ(cohort::testing::allocationCount() - before, 0);
+  EXPECT_EQ(counter.reported, 4 * params.entries().size());
+}
+
+}  // namespace
+}  // namespace cohort::nn
