@@ -76,7 +76,7 @@ void benchModel(const Flags& f) {
   Pass pass;
   pass.rng = &dropRng;
   pass.needInputGrad = false;
-  nn::Sequential& net = *model->net;
+  nn::Sequential& net = static_cast<nn::Sequential&>(*model->net);  // buildModel makes Sequentials
   std::vector<double> fwd(net.size()), bwd(net.size());
   auto step = [&](bool timeLayers) {
     if (!timeLayers) {

@@ -8,30 +8,23 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include <sys/resource.h>
 
-#include "collectives/communicator.h"
-#include "ipc/shared_params.h"
-#include "nn/hogwild.h"
-#include "nn/sharded_sync.h"
-#include "nn/loss.h"
-#include "nn/model_spec.h"
-#include "nn/optimizer.h"
-#include "nn/replica_sync.h"
-#include "nn/trainer.h"
-#include "runtime/cpu/blas.h"
-#include "runtime/data/data_loader.h"
-#include "runtime/data/dataset.h"
-#include "runtime/device_query.h"
+#include "nn/loss.h"                   // losses
+#include "nn/model_spec.h"             // --model specs
+#include "nn/optimizer.h"              // --optimizer
+#include "runtime/cpu/blas.h"          // --threads
+#include "runtime/data/dataset.h"      // --data specs
+#include "runtime/device_query.h"      // formatBytes
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
-
-#ifdef COHORT_HAVE_CUDA
-#include "runtime/cuda/gpu_context.h"
-#endif
+#include "train/job.h"                 // the job: world, device, placement, collectives
+#include "train/trainer.h"             // the training loop
 
 namespace cohort::cli {
 
@@ -126,19 +119,19 @@ std::unique_ptr<data::Dataset> openTestSet(const TrainFlags& f) {
 
 void checkFits(const nn::Model& model, const data::Dataset& d, bool classification) {
   if (d.sampleShape().numel() != model.sampleShape.numel()) {
-    COHORT_THROW(InvalidArgument) << "model " << model.spec << " takes " << model.sampleShape.numel()
+    COHORT_THROW(InvalidArgument) << "model " << model.name << " takes " << model.sampleShape.numel()
                                   << " input features, but " << d.name() << " has " << d.sampleShape().numel();
   }
   if (classification && d.numClasses() == 0) {
     COHORT_THROW(InvalidArgument) << d.name() << " has targets that are not class indices: use --loss mse for regression";
   }
   if (classification && d.numClasses() > model.outputs) {
-    COHORT_THROW(InvalidArgument) << d.name() << " has " << d.numClasses() << " classes, but model " << model.spec
+    COHORT_THROW(InvalidArgument) << d.name() << " has " << d.numClasses() << " classes, but model " << model.name
                                   << " has " << model.outputs << " outputs";
   }
   if (!classification && d.targetShape().numel() != model.outputs) {
     COHORT_THROW(InvalidArgument) << d.name() << " has " << d.targetShape().numel() << " target values per sample, but model "
-                                  << model.spec << " has " << model.outputs << " outputs";
+                                  << model.name << " has " << model.outputs << " outputs";
   }
 }
 
@@ -155,8 +148,6 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f) {
   opt.weightDecay = static_cast<float>(f.weightDecay >= 0 ? f.weightDecay : opt.kind == nn::OptimizerKind::kAdamW ? 0.01 : 0.0);
   return opt;
 }
-
-bool fileExists(const std::string& path) { return !path.empty() && std::ifstream(path).good(); }
 
 // SIGUSR1 (SLURM sends it before the time limit with --signal=USR1@SECONDS; cohortrun forwards it)
 // asks the training loop to checkpoint and stop cleanly. The flag is the one global, and only the
@@ -183,7 +174,8 @@ void installStopSignal() {
 
 // --memory-report: what the run held, in the terms of torch.cuda.memory_allocated/_reserved and
 // max_memory_allocated on a GPU; the process's peak resident size on the CPU.
-void reportMemory(const runtime::Logger& log, const runtime::Device& device, const runtime::AllocatorStats* gpu) {
+void reportMemory(const runtime::Logger& log, const runtime::Device& device,
+                  const std::optional<runtime::AllocatorStats>& gpu) {
   if (gpu) {
     log.info() << "memory report (" << device.str() << " caching allocator): allocated "
                << runtime::formatBytes(gpu->allocatedBytes) << ", reserved " << runtime::formatBytes(gpu->reservedBytes)
@@ -195,6 +187,17 @@ void reportMemory(const runtime::Logger& log, const runtime::Device& device, con
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   log.info() << "memory report (cpu): peak resident " << runtime::formatBytes(static_cast<size_t>(usage.ru_maxrss) * 1024);
+}
+
+// The RESULT line of DESIGN.md §4.
+std::string resultLine(const train::Job& job, const train::TrainResult& r, bool classification) {
+  std::ostringstream os;
+  os << "RESULT mode=" << train::toString(job.options().mode) << " backend=" << job.backend()
+     << " world_size=" << job.world().worldSize << " epochs=" << r.epochs << " train_loss=" << r.trainLoss;
+  if (r.haveTest) os << " test_loss=" << r.testLoss;
+  if (r.haveTest && classification) os << " test_acc=" << r.testAcc;
+  os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec) << " wall_s=" << r.wallSeconds;
+  return os.str();
 }
 
 }  // namespace
@@ -213,140 +216,55 @@ int runTrain(const TrainFlags& f) {
   }
   runtime::cpu::setBlasThreads(f.threads);
   const bool classification = f.loss == "ce";
-  const bool hogwild = f.mode == "hogwild";
-  // One worker per GPU: "cuda" is the GPU of this worker's local rank.
-  const runtime::Device device = runtime::selectDevice(f.device, world.localRank);
-#ifdef COHORT_HAVE_CUDA
-  std::unique_ptr<runtime::cuda::GpuContext> gpu;
-  if (device.isCuda()) gpu = std::make_unique<runtime::cuda::GpuContext>(device);
-  runtime::cuda::GpuContext* gpuContext = gpu.get();
-#else
-  runtime::cuda::GpuContext* gpuContext = nullptr;
-#endif
+  train::Job job({.mode = train::parseMode(f.mode),
+                  .backend = f.backend,
+                  .replicas = f.replicas,
+                  .device = f.device,
+                  .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000))},
+                 world);
 
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
-  auto optimizer = nn::makeOptimizer(optimizerOptions(f), model->params.numel(), gpuContext);
-  std::unique_ptr<data::Dataset> train = data::openDataset(f.data, data::Split::kTrain);
-  std::unique_ptr<data::Dataset> test = world.rank == 0 ? openTestSet(f) : nullptr;
-  checkFits(*model, *train, classification);
-  if (test) checkFits(*model, *test, classification);
-
-  // Parameters: private (local, allreduce replicas) or in a segment every worker of this node shares
-  // (hogwild; allreduce over shm: one copy, sharded update). Either way they start from the same
-  // seeded initialisation, or from the checkpoint being resumed.
-  const bool sharded = f.mode == "allreduce" && !f.replicas && !device.isCuda() &&
-                       collectives::resolveBackend({.backend = f.backend, .world = world}) == "shm";
-  const bool paramsShared = hogwild || sharded;
-  // Shared parameters are loaded here, once, by their creator; private ones by the Trainer.
-  auto initialiseModel = [&](nn::Model& m) {
-    runtime::Rng initRng(runtime::mix(f.seed, 0x696e6974ull /* "init" */));
-    m.net->resetParams(initRng);
-    if (paramsShared && f.resume && fileExists(f.checkpoint)) nn::loadParamsFromCheckpoint(f.checkpoint, m.params);
-  };
-  auto initialise = [&] { initialiseModel(*model); };
-  // On a GPU: initialised on the CPU (the same numbers as a CPU run), then copied to the GPU once.
-  auto bindInitialisedOnGpu = [&] {
-#ifdef COHORT_HAVE_CUDA
-    std::unique_ptr<nn::Model> host = nn::buildModel(f.model);
-    host->params.allocate(runtime::cpuAllocator());
-    initialiseModel(*host);
-    nn::bindOnGpu(*model, *host, *gpu);
-#endif
-  };
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000));
-  std::unique_ptr<ipc::SharedParams> shared;
-  nn::GpuShare gpuShare;  // GPU Hogwild
-  std::unique_ptr<collectives::Communicator> comm;
-  std::unique_ptr<nn::JobSync> sync;
-  const nn::HogwildOptions segmentOptions{.jobId = world.jobId, .localRank = world.localRank,
-                                          .localWorldSize = world.localWorldSize,
-                                          .generation = static_cast<uint64_t>(world.restartCount), .timeout = timeout};
-  if (sharded) {
-    shared = nn::shareForShardedTraining(*model, *optimizer, segmentOptions, initialise);
-    sync = std::make_unique<nn::ShardedSync>(*shared, timeout);
-  } else if (f.mode == "allreduce") {
-    // Replicas: each rank initialises its own copy, then rank 0's is broadcast to all of them. On a
-    // GPU the gradient buckets are all-reduced over NCCL, ordered after backward's kernels by events.
-    const runtime::Stream* computeStream = nullptr;
-#ifdef COHORT_HAVE_CUDA
-    if (gpu) computeStream = &gpu->stream();
-#endif
-    comm = collectives::makeCommunicator({.backend = device.isCuda() && f.backend.empty() ? "nccl" : f.backend,
-                                          .world = world, .timeout = timeout, .computeStream = computeStream});
-    if (device.isCuda()) {
-      bindInitialisedOnGpu();
-    } else {
-      model->params.allocate(runtime::cpuAllocator());
-      initialise();
-    }
-    auto replicas = std::make_unique<nn::ReplicaSync>(*comm, model->params, nn::GradSyncOptions{.timeout = timeout});
-    replicas->broadcastParams();
-    sync = std::move(replicas);
-  } else if (hogwild && device.isCuda()) {
-    // One device allocation of local rank 0, opened by the others through CUDA IPC.
-    nn::HogwildOptions o = segmentOptions;
-    o.scratchFloatsPerRank = optimizer->stateFloats();
-    gpuShare = nn::shareParamsOnGpu(*model, o, *gpuContext, initialiseModel);
-    sync = std::make_unique<nn::HogwildSync>(*gpuShare.segment, timeout, gpuShare.params.get());
-  } else if (hogwild) {
-    nn::HogwildOptions o = segmentOptions;
-    o.scratchFloatsPerRank = optimizer->stateFloats();
-    shared = nn::shareParams(*model, o, initialise);
-    sync = std::make_unique<nn::HogwildSync>(*shared, timeout);
-    optimizer->setSweepStart(nn::hogwildSweepStart(model->params.numel(), world.localRank, world.localWorldSize));
-  } else if (device.isCuda()) {
-    bindInitialisedOnGpu();
-  } else {
-    model->params.allocate(runtime::cpuAllocator());
-    initialise();
-  }
+  auto optimizer = nn::makeOptimizer(optimizerOptions(f), model->params.numel(), job.gpu());
+  std::unique_ptr<data::Dataset> trainSet = data::openDataset(f.data, data::Split::kTrain);
+  std::unique_ptr<data::Dataset> testSet = world.rank == 0 ? openTestSet(f) : nullptr;
+  checkFits(*model, *trainSet, classification);
+  if (testSet) checkFits(*model, *testSet, classification);
+  job.place(*model, *optimizer, {.seed = f.seed});
   auto loss = nn::makeLoss(classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
-
-  data::DataLoader loader(*train, {.batchSize = f.batchSize, .seed = f.seed, .rank = world.rank,
-                                   .worldSize = world.worldSize, .prefetch = f.prefetch,
-                                   .augment = f.augment ? data::kStandardAugment : data::Augment{}});
+  train::Trainer trainer(job, *loss, *trainSet, testSet.get(),
+                         {.epochs = f.epochs,
+                          .batchSize = f.batchSize,
+                          .seed = f.seed,
+                          .prefetch = f.prefetch,
+                          .augment = f.augment ? data::kStandardAugment : data::Augment{},
+                          .classification = classification,
+                          .checkpointPath = f.checkpoint,
+                          .checkpointEvery = f.checkpointEvery,
+                          .resume = f.resume,
+                          .maxSteps = f.maxSteps,
+                          .stopRequested = &gStopRequested,
+                          .metricsPath = f.metrics});
+  const bool hogwild = job.options().mode == train::Mode::kHogwild;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
              << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "
-             << train->name() << " (" << loader.samplesPerEpoch() << " samples per epoch"
-             << (test ? ", test " + std::to_string(test->size()) : std::string()) << "), " << optimizer->name() << " lr "
-             << f.lr << ", batch " << f.batchSize << ", "
-             << (device.isCuda() ? "on " + device.str() : std::to_string(f.threads) + " BLAS thread(s)");
-  nn::TrainerOptions options;
-  options.epochs = f.epochs;
-  options.seed = f.seed;
-  options.classification = classification;
-  options.checkpointPath = f.checkpoint;
-  options.checkpointEvery = f.checkpointEvery;
-  options.resume = f.resume;
-  options.maxSteps = f.maxSteps;
-  options.metricsPath = f.metrics;
-  options.mode = f.mode;
-  options.backend = comm ? comm->backend() : sharded ? "shm" : "none";
-  options.paramsShared = paramsShared;
-  options.optimizerStateShared = sharded;
-  options.stopRequested = &gStopRequested;
-  options.gpu = gpuContext;
-  nn::Trainer trainer(*model, *optimizer, *loss, loader, test.get(), world, log, options, sync.get());
-  nn::TrainResult result;
+             << trainSet->name() << " (" << trainer.loader().samplesPerEpoch() << " samples per epoch"
+             << (testSet ? ", test " + std::to_string(testSet->size()) : std::string()) << "), " << optimizer->name()
+             << " lr " << f.lr << ", batch " << f.batchSize << ", "
+             << (job.device().isCuda() ? "on " + job.device().str() : std::to_string(f.threads) + " BLAS thread(s)");
+  train::TrainResult result;
   try {
     result = trainer.run();
   } catch (const std::exception&) {
     // A GPU Hogwild worker whose owner died usually learns it from a failing kernel or copy first:
     // report the cause rather than the symptom.
-    if (gpuShare.params) gpuShare.params->throwIfOwnerLost(std::chrono::seconds(1));
+    job.checkPeers(std::chrono::seconds(1));
     throw;
   }
-  if (world.rank == 0) std::printf("%s\n", trainer.resultLine(result).c_str());
+  if (world.rank == 0) std::printf("%s\n", resultLine(job, result, classification).c_str());
   std::fflush(stdout);
-  if (device.isCuda()) log.info() << "input wait on " << device.str() << ": " << result.inputWaitMs << " ms in all";
-  if (f.memoryReport) {
-    runtime::AllocatorStats gpuStats;
-#ifdef COHORT_HAVE_CUDA
-    if (gpu) gpuStats = gpu->allocator().stats();
-#endif
-    reportMemory(log, device, device.isCuda() ? &gpuStats : nullptr);
-  }
-  if (result.stoppedBySignal && world.rank == 0) {
+  if (job.device().isCuda()) log.info() << "input wait on " << job.device().str() << ": " << result.inputWaitMs << " ms in all";
+  if (f.memoryReport) reportMemory(log, job.device(), job.deviceMemoryStats());
+  if (result.stoppedByRequest && world.rank == 0) {
     log.info() << "stopped on request after step " << result.steps
                << (f.checkpoint.empty() ? "; no --checkpoint was given, so nothing was saved"
                                         : "; continue with the same command and --resume");

@@ -1,9 +1,11 @@
 // `cohort train`: flags (DESIGN.md §4) and the job they describe.
 //
 // addTrainFlags() declares every flag on a CLI11 subcommand, writing into a TrainFlags the caller
-// owns; runTrain() validates them, builds the data, model, optimizer and loss, runs the Trainer and
-// prints the RESULT line on rank 0. Errors are thrown as cohort::Error (the main maps them to exit
-// codes).
+// owns; runTrain() validates them, turns them into the public API's options (train::Job,
+// train::Trainer), builds the data, model, optimizer and loss from their specs, runs the Trainer and
+// prints the RESULT line on rank 0. Everything that makes the run multi-process is the Job's: cli/
+// includes no header of the strategies, segments or communicators (tests/cli/cli_layering_test).
+// Errors are thrown as cohort::Error (the main maps them to exit codes).
 #pragma once
 
 #include <cstdint>

@@ -32,6 +32,9 @@ struct SegmentHeader {
   std::atomic<uint32_t> ready;
 };
 
+// `n` rounded up to a multiple of `to`: payload layouts place their areas on cache lines with it.
+inline constexpr size_t roundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "ready must be lock-free across processes");
 static_assert(sizeof(SegmentHeader) <= kSegmentHeaderBytes);
 

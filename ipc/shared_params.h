@@ -1,56 +1,43 @@
-// SharedParams: a job's flat float32 parameter buffer in shared memory, for Hogwild training on CPU.
+// SharedParams: a model's flat float32 parameters in shared memory, one copy for the local ranks of
+// a job (CPU Hogwild, and the sharded synchronous mode), with two optional areas beside them: one
+// more shared array (`extra`, e.g. a sharded optimizer state) and one array per rank that the
+// others can read (`perRank`, e.g. each rank's gradients). Coordination (barriers, stats) lives in
+// ipc::JobSegment, not here.
 //
 // The local ranks of one node map one ShmRegion, segmentName(jobId, "params"); its payload is
-//   offset 0      Control      64 B: magic, numel, localWorldSize, scratchFloatsPerRank (validated)
-//   64            barrier      ProcessBarrier::bytesFor(localWorldSize)
-//   then          stats        localWorldSize x RankStats (64 B each, one cache line per rank)
-//   4096-aligned  values       numel floats
-//   64-aligned    extra        extraFloats floats, shared like the values (e.g. sharded optimizer state)
-//   64-aligned    scratch      localWorldSize x scratchFloatsPerRank floats, each rank's 64-aligned
+//   offset 0      Control      64 B: magic, numel, localWorldSize, perRankFloats, extraFloats
+//   4096          values       numel floats
+//   64-aligned    extra        extraFloats floats
+//   64-aligned    perRank      localWorldSize x perRankFloats floats, each rank's 64-aligned
 // Every rank computes the same layout from the same Options; the control block checks it agrees.
 //
 // Order of calls (every local rank constructs one SharedParams with the same options):
-//   local rank 0: creates the region, initialises control, barrier and stats, calls
-//                 `initialize(values, numel)`, then publishes the region;
+//   local rank 0: creates the region, calls `initialize(values, numel)` on the zeroed buffer, then
+//                 publishes the region;
 //   other ranks:  wait (up to options.timeout) for the publication, then attach.
-//   every rank:   registers its pid with the barrier; then e.g. barrier().arriveAndWait(localRank, ..).
-// Rank 0's constructor returns without waiting for the others; use the barrier to line them up.
+// Rank 0's constructor returns without waiting for the others (line them up with a JobSegment).
 //
-// Ownership: the object owns its mapping. The segment's name is removed by unlinkName() (once every
-// rank has attached) or by rank 0's destructor with Options::unlinkOnDestroy; the launcher removes
-// the job's segments at the end anyway (removeJobSegments). Destroying a SharedParams invalidates
-// values(), scratch(), barrier() and stats() in this process only.
+// Ownership: the object owns its mapping. The name is removed by unlinkName() (once every rank has
+// attached) or by rank 0's destructor with Options::unlinkOnDestroy; the launcher removes the job's
+// segments at the end anyway (removeJobSegments).
 // Thread safety: Hogwild by design: values() is written by all ranks without locks (races between
 // float stores are accepted: each store is a whole aligned float, and SGD tolerates lost updates).
-// Use std::atomic_ref for values that must not lose updates. stats() fields are atomics.
+// Use std::atomic_ref for values that must not lose updates.
 //
 //   SharedParams params({.jobId = world.jobId, .localRank = world.localRank,
-//                        .localWorldSize = world.localWorldSize, .numel = model.numel()},
-//                       [&](float* v, size_t n) { model.initParams(v, n); });
-//   params.barrier().arriveAndWait(world.localRank, {.what = "start"});
+//                        .localWorldSize = world.localWorldSize, .numel = n},
+//                       [&](float* v, size_t n) { std::copy_n(initial, n, v); });
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
 
-#include "ipc/barrier.h"
 #include "ipc/shm_region.h"
 
 namespace cohort::ipc {
-
-// One rank's progress counters, in shared memory so rank 0 can report the whole job's throughput.
-struct alignas(64) RankStats {
-  std::atomic<int64_t> startNs{0};  // e.g. steady_clock nanoseconds when training began
-  std::atomic<int64_t> endNs{0};
-  std::atomic<int64_t> samples{0};
-  std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> exchange{0};  // a value this rank publishes for the others between two barriers
-};
-static_assert(std::atomic<int64_t>::is_always_lock_free, "stats must be lock-free across processes");
 
 class SharedParams {
  public:
@@ -58,10 +45,10 @@ class SharedParams {
     std::string jobId;
     int localRank = 0;
     int localWorldSize = 1;
-    size_t numel = 0;                 // floats in values()
-    size_t scratchFloatsPerRank = 0;  // per-rank area (e.g. gathering optimizer state, gradients)
-    size_t extraFloats = 0;           // one more area shared by all ranks
-    uint64_t generation = 0;          // of the job (bumped on restart)
+    size_t numel = 0;          // floats in values()
+    size_t perRankFloats = 0;  // floats in each perRank(r)
+    size_t extraFloats = 0;    // floats in extra()
+    uint64_t generation = 0;   // of the job (bumped on restart)
     std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // others' wait for rank 0
     bool unlinkOnDestroy = false;                                 // rank 0 only: remove the name when destroyed
     std::string name = "params";                                  // segment name within the job
@@ -75,9 +62,6 @@ class SharedParams {
   SharedParams(const Options& options, const Initializer& initialize);
   SharedParams(const SharedParams&) = delete;
   SharedParams& operator=(const SharedParams&) = delete;
-  SharedParams(SharedParams&&) = default;
-  SharedParams& operator=(SharedParams&&) = default;
-  ~SharedParams() = default;
 
   // Bytes of shared memory the segment for `options` needs (payload plus header).
   static size_t segmentBytes(const Options& options);
@@ -86,12 +70,10 @@ class SharedParams {
   size_t numel() const { return numel_; }
   int localRank() const { return localRank_; }
   int localWorldSize() const { return localWorldSize_; }
-  float* scratch(int rank) const;
+  float* perRank(int rank) const;
+  size_t perRankFloats() const { return perRankFloats_; }
   float* extra() const { return extra_; }
   size_t extraFloats() const { return extraFloats_; }
-  size_t scratchFloatsPerRank() const { return scratchFloatsPerRank_; }
-  ProcessBarrier& barrier() { return barrier_; }
-  RankStats& stats(int rank) const;
   const ShmRegion& region() const { return region_; }
   // Removes the segment's name (the mappings stay valid); call once every rank has attached, e.g.
   // after the first barrier. Idempotent.
@@ -100,18 +82,15 @@ class SharedParams {
  private:
   struct Layout;
   static Layout layoutFor(const Options& options);
-  static ShmRegion makeRegion(const Options& options, const Initializer& initialize);
 
   ShmRegion region_;
-  ProcessBarrier barrier_;
   float* values_;
-  RankStats* stats_;
-  float* scratch_;
-  float* extra_ = nullptr;
+  float* perRank_;
+  float* extra_;
   size_t numel_;
   size_t extraFloats_;
-  size_t scratchFloatsPerRank_;
-  size_t scratchStride_;  // floats between two ranks' scratch areas
+  size_t perRankFloats_;
+  size_t perRankStride_;  // floats between two ranks' areas
   int localRank_;
   int localWorldSize_;
 };

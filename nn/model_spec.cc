@@ -64,37 +64,36 @@ class CnnBuilder {
 
 // LeNet-5 with ReLU and max-pooling, for [1, 28, 28] images (flat [784] rows are viewed as such);
 // with `batchNorm`, a BatchNorm2d follows each convolution.
-void buildLenet(Model& model, bool batchNorm) {
-  CnnBuilder b(*model.net);
+void buildLenet(Sequential& net, ModelInfo& info, bool batchNorm) {
+  CnnBuilder b(net);
   b.view(Shape{1, 28, 28}).conv({.in = 1, .out = 6, .kernel = 5, .padding = 2});
   if (batchNorm) b.batchNorm(6);
   b.relu().maxPool(2).conv({.in = 6, .out = 16, .kernel = 5});
   if (batchNorm) b.batchNorm(16);
   b.relu().maxPool(2).flatten().linear(16 * 5 * 5, 120).relu().linear(120, 84).relu().linear(84, 10);
-  model.sampleShape = Shape{1, 28, 28};
-  model.outputs = 10;
+  info.sampleShape = Shape{1, 28, 28};
+  info.outputs = 10;
 }
 
 // The CIFAR-10 CNN of the 'rosetta' framework comparison (Keras' cifar10_cnn layout with 50 and 100
 // filters) for [3, 32, 32] images (flat [3072] rows are viewed as such).
-void buildRosetta(Model& model) {
-  CnnBuilder b(*model.net);
+void buildRosetta(Sequential& net, ModelInfo& info) {
+  CnnBuilder b(net);
   b.view(Shape{3, 32, 32});
   b.conv({.in = 3, .out = 50, .kernel = 3, .padding = 1}).relu().conv({.in = 50, .out = 50, .kernel = 3}).relu();
   b.maxPool(2).dropout(0.25f);
   b.conv({.in = 50, .out = 100, .kernel = 3, .padding = 1}).relu().conv({.in = 100, .out = 100, .kernel = 3}).relu();
   b.maxPool(2).dropout(0.25f);
   b.flatten().linear(100 * 6 * 6, 512).relu().dropout(0.5f).linear(512, 10);
-  model.sampleShape = Shape{3, 32, 32};
-  model.outputs = 10;
+  info.sampleShape = Shape{3, 32, 32};
+  info.outputs = 10;
 }
 
 }  // namespace
 
 std::unique_ptr<Model> buildModel(const std::string& spec) {
-  auto model = std::make_unique<Model>();
-  model->spec = spec;
-  model->net = std::make_unique<Sequential>();
+  auto net = std::make_unique<Sequential>();
+  ModelInfo info{.name = spec};
   if (spec.rfind("mlp:", 0) == 0) {
     std::vector<int64_t> sizes = parseSizes(spec, spec.substr(4));
     if (sizes.size() < 2) {
@@ -102,26 +101,25 @@ std::unique_ptr<Model> buildModel(const std::string& spec) {
                                     << kAccepted;
     }
     for (size_t i = 0; i + 1 < sizes.size(); ++i) {
-      model->net->add(std::make_unique<Linear>(sizes[i], sizes[i + 1]), "fc" + std::to_string(i));
-      if (i + 2 < sizes.size()) model->net->add(relu(), "relu" + std::to_string(i));
+      net->add(std::make_unique<Linear>(sizes[i], sizes[i + 1]), "fc" + std::to_string(i));
+      if (i + 2 < sizes.size()) net->add(relu(), "relu" + std::to_string(i));
     }
-    model->sampleShape = Shape{sizes.front()};
-    model->outputs = sizes.back();
+    info.sampleShape = Shape{sizes.front()};
+    info.outputs = sizes.back();
   } else if (spec == "cnn:lenet" || spec == "cnn:lenet-bn") {
-    buildLenet(*model, spec == "cnn:lenet-bn");
+    buildLenet(*net, info, spec == "cnn:lenet-bn");
   } else if (spec == "cnn:rosetta") {
-    buildRosetta(*model);
+    buildRosetta(*net, info);
   } else {
     COHORT_THROW(InvalidArgument) << "unknown model spec '" << spec << "'; " << kAccepted;
   }
-  model->net->registerParams(model->params, "");
-  return model;
+  return std::make_unique<Model>(std::move(net), std::move(info));
 }
 
 void bindOnGpu(Model& model, const Model& initialised, runtime::cuda::GpuContext& gpu) {
 #ifdef COHORT_HAVE_CUDA
-  if (initialised.spec != model.spec || !initialised.params.bound()) {
-    COHORT_THROW(InvalidArgument) << "bindOnGpu needs a bound " << model.spec << " to copy, got " << initialised.spec;
+  if (initialised.name != model.name || !initialised.params.bound()) {
+    COHORT_THROW(InvalidArgument) << "bindOnGpu needs a bound " << model.name << " to copy, got " << initialised.name;
   }
   model.params.allocate(gpu.allocator());
   model.params.values().copyFrom(initialised.params.values());

@@ -11,29 +11,20 @@
 //
 // Layers are named by kind, numbered in forward order: fc0.weight, conv1.bias, bn0.running_mean.
 //
-// A Model owns its network and the ParamBuffer its parameters live in. It is built unbound: call
-// params.allocate()/attach() and then net->resetParams(). Unknown or malformed specs throw
-// InvalidArgument naming the spec and the accepted forms. Not copyable or movable once bound
-// (the buffer points into the modules).
+// The Model (nn/model.h) is named by its spec and built unbound: call params.allocate() (or let
+// train::Job place it) and then net->resetParams(). Unknown or malformed specs throw
+// InvalidArgument naming the spec and the accepted forms.
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "nn/param_buffer.h"
+#include "nn/model.h"
 #include "nn/sequential.h"
 
 namespace cohort::nn {
 
-struct Model {
-  std::string spec;
-  Shape sampleShape;  // one input sample, e.g. [784] or [3, 32, 32]
-  int64_t outputs = 0;
-  std::unique_ptr<Sequential> net;
-  ParamBuffer params;
-};
-
-// Builds the network and registers its parameters in model->params (unbound).
+// Builds the network (a Sequential) and registers its parameters in model->params (unbound).
 std::unique_ptr<Model> buildModel(const std::string& spec);
 
 // Binds `model` (unbound) on `gpu`'s device with the parameter and buffer values of `initialised`

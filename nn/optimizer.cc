@@ -15,7 +15,7 @@ using runtime::Shape;
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) : Optimizer(o, gpu) {
+  Sgd(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) : Optimizer(o, numel, gpu) {
     if (o.momentum != 0.0f) buf_ = zeroState(numel);
   }
   std::string name() const override { return "sgd"; }
@@ -64,7 +64,7 @@ class Sgd final : public Optimizer {
 class Adam final : public Optimizer {
  public:
   Adam(const OptimizerOptions& o, size_t numel, bool decoupled, runtime::cuda::GpuContext* gpu)
-      : Optimizer(o, gpu), decoupled_(decoupled) {
+      : Optimizer(o, numel, gpu), decoupled_(decoupled) {
     expAvg_ = zeroState(numel);
     expAvgSq_ = zeroState(numel);
   }
@@ -175,6 +175,13 @@ void Optimizer::stepSlice(const Tensor& params, const Tensor& grads, int64_t beg
   beginStep();
   sweep(params.data(), grads.data(), begin, end, prepareBlock ? &prepareBlock : nullptr);
   ++steps_;
+}
+
+runtime::Device Optimizer::device() const {
+#ifdef COHORT_HAVE_CUDA
+  if (gpu_) return gpu_->device();
+#endif
+  return runtime::Device::cpu();
 }
 
 size_t Optimizer::stateFloats() const {

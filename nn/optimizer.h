@@ -71,13 +71,18 @@ class Optimizer {
   // element is the same whatever the order.
   void setSweepStart(size_t element) { sweepStart_ = element; }
 
+  // The length of the flat buffers this optimizer was made for, and where its state lives.
+  size_t numel() const { return numel_; }
+  runtime::Device device() const;
+
   int64_t steps() const { return steps_; }
   void setSteps(int64_t steps) { steps_ = steps; }
   const OptimizerOptions& options() const { return options_; }
   void setLr(float lr) { options_.lr = lr; }
 
  protected:
-  Optimizer(const OptimizerOptions& options, runtime::cuda::GpuContext* gpu) : options_(options), gpu_(gpu) {}
+  Optimizer(const OptimizerOptions& options, size_t numel, runtime::cuda::GpuContext* gpu)
+      : options_(options), numel_(numel), gpu_(gpu) {}
   // A zeroed state buffer of `numel` floats on the optimizer's device.
   Tensor zeroState(size_t numel) const;
   // Updates elements [begin, end) for the step being taken (steps_ not yet incremented).
@@ -90,6 +95,7 @@ class Optimizer {
   // The whole update on the GPU (params and grads are device buffers of gpu_'s device).
   virtual void stepGpu(const Tensor& params, const Tensor& grads) = 0;
   OptimizerOptions options_;
+  size_t numel_ = 0;
   int64_t steps_ = 0;
   size_t sweepStart_ = 0;
   runtime::cuda::GpuContext* gpu_ = nullptr;

@@ -72,6 +72,18 @@ void ParamBuffer::attach(float* values, runtime::Device device, runtime::Allocat
   bind(gradAllocator);
 }
 
+void ParamBuffer::relocate(const Placement& where) {
+  COHORT_CHECK(bound() && where.allocator) << "relocate needs a bound ParamBuffer and an allocator";
+  const Tensor oldValues = values_, oldGrads = grads_, oldBuffers = buffers_;
+  const Shape shape{static_cast<int64_t>(numel_)};
+  values_ = where.values ? Tensor::view(where.values, shape, where.device) : Tensor::empty(shape, *where.allocator);
+  grads_ = Tensor::empty(shape, *where.allocator);
+  if (where.copyValues || !where.values) values_.copyFrom(oldValues);
+  grads_.copyFrom(oldGrads);
+  bind(*where.allocator);  // fresh buffers; then the current values go over the initial ones
+  buffers_.copyFrom(oldBuffers);
+}
+
 void ParamBuffer::placeGrads(float* grads) {
   COHORT_CHECK(bound() && values_.device().isCpu()) << "placeGrads needs a ParamBuffer bound on the CPU";
   grads_ = Tensor::view(grads, Shape{static_cast<int64_t>(numel_)});

@@ -52,6 +52,21 @@ class ParamBuffer {
   // Values live at `values` (numel() floats on `device`, owned by the caller); gradients and
   // buffers are allocated from `gradAllocator`.
   void attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator);
+  // Moves a bound buffer elsewhere: the values to `where.values` (external memory of numel() floats
+  // on `where.device`, owned by the caller) or, when that is null, to fresh memory from
+  // `where.allocator`; gradients and buffers always to fresh memory from `where.allocator`. The
+  // current values (unless copyValues is false: the external memory already holds them), gradients
+  // and buffers are copied over (blocking copies, any devices), and every registered Tensor is
+  // pointed at the new place. Used to initialise a model on the CPU and then place it on a GPU or
+  // in memory the ranks of a job share (train::Job). The old memory is released (owned) or left to
+  // its owner (attached).
+  struct Placement {
+    float* values = nullptr;
+    runtime::Device device;
+    runtime::Allocator* allocator = nullptr;
+    bool copyValues = true;
+  };
+  void relocate(const Placement& where);
   // After binding on the CPU: the gradients move to external memory (numel() floats, zeroed here,
   // owned by the caller), e.g. a shared segment where the other workers read them (synchronous
   // sharded training); every registered gradient Tensor is pointed there.

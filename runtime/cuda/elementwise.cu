@@ -93,6 +93,22 @@ __global__ void fillKernel(float* __restrict__ data, size_t n, size_t vecCount, 
   for (size_t i = 4 * vecCount + first; i < n; i += stride) data[i] = value;
 }
 
+// ---- scale ----
+
+__global__ void scaleKernel(float* __restrict__ data, size_t n, size_t vecCount, float alpha) {
+  size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (size_t i = first; i < vecCount; i += stride) {
+    float4 v = reinterpret_cast<float4*>(data)[i];
+    v.x *= alpha;
+    v.y *= alpha;
+    v.z *= alpha;
+    v.w *= alpha;
+    reinterpret_cast<float4*>(data)[i] = v;
+  }
+  for (size_t i = 4 * vecCount + first; i < n; i += stride) data[i] *= alpha;
+}
+
 // ---- axpy ----
 
 __global__ void axpyKernel(float alpha, const float* __restrict__ x, float* __restrict__ y,
@@ -143,6 +159,17 @@ void fill(std::span<float> data, float value, const Stream& stream) {
   CudaDeviceGuard guard(stream.device().index);
   Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
   fillKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(data.data(), n, vecCount, value);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale(std::span<float> data, float alpha, const Stream& stream) {
+  checkCudaStream(stream);
+  size_t n = data.size();
+  if (n == 0) return;
+  size_t vecCount = aligned16(data.data()) ? n / 4 : 0;
+  CudaDeviceGuard guard(stream.device().index);
+  Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
+  scaleKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(data.data(), n, vecCount, alpha);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

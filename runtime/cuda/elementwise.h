@@ -47,6 +47,9 @@ void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Str
 // data[i] = value.
 void fill(std::span<float> data, float value, const Stream& stream);
 
+// data[i] *= alpha (e.g. the 1/K of K accumulated micro-batches).
+void scale(std::span<float> data, float alpha, const Stream& stream);
+
 // y[i] += alpha * x[i] (BLAS saxpy; x and y have the same length).
 void axpy(float alpha, std::span<const float> x, std::span<float> y, const Stream& stream);
 

@@ -83,7 +83,7 @@ TEST(ModelSpec, RosettaIsTheCifarCnn) {
                        512 * 10 + 10);
   EXPECT_EQ(model->net->outputShape(Shape{4, 3, 32, 32}), (Shape{4, 10}));
   EXPECT_EQ(model->net->outputShape(Shape{4, 3072}), (Shape{4, 10}));
-  const std::string layers = model->net->describe();
+  const std::string layers = static_cast<Sequential&>(*model->net).describe();
   for (const char* name : {"conv3 ", "pool1 ", "drop2 ", "flatten ", "fc1 "}) {
     EXPECT_NE(layers.find(name), std::string::npos) << name << " in\n" << layers;
   }

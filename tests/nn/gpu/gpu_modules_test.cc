@@ -40,7 +40,7 @@ struct ModelRun {
 // One model on `gpu` (or the CPU when null) with the parameters of `init` (a bound CPU model).
 ModelRun makeRun(const nn::Model& init, const nn::OptimizerOptions& opt, runtime::cuda::GpuContext* gpu) {
   ModelRun r;
-  r.model = nn::buildModel(init.spec);
+  r.model = nn::buildModel(init.name);
   if (gpu) {
     nn::bindOnGpu(*r.model, init, *gpu);
   } else {

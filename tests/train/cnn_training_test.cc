@@ -9,7 +9,8 @@
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
-#include "nn/trainer.h"
+#include "train/job.h"
+#include "train/trainer.h"
 #include "runtime/data/data_loader.h"
 #include "tests/support/process.h"
 
@@ -53,28 +54,29 @@ struct RunOptions {
 };
 
 struct RunOutcome {
-  TrainResult result;
+  train::TrainResult result;
   Tensor values;   // the parameters at the end
   Tensor buffers;  // the non-trainable buffers at the end
 };
 
 RunOutcome train(const RunOptions& o, const Dataset& data, const Dataset* test) {
   auto model = buildModel(o.spec);
-  model->params.allocate(runtime::cpuAllocator());
-  runtime::Rng init(42);
-  model->net->resetParams(init);
   const float momentum = o.optimizer == OptimizerKind::kSgd ? 0.9f : 0.0f;
   auto optimizer = makeOptimizer({.kind = o.optimizer, .lr = o.lr, .momentum = momentum}, model->params.numel());
+  train::Job job({.mode = train::Mode::kLocal});
+  job.place(*model, *optimizer, {.initialise = [](Model& m) {
+                                   runtime::Rng init(42);
+                                   m.net->resetParams(init);
+                                 }});
   SoftmaxCrossEntropy loss;
-  runtime::data::DataLoader loader(data, {.batchSize = 32, .seed = 3, .prefetch = 0});
-  runtime::WorldInfo world;
-  runtime::Logger log(world, {.minLevel = runtime::LogLevel::kWarn});
-  TrainerOptions options;
-  options.epochs = o.epochs;
-  options.checkpointPath = o.checkpointPath;
-  options.resume = o.resume;
-  options.maxSteps = o.maxSteps;
-  Trainer trainer(*model, *optimizer, loss, loader, test, world, log, options);
+  train::Trainer trainer(job, loss, data, test,
+                         {.epochs = o.epochs,
+                          .batchSize = 32,
+                          .seed = 3,
+                          .prefetch = 0,
+                          .checkpointPath = o.checkpointPath,
+                          .resume = o.resume,
+                          .maxSteps = o.maxSteps});
   RunOutcome out;
   out.result = trainer.run();
   out.values = model->params.values().clone();

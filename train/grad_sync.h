@@ -22,7 +22,7 @@
 #include "nn/module.h"
 #include "nn/param_buffer.h"
 
-namespace cohort::nn {
+namespace cohort::train {
 
 struct GradSyncOptions {
   size_t bucketBytes = size_t{25} << 20;
@@ -30,9 +30,9 @@ struct GradSyncOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
-class GradSync final : public GradReadyListener {
+class GradSync final : public nn::GradReadyListener {
  public:
-  GradSync(collectives::Communicator& comm, const ParamBuffer& params, const GradSyncOptions& options);
+  GradSync(collectives::Communicator& comm, const nn::ParamBuffer& params, const GradSyncOptions& options);
 
   void broadcastParams();
   void gradsReady(size_t firstEntry, size_t endEntry) override;
@@ -49,7 +49,7 @@ class GradSync final : public GradReadyListener {
   void start(size_t bucket);
 
   collectives::Communicator& comm_;
-  const ParamBuffer& params_;
+  const nn::ParamBuffer& params_;
   GradSyncOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucketOfEntry_;
@@ -57,4 +57,4 @@ class GradSync final : public GradReadyListener {
   std::vector<collectives::WorkPtr> work_;
 };
 
-}  // namespace cohort::nn
+}  // namespace cohort::train

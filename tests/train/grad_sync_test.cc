@@ -1,17 +1,18 @@
 // GradSync against a communicator that records what it is asked to do: bucket layout (module
 // boundaries, reverse order, tiling the flat buffer), a bucket's all-reduce starting as soon as its
 // modules finish backward (before earlier layers' backward), and finish() waiting for all of them.
-#include "nn/grad_sync.h"
+#include "train/grad_sync.h"
 
 #include <gtest/gtest.h>
 
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 
-namespace cohort::nn {
+namespace cohort::train {
 namespace {
 
 using collectives::ReduceOp;
+using namespace nn;
 
 class RecordingCommunicator final : public collectives::Communicator {
  public:
@@ -52,7 +53,7 @@ class RecordingCommunicator final : public collectives::Communicator {
 };
 
 // Records how many all-reduces had started when each module's gradients were reported.
-class SpyListener final : public GradReadyListener {
+class SpyListener final : public nn::GradReadyListener {
  public:
   SpyListener(GradSync& sync, RecordingCommunicator& comm) : sync_(sync), comm_(comm) {}
   void gradsReady(size_t first, size_t end) override {
@@ -131,4 +132,4 @@ TEST(GradSync, FinishStartsBucketsNobodyReported) {
 }
 
 }  // namespace
-}  // namespace cohort::nn
+}  // namespace cohort::train

@@ -1,6 +1,7 @@
 // Hogwild across real processes: every worker's optimizer steps land in the one shared buffer.
 //
-// Each of W forked workers attaches the model's parameters to the shared segment and runs K SGD
+// Each of W forked workers places the model with a HogwildStrategy (rank 0 initialises, the others
+// attach to the shared segment) and runs K SGD
 // steps with gradient 1 over its own contiguous slice of the flat buffer (slice r of W), so the
 // workers write disjoint elements and every element must end exactly K·lr below its initial value —
 // which holds only if every worker's writes reached the one buffer every process sees.
@@ -15,11 +16,11 @@
 #include <cstdlib>
 #include <string>
 
-#include "nn/hogwild.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
+#include "train/hogwild_strategy.h"
 
-namespace cohort::nn {
+namespace cohort::train {
 namespace {
 
 constexpr int kSteps = 8;
@@ -34,12 +35,23 @@ float initialValue(size_t i) { return static_cast<float>(i % 17) * 0.25f; }
 
 // Runs one worker; returns a process exit code (0 = all checks passed).
 int worker(const std::string& jobId, int rank, int world) {
+  using namespace nn;
   auto model = buildModel("mlp:7,5,3");
-  HogwildOptions o{.jobId = jobId, .localRank = rank, .localWorldSize = world, .timeout = std::chrono::seconds(30)};
-  auto shared = shareParams(*model, o, [&] {
-    for (size_t i = 0; i < model->params.numel(); ++i) model->params.values().at(static_cast<int64_t>(i)) = initialValue(i);
-  });
-  HogwildSync sync(*shared, std::chrono::seconds(30));
+  model->params.allocate(runtime::cpuAllocator());
+  auto whole = makeOptimizer({.kind = OptimizerKind::kSgd, .lr = kLr}, model->params.numel());
+  const runtime::WorldInfo info{.rank = rank, .worldSize = world, .localRank = rank, .localWorldSize = world, .jobId = jobId};
+  int initialised = 0;
+  HogwildStrategy sync({.params = model->params,
+                        .optimizer = *whole,
+                        .world = info,
+                        .timeout = std::chrono::seconds(30),
+                        .initialise = [&] {
+                          ++initialised;
+                          for (size_t i = 0; i < model->params.numel(); ++i) {
+                            model->params.values().at(static_cast<int64_t>(i)) = initialValue(i);
+                          }
+                        }});
+  if (initialised != (rank == 0 ? 1 : 0)) return 4;  // only the creator initialises
   const int64_t n = static_cast<int64_t>(model->params.numel());
   const int64_t begin = n * rank / world, end = n * (rank + 1) / world;
   auto opt = makeOptimizer({.kind = OptimizerKind::kSgd, .lr = kLr}, static_cast<size_t>(end - begin));
@@ -49,13 +61,13 @@ int worker(const std::string& jobId, int rank, int world) {
   Tensor myGrads = model->params.grads().narrowRows(begin, end - begin);
   sync.barrier("start");
   for (int s = 0; s < kSteps; ++s) opt->step(mySlice, myGrads);
-  sync.reportProgress(kSteps, 1.0, opt->steps());
-  sync.barrier("end");
+  double samples = kSteps;
+  sync.reduce({&samples, 1}, ScalarOp::kSum);
   int bad = 0;
   for (size_t i = 0; i < model->params.numel(); ++i) {
     bad += model->params.values().at(static_cast<int64_t>(i)) != initialValue(i) - kSteps * kLr;
   }
-  if (sync.jobProgress().samples != int64_t{kSteps} * world) return 3;
+  if (samples != double{kSteps} * world) return 3;
   sync.barrier("checked");
   return bad == 0 ? 0 : 2;
 }
@@ -102,4 +114,4 @@ TEST_F(HogwildTest, EveryWorkersUpdatesLandInTheSharedBufferWith4Workers) { runW
 TEST_F(HogwildTest, OneWorkerIsHogwildWithNobodyElse) { runWorkers(1); }
 
 }  // namespace
-}  // namespace cohort::nn
+}  // namespace cohort::train

@@ -1,10 +1,10 @@
-#include "nn/grad_sync.h"
+#include "train/grad_sync.h"
 
 #include <string>
 
 #include "runtime/error.h"
 
-namespace cohort::nn {
+namespace cohort::train {
 
 namespace {
 
@@ -16,7 +16,7 @@ std::string moduleOf(const std::string& name) {
 
 }  // namespace
 
-GradSync::GradSync(collectives::Communicator& comm, const ParamBuffer& params, const GradSyncOptions& options)
+GradSync::GradSync(collectives::Communicator& comm, const nn::ParamBuffer& params, const GradSyncOptions& options)
     : comm_(comm), params_(params), options_(options) {
   const auto& entries = params.entries();
   bucketOfEntry_.assign(entries.size(), 0);
@@ -78,4 +78,4 @@ void GradSync::finish() {
   }
 }
 
-}  // namespace cohort::nn
+}  // namespace cohort::train

@@ -1,0 +1,287 @@
+// train::Job in process: every mode and strategy driven through the public API by ranks that are
+// forked processes of this test (no `cohort` binary), each with a fresh job id and shared-memory
+// directory.
+//   - allreduce (sharded shm, and replicas over shm): N ranks x batch b train like 1 rank x batch
+//     N·b (to 1e-5 after 12 steps), with and without K micro-batches per step;
+//   - K micro-batches of b equal one batch of K·b in one process;
+//   - a checkpoint saved mid-run and loaded into a fresh job continues bit for bit (local, sharded,
+//     replicas), and Hogwild restores every worker's own optimizer state;
+//   - Hogwild workers see one copy of the parameters;
+//   - misuse is an InvalidArgument naming the problem.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nn/activation.h"
+#include "nn/checkpoint.h"
+#include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/model_spec.h"
+#include "nn/optimizer.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/data/dataset.h"
+#include "tests/support/process.h"
+#include "tests/train/ranks.h"
+#include "train/job.h"
+
+namespace cohort::train {
+namespace {
+
+using ipc::testing::ScopedShmDir;
+using runtime::Shape;
+using testing::runRanks;
+using runtime::Tensor;
+using runtime::data::Dataset;
+
+constexpr const char* kSpec = "mlp:20,16,3";
+
+struct Run {
+  JobOptions job;
+  int64_t batch = 16;  // per rank and micro-batch
+  int microBatches = 1;
+  int64_t steps = 12;
+  nn::OptimizerKind optimizer = nn::OptimizerKind::kSgd;
+  std::string saveAt;     // checkpoint path written after `saveAfter` steps
+  int64_t saveAfter = -1;
+  std::string resumeFrom;  // checkpoint to load before training (its "step" says where to start)
+  std::string finalPath;   // checkpoint written at the end
+};
+
+// One rank's training loop through the public API; returns 0 or a failure code.
+int trainRank(const Run& run, const runtime::WorldInfo& world) {
+  auto data = testing::teacherData();
+  auto model = nn::buildModel(kSpec);
+  Job job(run.job, world);
+  auto optimizer = nn::makeOptimizer({.kind = run.optimizer, .lr = 0.05f, .momentum = 0.9f}, model->params.numel(), job.gpu());
+  job.place(*model, *optimizer, {.seed = 3});
+  int64_t step = 0;
+  if (!run.resumeFrom.empty()) {
+    auto meta = job.load(run.resumeFrom);
+    if (!meta) return 10;
+    step = std::stoll(meta->at("step"));
+  }
+  runtime::data::DataLoader loader(*data, job.shard({.batchSize = run.batch, .seed = 7, .prefetch = 0}));
+  nn::SoftmaxCrossEntropy loss;
+  // Batches in order from `step` on: micro-batch k of step s is batch s·K + k of the epochs' stream.
+  int64_t next = step * run.microBatches;
+  int64_t epoch = next / loader.batchesPerEpoch();
+  loader.startEpoch(epoch, next % loader.batchesPerEpoch());
+  for (; step < run.steps;) {
+    for (int k = 0; k < run.microBatches; ++k) {
+      runtime::data::Batch b;
+      if (!loader.next(b)) {
+        loader.startEpoch(++epoch);
+        if (!loader.next(b)) return 11;
+      }
+      nn::Pass pass = job.pass({.microBatch = k, .microBatches = run.microBatches});
+      loss.forward(model->forward(b.inputs, pass), b.targets);
+      model->backward(loss.backward(), pass);
+    }
+    job.step();
+    ++step;
+    if (step == run.saveAfter) job.save(run.saveAt, {{"step", std::to_string(step)}});
+  }
+  if (!run.finalPath.empty()) job.save(run.finalPath, {{"step", std::to_string(step)}});
+  job.barrier("done");
+  return 0;
+}
+
+void train(int ranks, const Run& run) {
+  runRanks(ranks, [&](const runtime::WorldInfo& world) { return trainRank(run, world); });
+}
+
+// The largest difference between the parameters of two checkpoints (every parameter present in both).
+double worstDifference(const std::string& a, const std::string& b) {
+  nn::Checkpoint x = nn::readCheckpoint(a), y = nn::readCheckpoint(b);
+  auto model = nn::buildModel(kSpec);
+  double worst = 0;
+  for (const auto& e : model->params.entries()) {
+    const Tensor* p = x.find(e.name);
+    const Tensor* q = y.find(e.name);
+    if (!p || !q || p->numel() != q->numel()) return INFINITY;
+    for (int64_t i = 0; i < p->numel(); ++i) worst = std::max(worst, std::fabs(double(p->at(i)) - q->at(i)));
+  }
+  return worst;
+}
+
+bool sameBits(const std::string& a, const std::string& b) {
+  nn::Checkpoint x = nn::readCheckpoint(a), y = nn::readCheckpoint(b);
+  if (x.tensors.size() != y.tensors.size()) return false;
+  for (size_t i = 0; i < x.tensors.size(); ++i) {
+    const Tensor& p = x.tensors[i].tensor;
+    const Tensor* q = y.find(x.tensors[i].name);
+    if (!q || q->numel() != p.numel() || std::memcmp(p.data(), q->data(), p.bytes()) != 0) return false;
+  }
+  return true;
+}
+
+class JobTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = cohort::testing::freshTempDir(); }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  ScopedShmDir shm_;
+  std::string dir_;
+};
+
+JobOptions allreduce(bool replicas) { return {.mode = Mode::kAllReduce, .backend = "shm", .replicas = replicas}; }
+
+TEST_F(JobTest, ShardedRanksTrainLikeOneRankWithTheirCombinedBatch) {
+  for (int ranks : {2, 3}) {
+    train(1, {.batch = 16 * ranks, .finalPath = path("one.st")});
+    train(ranks, {.job = allreduce(false), .finalPath = path("many.st")});
+    EXPECT_LE(worstDifference(path("one.st"), path("many.st")), 1e-5) << ranks << " ranks";
+  }
+}
+
+TEST_F(JobTest, ReplicasTrainLikeOneRankWithTheirCombinedBatch) {
+  train(1, {.batch = 32, .optimizer = nn::OptimizerKind::kAdam, .finalPath = path("one.st")});
+  train(2, {.job = allreduce(true), .optimizer = nn::OptimizerKind::kAdam, .finalPath = path("many.st")});
+  EXPECT_LE(worstDifference(path("one.st"), path("many.st")), 1e-5);
+}
+
+TEST_F(JobTest, MicroBatchesAccumulateLikeOneBatch) {
+  train(1, {.batch = 32, .finalPath = path("whole.st")});
+  train(1, {.batch = 8, .microBatches = 4, .finalPath = path("micro.st")});
+  EXPECT_LE(worstDifference(path("whole.st"), path("micro.st")), 1e-5);
+  // With workers: 2 ranks x 2 micro-batches of 8 = one batch of 32 (sharded and replicas).
+  train(2, {.job = allreduce(false), .batch = 8, .microBatches = 2, .finalPath = path("sharded.st")});
+  EXPECT_LE(worstDifference(path("whole.st"), path("sharded.st")), 1e-5);
+  train(2, {.job = allreduce(true), .batch = 8, .microBatches = 2, .finalPath = path("replicas.st")});
+  EXPECT_LE(worstDifference(path("whole.st"), path("replicas.st")), 1e-5);
+}
+
+TEST_F(JobTest, ACheckpointContinuesBitForBitInEveryLockstepMode) {
+  struct Case {
+    const char* name;
+    int ranks;
+    JobOptions job;
+  };
+  for (const Case& c : {Case{"local", 1, {}}, Case{"sharded", 2, allreduce(false)}, Case{"replicas", 2, allreduce(true)}}) {
+    const std::string whole = path(std::string(c.name) + "-whole.st"), half = path(std::string(c.name) + "-half.st"),
+                      resumed = path(std::string(c.name) + "-resumed.st");
+    for (auto kind : {nn::OptimizerKind::kSgd, nn::OptimizerKind::kAdam}) {
+      train(c.ranks, {.job = c.job, .optimizer = kind, .saveAt = half, .saveAfter = 5, .finalPath = whole});
+      train(c.ranks, {.job = c.job, .optimizer = kind, .resumeFrom = half, .finalPath = resumed});
+      EXPECT_TRUE(sameBits(whole, resumed)) << c.name;
+    }
+  }
+}
+
+// Hogwild: what one worker writes, the others read (one copy); each worker's own optimizer state
+// (momentum differs per worker) comes back from the checkpoint to the worker that saved it.
+TEST_F(JobTest, HogwildWorkersShareOneCopyAndGetTheirOwnOptimizerStateBack) {
+  const std::string ckpt = path("hogwild.st");
+  runRanks(3, [&](const runtime::WorldInfo& world) {
+    auto data = testing::teacherData();
+    auto model = nn::buildModel(kSpec);
+    Job job({.mode = Mode::kHogwild}, world);
+    auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel());
+    job.place(*model, *optimizer, {.seed = 3});
+    if (job.lockstep()) return 20;
+    runtime::data::DataLoader loader(*data, job.shard({.batchSize = 16, .seed = 7, .prefetch = 0}));
+    nn::SoftmaxCrossEntropy loss;
+    loader.startEpoch(0);
+    for (runtime::data::Batch b; loader.next(b);) {
+      nn::Pass pass = job.pass();
+      loss.forward(model->forward(b.inputs, pass), b.targets);
+      model->backward(loss.backward(), pass);
+      job.step();
+    }
+    job.barrier("trained");
+    // One copy: rank 1 writes a marker, everyone reads it.
+    if (world.rank == 1) model->params.values().at(0) = 1234.5f;
+    job.barrier("marked");
+    if (model->params.values().at(0) != 1234.5f) return 21;
+    job.save(ckpt);
+    const Tensor mine = optimizer->state()[0].tensor.clone();
+    const int64_t steps = optimizer->steps();
+    optimizer->state()[0].tensor.fill(0.0f);
+    optimizer->setSteps(0);
+    job.barrier("cleared");
+    if (!job.load(ckpt)) return 22;
+    if (std::memcmp(mine.data(), optimizer->state()[0].tensor.data(), mine.bytes()) != 0) return 23;
+    if (optimizer->steps() != steps) return 24;
+    if (model->params.values().at(0) != 1234.5f) return 25;
+    return 0;
+  });
+  nn::Checkpoint c = nn::readCheckpoint(ckpt);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(c.find("optimizer.rank" + std::to_string(r) + ".momentum_buffer"), nullptr) << r;
+    EXPECT_EQ(c.metadata.count("optimizer_steps.rank" + std::to_string(r)), 1u) << r;
+  }
+}
+
+// What an error says, or "" when `f` did not throw InvalidArgument.
+std::string invalidArgument(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Misuse, one process. Runs in a child so that no GEMM thread pool exists in the test process when
+// the other tests fork.
+TEST_F(JobTest, MisuseIsAnInvalidArgumentNamingTheProblem) {
+  const std::string ckpt = path("mlp.st");
+  runRanks(1, [&](const runtime::WorldInfo& world) {
+    auto model = nn::buildModel(kSpec);
+    auto other = nn::buildModel("mlp:20,8,3");
+    Job job({}, world);
+    // An optimizer made for another model.
+    auto wrongSize = nn::makeOptimizer({.lr = 0.1f}, other->params.numel());
+    if (invalidArgument([&] { job.place(*model, *wrongSize); }).find("made for") == std::string::npos) return 30;
+    // Before place(): nothing to step.
+    if (invalidArgument([&] { job.step(); }).find("place()") == std::string::npos) return 31;
+    auto optimizer = nn::makeOptimizer({.lr = 0.1f, .momentum = 0.9f}, model->params.numel());
+    job.place(*model, *optimizer);
+    // A second model (or the same again) after the job placed its parameters.
+    auto otherOptimizer = nn::makeOptimizer({.lr = 0.1f}, other->params.numel());
+    if (invalidArgument([&] { job.place(*other, *otherOptimizer); }).find("already placed") == std::string::npos) return 32;
+    // A parameter registered after placing.
+    Tensor v, g;
+    if (invalidArgument([&] { model->params.add("late.weight", Shape{2}, &v, &g); }).find("late.weight") ==
+        std::string::npos) {
+      return 33;
+    }
+    // Two jobs in one process.
+    if (invalidArgument([&] { Job second({}, world); }).find("already exists") == std::string::npos) return 34;
+    // step() without the backward of the last micro-batch.
+    job.pass({.microBatch = 0, .microBatches = 2});
+    if (invalidArgument([&] { job.step(); }).find("last micro-batch") == std::string::npos) return 35;
+    if (invalidArgument([&] { job.pass({.microBatch = 2, .microBatches = 2}); }).find("micro-batch") == std::string::npos) {
+      return 36;
+    }
+    job.save(ckpt);
+    return 0;
+  });
+  runRanks(1, [&](const runtime::WorldInfo& world) {
+    // A checkpoint of another model: another name, or the same name with other shapes.
+    auto other = nn::buildModel("mlp:20,8,3");
+    Job job({}, world);
+    auto optimizer = nn::makeOptimizer({.lr = 0.1f, .momentum = 0.9f}, other->params.numel());
+    job.place(*other, *optimizer);
+    std::string m = invalidArgument([&] { job.load(ckpt); });
+    if (m.find("model") == std::string::npos || m.find(kSpec) == std::string::npos) return 40;
+    return 0;
+  });
+  runRanks(1, [&](const runtime::WorldInfo& world) {
+    auto net = std::make_unique<nn::Sequential>();
+    net->add(std::make_unique<nn::Linear>(20, 7), "fc0").add(nn::relu(), "relu0").add(std::make_unique<nn::Linear>(7, 3), "fc1");
+    nn::Model impostor(std::move(net), {.name = kSpec});
+    Job job({}, world);
+    auto optimizer = nn::makeOptimizer({.lr = 0.1f, .momentum = 0.9f}, impostor.params.numel());
+    job.place(impostor, *optimizer);
+    std::string m = invalidArgument([&] { job.load(ckpt); });
+    if (m.find("another model") == std::string::npos || m.find("fc0.weight") == std::string::npos) return 41;
+    return 0;
+  });
+}
+
+}  // namespace
+}  // namespace cohort::train

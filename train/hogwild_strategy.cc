@@ -1,0 +1,107 @@
+#include "train/hogwild_strategy.h"
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "ipc/cuda_device_memory.h"
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
+#endif
+
+namespace cohort::train {
+
+size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
+  size_t start = numel / static_cast<size_t>(localWorldSize) * static_cast<size_t>(localRank);
+  return start / 16 * 16;  // a whole cache line of floats
+}
+
+HogwildStrategy::HogwildStrategy(const StrategyContext& c) : SegmentStrategy(c, c.optimizer.stateFloats()) {
+  if (c.gpu) {
+    placeOnGpu(c);
+  } else {
+    placeOnCpu(c);
+  }
+}
+
+HogwildStrategy::~HogwildStrategy() = default;
+
+void HogwildStrategy::placeOnCpu(const StrategyContext& c) {
+  shared_ = shareParams(c, 0, 0);
+  optimizer_.setSweepStart(hogwildSweepStart(params_.numel(), localRank(), localWorldSize()));
+}
+
+void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
+#ifdef COHORT_HAVE_CUDA
+  runtime::cuda::GpuContext& gpu = *c.gpu;
+  memory_ = std::make_unique<ipc::CudaDeviceMemory>(gpu.device());
+  deviceShare_ = std::make_unique<ipc::DeviceShare>(
+      *memory_,
+      ipc::DeviceShare::Options{.jobId = c.world.jobId,
+                                .localRank = localRank(),
+                                .localWorldSize = localWorldSize(),
+                                .bytes = params_.bytes(),
+                                .generation = static_cast<uint64_t>(c.world.restartCount),
+                                .timeout = c.timeout},
+      [&](void* device, size_t bytes) {
+        c.initialise();
+        runtime::cuda::copyToDevice(device, params_.values().data(), bytes, gpu.stream());
+        gpu.stream().synchronize();
+      });
+  // Gradients and buffers (BatchNorm's running statistics, private to each rank as on the CPU) move
+  // to this rank's GPU with their CPU values: zeros and the initial statistics.
+  params_.relocate({.values = static_cast<float*>(deviceShare_->data()), .device = gpu.device(),
+                    .allocator = &gpu.allocator(), .copyValues = false});
+  if (localRank() == 0) unlinkAfterFirstBarrier([this] { deviceShare_->unlinkName(); });
+#else
+  (void)c;
+  COHORT_THROW(InvalidArgument) << "GPU Hogwild needs a build with CUDA";
+#endif
+}
+
+void HogwildStrategy::step(float gradScale) {
+  if (deviceShare_) deviceShare_->throwIfOwnerLost();
+  scaleGradients(params_, gradScale, gpu_);
+  optimizer_.step(params_.values(), params_.grads());
+}
+
+void HogwildStrategy::checkPeers(std::chrono::milliseconds settle) {
+  if (deviceShare_) deviceShare_->throwIfOwnerLost(settle);
+}
+
+SavedState HogwildStrategy::saveState() {
+  float* mine = segment_.exchange(localRank());
+  size_t used = 0;
+  for (const auto& s : optimizer_.state()) {
+    COHORT_CHECK(used + static_cast<size_t>(s.tensor.numel()) <= segment_.exchangeFloatsPerRank());
+    runtime::Tensor::view(mine + used, s.tensor.shape()).copyFrom(s.tensor);  // from the host or a GPU
+    used += static_cast<size_t>(s.tensor.numel());
+  }
+  const double steps = static_cast<double>(optimizer_.steps());
+  std::span<const double> allSteps = segment_.allGather({&steps, 1}, {.what = "checkpoint", .timeout = timeout_});
+  SavedState saved;
+  for (int r = 0; r < localWorldSize(); ++r) {
+    used = 0;
+    for (const auto& s : optimizer_.state()) {  // every rank's state has the same names and sizes
+      saved.tensors.push_back({"optimizer.rank" + std::to_string(r) + "." + s.name,
+                               runtime::Tensor::view(segment_.exchange(r) + used, s.tensor.shape())});
+      used += static_cast<size_t>(s.tensor.numel());
+    }
+    saved.metadata["optimizer_steps.rank" + std::to_string(r)] =
+        std::to_string(static_cast<int64_t>(allSteps[static_cast<size_t>(r)]));
+  }
+  saved.metadata["optimizer_steps"] = std::to_string(optimizer_.steps());
+  return saved;
+}
+
+// The shared parameters are loaded once, by local rank 0; each rank loads its own optimizer state.
+void HogwildStrategy::loadState(const CheckpointReader& reader) {
+  if (localRank() == 0) loadParams(reader, params_);
+  const std::string rank = std::to_string(localRank());
+  for (const auto& s : optimizer_.state()) reader.load("optimizer.rank" + rank + "." + s.name, s.tensor);
+  optimizer_.setSteps(reader.count("optimizer_steps.rank" + rank));
+  barrier("loaded");
+}
+
+}  // namespace cohort::train

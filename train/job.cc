@@ -1,0 +1,279 @@
+#include "train/job.h"
+
+#include <atomic>
+
+#include "collectives/communicator.h"
+#include "runtime/device_query.h"
+#include "runtime/error.h"
+#include "runtime/random.h"
+#include "train/checkpointer.h"
+#include "train/hogwild_strategy.h"
+#include "train/local_strategy.h"
+#include "train/replica_strategy.h"
+#include "train/sharded_strategy.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/gpu_context.h"
+#else
+namespace cohort::runtime::cuda {
+class GpuContext {};  // never made without CUDA; complete so that the Job's unique_ptr can be destroyed
+}  // namespace cohort::runtime::cuda
+#endif
+
+namespace cohort::train {
+
+namespace {
+
+// One Job per process: its segments and communicators are named by the job, MPI is initialised
+// once per process, and a second job would silently share or collide with them. The flag is the
+// one piece of process-wide state, and only says whether a Job exists.
+std::atomic<bool> gJobExists{false};
+
+}  // namespace
+
+Mode parseMode(const std::string& name) {
+  if (name == "local") return Mode::kLocal;
+  if (name == "hogwild") return Mode::kHogwild;
+  if (name == "allreduce") return Mode::kAllReduce;
+  COHORT_THROW(InvalidArgument) << "unknown mode '" << name << "': expected local, hogwild or allreduce";
+}
+
+const char* toString(Mode mode) {
+  switch (mode) {
+    case Mode::kLocal:
+      return "local";
+    case Mode::kHogwild:
+      return "hogwild";
+    case Mode::kAllReduce:
+      return "allreduce";
+  }
+  return "?";
+}
+
+// The claim on gJobExists, taken first and released last (also when a constructor throws).
+struct Job::Token {
+  Token() {
+    if (gJobExists.exchange(true)) {
+      COHORT_THROW(InvalidArgument) << "a train::Job already exists in this process: one process is one rank of one "
+                                       "job (destroy the first Job before creating another)";
+    }
+  }
+  ~Token() { gJobExists.store(false); }
+  Token(const Token&) = delete;
+  Token& operator=(const Token&) = delete;
+};
+
+namespace {
+
+void validate(const JobOptions& o, const runtime::WorldInfo& world) {
+  const std::string mode = toString(o.mode);
+  if (o.mode == Mode::kLocal && !world.isSingle()) {
+    COHORT_THROW(InvalidArgument) << "mode local trains in one process, but this process is rank " << world.rank << " of "
+                                  << world.worldSize << " (from " << world.source
+                                  << " variables): use mode allreduce or hogwild";
+  }
+  if (o.mode == Mode::kHogwild && world.spansNodes()) {
+    COHORT_THROW(InvalidArgument) << "mode hogwild shares memory, so every rank must be on one node, but this job has "
+                                  << world.worldSize << " ranks with " << world.localWorldSize << " on this node";
+  }
+  if (o.timeout.count() <= 0) COHORT_THROW(InvalidArgument) << "the job's timeout must be positive";
+  if (!o.backend.empty() && o.mode != Mode::kAllReduce) {
+    COHORT_THROW(InvalidArgument) << "backend '" << o.backend << "' applies to mode allreduce only, not " << mode;
+  }
+  if (o.replicas && o.mode != Mode::kAllReduce) COHORT_THROW(InvalidArgument) << "replicas apply to mode allreduce only";
+  const bool onGpu = runtime::Device::parse(o.device).isCuda();
+  if (onGpu && o.mode == Mode::kAllReduce && !o.backend.empty() && o.backend != "nccl") {
+    COHORT_THROW(InvalidArgument) << "backend " << o.backend << " all-reduces CPU memory; on device " << o.device
+                                  << " use backend nccl (the default on a GPU)";
+  }
+  if (!onGpu && o.backend == "nccl") {
+    COHORT_THROW(InvalidArgument) << "backend nccl all-reduces GPU memory: train on device cuda (or use shm or mpi)";
+  }
+  if (onGpu && o.replicas) COHORT_THROW(InvalidArgument) << "replicas apply to CPU training (GPU all-reduce always replicates)";
+}
+
+}  // namespace
+
+Job::Job(const JobOptions& options) : Job(options, runtime::WorldInfo::detect()) {}
+
+Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
+    : token_(std::make_unique<Token>()), options_(options), world_(world), log_(world_, {.fd = 1}) {
+  validate(options_, world_);
+  // One worker per GPU: "cuda" is the GPU of this worker's local rank.
+  device_ = runtime::selectDevice(options_.device, world_.localRank);
+#ifdef COHORT_HAVE_CUDA
+  if (device_.isCuda()) gpu_ = std::make_unique<runtime::cuda::GpuContext>(device_);
+#endif
+  // An unknown backend, or one this build or world lacks, fails here rather than at place().
+  if (options_.mode == Mode::kAllReduce) backend_ = resolveBackend();
+}
+
+Job::~Job() {
+  // The strategy (segments, communicator, device share) goes before the GPU context it may use.
+  checkpointer_.reset();
+  strategy_.reset();
+  gpu_.reset();
+}
+
+runtime::cuda::GpuContext* Job::gpu() const { return gpu_.get(); }
+
+std::string Job::resolveBackend() const {
+  if (device_.isCuda()) return options_.backend.empty() ? "nccl" : options_.backend;
+  return collectives::resolveBackend({.backend = options_.backend, .world = world_});
+}
+
+std::string Job::backend() const { return backend_.empty() ? "none" : backend_; }
+
+void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& o) {
+  if (strategy_) {
+    COHORT_THROW(InvalidArgument) << "this job already placed the parameters of model '" << model_->name
+                                  << "': a Job trains one model, placed once";
+  }
+  if (model.params.bound()) {
+    COHORT_THROW(InvalidArgument) << "model '" << model.name << "' is already bound: give place() a model whose "
+                                     "parameters are registered but not allocated (the job puts them where its mode needs them)";
+  }
+  if (optimizer.numel() != model.params.numel()) {
+    COHORT_THROW(InvalidArgument) << "the optimizer was made for " << optimizer.numel() << " parameters, but model '"
+                                  << model.name << "' has " << model.params.numel()
+                                  << ": make it with makeOptimizer(options, model.params.numel(), job.gpu())";
+  }
+  if (optimizer.device() != device_) {
+    COHORT_THROW(InvalidArgument) << "the optimizer keeps its state on " << optimizer.device().str()
+                                  << " but the job trains on " << device_.str()
+                                  << ": make it with makeOptimizer(options, numel, job.gpu())";
+  }
+  model.params.allocate(runtime::cpuAllocator());
+  StrategyContext context{.params = model.params,
+                          .optimizer = optimizer,
+                          .world = world_,
+                          .timeout = options_.timeout,
+                          .gpu = gpu_.get(),
+                          .initialise = [&] {
+                            if (o.initialise) {
+                              o.initialise(model);
+                            } else {
+                              runtime::Rng rng(runtime::mix(o.seed, 0x696e6974ull /* "init" */));
+                              model.net->resetParams(rng);
+                            }
+                          }};
+  const bool sharded = options_.mode == Mode::kAllReduce && backend_ == "shm" && !options_.replicas && !gpu_;
+  if (options_.mode == Mode::kHogwild) {
+    strategy_ = std::make_unique<HogwildStrategy>(context);
+  } else if (sharded) {
+    strategy_ = std::make_unique<ShardedStrategy>(context);
+  } else if (options_.mode == Mode::kAllReduce) {
+    strategy_ = std::make_unique<ReplicaStrategy>(context, backend_);
+  } else {
+    strategy_ = std::make_unique<LocalStrategy>(context);
+  }
+  model_ = &model;
+  optimizer_ = &optimizer;
+  checkpointer_ = std::make_unique<Checkpointer>(*strategy_, model, optimizer, world_, gpu_.get());
+}
+
+void Job::requirePlaced(const char* what) const {
+  if (!strategy_) COHORT_THROW(InvalidArgument) << what << " needs the model placed first: call Job::place()";
+}
+
+nn::Model& Job::model() const {
+  requirePlaced("Job::model()");
+  return *model_;
+}
+
+nn::Optimizer& Job::optimizer() const {
+  requirePlaced("Job::optimizer()");
+  return *optimizer_;
+}
+
+nn::Pass Job::pass(const PassOptions& o) {
+  requirePlaced("Job::pass()");
+  if (o.microBatches < 1 || o.microBatch < 0 || o.microBatch >= o.microBatches) {
+    COHORT_THROW(InvalidArgument) << "micro-batch " << o.microBatch << " of " << o.microBatches
+                                  << ": expected 0 <= microBatch < microBatches";
+  }
+  const bool last = o.microBatch + 1 == o.microBatches;
+  nn::Pass pass;
+  pass.training = true;
+  pass.needInputGrad = false;
+  pass.accumulateGrads = o.microBatch > 0;
+  pass.rng = o.rng;
+  pass.gradReady = last ? strategy_->gradReady() : nullptr;
+  pass.gpu = gpu_.get();
+  if (last) microBatches_ = o.microBatches;
+  readyToStep_ = last;
+  return pass;
+}
+
+nn::Pass Job::evalPass() const {
+  nn::Pass pass;
+  pass.training = false;
+  pass.needInputGrad = false;
+  pass.gpu = gpu_.get();
+  return pass;
+}
+
+void Job::step() {
+  requirePlaced("Job::step()");
+  if (!readyToStep_) {
+    COHORT_THROW(InvalidArgument) << "Job::step() before the backward of the last micro-batch: step after "
+                                     "pass({.microBatch = K - 1, .microBatches = K})";
+  }
+  strategy_->step(1.0f / static_cast<float>(microBatches_));
+  readyToStep_ = false;
+}
+
+bool Job::lockstep() const {
+  requirePlaced("Job::lockstep()");
+  return strategy_->lockstep();
+}
+
+void Job::barrier(const std::string& what) {
+  requirePlaced("Job::barrier()");
+  strategy_->barrier(what);
+}
+
+void Job::reduce(std::span<double> values, Reduce op) {
+  requirePlaced("Job::reduce()");
+  strategy_->reduce(values, op == Reduce::kMax ? ScalarOp::kMax : op == Reduce::kMean ? ScalarOp::kMean : ScalarOp::kSum);
+}
+
+double Job::mean(double value) {
+  reduce({&value, 1}, Reduce::kMean);
+  return value;
+}
+
+bool Job::any(bool mine) {
+  double v = mine ? 1.0 : 0.0;
+  reduce({&v, 1}, Reduce::kMax);
+  return v != 0.0;
+}
+
+void Job::save(const std::string& path, const nn::Metadata& extra) {
+  requirePlaced("Job::save()");
+  checkpointer_->save(path, extra);
+}
+
+std::optional<nn::Metadata> Job::load(const std::string& path, const nn::Metadata& mustMatch) {
+  requirePlaced("Job::load()");
+  return checkpointer_->load(path, mustMatch);
+}
+
+runtime::data::DataLoaderOptions Job::shard(runtime::data::DataLoaderOptions options) const {
+  options.rank = world_.rank;
+  options.worldSize = world_.worldSize;
+  return options;
+}
+
+void Job::checkPeers(std::chrono::milliseconds settle) {
+  if (strategy_) strategy_->checkPeers(settle);
+}
+
+std::optional<runtime::AllocatorStats> Job::deviceMemoryStats() const {
+#ifdef COHORT_HAVE_CUDA
+  if (gpu_) return gpu_->allocator().stats();
+#endif
+  return std::nullopt;
+}
+
+}  // namespace cohort::train

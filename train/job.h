@@ -1,0 +1,193 @@
+// Job: one process's part in a distributed training job — the public entry point of Cohort
+// (docs/api.md). A program creates one Job in main; it detects the world (cohortrun's, Open MPI's,
+// SLURM's or PMI's variables; runtime/world_info.h), checks the options against it, selects the
+// device, and, given the model and its optimizer, places the parameters where the mode needs them
+// and gives the training loop what it needs: the pass for forward/backward, one call that
+// synchronises the gradients and steps, collectives over scalars, and checkpoints of the whole job.
+//
+// Modes (DESIGN.md §1):
+//   local      one process; parameters private (CPU or one GPU).
+//   hogwild    every worker of the node updates one shared copy without locks (CPU: shared memory;
+//              GPU: one device allocation shared through CUDA IPC); one node only.
+//   allreduce  synchronous data parallel: every step applies the average of all workers'
+//              gradients. Over shm on one node: one shared copy, each worker updating its shard
+//              (or, with `replicas`, a replica per worker and bucketed all-reduce); over mpi (any
+//              number of nodes) and nccl (GPUs): a replica per worker, rank 0's parameters
+//              broadcast, gradient buckets all-reduced while backward runs.
+//
+// Order of calls (every rank of the job, alike):
+//   Job job(options);                        // world, device; validation (InvalidArgument)
+//   job.place(model, optimizer, {.seed});    // collective: segments / communicator, initial parameters
+//   loop: pass() -> model forward, loss, model backward(pass) -> step()
+//   save(path) / load(path), barrier(), mean()...   // collective
+// place() must come before anything else that touches the model; it may be called once.
+//
+// Gradient accumulation (DDP's no_sync): K micro-batches per optimizer step, passes
+// pass({.microBatch = k, .microBatches = K}) for k = 0..K-1: the first overwrites the gradients, the
+// others add to them, and only the last synchronises (in allreduce its backward starts the bucket
+// all-reduces). step() then averages: it scales the summed gradients by 1/K, so K micro-batches of
+// b samples give the step of one batch of K·b (PyTorch's loss / K, done for you).
+//
+// Ownership: the Job owns everything it creates — the GPU context, segments, communicators, the
+// device share — and releases it when destroyed (segment names are removed once every rank has
+// attached). It borrows the model and the optimizer given to place(), which must outlive it.
+// Only one Job may exist in a process at a time (InvalidArgument otherwise): its segments and
+// communicators are named by the job. Errors: InvalidArgument for misuse (messages name the
+// problem), TimeoutError / PeerError naming the rank a collective waited for, IoError for files.
+// Thread safety: one thread drives a Job (the training thread).
+//
+//   train::Job job({.mode = train::Mode::kAllReduce});
+//   job.place(model, *optimizer, {.seed = 1});
+//   for (Batch b; loader.next(b);) {
+//     nn::Pass pass = job.pass();
+//     loss.forward(model.forward(b.inputs, pass), b.targets);
+//     model.backward(loss.backward(), pass);
+//     job.step();
+//   }
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "nn/checkpoint.h"
+#include "nn/model.h"
+#include "nn/module.h"
+#include "nn/optimizer.h"
+#include "runtime/allocator.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/device.h"
+#include "runtime/logging.h"
+#include "runtime/world_info.h"
+
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
+
+namespace cohort::train {
+
+class Strategy;
+class Checkpointer;
+
+enum class Mode { kLocal, kHogwild, kAllReduce };
+// "local", "hogwild", "allreduce"; InvalidArgument naming the accepted ones otherwise.
+Mode parseMode(const std::string& name);
+const char* toString(Mode mode);
+
+struct JobOptions {
+  Mode mode = Mode::kLocal;
+  // kAllReduce: "shm", "mpi" or "nccl"; empty: nccl on a GPU, shm on one node, mpi across nodes.
+  std::string backend;
+  // kAllReduce over shm: a full replica per rank and the bucketed all-reduce instead of one shared
+  // copy updated in shards.
+  bool replicas = false;
+  // "cpu", "cuda" (the GPU of this rank's local rank: one worker per GPU) or "cuda:N".
+  std::string device = "cpu";
+  // Every wait for other ranks (start-up, barriers, collectives); then TimeoutError naming them.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+struct PlaceOptions {
+  // The default initialisation: Module::resetParams from an Rng seeded by `seed` (PyTorch's
+  // default initialisers), identical on every rank and device.
+  uint64_t seed = 0;
+  // Instead of that: fills the parameters (model.params, bound on the CPU) itself, e.g. from the
+  // user's own scheme. Runs where the mode needs it (every rank, or the rank that creates the
+  // shared copy), always on the CPU; the Job then moves the values where they belong.
+  std::function<void(nn::Model& model)> initialise;
+};
+
+struct PassOptions {
+  int microBatch = 0;    // k in [0, microBatches)
+  int microBatches = 1;  // K >= 1: gradients of K micro-batches per step (see the header comment)
+  runtime::Rng* rng = nullptr;  // dropout masks; layers with dropout need one while training
+};
+
+// What a loop's figures add up to over the ranks.
+enum class Reduce { kSum, kMean, kMax };
+
+class Job {
+ public:
+  explicit Job(const JobOptions& options);                              // the world from the environment
+  Job(const JobOptions& options, const runtime::WorldInfo& world);
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const runtime::WorldInfo& world() const { return world_; }
+  const JobOptions& options() const { return options_; }
+  runtime::Device device() const { return device_; }
+  // This rank's GPU (stream, caching allocator, cuBLAS/cuDNN handles); nullptr on the CPU.
+  runtime::cuda::GpuContext* gpu() const;
+  // Where the gradients are averaged: "none" (local, hogwild), "shm", "mpi" or "nccl".
+  std::string backend() const;
+  // Rank-prefixed lines on standard output.
+  const runtime::Logger& log() const { return log_; }
+
+  // Collective: places `model`'s parameters (unbound; registered by nn::Model) and the optimizer's
+  // state for the mode and initialises them (see PlaceOptions). InvalidArgument when called twice,
+  // when the optimizer was made for another size or device, or the model is already bound.
+  void place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& options = {});
+  bool placed() const { return strategy_ != nullptr; }
+  nn::Model& model() const;
+  nn::Optimizer& optimizer() const;
+
+  // The pass for one training micro-batch: training mode, this job's GPU, the gradient hooks of the
+  // mode, accumulation as PassOptions say.
+  nn::Pass pass(const PassOptions& options = {});
+  // The pass for evaluation: no training (dropout off, BatchNorm on its running statistics), this
+  // job's GPU, no gradients.
+  nn::Pass evalPass() const;
+  // Collective in lockstep modes: synchronises this step's gradients and applies the optimizer.
+  // Call it after the backward of the last micro-batch (InvalidArgument otherwise).
+  void step();
+  // Whether ranks step together (false for Hogwild, whose workers meet only at barriers).
+  bool lockstep() const;
+
+  // Collectives (every rank, same order). In Hogwild they line the workers up: call them where all
+  // workers are, e.g. at the end of an epoch.
+  void barrier(const std::string& what);
+  void reduce(std::span<double> values, Reduce op);
+  double mean(double value);
+  // True on every rank when any rank says so (stop votes).
+  bool any(bool mine);
+
+  // Checkpoints of the whole job (collective): parameters, model buffers, optimizer state and
+  // `extra` metadata (the loop's position, strings). load() returns the metadata, or nullopt when
+  // there is no file at `path`; it refuses (InvalidArgument) a checkpoint of another model,
+  // optimizer or world size, or whose `mustMatch` values differ.
+  void save(const std::string& path, const nn::Metadata& extra = {});
+  std::optional<nn::Metadata> load(const std::string& path, const nn::Metadata& mustMatch = {});
+
+  // This rank's shard of a dataset: `options` with rank and worldSize set (DistributedSampler's split).
+  runtime::data::DataLoaderOptions shard(runtime::data::DataLoaderOptions options) const;
+  // After a failure in the loop: throws PeerError when the cause is a rank this one depends on
+  // having gone (GPU Hogwild: the owner of the shared parameters), looking for up to `settle`.
+  void checkPeers(std::chrono::milliseconds settle = std::chrono::seconds(1));
+  // The GPU caching allocator's counters; nullopt on the CPU.
+  std::optional<runtime::AllocatorStats> deviceMemoryStats() const;
+
+ private:
+  struct Token;
+  void requirePlaced(const char* what) const;
+  std::string resolveBackend() const;
+
+  std::unique_ptr<Token> token_;  // first in, last out: one Job per process
+  JobOptions options_;
+  runtime::WorldInfo world_;
+  runtime::Logger log_;
+  runtime::Device device_;
+  std::unique_ptr<runtime::cuda::GpuContext> gpu_;
+  std::string backend_;  // allreduce: shm, mpi or nccl
+  nn::Model* model_ = nullptr;
+  nn::Optimizer* optimizer_ = nullptr;
+  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  int microBatches_ = 1;    // of the pass that synchronised last
+  bool readyToStep_ = false;
+};
+
+}  // namespace cohort::train

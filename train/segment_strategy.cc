@@ -1,0 +1,74 @@
+#include "train/segment_strategy.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace cohort::train {
+
+namespace {
+
+const StrategyContext& onOneNode(const StrategyContext& c) {
+  if (c.world.spansNodes()) {
+    COHORT_THROW(InvalidArgument) << "this mode shares memory, so every rank must be on one node, but this job has "
+                                  << c.world.worldSize << " ranks with " << c.world.localWorldSize << " on this node";
+  }
+  return c;
+}
+
+}  // namespace
+
+SegmentStrategy::SegmentStrategy(const StrategyContext& c, size_t exchangeFloatsPerRank)
+    : params_(onOneNode(c).params),
+      optimizer_(c.optimizer),
+      gpu_(c.gpu),
+      timeout_(c.timeout),
+      segment_({.jobId = c.world.jobId,
+                .localRank = c.world.localRank,
+                .localWorldSize = c.world.localWorldSize,
+                .exchangeFloatsPerRank = exchangeFloatsPerRank,
+                .generation = static_cast<uint64_t>(c.world.restartCount),
+                .timeout = c.timeout,
+                .unlinkOnDestroy = c.world.localRank == 0}) {}
+
+std::unique_ptr<ipc::SharedParams> SegmentStrategy::shareParams(const StrategyContext& c, size_t perRankFloats,
+                                                                size_t extraFloats) {
+  auto shared = std::make_unique<ipc::SharedParams>(
+      ipc::SharedParams::Options{.jobId = c.world.jobId,
+                                 .localRank = localRank(),
+                                 .localWorldSize = localWorldSize(),
+                                 .numel = params_.numel(),
+                                 .perRankFloats = perRankFloats,
+                                 .extraFloats = extraFloats,
+                                 .generation = static_cast<uint64_t>(c.world.restartCount),
+                                 .timeout = c.timeout,
+                                 .unlinkOnDestroy = localRank() == 0},
+      [&](float* values, size_t n) {
+        c.initialise();
+        std::copy_n(params_.values().data(), n, values);
+      });
+  params_.relocate({.values = shared->values(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator(),
+                    .copyValues = false});
+  unlinkAfterFirstBarrier([segment = shared.get()] { segment->unlinkName(); });
+  return shared;
+}
+
+void SegmentStrategy::barrier(const std::string& what) {
+  segment_.barrier().arriveAndWait(segment_.localRank(), {.what = what, .timeout = timeout_});
+  if (!unlinked_ && segment_.localRank() == 0) {
+    segment_.unlinkName();
+    for (const auto& unlink : unlinks_) unlink();
+  }
+  unlinked_ = true;
+}
+
+void SegmentStrategy::reduce(std::span<double> values, ScalarOp op) {
+  for (size_t first = 0; first < values.size(); first += ipc::JobSegment::kMaxScalars) {
+    std::span<double> part = values.subspan(first, std::min(ipc::JobSegment::kMaxScalars, values.size() - first));
+    std::span<const double> all = segment_.allGather(part, {.what = "reduce", .timeout = timeout_});
+    reduceRows(part, all, segment_.localWorldSize(), op);
+  }
+}
+
+}  // namespace cohort::train

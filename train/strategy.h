@@ -1,0 +1,117 @@
+// Strategy: how the ranks of a job train one model together — what a training loop needs from them
+// and nothing else (internal to train/: users reach it through train::Job).
+//
+// A strategy is made by Job::place() for the job's mode (train/placement.h) and borrows the model's
+// ParamBuffer and the optimizer, whose memory it has placed (private, a shared segment, a GPU
+// share). The loop calls, per optimizer step: the listener gradReady() returns goes into the
+// backward pass that must synchronise (nullptr: nothing to overlap); then step(scale), which
+// synchronises the gradients where the mode does and applies the optimizer. Around it:
+//   barrier(what)   every rank, same names, same order;
+//   reduce(v, op)   a small collective over scalars (the job's loss, throughput, stop votes);
+//   lockstep()      whether ranks step together: Hogwild workers do not, so a collective between
+//                   epoch ends would stall them;
+//   saveState()/loadState()  the optimizer state (and the parameters where a rank must load them)
+//                   as checkpoints hold it: collective; what a rank saves or loads depends on where
+//                   the state lives (private, shared by the node, one per rank).
+// Every wait is bounded by the job's timeout and throws TimeoutError or PeerError naming the rank.
+// Thread safety: the training thread only.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "nn/checkpoint.h"
+#include "nn/module.h"
+#include "nn/optimizer.h"
+#include "nn/param_buffer.h"
+#include "runtime/world_info.h"
+
+namespace cohort::train {
+
+enum class ScalarOp { kSum, kMean, kMax };
+
+// A checkpoint being loaded: its tensors and metadata, and the path for messages.
+class CheckpointReader {
+ public:
+  CheckpointReader(const nn::Checkpoint& checkpoint, std::string path) : checkpoint_(checkpoint), path_(std::move(path)) {}
+  // Copies the tensor `name` into `into` (any device); IoError when missing or of another size.
+  void load(const std::string& name, const runtime::Tensor& into) const;
+  // The metadata value `key` as a count; IoError when missing or not a non-negative integer.
+  int64_t count(const std::string& key) const;
+  const std::string& text(const std::string& key) const;
+  const nn::Metadata& metadata() const { return checkpoint_.metadata; }
+  const std::string& path() const { return path_; }
+
+ private:
+  const nn::Checkpoint& checkpoint_;
+  std::string path_;
+};
+
+// What a strategy adds to a checkpoint: the optimizer state tensors and step counts.
+struct SavedState {
+  std::vector<nn::NamedTensor> tensors;
+  nn::Metadata metadata;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  virtual nn::GradReadyListener* gradReady() { return nullptr; }
+  // `gradScale` multiplies the gradient before the update (1/K for K accumulated micro-batches).
+  virtual void step(float gradScale) = 0;
+  virtual void barrier(const std::string& what) = 0;
+  virtual void reduce(std::span<double> values, ScalarOp op) = 0;
+  virtual bool lockstep() const { return true; }
+  // Whether the parameters are one copy that several ranks share (only one rank may load them,
+  // and nobody may update them while rank 0 writes a checkpoint).
+  virtual bool sharedParams() const { return false; }
+  // Collective; the result is complete on rank 0, the rank that writes.
+  virtual SavedState saveState() = 0;
+  // Collective: loads what this rank holds of the checkpoint's parameters and optimizer state.
+  virtual void loadState(const CheckpointReader& reader) = 0;
+  // Throws PeerError when a rank this one depends on has gone (GPU Hogwild: the owner of the
+  // shared parameters), looking for up to `settle` (see ipc::DeviceShare::throwIfOwnerLost).
+  virtual void checkPeers(std::chrono::milliseconds settle) {}
+};
+
+}  // namespace cohort::train
+
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
+
+namespace cohort::train {
+
+// What every strategy is made from. The parameters arrive bound on the CPU; `initialise` fills them
+// there (a seeded reset, or the user's own); the strategy decides which ranks run it and moves the
+// parameters where its mode keeps them (a GPU, shared memory, a GPU share).
+struct StrategyContext {
+  nn::ParamBuffer& params;
+  nn::Optimizer& optimizer;
+  const runtime::WorldInfo& world;
+  std::chrono::milliseconds timeout;
+  runtime::cuda::GpuContext* gpu = nullptr;  // train on this GPU; nullptr: the CPU
+  std::function<void()> initialise;
+};
+
+// Moves CPU-bound parameters to `gpu`'s device (gradients and buffers in its caching allocator);
+// nothing when gpu is nullptr.
+void moveToGpu(nn::ParamBuffer& params, runtime::cuda::GpuContext* gpu);
+
+// Pieces the strategies share.
+// Multiplies the gradients by `scale` (nothing when it is 1): on the CPU, or on `gpu`'s stream.
+void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::GpuContext* gpu);
+// The optimizer state of a job with one state (local, replicas, sharded): "optimizer.<state>" and
+// the step count "optimizer_steps".
+SavedState singleOptimizerState(const nn::Optimizer& optimizer);
+void loadSingleOptimizerState(const CheckpointReader& reader, nn::Optimizer& optimizer);
+// Every parameter by name.
+void loadParams(const CheckpointReader& reader, const nn::ParamBuffer& params);
+// `values` reduced elementwise with `op` over `ranks` rank-major rows of all (values.size() each).
+void reduceRows(std::span<double> values, std::span<const double> all, int ranks, ScalarOp op);
+
+}  // namespace cohort::train

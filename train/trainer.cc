@@ -1,0 +1,331 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+#include "train/checkpointer.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/gpu_context.h"
+#include "runtime/data/device_loader.h"
+#endif
+
+namespace cohort::train {
+
+using runtime::Tensor;
+
+namespace {
+
+std::string hexDouble(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+runtime::data::DataLoaderOptions loaderOptions(const Job& job, const TrainerOptions& o) {
+  return job.shard({.batchSize = o.batchSize, .seed = o.seed, .prefetch = o.prefetch, .augment = o.augment});
+}
+
+const Job& placedJob(const Job& job) {
+  if (!job.placed()) COHORT_THROW(InvalidArgument) << "a Trainer needs a job whose model is placed: call Job::place() first";
+  return job;
+}
+
+}  // namespace
+
+double Trainer::secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, const runtime::data::Dataset* test,
+                 TrainerOptions options, TrainerCallbacks callbacks)
+    : job_(job),
+      model_(placedJob(job).model()),
+      loss_(loss),
+      loader_(train, loaderOptions(job, options)),
+      test_(test),
+      options_(std::move(options)),
+      callbacks_(std::move(callbacks)),
+      rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)) {
+  if (!job_.lockstep() && (options_.checkpointEvery > 0 || options_.maxSteps > 0)) {
+    COHORT_THROW(InvalidArgument) << "checkpointEvery and maxSteps need ranks that step together: Hogwild workers meet "
+                                     "(and checkpoint) only at the end of each epoch";
+  }
+  if (options_.epochs <= 0) COHORT_THROW(InvalidArgument) << "epochs must be positive, got " << options_.epochs;
+  if ((options_.resume || options_.checkpointEvery > 0) && options_.checkpointPath.empty()) {
+    COHORT_THROW(InvalidArgument) << (options_.resume ? "resume" : "checkpointEvery") << " needs a checkpoint path";
+  }
+}
+
+Trainer::~Trainer() = default;
+
+TrainResult Trainer::run() {
+  const auto start = Clock::now();
+  const runtime::Logger& log = job_.log();
+  Position pos;
+  if (options_.resume && loadCheckpoint(pos)) {
+    log.info() << "resumed from " << options_.checkpointPath << " at epoch " << pos.epoch + 1 << " batch " << pos.batch
+               << " (step " << pos.step << ")";
+  }
+  TrainResult result;
+  if (pos.epoch >= options_.epochs) return alreadyDone(pos, start);
+  runtime::cuda::GpuContext* gpu = job_.gpu();
+  // Batches come from the host loader, or on a GPU through the device loader that copies them ahead.
+  std::function<void(int64_t, int64_t)> startEpoch = [&](int64_t e, int64_t b) { loader_.startEpoch(e, b); };
+  std::function<bool(runtime::data::Batch&)> nextBatch = [&](runtime::data::Batch& b) { return loader_.next(b); };
+#ifdef COHORT_HAVE_CUDA
+  std::unique_ptr<runtime::data::DeviceLoader> deviceBatches;
+  if (gpu) {
+    deviceBatches = std::make_unique<runtime::data::DeviceLoader>(loader_, *gpu);
+    startEpoch = [&](int64_t e, int64_t b) { deviceBatches->startEpoch(e, b); };
+    nextBatch = [&](runtime::data::Batch& b) { return deviceBatches->next(b); };
+  }
+#endif
+  job_.barrier("start");
+  for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
+    const auto epochStart = Clock::now();
+    const int64_t samplesBefore = pos.samples;
+    startEpoch(pos.epoch, pos.batch);
+    for (runtime::data::Batch batch; nextBatch(batch);) {
+      const nn::Pass pass = job_.pass({.rng = &rng_});
+      const Tensor& out = model_.forward(batch.inputs, pass);
+      double batchLoss = std::numeric_limits<double>::quiet_NaN();
+      if (gpu) {
+        loss_.forwardGpu(out, batch.targets, *gpu);
+      } else {
+        batchLoss = loss_.forward(out, batch.targets);
+        pos.lossSum += batchLoss * static_cast<double>(batch.size);
+        pos.correct += loss_.correct();
+      }
+      pos.samples += batch.size;
+      model_.backward(loss_.backward(), pass);
+      job_.step();
+      ++pos.step;
+      pos.batch = batch.index + 1;
+      if (callbacks_.onStepEnd &&
+          callbacks_.onStepEnd({.epoch = pos.epoch, .batch = batch.index, .step = pos.step, .samples = batch.size,
+                                .loss = batchLoss}) == Next::kStop) {
+        userStop_ = true;
+      }
+      const bool midEpoch = pos.batch < loader_.batchesPerEpoch();
+      if (stopAgreed(pos.step, false) && midEpoch) {
+        log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): checkpointing at step "
+                   << pos.step << " and stopping";
+        collectGpuSums(pos);
+        saveCheckpoint(pos);
+        result.stoppedEarly = result.stoppedByRequest = true;
+        break;
+      }
+      if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch) {
+        collectGpuSums(pos);
+        saveCheckpoint(pos);
+        result.stoppedEarly = true;
+        break;
+      }
+      if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) {
+        collectGpuSums(pos);
+        saveCheckpoint(pos);
+      }
+    }
+    collectGpuSums(pos);  // also waits for the epoch's last step, so the time below includes it
+    finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
+    if (result.stoppedByRequest) break;
+    if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
+      result.stoppedEarly = true;
+      log.info() << "stopped after " << pos.step << " steps (--max-steps)";
+      break;
+    }
+    if (pos.epoch + 1 < options_.epochs && stopAgreed(pos.step, true)) {
+      log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): stopping after epoch "
+                 << pos.epoch + 1 << (options_.checkpointPath.empty() ? "" : " (checkpointed)");
+      result.stoppedEarly = result.stoppedByRequest = true;
+      break;
+    }
+  }
+  result.wallSeconds = secondsSince(start);
+#ifdef COHORT_HAVE_CUDA
+  if (deviceBatches) result.inputWaitMs = deviceBatches->inputWaitMs();
+#endif
+  return result;
+}
+
+void Trainer::collectGpuSums(Position& pos) {
+  if (!job_.gpu()) return;
+  nn::LossSums sums = loss_.takeGpuSums(*job_.gpu());
+  pos.lossSum += sums.loss;
+  pos.correct += sums.correct;
+}
+
+bool Trainer::stopAgreed(int64_t step, bool epochEnd) {
+  const bool mine = userStop_ || (options_.stopRequested && options_.stopRequested->load(std::memory_order_relaxed));
+  if (job_.world().isSingle()) return mine;
+  // Agreeing costs a small collective: every 16 steps (the same steps on every rank) is plenty for a
+  // signal sent minutes before a time limit. Workers that do not step together agree at epoch ends.
+  constexpr int64_t kAgreeEvery = 16;
+  if (!epochEnd && (!job_.lockstep() || step % kAgreeEvery != 0)) return false;
+  return job_.any(mine);
+}
+
+void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples) {
+  trainSeconds_ += epochSeconds;
+  trainedSamples_ += epochSamples;
+  result.epochs = pos.epoch + 1;
+  result.steps = pos.step;
+  // The job's figures: samples summed, the time the slowest rank's, loss and accuracy averaged (every
+  // rank trains the same number of samples per epoch, so the mean of the ranks' means is the job's).
+  double samples = static_cast<double>(trainedSamples_), seconds = trainSeconds_;
+  double means[2] = {pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0,
+                     pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0};
+  job_.reduce({&samples, 1}, Reduce::kSum);
+  job_.reduce({&seconds, 1}, Reduce::kMax);
+  job_.reduce(means, Reduce::kMean);
+  result.trainLoss = means[0];
+  result.trainAcc = means[1];
+  result.samplesPerSec = seconds > 0 ? samples / seconds : 0;
+  if (test_ && job_.world().rank == 0) {
+    Evaluation e = evaluate(*test_);
+    result.testLoss = e.loss;
+    result.testAcc = e.accuracy;
+    result.haveTest = true;
+  }
+  EpochReport report{.epoch = pos.epoch + 1, .step = pos.step, .trainLoss = result.trainLoss,
+                     .trainAcc = result.trainAcc, .testLoss = result.testLoss, .testAcc = result.testAcc,
+                     .haveTest = result.haveTest, .samplesPerSec = result.samplesPerSec};
+  if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
+  auto line = job_.log().info();
+  line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss " << result.trainLoss;
+  if (options_.classification) line << " train_acc " << result.trainAcc;
+  if (result.haveTest) line << " test_loss " << result.testLoss;
+  if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
+  for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
+  line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
+  if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(result.samplesPerSec) << ")";
+  appendMetrics(report);
+  pos.lastTrainLoss = result.trainLoss;
+  pos.lastTrainAcc = result.trainAcc;
+  pos.lossSum = 0;
+  pos.correct = 0;
+  pos.samples = 0;
+  if (!result.stoppedEarly) {
+    Position next = pos;
+    next.epoch = pos.epoch + 1;
+    next.batch = 0;
+    saveCheckpoint(next);
+  }
+  job_.barrier("after epoch " + std::to_string(pos.epoch + 1));
+}
+
+TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
+  job_.log().info() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
+                    << options_.epochs;
+  TrainResult result;
+  result.epochs = pos.epoch;
+  result.steps = pos.step;
+  result.trainLoss = pos.lastTrainLoss;
+  result.trainAcc = pos.lastTrainAcc;
+  if (test_ && job_.world().rank == 0) {
+    Evaluation e = evaluate(*test_);
+    result.testLoss = e.loss;
+    result.testAcc = e.accuracy;
+    result.haveTest = true;
+  }
+  result.wallSeconds = secondsSince(start);
+  return result;
+}
+
+Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
+  const nn::Pass pass = job_.evalPass();
+  double lossSum = 0;
+  int64_t correct = 0;
+  const int64_t n = data.size();
+#ifdef COHORT_HAVE_CUDA
+  if (job_.gpu()) {
+    // Chunks are copied to the device one at a time (evaluation is not the hot loop).
+    auto& gpu = *job_.gpu();
+    Tensor inputs, targets;
+    for (int64_t first = 0; first < n; first += options_.evalBatchSize) {
+      int64_t count = std::min(options_.evalBatchSize, n - first);
+      Tensor hostIn = data.inputs().narrowRows(first, count), hostTgt = data.targets().narrowRows(first, count);
+      gpu.stream().synchronize();  // the previous chunk's kernels are done with the device buffers
+      runtime::ensureShape(inputs, hostIn.shape(), gpu.allocator());
+      runtime::ensureShape(targets, hostTgt.shape(), gpu.allocator());
+      runtime::cuda::copyToDevice(inputs.data(), hostIn.data(), hostIn.bytes(), gpu.stream());
+      runtime::cuda::copyToDevice(targets.data(), hostTgt.data(), hostTgt.bytes(), gpu.stream());
+      loss_.forwardGpu(model_.forward(inputs, pass), targets, gpu);
+    }
+    nn::LossSums sums = loss_.takeGpuSums(gpu);
+    return {n ? sums.loss / static_cast<double>(n) : 0, n ? static_cast<double>(sums.correct) / static_cast<double>(n) : 0};
+  }
+#endif
+  for (int64_t first = 0; first < n; first += options_.evalBatchSize) {
+    int64_t count = std::min(options_.evalBatchSize, n - first);
+    const Tensor& out = model_.forward(data.inputs().narrowRows(first, count), pass);
+    lossSum += static_cast<double>(loss_.forward(out, data.targets().narrowRows(first, count))) * static_cast<double>(count);
+    correct += loss_.correct();
+  }
+  return {n ? lossSum / static_cast<double>(n) : 0, n ? static_cast<double>(correct) / static_cast<double>(n) : 0};
+}
+
+void Trainer::appendMetrics(const EpochReport& r) const {
+  if (options_.metricsPath.empty() || job_.world().rank != 0) return;
+  nlohmann::json j = {{"epoch", r.epoch}, {"step", r.step}, {"train_loss", r.trainLoss}, {"samples_per_s", r.samplesPerSec}};
+  if (options_.classification) j["train_acc"] = r.trainAcc;
+  if (r.haveTest) j["test_loss"] = r.testLoss;
+  if (r.haveTest && options_.classification) j["test_acc"] = r.testAcc;
+  for (const auto& [name, value] : r.metrics) j[name] = value;
+  std::ofstream out(options_.metricsPath, std::ios::app);
+  out << j.dump() << "\n";
+  if (!out) COHORT_THROW(IoError) << options_.metricsPath << ": cannot append metrics";
+}
+
+// The loop's position, beside the job's state (train/checkpointer.h); the loss sum as a hex float
+// so it round-trips exactly.
+void Trainer::saveCheckpoint(const Position& pos) {
+  if (options_.checkpointPath.empty()) return;
+  job_.save(options_.checkpointPath, {
+                                         {"epoch", std::to_string(pos.epoch)},
+                                         {"batch", std::to_string(pos.batch)},
+                                         {"step", std::to_string(pos.step)},
+                                         {"rng_seed", std::to_string(rng_.seed())},
+                                         {"rng_counter", std::to_string(rng_.counter())},
+                                         {"loader_seed", std::to_string(loader_.options().seed)},
+                                         {"batch_size", std::to_string(loader_.options().batchSize)},
+                                         {"epoch_loss_sum", hexDouble(pos.lossSum)},
+                                         {"epoch_correct", std::to_string(pos.correct)},
+                                         {"epoch_samples", std::to_string(pos.samples)},
+                                         {"last_train_loss", hexDouble(pos.lastTrainLoss)},
+                                         {"last_train_acc", hexDouble(pos.lastTrainAcc)},
+                                     });
+}
+
+bool Trainer::loadCheckpoint(Position& pos) {
+  const std::string& path = options_.checkpointPath;
+  std::optional<nn::Metadata> meta = job_.load(path, {{"batch_size", std::to_string(loader_.options().batchSize)},
+                                                      {"loader_seed", std::to_string(loader_.options().seed)}});
+  if (!meta) {
+    job_.log().info() << "no checkpoint at " << path << " yet: starting from scratch";
+    return false;
+  }
+  const nn::Metadata& m = *meta;
+  pos.epoch = metadataCount(m, "epoch", path);
+  pos.batch = metadataCount(m, "batch", path);
+  pos.step = metadataCount(m, "step", path);
+  pos.correct = metadataCount(m, "epoch_correct", path);
+  pos.samples = metadataCount(m, "epoch_samples", path);
+  pos.lossSum = std::strtod(metadataText(m, "epoch_loss_sum", path).c_str(), nullptr);
+  pos.lastTrainLoss = std::strtod(metadataText(m, "last_train_loss", path).c_str(), nullptr);
+  pos.lastTrainAcc = std::strtod(metadataText(m, "last_train_acc", path).c_str(), nullptr);
+  rng_ = runtime::Rng(std::stoull(metadataText(m, "rng_seed", path)), std::stoull(metadataText(m, "rng_counter", path)));
+  if (pos.batch > loader_.batchesPerEpoch()) {
+    COHORT_THROW(IoError) << path << ": checkpoint batch " << pos.batch << " is beyond the epoch's "
+                          << loader_.batchesPerEpoch() << " batches";
+  }
+  return true;
+}
+
+}  // namespace cohort::train

@@ -1,0 +1,164 @@
+// Trainer: the training loop every worker runs (DESIGN.md §1), readable on one screen, for any
+// model placed by a train::Job and any Dataset.
+//
+//   for epoch: loader.startEpoch(epoch, firstBatch)
+//     for batch: forward -> loss -> backward -> job.step() -> onStepEnd -> (checkpoint every N steps)
+//     the job's mean loss and throughput; evaluate on the test set (rank 0); onEpochEnd; log one
+//     progress line; append one metrics line; checkpoint
+//
+// Every rank runs it with the same options. The loader takes this rank's shard of the training set
+// (Job::shard). All ranks meet at a barrier at the start and at each epoch's end, where rank 0
+// evaluates and checkpoints while the others wait, so nothing changes the parameters meanwhile.
+//
+// Checkpoints (train/checkpointer.h) hold the job's state plus the loop's position: the epoch and the
+// next batch of the loader, the step, the dropout Rng state and the running epoch sums, so a run
+// resumed from any checkpoint continues bit for bit like the uninterrupted run (on the CPU). They
+// are written every `checkpointEvery` steps (if > 0) and at the end of every epoch.
+//
+// Stopping early: a stop request (`stopRequested`, e.g. set by a SIGUSR1 handler, or a callback
+// returning Next::kStop) is agreed by all ranks — every 16 steps where they step together (the run
+// checkpoints at that step and returns), and at the end of each epoch in every mode.
+// Callbacks run on every rank, on the training thread; onEpochEnd may add its own figures to the
+// report, which are logged and written to the metrics file with the others.
+// Ownership: borrows the job (placed), the loss and the datasets, which must outlive run().
+// Thread safety: run() is called from one thread.
+//
+//   train::Trainer trainer(job, loss, *train, test.get(), {.epochs = 5, .batchSize = 64});
+//   train::TrainResult result = trainer.run();
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/loss.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/data/dataset.h"
+#include "runtime/random.h"
+#include "train/job.h"
+
+namespace cohort::train {
+
+struct TrainerOptions {
+  int64_t epochs = 1;
+  int64_t batchSize = 64;        // samples per step and rank
+  uint64_t seed = 0;             // shuffling and dropout masks (initialisation is PlaceOptions::seed)
+  int prefetch = 2;              // batches the loader's thread gathers ahead
+  runtime::data::Augment augment = {};
+  bool classification = true;    // report accuracy
+  std::string checkpointPath;    // empty: no checkpoints
+  int64_t checkpointEvery = 0;   // steps; 0: at the end of each epoch only (not in Hogwild)
+  bool resume = false;           // continue from checkpointPath if it exists
+  int64_t maxSteps = 0;          // > 0: stop after this many optimizer steps in all (checkpointed; not in Hogwild)
+  // Set asynchronously (e.g. by a SIGUSR1 handler): stop after the current step (agreed by all
+  // ranks), write the checkpoint and return.
+  const std::atomic<bool>* stopRequested = nullptr;
+  std::string metricsPath;       // JSON lines, one per epoch (rank 0); empty: none
+  int64_t evalBatchSize = 1000;
+};
+
+enum class Next { kContinue, kStop };
+
+struct StepReport {
+  int64_t epoch = 0;      // from 0
+  int64_t batch = 0;      // within the epoch, from 0
+  int64_t step = 0;       // optimizer steps so far, this one included
+  int64_t samples = 0;    // in this batch
+  double loss = 0;        // this batch's mean loss on this rank; NaN on a GPU (read once per epoch there)
+};
+
+struct EpochReport {
+  int64_t epoch = 0;  // from 1
+  int64_t step = 0;
+  double trainLoss = 0;  // the job's mean over the epoch
+  double trainAcc = 0;
+  double testLoss = 0;   // rank 0 only (haveTest)
+  double testAcc = 0;
+  bool haveTest = false;
+  double samplesPerSec = 0;  // the job's training throughput so far
+  // The callback's own figures ("val_f1", ...): logged and written to the metrics file.
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
+struct TrainerCallbacks {
+  std::function<Next(const StepReport&)> onStepEnd;
+  std::function<Next(EpochReport&)> onEpochEnd;
+};
+
+struct TrainResult {
+  int64_t epochs = 0;
+  int64_t steps = 0;
+  bool stoppedEarly = false;  // maxSteps reached (or a stop requested) before the last epoch ended
+  bool stoppedByRequest = false;
+  double trainLoss = 0;  // mean over the last epoch
+  double trainAcc = 0;
+  double testLoss = 0;
+  double testAcc = 0;
+  bool haveTest = false;
+  double samplesPerSec = 0;  // the job's training samples / training time (evaluation excluded)
+  double wallSeconds = 0;
+  double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
+};
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+class Trainer {
+ public:
+  // InvalidArgument for a job that is not placed, and for checkpointEvery or maxSteps where ranks
+  // do not step together (Hogwild).
+  Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, const runtime::data::Dataset* test,
+          TrainerOptions options, TrainerCallbacks callbacks = {});
+  ~Trainer();
+
+  TrainResult run();
+  // The loss and accuracy of the model on `data` (this rank, no collective).
+  Evaluation evaluate(const runtime::data::Dataset& data);
+  // This rank's loader (its shard of the training set).
+  const runtime::data::DataLoader& loader() const { return loader_; }
+
+ private:
+  struct Position {
+    int64_t epoch = 0;
+    int64_t batch = 0;  // next batch within the epoch
+    int64_t step = 0;   // optimizer steps so far
+    double lossSum = 0;  // running sums of the current epoch
+    int64_t correct = 0;
+    int64_t samples = 0;
+    double lastTrainLoss = 0;  // figures of the last completed epoch
+    double lastTrainAcc = 0;
+  };
+
+  using Clock = std::chrono::steady_clock;
+  static double secondsSince(Clock::time_point t);
+  TrainResult alreadyDone(const Position& pos, Clock::time_point start);
+  // Whether to stop now: this rank's request, agreed with the others (see the header comment).
+  bool stopAgreed(int64_t step, bool epochEnd);
+  void saveCheckpoint(const Position& pos);
+  bool loadCheckpoint(Position& pos);
+  // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
+  void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
+  // GPU: adds the loss sums accumulated on the device to `pos` (waits for the compute stream).
+  void collectGpuSums(Position& pos);
+  void appendMetrics(const EpochReport& report) const;
+
+  Job& job_;
+  nn::Model& model_;
+  nn::Loss& loss_;
+  runtime::data::DataLoader loader_;
+  const runtime::data::Dataset* test_;
+  TrainerOptions options_;
+  TrainerCallbacks callbacks_;
+  runtime::Rng rng_;
+  bool userStop_ = false;     // a callback asked to stop
+  double trainSeconds_ = 0;   // this rank's, over the epochs run in this process
+  int64_t trainedSamples_ = 0;
+};
+
+}  // namespace cohort::train
