@@ -1,4 +1,4 @@
-// The image layers on a GPU against the same layers on the CPU (tags = ["gpu"]; skips with the
+// The image layers (and Residual) on a GPU against the same layers on the CPU (tags = ["gpu"]; skips with the
 // reason when no CUDA device is usable): Conv2d (cuDNN), MaxPool2d, AvgPool2d and BatchNorm2d with
 // identical parameters and input must give the same output, input gradient, parameter gradients
 // (overwritten, then accumulated) and running statistics. The CPU layers are themselves checked
@@ -11,9 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "nn/activation.h"
 #include "nn/batchnorm.h"
 #include "nn/conv2d.h"
+#include "nn/linear.h"
 #include "nn/pool.h"
+#include "nn/residual.h"
+#include "nn/sequential.h"
 #include "runtime/random.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
 
@@ -131,6 +135,13 @@ std::vector<LayerCase> cases() {
        kNormTolerance},
       {"batchnorm_train_large_plane", [] { return ModulePtr(new nn::BatchNorm2d(3)); }, Shape{16, 3, 32, 32}, true,
        false, kNormTolerance},
+      {"residual_linear_tanh",
+       [] {
+         auto f = std::make_unique<nn::Sequential>();
+         f->add(std::make_unique<nn::Linear>(12, 12), "fc").add(nn::tanhActivation(), "tanh");
+         return ModulePtr(new nn::Residual(std::move(f)));
+       },
+       Shape{6, 12}, true, false, kNormTolerance},
   };
 }
 

@@ -1,4 +1,4 @@
-// sgdStep, fill and axpy on the GPU against a CPU reference (tags = ["gpu"]).
+// sgdStep, fill, scale and axpy on the GPU against a CPU reference (tags = ["gpu"]).
 //
 // All data and hyper-parameters are small multiples of powers of two, so every intermediate value
 // is exact in float32: the GPU must match the reference bit for bit whatever the evaluation order
@@ -223,11 +223,25 @@ TEST_F(ElementwiseTest, AxpyMatchesReference) {
   }
 }
 
+TEST_F(ElementwiseTest, ScaleMatchesReference) {
+  for (size_t n : kSizes) {
+    for (size_t offset : {0, 1}) {
+      DeviceFloats data(*allocator_, n, offset);
+      std::vector<float> values = pattern(n, 5, 0.5f);
+      data.upload(values, *stream_);
+      scale(data.span(), 0.25f, *stream_);
+      for (float& v : values) v *= 0.25f;
+      expectEqualVectors(data.download(*stream_), values, "scale n=" + std::to_string(n) + " offset=" + std::to_string(offset));
+    }
+  }
+}
+
 TEST_F(ElementwiseTest, EmptyBuffersEnqueueNothing) {
   sgdStep({}, {.lr = 0.1f}, *stream_);
   sgdStep({}, {.lr = 0.1f, .momentum = 0.9f}, *stream_);
   fill({}, 1.0f, *stream_);
   axpy(1.0f, {}, {}, *stream_);
+  scale({}, 2.0f, *stream_);
   stream_->synchronize(milliseconds(10000));
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
