@@ -13,6 +13,7 @@
 
 #include "ipc/backoff.h"
 #include "runtime/error.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::collectives {
 
@@ -80,16 +81,15 @@ void FileStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   const std::string path = pathOf(key);
   const std::string temp =
       directory_ + "/.tmp." + key + "." + std::to_string(getpid()) + "." + std::to_string(counter.fetch_add(1));
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) COHORT_THROW(IoError) << "store: cannot create " << temp << ": " << std::strerror(errno);
+  runtime::UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) COHORT_THROW(IoError) << "store: cannot create " << temp << ": " << std::strerror(errno);
   try {
-    writeAll(fd, value, temp);
+    writeAll(fd.get(), value, temp);
   } catch (...) {
-    ::close(fd);
     ::unlink(temp.c_str());
-    throw;
+    throw;  // fd closes on the way out
   }
-  ::close(fd);
+  fd.reset();  // closed before it is published under the key's name
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(temp.c_str());

@@ -17,45 +17,36 @@
 #include "ipc/process_liveness.h"
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::ipc {
 namespace {
 
 namespace bip = boost::interprocess;
 
-// Closes a file descriptor; optionally unlinks the file it was created as, unless dismissed.
+// Owns the descriptor of a file it was created as; closes it and unlinks the file unless kept.
 class CreatedFile {
  public:
-  CreatedFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  CreatedFile(runtime::UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
   CreatedFile(const CreatedFile&) = delete;
   CreatedFile& operator=(const CreatedFile&) = delete;
   ~CreatedFile() {
-    if (fd_ >= 0) close(fd_);
+    fd_.reset();
     if (!keep_) ::unlink(path_.c_str());
   }
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   void keep() { keep_ = true; }
 
  private:
-  int fd_;
+  runtime::UniqueFd fd_;
   std::string path_;
   bool keep_ = false;
 };
 
-// A read-only descriptor for probing; closed on scope exit.
-class ReadFd {
- public:
-  explicit ReadFd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) {}
-  ReadFd(const ReadFd&) = delete;
-  ReadFd& operator=(const ReadFd&) = delete;
-  ~ReadFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
+// A read-only descriptor for probing `path` (empty when it cannot be opened).
+runtime::UniqueFd openForProbe(const std::string& path) {
+  return runtime::UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+}
 
 std::string seconds(std::chrono::milliseconds d) {
   std::ostringstream os;
@@ -108,8 +99,8 @@ bool readHeader(int fd, SegmentHeader& header) {
 // leftovers in our namespace, a dead creator, or an older generation); throws when it is live.
 void removeIfStale(const std::string& path, const std::string& name, uint64_t generation) {
   SegmentHeader header{};
-  ReadFd probe(path);
-  bool valid = probe.fd() >= 0 && readHeader(probe.fd(), header) && header.magic == kSegmentMagic;
+  runtime::UniqueFd probe = openForProbe(path);
+  bool valid = probe && readHeader(probe.get(), header) && header.magic == kSegmentMagic;
   if (valid && header.generation >= generation && processIsAlive(header.creatorPid, header.creatorStartTicks)) {
     COHORT_THROW(InvalidArgument) << "shared-memory segment " << path << " already exists, created by live process "
                                   << header.creatorPid << " for generation " << header.generation
@@ -121,10 +112,10 @@ void removeIfStale(const std::string& path, const std::string& name, uint64_t ge
   }
 }
 
-int createExclusive(const std::string& path, const std::string& name, uint64_t generation) {
+runtime::UniqueFd createExclusive(const std::string& path, const std::string& name, uint64_t generation) {
   for (int attempt = 0; attempt < 2; ++attempt) {
-    int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd >= 0) return fd;
+    runtime::UniqueFd fd(::open(path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (fd) return fd;
     if (errno != EEXIST) {
       COHORT_THROW(IoError) << "cannot create shared-memory segment " << path << ": " << std::strerror(errno);
     }
@@ -165,12 +156,12 @@ void validateHeader(const SegmentHeader& h, const std::string& path, const ShmRe
 }
 
 Probe probe(const std::string& path, const ShmRegion::OpenOptions& o) {
-  ReadFd file(path);
-  if (file.fd() < 0) return {false, "the segment does not exist yet"};
+  runtime::UniqueFd file = openForProbe(path);
+  if (!file) return {false, "the segment does not exist yet"};
   struct stat st {};
-  if (fstat(file.fd(), &st) != 0) return {false, "the segment cannot be inspected yet"};
+  if (fstat(file.get(), &st) != 0) return {false, "the segment cannot be inspected yet"};
   SegmentHeader h{};
-  if (st.st_size < static_cast<off_t>(kSegmentHeaderBytes) || !readHeader(file.fd(), h) || h.magic == 0) {
+  if (st.st_size < static_cast<off_t>(kSegmentHeaderBytes) || !readHeader(file.get(), h) || h.magic == 0) {
     return {false, "the segment's header is not written yet"};
   }
   validateHeader(h, path, o);

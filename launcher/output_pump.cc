@@ -41,7 +41,7 @@ OutputPump::OutputPump(const OutputPumpOptions& options) : options_(options), ra
   if (ec) COHORT_THROW(IoError) << "cannot create log directory " << options_.logDir << ": " << ec.message();
   for (int rank = 0; rank < options_.worldSize; ++rank) {
     const std::string path = options_.logDir + "/rank" + std::to_string(rank) + ".log";
-    ranks_[rank].logFile = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    ranks_[rank].logFile = runtime::UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!ranks_[rank].logFile) COHORT_THROW(IoError) << "cannot open log file " << path << ": " << std::strerror(errno);
   }
 }

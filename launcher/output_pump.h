@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "launcher/unique_fd.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::launcher {
 
@@ -64,7 +64,7 @@ class OutputPump {
   struct RankState {
     std::string partial[2];  // by StreamKind
     std::deque<std::string> tail;
-    UniqueFd logFile;
+    runtime::UniqueFd logFile;
   };
 
   void consume(int rank, StreamKind stream, std::string_view bytes);

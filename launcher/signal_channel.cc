@@ -19,7 +19,7 @@ SignalChannel::SignalChannel(std::initializer_list<int> signals) {
   if (sigprocmask(SIG_BLOCK, &mask, &previousMask_) != 0) {
     COHORT_THROW(Error) << "sigprocmask: " << std::strerror(errno);
   }
-  fd_ = UniqueFd(signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
+  fd_ = runtime::UniqueFd(signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!fd_) {
     int err = errno;
     sigprocmask(SIG_SETMASK, &previousMask_, nullptr);

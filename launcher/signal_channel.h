@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/unique_fd.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::launcher {
 
@@ -32,7 +32,7 @@ class SignalChannel {
 
  private:
   sigset_t previousMask_;
-  UniqueFd fd_;
+  runtime::UniqueFd fd_;
 };
 
 // For a forked child before exec: an empty signal mask.

@@ -11,6 +11,7 @@
 
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::launcher {
 namespace {
@@ -112,7 +113,7 @@ void Supervisor::pollOnce(Attempt& attempt) {
     if (w->stderrPipe()) sources.push_back({w.get(), StreamKind::kStderr});
   }
   for (const Source& s : sources) {
-    UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
+    runtime::UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
     fds.push_back({fd.get(), POLLIN, 0});
   }
   int timeoutMs = kMaxPollMs;
@@ -127,7 +128,7 @@ void Supervisor::pollOnce(Attempt& attempt) {
     for (size_t i = 0; i < sources.size(); ++i) {
       if (fds[i + 1].revents == 0) continue;
       const Source& s = sources[i];
-      UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
+      runtime::UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
       if (!pump_.drain(fd.get(), s.worker->rank(), s.stream)) {
         pump_.flushPartial(s.worker->rank(), s.stream);
         fd.reset();
@@ -180,7 +181,7 @@ void Supervisor::closePipes(WorkerProcess& worker) {
   // The worker is dead: what it wrote is already in the pipes. One more read each, then close (a
   // grandchild that escaped its process group may hold the write end open forever).
   for (StreamKind stream : {StreamKind::kStdout, StreamKind::kStderr}) {
-    UniqueFd& fd = stream == StreamKind::kStdout ? worker.stdoutPipe() : worker.stderrPipe();
+    runtime::UniqueFd& fd = stream == StreamKind::kStdout ? worker.stdoutPipe() : worker.stderrPipe();
     if (!fd) continue;
     pump_.drain(fd.get(), worker.rank(), stream);
     pump_.flushPartial(worker.rank(), stream);

@@ -18,14 +18,14 @@ namespace cohort::launcher {
 namespace {
 
 struct Pipe {
-  UniqueFd read;
-  UniqueFd write;
+  runtime::UniqueFd read;
+  runtime::UniqueFd write;
 };
 
 Pipe makePipe() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) COHORT_THROW(Error) << "pipe2: " << std::strerror(errno);
-  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+  return Pipe{runtime::UniqueFd(fds[0]), runtime::UniqueFd(fds[1])};
 }
 
 std::vector<char*> toCStrings(const std::vector<std::string>& strings) {
@@ -109,7 +109,7 @@ std::unique_ptr<WorkerProcess> WorkerProcess::spawn(const SpawnOptions& options)
   std::vector<char*> argv = toCStrings(options.argv);
   std::vector<char*> envp = toCStrings(options.environment);
   Pipe out = makePipe(), err = makePipe(), execError = makePipe();
-  UniqueFd devNull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  runtime::UniqueFd devNull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devNull) COHORT_THROW(Error) << "cannot open /dev/null: " << std::strerror(errno);
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
@@ -134,7 +134,7 @@ std::unique_ptr<WorkerProcess> WorkerProcess::spawn(const SpawnOptions& options)
   return worker;
 }
 
-WorkerProcess::WorkerProcess(int rank, pid_t pid, UniqueFd stdoutPipe, UniqueFd stderrPipe)
+WorkerProcess::WorkerProcess(int rank, pid_t pid, runtime::UniqueFd stdoutPipe, runtime::UniqueFd stderrPipe)
     : rank_(rank), pid_(pid), stdout_(std::move(stdoutPipe)), stderr_(std::move(stderrPipe)) {}
 
 WorkerProcess::~WorkerProcess() {

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/unique_fd.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::launcher {
 
@@ -70,17 +70,17 @@ class WorkerProcess {
 
   // The read ends of its stdout and stderr (non-blocking, close-on-exec); the owner resets them at
   // end of file.
-  UniqueFd& stdoutPipe() { return stdout_; }
-  UniqueFd& stderrPipe() { return stderr_; }
+  runtime::UniqueFd& stdoutPipe() { return stdout_; }
+  runtime::UniqueFd& stderrPipe() { return stderr_; }
 
  private:
-  WorkerProcess(int rank, pid_t pid, UniqueFd stdoutPipe, UniqueFd stderrPipe);
+  WorkerProcess(int rank, pid_t pid, runtime::UniqueFd stdoutPipe, runtime::UniqueFd stderrPipe);
   void reapBlocking();
 
   int rank_;
   pid_t pid_;
-  UniqueFd stdout_;
-  UniqueFd stderr_;
+  runtime::UniqueFd stdout_;
+  runtime::UniqueFd stderr_;
   std::optional<ExitStatus> status_;
 };
 

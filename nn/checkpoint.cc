@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "runtime/error.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::nn {
 namespace {
@@ -89,27 +90,6 @@ std::string hex8(uint32_t v) {
 std::string byteRange(uint64_t begin, uint64_t end) {
   return "bytes " + std::to_string(begin) + ".." + std::to_string(end);
 }
-
-// Owns one file descriptor; close() reports errors that the destructor has to swallow.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int close() {
-    int fd = std::exchange(fd_, -1);
-    return ::close(fd);
-  }
-
- private:
-  int fd_;
-};
 
 // Unlinks the temporary file unless a successful rename has consumed it.
 class TempFileGuard {
@@ -221,8 +201,8 @@ void writeAll(int fd, const void* data, size_t bytes, const std::string& path,
 
 // Makes the rename durable: the directory entry lives in the directory's own data.
 void fsyncDirectory(const std::string& dir, const std::string& path) {
-  FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid() || ::fsync(fd.get()) != 0) {
+  runtime::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd || ::fsync(fd.get()) != 0) {
     refuseWithErrno(path, "written, but cannot fsync directory " + dir);
   }
 }
@@ -259,9 +239,9 @@ void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& te
   const std::string header = encodeHeader(tensors, metadata);
 
   const std::string tmp = dir + "/." + base + ".tmp." + std::to_string(::getpid());
-  FileDescriptor fd(
+  runtime::UniqueFd fd(
       ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!fd.valid()) {
+  if (!fd) {
     refuseWithErrno(path, "cannot create temporary file " + tmp);
   }
   TempFileGuard guard(tmp);
@@ -322,14 +302,14 @@ class CheckpointReader {
   void preadAll(void* dst, size_t bytes, uint64_t offset);
 
   std::string path_;
-  FileDescriptor fd_;
+  runtime::UniqueFd fd_;
   uint64_t fileBytes_ = 0;
   uint64_t dataStart_ = 0;  // file offset of the byte buffer
 };
 
 CheckpointReader::CheckpointReader(const std::string& path)
     : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-  if (!fd_.valid()) refuseWithErrno(path_, "cannot open checkpoint");
+  if (!fd_) refuseWithErrno(path_, "cannot open checkpoint");
   struct stat st {};
   if (::fstat(fd_.get(), &st) != 0) refuseWithErrno(path_, "cannot stat");
   if (!S_ISREG(st.st_mode)) Refusal(path_) << "not a regular file";

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/unique_fd.h"
 #include "tests/launcher/launcher_test_support.h"
 
 namespace cohort::launcher {
@@ -26,12 +27,12 @@ class OutputPumpTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::freshTempDir();
-    out_ = UniqueFd(::open((dir_ + "/out").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    err_ = UniqueFd(::open((dir_ + "/err").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    out_ = runtime::UniqueFd(::open((dir_ + "/out").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    err_ = runtime::UniqueFd(::open((dir_ + "/err").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     int fds[2];
     ASSERT_EQ(::pipe2(fds, O_CLOEXEC | O_NONBLOCK), 0);
-    pipeRead_ = UniqueFd(fds[0]);
-    pipeWrite_ = UniqueFd(fds[1]);
+    pipeRead_ = runtime::UniqueFd(fds[0]);
+    pipeWrite_ = runtime::UniqueFd(fds[1]);
   }
   OutputPumpOptions options(int worldSize) {
     OutputPumpOptions o;
@@ -50,7 +51,7 @@ class OutputPumpTest : public ::testing::Test {
   std::string err() { return readWhole(dir_ + "/err"); }
 
   std::string dir_;
-  UniqueFd out_, err_, pipeRead_, pipeWrite_;
+  runtime::UniqueFd out_, err_, pipeRead_, pipeWrite_;
 };
 
 TEST_F(OutputPumpTest, PrefixesWholeLinesOnTheRightStream) {
