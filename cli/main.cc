@@ -2,6 +2,7 @@
 //   train    train a model (cli/train_command.h)
 //   devices  list the CPU and CUDA devices of this machine
 //   bench    benchmarks (bench/)
+// and --version ("cohort MAJOR.MINOR.PATCH", from VERSION: runtime/version.h).
 // The one place (with launcher/'s main) where errors become exit codes (docs/errors.md).
 #include <CLI/CLI.hpp>   // CLI11: flags and subcommands
 
@@ -15,6 +16,7 @@
 #include "cli/train_command.h"       // cohort train
 #include "runtime/device_query.h"    // cohort devices
 #include "runtime/error.h"           // exit codes
+#include "runtime/version.h"         // cohort --version
 #include "runtime/world_info.h"      // rank for error messages
 
 namespace {
@@ -22,6 +24,7 @@ namespace {
 int run(int argc, char** argv) {
   using namespace cohort;
   CLI::App app{"cohort: multi-process neural-network training"};
+  app.set_version_flag("--version", std::string("cohort ") + version());
   app.require_subcommand(1);
   cli::TrainFlags trainFlags;
   CLI::App* train = app.add_subcommand("train", "train a model");

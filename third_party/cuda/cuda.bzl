@@ -12,9 +12,10 @@ Two entry points:
       and @local_cuda//:cudart linked, so cc_library / cc_binary / cc_test targets can depend on it.
 
 Every .cu file is compiled with: -O3 -std=c++20 -Xcompiler -fPIC, real code for sm_80 and sm_90 plus
-compute_90 PTX (so newer GPUs can JIT), the workspace root and the genfiles root on the include path
-(`#include "runtime/stream.h"` works), and the headers, include paths and defines of `deps` (their
-CcInfo), so a .cu file sees the same macros (COHORT_HAVE_CUDA, ...) as the C++ around it.
+compute_90 PTX (so newer GPUs can JIT), the repository's root and its genfiles root on the include
+path (`#include "runtime/stream.h"` works, in Cohort's workspace and in one that uses it as @cohort),
+and the headers, include paths and defines of `deps` (their CcInfo), so a .cu file sees the same
+macros (COHORT_HAVE_CUDA, ...) as the C++ around it.
 nvcc is run as $CUDA_HOME/bin/nvcc (CUDA_HOME from @local_cuda//:defs.bzl), not through a symlink,
 because it finds its headers and cicc relative to the path it was started by; it calls the host
 gcc through the action's PATH. Output objects are compiled with -fPIC, so the same object serves
@@ -48,7 +49,10 @@ def _cuda_objects_impl(ctx):
     headers = depset(ctx.files.hdrs, transitive = [c.headers for c in compilation_contexts])
 
     # Include paths and defines the C++ side of `deps` uses, so both compilers see the same code.
-    include_dirs = ["-I.", "-I" + ctx.bin_dir.path]
+    # The repository's root comes first: "." in Cohort's own workspace, "external/cohort" when
+    # another workspace builds Cohort as @cohort (examples/bazel_consumer).
+    root = ctx.label.workspace_root
+    include_dirs = ["-I" + (root or "."), "-I" + ctx.bin_dir.path + ("/" + root if root else "")]
     for c in compilation_contexts:
         include_dirs += ["-I" + p for p in c.includes.to_list()]
         include_dirs += ["-I" + p for p in c.quote_includes.to_list()]
