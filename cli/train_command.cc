@@ -229,7 +229,7 @@ int runTrain(const TrainFlags& f) {
   std::unique_ptr<data::Dataset> testSet = world.rank == 0 ? openTestSet(f) : nullptr;
   checkFits(*model, *trainSet, classification);
   if (testSet) checkFits(*model, *testSet, classification);
-  job.place(*model, *optimizer, {.seed = f.seed});
+  job.place(*model, *optimizer, {.seed = f.seed, .settings = {{"loss", f.loss}}});
   auto loss = nn::makeLoss(classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
   train::Trainer trainer(job, *loss, *trainSet, testSet.get(),
                          {.epochs = f.epochs,

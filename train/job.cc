@@ -1,15 +1,18 @@
 #include "train/job.h"
 
 #include <atomic>
+#include <sstream>
 
 #include "collectives/communicator.h"
 #include "runtime/device_query.h"
+#include "runtime/digest.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
 #include "train/checkpointer.h"
 #include "train/hogwild_strategy.h"
 #include "train/local_strategy.h"
 #include "train/replica_strategy.h"
+#include "train/settings_agreement.h"
 #include "train/sharded_strategy.h"
 
 #ifdef COHORT_HAVE_CUDA
@@ -143,6 +146,7 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                                   << " but the job trains on " << device_.str()
                                   << ": make it with makeOptimizer(options, numel, job.gpu())";
   }
+  agree(builtInSettings(model, optimizer, o));
   model.params.allocate(runtime::cpuAllocator());
   StrategyContext context{.params = model.params,
                           .optimizer = optimizer,
@@ -170,6 +174,40 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
   model_ = &model;
   optimizer_ = &optimizer;
   checkpointer_ = std::make_unique<Checkpointer>(*strategy_, model, optimizer, world_, gpu_.get());
+}
+
+Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& o) const {
+  // The layout as text, digested: two models of one name and size whose parameters are shaped
+  // otherwise would place their shards and checkpoints wrongly.
+  std::ostringstream layout;
+  for (const auto& e : model.params.entries()) layout << e.name << e.shape.str() << ';';
+  for (const auto& e : model.params.bufferEntries()) layout << e.name << e.shape.str() << ';';
+  const nn::OptimizerOptions& opt = optimizer.options();
+  Settings s = {{"mode", toString(options_.mode)},
+                {"backend", backend()},
+                {"replicas", options_.replicas ? "yes" : "no"},
+                {"device", device_.isCuda() ? "cuda" : "cpu"},
+                {"world_size", std::to_string(world_.worldSize)},
+                {"model", model.name},
+                {"parameters", std::to_string(model.params.numel())},
+                {"parameter_layout", runtime::Digest().add(layout.str()).hex()},
+                {"optimizer", optimizer.name()},
+                {"lr", settingValue(opt.lr)},
+                {"momentum", settingValue(opt.momentum)},
+                {"nesterov", opt.nesterov ? "yes" : "no"},
+                {"weight_decay", settingValue(opt.weightDecay)},
+                {"betas", settingValue(opt.beta1) + "," + settingValue(opt.beta2)},
+                {"eps", settingValue(opt.eps)},
+                {"init", o.initialise ? "the program's own" : "seed " + std::to_string(o.seed)}};
+  s.insert(s.end(), o.settings.begin(), o.settings.end());
+  return s;
+}
+
+void Job::agree(const Settings& settings) {
+  if (world_.isSingle()) return;
+  agreeOnSettings(settings, {.world = world_,
+                             .timeout = options_.timeout,
+                             .name = "settings-" + std::to_string(agreements_++)});
 }
 
 void Job::requirePlaced(const char* what) const {

@@ -52,6 +52,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "nn/checkpoint.h"
 #include "nn/model.h"
@@ -62,6 +63,7 @@
 #include "runtime/device.h"
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
+#include "train/settings.h"
 
 namespace cohort::runtime::cuda {
 class GpuContext;
@@ -98,6 +100,9 @@ struct PlaceOptions {
   // user's own scheme. Runs where the mode needs it (every rank, or the rank that creates the
   // shared copy), always on the CPU; the Job then moves the values where they belong.
   std::function<void(nn::Model& model)> initialise;
+  // More settings that must be the same on every rank (e.g. the data set), compared together with
+  // those the job knows itself (see Job::place).
+  Settings settings;
 };
 
 struct PassOptions {
@@ -130,6 +135,10 @@ class Job {
   // Collective: places `model`'s parameters (unbound; registered by nn::Model) and the optimizer's
   // state for the mode and initialises them (see PlaceOptions). InvalidArgument when called twice,
   // when the optimizer was made for another size or device, or the model is already bound.
+  // First it checks that every rank has the same settings (agree()): the mode, backend, replicas,
+  // device kind and world size; the model's name, parameter count and layout (names and shapes);
+  // the optimizer and its hyper-parameters; the seed; and options.settings. Another rank's
+  // different setting is an InvalidArgument on every rank, naming both ranks and both values.
   void place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& options = {});
   bool placed() const { return strategy_ != nullptr; }
   nn::Model& model() const;
@@ -146,6 +155,12 @@ class Job {
   void step();
   // Whether ranks step together (false for Hogwild, whose workers meet only at barriers).
   bool lockstep() const;
+
+  // Collective: InvalidArgument on every rank when any rank's `settings` differ from rank 0's,
+  // naming the ranks and the first differing setting with both values (nothing happens in a world
+  // of one). Each call compares its own list; call it before anything relies on the settings.
+  // Bounded by the job's timeout (TimeoutError naming the ranks that did not arrive).
+  void agree(const Settings& settings);
 
   // Collectives (every rank, same order). In Hogwild they line the workers up: call them where all
   // workers are, e.g. at the end of an epoch.
@@ -174,6 +189,7 @@ class Job {
   struct Token;
   void requirePlaced(const char* what) const;
   std::string resolveBackend() const;
+  Settings builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& options) const;
 
   std::unique_ptr<Token> token_;  // first in, last out: one Job per process
   JobOptions options_;
@@ -186,6 +202,7 @@ class Job {
   nn::Optimizer* optimizer_ = nullptr;
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<Checkpointer> checkpointer_;
+  int agreements_ = 0;      // agree() calls so far: each has a segment of its own
   int microBatches_ = 1;    // of the pass that synchronised last
   bool readyToStep_ = false;
 };

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/digest.h"
 #include "runtime/error.h"
 #include "train/checkpointer.h"
 
@@ -31,6 +32,36 @@ std::string hexDouble(double v) {
 
 runtime::data::DataLoaderOptions loaderOptions(const Job& job, const TrainerOptions& o) {
   return job.shard({.batchSize = o.batchSize, .seed = o.seed, .prefetch = o.prefetch, .augment = o.augment});
+}
+
+// A digest of the training set that costs microseconds: every target, and the inputs of 64 samples
+// spread over the set. Two ranks reading different files of one name and size differ here.
+std::string sampledDigest(const runtime::data::Dataset& d) {
+  runtime::Digest digest;
+  digest.add(d.targets().data(), static_cast<size_t>(d.targets().numel()) * sizeof(float));
+  const int64_t n = d.size(), per = d.sampleShape().numel();
+  for (int64_t k = 0; k < 64 && n > 0; ++k) {
+    digest.add(d.inputs().data() + (k * n / 64) * per, static_cast<size_t>(per) * sizeof(float));
+  }
+  return digest.hex();
+}
+
+// What the ranks of one Trainer must share (Job::agree); the prefetch depth, the evaluation batch
+// and the metrics file may differ per rank.
+Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptions& o) {
+  return {{"train_data", train.name()},
+          {"train_samples", std::to_string(train.size())},
+          {"sample_shape", train.sampleShape().str()},
+          {"train_data_digest", sampledDigest(train)},
+          {"epochs", std::to_string(o.epochs)},
+          {"batch_size", std::to_string(o.batchSize)},
+          {"data_seed", std::to_string(o.seed)},
+          {"augment", "crop padding " + std::to_string(o.augment.cropPadding) + (o.augment.horizontalFlip ? ", flip" : "")},
+          {"classification", o.classification ? "yes" : "no"},
+          {"checkpoint", o.checkpointPath},
+          {"checkpoint_every", std::to_string(o.checkpointEvery)},
+          {"resume", o.resume ? "yes" : "no"},
+          {"max_steps", std::to_string(o.maxSteps)}};
 }
 
 const Job& placedJob(const Job& job) {
@@ -60,6 +91,7 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   if ((options_.resume || options_.checkpointEvery > 0) && options_.checkpointPath.empty()) {
     COHORT_THROW(InvalidArgument) << (options_.resume ? "resume" : "checkpointEvery") << " needs a checkpoint path";
   }
+  job_.agree(trainerSettings(train, options_));
 }
 
 Trainer::~Trainer() = default;

@@ -1,0 +1,46 @@
+// The settings' encoding and the message for ranks that differ (the comparison across ranks itself is
+// tested in tests/collectives/agreement_test and end to end in tests/cli/cli_agreement_test).
+#include "train/settings_agreement.h"
+
+#include <gtest/gtest.h>
+
+#include "runtime/error.h"
+
+namespace cohort::train {
+namespace {
+
+TEST(SettingsAgreement, EncodingRoundTripsAnyBytes) {
+  const Settings s = {{"model", "mlp:784,32,10"}, {"empty", ""}, {"odd:name", std::string("a\0b:3:", 6)}, {"lr", settingValue(0.05f)}};
+  const Settings back = decodeSettings(encodeSettings(s));
+  ASSERT_EQ(back.size(), s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_EQ(back[i].name, s[i].name);
+    EXPECT_EQ(back[i].value, s[i].value);
+  }
+  EXPECT_EQ(settingValue(0.05f), "0.05");
+  EXPECT_EQ(settingValue(1e-8), "1e-08");
+  EXPECT_THROW(decodeSettings("5:ab"), InvalidArgument);
+  EXPECT_THROW(decodeSettings("x:ab"), InvalidArgument);
+}
+
+TEST(SettingsAgreement, TheMessageNamesTheFirstDifferingSettingWithBothValues) {
+  const Settings a = {{"mode", "allreduce"}, {"batch_size", "64"}, {"lr", "0.05"}};
+  const Settings b = {{"mode", "allreduce"}, {"batch_size", "32"}, {"lr", "0.5"}};
+  std::string m = describeDifference(a, 1, b, 1, 2);
+  EXPECT_NE(m.find("ranks 0 and 1 were started with different settings: batch_size is 64 on rank 0 but 32 on rank 1."),
+            std::string::npos)
+      << m;
+  m = describeDifference(a, 3, b, 2, 4);
+  EXPECT_NE(m.find("on rank 3 (2 of 4 ranks differ from rank 0)"), std::string::npos) << m;
+}
+
+TEST(SettingsAgreement, ASettingOnlyOneSideHasIsNamed) {
+  const Settings a = {{"mode", "allreduce"}, {"checkpoint", ""}};
+  const Settings b = {{"mode", "allreduce"}};
+  EXPECT_NE(describeDifference(a, 1, b, 1, 2).find("checkpoint is '' on rank 0 but not set on rank 1"), std::string::npos);
+  const Settings c = {{"mode", "allreduce"}, {"checkpoint", ""}, {"user", "x"}};
+  EXPECT_NE(describeDifference(a, 2, c, 1, 3).find("user is x on rank 2 but not set on rank 0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cohort::train
