@@ -3,7 +3,10 @@
 #include <sched.h>
 
 #include <CLI/CLI.hpp>  // CLI11
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 
 #include "runtime/error.h"
 
@@ -27,6 +30,17 @@ bool isPerWorkerVariable(const std::string& entry) {
   return false;
 }
 
+// `arg` as a shell reads it back: quoted only when it has to be.
+std::string shellQuoted(const std::string& arg) {
+  const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_-+=.,:/@%", c) != nullptr;
+  });
+  if (plain) return arg;
+  std::string quoted = "'";
+  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 // The longest grace period accepted: a day, so that milliseconds never overflow.
 constexpr double kMaxGracePeriodS = 86400.0;
 constexpr int kMaxWorkers = 4096;
@@ -47,6 +61,21 @@ void addLaunchFlags(CLI::App& app, LaunchFlags& flags) {
                  "as many CPUs as workers)")
       ->capture_default_str();
   app.add_option("command", flags.command, "PROGRAM ARGS…: the worker program (after --)");
+  app.positionals_at_end();
+}
+
+void checkSeparator(const std::vector<std::string>& args, const LaunchFlags& flags) {
+  const std::vector<std::string>& command = flags.command;
+  if (command.empty() || command.size() > args.size()) return;
+  const size_t program = args.size() - command.size();  // positionals at the end: the command is the tail
+  if (program > 0 && args[program - 1] == "--") return;
+  auto flag = std::find_if(command.begin() + 1, command.end(),
+                           [](const std::string& arg) { return arg.size() > 1 && arg[0] == '-'; });
+  if (flag == command.end()) return;  // nothing of the worker's could be misread
+  std::string fixed = "cohortrun";
+  for (size_t i = 0; i < args.size(); ++i) fixed += (i == program ? " -- " : " ") + shellQuoted(args[i]);
+  COHORT_THROW(InvalidArgument) << "put -- before the worker program so that its flags (" << *flag
+                                << ") are not read as cohortrun's: " << fixed;
 }
 
 LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs) {

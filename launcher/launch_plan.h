@@ -1,10 +1,12 @@
 // LaunchPlan: what `cohortrun` is asked to do (DESIGN.md §4), validated, with every worker's
 // environment.
 //
-//   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] -- PROGRAM ARGS…
+//   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S]
+//             [--bind auto|cores|none] -- PROGRAM ARGS…
 //
 // addLaunchFlags() declares the flags on a CLI11 app, writing into LaunchFlags the caller owns;
-// makeLaunchPlan() validates them (InvalidArgument, exit code 2) and fixes the job id and the base
+// checkSeparator() refuses a PROGRAM whose flags came without `--` before it; makeLaunchPlan()
+// validates the flags (InvalidArgument, exit code 2) and fixes the job id and the base
 // environment. environmentFor() gives the exact environment of one worker: the launcher's own minus
 // any inherited rank variables, plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, COHORT_JOB_ID,
 // COHORT_RESTART_COUNT, and OMP_NUM_THREADS=1 unless the launcher's environment sets it.
@@ -30,7 +32,16 @@ struct LaunchFlags {
   std::vector<std::string> command;  // PROGRAM ARGS…
 };
 
+// Also makes everything from PROGRAM on the worker's (CLI11's positionals_at_end), with or without
+// `--` before it, so that checkSeparator() sees the whole worker command.
 void addLaunchFlags(CLI::App& app, LaunchFlags& flags);
+
+// Throws InvalidArgument when PROGRAM came without `--` before it and one of its arguments looks
+// like a flag: without the separator cohortrun would refuse it as unknown ("--mode was not
+// expected") or take it as its own (--log-dir). The message shows `args` with `--` put in place.
+// `args`: cohortrun's arguments after argv[0]; `flags`: what addLaunchFlags() read from them, also
+// after a failed parse (a forgotten `--` is the likeliest cause of one).
+void checkSeparator(const std::vector<std::string>& args, const LaunchFlags& flags);
 
 struct LaunchPlan {
   int worldSize = 1;  // single node: also the local world size

@@ -1,5 +1,6 @@
 // cohortrun: starts N worker processes on this node and supervises them (docs/launcher.md).
-//   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] -- PROGRAM ARGS…
+//   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S]
+//             [--bind auto|cores|none] -- PROGRAM ARGS…
 // The one place in launcher/ where errors become exit codes (docs/errors.md). Never links CUDA,
 // NCCL or MPI (DESIGN.md §2): workers are started with fork+exec.
 #include <signal.h>
@@ -8,6 +9,8 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "ipc/shm_names.h"         // makeLauncherJobId
 #include "launcher/launch_plan.h"  // flags -> plan
@@ -20,15 +23,20 @@ int run(int argc, char** argv) {
   using namespace cohort;
   CLI::App app{"cohortrun: start and supervise N Cohort worker processes on this node"};
   app.footer(
-      "usage: cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] -- PROGRAM ARGS...");
+      "usage: cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] "
+      "[--bind auto|cores|none] -- PROGRAM ARGS...");
   launcher::LaunchFlags flags;
   launcher::addLaunchFlags(app, flags);
+  std::string parseError;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help: usage on stdout, exit 0
-    throw InvalidArgument(std::string(e.what()) + " (run with --help for usage)");
+    parseError = e.what();
   }
+  // First: CLI11's "--mode was not expected" is how a forgotten `--` usually shows.
+  launcher::checkSeparator(std::vector<std::string>(argv + 1, argv + argc), flags);
+  if (!parseError.empty()) throw InvalidArgument(parseError + " (run with --help for usage)");
   launcher::LaunchPlan plan = launcher::makeLaunchPlan(
       flags, launcher::PlanInputs{.jobId = ipc::makeLauncherJobId(), .environment = launcher::currentEnvironment(),
                            .allowedCpus = launcher::allowedCpus()});

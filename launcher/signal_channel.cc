@@ -12,7 +12,7 @@
 
 namespace cohort::launcher {
 
-SignalChannel::SignalChannel(std::initializer_list<int> signals) {
+SignalChannel::SignalChannel(const std::vector<int>& signals) {
   sigset_t mask;
   sigemptyset(&mask);
   for (int s : signals) sigaddset(&mask, s);

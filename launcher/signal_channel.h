@@ -11,7 +11,6 @@
 
 #include <signal.h>
 
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -21,7 +20,7 @@ namespace cohort::launcher {
 
 class SignalChannel {
  public:
-  explicit SignalChannel(std::initializer_list<int> signals);  // throws cohort::Error on failure
+  explicit SignalChannel(const std::vector<int>& signals);  // throws cohort::Error on failure
   SignalChannel(const SignalChannel&) = delete;
   SignalChannel& operator=(const SignalChannel&) = delete;
   ~SignalChannel();

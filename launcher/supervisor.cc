@@ -31,6 +31,17 @@ std::string workerName(const WorkerProcess& w) {
   return "rank " + std::to_string(w.rank()) + " (pid " + std::to_string(w.pid()) + ")";
 }
 
+bool stopsTheJob(int signal) { return signal == SIGINT || signal == SIGTERM || signal == SIGHUP; }
+
+// SIGHUP is supervised unless cohortrun was started with it ignored (nohup): a blocked signal is
+// queued even when its action is to ignore it, so taking it into the signalfd would undo nohup.
+std::vector<int> supervisedSignals() {
+  std::vector<int> signals = {SIGINT, SIGTERM, SIGUSR1, SIGCHLD};
+  struct sigaction hangup {};
+  if (::sigaction(SIGHUP, nullptr, &hangup) != 0 || hangup.sa_handler != SIG_IGN) signals.push_back(SIGHUP);
+  return signals;
+}
+
 }  // namespace
 
 void announce(const std::string& message) { writeAll(2, "cohortrun: " + message + "\n"); }
@@ -38,7 +49,7 @@ void announce(const std::string& message) { writeAll(2, "cohortrun: " + message 
 struct Supervisor::Attempt {
   int restartCount = 0;
   std::vector<std::unique_ptr<WorkerProcess>> workers;
-  int interruptSignal = 0;  // SIGINT or SIGTERM received by cohortrun, or 0
+  int interruptSignal = 0;  // SIGINT, SIGTERM or SIGHUP received by cohortrun, or 0
   std::optional<Failure> failure;
   std::optional<Clock::time_point> killDeadline;  // when the survivors get SIGKILL
   int stopSignal = 0;                             // what they were asked to stop with
@@ -51,7 +62,7 @@ struct Supervisor::Attempt {
 
 Supervisor::Supervisor(const LaunchPlan& plan)
     : plan_(plan),
-      signals_({SIGINT, SIGTERM, SIGUSR1, SIGCHLD}),
+      signals_(supervisedSignals()),
       pump_(OutputPumpOptions{.worldSize = plan.worldSize, .logDir = plan.logDir, .jobId = plan.jobId}) {}
 
 Supervisor::~Supervisor() = default;
@@ -146,11 +157,18 @@ void Supervisor::handleSignals(Attempt& attempt) {
       for (const auto& w : attempt.workers) w->signal(SIGUSR1);
       continue;
     }
-    if (attempt.interruptSignal == 0) {  // SIGINT or SIGTERM: stop the job, no restart
+    if (attempt.interruptSignal == 0) {  // SIGINT, SIGTERM or SIGHUP: stop the job, no restart
       attempt.interruptSignal = signal;
-      announce("got " + signalName(signal) + "; forwarding it to the workers (SIGKILL after " +
-               formatSeconds(plan_.gracePeriod) + ")");
-      stopWorkers(attempt, signal);
+      if (signal == SIGHUP) {
+        // The terminal went away, which says nothing to the workers: they get SIGTERM, as under
+        // torchrun, so that they can checkpoint and leave.
+        announce("got SIGHUP; stopping the workers: SIGTERM now, SIGKILL after " + formatSeconds(plan_.gracePeriod));
+        stopWorkers(attempt, SIGTERM);
+      } else {
+        announce("got " + signalName(signal) + "; forwarding it to the workers (SIGKILL after " +
+                 formatSeconds(plan_.gracePeriod) + ")");
+        stopWorkers(attempt, signal);
+      }
     } else if (!attempt.killSent) {
       announce("got " + signalName(signal) + " again; sending SIGKILL to the workers now");
       for (const auto& w : attempt.workers) w->signal(SIGKILL);
@@ -205,6 +223,9 @@ void Supervisor::stopWorkers(Attempt& attempt, int signal) {
   for (const auto& w : attempt.workers) {
     if (w->reaped()) continue;
     w->signal(signal);
+    // A stopped worker (SIGSTOP) would act on the signal only once it is continued, that is, it would
+    // hold the job for the whole grace period and then lose its handler's work to SIGKILL.
+    w->signal(SIGCONT);
     ++running;
   }
   if (running == 0 || attempt.killSent) return;
@@ -243,7 +264,7 @@ void Supervisor::removeSegments(bool announceRemoved) {
 
 int Supervisor::pendingInterrupt() {
   for (int signal : signals_.readPending()) {
-    if (signal == SIGINT || signal == SIGTERM) return signal;
+    if (stopsTheJob(signal)) return signal;
   }
   return 0;
 }

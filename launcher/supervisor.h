@@ -6,10 +6,14 @@
 // worker's stdout/stderr pipe, with a timeout of at most one second, until every worker is reaped.
 //  - SIGINT / SIGTERM: forwarded to every worker; after the grace period the survivors get SIGKILL;
 //    a second one sends SIGKILL at once. The job then exits 130 / 143 and is never restarted.
+//  - SIGHUP (its terminal closed): the same, except that the workers get SIGTERM; exits 129. Unless
+//    cohortrun was started with SIGHUP ignored (nohup): then it stays ignored.
 //  - SIGUSR1: forwarded; nothing else.
 //  - A worker that exits non-zero or by a signal is the first failure (if none yet and no signal was
 //    received): it is reported with its last output lines, the others get SIGTERM, then SIGKILL
 //    after the grace period.
+// Every SIGTERM/SIGINT that stops workers is followed by SIGCONT, so that a stopped worker acts on
+// it at once instead of holding the job for the grace period.
 // After the attempt, the job's shared-memory segments are removed; a failed attempt is followed by a
 // new one (COHORT_RESTART_COUNT + 1) while restarts remain. Stale segments of dead jobs are swept
 // once before the first attempt.

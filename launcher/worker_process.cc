@@ -57,8 +57,10 @@ struct ChildSetup {
   if (s.cpus) ::sched_setaffinity(0, sizeof(cpu_set_t), s.cpus);  // binding is advice: ignore failure
   unblockAllSignalsInChild();
   // cohortrun ignores SIGPIPE; its workers should not. The signals it forwards must act on them even
-  // when cohortrun was started with them ignored (an `&` job of a non-interactive shell ignores SIGINT).
-  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
+  // when cohortrun was started with them ignored (an `&` job of a non-interactive shell ignores SIGINT;
+  // nohup ignores SIGHUP, which cohortrun then keeps to itself: the workers' own process groups never
+  // get a terminal's hangup).
+  for (int sig : {SIGPIPE, SIGHUP, SIGINT, SIGTERM, SIGUSR1}) ::signal(sig, SIG_DFL);
   if (::dup2(s.stdinFd, 0) < 0 || ::dup2(s.stdoutFd, 1) < 0 || ::dup2(s.stderrFd, 2) < 0) {
     int err = errno;
     (void)!::write(s.execErrorFd, &err, sizeof err);

@@ -4,7 +4,7 @@
 // cohortrun, which forwards it), makes the kernel SIGKILL it the moment the launcher dies
 // (PR_SET_PDEATHSIG, then a getppid() check for a launcher that died before that call), gives it
 // /dev/null as stdin and one pipe each for stdout and stderr, an empty signal mask and the default
-// action for SIGINT, SIGTERM, SIGUSR1 and SIGPIPE, and execs PROGRAM with execvpe (a PATH
+// action for SIGHUP, SIGINT, SIGTERM, SIGUSR1 and SIGPIPE, and execs PROGRAM with execvpe (a PATH
 // search unless PROGRAM contains a '/'). It returns only once exec has succeeded: an exec failure is
 // reported by the child through a close-on-exec pipe and thrown as InvalidArgument
 // ("cannot execute 'foo': No such file or directory"). Fork only from the main thread: the death

@@ -60,6 +60,24 @@ class CohortrunTest : public ::testing::Test {
   }
   // Waits until `n` workers have printed their pid.
   static void awaitWorkers(Child& child, size_t n) { awaitLines(child, "] pid ", n); }
+  // SIGSTOPs rank `rank` and waits until it is stopped (use under ASSERT_NO_FATAL_FAILURE).
+  static void stopRank(const Child& child, int rank) {
+    const pid_t pid = pidOfRank(child.output().out, rank);
+    ASSERT_GT(pid, 0) << child.output().describe();
+    ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+    ASSERT_TRUE(waitUntilStopped(pid, seconds(10))) << "rank " << rank << " did not stop";
+  }
+  static milliseconds elapsedSince(Clock::time_point start) {
+    return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  }
+  // Sends cohortrun `signal` and collects the rest of its run; `took`: from the signal to its end.
+  static const Output& signalAndFinish(Child& child, int signal, milliseconds& took) {
+    const auto sent = Clock::now();
+    EXPECT_EQ(::kill(child.pid(), signal), 0);
+    const Output& r = child.finish(seconds(15));
+    took = elapsedSince(sent);
+    return r;
+  }
   static void expectAllGone(const std::vector<pid_t>& pids) {
     for (pid_t pid : pids) EXPECT_TRUE(processGone(pid)) << "worker pid " << pid << " outlived cohortrun";
   }
@@ -141,7 +159,7 @@ TEST_F(CohortrunTest, AFailingWorkerStopsTheJobWithItsExitCode) {
   EXPECT_EQ(r.exitCode, 3) << r.describe();
   std::vector<pid_t> pids = workerPids(r.out);
   ASSERT_EQ(pids.size(), 3u) << r.describe();
-  const std::string rank1Pid = linesWith(r.out, "[rank 1] pid ").at(0).substr(std::string("[rank 1] pid ").size());
+  const std::string rank1Pid = std::to_string(pidOfRank(r.out, 1));
   EXPECT_TRUE(contains(r.err, "cohortrun: rank 1 (pid " + rank1Pid + ") exited with code 3\n")) << r.describe();
   // The report ends with rank 1's last lines, up to the one it printed just before failing.
   const size_t report = r.err.find("lines of rank 1:");
@@ -183,6 +201,23 @@ TEST_F(CohortrunTest, WorkersDieWithAKilledLauncherAndTheNextRunSweepsTheirSegme
       << next.describe();
   EXPECT_TRUE(segmentFiles(shmDir_, jobId).empty());
   ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
+// A worker with a SIGTERM handler (a checkpoint on the way out) runs it only once it is continued:
+// without a SIGCONT it would sit stopped for the whole grace period and then be SIGKILLed.
+TEST_F(CohortrunTest, AStoppedWorkerIsContinuedSoItActsOnSigtermAtOnce) {
+  Child child = start({"--nproc-per-node", "2", "--grace-period", "30"}, {"--report-signal", "--hang"});
+  awaitWorkers(child, 2);
+  ASSERT_NO_FATAL_FAILURE(stopRank(child, 0));
+  const auto failed = Clock::now();
+  ASSERT_EQ(::kill(pidOfRank(child.output().out, 1), SIGKILL), 0);  // the failure
+  const Output& r = child.finish(seconds(15));
+  const milliseconds took = elapsedSince(failed);
+  EXPECT_EQ(r.exitCode, 137) << r.describe();
+  EXPECT_LT(took.count(), 5000) << "the stopped worker held the job (grace period 30 s)\n" << r.describe();
+  EXPECT_TRUE(contains(r.out, "[rank 0] rank 0 got SIGTERM\n")) << r.describe();
+  EXPECT_FALSE(contains(r.err, "sending SIGKILL")) << r.describe();
+  expectAllGone(workerPids(r.out));
 }
 
 TEST_F(CohortrunTest, RestartsTheGroupAfterAFailure) {
@@ -236,6 +271,51 @@ TEST_F(CohortrunTest, ForwardsSigtermAndSigusr1ThenExits143) {
   EXPECT_TRUE(segmentFiles(shmDir_, jobId).empty()) << r.describe();
 }
 
+// A closed terminal: torchrun's answer, SIGTERM to the workers (so they can checkpoint), then 129.
+TEST_F(CohortrunTest, SighupStopsTheWorkersWithSigtermThenExits129) {
+  Child child = start({"--nproc-per-node", "2", "--grace-period", "30"},
+                      {"--report-signal", "--create-segment", "--print-env", "--hang"});
+  awaitLines(child, "] segment ", 2);
+  const std::string jobId = printedEnv(child.output().out, 0, "COHORT_JOB_ID");
+  // A stopped worker must get the SIGTERM at once here too, not SIGKILL after the grace period.
+  ASSERT_NO_FATAL_FAILURE(stopRank(child, 1));
+  milliseconds took{};
+  const Output& r = signalAndFinish(child, SIGHUP, took);
+  EXPECT_EQ(r.exitCode, 129) << r.describe();
+  EXPECT_LT(took.count(), 5000) << r.describe();
+  EXPECT_TRUE(contains(r.out, "[rank 0] rank 0 got SIGTERM\n")) << r.describe();
+  EXPECT_TRUE(contains(r.out, "[rank 1] rank 1 got SIGTERM\n")) << r.describe();
+  const std::vector<std::string> said = linesWith(r.err, "SIGHUP");
+  ASSERT_EQ(said.size(), 1u) << r.describe();
+  EXPECT_EQ(said[0].rfind("cohortrun: got SIGHUP; stopping the workers", 0), 0u) << r.describe();
+  EXPECT_FALSE(contains(r.err, "exited with code")) << r.describe();
+  EXPECT_FALSE(contains(r.err, "sending SIGKILL")) << r.describe();
+  expectAllGone(workerPids(r.out));
+  EXPECT_TRUE(segmentFiles(shmDir_, jobId).empty()) << r.describe();
+}
+
+// Under nohup cohortrun keeps ignoring SIGHUP, as asked; its workers still start with the default
+// action, like every signal cohortrun forwards.
+TEST_F(CohortrunTest, UnderNohupSighupIsIgnoredAndWorkersStartWithItsDefault) {
+  struct sigaction previous {};
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGHUP, &ignore, &previous), 0);
+  Child child = start({"--nproc-per-node", "2"}, {"--print-signals", "--hang"});
+  ASSERT_EQ(::sigaction(SIGHUP, &previous, nullptr), 0);
+  awaitLines(child, "] signal SIGPIPE", 2);
+  // An ignored signal is discarded when it is sent, so the SIGTERM below finds no SIGHUP pending.
+  ASSERT_EQ(::kill(child.pid(), SIGHUP), 0);
+  ASSERT_EQ(::kill(child.pid(), SIGTERM), 0);
+  const Output& r = child.finish(seconds(30));
+  EXPECT_EQ(r.exitCode, 143) << r.describe();
+  for (const char* name : {"SIGHUP", "SIGINT", "SIGTERM", "SIGUSR1", "SIGPIPE"}) {
+    const std::string state = std::string("] signal ") + name + ": default, unblocked";
+    EXPECT_EQ(linesWith(r.out, state).size(), 2u) << state << "\n" << r.describe();
+  }
+  expectAllGone(workerPids(r.out));
+}
+
 TEST_F(CohortrunTest, SigintExits130) {
   Child child = start({"--nproc-per-node", "2"}, {"--hang"});
   awaitWorkers(child, 2);
@@ -248,10 +328,8 @@ TEST_F(CohortrunTest, SigintExits130) {
 TEST_F(CohortrunTest, AWorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
   Child child = start({"--nproc-per-node", "2", "--grace-period", "1"}, {"--ignore-sigterm", "--hang"});
   awaitWorkers(child, 2);
-  const auto sent = Clock::now();
-  ASSERT_EQ(::kill(child.pid(), SIGTERM), 0);
-  const Output& r = child.finish(seconds(30));
-  const auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - sent);
+  milliseconds took{};
+  const Output& r = signalAndFinish(child, SIGTERM, took);
   EXPECT_EQ(r.exitCode, 143) << r.describe();
   EXPECT_GE(took.count(), 900) << r.describe();
   EXPECT_LT(took.count(), 4000) << r.describe();
@@ -292,11 +370,39 @@ TEST_F(CohortrunTest, UsageErrorsAreOneLineAndExitCode2) {
   }
 }
 
+// Without `--`, the worker's flags would be read as cohortrun's: CLI11's "arguments were not
+// expected" for unknown ones, silently taken for known ones (--log-dir). Both get the hint.
+TEST_F(CohortrunTest, AForgottenDoubleDashIsExplained) {
+  const std::string w = testWorker();
+  const std::vector<std::vector<std::string>> cases = {
+      {"--nproc-per-node", "2", w, "--steps", "1"},
+      {"--nproc-per-node", "2", w, "--log-dir", dir_ + "/logs"},
+      {"--nproc-per-node=2", "--grace-period", "1", w, "x", "--hang"},
+  };
+  const std::vector<std::string> expected = {
+      "cohortrun --nproc-per-node 2 -- " + w + " --steps 1",
+      "cohortrun --nproc-per-node 2 -- " + w + " --log-dir " + dir_ + "/logs",
+      "cohortrun --nproc-per-node=2 --grace-period 1 -- " + w + " x --hang",
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Output r = runLauncher(cases[i], env());
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_EQ(countLines(r.err), 1u) << r.describe();
+    EXPECT_TRUE(contains(r.err, "cohortrun: error: put -- before the worker program")) << r.describe();
+    EXPECT_TRUE(contains(r.err, expected[i] + "\n")) << "expected '" << expected[i] << "'\n" << r.describe();
+    EXPECT_EQ(r.out, "") << r.describe();
+  }
+  // Nothing that looks like a flag follows PROGRAM: nothing to misread, so it runs.
+  Output plain = runLauncher({"--nproc-per-node", "2", w}, env());
+  EXPECT_EQ(plain.exitCode, 0) << plain.describe();
+}
+
 TEST_F(CohortrunTest, HelpGoesToStdoutWithExitCode0) {
   Output r = runLauncher({"--help"}, env());
   EXPECT_EQ(r.exitCode, 0) << r.describe();
-  EXPECT_TRUE(contains(r.out, "--nproc-per-node")) << r.describe();
-  EXPECT_TRUE(contains(r.out, "--grace-period")) << r.describe();
+  for (const char* flag : {"--nproc-per-node", "--max-restarts", "--log-dir", "--grace-period", "--bind"}) {
+    EXPECT_TRUE(contains(r.out, flag)) << flag << "\n" << r.describe();
+  }
 }
 
 }  // namespace

@@ -55,6 +55,26 @@ TEST(LaunchPlan, RejectsBadFlagsAsUsageErrors) {
   expectInvalid(f, "PROGRAM");
 }
 
+// Without `--`, only a worker argument that looks like a flag can be misread (cohortrun_test checks
+// the exit code and the message end to end).
+TEST(LaunchPlan, ASeparatorIsNeededWhenTheWorkersFlagsCouldBeMisread) {
+  LaunchFlags f = validFlags();  // prog --x
+  EXPECT_NO_THROW(checkSeparator({"--nproc-per-node", "4", "--", "prog", "--x"}, f));
+  f.command = {"cat", "-", "file"};  // "-" is stdin, not a flag
+  EXPECT_NO_THROW(checkSeparator({"--nproc-per-node", "4", "cat", "-", "file"}, f));
+  f.command = {"python3", "-c", "print('hi')"};
+  try {
+    checkSeparator({"--nproc-per-node=4", "python3", "-c", "print('hi')"}, f);
+    ADD_FAILURE() << "accepted -c without --";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("put -- before the worker program"), std::string::npos) << m;
+    EXPECT_NE(m.find("(-c)"), std::string::npos) << m;
+    // The suggestion, quoted so that a shell reads it back as given.
+    EXPECT_NE(m.find(": cohortrun --nproc-per-node=4 -- python3 -c 'print('\\''hi'\\'')'"), std::string::npos) << m;
+  }
+}
+
 TEST(LaunchPlan, CopiesFlagsAndRoundsTheGracePeriodUp) {
   LaunchFlags f = validFlags();
   f.maxRestarts = 2;

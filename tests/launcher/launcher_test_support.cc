@@ -36,6 +36,24 @@ bool isJobVariable(const std::string& entry) {
   return false;
 }
 
+// The state letter of /proc/PID/stat (R, S, T, Z, ...), or 0 when there is no such process.
+char processState(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t paren = text.rfind(')');  // the command name may contain spaces and parentheses
+  return paren != std::string::npos && paren + 2 < text.size() ? text[paren + 2] : 0;
+}
+
+// Polls `cond` every 10 ms up to `timeout`.
+bool pollUntil(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!cond()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 // Appends what is readable; false at end of file.
 bool drain(int fd, std::string& into) {
   char buf[65536];
@@ -185,6 +203,14 @@ std::vector<pid_t> workerPids(const std::string& launcherStdout) {
   return pids;
 }
 
+pid_t pidOfRank(const std::string& launcherStdout, int rank) {
+  const std::string prefix = "[rank " + std::to_string(rank) + "] pid ";
+  for (const std::string& line : linesWith(launcherStdout, prefix)) {
+    if (line.rfind(prefix, 0) == 0) return static_cast<pid_t>(std::stol(line.substr(prefix.size())));
+  }
+  return -1;
+}
+
 std::string printedEnv(const std::string& launcherStdout, int rank, const std::string& name) {
   const std::string prefix = "[rank " + std::to_string(rank) + "] env " + name + "=";
   for (const std::string& line : linesWith(launcherStdout, prefix)) {
@@ -196,19 +222,15 @@ std::string printedEnv(const std::string& launcherStdout, int rank, const std::s
 bool processGone(pid_t pid) {
   ::waitpid(pid, nullptr, WNOHANG);  // reaps it if it is an orphan reparented to this subreaper
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z';
+  return processState(pid) == 'Z';
 }
 
 bool waitUntilGone(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (!processGone(pid)) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
+  return pollUntil([pid] { return processGone(pid); }, timeout);
+}
+
+bool waitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
+  return pollUntil([pid] { return processState(pid) == 'T'; }, timeout);
 }
 
 std::vector<std::string> segmentFiles(const std::string& dir, const std::string& jobId) {

@@ -73,9 +73,10 @@ class Child {
 // cohortrun with `args`, run to the end (timeout 60 s).
 Output runLauncher(const std::vector<std::string>& args, const std::vector<std::string>& extraEnv);
 
-// Lines of `text` that contain `needle`.
 // The pids that workers printed ("[rank k] pid P" lines).
 std::vector<pid_t> workerPids(const std::string& launcherStdout);
+// The pid that rank `rank` printed, or -1 when it has not.
+pid_t pidOfRank(const std::string& launcherStdout, int rank);
 // The value of "env NAME=value" printed by rank `rank`, or "" when absent.
 std::string printedEnv(const std::string& launcherStdout, int rank, const std::string& name);
 
@@ -84,6 +85,9 @@ std::string printedEnv(const std::string& launcherStdout, int rank, const std::s
 bool processGone(pid_t pid);
 // Polls processGone() every 10 ms up to `timeout`.
 bool waitUntilGone(pid_t pid, std::chrono::milliseconds timeout);
+// Polls every 10 ms, up to `timeout`, until `pid` is stopped (state T in /proc/PID/stat), e.g.
+// after a SIGSTOP, whose delivery kill() does not wait for.
+bool waitUntilStopped(pid_t pid, std::chrono::milliseconds timeout);
 
 // The names of the files in `dir` that start with "cohort.<jobId>.".
 std::vector<std::string> segmentFiles(const std::string& dir, const std::string& jobId);

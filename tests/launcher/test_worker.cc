@@ -1,6 +1,8 @@
 // test_worker: a stand-in worker for the cohortrun tests, driven by flags. It first prints
 // "pid <P>" on stdout (so a test can check afterwards that the process is gone), then does, in
 // this order, what its flags ask:
+//   --print-signals         print "signal <NAME>: default|ignored|handled, blocked|unblocked" for
+//                           SIGHUP, SIGINT, SIGTERM, SIGUSR1 and SIGPIPE, as they were at exec
 //   --print-env             print "env NAME=value" for the launcher's variables
 //   --create-segment        create the file shmDirectory()/segmentName($COHORT_JOB_ID, "test-<rank>")
 //                           and print "segment <path>"
@@ -20,6 +22,7 @@
 // Exits 0 otherwise. Not a Cohort API: only the tests use it.
 #include <fcntl.h>
 #include <signal.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>  // CLI11
@@ -29,6 +32,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ipc/shm_names.h"
 
@@ -38,6 +42,7 @@ struct Flags {
   int rank = -1;  // -1: every rank
   bool createSegment = false;
   bool awaitPeers = false;
+  bool printSignals = false;
   bool printEnv = false;
   int print = 0;
   int longLine = 0;
@@ -72,6 +77,23 @@ void onSigusr1(int) { (void)!::write(1, gSigusr1Message, std::strlen(gSigusr1Mes
 void say(const std::string& line, FILE* stream = stdout) {
   std::fprintf(stream, "%s\n", line.c_str());
   std::fflush(stream);
+}
+
+// What the launcher handed over through exec: read before this program installs any handler.
+std::vector<std::string> signalStates() {
+  sigset_t blocked;
+  sigprocmask(SIG_BLOCK, nullptr, &blocked);
+  std::vector<std::string> lines;
+  for (int sig : {SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGPIPE}) {
+    struct sigaction action {};
+    sigaction(sig, nullptr, &action);
+    const char* disposition = action.sa_handler == SIG_DFL   ? "default"
+                              : action.sa_handler == SIG_IGN ? "ignored"
+                                                             : "handled";
+    lines.push_back(std::string("signal SIG") + sigabbrev_np(sig) + ": " + disposition + ", " +
+                    (sigismember(&blocked, sig) ? "blocked" : "unblocked"));
+  }
+  return lines;
 }
 
 std::string segmentPath(int rank) {
@@ -116,11 +138,13 @@ int runSteps(const Flags& f, bool thisRank) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> signalsAtExec = signalStates();
   CLI::App app{"test worker for cohortrun"};
   Flags f;
   app.add_option("--rank", f.rank);
   app.add_flag("--create-segment", f.createSegment);
   app.add_flag("--await-peers", f.awaitPeers);
+  app.add_flag("--print-signals", f.printSignals);
   app.add_flag("--print-env", f.printEnv);
   app.add_option("--print", f.print);
   app.add_option("--long-line", f.longLine);
@@ -144,6 +168,9 @@ int main(int argc, char** argv) {
   }
   if (f.ignoreSigterm) ::signal(SIGTERM, SIG_IGN);
   say("pid " + std::to_string(::getpid()));
+  if (f.printSignals) {
+    for (const std::string& line : signalsAtExec) say(line);
+  }
   if (f.printEnv) {
     for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "COHORT_JOB_ID",
                              "COHORT_RESTART_COUNT", "OMP_NUM_THREADS"}) {
