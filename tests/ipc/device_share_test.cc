@@ -4,6 +4,7 @@
 // its "IPC handle" the file's name, and opening one maps the file, so ranks really share the bytes.
 #include "ipc/device_share.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <set>
 #include <string>
 #include <thread>
@@ -75,7 +77,18 @@ class FakeDeviceMemory final : public DeviceMemory {
     ::munmap(ptr, sizes_[ptr]);
   }
 
-  int released = 0, opened = 0, closed = 0;
+  // Atomic: the owner's destructor may run on another thread than the test's checks.
+  std::atomic<int> released{0}, opened{0}, closed{0};
+
+  // The fake allocations whose files still exist in the test's directory (released removes them).
+  static int allocationsOnDisk() {
+    int n = 0;
+    if (DIR* d = ::opendir(std::getenv("COHORT_SHM_DIR"))) {
+      while (dirent* e = ::readdir(d)) n += std::string(e->d_name).rfind("fakegpu-", 0) == 0 ? 1 : 0;
+      ::closedir(d);
+    }
+    return n;
+  }
 
  private:
   static std::string path(const std::string& name) { return std::string(std::getenv("COHORT_SHM_DIR")) + "/" + name; }
@@ -144,7 +157,7 @@ TEST(DeviceShare, ImportersUpdateTheOwnersMemoryInPlace) {
   EXPECT_EQ(values[2], -2.0f);
   EXPECT_EQ(values[3], 3.0f);
   owner.reset();  // both importers detached: returns at once
-  EXPECT_EQ(memory.released, 1);
+  EXPECT_EQ(memory.released.load(), 1);
 }
 
 TEST(DeviceShare, AHandleIsNeverOpenedInTheProcessThatExportedIt) {
@@ -158,7 +171,7 @@ TEST(DeviceShare, AHandleIsNeverOpenedInTheProcessThatExportedIt) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("same process"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(memory.opened, 0);
+  EXPECT_EQ(memory.opened.load(), 0);
 }
 
 TEST(DeviceShare, ADifferentSizeIsRefusedNamingBoth) {
@@ -211,29 +224,48 @@ TEST(DeviceShare, AnotherGpuNeedsPeerAccess) {
   EXPECT_EQ(waitChild(peer), 0);
 }
 
+// What the test and its importer say to each other, in memory both map (MAP_SHARED, before fork).
+struct Handshake {
+  std::atomic<int> holding{0};  // the importer has the memory open and keeps it so
+  std::atomic<int> detach{0};   // the test lets it go
+};
+
 TEST(DeviceShare, TheOwnerOutlivesItsImporters) {
   ScopedShmDir dir;
   const std::string job = freshJobId();
+  void* shared = ::mmap(nullptr, sizeof(Handshake), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  Handshake* talk = new (shared) Handshake;
   FakeDeviceMemory memory("0000:01:00.0");
   auto owner = std::make_unique<DeviceShare>(memory, optionsFor(job, 0), fillPattern);
-  float* values = static_cast<float*>(owner->data());
   pid_t child = forkChild([&] {
     FakeDeviceMemory mine("0000:01:00.0");
     DeviceShare share(mine, optionsFor(job, 1), nullptr);
     float* v = static_cast<float*>(share.data());
-    v[0] = 42.0f;  // attached
-    std::this_thread::sleep_for(400ms);
-    v[1] = 43.0f;  // still usable: the owner has not freed it
-    return 0;
+    talk->holding = 1;
+    if (!eventually([&] { return talk->detach.load() == 1; }, 20s)) return 17;
+    // Still the owner's allocation: the fake frees it by removing its file.
+    if (mine.allocationsOnDisk() != 1) return 18;
+    v[1] = 43.0f;
+    return 0;  // detaches here
   });
-  ASSERT_TRUE(eventually([&] { return values[0] == 42.0f; }));
-  const auto start = std::chrono::steady_clock::now();
-  owner.reset();
-  const auto waited = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(waited, 250ms) << "freed while an importer still had it open";
-  EXPECT_LT(waited, 8s);
-  EXPECT_EQ(memory.released, 1);
+  ASSERT_TRUE(eventually([&] { return talk->holding.load() == 1; }));
+  std::atomic<bool> resetReturned{false};
+  std::thread closing([&] {
+    owner.reset();
+    resetReturned = true;
+  });
+  // A correct owner cannot return while the importer holds on, however this thread is scheduled
+  // (only its 10 s timeout would end the wait): this bounded wait can let a broken owner pass,
+  // never fail a correct one.
+  EXPECT_FALSE(eventually([&] { return resetReturned.load(); }, 300ms)) << "returned while an importer held it";
+  EXPECT_EQ(memory.released.load(), 0) << "freed while an importer still had it open";
+  talk->detach = 1;
+  EXPECT_TRUE(eventually([&] { return resetReturned.load(); })) << "still waiting after the importer detached";
+  closing.join();
+  EXPECT_EQ(memory.released.load(), 1);
   EXPECT_EQ(waitChild(child), 0);
+  ::munmap(shared, sizeof(Handshake));
 }
 
 TEST(DeviceShare, AnImporterThatDiedDoesNotHoldTheOwner) {
