@@ -44,6 +44,17 @@ Shape withLeading(int64_t rows, const Shape& rest) {
   return s;
 }
 
+// options.prefetch capped at the epoch's batches and at the memory budget of slots ahead, but at
+// least 1 slot ahead when any was asked for.
+int64_t cappedPrefetch(const DataLoaderOptions& o, int64_t batchesPerEpoch, size_t slotBytes) {
+  int64_t depth = std::min<int64_t>(o.prefetch, batchesPerEpoch);
+  if (depth > 0 && slotBytes > 0) {
+    size_t withinBudget = std::max<size_t>(o.prefetchMemoryBytes / slotBytes, 1);
+    depth = static_cast<int64_t>(std::min(static_cast<size_t>(depth), withinBudget));
+  }
+  return depth;
+}
+
 }  // namespace
 
 std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& options,
@@ -86,7 +97,9 @@ DataLoader::DataLoader(const Dataset& dataset, const DataLoaderOptions& options)
   batchesPerEpoch_ = options_.dropLast ? shard / b : (shard + b - 1) / b;
   samplesPerEpoch_ = options_.dropLast ? batchesPerEpoch_ * b : shard;
   int64_t slotRows = std::min(b, shard);
-  slots_.resize(static_cast<size_t>(options_.prefetch) + 1);
+  size_t slotBytes = static_cast<size_t>(slotRows * (sampleElems_ + targetElems_)) * sizeof(float);
+  prefetchDepth_ = cappedPrefetch(options_, batchesPerEpoch_, slotBytes);
+  slots_.resize(static_cast<size_t>(prefetchDepth_) + 1);
   for (Slot& slot : slots_) {
     slot.inputs = Tensor::empty(withLeading(slotRows, dataset_.sampleShape()), cpuAllocator());
     slot.targets = Tensor::empty(withLeading(slotRows, dataset_.targetShape()), cpuAllocator());
@@ -122,7 +135,7 @@ void DataLoader::startEpoch(int64_t epoch, int64_t firstBatch) {
   epoch_ = epoch;
   firstBatch_ = firstBatch;
   batchesToGo_ = batchesPerEpoch_ - firstBatch;
-  if (options_.prefetch > 0 && batchesToGo_ > 0) worker_ = std::thread([this] { workerLoop(); });
+  if (prefetchDepth_ > 0 && batchesToGo_ > 0) worker_ = std::thread([this] { workerLoop(); });
 }
 
 void DataLoader::gather(int64_t batchIndex, Slot& slot) const {
@@ -195,7 +208,7 @@ bool DataLoader::next(Batch& batch) {
   COHORT_CHECK(epoch_ >= 0) << "DataLoader::next() called before startEpoch()";
   const auto slotCount = static_cast<int64_t>(slots_.size());
   Slot* slot = nullptr;
-  if (options_.prefetch == 0) {
+  if (prefetchDepth_ == 0) {
     if (consumed_ >= batchesToGo_) return false;
     slot = &slots_[0];
     gather(firstBatch_ + consumed_, *slot);

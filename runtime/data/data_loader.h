@@ -12,14 +12,18 @@
 // startEpoch(e, k) starts epoch e at batch k (a resumed run continues mid-epoch); next() returns
 // batches k, k+1, ... and then false.
 //
-// Prefetch: a worker thread gathers up to `prefetch` batches ahead into a ring of prefetch + 1
-// preallocated, 64-byte aligned slots; prefetch = 0 gathers synchronously inside next(). In steady
-// state nothing is allocated. An exception in the worker is rethrown by next(); next() waits at
-// most `timeoutSeconds` for a batch and then throws TimeoutError. Ownership: the Dataset must
-// outlive the loader. A Batch views a slot owned by the loader and is valid until the following
-// next() or startEpoch() call, or the loader's destruction. Thread safety: one thread drives a
-// loader (startEpoch/next); the worker thread is internal. Destruction and startEpoch() stop and
-// join the worker.
+// Prefetch: a worker thread gathers up to prefetchDepth() batches ahead into a ring of
+// prefetchDepth() + 1 preallocated, 64-byte aligned slots; depth 0 gathers synchronously inside
+// next(). In steady state nothing is allocated. The depth is the requested `prefetch` capped twice,
+// because the slots are allocated up front and a huge request would otherwise allocate them all
+// (--prefetch 100000000 took gigabytes): at batchesPerEpoch() (no epoch has more to gather), and
+// at prefetchMemoryBytes of slots ahead of the consumer's, but never below 1 when prefetch > 0 (a
+// batch larger than the budget still gets its one slot ahead). An exception in the worker is
+// rethrown by next(); next() waits at most `timeoutSeconds` for a batch and then throws
+// TimeoutError. Ownership: the Dataset must outlive the loader. A Batch views a slot owned by the
+// loader and is valid until the following next() or startEpoch() call, or the loader's destruction.
+// Thread safety: one thread drives a loader (startEpoch/next); the worker thread is internal.
+// Destruction and startEpoch() stop and join the worker.
 //
 //   DataLoader loader(dataset, {.batchSize = 64, .seed = 7, .rank = r, .worldSize = w});
 //   loader.startEpoch(epoch);
@@ -27,6 +31,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -39,13 +44,18 @@
 
 namespace cohort::runtime::data {
 
+// The default budget of prefetched batch memory (DataLoaderOptions::prefetchMemoryBytes): far more
+// than a few batches of any model here need, small next to a machine's memory.
+constexpr size_t kDefaultPrefetchMemoryBytes = size_t{256} << 20;  // 256 MiB
+
 struct DataLoaderOptions {
   int64_t batchSize = 0;  // > 0
   bool shuffle = true;
   uint64_t seed = 0;
   int rank = 0;       // in [0, worldSize)
   int worldSize = 1;  // >= 1
-  int prefetch = 2;   // batches gathered ahead; 0 = synchronous
+  int prefetch = 2;   // batches gathered ahead (>= 0; 0 = synchronous), capped: prefetchDepth()
+  size_t prefetchMemoryBytes = kDefaultPrefetchMemoryBytes;  // cap on the slots gathered ahead
   bool dropLast = false;
   double timeoutSeconds = 60;  // longest wait in next() for the worker (> 0)
   Augment augment = {};        // default: none; enabled needs samples of shape [C, H, W]
@@ -80,6 +90,8 @@ class DataLoader {
 
   int64_t batchesPerEpoch() const { return batchesPerEpoch_; }
   int64_t samplesPerEpoch() const { return samplesPerEpoch_; }  // this rank, after dropLast
+  // The batches the worker gathers ahead: options().prefetch capped (see "Prefetch" above).
+  int64_t prefetchDepth() const { return prefetchDepth_; }
   int64_t epoch() const { return epoch_; }
   const DataLoaderOptions& options() const { return options_; }
 
@@ -104,6 +116,7 @@ class DataLoader {
   int64_t targetElems_ = 0;
   int64_t samplesPerEpoch_ = 0;
   int64_t batchesPerEpoch_ = 0;
+  int64_t prefetchDepth_ = 0;  // slots_.size() - 1
 
   std::vector<Slot> slots_;
   std::vector<int64_t> indices_;  // this rank's samples for the current epoch

@@ -1,8 +1,9 @@
-// `cohort train` on files: CSV regression and classification, and MNIST IDX directories (plain and
-// gzipped), all written by the test into its own directory.
+// `cohort train` on files: CSV regression and classification, a huge --prefetch on a tiny CSV, and MNIST IDX
+// directories (plain and gzipped), all written by the test into its own directory.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -95,6 +96,47 @@ TEST(CliDataTest, CsvWithoutTestDataHasNoTestAccuracy) {
   EXPECT_EQ(result.fields["epochs"], "2");
   EXPECT_FALSE(result.has("test_acc"));
   EXPECT_NE(r.stdoutText.find("4 samples"), std::string::npos) << r.describe();
+}
+
+// The peak resident size in bytes from "memory report (cpu): peak resident 16.1 MiB; ..." (the
+// units of runtime::formatBytes), or NaN when the line is missing.
+double peakResidentBytes(const std::string& stdoutText) {
+  const std::string key = "memory report (cpu): peak resident ";
+  size_t at = stdoutText.find(key);
+  if (at == std::string::npos) return std::nan("");
+  std::istringstream in(stdoutText.substr(at + key.size()));
+  double value = 0;
+  std::string unit;
+  in >> value >> unit;
+  if (!unit.empty() && unit.back() == ';') unit.pop_back();
+  const std::vector<std::string> units = {"B", "KiB", "MiB", "GiB", "TiB"};
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (unit == units[u]) return std::ldexp(value, static_cast<int>(10 * u));
+  }
+  return std::nan("");
+}
+
+// Issue 15: the loader allocated a slot for every batch asked for, so `--prefetch 100000000` on a
+// 23-batch set grew to 3.2 GB in 4 s. The depth is now capped at the epoch's batches and a memory
+// budget (runtime/data/data_loader.h); a run like this one peaks at about 16 MB. It runs under
+// `ulimit -v` (4 GiB of address space) so that a regression fails here with an allocation error
+// rather than by taking the memory of the machine the tests run on.
+TEST(CliDataTest, HugePrefetchIsCappedByTheLoader) {
+  const std::string dir = freshTempDir();
+  std::ostringstream csv;
+  for (int i = 0; i < 23; ++i) csv << i % 3 << "," << i % 5 << "," << i % 2 << "\n";
+  writeFile(dir + "/tiny.csv", csv.str());
+  CommandOptions options;
+  options.timeout = std::chrono::seconds(60);  // "quickly": it takes about 0.1 s
+  CommandResult r = runCommand({"/bin/sh", "-c", "ulimit -v 4194304 && exec \"$0\" \"$@\"", cohortBinary(), "train",
+                                "--data", "csv:" + dir + "/tiny.csv", "--model", "mlp:2,2", "--epochs", "2",
+                                "--batch-size", "1", "--threads", "1", "--prefetch", "100000000", "--memory-report"},
+                               options);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(parseResultLine(r.stdoutText).count, 1) << r.describe();
+  const double peak = peakResidentBytes(r.stdoutText);
+  ASSERT_FALSE(std::isnan(peak)) << "no CPU memory report\n" << r.describe();
+  EXPECT_LT(peak, 100e6) << r.describe();
 }
 
 ResultLine trainOnTinyMnist(Compression compression) {

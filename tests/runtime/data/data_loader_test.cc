@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -198,6 +199,62 @@ TEST(DataLoader, PrefetchDepthDoesNotChangeBatches) {
     }
   }
   EXPECT_EQ(reference.size(), 3u * 2 * 4);  // 35 samples per rank: 4 batches per epoch
+}
+
+// Issue 15: the slots are allocated up front, so an unbounded depth allocated a slot per requested
+// batch (--prefetch 100000000 grew to gigabytes). The depth stops at the batches of this rank's
+// epoch, and the batches stay exactly those of a shallow loader.
+TEST(DataLoader, PrefetchDepthIsCappedAtTheEpochsBatches) {
+  auto d = numbered(23);
+  const int kHuge = std::numeric_limits<int>::max();
+  EXPECT_EQ(DataLoader(*d, {.batchSize = 1, .prefetch = kHuge}).prefetchDepth(), 23);
+  EXPECT_EQ(DataLoader(*d, {.batchSize = 5, .prefetch = kHuge}).prefetchDepth(), 5);
+  // Rank 1 of 2 holds 12 samples: 3 batches of 5, 5, 2.
+  EXPECT_EQ(DataLoader(*d, {.batchSize = 5, .rank = 1, .worldSize = 2, .prefetch = kHuge})
+                .prefetchDepth(),
+            3);
+  EXPECT_EQ(DataLoader(*d, {.batchSize = 1, .prefetch = 5}).prefetchDepth(), 5);
+  EXPECT_EQ(DataLoader(*d, {.batchSize = 1, .prefetch = 0}).prefetchDepth(), 0);
+  auto empty = numbered(0);
+  EXPECT_EQ(DataLoader(*empty, {.batchSize = 4, .prefetch = kHuge}).prefetchDepth(), 0);
+
+  for (int w : {1, 3}) {
+    DataLoaderOptions shallow{.batchSize = 2, .seed = 4, .rank = w - 1, .worldSize = w,
+                              .prefetch = 1};
+    DataLoaderOptions deep = shallow;
+    deep.prefetch = kHuge;
+    DataLoader a(*d, shallow), b(*d, deep);
+    EXPECT_EQ(b.prefetchDepth(), b.batchesPerEpoch());
+    for (int64_t epoch : {0, 1}) {
+      EpochRecord x = drain(a, epoch), y = drain(b, epoch);
+      EXPECT_EQ(y.samples, x.samples) << "w=" << w << " epoch " << epoch;
+      EXPECT_EQ(y.batchIndices, x.batchIndices);
+    }
+    EXPECT_EQ(drain(b, 2, 3).samples, drain(a, 2, 3).samples) << "resumed, w=" << w;
+  }
+}
+
+// ... and at prefetchMemoryBytes of slots ahead (a slot holds a full batch), but never below one
+// slot ahead, so a batch larger than the budget is still prefetched.
+TEST(DataLoader, PrefetchDepthIsCappedByMemory) {
+  auto d = numbered(100);  // 3 inputs and 1 target: 16 bytes a sample, 160 a batch of 10
+  auto depth = [&](int prefetch, size_t budget) {
+    return DataLoader(*d, {.batchSize = 10, .prefetch = prefetch, .prefetchMemoryBytes = budget})
+        .prefetchDepth();
+  };
+  EXPECT_EQ(depth(8, 480), 3);
+  EXPECT_EQ(depth(8, 639), 3);
+  EXPECT_EQ(depth(8, 640), 4);
+  EXPECT_EQ(depth(2, 480), 2);
+  EXPECT_EQ(depth(8, 100), 1);
+  EXPECT_EQ(depth(8, 0), 1);
+  EXPECT_EQ(depth(0, 480), 0);
+  EXPECT_EQ(depth(100, size_t{1} << 40), 10);  // then the epoch's 10 batches are the cap
+  EXPECT_EQ(DataLoaderOptions{}.prefetchMemoryBytes, size_t{256} << 20);
+
+  DataLoader capped(*d, {.batchSize = 10, .seed = 8, .prefetch = 8, .prefetchMemoryBytes = 0});
+  DataLoader synchronous(*d, {.batchSize = 10, .seed = 8, .prefetch = 0});
+  EXPECT_EQ(drain(capped, 1).samples, drain(synchronous, 1).samples);
 }
 
 TEST(DataLoader, LastBatchSizeAndDropLast) {
