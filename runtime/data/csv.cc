@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/printable.h"
 
 namespace cohort::runtime::data {
 namespace {
@@ -101,8 +102,8 @@ Table parseTable(const std::string& text, const std::string& name) {
     for (size_t k = 0; k < fields.size(); ++k) {
       float v;
       if (!parseNumber(fields[k], v)) {
-        COHORT_THROW(IoError) << name << ":" << lineNo << ": column " << k + 1 << ": '" << fields[k]
-                              << "' is not a number";
+        COHORT_THROW(IoError) << name << ":" << lineNo << ": column " << k + 1 << ": '"
+                              << printable(fields[k]) << "' is not a number";
       }
       t.values.push_back(v);
     }

@@ -5,11 +5,12 @@
 // row has the column count of line 1 (at least 2). Blank lines may only end the file. Numbers are
 // parsed strictly (the whole field; NaN and infinities refused) as float32. Errors are IoError
 // "FILE:LINE: ...": "expected C columns, got D", "column K: 'abc' is not a number" (K counts from
-// 1), and an empty file or a header without data rows. Result: inputs [N, C-1]; if every target is
-// a non-negative integer below 2^24, targets are [N] class indices and numClasses() = max + 1;
-// otherwise targets are [N, 1] and numClasses() = 0. The caller decides classification versus
-// regression from the loss. Ownership: returns a new Dataset the caller owns. Thread safety: a pure
-// function of the file.
+// 1; the field as runtime::printable() quotes it, since it may hold any bytes: what is not
+// printable ASCII or valid UTF-8 as \xNN, cut after 64 bytes), and an empty file or a header
+// without data rows. Result: inputs [N, C-1]; if every target is a non-negative integer below
+// 2^24, targets are [N] class indices and numClasses() = max + 1; otherwise targets are [N, 1] and
+// numClasses() = 0. The caller decides classification versus regression from the loss.
+// Ownership: returns a new Dataset the caller owns. Thread safety: a pure function of the file.
 #pragma once
 
 #include <memory>

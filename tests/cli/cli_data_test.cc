@@ -1,5 +1,6 @@
-// `cohort train` on files: CSV regression and classification, a huge --prefetch on a tiny CSV, and MNIST IDX
-// directories (plain and gzipped), all written by the test into its own directory.
+// `cohort train` on files: CSV regression and classification, a huge --prefetch on a tiny CSV, a CSV
+// error that quotes the file's bytes, and MNIST IDX directories (plain and gzipped), all written by
+// the test into its own directory.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -137,6 +138,24 @@ TEST(CliDataTest, HugePrefetchIsCappedByTheLoader) {
   const double peak = peakResidentBytes(r.stdoutText);
   ASSERT_FALSE(std::isnan(peak)) << "no CPU memory report\n" << r.describe();
   EXPECT_LT(peak, 100e6) << r.describe();
+}
+
+// Issue 15: a CSV's bytes were echoed raw in the error, so invalid UTF-8 and terminal escapes from
+// the file reached the user's terminal. They arrive escaped; valid UTF-8 (the é) stays readable.
+TEST(CliDataTest, CsvErrorEscapesTheFilesBytes) {
+  const std::string dir = freshTempDir();
+  writeFile(dir + "/bad.csv", "x,y\n1,2\n3,\xff\xfe\x1b[31m\xc3\xa9\n");
+  CommandResult r = runCohort({"train", "--data", "csv:" + dir + "/bad.csv", "--model", "mlp:1,2", "--epochs", "1",
+                               "--batch-size", "2", "--threads", "1"});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find(std::string(R"(bad.csv:3: column 2: '\xff\xfe\x1b[31m)") + "\xc3\xa9' is not a number"),
+            std::string::npos)
+      << r.describe();
+  std::string rest = r.stderrText;  // without the é, no byte may be >= 0x80 or a control but '\n'
+  for (size_t at; (at = rest.find("\xc3\xa9")) != std::string::npos;) rest.erase(at, 2);
+  for (unsigned char c : rest) {
+    EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "raw byte " << static_cast<int>(c) << " in stderr";
+  }
 }
 
 ResultLine trainOnTinyMnist(Compression compression) {

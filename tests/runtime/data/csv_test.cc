@@ -75,6 +75,24 @@ TEST(Csv, NonNumericField) {
   }
 }
 
+// Issue 15: the field was echoed raw, so a file's invalid UTF-8 and terminal escapes reached the
+// log and the terminal. It is quoted through runtime::printable().
+TEST(Csv, NonNumericFieldIsQuotedPrintably) {
+  auto expectQuoted = [](const std::string& text, const std::string& quoted) {
+    std::string msg = parseError(text);
+    EXPECT_NE(msg.find(quoted), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
+    return msg;
+  };
+  expectQuoted("1,2\n3,\xff\xfez\n", R"(f.csv:2: column 2: '\xff\xfez' is not a number)");
+  expectQuoted("1,2\n\x1b[31mred\x1b[0m,1\n", R"(column 1: '\x1b[31mred\x1b[0m' is not a number)");
+  expectQuoted("1,2\n3,a\tb\n", R"('a\x09b')");
+  expectQuoted("1,2\n3,na\xc3\xafve\n", "'na\xc3\xafve' is not a number");  // valid UTF-8 stays
+  std::string msg = expectQuoted("1,2\n3," + std::string(1000, 'z') + "\n",
+                                 "'" + std::string(64, 'z') + "... (1000 bytes)' is not a number");
+  EXPECT_LT(msg.size(), 200u) << msg;
+}
+
 TEST(Csv, EmptyOrHeaderOnlyOrTooNarrow) {
   EXPECT_NE(parseError("").find("f.csv:1: empty file"), std::string::npos);
   EXPECT_NE(parseError("\n\r\n").find("empty file"), std::string::npos);
