@@ -290,7 +290,44 @@ Row measureSize(const Setup& s, size_t bytes, int iters, int warmup) {
   return row;
 }
 
-void printRow(const Row& r, const std::string& backend, int ranks, const AllReduceBenchOptions& o) {
+// The table for people, laid out like nccl-tests' (src/common.cu): one group of time, algbw, busbw
+// and #wrong columns, named after this run's mode (a run is either in place or out of place). Times
+// keep about four significant digits, as there.
+void printTableHeader(const AllReduceBenchOptions& o) {
+  const std::string mode = o.inPlace ? "in-place" : "out-of-place";
+  const int groupWidth = 33;  // "  %7s  %6s  %6s  %6s" below: the label is centred over it
+  std::printf("#\n");
+  std::printf("# %10s  %12s  %8s  %6s%*s%s\n", "", "", "", "", (groupWidth - static_cast<int>(mode.size())) / 2, "",
+              mode.c_str());
+  std::printf("# %10s  %12s  %8s  %6s  %7s  %6s  %6s  %6s\n", "size", "count", "type", "redop", "time", "algbw",
+              "busbw", "#wrong");
+  std::printf("# %10s  %12s  %8s  %6s  %7s  %6s  %6s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)");
+  std::fflush(stdout);
+}
+
+void printTableRow(const Row& r, const AllReduceBenchOptions& o) {
+  const char* timeFormat = r.timeUs >= 10000 ? "%7.0f" : r.timeUs >= 100 ? "%7.1f" : "%7.2f";
+  char time[32];
+  std::snprintf(time, sizeof time, timeFormat, r.timeUs);
+  std::printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6llu\n", r.bytes, r.bytes / sizeof(float), "float",
+              o.op.c_str(), time, r.algbwGbps, r.busbwGbps, static_cast<unsigned long long>(r.wrong));
+  std::fflush(stdout);
+}
+
+// nccl-tests' closing lines: the wrong elements of all sizes and the mean busbw over the sizes.
+void printTableSummary(const std::vector<Row>& rows) {
+  uint64_t wrong = 0;
+  double busbw = 0;
+  for (const Row& r : rows) {
+    wrong += r.wrong;
+    busbw += r.busbwGbps / static_cast<double>(rows.size());
+  }
+  std::printf("# Wrong elements    : %llu %s\n", static_cast<unsigned long long>(wrong), wrong == 0 ? "OK" : "FAILED");
+  std::printf("# Avg bus bandwidth : %.4f GB/s\n#\n", busbw);
+  std::fflush(stdout);
+}
+
+void printResultLine(const Row& r, const std::string& backend, int ranks, const AllReduceBenchOptions& o) {
   std::printf(
       "RESULT bench=allreduce backend=%s ranks=%d bytes=%zu time_us=%.2f algbw_gbps=%.4f busbw_gbps=%.4f "
       "wrong=%llu time_b2b_us=%.2f time_min_us=%.2f time_max_us=%.2f op=%s inplace=%d buffers=%s iters=%d "
@@ -396,12 +433,19 @@ int runAllReduceBench(const AllReduceBenchOptions& o) {
         sizes.front(), sizes.back(), o.stepFactor, sysconf(_SC_NPROCESSORS_ONLN));
     std::fflush(stdout);
   }
+  // The table's rows appear as the sizes finish; the RESULT lines, for scripts, after the table, so
+  // that they do not break it up.
+  if (rank == 0) printTableHeader(o);
   std::vector<Row> rows;
   uint64_t wrong = 0;
   for (size_t bytes : sizes) {
     rows.push_back(measureSize(setup, bytes, itersFor(o, bytes), warmupFor(o, bytes)));
     wrong += rows.back().wrong;
-    if (rank == 0) printRow(rows.back(), comm->backend(), ranks, o);
+    if (rank == 0) printTableRow(rows.back(), o);
+  }
+  if (rank == 0) {
+    printTableSummary(rows);
+    for (const Row& r : rows) printResultLine(r, comm->backend(), ranks, o);
   }
   if (rank == 0 && !o.jsonPath.empty()) writeJson(o.jsonPath, rows, comm->backend(), ranks, o);
   if (wrong > 0) {

@@ -16,10 +16,14 @@
 // one more all-reduce is checked element by element: `wrong` counts mismatching elements over all
 // ranks (for out of place, also input elements the operation changed).
 //
-// Rank 0 prints `#` setup lines and one line per size (DESIGN.md §4):
+// Rank 0 prints, for people, `#` setup lines and a table laid out like nccl-tests' (`#` header lines;
+// one row per size as it finishes: size (B), count (elements), type, redop, then under "out-of-place"
+// or "in-place" time (us), algbw (GB/s), busbw (GB/s), #wrong; `#` lines with the total of wrong
+// elements and the mean busbw), then, for scripts, one line per size (DESIGN.md §4):
 //   RESULT bench=allreduce backend=shm ranks=2 bytes=4096 time_us=.. algbw_gbps=.. busbw_gbps=.. wrong=0
-//          time_b2b_us=.. op=sum inplace=0 iters=200 warmup=5
-// and, with --json, the same rows as a JSON file. The two buffers are allocated once at the largest
+//          time_b2b_us=.. time_min_us=.. time_max_us=.. op=sum inplace=0 buffers=shared iters=200 warmup=5
+// and, with --json, the same rows as a JSON file. Scripts read the RESULT lines (or the JSON), never
+// the table, whose layout is for reading. The two buffers are allocated once at the largest
 // size (64-byte aligned) and written before any timing, so no page faults land in a timed region.
 // They come from Communicator::allocateBuffer (`--buffers shared`, the default: memory every local
 // rank maps, which the shm backend reduces in place of staging copies) or from the heap

@@ -1,6 +1,7 @@
 // `cohort bench allreduce` end to end: two shm ranks under cohortrun (out of place and in place),
-// one rank without a launcher, and bad flags. Each run gets a fresh directory for its output files
-// and its shared-memory segments (COHORT_SHM_DIR), and an environment without any rank variables.
+// one rank without a launcher, and bad flags; in each run the table for people and the RESULT lines
+// for scripts. Each run gets a fresh directory for its output files and its shared-memory segments
+// (COHORT_SHM_DIR), and an environment without any rank variables.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -106,6 +108,70 @@ void expectRows(const std::vector<Fields>& rows, const std::string& backend, int
   }
 }
 
+// The RESULT lines are read by scripts (bench/compare_allreduce_peers.sh's sed) and tests: every
+// field in this order and with these decimals, as DESIGN.md §4 and the header describe them.
+void expectResultLineFormat(const std::string& text) {
+  const std::regex format(
+      R"(RESULT bench=allreduce backend=\w+ ranks=\d+ bytes=\d+ time_us=\d+\.\d\d algbw_gbps=\d+\.\d{4} )"
+      R"(busbw_gbps=\d+\.\d{4} wrong=\d+ time_b2b_us=\d+\.\d\d time_min_us=\d+\.\d\d time_max_us=\d+\.\d\d )"
+      R"(op=\w+ inplace=[01] buffers=(shared|user) iters=\d+ warmup=\d+)");
+  // What compare_allreduce_peers.sh extracts: bytes, time_us, busbw_gbps, wrong.
+  const std::regex script(R"(.*RESULT bench=allreduce .* bytes=([0-9]+) time_us=([0-9.]+) .* busbw_gbps=([0-9.]+) )"
+                          R"(wrong=([0-9]+).*)");
+  std::istringstream lines(text);
+  int count = 0;
+  for (std::string line; std::getline(lines, line);) {
+    size_t at = line.find("RESULT ");
+    if (at == std::string::npos) continue;
+    ++count;
+    EXPECT_TRUE(std::regex_match(line.substr(at), format)) << line;
+    EXPECT_TRUE(std::regex_match(line, script)) << line;
+  }
+  EXPECT_GT(count, 0) << text;
+}
+
+// The table for people (nccl-tests' layout): '#' header lines naming the columns and the mode, one
+// row per size that agrees with that size's RESULT line, and '#' closing lines, all before the
+// first RESULT line.
+void expectTable(const std::string& text, const std::vector<Fields>& results, const std::string& mode) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("[rank 0] ", 0) == 0) line.erase(0, 9);  // cohortrun's prefix
+    if (line.rfind("RESULT ", 0) == 0) break;
+    lines.push_back(line);
+  }
+  const std::regex columns(R"(#\s+size\s+count\s+type\s+redop\s+time\s+algbw\s+busbw\s+#wrong)");
+  size_t header = 0;
+  while (header < lines.size() && !std::regex_match(lines[header], columns)) ++header;
+  ASSERT_LT(header, lines.size()) << "no column header before the RESULT lines:\n" << text;
+  ASSERT_GE(header, 1u);
+  ASSERT_LT(header + 1, lines.size());
+  EXPECT_TRUE(std::regex_match(lines[header - 1], std::regex("#\\s+" + mode))) << lines[header - 1];
+  EXPECT_TRUE(
+      std::regex_match(lines[header + 1], std::regex(R"(#\s+\(B\)\s+\(elements\)\s+\(us\)\s+\(GB/s\)\s+\(GB/s\))")))
+      << lines[header + 1];
+  size_t row = header + 2;
+  for (const Fields& f : results) {
+    ASSERT_LT(row, lines.size()) << "a table row is missing:\n" << text;
+    std::istringstream words(lines[row++]);
+    std::string size, count, type, op, time, algbw, busbw, wrong, extra;
+    words >> size >> count >> type >> op >> time >> algbw >> busbw >> wrong;
+    EXPECT_FALSE(words >> extra) << lines[row - 1];
+    EXPECT_EQ(size, f.at("bytes"));
+    EXPECT_EQ(count, std::to_string(std::stoull(f.at("bytes")) / 4));
+    EXPECT_EQ(type, "float");
+    EXPECT_EQ(op, f.at("op"));
+    EXPECT_NEAR(std::stod(time), std::stod(f.at("time_us")), 0.5 + 1e-3 * std::stod(f.at("time_us")));
+    EXPECT_NEAR(std::stod(algbw), std::stod(f.at("algbw_gbps")), 0.0051);
+    EXPECT_NEAR(std::stod(busbw), std::stod(f.at("busbw_gbps")), 0.0051);
+    EXPECT_EQ(wrong, f.at("wrong"));
+  }
+  ASSERT_LT(row + 1, lines.size()) << text;
+  EXPECT_EQ(lines[row], "# Wrong elements    : 0 OK");
+  EXPECT_EQ(lines[row + 1].rfind("# Avg bus bandwidth : ", 0), 0u) << lines[row + 1];
+}
+
 TEST(AllReduceBench, TwoShmRanksUnderCohortrun) {
   std::string dir = freshDir();
   ChildRun r = runIn(
@@ -115,6 +181,8 @@ TEST(AllReduceBench, TwoShmRanksUnderCohortrun) {
   std::vector<std::string> prefixes;
   auto rows = resultLines(r.out, &prefixes);
   expectRows(rows, "shm", 2, {4096, 16384, 65536});
+  expectResultLineFormat(r.out);
+  expectTable(r.out, rows, "out-of-place");
   for (const auto& p : prefixes) EXPECT_EQ(p, "[rank 0] ") << "only rank 0 prints results";
   for (const auto& f : rows) {
     EXPECT_EQ(f.at("op"), "sum");
@@ -156,6 +224,8 @@ TEST(AllReduceBench, TwoShmRanksInPlaceAverage) {
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   auto rows = resultLines(r.out);
   expectRows(rows, "shm", 2, {4, 64, 1024, 16384});
+  expectResultLineFormat(r.out);
+  expectTable(r.out, rows, "in-place");
   for (const auto& f : rows) {
     EXPECT_EQ(f.at("op"), "avg");
     EXPECT_EQ(f.at("inplace"), "1");
@@ -171,6 +241,8 @@ TEST(AllReduceBench, OneRankWithoutLauncher) {
   ASSERT_FALSE(rows.empty()) << r.describe();
   expectRows(rows, rows[0]["backend"], 1, {4096, 16384});
   EXPECT_EQ(rows[0]["busbw_gbps"], "0.0000");
+  expectResultLineFormat(r.out);
+  expectTable(r.out, rows, "out-of-place");
   EXPECT_NE(r.out.find("# cohort bench allreduce"), std::string::npos) << r.out;
 }
 
