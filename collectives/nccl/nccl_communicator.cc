@@ -37,6 +37,7 @@ namespace cohort::collectives {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using nccl::NcclLibrary;
 using nccl::pollWhileInProgress;
 using nccl::throwNccl;
 
@@ -69,11 +70,14 @@ constexpr size_t kHostStagingFloats = 32;
 constexpr size_t kScratchBytes = 256;
 static_assert((kStagingOffset + kHostStagingFloats) * sizeof(float) <= kScratchBytes);
 
+// The NCCL call of a collective, given the library, the communicator and the stream.
+using NcclCall = std::function<ncclResult_t(const NcclLibrary&, ncclComm_t, cudaStream_t)>;
+
 // What one collective enqueues on the communication stream, in this order.
 struct Launch {
-  std::function<void(cudaStream_t)> before = {};                    // device copies; may be empty
-  std::function<ncclResult_t(ncclComm_t, cudaStream_t)> call = {};  // the NCCL collective; may be empty
-  std::function<void(cudaStream_t)> after = {};                     // device copies; may be empty
+  std::function<void(cudaStream_t)> before = {};  // device copies; may be empty
+  NcclCall call = {};                             // the NCCL collective; may be empty
+  std::function<void(cudaStream_t)> after = {};   // device copies; may be empty
 };
 
 void copyOnStream(float* dst, const float* src, size_t count, cudaStream_t stream) {
@@ -116,6 +120,7 @@ class NcclState {
         timeout_(options.timeout),
         computeStream_(options.computeStream),
         commStream_(device_, {.name = "nccl"}),
+        nccl_(std::move(setup.nccl)),
         comm_(setup.comm) {
     runtime::cuda::CudaDeviceGuard guard(device_.index);
     void* scratch = nullptr;
@@ -144,9 +149,9 @@ class NcclState {
     runtime::cuda::QuietDeviceGuard guard(device_.index);
     if (!aborted_) {
       if (!error_ && finalize())
-        ncclCommDestroy(comm_);
+        nccl_->commDestroy(comm_);
       else
-        ncclCommAbort(comm_);
+        nccl_->commAbort(comm_);
     }
     cudaFree(scratch_);
     // computeReady_ and commStream_ go with the members; `done` events with the last Work.
@@ -209,9 +214,11 @@ class NcclState {
                               << " was aborted";
     }
     ncclResult_t state = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state == ncclSuccess || state == ncclInProgress) return;
+    if (nccl_->commGetAsyncError(comm_, &state) != ncclSuccess || state == ncclSuccess || state == ncclInProgress) {
+      return;
+    }
     std::ostringstream os;
-    os << "nccl " << fingerprint.str() << " failed on rank " << rank_ << ": " << nccl::ncclMessage(state, comm_)
+    os << "nccl " << fingerprint.str() << " failed on rank " << rank_ << ": " << nccl::ncclMessage(*nccl_, state, comm_)
        << "; the communicator was aborted";
     error_ = std::make_exception_ptr(PeerError(os.str()));
     abortHoldingLock();
@@ -224,18 +231,18 @@ class NcclState {
   void enqueueHoldingLock(const Fingerprint& fingerprint, const Launch& launch) {
     if (launch.before) launch.before(stream());
     if (launch.call) {
-      ncclResult_t result = launch.call(comm_, stream());
+      ncclResult_t result = launch.call(*nccl_, comm_, stream());
       if (result == ncclInProgress) {
         // Non-blocking: NCCL finishes enqueueing in the background; the stream holds the kernel
         // only once the state leaves ncclInProgress.
-        std::optional<ncclResult_t> state = pollWhileInProgress(comm_, Clock::now() + timeout_);
+        std::optional<ncclResult_t> state = pollWhileInProgress(*nccl_, comm_, Clock::now() + timeout_);
         if (!state) {
           COHORT_THROW(TimeoutError) << "nccl " << fingerprint.str() << ": NCCL did not finish enqueueing it within "
                                      << seconds(timeout_) << " on rank " << rank_ << "; the communicator was aborted";
         }
         result = *state;
       }
-      if (result != ncclSuccess) throwNccl(result, fingerprint.str(), rank_, comm_);
+      if (result != ncclSuccess) throwNccl(*nccl_, result, fingerprint.str(), rank_, comm_);
     }
     if (launch.after) launch.after(stream());
   }
@@ -262,25 +269,25 @@ class NcclState {
     if (!lock.owns_lock() || aborted_) return "";
     cudaSetDevice(device_.index);
     ncclResult_t state = ncclSuccess;
-    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) {
-      return std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(r);
+    if (ncclResult_t r = nccl_->commGetAsyncError(comm_, &state); r != ncclSuccess) {
+      return std::string("ncclCommGetAsyncError failed: ") + nccl_->getErrorString(r);
     }
     if (state == ncclSuccess || state == ncclInProgress) return "";
-    return nccl::ncclMessage(state, comm_);
+    return nccl::ncclMessage(*nccl_, state, comm_);
   }
 
   void abortHoldingLock() {
     if (aborted_) return;
     cudaSetDevice(device_.index);
-    ncclCommAbort(comm_);  // blocks until NCCL's kernels have returned and its resources are freed
+    nccl_->commAbort(comm_);  // blocks until NCCL's kernels have returned and its resources are freed
     aborted_ = true;
   }
 
   // ncclCommFinalize flushes what is still enqueued; false when it fails or runs out of time.
   bool finalize() {
-    ncclResult_t result = ncclCommFinalize(comm_);
+    ncclResult_t result = nccl_->commFinalize(comm_);
     if (result == ncclInProgress || result == ncclSuccess) {
-      std::optional<ncclResult_t> state = pollWhileInProgress(comm_, Clock::now() + timeout_);
+      std::optional<ncclResult_t> state = pollWhileInProgress(*nccl_, comm_, Clock::now() + timeout_);
       return state && *state == ncclSuccess;
     }
     return false;
@@ -293,6 +300,7 @@ class NcclState {
   const runtime::Stream* computeStream_;  // not owned; may be null
   runtime::Stream commStream_;
   runtime::Event computeReady_;  // re-recorded per collective: a stream wait copies its state at once
+  const std::shared_ptr<const NcclLibrary> nccl_;
   ncclComm_t comm_;
   float* scratch_ = nullptr;  // a zero float for barrier(), then the host staging area
   uint64_t nextSequence_ = 0;
@@ -373,14 +381,15 @@ class NcclCommunicator : public Communicator {
     const ncclRedOp_t op = ncclOp(options.op);
     if (isSmallHostBuffer(input, count) && isSmallHostBuffer(output, count)) {
       float* staging = state_->scratch() + kStagingOffset;
-      return startStaged(fingerprint, input, output, count, [=](ncclComm_t comm, cudaStream_t s) {
-        return ncclAllReduce(staging, staging, count, ncclFloat, op, comm, s);
-      });
+      return startStaged(fingerprint, input, output, count,
+                         [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                           return nccl.allReduce(staging, staging, count, ncclFloat, op, comm, s);
+                         });
     }
     checkDevicePointer(input, count, "allReduce", "input");
     checkDevicePointer(output, count, "allReduce", "output");
-    return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
-                   return ncclAllReduce(input, output, count, ncclFloat, op, comm, s);
+    return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                   return nccl.allReduce(input, output, count, ncclFloat, op, comm, s);
                  }});
   }
 
@@ -390,17 +399,17 @@ class NcclCommunicator : public Communicator {
     const Fingerprint fingerprint{.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank};
     const ncclRedOp_t ncclOperator = ncclOp(op);
     if (input != output || rank() == 0) {
-      return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
-                     return ncclReduceScatter(input, output, countPerRank, ncclFloat, ncclOperator, comm, s);
+      return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                     return nccl.reduceScatter(input, output, countPerRank, ncclFloat, ncclOperator, comm, s);
                    }});
     }
     // Cohort's in place puts the result at the start of the buffer, NCCL's at this rank's chunk:
     // reduce in NCCL's place, then move the chunk (the two ranges do not overlap for rank >= 1).
     float* chunk = output + static_cast<size_t>(rank()) * countPerRank;
     return start(fingerprint, {.call =
-                                   [=](ncclComm_t comm, cudaStream_t s) {
-                                     return ncclReduceScatter(input, chunk, countPerRank, ncclFloat, ncclOperator, comm,
-                                                              s);
+                                   [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                                     return nccl.reduceScatter(input, chunk, countPerRank, ncclFloat, ncclOperator,
+                                                               comm, s);
                                    },
                                .after = [=](cudaStream_t s) { copyOnStream(output, chunk, countPerRank, s); }});
   }
@@ -411,15 +420,15 @@ class NcclCommunicator : public Communicator {
     const Fingerprint fingerprint{.kind = CollectiveKind::kAllGather, .count = countPerRank};
     float* chunk = output + static_cast<size_t>(rank()) * countPerRank;
     if (input != output || rank() == 0) {
-      return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
-                     return ncclAllGather(input, output, countPerRank, ncclFloat, comm, s);
+      return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                     return nccl.allGather(input, output, countPerRank, ncclFloat, comm, s);
                    }});
     }
     // Cohort's in place has this rank's piece at the start of the output, NCCL's at its chunk.
     return start(fingerprint, {.before = [=](cudaStream_t s) { copyOnStream(chunk, output, countPerRank, s); },
                                .call =
-                                   [=](ncclComm_t comm, cudaStream_t s) {
-                                     return ncclAllGather(chunk, output, countPerRank, ncclFloat, comm, s);
+                                   [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                                     return nccl.allGather(chunk, output, countPerRank, ncclFloat, comm, s);
                                    }});
   }
 
@@ -430,13 +439,13 @@ class NcclCommunicator : public Communicator {
     const Fingerprint fingerprint{.kind = CollectiveKind::kBroadcast, .root = root, .count = count};
     if (isSmallHostBuffer(data, count)) {
       float* staging = state_->scratch() + kStagingOffset;
-      return startStaged(fingerprint, data, data, count, [=](ncclComm_t comm, cudaStream_t s) {
-        return ncclBroadcast(staging, staging, count, ncclFloat, root, comm, s);
+      return startStaged(fingerprint, data, data, count, [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+        return nccl.broadcast(staging, staging, count, ncclFloat, root, comm, s);
       });
     }
     checkDevicePointer(data, count, "broadcast", "data");
-    return start(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
-                   return ncclBroadcast(data, data, count, ncclFloat, root, comm, s);
+    return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                   return nccl.broadcast(data, data, count, ncclFloat, root, comm, s);
                  }});
   }
 
@@ -445,8 +454,8 @@ class NcclCommunicator : public Communicator {
   WorkPtr barrier() override {
     float* scratch = state_->scratch();
     Fingerprint fingerprint{.kind = CollectiveKind::kBarrier};
-    auto done = state_->issue(fingerprint, {.call = [=](ncclComm_t comm, cudaStream_t s) {
-                                return ncclAllReduce(scratch, scratch, 1, ncclFloat, ncclSum, comm, s);
+    auto done = state_->issue(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                                return nccl.allReduce(scratch, scratch, 1, ncclFloat, ncclSum, comm, s);
                               }});
     return std::make_unique<NcclWork>(state_, std::move(done), fingerprint);
   }
@@ -466,13 +475,13 @@ class NcclCommunicator : public Communicator {
 
   // A host-staged collective (see kHostStagingFloats): the input goes to the staging area at issue,
   // the result comes back in Work::wait.
-  WorkPtr startStaged(Fingerprint fingerprint, const float* input, float* output, size_t count,
-                      std::function<ncclResult_t(ncclComm_t, cudaStream_t)> call) {
+  WorkPtr startStaged(Fingerprint fingerprint, const float* input, float* output, size_t count, NcclCall call) {
     float* staging = state_->scratch() + kStagingOffset;
     const size_t bytes = count * sizeof(float);
-    Launch launch{.before = [=](cudaStream_t s) {
-                    COHORT_CUDA_CHECK(cudaMemcpyAsync(staging, input, bytes, cudaMemcpyHostToDevice, s));
-                  },
+    Launch launch{.before =
+                      [=](cudaStream_t s) {
+                        COHORT_CUDA_CHECK(cudaMemcpyAsync(staging, input, bytes, cudaMemcpyHostToDevice, s));
+                      },
                   .call = std::move(call)};
     if (fingerprint.count == 0) launch = {};
     auto done = state_->issue(fingerprint, launch);
@@ -532,7 +541,7 @@ std::unique_ptr<Communicator> makeNcclCommunicator(const CommunicatorOptions& op
   try {
     state = std::make_shared<NcclState>(options, setup);
   } catch (...) {
-    ncclCommAbort(setup.comm);  // the state never took it over
+    setup.nccl->commAbort(setup.comm);  // the state never took it over
     throw;
   }
   return std::make_unique<NcclCommunicator>(std::move(state), setup.device);

@@ -30,9 +30,9 @@ std::string seconds(std::chrono::milliseconds d) {
   return os.str();
 }
 
-UniqueIdBytes makeUniqueId(int rank) {
+UniqueIdBytes makeUniqueId(const NcclLibrary& nccl, int rank) {
   ncclUniqueId id;
-  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) throwNccl(r, "ncclGetUniqueId", rank, nullptr);
+  if (ncclResult_t r = nccl.getUniqueId(&id); r != ncclSuccess) throwNccl(nccl, r, "ncclGetUniqueId", rank, nullptr);
   UniqueIdBytes bytes;
   std::memcpy(bytes.data(), &id, kUniqueIdBytes);
   return bytes;
@@ -61,11 +61,12 @@ std::string busIdOf(int device) {
 }
 
 // Across nodes: global rank 0 makes the id and every rank reads it from the MPI store.
-UniqueIdBytes uniqueIdThroughMpi(const runtime::WorldInfo& world, std::chrono::milliseconds timeout) {
+UniqueIdBytes uniqueIdThroughMpi(const NcclLibrary& nccl, const runtime::WorldInfo& world,
+                                 std::chrono::milliseconds timeout) {
   const std::string key = "nccl-unique-id";
   MpiStore store(timeout);  // collective over MPI_COMM_WORLD
   if (world.rank == 0) {
-    const UniqueIdBytes id = makeUniqueId(world.rank);
+    const UniqueIdBytes id = makeUniqueId(nccl, world.rank);
     store.set(key, std::vector<uint8_t>(id.begin(), id.end()));
   }
   const std::vector<uint8_t> value = store.get(key, timeout);
@@ -78,17 +79,17 @@ UniqueIdBytes uniqueIdThroughMpi(const runtime::WorldInfo& world, std::chrono::m
   return id;
 }
 
-ncclComm_t createCommunicator(const runtime::WorldInfo& world, const ncclUniqueId& id,
+ncclComm_t createCommunicator(const NcclLibrary& nccl, const runtime::WorldInfo& world, const ncclUniqueId& id,
                               std::chrono::milliseconds timeout) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once, so every wait below is ours and bounded
   ncclComm_t comm = nullptr;
   const Clock::time_point deadline = Clock::now() + timeout;
-  ncclResult_t result = ncclCommInitRankConfig(&comm, world.worldSize, id, world.rank, &config);
+  ncclResult_t result = nccl.commInitRankConfig(&comm, world.worldSize, id, world.rank, &config);
   if (result == ncclSuccess || result == ncclInProgress) {
-    std::optional<ncclResult_t> state = pollWhileInProgress(comm, deadline);
+    std::optional<ncclResult_t> state = pollWhileInProgress(nccl, comm, deadline);
     if (!state) {
-      ncclCommAbort(comm);
+      nccl.commAbort(comm);
       COHORT_THROW(TimeoutError) << "nccl: creating the communicator did not finish within " << seconds(timeout)
                                  << " on rank " << world.rank << " of " << world.worldSize
                                  << ": a rank did not start it, or the ranks cannot reach each other "
@@ -97,8 +98,8 @@ ncclComm_t createCommunicator(const runtime::WorldInfo& world, const ncclUniqueI
     result = *state;
   }
   if (result != ncclSuccess) {
-    const std::string message = ncclMessage(result, comm);
-    if (comm != nullptr) ncclCommAbort(comm);
+    const std::string message = ncclMessage(nccl, result, comm);
+    if (comm != nullptr) nccl.commAbort(comm);
     COHORT_THROW(PeerError) << "nccl: ncclCommInitRankConfig failed on rank " << world.rank << " of " << world.worldSize
                             << ": " << message;
   }
@@ -107,16 +108,16 @@ ncclComm_t createCommunicator(const runtime::WorldInfo& world, const ncclUniqueI
 
 }  // namespace
 
-std::string ncclMessage(ncclResult_t result, ncclComm_t comm) {
-  std::string text = ncclGetErrorString(result);
-  const char* last = ncclGetLastError(comm);
+std::string ncclMessage(const NcclLibrary& nccl, ncclResult_t result, ncclComm_t comm) {
+  std::string text = nccl.getErrorString(result);
+  const char* last = nccl.getLastError(comm);
   if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
   return text;
 }
 
-void throwNccl(ncclResult_t result, const std::string& what, int rank, ncclComm_t comm) {
+void throwNccl(const NcclLibrary& nccl, ncclResult_t result, const std::string& what, int rank, ncclComm_t comm) {
   const std::string message =
-      "nccl: " + what + " failed on rank " + std::to_string(rank) + ": " + ncclMessage(result, comm);
+      "nccl: " + what + " failed on rank " + std::to_string(rank) + ": " + ncclMessage(nccl, result, comm);
   switch (result) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
@@ -129,11 +130,11 @@ void throwNccl(ncclResult_t result, const std::string& what, int rank, ncclComm_
   }
 }
 
-std::optional<ncclResult_t> pollWhileInProgress(ncclComm_t comm, Clock::time_point deadline) {
+std::optional<ncclResult_t> pollWhileInProgress(const NcclLibrary& nccl, ncclComm_t comm, Clock::time_point deadline) {
   std::chrono::microseconds sleep{10};
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    if (ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) return r;
+    if (ncclResult_t r = nccl.commGetAsyncError(comm, &state); r != ncclSuccess) return r;
     if (state != ncclInProgress) return state;
     if (Clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(sleep);
@@ -142,6 +143,7 @@ std::optional<ncclResult_t> pollWhileInProgress(ncclComm_t comm, Clock::time_poi
 }
 
 NcclSetup initNccl(const CommunicatorOptions& options) {
+  auto nccl = std::make_shared<const NcclLibrary>();
   const runtime::WorldInfo& world = options.world;
   const int device =
       checkDeviceForLocalRank(world.localRank, visibleDeviceCount(), std::getenv("CUDA_VISIBLE_DEVICES"));
@@ -161,14 +163,15 @@ NcclSetup initNccl(const CommunicatorOptions& options) {
                         .generation = static_cast<uint64_t>(world.restartCount),
                         .timeout = options.timeout},
                        {.deviceIndex = device, .busId = busIdOf(device)},
-                       idOnNode ? std::function<UniqueIdBytes()>([rank] { return makeUniqueId(rank); })
+                       idOnNode ? std::function<UniqueIdBytes()>([&nccl, rank] { return makeUniqueId(*nccl, rank); })
                                 : std::function<UniqueIdBytes()>());
   checkDistinctGpus(met.gpus);
   if (idOnNode) {
     COHORT_CHECK(met.uniqueId.has_value()) << "the node rendezvous returned no NCCL unique id";
   }
-  const UniqueIdBytes id = idOnNode ? *met.uniqueId : uniqueIdThroughMpi(world, options.timeout);
-  return {.comm = createCommunicator(world, toUniqueId(id), options.timeout), .device = device};
+  const UniqueIdBytes id = idOnNode ? *met.uniqueId : uniqueIdThroughMpi(*nccl, world, options.timeout);
+  ncclComm_t comm = createCommunicator(*nccl, world, toUniqueId(id), options.timeout);
+  return {.nccl = std::move(nccl), .comm = comm, .device = device};
 }
 
 }  // namespace cohort::collectives::nccl

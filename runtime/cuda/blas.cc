@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <sstream>
 
+#include "runtime/cuda/cublas_library.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/error.h"
@@ -13,21 +14,23 @@ namespace cohort::runtime::cuda {
 namespace {
 
 // Like throwCudaError: the call's text, the status name and string, and file:line.
-[[noreturn]] void throwCublasError(cublasStatus_t status, const char* call, const char* file, int line) {
+[[noreturn]] void throwCublasError(const CublasLibrary& cublas, cublasStatus_t status, const char* call,
+                                   const char* file, int line) {
   cudaGetLastError();  // a failed launch inside cuBLAS must not be reported again by the next check
   std::ostringstream os;
-  os << "cuBLAS error " << cublasGetStatusName(status) << " (" << cublasGetStatusString(status) << ") from " << call
+  os << "cuBLAS error " << cublas.getStatusName(status) << " (" << cublas.getStatusString(status) << ") from " << call
      << " at " << file << ":" << line;
   if (status == CUBLAS_STATUS_ALLOC_FAILED) throw OutOfMemory(os.str());
   throw Error(os.str());
 }
 
-#define COHORT_CUBLAS_CHECK(expr)                                              \
-  do {                                                                         \
-    cublasStatus_t cohort_cublas_status_ = (expr);                             \
-    if (__builtin_expect(cohort_cublas_status_ != CUBLAS_STATUS_SUCCESS, 0)) { \
-      throwCublasError(cohort_cublas_status_, #expr, __FILE__, __LINE__);      \
-    }                                                                          \
+// `cublas` is the CublasLibrary whose function `expr` calls.
+#define COHORT_CUBLAS_CHECK(cublas, expr)                                           \
+  do {                                                                              \
+    cublasStatus_t cohort_cublas_status_ = (expr);                                  \
+    if (__builtin_expect(cohort_cublas_status_ != CUBLAS_STATUS_SUCCESS, 0)) {      \
+      throwCublasError((cublas), cohort_cublas_status_, #expr, __FILE__, __LINE__); \
+    }                                                                               \
   } while (0)
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
@@ -36,17 +39,19 @@ cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_O
 
 Blas::Blas(const Stream& stream) : stream_(stream) {
   COHORT_CHECK(stream.device().isCuda()) << "cuBLAS needs a CUDA stream, got " << stream.describe();
+  cublas_ = std::make_unique<const CublasLibrary>();
+  const CublasLibrary& cublas = *cublas_;
   CudaDeviceGuard guard(stream.device().index);
   cublasHandle_t handle = nullptr;
-  COHORT_CUBLAS_CHECK(cublasCreate(&handle));
+  COHORT_CUBLAS_CHECK(cublas, cublas.create(&handle));
   try {
-    COHORT_CUBLAS_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream.native())));
+    COHORT_CUBLAS_CHECK(cublas, cublas.setStream(handle, static_cast<cudaStream_t>(stream.native())));
     // Full fp32: CUBLAS_DEFAULT_MATH never rounds inputs to TF32 or BF16 (those modes are opt-in),
     // so results stay within float32 rounding of the CPU's OpenBLAS.
-    COHORT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-    COHORT_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));  // alpha, beta
+    COHORT_CUBLAS_CHECK(cublas, cublas.setMathMode(handle, CUBLAS_DEFAULT_MATH));
+    COHORT_CUBLAS_CHECK(cublas, cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST));  // alpha, beta
   } catch (...) {
-    cublasDestroy(handle);
+    cublas.destroy(handle);
     throw;
   }
   handle_ = handle;
@@ -55,7 +60,7 @@ Blas::Blas(const Stream& stream) : stream_(stream) {
 Blas::~Blas() {
   // The handle's device must be current; a destructor must not throw, so failures are ignored.
   QuietDeviceGuard guard(stream_.device().index);
-  cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  cublas_->destroy(static_cast<cublasHandle_t>(handle_));
 }
 
 // Row-major C[m, n] is column-major Cᵀ[n, m] in the same memory, and Cᵀ = op(B)ᵀ · op(A)ᵀ. So cuBLAS
@@ -74,14 +79,14 @@ void Blas::gemm(const GemmOptions& o, const float* a, const float* b, float* c) 
     if (o.beta == 0.0f) {
       COHORT_CUDA_CHECK(cudaMemsetAsync(c, 0, count * sizeof(float), static_cast<cudaStream_t>(stream_.native())));
     } else if (o.beta != 1.0f) {
-      COHORT_CUBLAS_CHECK(cublasSscal_64(handle, static_cast<int64_t>(count), &o.beta, c, 1));
+      COHORT_CUBLAS_CHECK(*cublas_, cublas_->sscal64(handle, static_cast<int64_t>(count), &o.beta, c, 1));
     }
     return;
   }
   int lda = o.transA ? o.m : o.k;
   int ldb = o.transB ? o.k : o.n;
-  COHORT_CUBLAS_CHECK(
-      cublasSgemm(handle, op(o.transB), op(o.transA), o.n, o.m, o.k, &o.alpha, b, ldb, a, lda, &o.beta, c, o.n));
+  COHORT_CUBLAS_CHECK(*cublas_, cublas_->sgemm(handle, op(o.transB), op(o.transA), o.n, o.m, o.k, &o.alpha, b, ldb, a,
+                                               lda, &o.beta, c, o.n));
 }
 
 }  // namespace cohort::runtime::cuda

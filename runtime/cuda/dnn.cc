@@ -9,27 +9,30 @@
 #include <vector>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cudnn_library.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
 namespace {
 
 // Like throwCudaError: the call's text, the status string, and file:line.
-[[noreturn]] void throwCudnnError(cudnnStatus_t status, const char* call, const char* file, int line) {
+[[noreturn]] void throwCudnnError(const CudnnLibrary& cudnn, cudnnStatus_t status, const char* call, const char* file,
+                                  int line) {
   cudaGetLastError();  // a failed launch inside cuDNN must not be reported again by the next check
   std::ostringstream os;
-  os << "cuDNN error " << static_cast<int>(status) << " (" << cudnnGetErrorString(status) << ") from " << call << " at "
-     << file << ":" << line;
+  os << "cuDNN error " << static_cast<int>(status) << " (" << cudnn.getErrorString(status) << ") from " << call
+     << " at " << file << ":" << line;
   if (status == CUDNN_STATUS_ALLOC_FAILED) throw OutOfMemory(os.str());
   throw Error(os.str());
 }
 
-#define COHORT_CUDNN_CHECK(expr)                                             \
-  do {                                                                       \
-    cudnnStatus_t cohort_cudnn_status_ = (expr);                             \
-    if (__builtin_expect(cohort_cudnn_status_ != CUDNN_STATUS_SUCCESS, 0)) { \
-      throwCudnnError(cohort_cudnn_status_, #expr, __FILE__, __LINE__);      \
-    }                                                                        \
+// `cudnn` is the CudnnLibrary whose function `expr` calls.
+#define COHORT_CUDNN_CHECK(cudnn, expr)                                          \
+  do {                                                                           \
+    cudnnStatus_t cohort_cudnn_status_ = (expr);                                 \
+    if (__builtin_expect(cohort_cudnn_status_ != CUDNN_STATUS_SUCCESS, 0)) {     \
+      throwCudnnError((cudnn), cohort_cudnn_status_, #expr, __FILE__, __LINE__); \
+    }                                                                            \
   } while (0)
 
 cudnnHandle_t handleOf(const Dnn& dnn) { return static_cast<cudnnHandle_t>(dnn.handle()); }
@@ -63,13 +66,15 @@ Perf pick(const std::vector<Perf>& results, int returned, const char* which, con
 
 Dnn::Dnn(const Stream& stream) : stream_(stream) {
   COHORT_CHECK(stream.device().isCuda()) << "cuDNN needs a CUDA stream, got " << stream.describe();
+  cudnn_ = std::make_unique<const CudnnLibrary>();
+  const CudnnLibrary& cudnn = *cudnn_;
   CudaDeviceGuard guard(stream.device().index);
   cudnnHandle_t handle = nullptr;
-  COHORT_CUDNN_CHECK(cudnnCreate(&handle));
-  if (cudnnStatus_t status = cudnnSetStream(handle, static_cast<cudaStream_t>(stream.native()));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.create(&handle));
+  if (cudnnStatus_t status = cudnn.setStream(handle, static_cast<cudaStream_t>(stream.native()));
       status != CUDNN_STATUS_SUCCESS) {
-    cudnnDestroy(handle);
-    throwCudnnError(status, "cudnnSetStream", __FILE__, __LINE__);
+    cudnn.destroy(handle);
+    throwCudnnError(cudnn, status, "cudnnSetStream", __FILE__, __LINE__);
   }
   handle_ = handle;
 }
@@ -77,41 +82,44 @@ Dnn::Dnn(const Stream& stream) : stream_(stream) {
 Dnn::~Dnn() {
   // The handle's device must be current; a destructor must not throw, so failures are ignored.
   QuietDeviceGuard guard(stream_.device().index);
-  cudnnDestroy(static_cast<cudnnHandle_t>(handle_));
+  cudnn_->destroy(static_cast<cudnnHandle_t>(handle_));
 }
 
 std::string Dnn::version() {
   // cuDNN 9 encodes major·10000 + minor·100 + patch.
-  const size_t v = cudnnGetVersion();
+  const size_t v = CudnnLibrary().getVersion();
   return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
-Convolution::Convolution() {
+Convolution::Convolution() : cudnn_(std::make_unique<const CudnnLibrary>()) {
+  const CudnnLibrary& cudnn = *cudnn_;
   cudnnTensorDescriptor_t x, y, b;
   cudnnFilterDescriptor_t w;
   cudnnConvolutionDescriptor_t c;
-  COHORT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.createTensorDescriptor(&x));
   xDesc_ = x;
-  COHORT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.createTensorDescriptor(&y));
   yDesc_ = y;
-  COHORT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&b));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.createTensorDescriptor(&b));
   biasDesc_ = b;
-  COHORT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.createFilterDescriptor(&w));
   wDesc_ = w;
-  COHORT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.createConvolutionDescriptor(&c));
   convDesc_ = c;
 }
 
 Convolution::~Convolution() {
   // Null descriptors (a constructor that threw half-way) are skipped.
-  if (xDesc_) cudnnDestroyTensorDescriptor(tensorDesc(xDesc_));
-  if (yDesc_) cudnnDestroyTensorDescriptor(tensorDesc(yDesc_));
-  if (biasDesc_) cudnnDestroyTensorDescriptor(tensorDesc(biasDesc_));
-  if (wDesc_) cudnnDestroyFilterDescriptor(static_cast<cudnnFilterDescriptor_t>(wDesc_));
-  if (convDesc_) cudnnDestroyConvolutionDescriptor(static_cast<cudnnConvolutionDescriptor_t>(convDesc_));
+  const CudnnLibrary& cudnn = *cudnn_;
+  if (xDesc_) cudnn.destroyTensorDescriptor(tensorDesc(xDesc_));
+  if (yDesc_) cudnn.destroyTensorDescriptor(tensorDesc(yDesc_));
+  if (biasDesc_) cudnn.destroyTensorDescriptor(tensorDesc(biasDesc_));
+  if (wDesc_) cudnn.destroyFilterDescriptor(static_cast<cudnnFilterDescriptor_t>(wDesc_));
+  if (convDesc_) cudnn.destroyConvolutionDescriptor(static_cast<cudnnConvolutionDescriptor_t>(convDesc_));
 }
 
 void Convolution::prepare(const Dnn& dnn, const ConvShape& s, Allocator& allocator) {
+  const CudnnLibrary& cudnn = *cudnn_;
   if (prepared_ && s == shape_) return;
   prepared_ = false;
   const int n = dim(s.batch, "batch"), c = dim(s.channels, "channels"), h = dim(s.height, "height");
@@ -123,35 +131,35 @@ void Convolution::prepare(const Dnn& dnn, const ConvShape& s, Allocator& allocat
   auto x = tensorDesc(xDesc_), y = tensorDesc(yDesc_), b = tensorDesc(biasDesc_);
   auto wd = static_cast<cudnnFilterDescriptor_t>(wDesc_);
   auto cd = static_cast<cudnnConvolutionDescriptor_t>(convDesc_);
-  COHORT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
-  COHORT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, k, oh, ow));
-  COHORT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k, 1, 1));
-  COHORT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, kh, kw));
-  COHORT_CUDNN_CHECK(
-      cudnnSetConvolution2dDescriptor(cd, pad, pad, stride, stride, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  COHORT_CUDNN_CHECK(cudnnSetConvolutionMathType(cd, CUDNN_FMA_MATH));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.setTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.setTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, k, oh, ow));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.setTensor4dDescriptor(b, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k, 1, 1));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.setFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, kh, kw));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.setConvolution2dDescriptor(cd, pad, pad, stride, stride, 1, 1,
+                                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.setConvolutionMathType(cd, CUDNN_FMA_MATH));
 
   CudaDeviceGuard guard(dnn.stream().device().index);
   cudnnHandle_t handle = handleOf(dnn);
   int returned = 0;
   std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-  COHORT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, x, wd, cd, y, static_cast<int>(fwd.size()),
-                                                            &returned, fwd.data()));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionForwardAlgorithm_v7(handle, x, wd, cd, y, static_cast<int>(fwd.size()),
+                                                                    &returned, fwd.data()));
   const auto f = pick(fwd, returned, "forward", s);
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> data(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-  COHORT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, wd, y, cd, x, static_cast<int>(data.size()),
-                                                                 &returned, data.data()));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardDataAlgorithm_v7(
+                                handle, wd, y, cd, x, static_cast<int>(data.size()), &returned, data.data()));
   const auto d = pick(data, returned, "backward-data", s);
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> filter(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-  COHORT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-      handle, x, y, cd, wd, static_cast<int>(filter.size()), &returned, filter.data()));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardFilterAlgorithm_v7(
+                                handle, x, y, cd, wd, static_cast<int>(filter.size()), &returned, filter.data()));
   const auto g = pick(filter, returned, "backward-filter", s);
 
   // The heuristics' memory figures are estimates; the workspace queries are what the calls check.
   size_t fb = 0, db = 0, gb = 0;
-  COHORT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, x, wd, cd, y, f.algo, &fb));
-  COHORT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, y, cd, x, d.algo, &db));
-  COHORT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, x, y, cd, wd, g.algo, &gb));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionForwardWorkspaceSize(handle, x, wd, cd, y, f.algo, &fb));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardDataWorkspaceSize(handle, wd, y, cd, x, d.algo, &db));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardFilterWorkspaceSize(handle, x, y, cd, wd, g.algo, &gb));
   forwardAlgo_ = static_cast<int>(f.algo);
   dataAlgo_ = static_cast<int>(d.algo);
   filterAlgo_ = static_cast<int>(g.algo);
@@ -165,46 +173,54 @@ void Convolution::prepare(const Dnn& dnn, const ConvShape& s, Allocator& allocat
 }
 
 void Convolution::forward(const Dnn& dnn, const float* x, const float* w, const float* bias, float* y) {
+  const CudnnLibrary& cudnn = *cudnn_;
   COHORT_CHECK(prepared_) << "Convolution::forward before prepare()";
   CudaDeviceGuard guard(dnn.stream().device().index);
   const float one = 1.0f, zero = 0.0f;
   void* ws = workspaceBytes_ ? workspace_.data() : nullptr;
-  COHORT_CUDNN_CHECK(cudnnConvolutionForward(
-      handleOf(dnn), &one, tensorDesc(xDesc_), x, static_cast<cudnnFilterDescriptor_t>(wDesc_), w,
-      static_cast<cudnnConvolutionDescriptor_t>(convDesc_), static_cast<cudnnConvolutionFwdAlgo_t>(forwardAlgo_), ws,
-      workspaceBytes_, &zero, tensorDesc(yDesc_), y));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.convolutionForward(handleOf(dnn), &one, tensorDesc(xDesc_), x,
+                                                     static_cast<cudnnFilterDescriptor_t>(wDesc_), w,
+                                                     static_cast<cudnnConvolutionDescriptor_t>(convDesc_),
+                                                     static_cast<cudnnConvolutionFwdAlgo_t>(forwardAlgo_), ws,
+                                                     workspaceBytes_, &zero, tensorDesc(yDesc_), y));
   if (bias)
-    COHORT_CUDNN_CHECK(cudnnAddTensor(handleOf(dnn), &one, tensorDesc(biasDesc_), bias, &one, tensorDesc(yDesc_), y));
+    COHORT_CUDNN_CHECK(cudnn,
+                       cudnn.addTensor(handleOf(dnn), &one, tensorDesc(biasDesc_), bias, &one, tensorDesc(yDesc_), y));
 }
 
 void Convolution::backwardFilter(const Dnn& dnn, const float* x, const float* dy, float* dw, bool accumulate) {
+  const CudnnLibrary& cudnn = *cudnn_;
   COHORT_CHECK(prepared_) << "Convolution::backwardFilter before prepare()";
   CudaDeviceGuard guard(dnn.stream().device().index);
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   void* ws = workspaceBytes_ ? workspace_.data() : nullptr;
-  COHORT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      handleOf(dnn), &one, tensorDesc(xDesc_), x, tensorDesc(yDesc_), dy,
-      static_cast<cudnnConvolutionDescriptor_t>(convDesc_), static_cast<cudnnConvolutionBwdFilterAlgo_t>(filterAlgo_),
-      ws, workspaceBytes_, &beta, static_cast<cudnnFilterDescriptor_t>(wDesc_), dw));
+  COHORT_CUDNN_CHECK(
+      cudnn, cudnn.convolutionBackwardFilter(handleOf(dnn), &one, tensorDesc(xDesc_), x, tensorDesc(yDesc_), dy,
+                                             static_cast<cudnnConvolutionDescriptor_t>(convDesc_),
+                                             static_cast<cudnnConvolutionBwdFilterAlgo_t>(filterAlgo_), ws,
+                                             workspaceBytes_, &beta, static_cast<cudnnFilterDescriptor_t>(wDesc_), dw));
 }
 
 void Convolution::backwardBias(const Dnn& dnn, const float* dy, float* db, bool accumulate) {
+  const CudnnLibrary& cudnn = *cudnn_;
   COHORT_CHECK(prepared_) << "Convolution::backwardBias before prepare()";
   CudaDeviceGuard guard(dnn.stream().device().index);
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  COHORT_CUDNN_CHECK(
-      cudnnConvolutionBackwardBias(handleOf(dnn), &one, tensorDesc(yDesc_), dy, &beta, tensorDesc(biasDesc_), db));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.convolutionBackwardBias(handleOf(dnn), &one, tensorDesc(yDesc_), dy, &beta,
+                                                          tensorDesc(biasDesc_), db));
 }
 
 void Convolution::backwardData(const Dnn& dnn, const float* w, const float* dy, float* dx) {
+  const CudnnLibrary& cudnn = *cudnn_;
   COHORT_CHECK(prepared_) << "Convolution::backwardData before prepare()";
   CudaDeviceGuard guard(dnn.stream().device().index);
   const float one = 1.0f, zero = 0.0f;
   void* ws = workspaceBytes_ ? workspace_.data() : nullptr;
-  COHORT_CUDNN_CHECK(cudnnConvolutionBackwardData(
-      handleOf(dnn), &one, static_cast<cudnnFilterDescriptor_t>(wDesc_), w, tensorDesc(yDesc_), dy,
-      static_cast<cudnnConvolutionDescriptor_t>(convDesc_), static_cast<cudnnConvolutionBwdDataAlgo_t>(dataAlgo_), ws,
-      workspaceBytes_, &zero, tensorDesc(xDesc_), dx));
+  COHORT_CUDNN_CHECK(
+      cudnn, cudnn.convolutionBackwardData(handleOf(dnn), &one, static_cast<cudnnFilterDescriptor_t>(wDesc_), w,
+                                           tensorDesc(yDesc_), dy, static_cast<cudnnConvolutionDescriptor_t>(convDesc_),
+                                           static_cast<cudnnConvolutionBwdDataAlgo_t>(dataAlgo_), ws, workspaceBytes_,
+                                           &zero, tensorDesc(xDesc_), dx));
 }
 
 std::string Convolution::describe() const {

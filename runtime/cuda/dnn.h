@@ -13,6 +13,8 @@
 // or nothing device-side beyond their descriptors and workspace (Convolution).
 // Errors: cuDNN failures throw cohort::Error naming the call and status (OutOfMemory for
 // CUDNN_STATUS_ALLOC_FAILED). Thread safety: one thread at a time per object.
+// cuDNN itself is opened by the first Dnn or Convolution (cudnn_library.h; IoError when it cannot),
+// so a process that convolves nothing on a GPU never loads it.
 // Only built when CUDA and cuDNN are found (COHORT_HAVE_CUDNN).
 //
 //   cuda::Dnn dnn(stream);
@@ -23,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "runtime/allocator.h"
@@ -30,6 +33,8 @@
 #include "runtime/tensor.h"
 
 namespace cohort::runtime::cuda {
+
+struct CudnnLibrary;  // cudnn_library.h
 
 class Dnn {
  public:
@@ -42,11 +47,12 @@ class Dnn {
 
   void* handle() const { return handle_; }  // cudnnHandle_t
   const Stream& stream() const { return stream_; }
-  // "cuDNN 9.x.y" of the loaded library.
+  // "cuDNN 9.x.y" of the library this process loads (loading it if no Dnn has yet).
   static std::string version();
 
  private:
   const Stream& stream_;
+  std::unique_ptr<const CudnnLibrary> cudnn_;
   void* handle_ = nullptr;
 };
 
@@ -87,6 +93,7 @@ class Convolution {
   std::string describe() const;
 
  private:
+  std::unique_ptr<const CudnnLibrary> cudnn_;
   ConvShape shape_;
   bool prepared_ = false;
   void* xDesc_ = nullptr;     // cudnnTensorDescriptor_t

@@ -20,16 +20,20 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "runtime/gemm_options.h"
 #include "runtime/stream.h"
 
 namespace cohort::runtime::cuda {
 
+struct CublasLibrary;  // cublas_library.h
+
 enum class ActivationOp { kIdentity, kRelu, kTanh, kSigmoid };
 
 // A cuBLAS handle bound to one stream. Owns the handle; not copyable. Creating one initialises
-// cuBLAS on the stream's device (milliseconds): make one per stream and keep it. It keeps a
+// cuBLAS on the stream's device (milliseconds), and the first one in the process loads cuBLAS
+// (cublas_library.h; IoError when it cannot): make one per stream and keep it. It keeps a
 // reference to the stream, which must outlive it (and not be moved from). Math is plain fp32 (no
 // TF32). cuBLAS failures throw cohort::Error naming the call and status (OutOfMemory for
 // CUBLAS_STATUS_ALLOC_FAILED). Thread safety: one thread at a time per Blas.
@@ -47,6 +51,7 @@ class Blas {
 
  private:
   const Stream& stream_;
+  std::unique_ptr<const CublasLibrary> cublas_;
   void* handle_ = nullptr;  // cublasHandle_t
 };
 
