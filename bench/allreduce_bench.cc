@@ -20,6 +20,7 @@
 #include "bench/device_bench_memory.h"
 #include "collectives/communicator.h"
 #include "runtime/error.h"
+#include "runtime/timeout.h"
 #include "runtime/world_info.h"
 
 namespace cohort::bench {
@@ -378,7 +379,7 @@ int runAllReduceBench(const AllReduceBenchOptions& o) {
   const ReduceOp op = parseOp(o.op);
   const std::vector<size_t> sizes = messageSizes(o);
   if (o.timeoutSeconds <= 0) COHORT_THROW(InvalidArgument) << "bench allreduce: --timeout must be positive";
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(o.timeoutSeconds * 1000)));
+  const auto timeout = runtime::timeoutFromSeconds(o.timeoutSeconds, "--timeout");
   const runtime::WorldInfo world = runtime::WorldInfo::detect();
   auto comm = collectives::makeCommunicator({.backend = o.backend, .world = world, .timeout = timeout});
   const int rank = comm->rank(), ranks = comm->size();

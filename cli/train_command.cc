@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
@@ -12,9 +13,8 @@
 #include <sstream>
 #include <thread>
 
-#include <sys/resource.h>
-
 #include "nn/loss.h"                   // losses
+#include "nn/lr_schedule.h"            // --lr-schedule
 #include "nn/model_spec.h"             // --model specs
 #include "nn/optimizer.h"              // --optimizer
 #include "runtime/cpu/blas.h"          // --threads
@@ -22,6 +22,8 @@
 #include "runtime/device_query.h"      // formatBytes
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/process_memory.h"    // --memory-report on the CPU
+#include "runtime/timeout.h"           // --timeout
 #include "runtime/world_info.h"
 #include "train/job.h"                 // the job: world, device, placement, collectives
 #include "train/trainer.h"             // the training loop
@@ -47,12 +49,24 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--lr", f.lr, "learning rate")->capture_default_str();
   c.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
   c.add_flag("--nesterov", f.nesterov, "Nesterov momentum (SGD)");
+  c.add_option("--lr-schedule", f.lrSchedule,
+               "constant | step | cosine: the learning rate of each optimizer step (PyTorch's StepLR, CosineAnnealingLR)")
+      ->capture_default_str();
+  c.add_option("--warmup-steps", f.warmupSteps, "optimizer steps of linear warmup from 0 before the schedule")
+      ->capture_default_str();
+  c.add_option("--min-lr", f.minLr, "cosine: the learning rate at the last step")->capture_default_str();
+  c.add_option("--step-size", f.stepSize, "step: optimizer steps between decays");
+  c.add_option("--gamma", f.gamma, "step: the decay factor")->capture_default_str();
   c.add_option("--optimizer", f.optimizer, "sgd | adam | adamw")->capture_default_str();
   c.add_option("--weight-decay", f.weightDecay, "L2 penalty (sgd, adam) or decoupled decay (adamw; default 0.01)");
   c.add_option("--loss", f.loss, "ce (softmax cross-entropy) | mse")->capture_default_str();
   c.add_option("--threads", f.threads, "BLAS threads per worker")->capture_default_str();
-  c.add_option("--seed", f.seed, "seed for initialisation, shuffling and dropout")->capture_default_str();
-  c.add_option("--prefetch", f.prefetch, "batches the data loader gathers ahead")->capture_default_str();
+  c.add_option("--seed", f.seed, "seed for initialisation, shuffling and dropout (0 to 2^64-1)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c.add_option("--prefetch", f.prefetch,
+               "batches the data loader gathers ahead (capped at the batches per epoch and 256 MiB of batches)")
+      ->capture_default_str();
   c.add_option("--checkpoint", f.checkpoint, "checkpoint file (safetensors), written every epoch");
   c.add_option("--checkpoint-every", f.checkpointEvery, "also write a checkpoint every N steps");
   c.add_flag("--resume", f.resume, "continue from --checkpoint if it exists");
@@ -60,11 +74,22 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
   c.add_flag("--memory-report", f.memoryReport,
              "print the memory the run used at the end (GPU: the caching allocator's allocated, reserved and peak bytes)");
-  c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers) before failing")
+  c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
+                 "wait about 100 years")
       ->capture_default_str();
 }
 
 namespace {
+
+// More BLAS threads than any machine we run on has cores: a typo, not a setting.
+constexpr int kMaxThreads = 1024;
+
+// The CPUs this process may run on (its affinity mask: cohortrun --bind, taskset, a SLURM cgroup).
+int allowedCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(std::thread::hardware_concurrency());
+  return CPU_COUNT(&set);
+}
 
 void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (f.mode != "local" && f.mode != "hogwild" && f.mode != "allreduce") {
@@ -81,11 +106,12 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
                                     << world.worldSize << " ranks with " << world.localWorldSize << " on this node";
     }
     if (f.checkpointEvery > 0 || f.maxSteps > 0) {
-      COHORT_THROW(InvalidArgument) << "--checkpoint-every and --max-steps need --mode local: Hogwild workers meet (and "
-                                       "checkpoint) only at the end of each epoch";
+      COHORT_THROW(InvalidArgument) << (f.maxSteps > 0 ? "--max-steps" : "--checkpoint-every")
+                                    << " needs workers that step together (--mode local or allreduce): Hogwild workers "
+                                       "meet (and checkpoint) only at the end of each epoch";
     }
   }
-  if (!(f.timeout > 0)) COHORT_THROW(InvalidArgument) << "--timeout must be positive, got " << f.timeout;
+  runtime::timeoutFromSeconds(f.timeout, "--timeout");  // refuses <= 0 and NaN; saturates huge values
   if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
   if (f.replicas && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--replicas applies to --mode allreduce only";
   const bool onGpu = runtime::Device::parse(f.device).isCuda();
@@ -97,6 +123,9 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
     COHORT_THROW(InvalidArgument) << "--backend nccl all-reduces GPU memory: add --device cuda (or use shm or mpi)";
   }
   if (onGpu && f.replicas) COHORT_THROW(InvalidArgument) << "--replicas applies to CPU training (GPU all-reduce always replicates)";
+  if (f.threads < 1 || f.threads > kMaxThreads) {
+    COHORT_THROW(InvalidArgument) << "--threads must be 1.." << kMaxThreads << " BLAS threads per worker, got " << f.threads;
+  }
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
   if (f.prefetch < 0) COHORT_THROW(InvalidArgument) << "--prefetch must be >= 0, got " << f.prefetch;
@@ -149,6 +178,18 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f) {
   return opt;
 }
 
+// --lr-schedule and its flags; nothing for a constant rate without warmup (the optimizer's own).
+std::optional<nn::LrScheduleOptions> lrScheduleOptions(const TrainFlags& f) {
+  const nn::LrScheduleKind kind = nn::parseLrScheduleKind(f.lrSchedule);
+  if (kind == nn::LrScheduleKind::kConstant && f.warmupSteps == 0) return std::nullopt;
+  return nn::LrScheduleOptions{.kind = kind,
+                               .baseLr = f.lr,
+                               .warmupSteps = f.warmupSteps,
+                               .minLr = f.minLr,
+                               .stepSize = f.stepSize,
+                               .gamma = f.gamma};
+}
+
 // SIGUSR1 (SLURM sends it before the time limit with --signal=USR1@SECONDS; cohortrun forwards it)
 // asks the training loop to checkpoint and stop cleanly. The flag is the one global, and only the
 // program (never the library) has it.
@@ -173,7 +214,8 @@ void installStopSignal() {
 }
 
 // --memory-report: what the run held, in the terms of torch.cuda.memory_allocated/_reserved and
-// max_memory_allocated on a GPU; the process's peak resident size on the CPU.
+// max_memory_allocated on a GPU; on the CPU the process's peak resident size and what is resident
+// now, by kind (runtime/process_memory.h): the private part is what each further worker costs.
 void reportMemory(const runtime::Logger& log, const runtime::Device& device,
                   const std::optional<runtime::AllocatorStats>& gpu) {
   if (gpu) {
@@ -184,9 +226,11 @@ void reportMemory(const runtime::Logger& log, const runtime::Device& device,
                << gpu->systemAllocations << " from the driver)";
     return;
   }
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  log.info() << "memory report (cpu): peak resident " << runtime::formatBytes(static_cast<size_t>(usage.ru_maxrss) * 1024);
+  const runtime::ProcessMemory m = runtime::processMemory();
+  log.info() << "memory report (cpu): peak resident " << runtime::formatBytes(m.peakResidentBytes) << "; resident now "
+             << runtime::formatBytes(m.residentBytes) << ": " << runtime::formatBytes(m.anonymousBytes)
+             << " private (heap, stacks, data), " << runtime::formatBytes(m.fileBytes)
+             << " file-backed (program and libraries), " << runtime::formatBytes(m.sharedMemoryBytes) << " shared memory";
 }
 
 // The RESULT line of DESIGN.md §4.
@@ -197,6 +241,8 @@ std::string resultLine(const train::Job& job, const train::TrainResult& r, bool 
   if (r.haveTest) os << " test_loss=" << r.testLoss;
   if (r.haveTest && classification) os << " test_acc=" << r.testAcc;
   os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec) << " wall_s=" << r.wallSeconds;
+  // Only on a run that ended before its last epoch, so scripts can tell it from a finished one.
+  if (r.stopReason != train::StopReason::kNone) os << " stopped=" << train::toString(r.stopReason);
   return os.str();
 }
 
@@ -215,12 +261,16 @@ int runTrain(const TrainFlags& f) {
                << (world.restartCount ? ", restart " + std::to_string(world.restartCount) : std::string());
   }
   runtime::cpu::setBlasThreads(f.threads);
+  if (f.threads > allowedCpus() && !f.device.starts_with("cuda")) {
+    log.warn() << "--threads " << f.threads << " is more than the " << allowedCpus()
+               << " CPU(s) this worker may use: the BLAS threads will take turns (slower, not faster)";
+  }
   const bool classification = f.loss == "ce";
   train::Job job({.mode = train::parseMode(f.mode),
                   .backend = f.backend,
                   .replicas = f.replicas,
                   .device = f.device,
-                  .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout * 1000))},
+                  .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout")},
                  world);
 
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
@@ -243,14 +293,20 @@ int runTrain(const TrainFlags& f) {
                           .resume = f.resume,
                           .maxSteps = f.maxSteps,
                           .stopRequested = &gStopRequested,
-                          .metricsPath = f.metrics});
+                          .metricsPath = f.metrics,
+                          .lrSchedule = lrScheduleOptions(f)});
   const bool hogwild = job.options().mode == train::Mode::kHogwild;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
              << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "
              << trainSet->name() << " (" << trainer.loader().samplesPerEpoch() << " samples per epoch"
              << (testSet ? ", test " + std::to_string(testSet->size()) : std::string()) << "), " << optimizer->name()
-             << " lr " << f.lr << ", batch " << f.batchSize << ", "
+             << " lr " << f.lr << (trainer.lrSchedule() ? " (" + trainer.lrSchedule()->describe() + ")" : std::string())
+             << ", batch " << f.batchSize << ", "
              << (job.device().isCuda() ? "on " + job.device().str() : std::to_string(f.threads) + " BLAS thread(s)");
+  if (trainer.loader().prefetchDepth() < f.prefetch) {
+    log.info() << "--prefetch " << f.prefetch << " capped at " << trainer.loader().prefetchDepth()
+               << " batches (the batches per epoch of this worker, and at most 256 MiB of batches ahead)";
+  }
   train::TrainResult result;
   try {
     result = trainer.run();

@@ -43,6 +43,11 @@ struct TrainFlags {
   int64_t maxSteps = 0;
   std::string metrics;
   bool memoryReport = false;
+  std::string lrSchedule = "constant";  // constant | step | cosine
+  int64_t warmupSteps = 0;
+  double minLr = 0;
+  int64_t stepSize = 0;
+  double gamma = 0.1;
   double timeout = 300;  // seconds any wait for other workers may take
 };
 

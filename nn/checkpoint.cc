@@ -1,6 +1,9 @@
 #include "nn/checkpoint.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <isa-l/crc.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -89,6 +93,44 @@ std::string hex8(uint32_t v) {
 // [begin, end) as "bytes begin..end".
 std::string byteRange(uint64_t begin, uint64_t end) {
   return "bytes " + std::to_string(begin) + ".." + std::to_string(end);
+}
+
+// The directory and file name of a checkpoint path; InvalidArgument for a path that names a directory.
+std::pair<std::string, std::string> splitCheckpointPath(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.empty()) COHORT_THROW(InvalidArgument) << path << ": checkpoint path names a directory";
+  return {dir, base};
+}
+
+// Where the writer with process id `pid` writes before renaming: "<dir>/.<base>.tmp.<pid>".
+std::string temporaryPath(const std::string& dir, const std::string& base, pid_t pid) {
+  return dir + "/." + base + ".tmp." + std::to_string(pid);
+}
+
+// Removes "<dir>/.<base>.tmp.<pid>" files whose writer is gone: nobody holds the lock a writer keeps
+// on its temporary file until the rename (see writeCheckpoint), and no process <pid> exists (a
+// writer of an older Cohort, which took no lock, may still be alive). A file being written by a
+// live process is never touched. Returns how many were removed; failures to look are not errors.
+size_t removeStaleTemporaries(const std::string& dir, const std::string& base) {
+  const std::string prefix = "." + base + ".tmp.";
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+  if (!d) return 0;
+  size_t removed = 0;
+  while (const dirent* e = ::readdir(d.get())) {
+    const std::string name = e->d_name;
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid == ::getpid() || (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // ours, or its writer lives
+    const std::string file = dir + "/" + name;
+    runtime::UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (!fd || ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // held: a writer is at work
+    if (::unlink(file.c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 // Unlinks the temporary file unless a successful rename has consumed it.
@@ -232,19 +274,23 @@ void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& te
     return;
   }
   validateForWrite(path, tensors, metadata);
-  size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (base.empty()) COHORT_THROW(InvalidArgument) << path << ": checkpoint path names a directory";
+  const auto [dir, base] = splitCheckpointPath(path);
+  removeStaleTemporaries(dir, base);
   const std::string header = encodeHeader(tensors, metadata);
 
-  const std::string tmp = dir + "/." + base + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = temporaryPath(dir, base, ::getpid());
   runtime::UniqueFd fd(
       ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!fd) {
     refuseWithErrno(path, "cannot create temporary file " + tmp);
   }
   TempFileGuard guard(tmp);
+  // Held on a second open file until the rename, so that another run's removeStaleTemporaries
+  // never takes this file for an orphan (the lock goes with the process, however it ends).
+  runtime::UniqueFd lock(::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    refuseWithErrno(path, "cannot lock temporary file " + tmp);
+  }
   writeAll(fd.get(), header.data(), header.size(), path, tmp);
   for (const NamedTensor& t : tensors) {
     writeAll(fd.get(), t.tensor.data(), t.tensor.bytes(), path, tmp);
@@ -260,6 +306,21 @@ void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& te
   }
   guard.disarm();
   fsyncDirectory(dir, path);
+}
+
+size_t prepareCheckpointDestination(const std::string& path) {
+  const auto [dir, base] = splitCheckpointPath(path);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) refuseWithErrno(path, "cannot write checkpoints into directory " + dir);
+  if (!S_ISDIR(st.st_mode)) Refusal(path) << "cannot write checkpoints into " << dir << ": not a directory";
+  // The proof that the writer will be able to create its temporary file: create one (exclusively,
+  // under another name than any writer uses) and remove it.
+  const std::string probe = dir + "/." + base + ".probe." + std::to_string(::getpid());
+  runtime::UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd) refuseWithErrno(path, "cannot write checkpoints into directory " + dir);
+  fd.close();
+  ::unlink(probe.c_str());
+  return removeStaleTemporaries(dir, base);
 }
 
 const runtime::Tensor* Checkpoint::find(const std::string& name) const {

@@ -18,7 +18,8 @@
 //
 // Writing is atomic: the bytes go to `.<basename>.tmp.<pid>` in the target's directory; that file
 // is fsynced and renamed over the target, then the directory is fsynced. A crash leaves either the old
-// or the new complete file at the path (a crashed writer may leave its temporary file behind).
+// or the new complete file at the path (a writer killed mid-write leaves its temporary file behind, which the next writer of that path
+// removes).
 // Reading validates the whole file (layout, JSON, dtypes, shapes, offsets, CRCs) and either returns
 // everything or throws IoError with a one-line message naming the file, the problem and, where
 // meaningful, the byte offset in the file (ranges are "bytes begin..end", half-open file offsets);
@@ -75,6 +76,13 @@ struct Checkpoint {
 // power loss; that is an IoError too.)
 void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors,
                      const Metadata& metadata = {});
+
+// Before a run trains: checks that checkpoints can be written at `path` (its directory exists and a
+// file can be created there; IoError naming the path and the reason otherwise) and removes the
+// temporary files of `path` that earlier writers left behind when they were killed mid-write
+// (".<name>.tmp.<pid>" whose writer is gone; never one a live process is writing). writeCheckpoint
+// removes them too. Returns how many it removed.
+size_t prepareCheckpointDestination(const std::string& path);
 
 // Reads and validates the checkpoint at `path`. Throws IoError for anything missing or corrupt.
 Checkpoint readCheckpoint(const std::string& path);

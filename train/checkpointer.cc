@@ -14,7 +14,13 @@ namespace cohort::train {
 
 namespace {
 
-const char* const kIdentityKeys[] = {"model", "optimizer", "param_count", "world_size"};
+const char* const kIdentityKeys[] = {"model", "optimizer", "param_count", "world_size", "mode"};
+
+// "a hogwild job of 2 ranks"
+std::string jobDescription(const std::string& mode, const std::string& worldSize) {
+  const char* article = !mode.empty() && std::string("aeiou").find(mode[0]) != std::string::npos ? "an " : "a ";
+  return article + mode + " job of " + worldSize + (worldSize == "1" ? " rank" : " ranks");
+}
 
 }  // namespace
 
@@ -34,15 +40,15 @@ int64_t metadataCount(const nn::Metadata& metadata, const std::string& key, cons
   return v;
 }
 
-Checkpointer::Checkpointer(Strategy& strategy, nn::Model& model, nn::Optimizer& optimizer,
-                           const runtime::WorldInfo& world, runtime::cuda::GpuContext* gpu)
-    : strategy_(strategy), model_(model), optimizer_(optimizer), world_(world), gpu_(gpu) {}
+Checkpointer::Checkpointer(const Context& c)
+    : strategy_(c.strategy), model_(c.model), optimizer_(c.optimizer), world_(c.world), gpu_(c.gpu), mode_(c.mode) {}
 
 nn::Metadata Checkpointer::identity() const {
   return {{"model", model_.name},
           {"optimizer", optimizer_.name()},
           {"param_count", std::to_string(model_.params.numel())},
-          {"world_size", std::to_string(world_.worldSize)}};
+          {"world_size", std::to_string(world_.worldSize)},
+          {"mode", mode_}};
 }
 
 void Checkpointer::save(const std::string& path, const nn::Metadata& extra) {
@@ -81,7 +87,24 @@ void Checkpointer::validate(const nn::Checkpoint& ckpt, const std::string& path,
   expectSame("model", model_.name);
   expectSame("optimizer", optimizer_.name());
   for (const auto& [key, value] : mustMatch) expectSame(key, value);
-  expectSame("world_size", std::to_string(world_.worldSize));
+  // Where the optimizer state lives follows the mode and the world size: name both jobs. (Checkpoints
+  // written before the mode was recorded name only the world size.)
+  const std::string worldSize = std::to_string(world_.worldSize);
+  auto mode = ckpt.metadata.find("mode");
+  if (mode != ckpt.metadata.end()) {
+    const std::string& was = metadataText(ckpt.metadata, "world_size", path);
+    const bool hogwildThere = mode->second == "hogwild", hogwildHere = mode_ == "hogwild";
+    if (was != worldSize || hogwildThere != hogwildHere) {
+      COHORT_THROW(InvalidArgument)
+          << path << ": checkpoint was written by " << jobDescription(mode->second, was) << ", and this is "
+          << jobDescription(mode_, worldSize) << ": "
+          << (hogwildThere != hogwildHere ? "Hogwild keeps an optimizer state per worker, the other modes one for the job, so "
+                                            "it resumes only in mode " + mode->second + " with " + was + " ranks"
+                                          : "it resumes only with " + was + " ranks")
+          << " (or start afresh without resuming)";
+    }
+  }
+  expectSame("world_size", worldSize);
   // The same name can stand for another architecture (a user's model): compare every parameter.
   const nn::ParamBuffer& params = model_.params;
   for (const nn::ParamBuffer::Entry& e : params.entries()) {

@@ -33,8 +33,15 @@ int64_t metadataCount(const nn::Metadata& metadata, const std::string& key, cons
 
 class Checkpointer {
  public:
-  Checkpointer(Strategy& strategy, nn::Model& model, nn::Optimizer& optimizer, const runtime::WorldInfo& world,
-               runtime::cuda::GpuContext* gpu);
+  struct Context {
+    Strategy& strategy;
+    nn::Model& model;
+    nn::Optimizer& optimizer;
+    const runtime::WorldInfo& world;
+    runtime::cuda::GpuContext* gpu = nullptr;
+    std::string mode;  // "local", "hogwild", "allreduce": written, and compared on load
+  };
+  explicit Checkpointer(const Context& context);
 
   // `extra` may not use the keys the checkpointer writes itself (InvalidArgument).
   void save(const std::string& path, const nn::Metadata& extra);
@@ -50,6 +57,7 @@ class Checkpointer {
   nn::Optimizer& optimizer_;
   const runtime::WorldInfo& world_;
   runtime::cuda::GpuContext* gpu_;
+  std::string mode_;
 };
 
 }  // namespace cohort::train

@@ -8,6 +8,7 @@
 #include "runtime/digest.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
+#include "runtime/timeout.h"
 #include "train/checkpointer.h"
 #include "train/hogwild_strategy.h"
 #include "train/local_strategy.h"
@@ -102,6 +103,7 @@ Job::Job(const JobOptions& options) : Job(options, runtime::WorldInfo::detect())
 Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
     : token_(std::make_unique<Token>()), options_(options), world_(world), log_(world_, {.fd = 1}) {
   validate(options_, world_);
+  options_.timeout = runtime::saturateTimeout(options_.timeout);  // deadlines are now + timeout
   // One worker per GPU: "cuda" is the GPU of this worker's local rank.
   device_ = runtime::selectDevice(options_.device, world_.localRank);
 #ifdef COHORT_HAVE_CUDA
@@ -173,7 +175,12 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
   }
   model_ = &model;
   optimizer_ = &optimizer;
-  checkpointer_ = std::make_unique<Checkpointer>(*strategy_, model, optimizer, world_, gpu_.get());
+  checkpointer_ = std::make_unique<Checkpointer>(Checkpointer::Context{.strategy = *strategy_,
+                                                                        .model = model,
+                                                                        .optimizer = optimizer,
+                                                                        .world = world_,
+                                                                        .gpu = gpu_.get(),
+                                                                        .mode = toString(options_.mode)});
 }
 
 Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& o) const {

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -48,7 +49,7 @@ std::string sampledDigest(const runtime::data::Dataset& d) {
 
 // What the ranks of one Trainer must share (Job::agree); the prefetch depth, the evaluation batch
 // and the metrics file may differ per rank.
-Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptions& o) {
+Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptions& o, const nn::LrSchedule* schedule) {
   return {{"train_data", train.name()},
           {"train_samples", std::to_string(train.size())},
           {"sample_shape", train.sampleShape().str()},
@@ -61,7 +62,20 @@ Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptio
           {"checkpoint", o.checkpointPath},
           {"checkpoint_every", std::to_string(o.checkpointEvery)},
           {"resume", o.resume ? "yes" : "no"},
-          {"max_steps", std::to_string(o.maxSteps)}};
+          {"max_steps", std::to_string(o.maxSteps)},
+          {"lr_schedule", schedule ? schedule->describe() : "none"}};
+}
+
+// The schedule with the run's defaults filled in (see TrainerOptions::lrSchedule).
+std::optional<nn::LrSchedule> makeSchedule(const TrainerOptions& o, const nn::Optimizer& optimizer,
+                                           int64_t batchesPerEpoch) {
+  if (!o.lrSchedule) return std::nullopt;
+  nn::LrScheduleOptions s = *o.lrSchedule;
+  if (s.baseLr == 0) s.baseLr = optimizer.options().lr;
+  // Over the epochs, whatever maxSteps says: a run stopped by maxSteps and resumed follows the same
+  // schedule as one that never stopped.
+  if (s.totalSteps == 0) s.totalSteps = o.epochs * batchesPerEpoch;
+  return nn::LrSchedule(s);
 }
 
 const Job& placedJob(const Job& job) {
@@ -70,6 +84,20 @@ const Job& placedJob(const Job& job) {
 }
 
 }  // namespace
+
+const char* toString(StopReason reason) {
+  switch (reason) {
+    case StopReason::kNone:
+      return "none";
+    case StopReason::kMaxSteps:
+      return "max_steps";
+    case StopReason::kRequest:
+      return "signal";
+    case StopReason::kCallback:
+      return "callback";
+  }
+  return "?";
+}
 
 double Trainer::secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -91,7 +119,29 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   if ((options_.resume || options_.checkpointEvery > 0) && options_.checkpointPath.empty()) {
     COHORT_THROW(InvalidArgument) << (options_.resume ? "resume" : "checkpointEvery") << " needs a checkpoint path";
   }
-  job_.agree(trainerSettings(train, options_));
+  schedule_ = makeSchedule(options_, job_.optimizer(), loader_.batchesPerEpoch());
+  job_.agree(trainerSettings(train, options_, lrSchedule()));
+  if (!options_.checkpointPath.empty()) checkCheckpointDestination();
+}
+
+// Rank 0 writes every checkpoint: find out now, not after an epoch of training, that it cannot, and
+// clear what killed writers left there. Every rank learns the verdict (a collective), so none waits
+// for a rank 0 that is gone.
+void Trainer::checkCheckpointDestination() {
+  std::string problem;
+  if (job_.world().rank == 0) {
+    try {
+      if (size_t removed = nn::prepareCheckpointDestination(options_.checkpointPath)) {
+        job_.log().info() << "removed " << removed << " temporary checkpoint file(s) of " << options_.checkpointPath
+                          << " left by writers that were killed";
+      }
+    } catch (const IoError& e) {
+      problem = e.what();
+    }
+  }
+  if (!job_.any(!problem.empty())) return;
+  if (!problem.empty()) throw IoError(problem);
+  COHORT_THROW(IoError) << "rank 0 cannot write checkpoints to " << options_.checkpointPath << " (its message says why)";
 }
 
 Trainer::~Trainer() = default;
@@ -136,6 +186,9 @@ TrainResult Trainer::run() {
       }
       pos.samples += batch.size;
       model_.backward(loss_.backward(), pass);
+      // A pure function of the optimizer's step count, which checkpoints hold: a resumed run
+      // continues the schedule exactly.
+      if (schedule_) job_.optimizer().setLr(schedule_->lrAt(job_.optimizer().steps()));
       job_.step();
       ++pos.step;
       pos.batch = batch.index + 1;
@@ -151,12 +204,14 @@ TrainResult Trainer::run() {
         collectGpuSums(pos);
         saveCheckpoint(pos);
         result.stoppedEarly = result.stoppedByRequest = true;
+        result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
         break;
       }
       if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch) {
         collectGpuSums(pos);
         saveCheckpoint(pos);
         result.stoppedEarly = true;
+        result.stopReason = StopReason::kMaxSteps;
         break;
       }
       if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) {
@@ -169,6 +224,7 @@ TrainResult Trainer::run() {
     if (result.stoppedByRequest) break;
     if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
       result.stoppedEarly = true;
+      result.stopReason = StopReason::kMaxSteps;
       log.info() << "stopped after " << pos.step << " steps (--max-steps)";
       break;
     }
@@ -176,6 +232,7 @@ TrainResult Trainer::run() {
       log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): stopping after epoch "
                  << pos.epoch + 1 << (options_.checkpointPath.empty() ? "" : " (checkpointed)");
       result.stoppedEarly = result.stoppedByRequest = true;
+      result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
       break;
     }
   }
@@ -206,7 +263,8 @@ bool Trainer::stopAgreed(int64_t step, bool epochEnd) {
 void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples) {
   trainSeconds_ += epochSeconds;
   trainedSamples_ += epochSamples;
-  result.epochs = pos.epoch + 1;
+  // An epoch cut short by a stop is reported (its figures so far) but not counted as completed.
+  result.epochs = result.stoppedEarly ? pos.epoch : pos.epoch + 1;
   result.steps = pos.step;
   // The job's figures: samples summed, the time the slowest rank's, loss and accuracy averaged (every
   // rank trains the same number of samples per epoch, so the mean of the ranks' means is the job's).

@@ -31,11 +31,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "nn/loss.h"
+#include "nn/lr_schedule.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/dataset.h"
 #include "runtime/random.h"
@@ -59,6 +61,10 @@ struct TrainerOptions {
   const std::atomic<bool>* stopRequested = nullptr;
   std::string metricsPath;       // JSON lines, one per epoch (rank 0); empty: none
   int64_t evalBatchSize = 1000;
+  // The learning rate of each optimizer step (nn/lr_schedule.h), set on the optimizer before the
+  // step; baseLr 0 takes the optimizer's own. totalSteps 0 means the run's: epochs x steps per epoch
+  // (maxSteps only stops the run early). Unset: the optimizer's learning rate throughout.
+  std::optional<nn::LrScheduleOptions> lrSchedule;
 };
 
 enum class Next { kContinue, kStop };
@@ -89,11 +95,22 @@ struct TrainerCallbacks {
   std::function<Next(EpochReport&)> onEpochEnd;
 };
 
+// Why a run ended before its last epoch.
+enum class StopReason {
+  kNone,      // it trained every epoch
+  kMaxSteps,  // TrainerOptions::maxSteps
+  kRequest,   // TrainerOptions::stopRequested (e.g. SIGUSR1) on some rank
+  kCallback,  // a callback returned Next::kStop on some rank
+};
+// "none", "max_steps", "signal", "callback" (the RESULT line's stopped=).
+const char* toString(StopReason reason);
+
 struct TrainResult {
-  int64_t epochs = 0;
+  int64_t epochs = 0;         // completed epochs (a stopped run's partial epoch does not count)
   int64_t steps = 0;
   bool stoppedEarly = false;  // maxSteps reached (or a stop requested) before the last epoch ended
   bool stoppedByRequest = false;
+  StopReason stopReason = StopReason::kNone;
   double trainLoss = 0;  // mean over the last epoch
   double trainAcc = 0;
   double testLoss = 0;
@@ -120,6 +137,8 @@ class Trainer {
   TrainResult run();
   // The loss and accuracy of the model on `data` (this rank, no collective).
   Evaluation evaluate(const runtime::data::Dataset& data);
+  // The learning-rate schedule with the run's defaults filled in; nullptr without one.
+  const nn::LrSchedule* lrSchedule() const { return schedule_ ? &*schedule_ : nullptr; }
   // This rank's loader (its shard of the training set).
   const runtime::data::DataLoader& loader() const { return loader_; }
 
@@ -140,6 +159,7 @@ class Trainer {
   TrainResult alreadyDone(const Position& pos, Clock::time_point start);
   // Whether to stop now: this rank's request, agreed with the others (see the header comment).
   bool stopAgreed(int64_t step, bool epochEnd);
+  void checkCheckpointDestination();
   void saveCheckpoint(const Position& pos);
   bool loadCheckpoint(Position& pos);
   // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
@@ -156,6 +176,7 @@ class Trainer {
   TrainerOptions options_;
   TrainerCallbacks callbacks_;
   runtime::Rng rng_;
+  std::optional<nn::LrSchedule> schedule_;
   bool userStop_ = false;     // a callback asked to stop
   double trainSeconds_ = 0;   // this rank's, over the epochs run in this process
   int64_t trainedSamples_ = 0;

@@ -152,6 +152,16 @@ TEST_F(AllreduceCliTest, CohortrunMpirunAndSlurmVariablesSeeTheSameRanksAndAccur
   EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
 }
 
+// Issue 15: huge timeouts (inf too) mean "wait very long"; they used to overflow and fail at the
+// first wait ("timed out after -9223372036854776.0 s").
+TEST_F(AllreduceCliTest, HugeTimeoutsWaitInsteadOfOverflowing) {
+  for (const char* timeout : {"inf", "1e10"}) {
+    CommandResult r = run(cohortrun(2), trainArgs({"--mode", "allreduce", "--max-steps", "20", "--timeout", timeout}));
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_EQ(parseResultLine(r.stdoutText).count, 1) << r.describe();
+  }
+}
+
 TEST_F(AllreduceCliTest, Sigusr1MakesEveryRankStopAtOneStepCheckpointAndExitCleanly) {
   // cohortrun forwards SIGUSR1 (as SLURM's --signal does through srun); the workers agree on a step,
   // rank 0 checkpoints and all exit 0; the same command with --resume then finishes the epochs.
@@ -170,11 +180,13 @@ TEST_F(AllreduceCliTest, Sigusr1MakesEveryRankStopAtOneStepCheckpointAndExitClea
   EXPECT_NE(r.stdoutText.find("continue with the same command and --resume"), std::string::npos) << r.stdoutText;
   ResultLine stopped = parseResultLine(r.stdoutText);
   ASSERT_EQ(stopped.count, 1) << r.stdoutText;
-  EXPECT_LT(stopped.number("epochs"), 3 + 1);
+  EXPECT_EQ(stopped.fields["stopped"], "signal") << r.stdoutText;
+  EXPECT_LT(stopped.number("epochs"), 3) << "epochs= counts completed epochs only";
   CommandResult resumed = run(cohortrun(2), job);
   ASSERT_EQ(resumed.exitCode, 0) << resumed.describe();
   EXPECT_NE(resumed.stdoutText.find("resumed from " + ckpt), std::string::npos) << resumed.stdoutText;
   EXPECT_EQ(parseResultLine(resumed.stdoutText).number("epochs"), 3);
+  EXPECT_FALSE(parseResultLine(resumed.stdoutText).has("stopped")) << resumed.stdoutText;
   EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
 }
 

@@ -57,6 +57,9 @@ class CliCheckpointTest : public ::testing::Test {
 TEST_F(CliCheckpointTest, StoppedInSecondEpochResumesBitExactly) {
   ResultLine stopped = expectSuccess(run(path("b.st"), {"--max-steps", "1200"}));
   ASSERT_TRUE(fileExists(path("b.st")));
+  // A stopped run says so, and counts only the epochs it completed.
+  EXPECT_EQ(stopped.fields["stopped"], "max_steps");
+  EXPECT_EQ(stopped.fields["epochs"], "1");
   EXPECT_NE(readFile(path("a.st")), readFile(path("b.st"))) << "the stopped run's checkpoint is mid-epoch 2";
   EXPECT_NE(stopped.fields["train_loss"], uninterrupted_.fields["train_loss"]);
 
@@ -68,11 +71,30 @@ TEST_F(CliCheckpointTest, StoppedInSecondEpochResumesBitExactly) {
 
 TEST_F(CliCheckpointTest, PeriodicCheckpointsStoppedInFirstEpochResumeBitExactly) {
   ResultLine stopped = expectSuccess(run(path("c.st"), {"--checkpoint-every", "100", "--max-steps", "250"}));
-  EXPECT_EQ(stopped.fields["epochs"], "1");
+  EXPECT_EQ(stopped.fields["epochs"], "0") << "no epoch was completed";
+  EXPECT_EQ(stopped.fields["stopped"], "max_steps");
   ResultLine resumed = expectSuccess(run(path("c.st"), {"--checkpoint-every", "100", "--resume"}));
+  EXPECT_FALSE(resumed.has("stopped")) << "a finished run has no stopped= field";
   EXPECT_TRUE(readFile(path("a.st")) == readFile(path("c.st"))) << "a.st and c.st differ";
   expectSameOutcome(uninterrupted_, resumed);
   expectNoTemporaryFiles(dir_);
+}
+
+// Issue 16: a run stopped mid-schedule (cosine after warmup) and resumed ends bit for bit where the
+// uninterrupted one does: the learning rate is a function of the optimizer's step, which the
+// checkpoint holds.
+TEST_F(CliCheckpointTest, AScheduleResumesBitExactly) {
+  const std::vector<std::string> schedule = {"--lr-schedule", "cosine", "--warmup-steps", "100", "--min-lr", "0.001"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), schedule.begin(), schedule.end());
+    return extra;
+  };
+  ResultLine whole = expectSuccess(run(path("s1.st"), with({})));
+  EXPECT_NE(whole.fields["train_loss"], uninterrupted_.fields["train_loss"]) << "the schedule changed nothing";
+  expectSuccess(run(path("s2.st"), with({"--max-steps", "1000"})));
+  ResultLine resumed = expectSuccess(run(path("s2.st"), with({"--resume"})));
+  EXPECT_TRUE(readFile(path("s1.st")) == readFile(path("s2.st"))) << "s1.st and s2.st differ";
+  expectSameOutcome(whole, resumed);
 }
 
 // Resuming a finished run trains nothing more and keeps the checkpoint as it was.

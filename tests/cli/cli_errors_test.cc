@@ -4,6 +4,7 @@
 // file, and a corrupt checkpoint given to --resume byte for byte unchanged.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -89,10 +90,65 @@ TEST_F(CliErrorsTest, BadNumbers) {
   expectInputError(withOutputs({"--epochs", "0"}), {"--epochs", "0"});
 }
 
+// Issue 15: a negative seed, absurd thread counts and timeouts that are not positive numbers.
+TEST_F(CliErrorsTest, OutOfRangeSeedThreadsAndTimeout) {
+  expectInputError(withOutputs({"--seed", "-1"}), {"--seed", "-1"});
+  // expectInputError passes --threads 1 itself: these run alone.
+  for (const char* threads : {"0", "100000"}) {
+    CommandResult r = runCohort({"train", "--threads", threads, "--epochs", "1"});
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_NE(r.stderrText.find(std::string("--threads must be 1..1024 BLAS threads per worker, got ") + threads),
+              std::string::npos)
+        << r.describe();
+  }
+  expectInputError(withOutputs({"--timeout", "0"}), {"--timeout", "positive"});
+  expectInputError(withOutputs({"--timeout", "-5"}), {"--timeout", "-5"});
+  expectInputError(withOutputs({"--timeout", "nan"}), {"--timeout", "nan"});
+}
+
+// Issue 15: the checkpoint's directory is checked before any training (it used to fail after the
+// first epoch).
+TEST_F(CliErrorsTest, AnUnwritableCheckpointDestinationFailsBeforeTraining) {
+  writeTinyCsv();
+  for (const std::string& where : {std::string("/nonexistent/dir/c.st"), dir_ + "/tiny.csv/c.st"}) {
+    std::vector<std::string> argv = {"train", "--threads", "1", "--data", "csv:" + dir_ + "/tiny.csv", "--model", "mlp:3,3",
+                                     "--epochs", "1", "--batch-size", "16", "--checkpoint", where};
+    CommandResult r = runCohort(argv);
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_NE(r.stderrText.find(where + ": cannot write checkpoints into"), std::string::npos) << r.describe();
+    EXPECT_EQ(r.stdoutText.find("epoch 1"), std::string::npos) << "trained before checking\n" << r.describe();
+  }
+}
+
+// Issue 15: temporary files of writers killed mid-write are removed by the next run that writes
+// that checkpoint; a live writer's never.
+TEST_F(CliErrorsTest, ARunRemovesTheTemporaryCheckpointsOfKilledWriters) {
+  writeTinyCsv();
+  pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_GT(gone, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(gone, &status, 0), gone);
+  const std::string orphan = dir_ + "/.c.st.tmp." + std::to_string(gone);
+  const std::string mine = dir_ + "/.c.st.tmp." + std::to_string(::getpid());  // alive: this test
+  writeFile(orphan, std::string(4096, 'x'));
+  writeFile(mine, "being written");
+  CommandResult r = runCohort({"train", "--threads", "1", "--data", "csv:" + dir_ + "/tiny.csv", "--model", "mlp:3,3",
+                               "--epochs", "1", "--batch-size", "16", "--checkpoint", dir_ + "/c.st"});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find("removed 1 temporary checkpoint file(s) of " + dir_ + "/c.st"), std::string::npos) << r.describe();
+  EXPECT_FALSE(fileExists(orphan));
+  EXPECT_TRUE(fileExists(mine));
+  EXPECT_TRUE(fileExists(dir_ + "/c.st"));
+}
+
 TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError(withOutputs({"--mode", "bogus"}), {"--mode", "bogus"});
   expectInputError({"--resume"}, {"--resume", "--checkpoint"});
   expectInputError({"--resume", "--metrics", dir_ + "/metrics.jsonl"}, {"--resume", "--checkpoint"});
+  // Hogwild's limits name the modes that have what it lacks.
+  expectInputError(withOutputs({"--mode", "hogwild", "--max-steps", "5"}),
+                   {"--max-steps", "step together (--mode local or allreduce)"});
 }
 
 // Errors found by the flag parser (CLI11) follow the same one-line contract.

@@ -70,6 +70,34 @@ class HogwildCliTest : public ShmDirTest {
   }
 };
 
+// Issue 15: a checkpoint resumed in another mode names both jobs (it used to say "no tensor
+// 'optimizer.rank0.momentum_buffer'"), both ways round.
+TEST_F(HogwildCliTest, ResumingInAnotherModeNamesBothJobs) {
+  const std::string ckpt = freshTempDir() + "/c.st";
+  auto args = [&](const std::string& mode, bool resume) {
+    std::vector<std::string> a = trainArgs({"--checkpoint", ckpt}, "mlp:784,16,10");
+    a[3] = mode;  // after "--mode"
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  CommandResult first = cohortrun(2, args("allreduce", false));
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+  CommandResult r = cohortrun(2, args("hogwild", true));
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find(ckpt + ": checkpoint was written by an allreduce job of 2 ranks, and this is a hogwild "
+                                     "job of 2 ranks: Hogwild keeps an optimizer state per worker"),
+            std::string::npos)
+      << r.describe();
+  ASSERT_EQ(::unlink(ckpt.c_str()), 0);
+  ASSERT_EQ(cohortrun(2, args("hogwild", false)).exitCode, 0);
+  r = cohortrun(2, args("allreduce", true));
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find("written by a hogwild job of 2 ranks, and this is an allreduce job of 2 ranks"),
+            std::string::npos)
+      << r.describe();
+  EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+}
+
 TEST_F(HogwildCliTest, TwoWorkersReachTorchHogwildAccuracy) { expectTrained(2); }
 TEST_F(HogwildCliTest, FourWorkersReachTorchHogwildAccuracy) { expectTrained(4); }
 

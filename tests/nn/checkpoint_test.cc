@@ -1,6 +1,8 @@
 #include "nn/checkpoint.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -578,6 +580,103 @@ TEST_F(CheckpointTest, ReadersAndKilledWritersNeverSeeATornFile) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status)) << "writer exited early with status " << status;
   expectComplete();
+}
+
+// A process that holds a temporary file until it is killed. `lock`: as a writer of this version
+// does; without, as an older writer that took no lock.
+class TemporaryHolder {
+ public:
+  TemporaryHolder(const std::string& file, bool lock) {
+    int ready[2];
+    EXPECT_EQ(::pipe(ready), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(ready[0]);
+      int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || ::write(fd, "partial", 7) != 7 || (lock && ::flock(fd, LOCK_EX) != 0)) ::_exit(1);
+      char c = 1;
+      if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+      for (;;) ::pause();
+    }
+    ::close(ready[1]);
+    char c = 0;
+    EXPECT_EQ(::read(ready[0], &c, 1), 1) << "the holder did not start";
+    ::close(ready[0]);
+  }
+  ~TemporaryHolder() { kill(); }
+  pid_t pid() const { return pid_; }
+  // SIGKILL, as a writer killed mid-write (its lock goes with it), then reaped.
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -pid_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+TEST_F(CheckpointTest, AWriterRemovesTheTemporaryFilesOfKilledWritersAndNeverALiveOnes) {
+  const std::string prefix = dir_ + "/.model.safetensors.tmp.";
+  // A writer killed mid-write: its file stays, its process is gone.
+  TemporaryHolder killed(prefix + "0", true);
+  const pid_t killedPid = killed.pid();
+  const std::string orphan = prefix + std::to_string(killedPid);
+  ASSERT_EQ(::rename((prefix + "0").c_str(), orphan.c_str()), 0);
+  killed.kill();
+  // Writers still at work: this version's (holds the lock) and an older one's (no lock, alive).
+  TemporaryHolder live(prefix + "live", true);
+  const std::string liveFile = prefix + std::to_string(live.pid());
+  ASSERT_EQ(::rename((prefix + "live").c_str(), liveFile.c_str()), 0);
+  TemporaryHolder old(prefix + "old", false);
+  const std::string oldFile = prefix + std::to_string(old.pid());
+  ASSERT_EQ(::rename((prefix + "old").c_str(), oldFile.c_str()), 0);
+  // Not temporaries of this checkpoint.
+  for (const std::string& other : {prefix + "x1", dir_ + "/.other.safetensors.tmp." + std::to_string(killedPid)}) {
+    std::ofstream(other) << "keep";
+  }
+  ASSERT_TRUE(std::filesystem::exists(orphan));
+  writeSample();
+  EXPECT_FALSE(std::filesystem::exists(orphan)) << "a killed writer's temporary file survived";
+  EXPECT_TRUE(std::filesystem::exists(liveFile)) << "a live writer's temporary file was removed";
+  EXPECT_TRUE(std::filesystem::exists(oldFile)) << "an older live writer's temporary file was removed";
+  EXPECT_TRUE(std::filesystem::exists(prefix + "x1"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/.other.safetensors.tmp." + std::to_string(killedPid)));
+  // Once they are gone too, the next run's start-up check clears them.
+  live.kill();
+  old.kill();
+  EXPECT_EQ(prepareCheckpointDestination(path_), 2u);
+  EXPECT_FALSE(std::filesystem::exists(liveFile));
+  EXPECT_FALSE(std::filesystem::exists(oldFile));
+}
+
+TEST_F(CheckpointTest, TheDestinationIsCheckedBeforeAnythingIsWritten) {
+  EXPECT_EQ(prepareCheckpointDestination(path_), 0u);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) left.push_back(e.path().filename());
+  EXPECT_TRUE(left.empty()) << "the probe file stayed: " << left.front();
+  auto messageFor = [](const std::string& path) {
+    try {
+      prepareCheckpointDestination(path);
+    } catch (const IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string m = messageFor(dir_ + "/missing/c.st");
+  EXPECT_NE(m.find(dir_ + "/missing/c.st: cannot write checkpoints into directory " + dir_ + "/missing"), std::string::npos) << m;
+  EXPECT_NE(m.find("No such file or directory"), std::string::npos) << m;
+  writeSample();
+  m = messageFor(path_ + "/c.st");
+  EXPECT_NE(m.find("not a directory"), std::string::npos) << m;
+  if (::geteuid() != 0) {  // root writes anywhere
+    const std::string ro = dir_ + "/ro";
+    ASSERT_EQ(::mkdir(ro.c_str(), 0500), 0);
+    m = messageFor(ro + "/c.st");
+    EXPECT_NE(m.find("Permission denied"), std::string::npos) << m;
+  }
 }
 
 }  // namespace
