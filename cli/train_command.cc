@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -51,6 +52,10 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--nesterov", f.nesterov, "Nesterov momentum (SGD)");
   c.add_option("--lr-schedule", f.lrSchedule,
                "constant | step | cosine: the learning rate of each optimizer step (PyTorch's StepLR, CosineAnnealingLR)")
+      ->capture_default_str();
+  c.add_option("--scale-lr", f.scaleLr,
+               "none | linear | sqrt: in allreduce, multiply --lr by the workers (linear) or its square root: the "
+               "effective batch is workers x --batch-size (docs/api.md, 'The effective batch')")
       ->capture_default_str();
   c.add_option("--warmup-steps", f.warmupSteps, "optimizer steps of linear warmup from 0 before the schedule")
       ->capture_default_str();
@@ -168,10 +173,24 @@ void checkFits(const nn::Model& model, const data::Dataset& d, bool classificati
 
 namespace {
 
-nn::OptimizerOptions optimizerOptions(const TrainFlags& f) {
+// The samples one optimizer step of the job averages over, as a multiple of one worker's batch:
+// every worker's in allreduce; one worker's in local and Hogwild (each worker applies its own).
+int batchFactor(const TrainFlags& f, const runtime::WorldInfo& world) { return f.mode == "allreduce" ? world.worldSize : 1; }
+
+// --lr after --scale-lr: the linear rule (Goyal et al.; Horovod's and PyTorch's guides) or its
+// square root, from the batch of one worker to the effective batch.
+double scaledLr(const TrainFlags& f, const runtime::WorldInfo& world) {
+  const double k = batchFactor(f, world);
+  if (f.scaleLr == "none") return f.lr;
+  if (f.scaleLr == "linear") return f.lr * k;
+  if (f.scaleLr == "sqrt") return f.lr * std::sqrt(k);
+  COHORT_THROW(InvalidArgument) << "unknown --scale-lr '" << f.scaleLr << "': expected none, linear or sqrt";
+}
+
+nn::OptimizerOptions optimizerOptions(const TrainFlags& f, double lr) {
   nn::OptimizerOptions opt;
   opt.kind = nn::parseOptimizerKind(f.optimizer);
-  opt.lr = static_cast<float>(f.lr);
+  opt.lr = static_cast<float>(lr);
   opt.momentum = static_cast<float>(f.momentum);
   opt.nesterov = f.nesterov;
   opt.weightDecay = static_cast<float>(f.weightDecay >= 0 ? f.weightDecay : opt.kind == nn::OptimizerKind::kAdamW ? 0.01 : 0.0);
@@ -179,15 +198,33 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f) {
 }
 
 // --lr-schedule and its flags; nothing for a constant rate without warmup (the optimizer's own).
-std::optional<nn::LrScheduleOptions> lrScheduleOptions(const TrainFlags& f) {
+std::optional<nn::LrScheduleOptions> lrScheduleOptions(const TrainFlags& f, double lr) {
   const nn::LrScheduleKind kind = nn::parseLrScheduleKind(f.lrSchedule);
   if (kind == nn::LrScheduleKind::kConstant && f.warmupSteps == 0) return std::nullopt;
   return nn::LrScheduleOptions{.kind = kind,
-                               .baseLr = f.lr,
+                               .baseLr = lr,
                                .warmupSteps = f.warmupSteps,
                                .minLr = f.minLr,
                                .stepSize = f.stepSize,
                                .gamma = f.gamma};
+}
+
+// One line on what a step of the job averages over, and what that means for the learning rate
+// (8 workers at one worker's --lr trained to 0.29 where one worker reached 0.75, with nothing saying why).
+void reportEffectiveBatch(const runtime::Logger& log, const TrainFlags& f, const runtime::WorldInfo& world, double lr) {
+  if (world.isSingle()) return;
+  const int k = batchFactor(f, world);
+  if (f.mode == "hogwild") {
+    log.info() << "each of the " << world.worldSize << " Hogwild workers applies its own steps of batch " << f.batchSize;
+    return;
+  }
+  auto line = log.info();
+  line << "effective batch " << k * f.batchSize << " (" << k << " workers x " << f.batchSize << ")";
+  if (f.scaleLr != "none") {
+    line << ": --lr " << f.lr << " scaled " << (f.scaleLr == "linear" ? "linearly" : "by the square root") << " to " << lr;
+  } else {
+    line << ": one worker's --lr; for the same progress per sample consider --scale-lr linear with --warmup-steps";
+  }
 }
 
 // SIGUSR1 (SLURM sends it before the time limit with --signal=USR1@SECONDS; cohortrun forwards it)
@@ -274,7 +311,8 @@ int runTrain(const TrainFlags& f) {
                  world);
 
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
-  auto optimizer = nn::makeOptimizer(optimizerOptions(f), model->params.numel(), job.gpu());
+  const double lr = scaledLr(f, world);
+  auto optimizer = nn::makeOptimizer(optimizerOptions(f, lr), model->params.numel(), job.gpu());
   std::unique_ptr<data::Dataset> trainSet = data::openDataset(f.data, data::Split::kTrain);
   std::unique_ptr<data::Dataset> testSet = world.rank == 0 ? openTestSet(f) : nullptr;
   checkFits(*model, *trainSet, classification);
@@ -294,15 +332,16 @@ int runTrain(const TrainFlags& f) {
                           .maxSteps = f.maxSteps,
                           .stopRequested = &gStopRequested,
                           .metricsPath = f.metrics,
-                          .lrSchedule = lrScheduleOptions(f)});
+                          .lrSchedule = lrScheduleOptions(f, lr)});
   const bool hogwild = job.options().mode == train::Mode::kHogwild;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
              << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "
              << trainSet->name() << " (" << trainer.loader().samplesPerEpoch() << " samples per epoch"
              << (testSet ? ", test " + std::to_string(testSet->size()) : std::string()) << "), " << optimizer->name()
-             << " lr " << f.lr << (trainer.lrSchedule() ? " (" + trainer.lrSchedule()->describe() + ")" : std::string())
+             << " lr " << lr << (trainer.lrSchedule() ? " (" + trainer.lrSchedule()->describe() + ")" : std::string())
              << ", batch " << f.batchSize << ", "
              << (job.device().isCuda() ? "on " + job.device().str() : std::to_string(f.threads) + " BLAS thread(s)");
+  reportEffectiveBatch(log, f, world, lr);
   if (trainer.loader().prefetchDepth() < f.prefetch) {
     log.info() << "--prefetch " << f.prefetch << " capped at " << trainer.loader().prefetchDepth()
                << " batches (the batches per epoch of this worker, and at most 256 MiB of batches ahead)";

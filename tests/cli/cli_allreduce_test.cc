@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -160,6 +161,23 @@ TEST_F(AllreduceCliTest, HugeTimeoutsWaitInsteadOfOverflowing) {
     EXPECT_EQ(r.exitCode, 0) << r.describe();
     EXPECT_EQ(parseResultLine(r.stdoutText).count, 1) << r.describe();
   }
+}
+
+// Issue 16: the start-up line states the effective batch; --scale-lr linear is --lr x workers.
+TEST_F(AllreduceCliTest, TheEffectiveBatchIsStatedAndScaleLrAppliesTheLinearRule) {
+  const std::string scaled = dir_ + "/scaled.st", plain = dir_ + "/plain.st";
+  CommandResult a = run(cohortrun(2), trainArgs({"--mode", "allreduce", "--max-steps", "20", "--scale-lr", "linear",
+                                                 "--checkpoint", scaled}));
+  ASSERT_EQ(a.exitCode, 0) << a.describe();
+  EXPECT_NE(a.stdoutText.find("[rank 0] effective batch 128 (2 workers x 64): --lr 0.05 scaled linearly to 0.1"),
+            std::string::npos)
+      << a.stdoutText;
+  std::vector<std::string> args = trainArgs({"--mode", "allreduce", "--max-steps", "20", "--checkpoint", plain});
+  args[std::find(args.begin(), args.end(), "--lr") - args.begin() + 1] = "0.1";
+  CommandResult b = run(cohortrun(2), args);
+  ASSERT_EQ(b.exitCode, 0) << b.describe();
+  EXPECT_NE(b.stdoutText.find("effective batch 128 (2 workers x 64): one worker's --lr"), std::string::npos) << b.stdoutText;
+  EXPECT_TRUE(readFile(scaled) == readFile(plain)) << "--scale-lr linear with --lr 0.05 differs from --lr 0.1";
 }
 
 TEST_F(AllreduceCliTest, Sigusr1MakesEveryRankStopAtOneStepCheckpointAndExitCleanly) {
