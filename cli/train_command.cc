@@ -53,6 +53,10 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--lr-schedule", f.lrSchedule,
                "constant | step | cosine: the learning rate of each optimizer step (PyTorch's StepLR, CosineAnnealingLR)")
       ->capture_default_str();
+  c.add_option("--accumulate-steps", f.accumulateSteps,
+               "micro-batches of --batch-size per optimizer step: gradients summed and averaged, only the last "
+               "all-reduced (DDP's no_sync); the epoch's samples and order are unchanged")
+      ->capture_default_str();
   c.add_option("--scale-lr", f.scaleLr,
                "none | linear | sqrt: in allreduce, multiply --lr by the workers (linear) or its square root: the "
                "effective batch is workers x --batch-size (docs/api.md, 'The effective batch')")
@@ -133,6 +137,7 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
+  if (f.accumulateSteps < 1) COHORT_THROW(InvalidArgument) << "--accumulate-steps must be at least 1, got " << f.accumulateSteps;
   if (f.prefetch < 0) COHORT_THROW(InvalidArgument) << "--prefetch must be >= 0, got " << f.prefetch;
   if (f.maxSteps < 0) COHORT_THROW(InvalidArgument) << "--max-steps must be >= 0";
   if (f.checkpointEvery < 0) COHORT_THROW(InvalidArgument) << "--checkpoint-every must be >= 0";
@@ -175,12 +180,14 @@ namespace {
 
 // The samples one optimizer step of the job averages over, as a multiple of one worker's batch:
 // every worker's in allreduce; one worker's in local and Hogwild (each worker applies its own).
-int batchFactor(const TrainFlags& f, const runtime::WorldInfo& world) { return f.mode == "allreduce" ? world.worldSize : 1; }
+int64_t batchFactor(const TrainFlags& f, const runtime::WorldInfo& world) {
+  return (f.mode == "allreduce" ? world.worldSize : 1) * f.accumulateSteps;
+}
 
 // --lr after --scale-lr: the linear rule (Goyal et al.; Horovod's and PyTorch's guides) or its
 // square root, from the batch of one worker to the effective batch.
 double scaledLr(const TrainFlags& f, const runtime::WorldInfo& world) {
-  const double k = batchFactor(f, world);
+  const double k = static_cast<double>(batchFactor(f, world));
   if (f.scaleLr == "none") return f.lr;
   if (f.scaleLr == "linear") return f.lr * k;
   if (f.scaleLr == "sqrt") return f.lr * std::sqrt(k);
@@ -212,14 +219,18 @@ std::optional<nn::LrScheduleOptions> lrScheduleOptions(const TrainFlags& f, doub
 // One line on what a step of the job averages over, and what that means for the learning rate
 // (8 workers at one worker's --lr trained to 0.29 where one worker reached 0.75, with nothing saying why).
 void reportEffectiveBatch(const runtime::Logger& log, const TrainFlags& f, const runtime::WorldInfo& world, double lr) {
-  if (world.isSingle()) return;
-  const int k = batchFactor(f, world);
+  if (world.isSingle() && f.accumulateSteps == 1) return;
+  const std::string micro = f.accumulateSteps > 1 ? " x " + std::to_string(f.accumulateSteps) + " micro-batches" : "";
   if (f.mode == "hogwild") {
-    log.info() << "each of the " << world.worldSize << " Hogwild workers applies its own steps of batch " << f.batchSize;
+    log.info() << "each of the " << world.worldSize << " Hogwild workers applies its own steps of batch "
+               << f.batchSize * f.accumulateSteps << " (" << f.batchSize << micro << ")"
+               << (f.scaleLr != "none" ? ", --lr scaled to " + std::to_string(lr) : std::string());
     return;
   }
+  const int64_t workers = f.mode == "allreduce" ? world.worldSize : 1;
   auto line = log.info();
-  line << "effective batch " << k * f.batchSize << " (" << k << " workers x " << f.batchSize << ")";
+  line << "effective batch " << batchFactor(f, world) * f.batchSize << " (" << workers
+       << (workers == 1 ? " worker x " : " workers x ") << f.batchSize << micro << ")";
   if (f.scaleLr != "none") {
     line << ": --lr " << f.lr << " scaled " << (f.scaleLr == "linear" ? "linearly" : "by the square root") << " to " << lr;
   } else {
@@ -322,6 +333,7 @@ int runTrain(const TrainFlags& f) {
   train::Trainer trainer(job, *loss, *trainSet, testSet.get(),
                          {.epochs = f.epochs,
                           .batchSize = f.batchSize,
+                          .accumulateSteps = f.accumulateSteps,
                           .seed = f.seed,
                           .prefetch = f.prefetch,
                           .augment = f.augment ? data::kStandardAugment : data::Augment{},

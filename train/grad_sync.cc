@@ -63,6 +63,7 @@ void GradSync::gradsReady(size_t firstEntry, size_t endEntry) {
 void GradSync::start(size_t b) {
   float* slice = params_.grads().data() + buckets_[b].offset;
   work_[b] = comm_.allReduce(slice, slice, buckets_[b].count, {.op = collectives::ReduceOp::kAvg});
+  ++issued_;
 }
 
 void GradSync::finish() {

@@ -44,6 +44,8 @@ class GradSync final : public nn::GradReadyListener {
     size_t offset = 0, count = 0;         // slice of the flat buffer, in elements
   };
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Bucket all-reduces issued so far (a step with all buckets issues buckets().size()).
+  uint64_t allReducesIssued() const { return issued_; }
 
  private:
   void start(size_t bucket);
@@ -55,6 +57,7 @@ class GradSync final : public nn::GradReadyListener {
   std::vector<size_t> bucketOfEntry_;
   std::vector<size_t> pending_;  // entries not yet ready, per bucket
   std::vector<collectives::WorkPtr> work_;
+  uint64_t issued_ = 0;
 };
 
 }  // namespace cohort::train

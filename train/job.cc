@@ -314,6 +314,8 @@ void Job::checkPeers(std::chrono::milliseconds settle) {
   if (strategy_) strategy_->checkPeers(settle);
 }
 
+uint64_t Job::gradientReductions() const { return strategy_ ? strategy_->gradientReductions() : 0; }
+
 std::optional<runtime::AllocatorStats> Job::deviceMemoryStats() const {
 #ifdef COHORT_HAVE_CUDA
   if (gpu_) return gpu_->allocator().stats();

@@ -182,6 +182,10 @@ class Job {
   // After a failure in the loop: throws PeerError when the cause is a rank this one depends on
   // having gone (GPU Hogwild: the owner of the shared parameters), looking for up to `settle`.
   void checkPeers(std::chrono::milliseconds settle = std::chrono::seconds(1));
+  // How many times this rank has reduced gradients across ranks: bucket all-reduces (replicas,
+  // mpi, nccl) or sharded reductions (shm); 0 in local and Hogwild. With K micro-batches per step
+  // it grows once per step (per bucket), not K times.
+  uint64_t gradientReductions() const;
   // The GPU caching allocator's counters; nullopt on the CPU.
   std::optional<runtime::AllocatorStats> deviceMemoryStats() const;
 

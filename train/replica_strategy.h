@@ -24,6 +24,7 @@ class ReplicaStrategy final : public Strategy {
 
   nn::GradReadyListener* gradReady() override { return gradSync_.get(); }
   void step(float gradScale) override;
+  uint64_t gradientReductions() const override { return gradSync_->allReducesIssued(); }
   void barrier(const std::string& what) override;
   void reduce(std::span<double> values, ScalarOp op) override;
   SavedState saveState() override { return singleOptimizerState(optimizer_); }

@@ -24,6 +24,7 @@ void ShardedStrategy::step(float gradScale) {
       << "the sharded strategy steps the segment's own parameters and gradients";
   barrier("gradients");
   reduce_->setScale(gradScale);
+  ++reductions_;
   optimizer_.stepSlice(params_.values(), params_.grads(), reduce_->begin(), reduce_->end(), averageBlock_);
   barrier("parameters");
 }

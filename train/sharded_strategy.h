@@ -32,6 +32,7 @@ class ShardedStrategy final : public SegmentStrategy {
   explicit ShardedStrategy(const StrategyContext& context);
 
   void step(float gradScale) override;
+  uint64_t gradientReductions() const override { return reductions_; }
   SavedState saveState() override { return singleOptimizerState(optimizer_); }
   void loadState(const CheckpointReader& reader) override;
 
@@ -41,6 +42,7 @@ class ShardedStrategy final : public SegmentStrategy {
  private:
   std::unique_ptr<ipc::SharedParams> shared_;
   std::unique_ptr<collectives::ShardReduce> reduce_;
+  uint64_t reductions_ = 0;
   nn::Optimizer::BlockHook averageBlock_;
 };
 

@@ -76,6 +76,9 @@ class Strategy {
   // Throws PeerError when a rank this one depends on has gone (GPU Hogwild: the owner of the
   // shared parameters), looking for up to `settle` (see ipc::DeviceShare::throwIfOwnerLost).
   virtual void checkPeers(std::chrono::milliseconds settle) {}
+  // How many times this rank has reduced gradients across ranks (bucket all-reduces, or sharded
+  // reductions); 0 where gradients are never reduced (local, Hogwild).
+  virtual uint64_t gradientReductions() const { return 0; }
 };
 
 }  // namespace cohort::train

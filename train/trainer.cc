@@ -63,6 +63,7 @@ Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptio
           {"checkpoint_every", std::to_string(o.checkpointEvery)},
           {"resume", o.resume ? "yes" : "no"},
           {"max_steps", std::to_string(o.maxSteps)},
+          {"accumulate_steps", std::to_string(o.accumulateSteps)},
           {"lr_schedule", schedule ? schedule->describe() : "none"}};
 }
 
@@ -74,7 +75,7 @@ std::optional<nn::LrSchedule> makeSchedule(const TrainerOptions& o, const nn::Op
   if (s.baseLr == 0) s.baseLr = optimizer.options().lr;
   // Over the epochs, whatever maxSteps says: a run stopped by maxSteps and resumed follows the same
   // schedule as one that never stopped.
-  if (s.totalSteps == 0) s.totalSteps = o.epochs * batchesPerEpoch;
+  if (s.totalSteps == 0) s.totalSteps = o.epochs * ((batchesPerEpoch + o.accumulateSteps - 1) / o.accumulateSteps);
   return nn::LrSchedule(s);
 }
 
@@ -116,6 +117,9 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
                                      "(and checkpoint) only at the end of each epoch";
   }
   if (options_.epochs <= 0) COHORT_THROW(InvalidArgument) << "epochs must be positive, got " << options_.epochs;
+  if (options_.accumulateSteps < 1) {
+    COHORT_THROW(InvalidArgument) << "accumulateSteps must be at least 1, got " << options_.accumulateSteps;
+  }
   if ((options_.resume || options_.checkpointEvery > 0) && options_.checkpointPath.empty()) {
     COHORT_THROW(InvalidArgument) << (options_.resume ? "resume" : "checkpointEvery") << " needs a checkpoint path";
   }
@@ -173,8 +177,16 @@ TrainResult Trainer::run() {
     const auto epochStart = Clock::now();
     const int64_t samplesBefore = pos.samples;
     startEpoch(pos.epoch, pos.batch);
+    const int64_t batches = loader_.batchesPerEpoch(), k = options_.accumulateSteps;
+    int64_t groupSamples = 0;
+    double groupLoss = 0;
     for (runtime::data::Batch batch; nextBatch(batch);) {
-      const nn::Pass pass = job_.pass({.rng = &rng_});
+      // Micro-batch `micro` of the optimizer step that starts at batch `first`: groups of K from the
+      // epoch's start, the last one shorter when K does not divide the epoch. Only the group's last
+      // backward synchronises; the step averages the group (Job::pass).
+      const int64_t first = batch.index - batch.index % k;
+      const int micro = static_cast<int>(batch.index - first), group = static_cast<int>(std::min(k, batches - first));
+      const nn::Pass pass = job_.pass({.microBatch = micro, .microBatches = group, .rng = &rng_});
       const Tensor& out = model_.forward(batch.inputs, pass);
       double batchLoss = std::numeric_limits<double>::quiet_NaN();
       if (gpu) {
@@ -185,7 +197,10 @@ TrainResult Trainer::run() {
         pos.correct += loss_.correct();
       }
       pos.samples += batch.size;
+      groupSamples += batch.size;
+      groupLoss += batchLoss * static_cast<double>(batch.size);
       model_.backward(loss_.backward(), pass);
+      if (micro + 1 < group) continue;  // more micro-batches before this step
       // A pure function of the optimizer's step count, which checkpoints hold: a resumed run
       // continues the schedule exactly.
       if (schedule_) job_.optimizer().setLr(schedule_->lrAt(job_.optimizer().steps()));
@@ -193,10 +208,12 @@ TrainResult Trainer::run() {
       ++pos.step;
       pos.batch = batch.index + 1;
       if (callbacks_.onStepEnd &&
-          callbacks_.onStepEnd({.epoch = pos.epoch, .batch = batch.index, .step = pos.step, .samples = batch.size,
-                                .loss = batchLoss}) == Next::kStop) {
+          callbacks_.onStepEnd({.epoch = pos.epoch, .batch = batch.index, .step = pos.step, .samples = groupSamples,
+                                .loss = groupLoss / static_cast<double>(groupSamples)}) == Next::kStop) {
         userStop_ = true;
       }
+      groupSamples = 0;
+      groupLoss = 0;
       const bool midEpoch = pos.batch < loader_.batchesPerEpoch();
       if (stopAgreed(pos.step, false) && midEpoch) {
         log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): checkpointing at step "
@@ -385,6 +402,7 @@ void Trainer::saveCheckpoint(const Position& pos) {
                                          {"rng_counter", std::to_string(rng_.counter())},
                                          {"loader_seed", std::to_string(loader_.options().seed)},
                                          {"batch_size", std::to_string(loader_.options().batchSize)},
+                                         {"accumulate_steps", std::to_string(options_.accumulateSteps)},
                                          {"epoch_loss_sum", hexDouble(pos.lossSum)},
                                          {"epoch_correct", std::to_string(pos.correct)},
                                          {"epoch_samples", std::to_string(pos.samples)},
@@ -395,8 +413,11 @@ void Trainer::saveCheckpoint(const Position& pos) {
 
 bool Trainer::loadCheckpoint(Position& pos) {
   const std::string& path = options_.checkpointPath;
-  std::optional<nn::Metadata> meta = job_.load(path, {{"batch_size", std::to_string(loader_.options().batchSize)},
-                                                      {"loader_seed", std::to_string(loader_.options().seed)}});
+  nn::Metadata mustMatch = {{"batch_size", std::to_string(loader_.options().batchSize)},
+                             {"loader_seed", std::to_string(loader_.options().seed)}};
+  // Checkpoints from before accumulation was recorded resume with one micro-batch per step.
+  if (options_.accumulateSteps != 1) mustMatch["accumulate_steps"] = std::to_string(options_.accumulateSteps);
+  std::optional<nn::Metadata> meta = job_.load(path, mustMatch);
   if (!meta) {
     job_.log().info() << "no checkpoint at " << path << " yet: starting from scratch";
     return false;

@@ -2,7 +2,8 @@
 // model placed by a train::Job and any Dataset.
 //
 //   for epoch: loader.startEpoch(epoch, firstBatch)
-//     for batch: forward -> loss -> backward -> job.step() -> onStepEnd -> (checkpoint every N steps)
+//     for batch: forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
+//                -> (checkpoint every N steps)
 //     the job's mean loss and throughput; evaluate on the test set (rank 0); onEpochEnd; log one
 //     progress line; append one metrics line; checkpoint
 //
@@ -47,7 +48,11 @@ namespace cohort::train {
 
 struct TrainerOptions {
   int64_t epochs = 1;
-  int64_t batchSize = 64;        // samples per step and rank
+  int64_t batchSize = 64;        // samples per micro-batch and rank
+  // K >= 1 micro-batches per optimizer step: their gradients summed and scaled by 1/K (PyTorch's
+  // loss / K), and in allreduce only the last one synchronised (DDP's no_sync). The epoch's samples
+  // and their order are unchanged; its last step takes what is left when K does not divide it.
+  int64_t accumulateSteps = 1;
   uint64_t seed = 0;             // shuffling and dropout masks (initialisation is PlaceOptions::seed)
   int prefetch = 2;              // batches the loader's thread gathers ahead
   runtime::data::Augment augment = {};
@@ -73,8 +78,8 @@ struct StepReport {
   int64_t epoch = 0;      // from 0
   int64_t batch = 0;      // within the epoch, from 0
   int64_t step = 0;       // optimizer steps so far, this one included
-  int64_t samples = 0;    // in this batch
-  double loss = 0;        // this batch's mean loss on this rank; NaN on a GPU (read once per epoch there)
+  int64_t samples = 0;    // in this step's micro-batches
+  double loss = 0;        // their mean loss on this rank; NaN on a GPU (read once per epoch there)
 };
 
 struct EpochReport {

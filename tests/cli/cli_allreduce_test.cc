@@ -47,17 +47,20 @@ class AllreduceCliTest : public ShmDirTest {
 
   // Trains 20 steps N workers x batch b with `launcher`, and 1 worker x batch N*b, and compares.
   // `extra`: more flags for the N-worker job (e.g. --replicas).
+  // `accumulate`: K micro-batches of b per step for the N workers, against one worker's batch of N·K·b.
   void expectEquivalent(const std::vector<std::string>& launcher, int n, const std::string& backend,
-                        const std::vector<std::string>& extra = {}) {
+                        const std::vector<std::string>& extra = {}, int accumulate = 1) {
     const int b = 16;
     std::string many = dir_ + "/many.st", one = dir_ + "/one.st";
-    std::vector<std::string> args = {"--mode", "allreduce", "--backend", backend, "--batch-size", std::to_string(b),
-                                     "--max-steps", "20", "--checkpoint", many};
+    std::vector<std::string> args = {"--batch-size", std::to_string(b), "--max-steps", "20", "--checkpoint", many};
+    if (!launcher.empty()) args.insert(args.end(), {"--mode", "allreduce", "--backend", backend});
     args.insert(args.end(), extra.begin(), extra.end());
-    CommandResult r = run(launcher, trainArgs(args));
+    if (accumulate > 1) args.insert(args.end(), {"--accumulate-steps", std::to_string(accumulate)});
+    CommandResult r = launcher.empty() ? runCommand(trainArgs(args), {.timeout = std::chrono::seconds(240)})
+                                       : run(launcher, trainArgs(args));
     ASSERT_EQ(r.exitCode, 0) << r.describe();
     CommandResult s = runCohort({"train", "--data", "synthetic", "--model", "mlp:784,64,10", "--lr", "0.05", "--momentum", "0.9",
-                                 "--seed", "5", "--threads", "1", "--batch-size", std::to_string(n * b), "--max-steps", "20",
+                                 "--seed", "5", "--threads", "1", "--batch-size", std::to_string(n * b * accumulate), "--max-steps", "20",
                                  "--checkpoint", one});
     ASSERT_EQ(s.exitCode, 0) << s.describe();
     nn::Checkpoint a = nn::readCheckpoint(many), c = nn::readCheckpoint(one);
@@ -77,6 +80,17 @@ class AllreduceCliTest : public ShmDirTest {
     EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
   }
 };
+
+// Issue 16: K micro-batches per step equal one batch of K times the samples (20 steps, 1e-5), alone
+// (mode local), and with 2 and 3 workers over shm (sharded and replicas) and mpi.
+TEST_F(AllreduceCliTest, AccumulatedMicroBatchesEqualOneBatchAlone) {
+  expectEquivalent({}, 1, "", {"--mode", "local"}, 4);
+}
+TEST_F(AllreduceCliTest, AccumulatedMicroBatchesEqualOneBatchWithTwoAndThreeWorkers) {
+  expectEquivalent(cohortrun(2), 2, "shm", {}, 2);
+  expectEquivalent(cohortrun(3), 3, "shm", {"--replicas"}, 3);
+  expectEquivalent(mpirun(2), 2, "mpi", {}, 2);
+}
 
 TEST_F(AllreduceCliTest, TwoShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(2), 2, "shm"); }
 TEST_F(AllreduceCliTest, ThreeShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(3), 3, "shm"); }

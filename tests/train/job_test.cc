@@ -43,6 +43,7 @@ struct Run {
   JobOptions job;
   int64_t batch = 16;  // per rank and micro-batch
   int microBatches = 1;
+  int64_t expectReductions = -1;  // >= 0: the job's gradientReductions() at the end must be this
   int64_t steps = 12;
   nn::OptimizerKind optimizer = nn::OptimizerKind::kSgd;
   std::string saveAt;     // checkpoint path written after `saveAfter` steps
@@ -86,6 +87,12 @@ int trainRank(const Run& run, const runtime::WorldInfo& world) {
     if (step == run.saveAfter) job.save(run.saveAt, {{"step", std::to_string(step)}});
   }
   if (!run.finalPath.empty()) job.save(run.finalPath, {{"step", std::to_string(step)}});
+  // Accumulation synchronises once per step: one reduction per step and bucket, whatever K.
+  if (run.expectReductions >= 0 && job.gradientReductions() != static_cast<uint64_t>(run.expectReductions)) {
+    std::fprintf(stderr, "%llu gradient reductions, expected %lld\n", static_cast<unsigned long long>(job.gradientReductions()),
+                 static_cast<long long>(run.expectReductions));
+    return 50;
+  }
   job.barrier("done");
   return 0;
 }
@@ -148,9 +155,9 @@ TEST_F(JobTest, MicroBatchesAccumulateLikeOneBatch) {
   train(1, {.batch = 8, .microBatches = 4, .finalPath = path("micro.st")});
   EXPECT_LE(worstDifference(path("whole.st"), path("micro.st")), 1e-5);
   // With workers: 2 ranks x 2 micro-batches of 8 = one batch of 32 (sharded and replicas).
-  train(2, {.job = allreduce(false), .batch = 8, .microBatches = 2, .finalPath = path("sharded.st")});
+  train(2, {.job = allreduce(false), .batch = 8, .microBatches = 2, .expectReductions = 12, .finalPath = path("sharded.st")});
   EXPECT_LE(worstDifference(path("whole.st"), path("sharded.st")), 1e-5);
-  train(2, {.job = allreduce(true), .batch = 8, .microBatches = 2, .finalPath = path("replicas.st")});
+  train(2, {.job = allreduce(true), .batch = 8, .microBatches = 2, .expectReductions = 12, .finalPath = path("replicas.st")});
   EXPECT_LE(worstDifference(path("whole.st"), path("replicas.st")), 1e-5);
 }
 
