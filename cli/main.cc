@@ -1,5 +1,6 @@
 // cohort: the worker program. Subcommands:
 //   train    train a model (cli/train_command.h)
+//   eval     a checkpoint's loss and accuracy on data; predict: its predictions (cli/eval_command.h)
 //   devices  list the CPU and CUDA devices of this machine
 //   bench    benchmarks (bench/)
 // and --version ("cohort MAJOR.MINOR.PATCH", from VERSION: runtime/version.h).
@@ -13,6 +14,7 @@
 
 #include "bench/allreduce_bench.h"   // cohort bench allreduce
 #include "bench/train_bench.h"       // cohort bench train
+#include "cli/eval_command.h"        // cohort eval, cohort predict
 #include "cli/train_command.h"       // cohort train
 #include "runtime/device_query.h"    // cohort devices
 #include "runtime/error.h"           // exit codes
@@ -29,6 +31,11 @@ int run(int argc, char** argv) {
   cli::TrainFlags trainFlags;
   CLI::App* train = app.add_subcommand("train", "train a model");
   cli::addTrainFlags(*train, trainFlags);
+  cli::EvalFlags evalFlags, predictFlags;
+  CLI::App* eval = app.add_subcommand("eval", "a checkpoint's loss and accuracy on data");
+  cli::addEvalFlags(*eval, evalFlags, false);
+  CLI::App* predict = app.add_subcommand("predict", "a checkpoint's predictions for data, as CSV");
+  cli::addEvalFlags(*predict, predictFlags, true);
   CLI::App* devices = app.add_subcommand("devices", "list CPU and CUDA devices");
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -46,6 +53,8 @@ int run(int argc, char** argv) {
     throw InvalidArgument(std::string(e.what()) + " (run with --help for usage)");
   }
   if (train->parsed()) return cli::runTrain(trainFlags);
+  if (eval->parsed()) return cli::runEval(evalFlags);
+  if (predict->parsed()) return cli::runPredict(predictFlags);
   if (devices->parsed()) {
     std::string whyNone;
     auto cuda = runtime::cudaDevices(&whyNone);

@@ -28,6 +28,7 @@
 
 // The job and its loop.
 #include "train/job.h"      // train::Job: world, device, parameter placement, step, collectives, checkpoints
+#include "train/evaluate.h"  // train::evaluate, loadWeights: a trained model without a job
 #include "train/trainer.h"  // train::Trainer: the ready-made loop (epochs, evaluation, callbacks, resume)
 
 // Networks: the Module contract, compositions, layers.

@@ -346,11 +346,9 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
 }
 
 Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
-  const nn::Pass pass = job_.evalPass();
-  double lossSum = 0;
-  int64_t correct = 0;
-  const int64_t n = data.size();
 #ifdef COHORT_HAVE_CUDA
+  const nn::Pass pass = job_.evalPass();
+  const int64_t n = data.size();
   if (job_.gpu()) {
     // Chunks are copied to the device one at a time (evaluation is not the hot loop).
     auto& gpu = *job_.gpu();
@@ -369,13 +367,7 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
     return {n ? sums.loss / static_cast<double>(n) : 0, n ? static_cast<double>(sums.correct) / static_cast<double>(n) : 0};
   }
 #endif
-  for (int64_t first = 0; first < n; first += options_.evalBatchSize) {
-    int64_t count = std::min(options_.evalBatchSize, n - first);
-    const Tensor& out = model_.forward(data.inputs().narrowRows(first, count), pass);
-    lossSum += static_cast<double>(loss_.forward(out, data.targets().narrowRows(first, count))) * static_cast<double>(count);
-    correct += loss_.correct();
-  }
-  return {n ? lossSum / static_cast<double>(n) : 0, n ? static_cast<double>(correct) / static_cast<double>(n) : 0};
+  return train::evaluate(model_, loss_, data, options_.evalBatchSize);
 }
 
 void Trainer::appendMetrics(const EpochReport& r) const {
@@ -403,6 +395,7 @@ void Trainer::saveCheckpoint(const Position& pos) {
                                          {"loader_seed", std::to_string(loader_.options().seed)},
                                          {"batch_size", std::to_string(loader_.options().batchSize)},
                                          {"accumulate_steps", std::to_string(options_.accumulateSteps)},
+                                         {"task", options_.classification ? "classification" : "regression"},
                                          {"epoch_loss_sum", hexDouble(pos.lossSum)},
                                          {"epoch_correct", std::to_string(pos.correct)},
                                          {"epoch_samples", std::to_string(pos.samples)},

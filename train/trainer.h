@@ -42,6 +42,7 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/data/dataset.h"
 #include "runtime/random.h"
+#include "train/evaluate.h"
 #include "train/job.h"
 
 namespace cohort::train {
@@ -124,11 +125,6 @@ struct TrainResult {
   double samplesPerSec = 0;  // the job's training samples / training time (evaluation excluded)
   double wallSeconds = 0;
   double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
-};
-
-struct Evaluation {
-  double loss = 0;
-  double accuracy = 0;
 };
 
 class Trainer {

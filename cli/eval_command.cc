@@ -1,0 +1,145 @@
+#include "cli/eval_command.h"
+
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "nn/checkpoint.h"      // the checkpoint file
+#include "nn/loss.h"            // losses
+#include "nn/model_spec.h"      // the model, from the checkpoint's spec
+#include "runtime/cpu/blas.h"   // --threads
+#include "runtime/data/dataset.h"
+#include "runtime/error.h"
+#include "train/evaluate.h"     // evaluate, loadWeights
+
+namespace cohort::cli {
+
+namespace data = runtime::data;
+
+void addEvalFlags(CLI::App& c, EvalFlags& f, bool predict) {
+  c.add_option("--checkpoint", f.checkpoint, "a checkpoint written by cohort train (its model spec is read from it)")
+      ->required();
+  c.add_option("--data", f.data, "data: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE")
+      ->capture_default_str();
+  c.add_option("--split", f.split, "test | train: which split of --data (a CSV file is one split)")->capture_default_str();
+  if (predict) c.add_option("--output", f.output, "the CSV file of predictions to write")->required();
+  c.add_option("--batch-size", f.batchSize, "samples per forward pass")->capture_default_str();
+  c.add_option("--threads", f.threads, "BLAS threads")->capture_default_str();
+}
+
+namespace {
+
+// A trained model, the data it is applied to and the loss it was trained with.
+struct Applied {
+  std::unique_ptr<nn::Model> model;
+  std::unique_ptr<data::Dataset> data;
+  std::unique_ptr<nn::Loss> loss;
+  bool classification = true;
+};
+
+Applied open(const EvalFlags& f) {
+  if (f.split != "test" && f.split != "train") {
+    COHORT_THROW(InvalidArgument) << "unknown --split '" << f.split << "': expected test or train";
+  }
+  if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
+  runtime::cpu::setBlasThreads(f.threads);
+  const nn::Checkpoint ckpt = nn::readCheckpoint(f.checkpoint);
+  auto model = ckpt.metadata.find("model");
+  if (model == ckpt.metadata.end()) COHORT_THROW(IoError) << f.checkpoint << ": checkpoint metadata lacks 'model'";
+  Applied a;
+  a.model = nn::buildModel(model->second);
+  a.model->params.allocate(runtime::cpuAllocator());
+  train::loadWeights(*a.model, ckpt, f.checkpoint);
+  const bool csv = f.data.rfind("csv:", 0) == 0;
+  a.data = data::openDataset(f.data, csv || f.split == "train" ? data::Split::kTrain : data::Split::kTest);
+  // Checkpoints from before the task was recorded: classification when the data has classes.
+  auto task = ckpt.metadata.find("task");
+  a.classification = task != ckpt.metadata.end() ? task->second == "classification" : a.data->numClasses() > 0;
+  const nn::Model& m = *a.model;
+  if (a.data->sampleShape().numel() != m.sampleShape.numel()) {
+    COHORT_THROW(InvalidArgument) << "model " << m.name << " (from " << f.checkpoint << ") takes samples of "
+                                  << m.sampleShape.str() << ", but " << a.data->name() << " has "
+                                  << a.data->sampleShape().str();
+  }
+  if (a.classification && (a.data->numClasses() == 0 || a.data->numClasses() > m.outputs)) {
+    COHORT_THROW(InvalidArgument) << a.data->name() << " has " << a.data->numClasses() << " classes, but model " << m.name
+                                  << " (a classifier, from " << f.checkpoint << ") has " << m.outputs << " outputs";
+  }
+  if (!a.classification && a.data->targetShape().numel() != m.outputs) {
+    COHORT_THROW(InvalidArgument) << a.data->name() << " has " << a.data->targetShape().numel()
+                                  << " target values per sample, but model " << m.name << " (from " << f.checkpoint
+                                  << ") has " << m.outputs << " outputs";
+  }
+  a.loss = nn::makeLoss(a.classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
+  return a;
+}
+
+}  // namespace
+
+int runEval(const EvalFlags& f) {
+  Applied a = open(f);
+  const train::Evaluation e = train::evaluate(*a.model, *a.loss, *a.data, f.batchSize);
+  // The same figures, formatted as cohort train's RESULT line formats them.
+  std::ostringstream os;
+  os << "RESULT eval model=" << a.model->name << " data=" << a.data->name() << " samples=" << a.data->size()
+     << " test_loss=" << e.loss;
+  if (a.classification) os << " test_acc=" << e.accuracy;
+  std::printf("%s\n", os.str().c_str());
+  return 0;
+}
+
+int runPredict(const EvalFlags& f) {
+  Applied a = open(f);
+  const std::string tmp = f.output + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) COHORT_THROW(IoError) << f.output << ": cannot write " << tmp;
+    const int64_t k = a.model->outputs;
+    for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << (a.classification ? "p" : "y") << c;
+    out << (a.classification ? ",predicted\n" : "\n");
+    out.precision(9);
+    nn::Pass pass;
+    pass.training = false;
+    pass.needInputGrad = false;
+    const int64_t n = a.data->size();
+    for (int64_t first = 0; first < n; first += f.batchSize) {
+      const int64_t count = std::min(f.batchSize, n - first);
+      const runtime::Tensor& y = a.model->forward(a.data->inputs().narrowRows(first, count), pass);
+      for (int64_t i = 0; i < count; ++i) {
+        const float* row = y.data() + i * k;
+        if (!a.classification) {
+          for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << row[c];
+          out << '\n';
+          continue;
+        }
+        // Softmax in double, the row maximum subtracted; the first maximum is the prediction (as
+        // the loss counts accuracy).
+        int64_t best = 0;
+        for (int64_t c = 1; c < k; ++c) best = row[c] > row[best] ? c : best;
+        double sum = 0;
+        for (int64_t c = 0; c < k; ++c) sum += std::exp(static_cast<double>(row[c]) - row[best]);
+        for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << std::exp(static_cast<double>(row[c]) - row[best]) / sum;
+        out << ',' << best << '\n';
+      }
+    }
+    out.flush();
+    if (!out) {
+      ::unlink(tmp.c_str());
+      COHORT_THROW(IoError) << f.output << ": write failed";
+    }
+  }
+  if (std::rename(tmp.c_str(), f.output.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    COHORT_THROW(IoError) << f.output << ": cannot rename " << tmp << " over it";
+  }
+  std::printf("RESULT predict model=%s data=%s samples=%lld output=%s\n", a.model->name.c_str(), a.data->name().c_str(),
+              static_cast<long long>(a.data->size()), f.output.c_str());
+  return 0;
+}
+
+}  // namespace cohort::cli

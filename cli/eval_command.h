@@ -1,0 +1,36 @@
+// `cohort eval` and `cohort predict`: a trained checkpoint applied to data, without training again.
+//
+//   cohort eval    --checkpoint F --data SPEC [--split test|train]
+//     prints "RESULT eval model=… data=… samples=N test_loss=… [test_acc=…]": for the data a training
+//     run evaluated (its --data's test split, or --test-data / a CSV file), exactly the test figures of
+//     that run's RESULT line;
+//   cohort predict --checkpoint F --data SPEC --output FILE.csv [--split test|train]
+//     writes one CSV row per sample: the class probabilities (softmax of the outputs) and the
+//     predicted class, or the regression outputs; written to a temporary file and renamed.
+// The model spec and the task (classification or regression) are read from the checkpoint; data of
+// another shape than the model takes, or a checkpoint of another model, is exit 2 naming both.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace cohort::cli {
+
+struct EvalFlags {
+  std::string checkpoint;
+  std::string data = "synthetic";
+  std::string split = "test";  // test | train (a CSV file has only one: train)
+  std::string output;          // predict: the CSV file to write
+  int64_t batchSize = 1000;
+  int threads = 1;
+};
+
+void addEvalFlags(CLI::App& app, EvalFlags& flags, bool predict);
+int runEval(const EvalFlags& flags);
+int runPredict(const EvalFlags& flags);
+
+}  // namespace cohort::cli

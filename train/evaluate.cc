@@ -1,0 +1,42 @@
+#include "train/evaluate.h"
+
+#include <algorithm>
+
+#include "runtime/error.h"
+
+namespace cohort::train {
+
+using runtime::Tensor;
+
+Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize) {
+  nn::Pass pass;
+  pass.training = false;
+  pass.needInputGrad = false;
+  double lossSum = 0;
+  int64_t correct = 0;
+  const int64_t n = data.size();
+  for (int64_t first = 0; first < n; first += batchSize) {
+    const int64_t count = std::min(batchSize, n - first);
+    const Tensor& out = model.forward(data.inputs().narrowRows(first, count), pass);
+    lossSum += static_cast<double>(loss.forward(out, data.targets().narrowRows(first, count))) * static_cast<double>(count);
+    correct += loss.correct();
+  }
+  return {n ? lossSum / static_cast<double>(n) : 0, n ? static_cast<double>(correct) / static_cast<double>(n) : 0};
+}
+
+void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path) {
+  auto copy = [&](const nn::ParamBuffer::Entry& e, const Tensor& into) {
+    const Tensor* t = checkpoint.find(e.name);
+    if (!t) COHORT_THROW(InvalidArgument) << path << ": checkpoint of another model: it has no tensor '" << e.name << "'";
+    if (t->shape() != e.shape) {
+      COHORT_THROW(InvalidArgument) << path << ": checkpoint of another model: '" << e.name << "' is " << t->shape().str()
+                                    << " there and " << e.shape.str() << " here";
+    }
+    into.copyFrom(*t);
+  };
+  const nn::ParamBuffer& params = model.params;
+  for (size_t i = 0; i < params.entries().size(); ++i) copy(params.entries()[i], params.value(i));
+  for (size_t i = 0; i < params.bufferEntries().size(); ++i) copy(params.bufferEntries()[i], params.buffer(i));
+}
+
+}  // namespace cohort::train

@@ -1,0 +1,38 @@
+// Evaluation of a trained model, and its weights from a checkpoint, without a job: what `cohort
+// eval` and `cohort predict` (and the Trainer's evaluation on the CPU) are made of.
+//
+// evaluate() runs the model in evaluation mode (no dropout, BatchNorm on its running statistics) on
+// `data` in chunks of `batchSize` rows, on the CPU, and returns the mean loss and the accuracy with
+// the same sums in the same order as the Trainer's end-of-epoch evaluation, so the figures are
+// bit-identical to what a training run printed for that data.
+// loadWeights() copies every parameter and buffer of `model` (bound on the CPU) from a checkpoint
+// written by train::Job::save: InvalidArgument naming the parameter when the checkpoint is of
+// another model, IoError for an unreadable file.
+// Thread safety: one thread per model.
+//
+//   auto model = nn::buildModel(spec);
+//   model->params.allocate(runtime::cpuAllocator());
+//   train::loadWeights(*model, checkpoint, path);
+//   train::Evaluation e = train::evaluate(*model, *loss, *testSet);
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "nn/checkpoint.h"
+#include "nn/loss.h"
+#include "nn/model.h"
+#include "runtime/data/dataset.h"
+
+namespace cohort::train {
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize = 1000);
+
+void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path);
+
+}  // namespace cohort::train
