@@ -81,6 +81,8 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--resume", f.resume, "continue from --checkpoint if it exists");
   c.add_option("--max-steps", f.maxSteps, "stop after N optimizer steps in all (a checkpoint is written)");
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
+  c.add_option("--log-every-steps", f.logEverySteps,
+               "also append a metrics line every N optimizer steps (rank 0's loss, learning rate and samples/s)");
   c.add_flag("--memory-report", f.memoryReport,
              "print the memory the run used at the end (GPU: the caching allocator's allocated, reserved and peak bytes)");
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
@@ -137,6 +139,7 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
+  if (f.logEverySteps < 0) COHORT_THROW(InvalidArgument) << "--log-every-steps must be >= 0, got " << f.logEverySteps;
   if (f.accumulateSteps < 1) COHORT_THROW(InvalidArgument) << "--accumulate-steps must be at least 1, got " << f.accumulateSteps;
   if (f.prefetch < 0) COHORT_THROW(InvalidArgument) << "--prefetch must be >= 0, got " << f.prefetch;
   if (f.maxSteps < 0) COHORT_THROW(InvalidArgument) << "--max-steps must be >= 0";
@@ -344,6 +347,7 @@ int runTrain(const TrainFlags& f) {
                           .maxSteps = f.maxSteps,
                           .stopRequested = &gStopRequested,
                           .metricsPath = f.metrics,
+                          .logEverySteps = f.logEverySteps,
                           .lrSchedule = lrScheduleOptions(f, lr)});
   const bool hogwild = job.options().mode == train::Mode::kHogwild;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"

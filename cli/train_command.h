@@ -44,7 +44,8 @@ struct TrainFlags {
   std::string metrics;
   bool memoryReport = false;
   std::string lrSchedule = "constant";  // constant | step | cosine
-  int64_t accumulateSteps = 1;          // micro-batches per optimizer step
+  int64_t accumulateSteps = 1;
+  int64_t logEverySteps = 0;            // > 0: a metrics line every N optimizer steps          // micro-batches per optimizer step
   std::string scaleLr = "none";         // none | linear | sqrt: --lr scaled by the effective batch
   int64_t warmupSteps = 0;
   double minLr = 0;

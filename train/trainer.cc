@@ -180,6 +180,7 @@ TrainResult Trainer::run() {
     const int64_t batches = loader_.batchesPerEpoch(), k = options_.accumulateSteps;
     int64_t groupSamples = 0;
     double groupLoss = 0;
+    StepWindow window;
     for (runtime::data::Batch batch; nextBatch(batch);) {
       // Micro-batch `micro` of the optimizer step that starts at batch `first`: groups of K from the
       // epoch's start, the last one shorter when K does not divide the epoch. Only the group's last
@@ -212,6 +213,9 @@ TrainResult Trainer::run() {
                                 .loss = groupLoss / static_cast<double>(groupSamples)}) == Next::kStop) {
         userStop_ = true;
       }
+      window.samples += groupSamples;
+      window.lossSum += groupLoss;
+      logSteps(pos, window);
       groupSamples = 0;
       groupLoss = 0;
       const bool midEpoch = pos.batch < loader_.batchesPerEpoch();
@@ -285,15 +289,18 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   result.steps = pos.step;
   // The job's figures: samples summed, the time the slowest rank's, loss and accuracy averaged (every
   // rank trains the same number of samples per epoch, so the mean of the ranks' means is the job's).
-  double samples = static_cast<double>(trainedSamples_), seconds = trainSeconds_;
+  // [0] the run's samples, [1] this epoch's: summed; the same two times: the slowest rank's.
+  double samples[2] = {static_cast<double>(trainedSamples_), static_cast<double>(epochSamples)};
+  double seconds[2] = {trainSeconds_, epochSeconds};
   double means[2] = {pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0,
                      pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0};
-  job_.reduce({&samples, 1}, Reduce::kSum);
-  job_.reduce({&seconds, 1}, Reduce::kMax);
+  job_.reduce(samples, Reduce::kSum);
+  job_.reduce(seconds, Reduce::kMax);
   job_.reduce(means, Reduce::kMean);
   result.trainLoss = means[0];
   result.trainAcc = means[1];
-  result.samplesPerSec = seconds > 0 ? samples / seconds : 0;
+  result.samplesPerSec = seconds[0] > 0 ? samples[0] / seconds[0] : 0;
+  const double epochJobPerSec = seconds[1] > 0 ? samples[1] / seconds[1] : 0;
   if (test_ && job_.world().rank == 0) {
     Evaluation e = evaluate(*test_);
     result.testLoss = e.loss;
@@ -302,7 +309,8 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   }
   EpochReport report{.epoch = pos.epoch + 1, .step = pos.step, .trainLoss = result.trainLoss,
                      .trainAcc = result.trainAcc, .testLoss = result.testLoss, .testAcc = result.testAcc,
-                     .haveTest = result.haveTest, .samplesPerSec = result.samplesPerSec};
+                     .haveTest = result.haveTest, .samplesPerSec = result.samplesPerSec,
+                     .epochSamplesPerSec = epochJobPerSec, .lr = job_.optimizer().options().lr};
   if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
   auto line = job_.log().info();
   line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss " << result.trainLoss;
@@ -311,7 +319,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
   for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
   line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
-  if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(result.samplesPerSec) << ")";
+  if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(epochJobPerSec) << ")";
   appendMetrics(report);
   pos.lastTrainLoss = result.trainLoss;
   pos.lastTrainAcc = result.trainAcc;
@@ -372,14 +380,38 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
 
 void Trainer::appendMetrics(const EpochReport& r) const {
   if (options_.metricsPath.empty() || job_.world().rank != 0) return;
-  nlohmann::json j = {{"epoch", r.epoch}, {"step", r.step}, {"train_loss", r.trainLoss}, {"samples_per_s", r.samplesPerSec}};
+  nlohmann::json j = {{"epoch", r.epoch},
+                      {"step", r.step},
+                      {"train_loss", r.trainLoss},
+                      {"samples_per_s", r.epochSamplesPerSec},
+                      {"run_samples_per_s", r.samplesPerSec},
+                      {"lr", r.lr}};
   if (options_.classification) j["train_acc"] = r.trainAcc;
   if (r.haveTest) j["test_loss"] = r.testLoss;
   if (r.haveTest && options_.classification) j["test_acc"] = r.testAcc;
   for (const auto& [name, value] : r.metrics) j[name] = value;
+  appendMetricsLine(j.dump());
+}
+
+void Trainer::appendMetricsLine(const std::string& line) const {
   std::ofstream out(options_.metricsPath, std::ios::app);
-  out << j.dump() << "\n";
+  out << line << "\n";
   if (!out) COHORT_THROW(IoError) << options_.metricsPath << ": cannot append metrics";
+}
+
+void Trainer::logSteps(const Position& pos, StepWindow& window) {
+  if (options_.logEverySteps <= 0 || pos.step % options_.logEverySteps != 0) return;
+  if (!options_.metricsPath.empty() && job_.world().rank == 0) {
+    const double seconds = secondsSince(window.start);
+    nlohmann::json j = {{"epoch", pos.epoch + 1},
+                        {"step", pos.step},
+                        {"lr", job_.optimizer().options().lr},
+                        {"samples_per_s", seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0}};
+    // On a GPU the losses stay on the device until the epoch's end.
+    if (!job_.gpu() && window.samples > 0) j["train_loss"] = window.lossSum / static_cast<double>(window.samples);
+    appendMetricsLine(j.dump());
+  }
+  window = StepWindow{};
 }
 
 // The loop's position, beside the job's state (train/checkpointer.h); the loss sum as a hex float

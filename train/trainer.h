@@ -66,6 +66,7 @@ struct TrainerOptions {
   // ranks), write the checkpoint and return.
   const std::atomic<bool>* stopRequested = nullptr;
   std::string metricsPath;       // JSON lines, one per epoch (rank 0); empty: none
+  int64_t logEverySteps = 0;     // > 0: also a metrics line every N optimizer steps (rank 0's figures)
   int64_t evalBatchSize = 1000;
   // The learning rate of each optimizer step (nn/lr_schedule.h), set on the optimizer before the
   // step; baseLr 0 takes the optimizer's own. totalSteps 0 means the run's: epochs x steps per epoch
@@ -91,7 +92,9 @@ struct EpochReport {
   double testLoss = 0;   // rank 0 only (haveTest)
   double testAcc = 0;
   bool haveTest = false;
-  double samplesPerSec = 0;  // the job's training throughput so far
+  double samplesPerSec = 0;       // the job's training throughput so far
+  double epochSamplesPerSec = 0;  // the job's throughput in this epoch (all ranks' samples / the slowest rank's time)
+  double lr = 0;                  // the learning rate of the epoch's last step
   // The callback's own figures ("val_f1", ...): logged and written to the metrics file.
   std::vector<std::pair<std::string, double>> metrics;
 };
@@ -168,6 +171,14 @@ class Trainer {
   // GPU: adds the loss sums accumulated on the device to `pos` (waits for the compute stream).
   void collectGpuSums(Position& pos);
   void appendMetrics(const EpochReport& report) const;
+  void appendMetricsLine(const std::string& line) const;
+  // --log-every-steps: rank 0's loss and throughput over the last N steps.
+  struct StepWindow {
+    double lossSum = 0;
+    int64_t samples = 0;
+    Clock::time_point start = Clock::now();
+  };
+  void logSteps(const Position& pos, StepWindow& window);
 
   Job& job_;
   nn::Model& model_;

@@ -100,6 +100,38 @@ TEST(CliTrainingTest, MoreEpochsReachHigherAccuracyAndMetricsHaveOneLinePerEpoch
   EXPECT_EQ(jsonNumber(lines[2], "step"), 3 * 938.0);
 }
 
+// Issue 16, item 6: the epoch line's samples_per_s is the epoch's figure, as on the console, with lr;
+// --log-every-steps adds a line every N steps with the learning rate of the schedule.
+TEST(CliTrainingTest, MetricsCarryTheEpochsThroughputTheLearningRateAndStepLines) {
+  const std::string dir = freshTempDir();
+  CommandResult r = runCohort({"train", "--model", "mlp:784,16,10", "--epochs", "2", "--batch-size", "64", "--threads", "1",
+                               "--lr-schedule", "step", "--step-size", "900", "--gamma", "0.5", "--log-every-steps", "400",
+                               "--metrics", dir + "/m.jsonl"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  std::istringstream metrics(readFile(dir + "/m.jsonl"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(metrics, line);) lines.push_back(line);
+  // Steps 400, 800, (epoch 1 at 938), 1200, 1600, (epoch 2 at 1876).
+  ASSERT_EQ(lines.size(), 6u) << readFile(dir + "/m.jsonl");
+  const double steps[] = {400, 800, 938, 1200, 1600, 1876};
+  const double lrs[] = {0.05, 0.05, 0.025, 0.025, 0.025, 0.0125};  // the step just taken: x0.5 from step 900, 1800
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(jsonNumber(lines[i], "step"), steps[i]) << lines[i];
+    EXPECT_NEAR(jsonNumber(lines[i], "lr"), lrs[i], 1e-9) << lines[i];
+    EXPECT_GT(jsonNumber(lines[i], "samples_per_s"), 0) << lines[i];
+  }
+  // The epoch lines' throughput is the epoch's, the figure the console shows for it.
+  for (int epoch : {1, 2}) {
+    const std::string& line = lines[epoch == 1 ? 2 : 5];
+    const auto printed = linesWith(r.stdoutText, "epoch " + std::to_string(epoch) + "/2");
+    ASSERT_EQ(printed.size(), 1u) << r.stdoutText;
+    const std::string& console = printed[0];
+    const double shown = std::strtod(console.c_str() + console.find("samples/s ") + 10, nullptr);
+    EXPECT_EQ(static_cast<int64_t>(jsonNumber(line, "samples_per_s")), static_cast<int64_t>(shown)) << line << "\n" << console;
+    EXPECT_FALSE(std::isnan(jsonNumber(line, "run_samples_per_s"))) << line;
+  }
+}
+
 TEST(CliTrainingTest, MetricsAppendAcrossRuns) {
   const std::string dir = freshTempDir();
   writeFile(dir + "/m.jsonl", "");
