@@ -5,6 +5,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/launch.cuh"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
@@ -127,6 +128,28 @@ __global__ void axpyKernel(float alpha, const float* __restrict__ x, float* __re
   for (size_t i = 4 * vecCount + first; i < n; i += stride) y[i] = y[i] + alpha * x[i];
 }
 
+// ---- sumOfSquares ----
+
+constexpr unsigned kSumBlocks = kSumOfSquaresScratch - 1;  // a fixed grid: the order of additions is fixed
+
+__global__ void sumOfSquaresBlocksKernel(const float* __restrict__ data, size_t n, double* __restrict__ partials) {
+  size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  double sum = 0;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const double x = data[i];
+    sum += x * x;
+  }
+  const double total = launch::blockSum(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void sumPartialsKernel(const double* __restrict__ partials, unsigned count, double* __restrict__ out) {
+  double sum = 0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+  const double total = launch::blockSum(sum);
+  if (threadIdx.x == 0) *out = total;
+}
+
 }  // namespace
 
 void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
@@ -182,6 +205,16 @@ void axpy(float alpha, std::span<const float> x, std::span<float> y, const Strea
   CudaDeviceGuard guard(stream.device().index);
   Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
   axpyKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(alpha, x.data(), y.data(), n, vecCount);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void sumOfSquares(std::span<const float> data, double* scratch, const Stream& stream) {
+  checkCudaStream(stream);
+  CudaDeviceGuard guard(stream.device().index);
+  auto native = static_cast<cudaStream_t>(stream.native());
+  sumOfSquaresBlocksKernel<<<kSumBlocks, kThreads, 0, native>>>(data.data(), data.size(), scratch + 1);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+  sumPartialsKernel<<<1, kThreads, 0, native>>>(scratch + 1, kSumBlocks, scratch);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

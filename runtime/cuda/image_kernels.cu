@@ -109,20 +109,6 @@ __global__ void avgPoolBackwardKernel(const float* dy, float* dx, PoolShape s, f
   }
 }
 
-// Σ v over the block (blockDim.x == kThreads), in a fixed tree order; every thread gets the result.
-__device__ double blockSum(double v) {
-  __shared__ double partial[kThreads];
-  partial[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double total = partial[0];
-  __syncthreads();  // before the next call overwrites partial
-  return total;
-}
-
 // Element k of channel c's M = batch·plane values.
 __device__ __forceinline__ size_t channelElement(const BatchNormShape& s, int64_t c, int64_t k) {
   return static_cast<size_t>((k / s.plane * s.channels + c) * s.plane + k % s.plane);

@@ -44,4 +44,18 @@ inline unsigned blocksFor(const Stream& stream, size_t work, size_t perBlock = k
 __device__ __forceinline__ size_t firstIndex() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ size_t gridStride() { return static_cast<size_t>(blockDim.x) * gridDim.x; }
 
+// Σ v over the block (blockDim.x == kThreads), in a fixed tree order; every thread gets the result.
+__device__ inline double blockSum(double v) {
+  __shared__ double partial[kThreads];
+  partial[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double total = partial[0];
+  __syncthreads();  // before the next call overwrites partial
+  return total;
+}
+
 }  // namespace cohort::runtime::cuda::launch

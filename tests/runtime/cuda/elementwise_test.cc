@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -232,6 +234,40 @@ TEST_F(ElementwiseTest, ScaleMatchesReference) {
       scale(data.span(), 0.25f, *stream_);
       for (float& v : values) v *= 0.25f;
       expectEqualVectors(data.download(*stream_), values, "scale n=" + std::to_string(n) + " offset=" + std::to_string(offset));
+    }
+  }
+}
+
+// The squares of k/2 and their sums are exact in double, so the GPU's sum (any order) must equal
+// the reference exactly; a NaN or an infinity anywhere makes the sum non-finite.
+TEST_F(ElementwiseTest, SumOfSquaresMatchesReferenceAndSeesNonFiniteValues) {
+  DeviceFloats scratch(*allocator_, 2 * kSumOfSquaresScratch, 0);  // doubles: 8-byte aligned at offset 0
+  double* out = reinterpret_cast<double*>(scratch.span().data());
+  auto sumOnGpu = [&](DeviceFloats& data) {
+    sumOfSquares(data.span(), out, *stream_);
+    double host = -1;
+    EXPECT_EQ(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream_->native())),
+              cudaSuccess);
+    stream_->synchronize(milliseconds(10000));
+    return host;
+  };
+  for (size_t n : kSizes) {
+    for (size_t offset : {0, 1}) {
+      DeviceFloats data(*allocator_, n, offset);
+      std::vector<float> values = pattern(n, 9, 0.5f);
+      data.upload(values, *stream_);
+      double want = 0;
+      for (float v : values) want += static_cast<double>(v) * v;
+      EXPECT_EQ(sumOnGpu(data), want) << "n=" << n << " offset=" << offset;
+      // The same data twice: the same bits (a fixed order of additions).
+      EXPECT_EQ(sumOnGpu(data), want) << "n=" << n << " offset=" << offset;
+      if (n == 0) continue;
+      values[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      data.upload(values, *stream_);
+      EXPECT_TRUE(std::isnan(sumOnGpu(data))) << "n=" << n;
+      values[n / 2] = std::numeric_limits<float>::infinity();
+      data.upload(values, *stream_);
+      EXPECT_TRUE(std::isinf(sumOnGpu(data))) << "n=" << n;
     }
   }
 }
