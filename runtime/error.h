@@ -25,6 +25,7 @@ enum class ExitCode : int {
   kTimeout = 3,
   kPeerFailed = 4,
   kOutOfMemory = 5,
+  kDiverged = 6,  // training met a non-finite loss or gradient (train::Diverged)
   kInterrupted = 130,
   kTerminated = 143,
 };

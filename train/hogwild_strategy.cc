@@ -17,7 +17,8 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
   return start / 16 * 16;  // a whole cache line of floats
 }
 
-HogwildStrategy::HogwildStrategy(const StrategyContext& c) : SegmentStrategy(c, c.optimizer.stateFloats()) {
+HogwildStrategy::HogwildStrategy(const StrategyContext& c)
+    : SegmentStrategy(c, c.optimizer.stateFloats()), squares_(c.gpu), rank_(c.world.rank) {
   if (c.gpu) {
     placeOnGpu(c);
   } else {
@@ -60,10 +61,10 @@ void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
 #endif
 }
 
-void HogwildStrategy::step(float gradScale) {
+// Each worker checks and clips its own gradient: no rank waits for another.
+StepResult HogwildStrategy::step(const StepPlan& plan) {
   if (deviceShare_) deviceShare_->throwIfOwnerLost();
-  scaleGradients(params_, gradScale, gpu_);
-  optimizer_.step(params_.values(), params_.grads());
+  return stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, squares_, gpu_);
 }
 
 void HogwildStrategy::checkPeers(std::chrono::milliseconds settle) {

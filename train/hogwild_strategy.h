@@ -33,7 +33,7 @@ class HogwildStrategy final : public SegmentStrategy {
   explicit HogwildStrategy(const StrategyContext& context);
   ~HogwildStrategy() override;
 
-  void step(float gradScale) override;
+  StepResult step(const StepPlan& plan) override;
   bool lockstep() const override { return false; }
   SavedState saveState() override;
   void loadState(const CheckpointReader& reader) override;
@@ -46,6 +46,8 @@ class HogwildStrategy final : public SegmentStrategy {
   std::unique_ptr<ipc::SharedParams> shared_;   // CPU
   std::unique_ptr<ipc::DeviceMemory> memory_;   // GPU: declared before the share that uses it
   std::unique_ptr<ipc::DeviceShare> deviceShare_;
+  GradientSquares squares_;
+  int rank_;
 };
 
 }  // namespace cohort::train

@@ -1,6 +1,7 @@
 #include "train/job.h"
 
 #include <atomic>
+#include <cmath>
 #include <sstream>
 
 #include "collectives/communicator.h"
@@ -258,14 +259,21 @@ nn::Pass Job::evalPass() const {
   return pass;
 }
 
-void Job::step() {
+StepResult Job::step(const StepOptions& options) {
   requirePlaced("Job::step()");
   if (!readyToStep_) {
     COHORT_THROW(InvalidArgument) << "Job::step() before the backward of the last micro-batch: step after "
                                      "pass({.microBatch = K - 1, .microBatches = K})";
   }
-  strategy_->step(1.0f / static_cast<float>(microBatches_));
+  if (!(options.clipGradNorm >= 0) || !std::isfinite(options.clipGradNorm)) {
+    COHORT_THROW(InvalidArgument) << "clipGradNorm must be a finite number >= 0 (0: no clipping), got "
+                                  << options.clipGradNorm;
+  }
   readyToStep_ = false;
+  return strategy_->step({.gradScale = 1.0f / static_cast<float>(microBatches_),
+                          .clipGradNorm = options.clipGradNorm,
+                          .lossFinite = !options.loss || std::isfinite(*options.loss),
+                          .exchangeLoss = options.loss.has_value() && world_.worldSize > 1});
 }
 
 bool Job::lockstep() const {

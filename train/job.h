@@ -18,7 +18,7 @@
 // Order of calls (every rank of the job, alike):
 //   Job job(options);                        // world, device; validation (InvalidArgument)
 //   job.place(model, optimizer, {.seed});    // collective: segments / communicator, initial parameters
-//   loop: pass() -> model forward, loss, model backward(pass) -> step()
+//   loop: pass() -> model forward, loss, model backward(pass) -> step({.clipGradNorm, .loss})
 //   save(path) / load(path), barrier(), mean()...   // collective
 // place() must come before anything else that touches the model; it may be called once.
 //
@@ -64,6 +64,7 @@
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
 #include "train/settings.h"
+#include "train/step.h"
 
 namespace cohort::runtime::cuda {
 class GpuContext;
@@ -150,9 +151,12 @@ class Job {
   // The pass for evaluation: no training (dropout off, BatchNorm on its running statistics), this
   // job's GPU, no gradients.
   nn::Pass evalPass() const;
-  // Collective in lockstep modes: synchronises this step's gradients and applies the optimizer.
-  // Call it after the backward of the last micro-batch (InvalidArgument otherwise).
-  void step();
+  // Collective in lockstep modes: synchronises this step's gradients, measures their global norm,
+  // and applies the optimizer (clipped as `options` say), unless the loss or the gradient is
+  // non-finite: then nothing is updated and the result says which (train/step.h). Call it after the
+  // backward of the last micro-batch (InvalidArgument otherwise, and for a negative or non-finite
+  // clipGradNorm).
+  StepResult step(const StepOptions& options = {});
   // Whether ranks step together (false for Hogwild, whose workers meet only at barriers).
   bool lockstep() const;
 

@@ -2,14 +2,14 @@
 
 namespace cohort::train {
 
-LocalStrategy::LocalStrategy(const StrategyContext& c) : params_(c.params), optimizer_(c.optimizer), gpu_(c.gpu) {
+LocalStrategy::LocalStrategy(const StrategyContext& c)
+    : params_(c.params), optimizer_(c.optimizer), gpu_(c.gpu), squares_(c.gpu) {
   c.initialise();
   moveToGpu(params_, gpu_);
 }
 
-void LocalStrategy::step(float gradScale) {
-  scaleGradients(params_, gradScale, gpu_);
-  optimizer_.step(params_.values(), params_.grads());
+StepResult LocalStrategy::step(const StepPlan& plan) {
+  return stepWholeGradient(plan, plan.lossFinite ? -1 : 0, 0, params_, optimizer_, squares_, gpu_);
 }
 
 void LocalStrategy::loadState(const CheckpointReader& reader) {

@@ -11,7 +11,7 @@ class LocalStrategy final : public Strategy {
  public:
   explicit LocalStrategy(const StrategyContext& context);
 
-  void step(float gradScale) override;
+  StepResult step(const StepPlan& plan) override;
   void barrier(const std::string&) override {}
   void reduce(std::span<double>, ScalarOp) override {}  // one rank: the values are the job's
   SavedState saveState() override { return singleOptimizerState(optimizer_); }
@@ -21,6 +21,7 @@ class LocalStrategy final : public Strategy {
   nn::ParamBuffer& params_;
   nn::Optimizer& optimizer_;
   runtime::cuda::GpuContext* gpu_;
+  GradientSquares squares_;
 };
 
 }  // namespace cohort::train

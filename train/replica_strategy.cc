@@ -21,7 +21,13 @@ const runtime::Stream* computeStreamOf(runtime::cuda::GpuContext* gpu) {
 }  // namespace
 
 ReplicaStrategy::ReplicaStrategy(const StrategyContext& c, const std::string& backend)
-    : params_(c.params), optimizer_(c.optimizer), gpu_(c.gpu), timeout_(c.timeout) {
+    : params_(c.params),
+      optimizer_(c.optimizer),
+      gpu_(c.gpu),
+      timeout_(c.timeout),
+      squares_(c.gpu),
+      rank_(c.world.rank),
+      worldSize_(c.world.worldSize) {
   // On a GPU the gradient buckets are all-reduced over NCCL, ordered after backward's kernels by events.
   comm_ = collectives::makeCommunicator(
       {.backend = backend, .world = c.world, .timeout = c.timeout, .computeStream = computeStreamOf(c.gpu)});
@@ -37,10 +43,24 @@ ReplicaStrategy::ReplicaStrategy(const StrategyContext& c, const std::string& ba
   gradSync_->broadcastParams();
 }
 
-void ReplicaStrategy::step(float gradScale) {
+// Every replica holds the same averaged gradient (the all-reduce's result is bitwise the same on
+// every rank), so every rank measures the same norm and reaches the same verdict. The ranks' loss
+// flags travel in one small all-reduce, queued behind the gradient buckets so that its latency
+// hides in theirs: the largest (world size - rank) over the ranks whose loss is non-finite names
+// the lowest of them.
+StepResult ReplicaStrategy::step(const StepPlan& plan) {
+  collectives::WorkPtr flagWork;
+  if (plan.exchangeLoss) {
+    lossFlag_ = plan.lossFinite ? 0.0f : static_cast<float>(worldSize_ - rank_);
+    flagWork = comm_->allReduce(&lossFlag_, &lossFlag_, 1, {.op = collectives::ReduceOp::kMax});
+  }
   gradSync_->finish();
-  scaleGradients(params_, gradScale, gpu_);
-  optimizer_.step(params_.values(), params_.grads());
+  int lossRank = plan.lossFinite ? -1 : rank_;
+  if (flagWork) {
+    flagWork->wait(timeout_);
+    if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
+  }
+  return stepWholeGradient(plan, lossRank, -1, params_, optimizer_, squares_, gpu_);
 }
 
 void ReplicaStrategy::barrier(const std::string&) { comm_->barrier()->wait(timeout_); }

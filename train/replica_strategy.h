@@ -23,7 +23,7 @@ class ReplicaStrategy final : public Strategy {
   ReplicaStrategy(const StrategyContext& context, const std::string& backend);
 
   nn::GradReadyListener* gradReady() override { return gradSync_.get(); }
-  void step(float gradScale) override;
+  StepResult step(const StepPlan& plan) override;
   uint64_t gradientReductions() const override { return gradSync_->allReducesIssued(); }
   void barrier(const std::string& what) override;
   void reduce(std::span<double> values, ScalarOp op) override;
@@ -39,6 +39,9 @@ class ReplicaStrategy final : public Strategy {
   std::unique_ptr<collectives::Communicator> comm_;
   collectives::BufferPtr grads_;  // the gradients, on the CPU
   std::unique_ptr<GradSync> gradSync_;
+  GradientSquares squares_;
+  int rank_, worldSize_;
+  float lossFlag_ = 0;  // this step's loss flag, all-reduced in place
 };
 
 }  // namespace cohort::train

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include <cmath>
+
+#include "nn/grad_norm.h"
 #include "runtime/error.h"
 
 namespace cohort::train {
@@ -16,17 +19,46 @@ ShardedStrategy::ShardedStrategy(const StrategyContext& c) : SegmentStrategy(c, 
   std::vector<float*> grads;
   for (int r = 0; r < localWorldSize(); ++r) grads.push_back(shared_->perRank(r));
   reduce_ = std::make_unique<collectives::ShardReduce>(grads, rank, static_cast<int64_t>(params_.numel()));
-  averageBlock_ = [this](int64_t b, int64_t e) { reduce_->averageBlock(b, e); };
+  clipBlock_ = [this](int64_t b, int64_t e) {
+    float* g = params_.grads().data();
+    for (int64_t i = b; i < e; ++i) g[i] *= clip_;
+  };
 }
 
-void ShardedStrategy::step(float gradScale) {
+StepResult ShardedStrategy::step(const StepPlan& plan) {
   COHORT_CHECK(params_.grads().data() == shared_->perRank(localRank()) && params_.values().data() == shared_->values())
       << "the sharded strategy steps the segment's own parameters and gradients";
   barrier("gradients");
-  reduce_->setScale(gradScale);
+  // 1. This rank's shard of the averaged gradient, block by block, and the sum of its squares.
+  reduce_->setScale(plan.gradScale);
   ++reductions_;
-  optimizer_.stepSlice(params_.values(), params_.grads(), reduce_->begin(), reduce_->end(), averageBlock_);
+  const float* grads = params_.grads().data();
+  double squares = 0;
+  constexpr int64_t kBlock = 1024;
+  for (int64_t b = reduce_->begin(); b < reduce_->end(); b += kBlock) {
+    const int64_t e = std::min(reduce_->end(), b + kBlock);
+    reduce_->averageBlock(b, e);
+    squares += nn::sumOfSquares({grads + b, static_cast<size_t>(e - b)});
+  }
+  // 2. Every rank's sum and loss flag, added in rank order: the same norm and verdict everywhere.
+  const double mine[2] = {squares, plan.lossFinite ? 0.0 : 1.0};
+  std::span<const double> all = segment_.allGather(mine, {.what = "gradient norm", .timeout = timeout_});
+  double total = 0;
+  int lossRank = -1;
+  for (int r = 0; r < localWorldSize(); ++r) {
+    total += all[2 * static_cast<size_t>(r)];
+    if (all[2 * static_cast<size_t>(r) + 1] != 0 && lossRank < 0) lossRank = r;
+  }
+  StepResult result = judgeStep(std::sqrt(total), lossRank, -1);
+  // Skipped alike on every rank: only this rank's own gradient area was written, which the next
+  // step's backward overwrites.
+  if (!result.applied) return result;
+  // 3. The update of the shard (clipped block by block while the block is in cache), then every shard's.
+  clip_ = plan.clipGradNorm > 0 ? nn::clipCoefficient(result.gradNorm, plan.clipGradNorm) : 1.0f;
+  static const nn::Optimizer::BlockHook kNone;
+  optimizer_.stepSlice(params_.values(), params_.grads(), reduce_->begin(), reduce_->end(), clip_ < 1.0f ? clipBlock_ : kNone);
   barrier("parameters");
+  return result;
 }
 
 // One parameter copy and one optimizer state for the node: local rank 0 loads them before the

@@ -1,8 +1,10 @@
 #include "train/strategy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
+#include "nn/grad_norm.h"
 #include "runtime/error.h"
 #include "train/checkpointer.h"
 
@@ -51,6 +53,48 @@ void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::G
   (void)gpu;
   float* data = g.data();
   for (int64_t i = 0, n = g.numel(); i < n; ++i) data[i] *= scale;
+}
+
+double GradientSquares::operator()(const runtime::Tensor& grads) {
+#ifdef COHORT_HAVE_CUDA
+  if (grads.device().isCuda()) {
+    COHORT_CHECK(gpu_) << "gradients on " << grads.device().str() << " without a GPU context";
+    // Doubles in a float tensor: two floats each.
+    runtime::ensureShape(scratch_, runtime::Shape{static_cast<int64_t>(2 * runtime::cuda::kSumOfSquaresScratch)},
+                         gpu_->allocator());
+    auto* scratch = reinterpret_cast<double*>(scratch_.data());
+    runtime::cuda::sumOfSquares({grads.data(), static_cast<size_t>(grads.numel())}, scratch, gpu_->stream());
+    double sum = 0;
+    runtime::cuda::copyToHost(&sum, scratch, sizeof sum, gpu_->stream());
+    gpu_->stream().synchronize();
+    return sum;
+  }
+#endif
+  return nn::sumOfSquares({grads.data(), static_cast<size_t>(grads.numel())});
+}
+
+StepResult judgeStep(double gradNorm, int lossRank, int gradientRank) {
+  StepResult r{.gradNorm = gradNorm};
+  if (lossRank >= 0) {
+    r.nonFinite = NonFinite::kLoss;
+    r.rank = lossRank;
+  } else if (!std::isfinite(gradNorm)) {
+    r.nonFinite = NonFinite::kGradient;
+    r.rank = gradientRank;
+  }
+  r.applied = r.nonFinite == NonFinite::kNone;
+  return r;
+}
+
+StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
+                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu) {
+  const double norm = static_cast<double>(plan.gradScale) * std::sqrt(squares(params.grads()));
+  StepResult result = judgeStep(norm, lossRank, gradientRank);
+  if (!result.applied) return result;
+  const float clip = plan.clipGradNorm > 0 ? nn::clipCoefficient(norm, plan.clipGradNorm) : 1.0f;
+  scaleGradients(params, plan.gradScale * clip, gpu);
+  optimizer.step(params.values(), params.grads());
+  return result;
 }
 
 SavedState singleOptimizerState(const nn::Optimizer& optimizer) {

@@ -4,8 +4,9 @@
 // A strategy is made by Job::place() for the job's mode (train/placement.h) and borrows the model's
 // ParamBuffer and the optimizer, whose memory it has placed (private, a shared segment, a GPU
 // share). The loop calls, per optimizer step: the listener gradReady() returns goes into the
-// backward pass that must synchronise (nullptr: nothing to overlap); then step(scale), which
-// synchronises the gradients where the mode does and applies the optimizer. Around it:
+// backward pass that must synchronise (nullptr: nothing to overlap); then step(plan), which
+// synchronises the gradients where the mode does, measures the gradient's global norm, and applies
+// the optimizer (clipped) unless the loss or the gradient is non-finite (train/step.h). Around it:
 //   barrier(what)   every rank, same names, same order;
 //   reduce(v, op)   a small collective over scalars (the job's loss, throughput, stop votes);
 //   lockstep()      whether ranks step together: Hogwild workers do not, so a collective between
@@ -27,7 +28,9 @@
 #include "nn/module.h"
 #include "nn/optimizer.h"
 #include "nn/param_buffer.h"
+#include "runtime/tensor.h"
 #include "runtime/world_info.h"
+#include "train/step.h"
 
 namespace cohort::train {
 
@@ -50,6 +53,14 @@ class CheckpointReader {
   std::string path_;
 };
 
+// What Job::step asks of a strategy.
+struct StepPlan {
+  float gradScale = 1;        // multiplies the gradient before the update (1/K for K micro-batches)
+  float clipGradNorm = 0;     // StepOptions::clipGradNorm
+  bool lossFinite = true;     // this rank's loss
+  bool exchangeLoss = false;  // ranks that step together agree on lossFinite (the same on every rank)
+};
+
 // What a strategy adds to a checkpoint: the optimizer state tensors and step counts.
 struct SavedState {
   std::vector<nn::NamedTensor> tensors;
@@ -61,8 +72,8 @@ class Strategy {
   virtual ~Strategy() = default;
 
   virtual nn::GradReadyListener* gradReady() { return nullptr; }
-  // `gradScale` multiplies the gradient before the update (1/K for K accumulated micro-batches).
-  virtual void step(float gradScale) = 0;
+  // Every rank that steps together decides alike: applied, or not and why (train/step.h).
+  virtual StepResult step(const StepPlan& plan) = 0;
   virtual void barrier(const std::string& what) = 0;
   virtual void reduce(std::span<double> values, ScalarOp op) = 0;
   virtual bool lockstep() const { return true; }
@@ -108,6 +119,28 @@ void moveToGpu(nn::ParamBuffer& params, runtime::cuda::GpuContext* gpu);
 // Pieces the strategies share.
 // Multiplies the gradients by `scale` (nothing when it is 1): on the CPU, or on `gpu`'s stream.
 void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::GpuContext* gpu);
+
+// The sum of squares of a whole flat gradient (nn::sumOfSquares), on the CPU or on `gpu`, where it
+// waits for the stream to read the result (the step must know it before updating).
+class GradientSquares {
+ public:
+  explicit GradientSquares(runtime::cuda::GpuContext* gpu) : gpu_(gpu) {}
+  double operator()(const runtime::Tensor& grads);
+
+ private:
+  runtime::cuda::GpuContext* gpu_;
+  runtime::Tensor scratch_;  // GPU: the kernel's partial sums
+};
+
+// The step's verdict from the gradient's norm and the lowest rank whose loss was non-finite (-1:
+// none): the loss first, then the gradient (named by `gradientRank`, -1 for an average).
+StepResult judgeStep(double gradNorm, int lossRank, int gradientRank);
+
+// A step where this rank holds the whole gradient the optimizer applies (local, Hogwild, and
+// replicas once averaged): its norm is plan.gradScale times the buffer's; unless judged non-finite,
+// the gradient is scaled once (gradScale times the clip coefficient) and the optimizer steps.
+StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
+                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu);
 // The optimizer state of a job with one state (local, replicas, sharded): "optimizer.<state>" and
 // the step count "optimizer_steps".
 SavedState singleOptimizerState(const nn::Optimizer& optimizer);

@@ -7,10 +7,14 @@
 //   - a checkpoint saved mid-run and loaded into a fresh job continues bit for bit (local, sharded,
 //     replicas), and Hogwild restores every worker's own optimizer state;
 //   - Hogwild workers see one copy of the parameters;
+//   - clipping by global norm: a case by hand, and N ranks (sharded, replicas) clip the averaged
+//     gradient like 1 rank with the combined batch (to 1e-5 after 20 clipped steps);
+//   - a non-finite loss (any rank's) or gradient is applied nowhere, and every rank says which;
 //   - misuse is an InvalidArgument naming the problem.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -45,6 +49,7 @@ struct Run {
   int microBatches = 1;
   int64_t expectReductions = -1;  // >= 0: the job's gradientReductions() at the end must be this
   int64_t steps = 12;
+  float clip = 0;  // > 0: clip every step's gradient to this norm, and most steps must need it
   nn::OptimizerKind optimizer = nn::OptimizerKind::kSgd;
   std::string saveAt;     // checkpoint path written after `saveAfter` steps
   int64_t saveAfter = -1;
@@ -71,6 +76,7 @@ int trainRank(const Run& run, const runtime::WorldInfo& world) {
   int64_t next = step * run.microBatches;
   int64_t epoch = next / loader.batchesPerEpoch();
   loader.startEpoch(epoch, next % loader.batchesPerEpoch());
+  int64_t clipped = 0;
   for (; step < run.steps;) {
     for (int k = 0; k < run.microBatches; ++k) {
       runtime::data::Batch b;
@@ -82,7 +88,9 @@ int trainRank(const Run& run, const runtime::WorldInfo& world) {
       loss.forward(model->forward(b.inputs, pass), b.targets);
       model->backward(loss.backward(), pass);
     }
-    job.step();
+    const StepResult result = job.step({.clipGradNorm = run.clip});
+    if (!result.applied) return 52;
+    if (result.gradNorm > run.clip) ++clipped;
     ++step;
     if (step == run.saveAfter) job.save(run.saveAt, {{"step", std::to_string(step)}});
   }
@@ -92,6 +100,11 @@ int trainRank(const Run& run, const runtime::WorldInfo& world) {
     std::fprintf(stderr, "%llu gradient reductions, expected %lld\n", static_cast<unsigned long long>(job.gradientReductions()),
                  static_cast<long long>(run.expectReductions));
     return 50;
+  }
+  if (run.clip > 0 && clipped < run.steps / 2) {
+    std::fprintf(stderr, "only %lld of %lld steps were clipped\n", static_cast<long long>(clipped),
+                 static_cast<long long>(run.steps));
+    return 51;
   }
   job.barrier("done");
   return 0;
@@ -159,6 +172,124 @@ TEST_F(JobTest, MicroBatchesAccumulateLikeOneBatch) {
   EXPECT_LE(worstDifference(path("whole.st"), path("sharded.st")), 1e-5);
   train(2, {.job = allreduce(true), .batch = 8, .microBatches = 2, .expectReductions = 12, .finalPath = path("replicas.st")});
   EXPECT_LE(worstDifference(path("whole.st"), path("replicas.st")), 1e-5);
+}
+
+// Issue 16: the averaged gradient is clipped, its norm the same on every rank: 2 and 3 ranks (the
+// sharded shm path, whose ranks each hold a shard of it, and replicas) after 20 clipped steps equal
+// one rank with the combined batch.
+TEST_F(JobTest, RanksClipTheAveragedGradientLikeOneRankWithTheCombinedBatch) {
+  for (int ranks : {2, 3}) {
+    train(1, {.batch = 16 * ranks, .steps = 20, .clip = 0.1f, .finalPath = path("one.st")});
+    train(ranks, {.job = allreduce(false), .steps = 20, .clip = 0.1f, .finalPath = path("sharded.st")});
+    EXPECT_LE(worstDifference(path("one.st"), path("sharded.st")), 1e-5) << ranks << " ranks, sharded";
+    train(ranks, {.job = allreduce(true), .steps = 20, .clip = 0.1f, .finalPath = path("replicas.st")});
+    EXPECT_LE(worstDifference(path("one.st"), path("replicas.st")), 1e-5) << ranks << " ranks, replicas";
+  }
+  // The clipping changed the outcome.
+  train(1, {.batch = 32, .steps = 20, .finalPath = path("unclipped.st")});
+  train(1, {.batch = 32, .steps = 20, .clip = 0.1f, .finalPath = path("clipped.st")});
+  EXPECT_GT(worstDifference(path("unclipped.st"), path("clipped.st")), 1e-3);
+}
+
+// clip_grad_norm_ by hand: y = w·x + b from zeros, x = (1, 2), target 5, squared error: dL/dy = -10,
+// so the gradient is (-10, -20) for w and -10 for b, norm sqrt(600); clipped to 1 and applied with
+// lr 1, the parameters become 10c, 20c and 10c for c = 1 / (sqrt(600) + 1e-6).
+TEST_F(JobTest, ClippingByHand) {
+  runRanks(1, [&](const runtime::WorldInfo& world) {
+    auto model = nn::buildModel("mlp:2,1");
+    Job job({}, world);
+    auto optimizer = nn::makeOptimizer({.lr = 1.0f}, model->params.numel());
+    job.place(*model, *optimizer, {.initialise = [](nn::Model& m) { m.params.values().fill(0.0f); }});
+    Tensor x = Tensor::zeros(Shape{1, 2}), t = Tensor::zeros(Shape{1, 1});
+    x.at(0) = 1;
+    x.at(1) = 2;
+    t.at(0) = 5;
+    nn::MeanSquaredError loss;
+    nn::Pass pass = job.pass();
+    const double l = loss.forward(model->forward(x, pass), t);
+    model->backward(loss.backward(), pass);
+    const StepResult r = job.step({.clipGradNorm = 1.0f, .loss = l});
+    if (!r.applied || std::fabs(r.gradNorm - std::sqrt(600.0)) > 1e-5) return 30;
+    const double c = 1.0 / (std::sqrt(600.0) + 1e-6);
+    const auto& entries = model->params.entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const Tensor v = model->params.value(i);
+      const std::vector<double> want = entries[i].name.find("weight") != std::string::npos ? std::vector<double>{10 * c, 20 * c}
+                                                                                          : std::vector<double>{10 * c};
+      if (v.numel() != static_cast<int64_t>(want.size())) return 31;
+      for (int64_t k = 0; k < v.numel(); ++k) {
+        if (std::fabs(v.at(k) - want[static_cast<size_t>(k)]) > 1e-6) {
+          std::fprintf(stderr, "%s[%lld] = %.9g, want %.9g\n", entries[i].name.c_str(), static_cast<long long>(k), v.at(k),
+                       want[static_cast<size_t>(k)]);
+          return 32;
+        }
+      }
+    }
+    return 0;
+  });
+}
+
+// What one rank's step does with a planted non-finite value; 0 when every rank saw what it should.
+int nonFiniteSteps(const JobOptions& options, const runtime::WorldInfo& world) {
+  auto data = testing::teacherData();
+  auto model = nn::buildModel(kSpec);
+  Job job(options, world);
+  auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel());
+  job.place(*model, *optimizer, {.seed = 3});
+  runtime::data::DataLoader loader(*data, job.shard({.batchSize = 16, .seed = 7, .prefetch = 0}));
+  nn::SoftmaxCrossEntropy loss;
+  loader.startEpoch(0);
+  const int last = world.worldSize - 1;
+  const bool hogwild = options.mode == Mode::kHogwild;
+  // plant: 0 nothing, 1 the last rank's loss is NaN, 2 rank 0's gradient is non-finite.
+  auto step = [&](int plant) {
+    runtime::data::Batch b;
+    loader.next(b);
+    nn::Pass pass = job.pass();
+    double l = loss.forward(model->forward(b.inputs, pass), b.targets);
+    // Into the loss's gradient, before backward (whose bucket all-reduces may be running already).
+    const Tensor& dloss = loss.backward();
+    if (plant == 2 && world.rank == 0) const_cast<Tensor&>(dloss).at(0) = INFINITY;
+    model->backward(dloss, pass);
+    if (plant == 1 && world.rank == last) l = std::nan("");
+    return job.step({.loss = l});
+  };
+  if (!step(0).applied) return 60;
+  job.barrier("first step");
+  const Tensor before = model->params.values().clone();
+  const int64_t steps = optimizer->steps();
+  const Tensor state = optimizer->state()[0].tensor.clone();
+  job.barrier("saved");
+  StepResult r = step(1);
+  if (hogwild) {  // each worker judges its own step
+    if (r.applied != (world.rank != last) || (!r.applied && (r.nonFinite != NonFinite::kLoss || r.rank != last))) return 61;
+    return 0;
+  }
+  if (r.applied || r.nonFinite != NonFinite::kLoss || r.rank != last) return 62;
+  if (r.describe().find("loss is non-finite on rank " + std::to_string(last)) == std::string::npos) return 63;
+  r = step(2);
+  if (r.applied || r.nonFinite != NonFinite::kGradient || r.rank != (world.worldSize == 1 ? 0 : -1) || std::isfinite(r.gradNorm)) {
+    return 64;
+  }
+  job.barrier("skipped");
+  // Nothing was applied: parameters, optimizer state and step count as before.
+  if (std::memcmp(before.data(), model->params.values().data(), before.bytes()) != 0) return 65;
+  if (optimizer->steps() != steps) return 66;
+  if (std::memcmp(state.data(), optimizer->state()[0].tensor.data(), state.bytes()) != 0) return 67;
+  r = step(0);
+  if (!r.applied || !std::isfinite(r.gradNorm) || r.gradNorm <= 0) return 68;
+  job.barrier("stepped");
+  if (std::memcmp(before.data(), model->params.values().data(), before.bytes()) == 0) return 69;
+  return 0;
+}
+
+TEST_F(JobTest, ANonFiniteLossOrGradientIsAppliedNowhereAndEveryRankSaysWhich) {
+  runRanks(1, [&](const runtime::WorldInfo& world) { return nonFiniteSteps({}, world); });
+  for (int ranks : {2, 3}) {
+    runRanks(ranks, [&](const runtime::WorldInfo& world) { return nonFiniteSteps(allreduce(false), world); });
+    runRanks(ranks, [&](const runtime::WorldInfo& world) { return nonFiniteSteps(allreduce(true), world); });
+  }
+  runRanks(2, [&](const runtime::WorldInfo& world) { return nonFiniteSteps({.mode = Mode::kHogwild}, world); });
 }
 
 TEST_F(JobTest, ACheckpointContinuesBitForBitInEveryLockstepMode) {
@@ -264,6 +395,10 @@ TEST_F(JobTest, MisuseIsAnInvalidArgumentNamingTheProblem) {
     if (invalidArgument([&] { job.pass({.microBatch = 2, .microBatches = 2}); }).find("micro-batch") == std::string::npos) {
       return 36;
     }
+    // A clipping norm that is no norm.
+    job.pass();
+    if (invalidArgument([&] { job.step({.clipGradNorm = -1}); }).find("clipGradNorm") == std::string::npos) return 37;
+    if (invalidArgument([&] { job.step({.clipGradNorm = NAN}); }).find("clipGradNorm") == std::string::npos) return 38;
     job.save(ckpt);
     return 0;
   });
