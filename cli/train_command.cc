@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -56,6 +57,14 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--accumulate-steps", f.accumulateSteps,
                "micro-batches of --batch-size per optimizer step: gradients summed and averaged, only the last "
                "all-reduced (DDP's no_sync); the epoch's samples and order are unchanged")
+      ->capture_default_str();
+  c.add_option("--clip-grad-norm", f.clipGradNorm,
+               "clip each step's gradient to this global L2 norm (PyTorch's clip_grad_norm_; in allreduce the "
+               "averaged gradient's); 0: no clipping")
+      ->capture_default_str();
+  c.add_option("--skip-nonfinite", f.skipNonFinite,
+               "skip up to N steps whose loss or gradient is non-finite (counted, reported); by default the first "
+               "such step stops the run with exit code 6")
       ->capture_default_str();
   c.add_option("--scale-lr", f.scaleLr,
                "none | linear | sqrt: in allreduce, multiply --lr by the workers (linear) or its square root: the "
@@ -142,6 +151,10 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (f.logEverySteps < 0) COHORT_THROW(InvalidArgument) << "--log-every-steps must be >= 0, got " << f.logEverySteps;
   if (f.accumulateSteps < 1) COHORT_THROW(InvalidArgument) << "--accumulate-steps must be at least 1, got " << f.accumulateSteps;
   if (f.prefetch < 0) COHORT_THROW(InvalidArgument) << "--prefetch must be >= 0, got " << f.prefetch;
+  if (!(f.clipGradNorm >= 0) || !std::isfinite(f.clipGradNorm) || f.clipGradNorm > std::numeric_limits<float>::max()) {
+    COHORT_THROW(InvalidArgument) << "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got " << f.clipGradNorm;
+  }
+  if (f.skipNonFinite < 0) COHORT_THROW(InvalidArgument) << "--skip-nonfinite must be >= 0, got " << f.skipNonFinite;
   if (f.maxSteps < 0) COHORT_THROW(InvalidArgument) << "--max-steps must be >= 0";
   if (f.checkpointEvery < 0) COHORT_THROW(InvalidArgument) << "--checkpoint-every must be >= 0";
   if ((f.resume || f.checkpointEvery > 0) && f.checkpoint.empty()) {
@@ -294,6 +307,7 @@ std::string resultLine(const train::Job& job, const train::TrainResult& r, bool 
   os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec) << " wall_s=" << r.wallSeconds;
   // Only on a run that ended before its last epoch, so scripts can tell it from a finished one.
   if (r.stopReason != train::StopReason::kNone) os << " stopped=" << train::toString(r.stopReason);
+  if (r.skippedSteps > 0) os << " skipped_steps=" << r.skippedSteps;
   return os.str();
 }
 
@@ -348,7 +362,9 @@ int runTrain(const TrainFlags& f) {
                           .stopRequested = &gStopRequested,
                           .metricsPath = f.metrics,
                           .logEverySteps = f.logEverySteps,
-                          .lrSchedule = lrScheduleOptions(f, lr)});
+                          .lrSchedule = lrScheduleOptions(f, lr),
+                          .clipGradNorm = static_cast<float>(f.clipGradNorm),
+                          .skipNonFinite = f.skipNonFinite});
   const bool hogwild = job.options().mode == train::Mode::kHogwild;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
              << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "

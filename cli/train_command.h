@@ -45,7 +45,9 @@ struct TrainFlags {
   bool memoryReport = false;
   std::string lrSchedule = "constant";  // constant | step | cosine
   int64_t accumulateSteps = 1;
-  int64_t logEverySteps = 0;            // > 0: a metrics line every N optimizer steps          // micro-batches per optimizer step
+  int64_t logEverySteps = 0;            // > 0: a metrics line every N optimizer steps
+  double clipGradNorm = 0;              // > 0: clip the gradient to this global L2 norm
+  int64_t skipNonFinite = 0;            // non-finite steps to skip before stopping (exit 6)
   std::string scaleLr = "none";         // none | linear | sqrt: --lr scaled by the effective batch
   int64_t warmupSteps = 0;
   double minLr = 0;

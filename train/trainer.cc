@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -64,7 +65,9 @@ Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptio
           {"resume", o.resume ? "yes" : "no"},
           {"max_steps", std::to_string(o.maxSteps)},
           {"accumulate_steps", std::to_string(o.accumulateSteps)},
-          {"lr_schedule", schedule ? schedule->describe() : "none"}};
+          {"lr_schedule", schedule ? schedule->describe() : "none"},
+          {"clip_grad_norm", std::to_string(o.clipGradNorm)},
+          {"skip_nonfinite", std::to_string(o.skipNonFinite)}};
 }
 
 // The schedule with the run's defaults filled in (see TrainerOptions::lrSchedule).
@@ -119,6 +122,13 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   if (options_.epochs <= 0) COHORT_THROW(InvalidArgument) << "epochs must be positive, got " << options_.epochs;
   if (options_.accumulateSteps < 1) {
     COHORT_THROW(InvalidArgument) << "accumulateSteps must be at least 1, got " << options_.accumulateSteps;
+  }
+  if (!(options_.clipGradNorm >= 0) || !std::isfinite(options_.clipGradNorm)) {
+    COHORT_THROW(InvalidArgument) << "clipGradNorm must be a finite number >= 0 (0: no clipping), got "
+                                  << options_.clipGradNorm;
+  }
+  if (options_.skipNonFinite < 0) {
+    COHORT_THROW(InvalidArgument) << "skipNonFinite must be >= 0, got " << options_.skipNonFinite;
   }
   if ((options_.resume || options_.checkpointEvery > 0) && options_.checkpointPath.empty()) {
     COHORT_THROW(InvalidArgument) << (options_.resume ? "resume" : "checkpointEvery") << " needs a checkpoint path";
@@ -178,7 +188,8 @@ TrainResult Trainer::run() {
     const int64_t samplesBefore = pos.samples;
     startEpoch(pos.epoch, pos.batch);
     const int64_t batches = loader_.batchesPerEpoch(), k = options_.accumulateSteps;
-    int64_t groupSamples = 0;
+    // The step's figures, added to the epoch's once it is applied (a skipped step counts in none).
+    int64_t groupSamples = 0, groupCorrect = 0;
     double groupLoss = 0;
     StepWindow window;
     for (runtime::data::Batch batch; nextBatch(batch);) {
@@ -194,10 +205,8 @@ TrainResult Trainer::run() {
         loss_.forwardGpu(out, batch.targets, *gpu);
       } else {
         batchLoss = loss_.forward(out, batch.targets);
-        pos.lossSum += batchLoss * static_cast<double>(batch.size);
-        pos.correct += loss_.correct();
+        groupCorrect += loss_.correct();
       }
-      pos.samples += batch.size;
       groupSamples += batch.size;
       groupLoss += batchLoss * static_cast<double>(batch.size);
       model_.backward(loss_.backward(), pass);
@@ -205,18 +214,34 @@ TrainResult Trainer::run() {
       // A pure function of the optimizer's step count, which checkpoints hold: a resumed run
       // continues the schedule exactly.
       if (schedule_) job_.optimizer().setLr(schedule_->lrAt(job_.optimizer().steps()));
-      job_.step();
+      const double stepLoss = groupLoss / static_cast<double>(groupSamples);
+      // On a GPU the losses stay on the device: the step checks the gradient only.
+      const StepResult stepped = job_.step({.clipGradNorm = options_.clipGradNorm,
+                                            .loss = gpu ? std::nullopt : std::optional<double>(stepLoss)});
       ++pos.step;
       pos.batch = batch.index + 1;
+      if (stepped.applied) {
+        if (!gpu) pos.lossSum += groupLoss;
+        pos.correct += groupCorrect;
+        pos.samples += groupSamples;
+        pos.gradNormSum += stepped.gradNorm;
+        pos.gradNormMax = std::max(pos.gradNormMax, stepped.gradNorm);
+        ++pos.gradNormSteps;
+        window.samples += groupSamples;
+        window.lossSum += groupLoss;
+        window.gradNormSum += stepped.gradNorm;
+        ++window.steps;
+      } else {
+        nonFiniteStep(pos, stepped, stepLoss);
+      }
       if (callbacks_.onStepEnd &&
           callbacks_.onStepEnd({.epoch = pos.epoch, .batch = batch.index, .step = pos.step, .samples = groupSamples,
-                                .loss = groupLoss / static_cast<double>(groupSamples)}) == Next::kStop) {
+                                .loss = stepLoss, .gradNorm = stepped.gradNorm, .applied = stepped.applied}) == Next::kStop) {
         userStop_ = true;
       }
-      window.samples += groupSamples;
-      window.lossSum += groupLoss;
       logSteps(pos, window);
       groupSamples = 0;
+      groupCorrect = 0;
       groupLoss = 0;
       const bool midEpoch = pos.batch < loader_.batchesPerEpoch();
       if (stopAgreed(pos.step, false) && midEpoch) {
@@ -264,6 +289,32 @@ TrainResult Trainer::run() {
   return result;
 }
 
+void Trainer::nonFiniteStep(Position& pos, const StepResult& step, double loss) {
+  std::ostringstream what;
+  what << "step " << pos.step << " (epoch " << pos.epoch + 1 << ", batch " << pos.batch << "): " << step.describe();
+  if (step.nonFinite == NonFinite::kLoss && step.rank == job_.world().rank) {
+    what << " (" << (std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf") << ")";
+  }
+  if (pos.skipped < options_.skipNonFinite) {
+    ++pos.skipped;
+    ++pos.skippedInEpoch;
+    // Lockstep ranks skip together: rank 0 says so; Hogwild workers each for themselves.
+    if (!job_.lockstep() || job_.world().rank == 0) {
+      job_.log().warn() << what.str() << ": skipped, nothing applied (" << pos.skipped << " of the "
+                        << options_.skipNonFinite << " skips allowed)";
+    }
+    return;
+  }
+  what << ": training diverged; nothing of this step was applied";
+  if (!options_.checkpointPath.empty()) what << " and " << options_.checkpointPath << " holds the last checkpoint before it";
+  if (options_.skipNonFinite > 0) {
+    what << " (the " << options_.skipNonFinite << " skips allowed are used up)";
+  } else {
+    what << " (lower the learning rate, clip the gradient, or skip such steps: --skip-nonfinite N)";
+  }
+  throw Diverged(what.str());
+}
+
 void Trainer::collectGpuSums(Position& pos) {
   if (!job_.gpu()) return;
   nn::LossSums sums = loss_.takeGpuSums(*job_.gpu());
@@ -290,16 +341,23 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   // The job's figures: samples summed, the time the slowest rank's, loss and accuracy averaged (every
   // rank trains the same number of samples per epoch, so the mean of the ranks' means is the job's).
   // [0] the run's samples, [1] this epoch's: summed; the same two times: the slowest rank's.
-  double samples[2] = {static_cast<double>(trainedSamples_), static_cast<double>(epochSamples)};
-  double seconds[2] = {trainSeconds_, epochSeconds};
-  double means[2] = {pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0,
-                     pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0};
+  // The gradient's norm is the same on every rank that steps together (Hogwild: each worker's own,
+  // averaged); skipped steps are the job's where ranks skip together, and summed over Hogwild workers.
+  double samples[3] = {static_cast<double>(trainedSamples_), static_cast<double>(epochSamples),
+                       job_.lockstep() ? 0.0 : static_cast<double>(pos.skippedInEpoch)};
+  double maxes[4] = {trainSeconds_, epochSeconds, pos.gradNormMax,
+                     job_.lockstep() ? static_cast<double>(pos.skippedInEpoch) : 0.0};
+  double means[3] = {pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0,
+                     pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0,
+                     pos.gradNormSteps ? pos.gradNormSum / static_cast<double>(pos.gradNormSteps) : 0};
   job_.reduce(samples, Reduce::kSum);
-  job_.reduce(seconds, Reduce::kMax);
+  job_.reduce(maxes, Reduce::kMax);
   job_.reduce(means, Reduce::kMean);
+  const double* seconds = maxes;
   result.trainLoss = means[0];
   result.trainAcc = means[1];
   result.samplesPerSec = seconds[0] > 0 ? samples[0] / seconds[0] : 0;
+  result.skippedSteps = pos.skipped;
   const double epochJobPerSec = seconds[1] > 0 ? samples[1] / seconds[1] : 0;
   if (test_ && job_.world().rank == 0) {
     Evaluation e = evaluate(*test_);
@@ -310,13 +368,17 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   EpochReport report{.epoch = pos.epoch + 1, .step = pos.step, .trainLoss = result.trainLoss,
                      .trainAcc = result.trainAcc, .testLoss = result.testLoss, .testAcc = result.testAcc,
                      .haveTest = result.haveTest, .samplesPerSec = result.samplesPerSec,
-                     .epochSamplesPerSec = epochJobPerSec, .lr = job_.optimizer().options().lr};
+                     .epochSamplesPerSec = epochJobPerSec, .lr = job_.optimizer().options().lr,
+                     .gradNorm = means[2], .gradNormMax = maxes[2],
+                     .skippedSteps = static_cast<int64_t>(samples[2] + maxes[3])};
   if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
   auto line = job_.log().info();
   line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss " << result.trainLoss;
   if (options_.classification) line << " train_acc " << result.trainAcc;
   if (result.haveTest) line << " test_loss " << result.testLoss;
   if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
+  line << " grad_norm " << report.gradNorm;
+  if (report.skippedSteps > 0) line << " skipped_steps " << report.skippedSteps;
   for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
   line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
   if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(epochJobPerSec) << ")";
@@ -326,6 +388,8 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   pos.lossSum = 0;
   pos.correct = 0;
   pos.samples = 0;
+  pos.gradNormSum = pos.gradNormMax = 0;
+  pos.gradNormSteps = pos.skippedInEpoch = 0;
   if (!result.stoppedEarly) {
     Position next = pos;
     next.epoch = pos.epoch + 1;
@@ -341,6 +405,7 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
   TrainResult result;
   result.epochs = pos.epoch;
   result.steps = pos.step;
+  result.skippedSteps = pos.skipped;
   result.trainLoss = pos.lastTrainLoss;
   result.trainAcc = pos.lastTrainAcc;
   if (test_ && job_.world().rank == 0) {
@@ -385,7 +450,10 @@ void Trainer::appendMetrics(const EpochReport& r) const {
                       {"train_loss", r.trainLoss},
                       {"samples_per_s", r.epochSamplesPerSec},
                       {"run_samples_per_s", r.samplesPerSec},
-                      {"lr", r.lr}};
+                      {"lr", r.lr},
+                      {"grad_norm", r.gradNorm},
+                      {"grad_norm_max", r.gradNormMax},
+                      {"skipped_steps", r.skippedSteps}};
   if (options_.classification) j["train_acc"] = r.trainAcc;
   if (r.haveTest) j["test_loss"] = r.testLoss;
   if (r.haveTest && options_.classification) j["test_acc"] = r.testAcc;
@@ -407,6 +475,7 @@ void Trainer::logSteps(const Position& pos, StepWindow& window) {
                         {"step", pos.step},
                         {"lr", job_.optimizer().options().lr},
                         {"samples_per_s", seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0}};
+    if (window.steps > 0) j["grad_norm"] = window.gradNormSum / static_cast<double>(window.steps);
     // On a GPU the losses stay on the device until the epoch's end.
     if (!job_.gpu() && window.samples > 0) j["train_loss"] = window.lossSum / static_cast<double>(window.samples);
     appendMetricsLine(j.dump());
@@ -433,6 +502,11 @@ void Trainer::saveCheckpoint(const Position& pos) {
                                          {"epoch_samples", std::to_string(pos.samples)},
                                          {"last_train_loss", hexDouble(pos.lastTrainLoss)},
                                          {"last_train_acc", hexDouble(pos.lastTrainAcc)},
+                                         {"epoch_grad_norm_sum", hexDouble(pos.gradNormSum)},
+                                         {"epoch_grad_norm_max", hexDouble(pos.gradNormMax)},
+                                         {"epoch_grad_norm_steps", std::to_string(pos.gradNormSteps)},
+                                         {"epoch_skipped_steps", std::to_string(pos.skippedInEpoch)},
+                                         {"skipped_steps", std::to_string(pos.skipped)},
                                      });
 }
 
@@ -457,6 +531,14 @@ bool Trainer::loadCheckpoint(Position& pos) {
   pos.lastTrainLoss = std::strtod(metadataText(m, "last_train_loss", path).c_str(), nullptr);
   pos.lastTrainAcc = std::strtod(metadataText(m, "last_train_acc", path).c_str(), nullptr);
   rng_ = runtime::Rng(std::stoull(metadataText(m, "rng_seed", path)), std::stoull(metadataText(m, "rng_counter", path)));
+  // Checkpoints from before the gradient's figures were recorded start them afresh.
+  if (m.count("skipped_steps")) {
+    pos.gradNormSum = std::strtod(metadataText(m, "epoch_grad_norm_sum", path).c_str(), nullptr);
+    pos.gradNormMax = std::strtod(metadataText(m, "epoch_grad_norm_max", path).c_str(), nullptr);
+    pos.gradNormSteps = metadataCount(m, "epoch_grad_norm_steps", path);
+    pos.skippedInEpoch = metadataCount(m, "epoch_skipped_steps", path);
+    pos.skipped = metadataCount(m, "skipped_steps", path);
+  }
   if (pos.batch > loader_.batchesPerEpoch()) {
     COHORT_THROW(IoError) << path << ": checkpoint batch " << pos.batch << " is beyond the epoch's "
                           << loader_.batchesPerEpoch() << " batches";

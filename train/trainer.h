@@ -4,6 +4,8 @@
 //   for epoch: loader.startEpoch(epoch, firstBatch)
 //     for batch: forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
 //                -> (checkpoint every N steps)
+//                a non-finite loss or gradient (train/step.h): stop with Diverged, or skip the step
+//                (skipNonFinite)
 //     the job's mean loss and throughput; evaluate on the test set (rank 0); onEpochEnd; log one
 //     progress line; append one metrics line; checkpoint
 //
@@ -72,6 +74,14 @@ struct TrainerOptions {
   // step; baseLr 0 takes the optimizer's own. totalSteps 0 means the run's: epochs x steps per epoch
   // (maxSteps only stops the run early). Unset: the optimizer's learning rate throughout.
   std::optional<nn::LrScheduleOptions> lrSchedule;
+  // > 0: clip each step's gradient to this global L2 norm (StepOptions::clipGradNorm).
+  float clipGradNorm = 0;
+  // A step whose loss or gradient is non-finite is never applied. 0: the run stops there with
+  // Diverged (every rank that steps together at the same step; no checkpoint is written after the
+  // last good step). N > 0: up to N such steps in the run are skipped (logged, counted in the
+  // reports, kept across resumes), and the one after them stops it. A skipped step's samples count
+  // in no figure; its optimizer step does not happen (the schedule does not advance).
+  int64_t skipNonFinite = 0;
 };
 
 enum class Next { kContinue, kStop };
@@ -82,6 +92,8 @@ struct StepReport {
   int64_t step = 0;       // optimizer steps so far, this one included
   int64_t samples = 0;    // in this step's micro-batches
   double loss = 0;        // their mean loss on this rank; NaN on a GPU (read once per epoch there)
+  double gradNorm = 0;    // the gradient's global norm before clipping (StepResult::gradNorm)
+  bool applied = true;    // false: skipped, non-finite (TrainerOptions::skipNonFinite)
 };
 
 struct EpochReport {
@@ -95,6 +107,9 @@ struct EpochReport {
   double samplesPerSec = 0;       // the job's training throughput so far
   double epochSamplesPerSec = 0;  // the job's throughput in this epoch (all ranks' samples / the slowest rank's time)
   double lr = 0;                  // the learning rate of the epoch's last step
+  double gradNorm = 0;            // the gradient's global norm before clipping: mean over the epoch's applied steps
+  double gradNormMax = 0;         // and the largest (Hogwild: the mean and the largest over the workers)
+  int64_t skippedSteps = 0;       // non-finite steps skipped in this epoch (Hogwild: all workers')
   // The callback's own figures ("val_f1", ...): logged and written to the metrics file.
   std::vector<std::pair<std::string, double>> metrics;
 };
@@ -128,6 +143,7 @@ struct TrainResult {
   double samplesPerSec = 0;  // the job's training samples / training time (evaluation excluded)
   double wallSeconds = 0;
   double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
+  int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
 };
 
 class Trainer {
@@ -156,6 +172,11 @@ class Trainer {
     int64_t samples = 0;
     double lastTrainLoss = 0;  // figures of the last completed epoch
     double lastTrainAcc = 0;
+    double gradNormSum = 0;  // the current epoch's applied steps
+    double gradNormMax = 0;
+    int64_t gradNormSteps = 0;
+    int64_t skippedInEpoch = 0;
+    int64_t skipped = 0;  // over the run
   };
 
   using Clock = std::chrono::steady_clock;
@@ -168,6 +189,8 @@ class Trainer {
   bool loadCheckpoint(Position& pos);
   // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
+  // A step that was not applied: counts it against skipNonFinite, or throws Diverged.
+  void nonFiniteStep(Position& pos, const StepResult& step, double loss);
   // GPU: adds the loss sums accumulated on the device to `pos` (waits for the compute stream).
   void collectGpuSums(Position& pos);
   void appendMetrics(const EpochReport& report) const;
@@ -176,6 +199,8 @@ class Trainer {
   struct StepWindow {
     double lossSum = 0;
     int64_t samples = 0;
+    double gradNormSum = 0;
+    int64_t steps = 0;  // applied
     Clock::time_point start = Clock::now();
   };
   void logSteps(const Position& pos, StepWindow& window);

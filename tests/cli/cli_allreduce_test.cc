@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,21 +50,35 @@ class AllreduceCliTest : public ShmDirTest {
   // Trains 20 steps N workers x batch b with `launcher`, and 1 worker x batch N*b, and compares.
   // `extra`: more flags for the N-worker job (e.g. --replicas).
   // `accumulate`: K micro-batches of b per step for the N workers, against one worker's batch of N·K·b.
+  // `clip` > 0: both jobs clip the gradient to that norm, and the one worker's step lines must show
+  // that most steps needed it.
   void expectEquivalent(const std::vector<std::string>& launcher, int n, const std::string& backend,
-                        const std::vector<std::string>& extra = {}, int accumulate = 1) {
+                        const std::vector<std::string>& extra = {}, int accumulate = 1, double clip = 0) {
     const int b = 16;
-    std::string many = dir_ + "/many.st", one = dir_ + "/one.st";
+    std::string many = dir_ + "/many.st", one = dir_ + "/one.st", metrics = dir_ + "/one.jsonl";
+    std::vector<std::string> both;
+    if (clip > 0) both = {"--clip-grad-norm", std::to_string(clip)};
     std::vector<std::string> args = {"--batch-size", std::to_string(b), "--max-steps", "20", "--checkpoint", many};
     if (!launcher.empty()) args.insert(args.end(), {"--mode", "allreduce", "--backend", backend});
     args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), both.begin(), both.end());
     if (accumulate > 1) args.insert(args.end(), {"--accumulate-steps", std::to_string(accumulate)});
     CommandResult r = launcher.empty() ? runCommand(trainArgs(args), {.timeout = std::chrono::seconds(240)})
                                        : run(launcher, trainArgs(args));
     ASSERT_EQ(r.exitCode, 0) << r.describe();
-    CommandResult s = runCohort({"train", "--data", "synthetic", "--model", "mlp:784,64,10", "--lr", "0.05", "--momentum", "0.9",
-                                 "--seed", "5", "--threads", "1", "--batch-size", std::to_string(n * b * accumulate), "--max-steps", "20",
-                                 "--checkpoint", one});
+    std::vector<std::string> single = {"train", "--data", "synthetic", "--model", "mlp:784,64,10", "--lr", "0.05", "--momentum",
+                                       "0.9", "--seed", "5", "--threads", "1", "--batch-size", std::to_string(n * b * accumulate),
+                                       "--max-steps", "20", "--checkpoint", one, "--metrics", metrics, "--log-every-steps", "1"};
+    single.insert(single.end(), both.begin(), both.end());
+    std::remove(metrics.c_str());
+    CommandResult s = runCohort(single);
     ASSERT_EQ(s.exitCode, 0) << s.describe();
+    if (clip > 0) {
+      int clipped = 0;
+      std::istringstream lines(readFile(metrics));
+      for (std::string line; std::getline(lines, line);) clipped += jsonNumber(line, "grad_norm") > clip;
+      EXPECT_GE(clipped, 15) << "of 20 steps clipped";
+    }
     nn::Checkpoint a = nn::readCheckpoint(many), c = nn::readCheckpoint(one);
     EXPECT_EQ(a.metadata["step"], "20");
     int compared = 0;
@@ -90,6 +106,14 @@ TEST_F(AllreduceCliTest, AccumulatedMicroBatchesEqualOneBatchWithTwoAndThreeWork
   expectEquivalent(cohortrun(2), 2, "shm", {}, 2);
   expectEquivalent(cohortrun(3), 3, "shm", {"--replicas"}, 3);
   expectEquivalent(mpirun(2), 2, "mpi", {}, 2);
+}
+
+// Issue 16: clipping applies to the averaged gradient, whose norm every rank knows (the sharded
+// path adds up its shards'): 2 workers equal one worker with the combined batch after 20 clipped steps.
+TEST_F(AllreduceCliTest, ClippedWorkersEqualOneClippedWorkerWithTheCombinedBatch) {
+  expectEquivalent(cohortrun(2), 2, "shm", {}, 1, 0.1);
+  expectEquivalent(cohortrun(2), 2, "shm", {"--replicas"}, 1, 0.1);
+  expectEquivalent(mpirun(2), 2, "mpi", {}, 1, 0.1);
 }
 
 TEST_F(AllreduceCliTest, TwoShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(2), 2, "shm"); }

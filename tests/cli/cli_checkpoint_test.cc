@@ -82,16 +82,23 @@ TEST_F(CliCheckpointTest, PeriodicCheckpointsStoppedInFirstEpochResumeBitExactly
 
 // Issue 16: a run stopped mid-schedule (cosine after warmup, 3 micro-batches per step: 313 steps an
 // epoch, the last of 2) and resumed ends bit for bit where the uninterrupted one does: the learning
-// rate is a function of the optimizer's step, and steps start at group boundaries.
-TEST_F(CliCheckpointTest, AScheduleWithAccumulationResumesBitExactly) {
+// rate is a function of the optimizer's step, steps start at group boundaries, and clipping
+// depends on nothing but the step's gradient.
+TEST_F(CliCheckpointTest, AScheduleWithAccumulationAndClippingResumesBitExactly) {
   const std::vector<std::string> schedule = {"--lr-schedule", "cosine", "--warmup-steps", "100", "--min-lr", "0.001",
-                                             "--accumulate-steps", "3"};
+                                             "--accumulate-steps", "3", "--clip-grad-norm", "0.3"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), schedule.begin(), schedule.end());
     return extra;
   };
-  ResultLine whole = expectSuccess(run(path("s1.st"), with({})));
+  ResultLine whole = expectSuccess(run(path("s1.st"), with({"--metrics", path("s1.jsonl")})));
   EXPECT_NE(whole.fields["train_loss"], uninterrupted_.fields["train_loss"]) << "the schedule changed nothing";
+  // Clipping was on: the largest gradient norm of each epoch exceeded the limit.
+  const std::string metrics = readFile(path("s1.jsonl"));
+  EXPECT_EQ(countLines(metrics), 2) << metrics;
+  for (size_t at = 0, end; (end = metrics.find('\n', at)) != std::string::npos; at = end + 1) {
+    EXPECT_GT(jsonNumber(metrics.substr(at, end - at), "grad_norm_max"), 0.3) << metrics;
+  }
   expectSuccess(run(path("s2.st"), with({"--max-steps", "400"})));
   ResultLine resumed = expectSuccess(run(path("s2.st"), with({"--resume"})));
   EXPECT_TRUE(readFile(path("s1.st")) == readFile(path("s2.st"))) << "s1.st and s2.st differ";

@@ -163,4 +163,10 @@ int countLines(const std::string& text) {
   return n;
 }
 
+double jsonNumber(const std::string& line, const std::string& key) {
+  size_t at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
 }  // namespace cohort::testing

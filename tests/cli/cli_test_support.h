@@ -67,6 +67,8 @@ ResultLine parseResultLine(const std::string& stdoutText);
 
 // Number of '\n'-terminated lines in `text`; an unterminated last line counts too.
 int countLines(const std::string& text);
+// The number after "key": in a JSON line (a metrics line), or NaN when the key is absent.
+double jsonNumber(const std::string& line, const std::string& key);
 
 // A test with its own directory (dir_) and, inside it, its own shared-memory directory (shm_), set as
 // COHORT_SHM_DIR for every program it starts, so "nothing left in shared memory" can be checked.

@@ -66,12 +66,6 @@ TEST(CliTrainingTest, SyntheticOneEpochAccuracyMatchesPeers) {
 }
 
 // The value of "KEY": in one JSON line, or NaN.
-double jsonNumber(const std::string& line, const std::string& key) {
-  size_t at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return std::nan("");
-  return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
-}
-
 // Three epochs (seed 0: 0.792) beat one (0.741). There is no learning-rate schedule, so epoch 1 of
 // the three-epoch run is exactly the one-epoch run; the metrics file shows it.
 TEST(CliTrainingTest, MoreEpochsReachHigherAccuracyAndMetricsHaveOneLinePerEpoch) {
@@ -119,6 +113,12 @@ TEST(CliTrainingTest, MetricsCarryTheEpochsThroughputTheLearningRateAndStepLines
     EXPECT_EQ(jsonNumber(lines[i], "step"), steps[i]) << lines[i];
     EXPECT_NEAR(jsonNumber(lines[i], "lr"), lrs[i], 1e-9) << lines[i];
     EXPECT_GT(jsonNumber(lines[i], "samples_per_s"), 0) << lines[i];
+    EXPECT_GT(jsonNumber(lines[i], "grad_norm"), 0) << lines[i];  // the window's mean (epoch lines: the epoch's)
+  }
+  // Epoch lines: the gradient norm's mean and largest over the epoch, and the skipped steps (none).
+  for (size_t i : {2, 5}) {
+    EXPECT_GE(jsonNumber(lines[i], "grad_norm_max"), jsonNumber(lines[i], "grad_norm")) << lines[i];
+    EXPECT_EQ(jsonNumber(lines[i], "skipped_steps"), 0) << lines[i];
   }
   // The epoch lines' throughput is the epoch's, the figure the console shows for it.
   for (int epoch : {1, 2}) {

@@ -1,11 +1,17 @@
 // train::Trainer with callbacks, in process: onStepEnd sees every step, onEpochEnd's own figures
 // reach the log and the metrics file, and a stop asked for by a callback ends the run at the same
-// epoch on every rank (even when only rank 0 asks), with a checkpoint the run resumes from.
+// epoch on every rank (even when only rank 0 asks), with a checkpoint the run resumes from; a
+// non-finite loss on one rank stops every rank at that step (Diverged) or is skipped by all of them,
+// counted in the reports and the checkpoint.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "nn/loss.h"
 #include "nn/model_spec.h"
@@ -70,6 +76,76 @@ TEST_F(TrainerTest, CallbacksSeeEveryStepAddFiguresAndStopTheRunOnEveryRank) {
     EXPECT_NE(text.find("\"doubled_loss\""), std::string::npos) << text;
     EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
   }
+}
+
+// Cross-entropy whose loss value is NaN at chosen forward calls of one rank (its gradient stays
+// finite): a non-finite loss the gradient check alone would not see.
+class NanAt final : public nn::Loss {
+ public:
+  explicit NanAt(std::vector<int64_t> calls) : calls_(std::move(calls)) {}
+  std::string name() const override { return "nan-at"; }
+  float forward(const runtime::Tensor& out, const runtime::Tensor& targets) override {
+    const float l = inner_.forward(out, targets);
+    return std::find(calls_.begin(), calls_.end(), ++count_) != calls_.end() ? std::nanf("") : l;
+  }
+  const runtime::Tensor& backward() override { return inner_.backward(); }
+  int64_t correct() const override { return inner_.correct(); }
+
+ private:
+  nn::SoftmaxCrossEntropy inner_;
+  std::vector<int64_t> calls_;
+  int64_t count_ = 0;
+};
+
+// Rank 1's loss is NaN at the 3rd batch each process trains (12 steps per epoch). Without skips both
+// ranks stop at step 3 with Diverged naming rank 1's loss, and write no checkpoint; with 2 allowed
+// both skip step 3 of epoch 1 and checkpoint, and the run resumed for epoch 2 skips its step 15:
+// 1 skip in each epoch's report, 2 in the run's count, which the checkpoint carried over.
+TEST_F(TrainerTest, ANonFiniteLossStopsEveryRankAtItsStepOrIsSkippedByAll) {
+  const std::string metrics = dir_ + "/skips.jsonl", ckpt = dir_ + "/skips.st";
+  auto body = [&](int64_t skips, int64_t epochs) {
+    return [=](const runtime::WorldInfo& world) {
+      auto data = testing::teacherData();
+      auto model = nn::buildModel("mlp:20,16,3");
+      auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel());
+      Job job({.mode = Mode::kAllReduce}, world);
+      job.place(*model, *optimizer, {.seed = 1});
+      NanAt loss(world.rank == 1 ? std::vector<int64_t>{3} : std::vector<int64_t>{});
+      int64_t skippedSeen = 0;
+      TrainerCallbacks callbacks;
+      callbacks.onStepEnd = [&](const StepReport& s) {
+        if (!s.applied) ++skippedSeen;
+        return Next::kContinue;
+      };
+      callbacks.onEpochEnd = [&](EpochReport& e) { return e.skippedSteps == 1 ? Next::kContinue : Next::kStop; };
+      Trainer trainer(job, loss, *data, nullptr,
+                      {.epochs = epochs, .batchSize = 16, .seed = 2, .checkpointPath = ckpt, .resume = true,
+                       .metricsPath = metrics, .skipNonFinite = skips},
+                      std::move(callbacks));
+      try {
+        TrainResult r = trainer.run();
+        if (skips == 0) return 60;
+        if (r.stoppedEarly || r.skippedSteps != (epochs == 1 ? 1 : 2)) return 61;
+        return 0;
+      } catch (const Diverged& e) {
+        const std::string m = e.what();
+        if (skips != 0 || m.find("step 3 ") == std::string::npos || m.find("loss is non-finite on rank 1") == std::string::npos) {
+          std::fprintf(stderr, "%s\n", m.c_str());
+          return 62;
+        }
+        return skippedSeen == 0 ? 0 : 63;
+      }
+    };
+  };
+  runRanks(2, body(0, 2));
+  EXPECT_FALSE(std::ifstream(ckpt).good()) << "a checkpoint was written by a run that diverged before its first";
+  runRanks(2, body(2, 1));  // epoch 1: skips step 3, checkpoints
+  runRanks(2, body(2, 2));  // resumed: epoch 2 skips step 15 (the count says 2 in all)
+  const std::string text = readAll(metrics);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+  size_t at = 0, lines = 0;
+  while ((at = text.find("\"skipped_steps\":1", at)) != std::string::npos) ++lines, ++at;
+  EXPECT_EQ(lines, 2u) << text;
 }
 
 }  // namespace
