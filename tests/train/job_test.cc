@@ -176,7 +176,7 @@ TEST_F(JobTest, MicroBatchesAccumulateLikeOneBatch) {
 
 // Issue 16: the averaged gradient is clipped, its norm the same on every rank: 2 and 3 ranks (the
 // sharded shm path, whose ranks each hold a shard of it, and replicas) after 20 clipped steps equal
-// one rank with the combined batch.
+// one rank with the combined batch. Hogwild clips each worker's own gradient.
 TEST_F(JobTest, RanksClipTheAveragedGradientLikeOneRankWithTheCombinedBatch) {
   for (int ranks : {2, 3}) {
     train(1, {.batch = 16 * ranks, .steps = 20, .clip = 0.1f, .finalPath = path("one.st")});
@@ -189,6 +189,9 @@ TEST_F(JobTest, RanksClipTheAveragedGradientLikeOneRankWithTheCombinedBatch) {
   train(1, {.batch = 32, .steps = 20, .finalPath = path("unclipped.st")});
   train(1, {.batch = 32, .steps = 20, .clip = 0.1f, .finalPath = path("clipped.st")});
   EXPECT_GT(worstDifference(path("unclipped.st"), path("clipped.st")), 1e-3);
+  // A Hogwild worker clips its own gradient: alone, exactly like a local run.
+  train(1, {.job = {.mode = Mode::kHogwild}, .batch = 32, .steps = 20, .clip = 0.1f, .finalPath = path("hogwild.st")});
+  EXPECT_EQ(worstDifference(path("clipped.st"), path("hogwild.st")), 0.0);
 }
 
 // clip_grad_norm_ by hand: y = w·x + b from zeros, x = (1, 2), target 5, squared error: dL/dy = -10,
