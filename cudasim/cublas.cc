@@ -1,0 +1,301 @@
+// cuBLAS as cudasim emulates it (include/cublas_v2.h): handles, and SGEMM and SSCAL as operations of
+// the handle's stream, computed by plain CPU loops that follow the real argument conventions.
+//
+// Every call checks what the real library checks (dimensions, leading dimensions, enums, null
+// scalars) and, beyond it, that each matrix or vector it will touch lies inside one live device
+// allocation (the real library would fault later or quietly read a neighbour). A handle used while
+// another device is current fails as the real library's kernel launch would. Live handles are
+// kept in a registry, so a destroyed or made-up handle is CUBLAS_STATUS_NOT_INITIALIZED rather than
+// a crash.
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "cublas_v2.h"
+#include "cudasim/sim.h"
+
+struct cublasContext {
+  int device = 0;                 // current when the handle was made; it must be current at each call
+  cudaStream_t stream = nullptr;  // nullptr: the device's default stream
+  cublasPointerMode_t pointerMode = CUBLAS_POINTER_MODE_HOST;
+  cublasMath_t mathMode = CUBLAS_DEFAULT_MATH;
+};
+
+namespace cudasim {
+namespace {
+
+struct Handles {
+  std::mutex m;
+  std::set<cublasContext*> live;
+};
+
+Handles& handles() {
+  static Handles* h = new Handles;  // never destroyed: stream threads may outlive static destruction
+  return *h;
+}
+
+// The handle's settings as they are now, or nullopt for a handle that is not live.
+std::optional<cublasContext> settingsOf(cublasHandle_t handle) {
+  Handles& h = handles();
+  std::lock_guard lock(h.m);
+  if (!h.live.count(handle)) return std::nullopt;
+  return *handle;
+}
+
+// Applies `change` to a live handle; CUBLAS_STATUS_NOT_INITIALIZED for any other.
+template <class Change>
+cublasStatus_t changeHandle(cublasHandle_t handle, Change change) {
+  Handles& h = handles();
+  std::lock_guard lock(h.m);
+  if (!h.live.count(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  change(*handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The checks every compute call starts with: a live handle whose device is current.
+cublasStatus_t usable(cublasHandle_t handle, cublasContext* settings) {
+  std::optional<cublasContext> s = settingsOf(handle);
+  if (!s) return CUBLAS_STATUS_NOT_INITIALIZED;
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess || device != s->device) return CUBLAS_STATUS_EXECUTION_FAILED;
+  *settings = *s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// A scalar argument: its value at the call (host pointer mode), or the device address it is read
+// from when the operation runs (device pointer mode).
+struct Scalar {
+  float value = 0;
+  const float* device = nullptr;
+  float get() const { return device ? *device : value; }
+  bool knownZero() const { return !device && value == 0.0f; }
+  bool knownOne() const { return !device && value == 1.0f; }
+};
+
+bool readScalar(const cublasContext& settings, const float* p, Scalar* out) {
+  if (!p) return false;
+  if (settings.pointerMode == CUBLAS_POINTER_MODE_DEVICE) {
+    if (!isDeviceRange(p, sizeof(float))) return false;
+    out->device = p;
+  } else {
+    out->value = *p;
+  }
+  return true;
+}
+
+// Bytes from the first to one past the last element of a column-major rows x cols matrix with
+// leading dimension ld (0 for an empty one).
+size_t spanBytes(int64_t rows, int64_t cols, int64_t ld) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<size_t>((cols - 1) * ld + rows) * sizeof(float);
+}
+
+bool onDevice(const void* p, size_t bytes) { return bytes == 0 || (p && isDeviceRange(p, bytes)); }
+
+// fp32 rounded to TF32's 10 mantissa bits (nearest, ties to even), as tensor cores read their inputs.
+float toTf32(float x) {
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  if ((bits & 0x7f800000u) == 0x7f800000u) return x;  // Inf and NaN stay
+  bits += 0x0fffu + ((bits >> 13) & 1u);
+  return std::bit_cast<float>(bits & ~0x1fffu);
+}
+
+bool roundsToTf32(cublasMath_t mode) {
+  const int base = mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+  return base == CUBLAS_TF32_TENSOR_OP_MATH || base == CUBLAS_TENSOR_OP_MATH;
+}
+
+// The operands of one SGEMM, captured at the call.
+struct Gemm {
+  bool transA = false, transB = false, tf32 = false;
+  int m = 0, n = 0, k = 0;
+  Scalar alpha, beta;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* c = nullptr;
+  int lda = 0, ldb = 0, ldc = 0;
+};
+
+// Column by column, so a C that overlaps A or B (which BLAS forbids) gives garbage, as on a GPU.
+void runGemm(const Gemm& g) {
+  const float alpha = g.alpha.get(), beta = g.beta.get();
+  auto operand = [&](float x) { return static_cast<double>(g.tf32 ? toTf32(x) : x); };
+  for (int64_t j = 0; j < g.n; ++j) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      double sum = 0;
+      for (int64_t p = 0; alpha != 0.0f && p < g.k; ++p) {
+        const float a = g.transA ? g.a[p + i * g.lda] : g.a[i + p * g.lda];
+        const float b = g.transB ? g.b[j + p * g.ldb] : g.b[p + j * g.ldb];
+        sum += operand(a) * operand(b);
+      }
+      float& c = g.c[i + j * g.ldc];
+      const double scaled = alpha == 0.0f ? 0.0 : alpha * sum;  // alpha == 0: A and B are not read
+      c = static_cast<float>(beta == 0.0f ? scaled : scaled + static_cast<double>(beta) * c);
+    }
+  }
+}
+
+bool validOp(cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; }
+
+cublasStatus_t run(const cublasContext& settings, std::function<void()> op) {
+  return enqueue(settings.stream, std::move(op)) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                                                : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+}  // namespace
+}  // namespace cudasim
+
+using namespace cudasim;
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
+  int count = 0, device = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&device) != cudaSuccess) {
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  auto* context = new cublasContext;
+  context->device = device;
+  Handles& h = handles();
+  std::lock_guard lock(h.m);
+  h.live.insert(context);
+  *handle = context;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// Enqueued operations hold copies of everything they need, so nothing waits for them here.
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  Handles& h = handles();
+  std::lock_guard lock(h.m);
+  if (!h.live.erase(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The stream itself is checked when work is enqueued on it, as the real library's launches do.
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t streamId) {
+  return changeHandle(handle, [&](cublasContext& c) { c.stream = streamId; });
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  const int base = mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+  if (base != CUBLAS_DEFAULT_MATH && base != CUBLAS_TENSOR_OP_MATH && base != CUBLAS_PEDANTIC_MATH &&
+      base != CUBLAS_TF32_TENSOR_OP_MATH) {
+    return settingsOf(handle) ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  return changeHandle(handle, [&](cublasContext& c) { c.mathMode = mode; });
+}
+
+cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {
+  if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE) {
+    return settingsOf(handle) ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  return changeHandle(handle, [&](cublasContext& c) { c.pointerMode = mode; });
+}
+
+// The checks of the reference BLAS's xerbla, in its order, then the quick returns, then the
+// operands' memory: op(A) is m x k, so A is stored m x k (N) or k x m (T), likewise B.
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                              int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                              const float* beta, float* C, int ldc) {
+  cublasContext settings;
+  if (cublasStatus_t s = usable(handle, &settings); s != CUBLAS_STATUS_SUCCESS) return s;
+  Gemm g{.transA = transa != CUBLAS_OP_N,
+         .transB = transb != CUBLAS_OP_N,
+         .tf32 = roundsToTf32(settings.mathMode),
+         .m = m,
+         .n = n,
+         .k = k,
+         .alpha = {},
+         .beta = {},
+         .a = A,
+         .b = B,
+         .c = C,
+         .lda = lda,
+         .ldb = ldb,
+         .ldc = ldc};
+  const int rowsA = g.transA ? k : m, rowsB = g.transB ? n : k;
+  if (!validOp(transa) || !validOp(transb) || m < 0 || n < 0 || k < 0 || lda < std::max(1, rowsA) ||
+      ldb < std::max(1, rowsB) || ldc < std::max(1, m)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (!readScalar(settings, alpha, &g.alpha) || !readScalar(settings, beta, &g.beta)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (m == 0 || n == 0 || ((k == 0 || g.alpha.knownZero()) && g.beta.knownOne())) return CUBLAS_STATUS_SUCCESS;
+  const bool readsAB = k > 0 && !g.alpha.knownZero();
+  if (readsAB && (!onDevice(A, spanBytes(rowsA, g.transA ? m : k, lda)) ||
+                  !onDevice(B, spanBytes(rowsB, g.transB ? k : n, ldb)))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (!onDevice(C, spanBytes(m, n, ldc))) return CUBLAS_STATUS_INVALID_VALUE;
+  return run(settings, [g] { runGemm(g); });
+}
+
+cublasStatus_t cublasSscal_v2_64(cublasHandle_t handle, int64_t n, const float* alpha, float* x, int64_t incx) {
+  cublasContext settings;
+  if (cublasStatus_t s = usable(handle, &settings); s != CUBLAS_STATUS_SUCCESS) return s;
+  Scalar a;
+  if (!readScalar(settings, alpha, &a)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (n <= 0 || incx <= 0) return CUBLAS_STATUS_SUCCESS;
+  // One row of n elements with leading dimension incx is the strided vector.
+  if (!onDevice(x, spanBytes(1, n, incx))) return CUBLAS_STATUS_INVALID_VALUE;
+  return run(settings, [a, x, n, incx] {
+    const float value = a.get();
+    for (int64_t i = 0; i < n; ++i) x[i * incx] *= value;  // multiplied, as BLAS does: 0 · NaN stays NaN
+  });
+}
+
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+#define COHORT_CUDASIM_NAME(e) \
+  case e:                      \
+    return #e;
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_SUCCESS)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_NOT_INITIALIZED)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_ALLOC_FAILED)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_INVALID_VALUE)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_ARCH_MISMATCH)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_MAPPING_ERROR)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_EXECUTION_FAILED)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_INTERNAL_ERROR)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_NOT_SUPPORTED)
+    COHORT_CUDASIM_NAME(CUBLAS_STATUS_LICENSE_ERROR)
+#undef COHORT_CUDASIM_NAME
+  }
+  return "unrecognized status";
+}
+
+// libcublas.so.13's own wording.
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "the library was not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "the resource allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an unsupported value or parameter was passed to the function";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "the function requires an architectural feature absent from the device";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "an access to GPU memory space failed";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the function failed to launch on the GPU";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "an internal operation failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the requested functionality is not supported";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "the license check failed";
+  }
+  return "unrecognized status";
+}
+
+}  // extern "C"

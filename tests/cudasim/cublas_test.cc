@@ -1,0 +1,329 @@
+// cudasim's cuBLAS (cudasim/cublas.cc): SGEMM and SSCAL give the reference BLAS's results under the
+// real argument conventions (column-major, leading dimensions, transposes, alpha/beta, pointer and
+// math modes), in stream order; bad arguments are the real statuses; and the mistake issue 17
+// names, a transposed cuBLAS argument, gives a wrong result rather than a silently right one.
+// Data are small integers and halves, so every product and sum is exact and results compare equal.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cublas_v2.h"
+
+namespace {
+
+// A device copy of a host vector of floats.
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(const std::vector<float>& host) : n_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, n_ * sizeof(float)), cudaSuccess);
+    upload(host);
+  }
+  ~DeviceFloats() { cudaFree(p_); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+
+  float* get() const { return p_; }
+  void upload(const std::vector<float>& host) const {
+    ASSERT_EQ(host.size(), n_);
+    ASSERT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  // Waits for the default stream's work (the handle's stream when none was set), then copies.
+  std::vector<float> download() const {
+    std::vector<float> host(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.data(), p_, n_ * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+ private:
+  size_t n_;
+  float* p_ = nullptr;
+};
+
+// n values cycling through -3 .. 3 from `seed`: exact in any sum of a few products.
+std::vector<float> smallIntegers(size_t n, int seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int>((i * 5 + seed * 3) % 7) - 3);
+  return v;
+}
+
+// The reference: C = alpha · op(A) · op(B) + beta · C, column-major, as the reference BLAS defines it.
+struct GemmCase {
+  bool transA = false, transB = false;
+  int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1, beta = 0;
+};
+
+std::vector<float> referenceGemm(const GemmCase& g, const std::vector<float>& a, const std::vector<float>& b,
+                                 std::vector<float> c) {
+  for (int j = 0; j < g.n; ++j) {
+    for (int i = 0; i < g.m; ++i) {
+      double sum = 0;
+      for (int p = 0; p < g.k; ++p) {
+        const double aip = g.transA ? a[p + i * g.lda] : a[i + p * g.lda];
+        const double bpj = g.transB ? b[j + p * g.ldb] : b[p + j * g.ldb];
+        sum += aip * bpj;
+      }
+      c[i + j * g.ldc] = static_cast<float>(g.alpha * sum + g.beta * c[i + j * g.ldc]);
+    }
+  }
+  return c;
+}
+
+class Handle {
+ public:
+  Handle() { EXPECT_EQ(cublasCreate(&h_), CUBLAS_STATUS_SUCCESS); }
+  ~Handle() { cublasDestroy(h_); }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  cublasHandle_t get() const { return h_; }
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
+
+cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// Runs `g` through cublasSgemm on buffers sized for its leading dimensions, returning C.
+cublasStatus_t deviceGemm(const Handle& h, const GemmCase& g, const std::vector<float>& a, const std::vector<float>& b,
+                          const std::vector<float>& c, std::vector<float>* out) {
+  DeviceFloats da(a), db(b), dc(c);
+  const cublasStatus_t s = cublasSgemm(h.get(), op(g.transA), op(g.transB), g.m, g.n, g.k, &g.alpha, da.get(), g.lda,
+                                       db.get(), g.ldb, &g.beta, dc.get(), g.ldc);
+  *out = dc.download();
+  return s;
+}
+
+// Operands for the case. op(A) is m x k, so A is stored lda x k (N) or lda x m (T); the buffers hold
+// lda x max(m, k) (likewise B), so that reading them with the other transpose stays inside them.
+struct Operands {
+  std::vector<float> a, b, c;
+};
+Operands operandsFor(const GemmCase& g) {
+  return {smallIntegers(static_cast<size_t>(g.lda) * std::max(g.m, g.k), 1),
+          smallIntegers(static_cast<size_t>(g.ldb) * std::max(g.k, g.n), 2),
+          smallIntegers(static_cast<size_t>(g.ldc) * g.n, 3)};
+}
+
+TEST(CudasimCublas, SgemmMatchesTheReferenceForEveryTransposeWithPaddedLeadingDimensions) {
+  Handle h;
+  for (bool transA : {false, true}) {
+    for (bool transB : {false, true}) {
+      GemmCase g{.transA = transA, .transB = transB, .m = 3, .n = 4, .k = 5, .alpha = 1.5f, .beta = -0.5f};
+      g.lda = (transA ? g.k : g.m) + 2;
+      g.ldb = (transB ? g.n : g.k) + 1;
+      g.ldc = g.m + 3;
+      const Operands o = operandsFor(g);
+      std::vector<float> got;
+      ASSERT_EQ(deviceGemm(h, g, o.a, o.b, o.c, &got), CUBLAS_STATUS_SUCCESS);
+      // Exact, the padding rows of C included: they must be left as they were.
+      EXPECT_EQ(got, referenceGemm(g, o.a, o.b, o.c)) << "transA " << transA << " transB " << transB;
+    }
+  }
+}
+
+TEST(CudasimCublas, BetaZeroOverwritesNaNAndAlphaZeroScalesC) {
+  Handle h;
+  GemmCase g{.m = 2, .n = 3, .k = 4, .lda = 2, .ldb = 4, .ldc = 2, .alpha = 1.0f, .beta = 0.0f};
+  const Operands o = operandsFor(g);
+  std::vector<float> got;
+  ASSERT_EQ(deviceGemm(h, g, o.a, o.b, std::vector<float>(6, NAN), &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(got, referenceGemm(g, o.a, o.b, std::vector<float>(6, 0.0f)));
+  g.alpha = 0.0f;
+  g.beta = 2.0f;
+  ASSERT_EQ(deviceGemm(h, g, std::vector<float>(8, NAN), std::vector<float>(12, NAN), o.c, &got),
+            CUBLAS_STATUS_SUCCESS);  // alpha == 0: A and B are not read
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], 2.0f * o.c[i]);
+}
+
+TEST(CudasimCublas, Sscal64ScalesEveryIncxthElement) {
+  Handle h;
+  const std::vector<float> x = smallIntegers(9, 4);
+  DeviceFloats dx(x);
+  const float alpha = -2.0f;
+  ASSERT_EQ(cublasSscal_64(h.get(), 5, &alpha, dx.get(), 2), CUBLAS_STATUS_SUCCESS);
+  std::vector<float> got = dx.download();
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(got[i], i % 2 == 0 ? -2.0f * x[i] : x[i]) << i;
+  // n <= 0 or incx <= 0: nothing, successfully.
+  ASSERT_EQ(cublasSscal_64(h.get(), 0, &alpha, dx.get(), 1), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSscal_64(h.get(), 3, &alpha, dx.get(), 0), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(dx.download(), got);
+  // Past the end: 5 elements 2 apart need 9 floats.
+  EXPECT_EQ(cublasSscal_64(h.get(), 5, &alpha, dx.get() + 1, 2), CUBLAS_STATUS_INVALID_VALUE);
+}
+
+// In device pointer mode alpha and beta are read when the operation runs, not at the call.
+TEST(CudasimCublas, DevicePointerModeReadsTheScalarsWhenTheOperationRuns) {
+  Handle h;
+  ASSERT_EQ(cublasSetPointerMode(h.get(), CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_SUCCESS);
+  GemmCase g{.m = 2, .n = 2, .k = 3, .lda = 2, .ldb = 3, .ldc = 2, .alpha = 3.0f, .beta = 0.5f};
+  const Operands o = operandsFor(g);
+  DeviceFloats da(o.a), db(o.b), dc(o.c), scalars({3.0f, 0.5f});
+  const float hostAlpha = 100.0f;
+  EXPECT_EQ(cublasSgemm(h.get(), CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &hostAlpha, da.get(), 2, db.get(), 3, &hostAlpha,
+                        dc.get(), 2),
+            CUBLAS_STATUS_INVALID_VALUE);  // a host pointer in device mode
+  ASSERT_EQ(cublasSgemm(h.get(), CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, scalars.get(), da.get(), 2, db.get(), 3,
+                        scalars.get() + 1, dc.get(), 2),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(dc.download(), referenceGemm(g, o.a, o.b, o.c));
+}
+
+// TF32 tensor-op math rounds the inputs to 10 mantissa bits: 1 + 2⁻¹² becomes 1.
+TEST(CudasimCublas, Tf32MathRoundsTheInputsAndDefaultMathDoesNot) {
+  Handle h;
+  const float fine = 1.0f + 1.0f / 4096;
+  GemmCase g{.m = 1, .n = 1, .k = 1, .lda = 1, .ldb = 1, .ldc = 1, .alpha = 1.0f, .beta = 0.0f};
+  std::vector<float> got;
+  ASSERT_EQ(deviceGemm(h, g, {fine}, {1.0f}, {0.0f}, &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(got[0], fine);
+  ASSERT_EQ(cublasSetMathMode(h.get(), CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(deviceGemm(h, g, {fine}, {1.0f}, {0.0f}, &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(got[0], 1.0f);
+}
+
+// An SGEMM on the stream of the copy that fills A sees A filled; on another stream, without an event
+// wait, it sometimes reads A before the copy (NaN, as cudaMalloc leaves it), and with the wait never.
+TEST(CudasimCublas, SgemmRunsInStreamOrderAfterTheCopyItReads) {
+  Handle h;
+  const GemmCase g{.m = 4, .n = 4, .k = 64, .lda = 4, .ldb = 64, .ldc = 4, .alpha = 1.0f, .beta = 0.0f};
+  const Operands o = operandsFor(g);
+  const std::vector<float> want = referenceGemm(g, o.a, o.b, std::vector<float>(16, 0.0f));
+  float* pinnedA = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinnedA, o.a.size() * sizeof(float), cudaHostAllocDefault), cudaSuccess);
+  std::copy(o.a.begin(), o.a.end(), pinnedA);
+  cudaStream_t copies, compute;
+  cudaEvent_t copied;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), cudaSuccess);
+  DeviceFloats da(std::vector<float>(o.a.size(), NAN)), db(o.b), dc(std::vector<float>(16, 0.0f));
+  enum Order { kSameStream, kNoWait, kEventWait };
+  int wrong[3] = {0, 0, 0};
+  for (int run = 0; run < 20; ++run) {
+    for (Order order : {kSameStream, kNoWait, kEventWait}) {
+      ASSERT_EQ(cudaMemset(da.get(), 0xFF, o.a.size() * sizeof(float)), cudaSuccess);  // NaN: "not copied yet"
+      cudaStream_t gemmStream = order == kSameStream ? copies : compute;
+      ASSERT_EQ(cudaMemcpyAsync(da.get(), pinnedA, o.a.size() * sizeof(float), cudaMemcpyHostToDevice, copies),
+                cudaSuccess);
+      ASSERT_EQ(cudaEventRecord(copied, copies), cudaSuccess);
+      if (order == kEventWait) {
+        ASSERT_EQ(cudaStreamWaitEvent(compute, copied, 0), cudaSuccess);
+      }
+      ASSERT_EQ(cublasSetStream(h.get(), gemmStream), CUBLAS_STATUS_SUCCESS);
+      ASSERT_EQ(cublasSgemm(h.get(), CUBLAS_OP_N, CUBLAS_OP_N, g.m, g.n, g.k, &g.alpha, da.get(), g.lda, db.get(),
+                            g.ldb, &g.beta, dc.get(), g.ldc),
+                CUBLAS_STATUS_SUCCESS);
+      ASSERT_EQ(cudaStreamSynchronize(gemmStream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(copies), cudaSuccess);
+      wrong[order] += dc.download() != want;
+    }
+  }
+  EXPECT_EQ(wrong[kSameStream], 0);
+  EXPECT_GT(wrong[kNoWait], 0) << "the missing wait went unnoticed in every run";
+  EXPECT_EQ(wrong[kEventWait], 0);
+  cudaEventDestroy(copied);
+  cudaStreamDestroy(copies);
+  cudaStreamDestroy(compute);
+  cudaFreeHost(pinnedA);
+}
+
+TEST(CudasimCublas, BadArgumentsAreTheRealStatuses) {
+  Handle h;
+  DeviceFloats a(std::vector<float>(16, 1.0f)), b(std::vector<float>(16, 1.0f)), c(std::vector<float>(16, 0.0f));
+  const float one = 1.0f;
+  auto sgemm = [&](cublasHandle_t handle, cublasOperation_t ta, int m, int n, int k, const float* pa, int lda,
+                   const float* alpha) {
+    return cublasSgemm(handle, ta, CUBLAS_OP_N, m, n, k, alpha, pa, lda, b.get(), 4, &one, c.get(), 4);
+  };
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 4, 4, 4, a.get(), 4, &one), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(sgemm(nullptr, CUBLAS_OP_N, 4, 4, 4, a.get(), 4, &one), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(sgemm(h.get(), static_cast<cublasOperation_t>(7), 4, 4, 4, a.get(), 4, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, -1, 4, 4, a.get(), 4, &one), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 4, 4, 4, a.get(), 3, &one), CUBLAS_STATUS_INVALID_VALUE);  // lda < m
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_T, 2, 4, 4, a.get(), 3, &one), CUBLAS_STATUS_INVALID_VALUE);  // lda < k
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 4, 4, 4, a.get(), 4, nullptr), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 4, 4, 4, a.get() + 1, 4, &one), CUBLAS_STATUS_INVALID_VALUE);  // past A
+  std::vector<float> host(16, 1.0f);
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 4, 4, 4, host.data(), 4, &one), CUBLAS_STATUS_INVALID_VALUE);  // not device
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 0, 4, 4, nullptr, 4, &one), CUBLAS_STATUS_SUCCESS);  // empty: nothing read
+  EXPECT_EQ(cublasSetMathMode(h.get(), static_cast<cublasMath_t>(9)), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasSetPointerMode(h.get(), static_cast<cublasPointerMode_t>(2)), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasCreate(nullptr), CUBLAS_STATUS_INVALID_VALUE);
+
+  cublasHandle_t gone = nullptr;
+  ASSERT_EQ(cublasCreate(&gone), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasDestroy(gone), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(sgemm(gone, CUBLAS_OP_N, 4, 4, 4, a.get(), 4, &one), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(cublasSetStream(gone, nullptr), CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(cublasDestroy(gone), CUBLAS_STATUS_NOT_INITIALIZED);
+
+  // A stream destroyed under the handle fails at the launch, as the real library's kernel would.
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_EQ(cublasSetStream(h.get(), s), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 4, 4, 4, a.get(), 4, &one), CUBLAS_STATUS_EXECUTION_FAILED);
+  cudaGetLastError();
+  ASSERT_EQ(cublasSetStream(h.get(), nullptr), CUBLAS_STATUS_SUCCESS);
+
+  // The handle's device must be current, as for the real library.
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices > 1) {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    EXPECT_EQ(sgemm(h.get(), CUBLAS_OP_N, 4, 4, 4, a.get(), 4, &one), CUBLAS_STATUS_EXECUTION_FAILED);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  }
+}
+
+TEST(CudasimCublas, StatusNamesAndStringsAreTheRealOnes) {
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
+  EXPECT_STREQ(cublasGetStatusString(CUBLAS_STATUS_INVALID_VALUE),
+               "an unsupported value or parameter was passed to the function");
+  EXPECT_STREQ(cublasGetStatusString(CUBLAS_STATUS_ALLOC_FAILED), "the resource allocation failed");
+  EXPECT_STREQ(cublasGetStatusName(static_cast<cublasStatus_t>(99)), "unrecognized status");
+}
+
+// The fault issue 17 asks to see caught: a caller that means C = Aᵀ · B (A stored k x m) but passes
+// CUBLAS_OP_N reads A as m x k; with a leading dimension large enough for both readings the call is
+// valid, and the result is wrong. So is one that passes B's leading dimension for A's.
+TEST(CudasimCublas, ATransposedArgumentGivesAWrongResult) {
+  Handle h;
+  GemmCase meant{.transA = true, .m = 3, .n = 2, .k = 5, .lda = 6, .ldb = 5, .ldc = 3, .alpha = 1.0f, .beta = 0.0f};
+  const Operands o = operandsFor(meant);
+  const std::vector<float> right = referenceGemm(meant, o.a, o.b, o.c);
+  std::vector<float> got;
+  ASSERT_EQ(deviceGemm(h, meant, o.a, o.b, o.c, &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(got, right);
+
+  GemmCase notTransposed = meant;
+  notTransposed.transA = false;
+  ASSERT_EQ(deviceGemm(h, notTransposed, o.a, o.b, o.c, &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(got, right) << "CUBLAS_OP_N for CUBLAS_OP_T went unnoticed";
+
+  GemmCase swappedLd = meant;
+  swappedLd.lda = meant.ldb;
+  ASSERT_EQ(deviceGemm(h, swappedLd, o.a, o.b, o.c, &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(got, right) << "ldb passed as lda went unnoticed";
+
+  // Where the wrong reading does not fit, it is refused: with A's buffer sized exactly for the meant
+  // reading, OP_N runs past its end (a real GPU would read a neighbour); with lda = m < k, OP_T
+  // breaks lda >= k.
+  DeviceFloats exactA(std::vector<float>(o.a.begin(), o.a.begin() + (meant.m - 1) * meant.lda + meant.k));
+  DeviceFloats db(o.b), dc(o.c);
+  EXPECT_EQ(cublasSgemm(h.get(), CUBLAS_OP_N, CUBLAS_OP_N, meant.m, meant.n, meant.k, &meant.alpha, exactA.get(),
+                        meant.lda, db.get(), meant.ldb, &meant.beta, dc.get(), meant.ldc),
+            CUBLAS_STATUS_INVALID_VALUE);
+  GemmCase meantN{.m = 3, .n = 2, .k = 5, .lda = 3, .ldb = 5, .ldc = 3, .alpha = 1.0f, .beta = 0.0f};
+  const Operands on = operandsFor(meantN);
+  meantN.transA = true;
+  EXPECT_EQ(deviceGemm(h, meantN, on.a, on.b, on.c, &got), CUBLAS_STATUS_INVALID_VALUE);
+}
+
+}  // namespace

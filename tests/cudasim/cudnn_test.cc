@@ -1,0 +1,565 @@
+// cudasim's cuDNN (cudasim/cudnn.cc): the convolution's forward, backward-data, backward-filter and
+// bias computations and cudnnAddTensor give a direct CPU reference's results under the real
+// conventions (NCHW or NHWC tensors, KCRS filters, padding, stride and dilation per axis,
+// cross-correlation, alpha/beta blending); the heuristics and workspace queries answer sanely and
+// the workspace they ask for is checked; bad descriptors and arguments are the real statuses; and a
+// wrong layout (swapped filter dimensions, a flipped kernel, NHWC for NCHW) gives a wrong result or
+// an error rather than a silently right one. Data are small integers, so every sum is exact.
+#include "cudnn.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// A device copy of a host vector of floats.
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(const std::vector<float>& host) : n_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&p_, n_ * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceFloats() { cudaFree(p_); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+
+  float* get() const { return p_; }
+  // Waits for the default stream's work (the handle's stream), then copies.
+  std::vector<float> download() const {
+    std::vector<float> host(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.data(), p_, n_ * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+ private:
+  size_t n_;
+  float* p_ = nullptr;
+};
+
+std::vector<float> smallIntegers(size_t n, int seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int>((i * 5 + seed * 3) % 7) - 3);
+  return v;
+}
+
+// Input [n, c, h, w], filter [k, c, r, s], output [n, k, outH(), outW()].
+struct ConvCase {
+  int n = 2, c = 3, h = 5, w = 6, k = 4, r = 3, s = 2;
+  int padH = 1, padW = 1, strideH = 1, strideW = 1, dilationH = 1, dilationW = 1;
+  int outH() const { return (h + 2 * padH - (r - 1) * dilationH - 1) / strideH + 1; }
+  int outW() const { return (w + 2 * padW - (s - 1) * dilationW - 1) / strideW + 1; }
+  size_t xCount() const { return static_cast<size_t>(n) * c * h * w; }
+  size_t wCount() const { return static_cast<size_t>(k) * c * r * s; }
+  size_t yCount() const { return static_cast<size_t>(n) * k * outH() * outW(); }
+};
+
+// Row-major offsets of 4-D arrays.
+size_t at(int d1, int d2, int d3, int i0, int i1, int i2, int i3) {
+  return ((static_cast<size_t>(i0) * d1 + i1) * d2 + i2) * d3 + i3;
+}
+
+// The input row and column that output (p, q) reads at kernel offset (r, s), or -1 in the padding.
+int inRow(const ConvCase& cc, int p, int r) {
+  const int i = p * cc.strideH - cc.padH + r * cc.dilationH;
+  return i >= 0 && i < cc.h ? i : -1;
+}
+int inCol(const ConvCase& cc, int q, int s) {
+  const int i = q * cc.strideW - cc.padW + s * cc.dilationW;
+  return i >= 0 && i < cc.w ? i : -1;
+}
+
+// y[n, k, p, q] = Σ over c, r, s of x[n, c, p·u − padH + r·dilationH, ...] · w[k, c, r, s].
+std::vector<float> referenceForward(const ConvCase& cc, const std::vector<float>& x, const std::vector<float>& w) {
+  std::vector<float> y(cc.yCount());
+  for (int n = 0; n < cc.n; ++n)
+    for (int k = 0; k < cc.k; ++k)
+      for (int p = 0; p < cc.outH(); ++p)
+        for (int q = 0; q < cc.outW(); ++q) {
+          double sum = 0;
+          for (int c = 0; c < cc.c; ++c)
+            for (int r = 0; r < cc.r; ++r)
+              for (int s = 0; s < cc.s; ++s) {
+                const int i = inRow(cc, p, r), j = inCol(cc, q, s);
+                if (i >= 0 && j >= 0) sum += x[at(cc.c, cc.h, cc.w, n, c, i, j)] * w[at(cc.c, cc.r, cc.s, k, c, r, s)];
+              }
+          y[at(cc.k, cc.outH(), cc.outW(), n, k, p, q)] = static_cast<float>(sum);
+        }
+  return y;
+}
+
+// dx[n, c, i, j] = Σ over the (k, p, q, r, s) whose tap reads (i, j) of dy[n, k, p, q] · w[k, c, r, s].
+std::vector<float> referenceBackwardData(const ConvCase& cc, const std::vector<float>& w,
+                                         const std::vector<float>& dy) {
+  std::vector<float> dx(cc.xCount());
+  for (int n = 0; n < cc.n; ++n)
+    for (int c = 0; c < cc.c; ++c)
+      for (int i = 0; i < cc.h; ++i)
+        for (int j = 0; j < cc.w; ++j) {
+          double sum = 0;
+          for (int k = 0; k < cc.k; ++k)
+            for (int p = 0; p < cc.outH(); ++p)
+              for (int q = 0; q < cc.outW(); ++q)
+                for (int r = 0; r < cc.r; ++r)
+                  for (int s = 0; s < cc.s; ++s) {
+                    if (inRow(cc, p, r) != i || inCol(cc, q, s) != j) continue;
+                    sum += dy[at(cc.k, cc.outH(), cc.outW(), n, k, p, q)] * w[at(cc.c, cc.r, cc.s, k, c, r, s)];
+                  }
+          dx[at(cc.c, cc.h, cc.w, n, c, i, j)] = static_cast<float>(sum);
+        }
+  return dx;
+}
+
+// dw[k, c, r, s] = Σ over n, p, q of dy[n, k, p, q] · x[n, c, p·u − padH + r·dilationH, ...].
+std::vector<float> referenceBackwardFilter(const ConvCase& cc, const std::vector<float>& x,
+                                           const std::vector<float>& dy) {
+  std::vector<float> dw(cc.wCount());
+  for (int k = 0; k < cc.k; ++k)
+    for (int c = 0; c < cc.c; ++c)
+      for (int r = 0; r < cc.r; ++r)
+        for (int s = 0; s < cc.s; ++s) {
+          double sum = 0;
+          for (int n = 0; n < cc.n; ++n)
+            for (int p = 0; p < cc.outH(); ++p)
+              for (int q = 0; q < cc.outW(); ++q) {
+                const int i = inRow(cc, p, r), j = inCol(cc, q, s);
+                if (i >= 0 && j >= 0) {
+                  sum += dy[at(cc.k, cc.outH(), cc.outW(), n, k, p, q)] * x[at(cc.c, cc.h, cc.w, n, c, i, j)];
+                }
+              }
+          dw[at(cc.c, cc.r, cc.s, k, c, r, s)] = static_cast<float>(sum);
+        }
+  return dw;
+}
+
+// [d0, d1, d2, d3] row-major to [d0, d2, d3, d1] (NCHW to NHWC, KCRS to KRSC), and back.
+std::vector<float> toNhwc(const std::vector<float>& v, int d0, int d1, int d2, int d3) {
+  std::vector<float> out(v.size());
+  for (int a = 0; a < d0; ++a)
+    for (int b = 0; b < d1; ++b)
+      for (int c = 0; c < d2; ++c)
+        for (int d = 0; d < d3; ++d) out[at(d2, d3, d1, a, c, d, b)] = v[at(d1, d2, d3, a, b, c, d)];
+  return out;
+}
+std::vector<float> fromNhwc(const std::vector<float>& v, int d0, int d1, int d2, int d3) {
+  std::vector<float> out(v.size());
+  for (int a = 0; a < d0; ++a)
+    for (int b = 0; b < d1; ++b)
+      for (int c = 0; c < d2; ++c)
+        for (int d = 0; d < d3; ++d) out[at(d1, d2, d3, a, b, c, d)] = v[at(d2, d3, d1, a, c, d, b)];
+  return out;
+}
+
+// A handle and the descriptors of one convolution, set as runtime/cuda/dnn.cc sets them (FMA math).
+class Conv {
+ public:
+  explicit Conv(const ConvCase& cc, cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) : cc_(cc) {
+    EXPECT_EQ(cudnnCreate(&handle_), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnCreateTensorDescriptor(&x_), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnCreateTensorDescriptor(&y_), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnCreateTensorDescriptor(&bias_), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnCreateFilterDescriptor(&w_), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnCreateConvolutionDescriptor(&conv_), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnSetTensor4dDescriptor(x_, format, CUDNN_DATA_FLOAT, cc.n, cc.c, cc.h, cc.w), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnSetTensor4dDescriptor(y_, format, CUDNN_DATA_FLOAT, cc.n, cc.k, cc.outH(), cc.outW()),
+              CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnSetTensor4dDescriptor(bias_, format, CUDNN_DATA_FLOAT, 1, cc.k, 1, 1), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, format, cc.k, cc.c, cc.r, cc.s), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnSetConvolution2dDescriptor(conv_, cc.padH, cc.padW, cc.strideH, cc.strideW, cc.dilationH,
+                                              cc.dilationW, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+              CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(cudnnSetConvolutionMathType(conv_, CUDNN_FMA_MATH), CUDNN_STATUS_SUCCESS);
+  }
+  ~Conv() {
+    cudnnDestroyTensorDescriptor(x_);
+    cudnnDestroyTensorDescriptor(y_);
+    cudnnDestroyTensorDescriptor(bias_);
+    cudnnDestroyFilterDescriptor(w_);
+    cudnnDestroyConvolutionDescriptor(conv_);
+    cudnnDestroy(handle_);
+    if (workspace_) cudaFree(workspace_);
+  }
+  Conv(const Conv&) = delete;
+  Conv& operator=(const Conv&) = delete;
+
+  // The first algorithm the heuristics offer, with a workspace of the size its query gives.
+  cudnnStatus_t forward(float alpha, const float* x, const float* w, float beta, float* y) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int returned = 0;
+    EXPECT_EQ(cudnnGetConvolutionForwardAlgorithm_v7(handle_, x_, w_, conv_, y_, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                     &returned, perf),
+              CUDNN_STATUS_SUCCESS);
+    size_t bytes = 0;
+    EXPECT_EQ(cudnnGetConvolutionForwardWorkspaceSize(handle_, x_, w_, conv_, y_, perf[0].algo, &bytes),
+              CUDNN_STATUS_SUCCESS);
+    return cudnnConvolutionForward(handle_, &alpha, x_, x, w_, w, conv_, perf[0].algo, workspace(bytes), bytes, &beta,
+                                   y_, y);
+  }
+  cudnnStatus_t backwardData(float alpha, const float* w, const float* dy, float beta, float* dx) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int returned = 0;
+    EXPECT_EQ(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, w_, y_, conv_, x_,
+                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf),
+              CUDNN_STATUS_SUCCESS);
+    size_t bytes = 0;
+    EXPECT_EQ(cudnnGetConvolutionBackwardDataWorkspaceSize(handle_, w_, y_, conv_, x_, perf[0].algo, &bytes),
+              CUDNN_STATUS_SUCCESS);
+    return cudnnConvolutionBackwardData(handle_, &alpha, w_, w, y_, dy, conv_, perf[0].algo, workspace(bytes), bytes,
+                                        &beta, x_, dx);
+  }
+  cudnnStatus_t backwardFilter(float alpha, const float* x, const float* dy, float beta, float* dw) {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int returned = 0;
+    EXPECT_EQ(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle_, x_, y_, conv_, w_,
+                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf),
+              CUDNN_STATUS_SUCCESS);
+    size_t bytes = 0;
+    EXPECT_EQ(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle_, x_, y_, conv_, w_, perf[0].algo, &bytes),
+              CUDNN_STATUS_SUCCESS);
+    return cudnnConvolutionBackwardFilter(handle_, &alpha, x_, x, y_, dy, conv_, perf[0].algo, workspace(bytes), bytes,
+                                          &beta, w_, dw);
+  }
+
+  cudnnHandle_t handle() const { return handle_; }
+  cudnnTensorDescriptor_t x() const { return x_; }
+  cudnnTensorDescriptor_t y() const { return y_; }
+  cudnnTensorDescriptor_t bias() const { return bias_; }
+  cudnnFilterDescriptor_t w() const { return w_; }
+  cudnnConvolutionDescriptor_t conv() const { return conv_; }
+  // A device workspace of at least `bytes` (nullptr for none), kept for the next call.
+  void* workspace(size_t bytes) {
+    if (bytes > workspaceBytes_) {
+      if (workspace_) cudaFree(workspace_);
+      EXPECT_EQ(cudaMalloc(&workspace_, bytes), cudaSuccess);
+      workspaceBytes_ = bytes;
+    }
+    return bytes ? workspace_ : nullptr;
+  }
+
+ private:
+  ConvCase cc_;
+  cudnnHandle_t handle_ = nullptr;
+  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr, bias_ = nullptr;
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspaceBytes_ = 0;
+};
+
+// Padding, stride and dilation, each different along the two axes.
+std::vector<ConvCase> cases() {
+  std::vector<ConvCase> all(3);
+  all[1].padH = 1, all[1].padW = 2, all[1].strideH = 2, all[1].strideW = 1;
+  all[2].padH = 0, all[2].padW = 1, all[2].strideW = 2, all[2].dilationH = 2, all[2].k = 1;
+  return all;
+}
+
+TEST(CudasimCudnn, ConvolutionForwardAndBackwardMatchADirectReference) {
+  for (const ConvCase& cc : cases()) {
+    SCOPED_TRACE("pad " + std::to_string(cc.padH) + "," + std::to_string(cc.padW) + " stride " +
+                 std::to_string(cc.strideH) + "," + std::to_string(cc.strideW));
+    Conv conv(cc);
+    const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+    const std::vector<float> dy = smallIntegers(cc.yCount(), 3);
+    DeviceFloats dx(x), dw(w), ddy(dy);
+    DeviceFloats y(std::vector<float>(cc.yCount(), NAN)), gx(std::vector<float>(cc.xCount(), NAN));
+    DeviceFloats gw(std::vector<float>(cc.wCount(), NAN));
+    // beta = 0 on NaN outputs: cuDNN does not read them.
+    ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.backwardData(1, dw.get(), ddy.get(), 0, gx.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.backwardFilter(1, dx.get(), ddy.get(), 0, gw.get()), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(y.download(), referenceForward(cc, x, w));
+    EXPECT_EQ(gx.download(), referenceBackwardData(cc, w, dy));
+    EXPECT_EQ(gw.download(), referenceBackwardFilter(cc, x, dy));
+  }
+}
+
+TEST(CudasimCudnn, NhwcTensorsAndKrscFiltersMatchTheReferenceToo) {
+  const ConvCase cc = cases()[1];
+  Conv conv(cc, CUDNN_TENSOR_NHWC);
+  const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+  DeviceFloats dx(toNhwc(x, cc.n, cc.c, cc.h, cc.w)), dw(toNhwc(w, cc.k, cc.c, cc.r, cc.s));
+  DeviceFloats y(std::vector<float>(cc.yCount()));
+  ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(fromNhwc(y.download(), cc.n, cc.k, cc.outH(), cc.outW()), referenceForward(cc, x, w));
+}
+
+TEST(CudasimCudnn, AlphaAndBetaBlendWithTheOutput) {
+  const ConvCase cc = cases()[1];
+  Conv conv(cc);
+  const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+  const std::vector<float> dy = smallIntegers(cc.yCount(), 3), y0 = smallIntegers(cc.yCount(), 4);
+  const std::vector<float> w0 = smallIntegers(cc.wCount(), 5);
+  DeviceFloats dx(x), dw(w), ddy(dy), y(y0), gw(w0);
+  ASSERT_EQ(conv.forward(2.0f, dx.get(), dw.get(), 0.5f, y.get()), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(conv.backwardFilter(1.0f, dx.get(), ddy.get(), 1.0f, gw.get()), CUDNN_STATUS_SUCCESS);  // accumulate
+  const std::vector<float> conv0 = referenceForward(cc, x, w), grad = referenceBackwardFilter(cc, x, dy);
+  const std::vector<float> gotY = y.download(), gotW = gw.download();
+  for (size_t i = 0; i < gotY.size(); ++i) ASSERT_EQ(gotY[i], 2.0f * conv0[i] + 0.5f * y0[i]) << i;
+  for (size_t i = 0; i < gotW.size(); ++i) ASSERT_EQ(gotW[i], w0[i] + grad[i]) << i;
+}
+
+// The bias gradient sums dy over batch and positions per channel; cudnnAddTensor broadcasts a
+// [1, K, 1, 1] bias over y, as dnn.cc's forward adds it.
+TEST(CudasimCudnn, BiasGradientAndAddTensorBroadcast) {
+  const ConvCase cc = cases()[1];
+  Conv conv(cc);
+  const int plane = cc.outH() * cc.outW();
+  const std::vector<float> dy = smallIntegers(cc.yCount(), 3), bias = {1, -2, 3, 0.5f};
+  DeviceFloats ddy(dy), db(std::vector<float>(cc.k, NAN)), dbias(bias), y(dy);
+  const float one = 1, zero = 0, three = 3;
+  ASSERT_EQ(cudnnConvolutionBackwardBias(conv.handle(), &one, conv.y(), ddy.get(), &zero, conv.bias(), db.get()),
+            CUDNN_STATUS_SUCCESS);
+  std::vector<float> want(cc.k, 0.0f);
+  for (size_t i = 0; i < dy.size(); ++i) want[i / plane % cc.k] += dy[i];
+  EXPECT_EQ(db.download(), want);
+  ASSERT_EQ(cudnnConvolutionBackwardBias(conv.handle(), &three, conv.y(), ddy.get(), &one, conv.bias(), db.get()),
+            CUDNN_STATUS_SUCCESS);
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(db.download()[k], 4 * want[k]);
+
+  ASSERT_EQ(cudnnAddTensor(conv.handle(), &one, conv.bias(), dbias.get(), &one, conv.y(), y.get()),
+            CUDNN_STATUS_SUCCESS);
+  const std::vector<float> got = y.download();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], dy[i] + bias[i / plane % cc.k]) << i;
+  // A bias shaped [1, K, 2, 1] does not broadcast over OH = 3.
+  cudnnTensorDescriptor_t tall;
+  ASSERT_EQ(cudnnCreateTensorDescriptor(&tall), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnSetTensor4dDescriptor(tall, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, cc.k, 2, 1), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnAddTensor(conv.handle(), &one, tall, dbias.get(), &one, conv.y(), y.get()), CUDNN_STATUS_BAD_PARAM);
+  cudnnDestroyTensorDescriptor(tall);
+}
+
+// Every algorithm the heuristics call supported gives the same result with the workspace its query
+// names, and is refused with less; the unsupported ones say so in both places.
+TEST(CudasimCudnn, HeuristicsAndWorkspaceQueriesAnswerSanely) {
+  const ConvCase cc = cases()[1];
+  Conv conv(cc);
+  const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+  DeviceFloats dx(x), dw(w), y(std::vector<float>(cc.yCount()));
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int returned = 0;
+  ASSERT_EQ(cudnnGetConvolutionForwardAlgorithm_v7(conv.handle(), conv.x(), conv.w(), conv.conv(), conv.y(),
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf),
+            CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(returned, CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+  EXPECT_EQ(perf[0].status, CUDNN_STATUS_SUCCESS);
+  bool sawWorkspace = false, sawUnsupported = false;
+  const float one = 1, zero = 0;
+  for (int i = 0; i < returned; ++i) {
+    const cudnnConvolutionFwdAlgoPerf_t& p = perf[i];
+    EXPECT_EQ(p.mathType, CUDNN_FMA_MATH);
+    size_t bytes = 0;
+    const cudnnStatus_t query = cudnnGetConvolutionForwardWorkspaceSize(conv.handle(), conv.x(), conv.w(), conv.conv(),
+                                                                        conv.y(), p.algo, &bytes);
+    if (p.status != CUDNN_STATUS_SUCCESS) {
+      sawUnsupported = true;
+      EXPECT_EQ(p.status, CUDNN_STATUS_NOT_SUPPORTED);
+      EXPECT_EQ(query, CUDNN_STATUS_NOT_SUPPORTED);
+      for (int j = i; j < returned; ++j) EXPECT_NE(perf[j].status, CUDNN_STATUS_SUCCESS) << "supported ones first";
+      continue;
+    }
+    ASSERT_EQ(query, CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(bytes, p.memory);
+    void* ws = conv.workspace(bytes);
+    if (bytes > 0) {
+      sawWorkspace = true;
+      EXPECT_EQ(cudnnConvolutionForward(conv.handle(), &one, conv.x(), dx.get(), conv.w(), dw.get(), conv.conv(),
+                                        p.algo, ws, bytes - 1, &zero, conv.y(), y.get()),
+                CUDNN_STATUS_BAD_PARAM);
+      EXPECT_EQ(cudnnConvolutionForward(conv.handle(), &one, conv.x(), dx.get(), conv.w(), dw.get(), conv.conv(),
+                                        p.algo, nullptr, bytes, &zero, conv.y(), y.get()),
+                CUDNN_STATUS_BAD_PARAM);
+    }
+    ASSERT_EQ(cudnnConvolutionForward(conv.handle(), &one, conv.x(), dx.get(), conv.w(), dw.get(), conv.conv(), p.algo,
+                                      ws, bytes, &zero, conv.y(), y.get()),
+              CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(y.download(), referenceForward(cc, x, w)) << "algorithm " << p.algo;
+  }
+  EXPECT_TRUE(sawWorkspace && sawUnsupported);
+  // Fewer asked for, fewer given; an algorithm that does not exist is a bad parameter.
+  ASSERT_EQ(cudnnGetConvolutionForwardAlgorithm_v7(conv.handle(), conv.x(), conv.w(), conv.conv(), conv.y(), 1,
+                                                   &returned, perf),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(returned, 1);
+  size_t bytes = 0;
+  EXPECT_EQ(cudnnGetConvolutionForwardWorkspaceSize(conv.handle(), conv.x(), conv.w(), conv.conv(), conv.y(),
+                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &bytes),
+            CUDNN_STATUS_BAD_PARAM);
+  // The backward heuristics answer the same way.
+  cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  ASSERT_EQ(cudnnGetConvolutionBackwardDataAlgorithm_v7(conv.handle(), conv.w(), conv.y(), conv.conv(), conv.x(),
+                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, data),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+  EXPECT_EQ(data[0].status, CUDNN_STATUS_SUCCESS);
+  cudnnConvolutionBwdFilterAlgoPerf_t filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  ASSERT_EQ(cudnnGetConvolutionBackwardFilterAlgorithm_v7(conv.handle(), conv.x(), conv.y(), conv.conv(), conv.w(),
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, filter),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(returned, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+  EXPECT_EQ(filter[0].status, CUDNN_STATUS_SUCCESS);
+}
+
+TEST(CudasimCudnn, BadDescriptorsAndArgumentsAreTheRealStatuses) {
+  const ConvCase cc = cases()[0];
+  Conv conv(cc);
+  DeviceFloats dx(smallIntegers(cc.xCount(), 1)), dw(smallIntegers(cc.wCount(), 2));
+  DeviceFloats y(std::vector<float>(cc.yCount()));
+  EXPECT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+
+  // Setting: sizes below 1, unknown enums, bad convolution parameters (as cuDNN 9 answers them).
+  cudnnTensorDescriptor_t t;
+  ASSERT_EQ(cudnnCreateTensorDescriptor(&t), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 0, 1, 1, 1), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnSetTensor4dDescriptor(t, static_cast<cudnnTensorFormat_t>(7), CUDNN_DATA_FLOAT, 1, 1, 1, 1),
+            CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1 << 16, 1 << 16, 1, 1),
+            CUDNN_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(cudnnSetConvolution2dDescriptor(conv.conv(), -1, 0, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+            CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnSetConvolution2dDescriptor(conv.conv(), 0, 0, 0, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+            CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnSetConvolutionMathType(conv.conv(), static_cast<cudnnMathType_t>(9)), CUDNN_STATUS_BAD_PARAM);
+
+  const float one = 1, zero = 0;
+  auto forwardWith = [&](cudnnTensorDescriptor_t xDesc, const void* x, const void* alpha, void* out) {
+    return cudnnConvolutionForward(conv.handle(), alpha, xDesc, x, conv.w(), dw.get(), conv.conv(),
+                                   CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0, &zero, conv.y(), out);
+  };
+  EXPECT_EQ(forwardWith(conv.x(), dx.get(), &one, y.get()), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(forwardWith(t, dx.get(), &one, y.get()), CUDNN_STATUS_BAD_PARAM);  // never set
+  // Channels that do not match the filter's, and an output of the wrong size.
+  ASSERT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, cc.n, cc.c + 1, cc.h, cc.w),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(forwardWith(t, dx.get(), &one, y.get()), CUDNN_STATUS_BAD_PARAM);
+  ASSERT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, cc.n, cc.c, cc.h + 1, cc.w),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(forwardWith(t, dx.get(), &one, y.get()), CUDNN_STATUS_BAD_PARAM);
+  ASSERT_EQ(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_DOUBLE, cc.n, cc.c, cc.h, cc.w),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(forwardWith(t, dx.get(), &one, y.get()), CUDNN_STATUS_NOT_SUPPORTED);
+  // A filter passed as a tensor (through a cast), a destroyed descriptor.
+  EXPECT_EQ(forwardWith(reinterpret_cast<cudnnTensorDescriptor_t>(conv.w()), dx.get(), &one, y.get()),
+            CUDNN_STATUS_BAD_PARAM);
+  ASSERT_EQ(cudnnDestroyTensorDescriptor(t), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(forwardWith(t, dx.get(), &one, y.get()), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnDestroyTensorDescriptor(t), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnDestroyTensorDescriptor(nullptr), CUDNN_STATUS_SUCCESS);
+  // Memory: host memory, a buffer too short, the output on top of the input; a missing alpha.
+  std::vector<float> host(cc.xCount());
+  EXPECT_EQ(forwardWith(conv.x(), host.data(), &one, y.get()), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(forwardWith(conv.x(), dx.get() + 1, &one, y.get()), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(forwardWith(conv.x(), dx.get(), &one, dx.get()), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(forwardWith(conv.x(), dx.get(), nullptr, y.get()), CUDNN_STATUS_BAD_PARAM);
+
+  // A kernel longer than the padded input has no output, whatever the stride (dnn.h's outHeight()
+  // rounds (1 − 2) / 2 + 1 up to 1; cuDNN refuses the shape).
+  Conv tooShort(
+      {.n = 1, .c = 1, .h = 1, .w = 5, .k = 1, .r = 2, .s = 2, .padH = 0, .padW = 0, .strideH = 2, .strideW = 2});
+  cudnnConvolutionFwdAlgoPerf_t perf[1];
+  int returned = 0;
+  EXPECT_EQ(cudnnGetConvolutionForwardAlgorithm_v7(tooShort.handle(), tooShort.x(), tooShort.w(), tooShort.conv(),
+                                                   tooShort.y(), 1, &returned, perf),
+            CUDNN_STATUS_BAD_PARAM);
+
+  cudnnHandle_t gone;
+  ASSERT_EQ(cudnnCreate(&gone), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cudnnDestroy(gone), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnSetStream(gone, nullptr), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnDestroy(gone), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnCreate(nullptr), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_STREQ(cudnnGetErrorString(CUDNN_STATUS_BAD_PARAM), "CUDNN_STATUS_BAD_PARAM");
+  EXPECT_STREQ(cudnnGetErrorString(static_cast<cudnnStatus_t>(12345)), "CUDNN_UNKNOWN_STATUS");
+  EXPECT_EQ(cudnnGetVersion(), static_cast<size_t>(CUDNN_VERSION));
+}
+
+// Layout mistakes a caller can make, each caught: a filter laid out [C, K, R, S] but described
+// KCRS (K == C, so the descriptors agree) computes with the wrong weights; R and S swapped give an
+// output size that the output descriptor refuses; CUDNN_CONVOLUTION flips the kernel; NCHW data
+// described as NHWC is read in the wrong order.
+TEST(CudasimCudnn, AWrongLayoutGivesAWrongResultOrAnError) {
+  ConvCase cc;
+  cc.k = cc.c;
+  const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+  const std::vector<float> right = referenceForward(cc, x, w);
+  DeviceFloats dx(x), y(std::vector<float>(cc.yCount()));
+  std::vector<float> ckrs(w.size());
+  for (int k = 0; k < cc.k; ++k)
+    for (int c = 0; c < cc.c; ++c)
+      for (int r = 0; r < cc.r; ++r)
+        for (int s = 0; s < cc.s; ++s) ckrs[at(cc.k, cc.r, cc.s, c, k, r, s)] = w[at(cc.c, cc.r, cc.s, k, c, r, s)];
+  {
+    Conv conv(cc);
+    DeviceFloats dw(ckrs);
+    ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+    EXPECT_NE(y.download(), right) << "a CKRS filter described as KCRS went unnoticed";
+  }
+  DeviceFloats dw(w);
+  {
+    ConvCase swapped = cc;
+    std::swap(swapped.r, swapped.s);
+    Conv conv(swapped);
+    ASSERT_EQ(
+        cudnnSetTensor4dDescriptor(conv.y(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, cc.n, cc.k, cc.outH(), cc.outW()),
+        CUDNN_STATUS_SUCCESS);  // the output the caller meant
+    const float one = 1, zero = 0;
+    EXPECT_EQ(cudnnConvolutionForward(conv.handle(), &one, conv.x(), dx.get(), conv.w(), dw.get(), conv.conv(),
+                                      CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, nullptr, 0, &zero, conv.y(), y.get()),
+              CUDNN_STATUS_BAD_PARAM);
+  }
+  {
+    Conv conv(cc);
+    ASSERT_EQ(cudnnSetConvolution2dDescriptor(conv.conv(), cc.padH, cc.padW, cc.strideH, cc.strideW, 1, 1,
+                                              CUDNN_CONVOLUTION, CUDNN_DATA_FLOAT),
+              CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+    EXPECT_NE(y.download(), right) << "a flipped kernel went unnoticed";
+  }
+  {
+    Conv conv(cc, CUDNN_TENSOR_NHWC);
+    ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+    EXPECT_NE(fromNhwc(y.download(), cc.n, cc.k, cc.outH(), cc.outW()), right) << "NCHW read as NHWC went unnoticed";
+  }
+}
+
+// A convolution descriptor left at CUDNN_DEFAULT_MATH lets TF32 in on Ampere and later GPUs:
+// 1 + 2⁻¹² is read as 1. dnn.cc sets CUDNN_FMA_MATH, which keeps fp32.
+TEST(CudasimCudnn, DefaultMathRoundsToTf32AndFmaMathDoesNot) {
+  ConvCase cc{.n = 1, .c = 1, .h = 1, .w = 1, .k = 1, .r = 1, .s = 1, .padH = 0, .padW = 0};
+  Conv conv(cc);
+  const float fine = 1.0f + 1.0f / 4096;
+  DeviceFloats dx({fine}), dw({1.0f}), y({0.0f});
+  ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(y.download()[0], fine);
+  ASSERT_EQ(cudnnSetConvolutionMathType(conv.conv(), CUDNN_DEFAULT_MATH), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(y.download()[0], 1.0f);
+}
+
+// The work runs on the handle's stream: after a copy on that stream, it sees the copied input.
+TEST(CudasimCudnn, ConvolutionRunsInStreamOrderOnTheHandlesStream) {
+  const ConvCase cc = cases()[0];
+  Conv conv(cc);
+  const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudnnSetStream(conv.handle(), stream), CUDNN_STATUS_SUCCESS);
+  DeviceFloats dx(std::vector<float>(cc.xCount(), NAN)), dw(w), y(std::vector<float>(cc.yCount()));
+  for (int run = 0; run < 5; ++run) {
+    ASSERT_EQ(cudaMemset(dx.get(), 0xFF, cc.xCount() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(dx.get(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+    ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(y.download(), referenceForward(cc, x, w));
+  }
+  cudnnSetStream(conv.handle(), nullptr);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
