@@ -55,11 +55,16 @@ const ParamBuffer::Entry* ParamBuffer::findBuffer(const std::string& name) const
 
 void ParamBuffer::allocate(runtime::Allocator& allocator) {
   COHORT_CHECK(!bound()) << "ParamBuffer bound twice";
-  values_ = Tensor::empty(Shape{static_cast<int64_t>(numel_)}, allocator);
-  grads_ = Tensor::empty(Shape{static_cast<int64_t>(numel_)}, allocator);
+  const Shape shape{static_cast<int64_t>(numel_)};
+  values_ = Tensor::empty(shape, allocator);
+  grads_ = Tensor::empty(shape, allocator);
   if (allocator.device().isCpu()) {
     values_.fill(0.0f);
     grads_.fill(0.0f);
+  } else if (numel_ > 0) {
+    const Tensor zeros = Tensor::zeros(shape);  // a device's fresh memory holds anything
+    values_.copyFrom(zeros);
+    grads_.copyFrom(zeros);
   }
   bind(allocator);
 }
@@ -92,13 +97,19 @@ void ParamBuffer::placeGrads(float* grads) {
 }
 
 void ParamBuffer::bind(runtime::Allocator& bufferAllocator) {
-  buffers_ = Tensor::empty(Shape{static_cast<int64_t>(bufferNumel_)}, bufferAllocator);
+  // The buffers' initial values (BatchNorm's running variance starts at 1), written on the CPU and
+  // copied to a device: a device's fresh memory holds anything.
+  const Shape shape{static_cast<int64_t>(bufferNumel_)};
+  Tensor initial = Tensor::zeros(shape);
+  for (size_t i = 0; i < bufferEntries_.size(); ++i) {
+    const Entry& e = bufferEntries_[i];
+    std::fill_n(initial.data() + e.offset, e.numel, bufferInitial_[i]);
+  }
   if (bufferAllocator.device().isCpu()) {
-    buffers_.fill(0.0f);
-    for (size_t i = 0; i < bufferEntries_.size(); ++i) {
-      const Entry& e = bufferEntries_[i];
-      std::fill_n(buffers_.data() + e.offset, e.numel, bufferInitial_[i]);
-    }
+    buffers_ = std::move(initial);
+  } else {
+    buffers_ = Tensor::empty(shape, bufferAllocator);
+    if (bufferNumel_ > 0) buffers_.copyFrom(initial);
   }
   for (size_t i = 0; i < entries_.size(); ++i) {
     *targets_[i].first = value(i);

@@ -46,8 +46,8 @@ class ParamBuffer {
   // its index among the buffers. Throws if already bound or the name repeats (among parameters too).
   size_t addBuffer(const std::string& name, const Shape& shape, Tensor* value, float initial = 0.0f);
 
-  // Allocates values, gradients and buffers from `allocator` (on CPU: values and gradients zeroed,
-  // buffers set to their initial values).
+  // Allocates values, gradients and buffers from `allocator` (any device): values and gradients
+  // zeroed, buffers set to their initial values.
   void allocate(runtime::Allocator& allocator);
   // Values live at `values` (numel() floats on `device`, owned by the caller); gradients and
   // buffers are allocated from `gradAllocator`.

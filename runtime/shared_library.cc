@@ -43,6 +43,12 @@ SharedLibrary SharedLibrary::open(const SharedLibraryOptions& options) {
                         << "): install it, or put its directory on LD_LIBRARY_PATH";
 }
 
+SharedLibrary SharedLibrary::linkedIn(const SharedLibraryOptions& options) {
+  void* handle = dlopen(nullptr, RTLD_NOW);
+  COHORT_CHECK(handle) << "dlopen of the program itself failed: " << loaderError();
+  return SharedLibrary(handle, options.what, "(linked in)");
+}
+
 SharedLibrary::SharedLibrary(void* handle, std::string what, std::string path)
     : handle_(handle), what_(std::move(what)), path_(std::move(path)) {}
 

@@ -45,6 +45,10 @@ struct SharedLibraryOptions {
 class SharedLibrary {
  public:
   static SharedLibrary open(const SharedLibraryOptions& options);
+  // The program itself (dlopen(nullptr)), for a build that links the library in: the emulated
+  // device of the tests (cudasim/) links emulated cuBLAS, cuDNN and NCCL, and the tables built with
+  // COHORT_OPEN_LIBRARY_TABLE and COHORT_LIBRARY_FUNCTION take their functions directly.
+  static SharedLibrary linkedIn(const SharedLibraryOptions& options);
 
   SharedLibrary(SharedLibrary&& other) noexcept;
   SharedLibrary& operator=(SharedLibrary&& other) noexcept;
@@ -77,4 +81,12 @@ class SharedLibrary {
 // `library`.function<decltype(::fn)>("fn"): resolves a function by the name and type of its
 // declaration. decltype does not odr-use the declaration, so the program needs no link-time
 // reference to the library.
+// How the tables open their library and take its functions: dlopen and dlsym, or, in the cudasim
+// build (COHORT_CUDASIM), the emulated library linked into the program.
+#ifdef COHORT_CUDASIM
+#define COHORT_OPEN_LIBRARY_TABLE(...) ::cohort::runtime::SharedLibrary::linkedIn(__VA_ARGS__)
+#define COHORT_LIBRARY_FUNCTION(library, fn) (static_cast<void>(library), &::fn)
+#else
+#define COHORT_OPEN_LIBRARY_TABLE(...) ::cohort::runtime::SharedLibrary::open(__VA_ARGS__)
 #define COHORT_LIBRARY_FUNCTION(library, fn) (library).function<decltype(::fn)>(#fn)
+#endif

@@ -8,7 +8,7 @@
 namespace cohort::collectives::nccl {
 
 NcclLibrary::NcclLibrary()
-    : library(runtime::SharedLibrary::open(
+    : library(COHORT_OPEN_LIBRARY_TABLE(
           {.what = "NCCL", .fileName = "libnccl.so." + std::to_string(NCCL_MAJOR), .fallbackDir = COHORT_NCCL_DIR})),
       getUniqueId(COHORT_LIBRARY_FUNCTION(library, ncclGetUniqueId)),
       commInitRankConfig(COHORT_LIBRARY_FUNCTION(library, ncclCommInitRankConfig)),

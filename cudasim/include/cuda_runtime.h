@@ -7,7 +7,7 @@
 // API's names, types, values and rules, so Cohort's CUDA code compiles unchanged. Device side:
 // __global__/__device__/__shared__, threadIdx & co., __syncthreads, warp shuffles and atomics for
 // kernels written in .cu files and compiled with g++; launches go through COHORT_LAUNCH
-// (runtime/cuda/launch.cuh), which becomes <<<...>>> under nvcc and cudasim::Launch here.
+// (runtime/cuda/launch.h), which becomes <<<...>>> under nvcc and cudasim::Launch here.
 #pragma once
 
 #include <cstddef>

@@ -8,7 +8,7 @@
 namespace cohort::runtime::cuda {
 
 CublasLibrary::CublasLibrary()
-    : library(SharedLibrary::open({.what = "cuBLAS",
+    : library(COHORT_OPEN_LIBRARY_TABLE({.what = "cuBLAS",
                                    .fileName = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR),
                                    .fallbackDir = COHORT_CUBLAS_DIR})),
       create(COHORT_LIBRARY_FUNCTION(library, cublasCreate_v2)),

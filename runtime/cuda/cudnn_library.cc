@@ -8,7 +8,7 @@
 namespace cohort::runtime::cuda {
 
 CudnnLibrary::CudnnLibrary()
-    : library(SharedLibrary::open({.what = "cuDNN",
+    : library(COHORT_OPEN_LIBRARY_TABLE({.what = "cuDNN",
                                    .fileName = "libcudnn.so." + std::to_string(CUDNN_MAJOR),
                                    .fallbackDir = COHORT_CUDNN_DIR})),
       getVersion(COHORT_LIBRARY_FUNCTION(library, cudnnGetVersion)),

@@ -5,7 +5,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/elementwise.h"
-#include "runtime/cuda/launch.cuh"
+#include "runtime/cuda/launch.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
@@ -169,7 +169,7 @@ void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Str
   Launch launch = launchFor(stream, vectorize ? vecCount + n % 4 : n);
   SgdArgs args{options.lr, options.momentum, options.weightDecay, options.nesterov,
                options.firstStep};
-  sgdKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(
+  COHORT_LAUNCH(sgdKernel, launch.blocks, kThreads, 0, launch.stream)(
       buffers.param.data(), buffers.grad.data(), buf, n, vecCount, args);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -181,7 +181,7 @@ void fill(std::span<float> data, float value, const Stream& stream) {
   size_t vecCount = aligned16(data.data()) ? n / 4 : 0;
   CudaDeviceGuard guard(stream.device().index);
   Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
-  fillKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(data.data(), n, vecCount, value);
+  COHORT_LAUNCH(fillKernel, launch.blocks, kThreads, 0, launch.stream)(data.data(), n, vecCount, value);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -192,7 +192,7 @@ void scale(std::span<float> data, float alpha, const Stream& stream) {
   size_t vecCount = aligned16(data.data()) ? n / 4 : 0;
   CudaDeviceGuard guard(stream.device().index);
   Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
-  scaleKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(data.data(), n, vecCount, alpha);
+  COHORT_LAUNCH(scaleKernel, launch.blocks, kThreads, 0, launch.stream)(data.data(), n, vecCount, alpha);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -204,7 +204,7 @@ void axpy(float alpha, std::span<const float> x, std::span<float> y, const Strea
   size_t vecCount = aligned16(x.data()) && aligned16(y.data()) ? n / 4 : 0;
   CudaDeviceGuard guard(stream.device().index);
   Launch launch = launchFor(stream, vecCount > 0 ? vecCount + n % 4 : n);
-  axpyKernel<<<launch.blocks, kThreads, 0, launch.stream>>>(alpha, x.data(), y.data(), n, vecCount);
+  COHORT_LAUNCH(axpyKernel, launch.blocks, kThreads, 0, launch.stream)(alpha, x.data(), y.data(), n, vecCount);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -212,9 +212,9 @@ void sumOfSquares(std::span<const float> data, double* scratch, const Stream& st
   checkCudaStream(stream);
   CudaDeviceGuard guard(stream.device().index);
   auto native = static_cast<cudaStream_t>(stream.native());
-  sumOfSquaresBlocksKernel<<<kSumBlocks, kThreads, 0, native>>>(data.data(), data.size(), scratch + 1);
+  COHORT_LAUNCH(sumOfSquaresBlocksKernel, kSumBlocks, kThreads, 0, native)(data.data(), data.size(), scratch + 1);
   COHORT_CUDA_CHECK(cudaGetLastError());
-  sumPartialsKernel<<<1, kThreads, 0, native>>>(scratch + 1, kSumBlocks, scratch);
+  COHORT_LAUNCH(sumPartialsKernel, 1, kThreads, 0, native)(scratch + 1, kSumBlocks, scratch);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -14,13 +14,13 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
-#include "runtime/cuda/launch.cuh"
+#include "runtime/cuda/launch.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
 namespace {
 
-using namespace launch;  // kThreads, blocksFor, firstIndex, ... (launch.cuh)
+using namespace launch;  // kThreads, blocksFor, firstIndex, ... (launch.h)
 
 // nn/pool.cc's rule: strictly greater (so the first maximum wins), or NaN (which propagates).
 __device__ __forceinline__ bool beats(float v, float best) { return v > best || v != v; }
@@ -104,7 +104,9 @@ __global__ void avgPoolBackwardKernel(const float* dy, float* dx, PoolShape s, f
     const size_t p = idx / inPlane, e = idx % inPlane;
     const float* g = dy + p * outPlane;
     float sum = 0.0f;
-    forEachCoveringWindow(e, s, [&](int64_t k) { sum += g[k] * scale; });
+    // The product rounded before the sum, as the CPU rounds g·scale before adding it: a fused
+    // multiply-add (what the compiler makes of `sum += g[k] * scale`) differs in the last bit.
+    forEachCoveringWindow(e, s, [&](int64_t k) { sum += __fmul_rn(g[k], scale); });
     dx[idx] = sum;
   }
 }
@@ -194,7 +196,7 @@ void launchPool(void (*kernel)(Params...), const PoolShape& s, size_t total, con
   checkPool(s);
   if (total == 0) return;
   CudaDeviceGuard guard(stream.device().index);
-  kernel<<<blocksFor(stream, total), kThreads, 0, nativeStream(stream)>>>(args..., total);
+  COHORT_LAUNCH(kernel, blocksFor(stream, total), kThreads, 0, nativeStream(stream))(args..., total);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -228,7 +230,7 @@ void batchNormForward(const float* x, const float* weight, const float* bias, fl
       << "batch norm of [" << s.batch << ", " << s.channels << ", " << s.plane << "]";
   COHORT_CHECK(!o.batchStats || s.batch * s.plane > 1) << "batch statistics need more than one value per channel";
   CudaDeviceGuard guard(stream.device().index);
-  batchNormForwardKernel<<<static_cast<unsigned>(s.channels), kThreads, 0, nativeStream(stream)>>>(
+  COHORT_LAUNCH(batchNormForwardKernel, static_cast<unsigned>(s.channels), kThreads, 0, nativeStream(stream))(
       x, weight, bias, runningMean, runningVar, invStd, xhat, y, s, o);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -240,7 +242,7 @@ void batchNormBackward(const float* dy, const float* xhat, const float* weight, 
   COHORT_CHECK(s.batch >= 0 && s.channels >= 1 && s.plane >= 0 && s.channels <= INT32_MAX)
       << "batch norm of [" << s.batch << ", " << s.channels << ", " << s.plane << "]";
   CudaDeviceGuard guard(stream.device().index);
-  batchNormBackwardKernel<<<static_cast<unsigned>(s.channels), kThreads, 0, nativeStream(stream)>>>(
+  COHORT_LAUNCH(batchNormBackwardKernel, static_cast<unsigned>(s.channels), kThreads, 0, nativeStream(stream))(
       dy, xhat, weight, invStd, dweight, dbias, dx, s, batchStats, accumulate);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }

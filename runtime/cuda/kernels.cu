@@ -19,14 +19,14 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
-#include "runtime/cuda/launch.cuh"
+#include "runtime/cuda/launch.h"
 #include "runtime/dropout_mask.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
 namespace {
 
-using namespace launch;  // kThreads, blocksFor, firstIndex, ... (launch.cuh)
+using namespace launch;  // kThreads, blocksFor, firstIndex, ... (launch.h)
 
 // Rows up to this wide get one warp (no barriers, 8 rows per block); wider rows a whole block.
 constexpr int64_t kWarpRowMaxCols = 1024;
@@ -456,9 +456,9 @@ void biasActivation(ActivationOp op, float* y, const float* bias, int64_t rows, 
   unsigned gy =
       static_cast<unsigned>(std::clamp<size_t>((static_cast<size_t>(rows) + block.y - 1) / block.y, 1, gyCap));
   if (vectorize) {
-    biasActivationKernel<float4><<<dim3(gx, gy), block, 0, nativeStream(stream)>>>(op, y, bias, rows, cols, units);
+    COHORT_LAUNCH(biasActivationKernel<float4>, dim3(gx, gy), block, 0, nativeStream(stream))(op, y, bias, rows, cols, units);
   } else {
-    biasActivationKernel<float><<<dim3(gx, gy), block, 0, nativeStream(stream)>>>(op, y, bias, rows, cols, units);
+    COHORT_LAUNCH(biasActivationKernel<float>, dim3(gx, gy), block, 0, nativeStream(stream))(op, y, bias, rows, cols, units);
   }
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -470,7 +470,7 @@ void activationForward(ActivationOp op, const float* x, float* y, int64_t n, con
   size_t count = static_cast<size_t>(n);
   size_t vecCount = vecCountFor(count, x, y);
   CudaDeviceGuard guard(stream.device().index);
-  activationForwardKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+  COHORT_LAUNCH(activationForwardKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
       op, x, y, count, vecCount);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -482,7 +482,7 @@ void activationBackward(ActivationOp op, const float* y, const float* dy, float*
   size_t count = static_cast<size_t>(n);
   size_t vecCount = vecCountFor(count, y, dy, dx);
   CudaDeviceGuard guard(stream.device().index);
-  activationBackwardKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+  COHORT_LAUNCH(activationBackwardKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
       op, y, dy, dx, count, vecCount);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -494,7 +494,7 @@ void sumRows(const float* dy, float* db, int64_t rows, int64_t cols, bool accumu
   if (cols == 0 || (rows == 0 && accumulate)) return;
   CudaDeviceGuard guard(stream.device().index);
   unsigned blocks = blocksFor(stream, static_cast<size_t>(cols), kWarpSize);
-  sumRowsKernel<<<blocks, dim3(kWarpSize, kWarpsPerBlock), 0, nativeStream(stream)>>>(dy, db, rows, cols, accumulate);
+  COHORT_LAUNCH(sumRowsKernel, blocks, dim3(kWarpSize, kWarpsPerBlock), 0, nativeStream(stream))(dy, db, rows, cols, accumulate);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -505,9 +505,9 @@ void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool l
   CudaDeviceGuard guard(stream.device().index);
   unsigned blocks = rowBlocks(stream, rows, cols);
   if (warpPerRow(cols)) {
-    softmaxForwardKernel<kWarpSize><<<blocks, kThreads, 0, nativeStream(stream)>>>(x, y, rows, cols, log);
+    COHORT_LAUNCH(softmaxForwardKernel<kWarpSize>, blocks, kThreads, 0, nativeStream(stream))(x, y, rows, cols, log);
   } else {
-    softmaxForwardKernel<kThreads><<<blocks, kThreads, 0, nativeStream(stream)>>>(x, y, rows, cols, log);
+    COHORT_LAUNCH(softmaxForwardKernel<kThreads>, blocks, kThreads, 0, nativeStream(stream))(x, y, rows, cols, log);
   }
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -520,9 +520,9 @@ void softmaxBackward(const float* y, const float* dy, float* dx, int64_t rows, i
   CudaDeviceGuard guard(stream.device().index);
   unsigned blocks = rowBlocks(stream, rows, cols);
   if (warpPerRow(cols)) {
-    softmaxBackwardKernel<kWarpSize><<<blocks, kThreads, 0, nativeStream(stream)>>>(y, dy, dx, rows, cols, log);
+    COHORT_LAUNCH(softmaxBackwardKernel<kWarpSize>, blocks, kThreads, 0, nativeStream(stream))(y, dy, dx, rows, cols, log);
   } else {
-    softmaxBackwardKernel<kThreads><<<blocks, kThreads, 0, nativeStream(stream)>>>(y, dy, dx, rows, cols, log);
+    COHORT_LAUNCH(softmaxBackwardKernel<kThreads>, blocks, kThreads, 0, nativeStream(stream))(y, dy, dx, rows, cols, log);
   }
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -536,7 +536,7 @@ void dropoutForward(const float* x, float* y, float* mask, int64_t n, float p, u
   size_t vecCount = vecCountFor(count, x, y, mask);
   const float scale = 1.0f / (1.0f - p);  // as nn/dropout.cc
   CudaDeviceGuard guard(stream.device().index);
-  dropoutForwardKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+  COHORT_LAUNCH(dropoutForwardKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
       x, y, mask, count, vecCount, p, scale, seed);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -548,7 +548,7 @@ void multiply(const float* a, const float* b, float* out, int64_t n, const Strea
   size_t count = static_cast<size_t>(n);
   size_t vecCount = vecCountFor(count, a, b, out);
   CudaDeviceGuard guard(stream.device().index);
-  multiplyKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(a, b, out, count,
+  COHORT_LAUNCH(multiplyKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(a, b, out, count,
                                                                                                       vecCount);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -563,10 +563,10 @@ void softmaxCrossEntropy(const float* logits, const float* targets, float* grad,
   CudaDeviceGuard guard(stream.device().index);
   unsigned blocks = rowBlocks(stream, rows, cols);
   if (warpPerRow(cols)) {
-    softmaxCrossEntropyKernel<kWarpSize><<<blocks, kThreads, 0, nativeStream(stream)>>>(
+    COHORT_LAUNCH(softmaxCrossEntropyKernel<kWarpSize>, blocks, kThreads, 0, nativeStream(stream))(
         logits, targets, grad, rows, cols, invRows, lossSum, correct, badTargets);
   } else {
-    softmaxCrossEntropyKernel<kThreads><<<blocks, kThreads, 0, nativeStream(stream)>>>(
+    COHORT_LAUNCH(softmaxCrossEntropyKernel<kThreads>, blocks, kThreads, 0, nativeStream(stream))(
         logits, targets, grad, rows, cols, invRows, lossSum, correct, badTargets);
   }
   COHORT_CUDA_CHECK(cudaGetLastError());
@@ -581,7 +581,7 @@ void meanSquaredError(const float* out, const float* targets, float* grad, int64
   size_t vecCount = vecCountFor(count, out, targets, grad);
   const float scale = 2.0f / static_cast<float>(n);  // as nn/loss.cc
   CudaDeviceGuard guard(stream.device().index);
-  meanSquaredErrorKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+  COHORT_LAUNCH(meanSquaredErrorKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
       out, targets, grad, count, vecCount, scale, lossScale, lossSum);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -594,7 +594,7 @@ void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, i
   size_t count = static_cast<size_t>(n);
   size_t vecCount = vecCountFor(count, param, grad, expAvg, expAvgSq);
   CudaDeviceGuard guard(stream.device().index);
-  adamKernel<<<blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream)>>>(
+  COHORT_LAUNCH(adamKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
       param, grad, expAvg, expAvgSq, count, vecCount, options);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }

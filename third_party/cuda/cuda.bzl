@@ -25,7 +25,7 @@ Only instantiate these when CUDA_ENABLED (from @local_cuda//:defs.bzl) is true, 
 without CUDA the macros fail with a clear message.
 """
 
-load("@local_cuda//:defs.bzl", "CUDA_ENABLED", "CUDA_HOME")
+load("@local_cuda//:defs.bzl", "CUDA_ENABLED", "CUDASIM", "CUDA_HOME")
 
 # Real code for A100 (sm_80) and H100/H200 (sm_90), PTX for compute_90 so later GPUs can JIT it.
 CUDA_GENCODE = [
@@ -115,9 +115,25 @@ def _require_cuda(name):
              "declare CUDA targets as `cuda_library(...) if CUDA_ENABLED else None` " +
              "(CUDA_ENABLED from @local_cuda//:defs.bzl; BUILD files allow no top-level `if`)")
 
+# cudasim (COHORT_CUDASIM=1): the .cu files are C++ for g++ against the emulation; a genrule
+# copies each to <name>/<file>.cu.cc, which the cc_library that lists `name` in its srcs compiles
+# with its own flags, headers and defines.
+def _cudasim_sources(name, srcs, **kwargs):
+    outs = ["%s/%s.cc" % (name, src.split("/")[-1].split(":")[-1]) for src in srcs]
+    native.genrule(
+        name = name,
+        srcs = srcs,
+        outs = outs,
+        cmd = " && ".join(["cp $(location %s) $(RULEDIR)/%s" % (src, out) for src, out in zip(srcs, outs)]),
+        **kwargs
+    )
+
 def cuda_objects(name, srcs, hdrs = [], deps = [], copts = [], defines = [], **kwargs):
-    """nvcc-compiled PIC objects, for a cc_library's srcs."""
+    """nvcc-compiled PIC objects, for a cc_library's srcs (cudasim: the sources as C++)."""
     _require_cuda(name)
+    if CUDASIM:
+        _cudasim_sources(name, srcs, **kwargs)
+        return
     cuda_objects_rule(
         name = name,
         srcs = srcs,
@@ -129,8 +145,28 @@ def cuda_objects(name, srcs, hdrs = [], deps = [], copts = [], defines = [], **k
     )
 
 def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], defines = [], visibility = None, **kwargs):
-    """A cc_library whose code comes from .cu files compiled by nvcc."""
+    """A cc_library whose code comes from .cu files compiled by nvcc (cudasim: by g++)."""
     _require_cuda(name)
+    if CUDASIM:
+        _cudasim_sources(
+            name + "_cuda_objects",
+            srcs,
+            visibility = ["//visibility:private"],
+            testonly = kwargs.get("testonly", False),
+            tags = kwargs.get("tags", []),
+        )
+        native.cc_library(
+            name = name,
+            srcs = [":" + name + "_cuda_objects"],
+            hdrs = hdrs,
+            deps = deps + ["@local_cuda//:cudart"],
+            defines = defines,
+            alwayslink = True,
+            linkstatic = True,
+            visibility = visibility,
+            **kwargs
+        )
+        return
     cuda_objects_rule(
         name = name + "_cuda_objects",
         srcs = srcs,

@@ -154,3 +154,15 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Rounded products and sums that the compiler may not fuse into a multiply-add (nvcc's __fmul_rn,
+// __fadd_rn): the empty asm makes the rounded value materialise in a register.
+inline float __fmul_rn(float a, float b) {
+  float r = a * b;
+  asm("" : "+x"(r));
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  float r = a + b;
+  asm("" : "+x"(r));
+  return r;
+}

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/launch.h"  // COHORT_LAUNCH
 
 namespace cohort::testing {
 namespace {
@@ -28,7 +29,7 @@ int compiledArch() {
 
 void addOne(int* data, size_t n, const runtime::Stream& stream) {
   runtime::cuda::CudaDeviceGuard guard(stream.device().index);
-  addOneKernel<<<4, 128, 0, static_cast<cudaStream_t>(stream.native())>>>(data, n);
+  COHORT_LAUNCH(addOneKernel, 4, 128, 0, static_cast<cudaStream_t>(stream.native()))(data, n);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -13,6 +13,17 @@
 #include "runtime/error.h"
 #include "runtime/stream.h"
 
+// COHORT_LAUNCH(kernel, grid, block, sharedBytes, stream)(args...): `kernel<<<grid, block,
+// sharedBytes, stream>>>(args...)` under nvcc; under cudasim (the emulated device, cudasim/, where
+// g++ compiles the .cu files) the emulation's launch. Every launch in Cohort's .cu files goes
+// through it, so one source serves both.
+#ifdef COHORT_CUDASIM
+#define COHORT_LAUNCH(kernel, grid, block, sharedBytes, stream) \
+  ::cudasim::Launch(kernel, #kernel, grid, block, sharedBytes, stream)
+#else
+#define COHORT_LAUNCH(kernel, grid, block, sharedBytes, stream) kernel<<<grid, block, sharedBytes, stream>>>
+#endif
+
 namespace cohort::runtime::cuda::launch {
 
 constexpr unsigned kThreads = 256;
