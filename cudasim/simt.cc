@@ -7,8 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <random>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cudasim/sim.h"
@@ -24,6 +25,26 @@ namespace cudasim {
 namespace {
 
 namespace ctx = boost::context;
+
+// The scheduler's randomness: xorshift64*, cheaper than std::shuffle with mt19937_64 (a block of 256
+// threads with 9 barriers shuffles 2,300 times per block).
+class Random {
+ public:
+  explicit Random(uint64_t seed) : state_(seed | 1) {}
+  uint64_t next() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    return state_ * 0x2545f4914f6cdd1dull;
+  }
+  template <class T>
+  void shuffle(std::vector<T>& v) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[next() % i]);
+  }
+
+ private:
+  uint64_t state_;
+};
 
 enum class State { kNew, kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
 
@@ -41,7 +62,7 @@ thread_local Thread* tlsThread = nullptr;
 
 class Block {
  public:
-  Block(const LaunchConfig& c, dim3 position, const std::function<void()>& body, std::mt19937_64& rng,
+  Block(const LaunchConfig& c, dim3 position, const std::function<void()>& body, Random& rng,
         ctx::pooled_fixedsize_stack& stacks)
       : body_(body), rng_(rng), stacks_(stacks) {
     const unsigned n = c.block.x * c.block.y * c.block.z;
@@ -65,7 +86,7 @@ class Block {
     for (unsigned t = 0; t < order.size(); ++t) order[t] = t;
     for (;;) {
       // One round: every runnable thread, in a fresh shuffled order, until it blocks or ends.
-      std::shuffle(order.begin(), order.end(), rng_);
+      rng_.shuffle(order);
       bool ranAny = false;
       for (unsigned t : order) {
         Thread& th = threads_[t];
@@ -87,6 +108,7 @@ class Block {
 
   // Called on a thread's fiber: marks it waiting and returns to the scheduler until released.
   void wait(State state, unsigned warpMask = 0) {
+    usedBarrier_ = true;
     Thread& th = *tlsThread;
     th.state = state;
     th.warpMask = warpMask;
@@ -95,6 +117,22 @@ class Block {
   }
 
   uint64_t* warpSlots(unsigned warp) { return warpSlots_.data() + warp * 32; }
+  bool usedBarrier() const { return usedBarrier_; }
+
+  // A kernel known to use no barrier: each thread runs to its end, one after another in a shuffled
+  // order, without fibers (a barrier reached here is fatal: see runGrid).
+  void runDirect() {
+    std::vector<unsigned> order(threads_.size());
+    for (unsigned t = 0; t < order.size(); ++t) order[t] = t;
+    rng_.shuffle(order);
+    direct_ = true;
+    for (unsigned t : order) {
+      tlsThread = &threads_[t];
+      body_();
+    }
+    tlsThread = nullptr;
+  }
+  bool direct() const { return direct_; }
   Thread& thread(unsigned linear) { return threads_[linear]; }
 
  private:
@@ -154,11 +192,18 @@ class Block {
   }
 
   const std::function<void()>& body_;
-  std::mt19937_64& rng_;
+  Random& rng_;
   ctx::pooled_fixedsize_stack& stacks_;
   std::vector<Thread> threads_;
   std::vector<uint64_t> warpSlots_;
+  bool usedBarrier_ = false;
+  bool direct_ = false;
 };
+
+// Whether each kernel (by its function's address) reached a barrier in its first launch: those
+// that did not run later launches without fibers.
+std::mutex gKnownMutex;
+std::unordered_map<const void*, bool> gUsesBarriers;
 
 [[noreturn]] void outsideKernel(const char* what) {
   std::fprintf(stderr, "cudasim: %s called outside a kernel\n", what);
@@ -177,13 +222,22 @@ int laneId() {
   return static_cast<int>(tlsThread->lane);
 }
 
+[[noreturn]] void barrierInDirectRun() {
+  std::fprintf(stderr,
+               "cudasim: a kernel reached a barrier (__syncthreads or a warp shuffle) in a launch after one where it "
+               "reached none; cudasim runs such kernels without fibers and cannot suspend it\n");
+  std::abort();
+}
+
 void syncthreads() {
   if (!tlsBlock || !tlsThread) outsideKernel("__syncthreads");
+  if (tlsBlock->direct()) barrierInDirectRun();
   tlsBlock->wait(State::kAtBlockBarrier);
 }
 
 uint64_t exchangeInWarp(unsigned mask, uint64_t mine, int source) {
   if (!tlsBlock || !tlsThread) outsideKernel("a warp shuffle");
+  if (tlsBlock->direct()) barrierInDirectRun();
   Block& block = *tlsBlock;
   const unsigned warp = tlsThread->warp;
   uint64_t* slots = block.warpSlots(warp);
@@ -195,7 +249,7 @@ uint64_t exchangeInWarp(unsigned mask, uint64_t mine, int source) {
 }
 
 void runGrid(const LaunchConfig& c, const std::function<void()>& body, uint64_t seed) {
-  std::mt19937_64 rng(seed);
+  Random rng(seed);
   static thread_local ctx::pooled_fixedsize_stack stacks(128 * 1024);
   std::vector<dim3> blocks;
   for (unsigned z = 0; z < c.grid.z; ++z) {
@@ -203,17 +257,35 @@ void runGrid(const LaunchConfig& c, const std::function<void()>& body, uint64_t 
       for (unsigned x = 0; x < c.grid.x; ++x) blocks.emplace_back(x, y, z);
     }
   }
-  std::shuffle(blocks.begin(), blocks.end(), rng);
+  rng.shuffle(blocks);
+  const void* kernel = c.kernel;
+  bool known = false, usesBarriers = true;
+  {
+    std::lock_guard lock(gKnownMutex);
+    if (auto it = gUsesBarriers.find(kernel); it != gUsesBarriers.end()) {
+      known = true;
+      usesBarriers = it->second;
+    }
+  }
+  bool sawBarrier = false;
   for (const dim3& b : blocks) {
     Block block(c, b, body, rng, stacks);
     tlsBlock = &block;
-    std::string problem;
-    const bool ok = block.run(problem);
-    tlsBlock = nullptr;
-    if (!ok) {
-      std::fprintf(stderr, "cudasim: kernel %s, block (%u, %u, %u): %s\n", c.name, b.x, b.y, b.z, problem.c_str());
-      std::abort();
+    if (known && !usesBarriers) {
+      block.runDirect();
+    } else {
+      std::string problem;
+      if (!block.run(problem)) {
+        std::fprintf(stderr, "cudasim: kernel %s, block (%u, %u, %u): %s\n", c.name, b.x, b.y, b.z, problem.c_str());
+        std::abort();
+      }
+      sawBarrier = sawBarrier || block.usedBarrier();
     }
+    tlsBlock = nullptr;
+  }
+  if (!known) {
+    std::lock_guard lock(gKnownMutex);
+    gUsesBarriers.emplace(kernel, sawBarrier);
   }
 }
 

@@ -5,7 +5,9 @@
 // runs until it finishes or reaches a barrier (__syncthreads, or a warp shuffle's exchange), and
 // between barriers the block's threads run one at a time in a shuffled order, so a thread that
 // reads what another writes without a barrier in between sees it unwritten in some order (the
-// harness's race check: tests/cudasim/). __shared__ variables are static thread-locals, shared by
+// harness's race check: tests/cudasim/). A kernel whose first launch reached no barrier runs its
+// later launches without fibers (each thread to its end, in a shuffled order): much faster, and
+// fatal (a clear abort) should such a kernel reach a barrier after all. __shared__ variables are static thread-locals, shared by
 // the fibers of the block running on that thread. Atomics are real atomics, since kernels of two
 // streams run on two threads at once.
 #pragma once
@@ -70,6 +72,7 @@ struct LaunchConfig {
   size_t sharedBytes = 0;
   cudaStream_t stream = nullptr;
   const char* name = "";
+  const void* kernel = nullptr;  // identifies the kernel (its function's address)
 };
 // Validates the launch (the launching thread's last error on failure, as CUDA reports it) and
 // enqueues `body`, which runs the kernel for the current thread, for every thread of the grid.
@@ -80,7 +83,7 @@ template <class... Params>
 class Launch {
  public:
   Launch(void (*kernel)(Params...), const char* name, dim3 grid, dim3 block, size_t shared, cudaStream_t stream)
-      : kernel_(kernel), config_{grid, block, shared, stream, name} {}
+      : kernel_(kernel), config_{grid, block, shared, stream, name, reinterpret_cast<const void*>(kernel)} {}
   template <class... Args>
   void operator()(Args&&... args) const {
     static_assert(sizeof...(Args) == sizeof...(Params), "kernel called with the wrong number of arguments");
