@@ -1,5 +1,7 @@
 // cuBLAS as cudasim emulates it (include/cublas_v2.h): handles, and SGEMM and SSCAL as operations of
-// the handle's stream, computed by plain CPU loops that follow the real argument conventions.
+// the handle's stream, following the real argument conventions. SGEMM runs on oneDNN's sgemm (fp32
+// accumulation, as on a GPU), so a result differs from a double-accumulating reference by float
+// rounding only; alpha, beta and the TF32 rounding of inputs are applied here, around it.
 //
 // Every call checks what the real library checks (dimensions, leading dimensions, enums, null
 // scalars) and, beyond it, that each matrix or vector it will touch lies inside one live device
@@ -7,13 +9,19 @@
 // another device is current fails as the real library's kernel launch would. Live handles are
 // kept in a registry, so a destroyed or made-up handle is CUBLAS_STATUS_NOT_INITIALIZED rather than
 // a crash.
+#include <omp.h>               // omp_set_num_threads: oneDNN's team size on this thread
+#include <oneapi/dnnl/dnnl.h>  // dnnl_sgemm
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "cublas_v2.h"
 #include "cudasim/sim.h"
@@ -120,22 +128,52 @@ struct Gemm {
   int lda = 0, ldb = 0, ldc = 0;
 };
 
-// Column by column, so a C that overlaps A or B (which BLAS forbids) gives garbage, as on a GPU.
+// A column-major rows x cols matrix with leading dimension ld, rounded to TF32 and packed (ld = rows).
+std::vector<float> packedTf32(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> packed(static_cast<size_t>(rows * cols));
+  for (int64_t j = 0; j < cols; ++j) {
+    for (int64_t i = 0; i < rows; ++i) packed[static_cast<size_t>(i + j * rows)] = toTf32(p[i + j * ld]);
+  }
+  return packed;
+}
+
+// C = beta · C first (beta == 0: zeros written, C never read, so NaN there does not survive whatever
+// sgemm does with 0 · C); then, unless alpha or k is 0 (A and B not read), C += alpha · op(A) · op(B)
+// by oneDNN. Column-major C = op(A) · op(B) is row-major Cᵀ = op(B)ᵀ · op(A)ᵀ in the same memory, so
+// oneDNN's row-major sgemm gets B's memory first, n and m swapped, the same transpose flags.
+// It runs on the stream's thread alone: an operation of a stream is one unit of work, as a kernel
+// is; a team per stream would oversubscribe the CPU that the other streams (and the host code
+// compared against) share, and the result would depend on the machine's core count.
 void runGemm(const Gemm& g) {
   const float alpha = g.alpha.get(), beta = g.beta.get();
-  auto operand = [&](float x) { return static_cast<double>(g.tf32 ? toTf32(x) : x); };
+  const bool product = alpha != 0.0f && g.k > 0;
   for (int64_t j = 0; j < g.n; ++j) {
-    for (int64_t i = 0; i < g.m; ++i) {
-      double sum = 0;
-      for (int64_t p = 0; alpha != 0.0f && p < g.k; ++p) {
-        const float a = g.transA ? g.a[p + i * g.lda] : g.a[i + p * g.lda];
-        const float b = g.transB ? g.b[j + p * g.ldb] : g.b[p + j * g.ldb];
-        sum += operand(a) * operand(b);
-      }
-      float& c = g.c[i + j * g.ldc];
-      const double scaled = alpha == 0.0f ? 0.0 : alpha * sum;  // alpha == 0: A and B are not read
-      c = static_cast<float>(beta == 0.0f ? scaled : scaled + static_cast<double>(beta) * c);
+    float* column = g.c + j * g.ldc;
+    if (beta == 0.0f) {
+      std::fill(column, column + g.m, 0.0f);
+    } else if (!product) {
+      for (int64_t i = 0; i < g.m; ++i) column[i] *= beta;
     }
+  }
+  if (!product) return;
+  const float* a = g.a;
+  const float* b = g.b;
+  int64_t lda = g.lda, ldb = g.ldb;
+  std::vector<float> roundedA, roundedB;
+  if (g.tf32) {
+    lda = g.transA ? g.k : g.m;
+    ldb = g.transB ? g.n : g.k;
+    roundedA = packedTf32(g.a, lda, g.transA ? g.m : g.k, g.lda);
+    roundedB = packedTf32(g.b, ldb, g.transB ? g.k : g.n, g.ldb);
+    a = roundedA.data(), b = roundedB.data();
+  }
+  omp_set_num_threads(1);  // this thread's setting, which oneDNN sizes its team by
+  const dnnl_status_t status =
+      dnnl_sgemm(g.transB ? 'T' : 'N', g.transA ? 'T' : 'N', g.n, g.m, g.k, alpha, b, ldb, a, lda, beta, g.c, g.ldc);
+  if (status != dnnl_success) {  // the arguments were checked at the call: a bug here, not the caller's
+    std::fprintf(stderr, "cudasim: dnnl_sgemm(%d x %d x %d) failed with status %d\n", g.m, g.n, g.k,
+                 static_cast<int>(status));
+    std::abort();
   }
 }
 

@@ -1,14 +1,20 @@
 // cuDNN as cudasim emulates it (include/cudnn.h): handles and descriptors, the convolution's
 // heuristics and workspace queries, and its forward, backward-data, backward-filter and bias
-// computations and cudnnAddTensor as operations of the handle's stream, by plain CPU loops.
+// computations and cudnnAddTensor as operations of the handle's stream, on the CPU.
 //
-// A convolution visits its taps: every (output position, input channel, kernel offset) whose input
-// position lies inside the unpadded input, with
+// A convolution is matrix products, image by image, as in cuDNN's GEMM algorithms. Image n's
+// columns col_n [T × P] hold, for each tap t = (c, r, s) (T = C·R·S taps, in that order) and
+// output position p = (oh, ow) (P = OH·OW), the input at
 //   ih = oh · strideH − padH + r · dilationH,   iw = ow · strideW − padW + s · dilationW,
-// and the filter read at (r, s), or at (R − 1 − r, S − 1 − s) for CUDNN_CONVOLUTION's flipped kernel.
-// Forward sums x · w into y over the taps, backward data sums dy · w into dx, backward filter sums
-// dy · x into dw: the same visit, three products. Sums are accumulated in double and blended as
-// alpha · sum + beta · out (out not read when beta == 0).
+// or 0 where that lies in the padding. The filter is the matrix wm [K × T], w read at (r, s), or at
+// (R − 1 − r, S − 1 − s) for CUDNN_CONVOLUTION's flipped kernel. Then
+//   forward          y_n  = wm · col_n                       (y_n: image n of y as a K × P matrix)
+//   backward data    dx_n = each entry of wmᵀ · dy_n added back to the input position it came from
+//   backward filter  dw   = Σ over n of dy_n · col_nᵀ
+// by oneDNN's sgemm in fp32 (an NHWC image is the transposed matrix), and the sums are blended as
+// alpha · sum + beta · out (out not read when beta == 0). So results differ from a direct
+// double-accumulating reference by float rounding; and a tap in the padding contributes 0 · w, as
+// in an implicit GEMM (NaN for an infinite or NaN weight, where a direct loop would skip the tap).
 //
 // The checks are cuDNN's (live, set and consistent descriptors; y's size is what the convolution
 // gives), and beyond them: every operand lies in one live device allocation, the output overlaps
@@ -17,9 +23,14 @@
 // a destroyed or made-up handle or descriptor is CUDNN_STATUS_BAD_PARAM rather than a crash.
 #include "cudnn.h"
 
+#include <omp.h>               // omp_set_num_threads: oneDNN's team size on this thread
+#include <oneapi/dnnl/dnnl.h>  // dnnl_sgemm
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -45,6 +56,14 @@ struct Dims {
   int64_t at(int64_t in, int64_t ic, int64_t ih, int64_t iw) const {
     if (format == CUDNN_TENSOR_NHWC) return ((in * h + ih) * w + iw) * c + ic;
     return ((in * c + ic) * h + ih) * w + iw;
+  }
+  // How far apart in memory, in elements, neighbours along n, c, h and w lie.
+  struct Strides {
+    int64_t n, c, h, w;
+  };
+  Strides strides() const {
+    if (format == CUDNN_TENSOR_NHWC) return {int64_t{h} * w * c, 1, int64_t{w} * c, c};
+    return {int64_t{c} * h * w, int64_t{h} * w, w, 1};
   }
 };
 
@@ -179,31 +198,57 @@ struct Geometry {
   Dims x, w, y;
   cudnnConvolutionStruct conv;
 
-  double operand(float v) const { return conv.math == CUDNN_FMA_MATH ? v : toTf32(v); }
+  int64_t taps() const { return int64_t{w.c} * w.h * w.w; }  // T
+  int64_t positions() const { return int64_t{y.h} * y.w; }   // P
+  // An input as the products read it: TF32 unless CUDNN_FMA_MATH.
+  float operand(float v) const { return conv.math == CUDNN_FMA_MATH ? v : toTf32(v); }
 };
 
-// Calls f(y offset, x offset, w offset) for every tap (the file's comment).
-template <class F>
-void forEachTap(const Geometry& g, F&& f) {
+// The least m >= 0 with m · d >= n (d > 0).
+int64_t ceilDivOrZero(int64_t n, int64_t d) { return n <= 0 ? 0 : (n + d - 1) / d; }
+
+// Visits image n's columns col [T × P] (the file's comment), row-major, a run of one row at a time:
+// inside(entries, x offset, count, x step) for `count` entries whose input positions lie in x, at
+// the offset and `step` apart; padding(entries, count) for entries in the padding.
+template <class Inside, class Padding>
+void walkColumns(const Geometry& g, int64_t n, float* col, Inside&& inside, Padding&& padding) {
   const cudnnConvolutionStruct& cv = g.conv;
-  const bool flip = cv.mode == CUDNN_CONVOLUTION;
-  for (int64_t n = 0; n < g.x.n; ++n) {
-    for (int64_t k = 0; k < g.w.n; ++k) {
-      for (int64_t oh = 0; oh < g.y.h; ++oh) {
-        for (int64_t ow = 0; ow < g.y.w; ++ow) {
-          const int64_t yAt = g.y.at(n, k, oh, ow);
-          for (int64_t c = 0; c < g.w.c; ++c) {
-            for (int64_t r = 0; r < g.w.h; ++r) {
-              const int64_t ih = oh * cv.strideH - cv.padH + r * cv.dilationH;
-              if (ih < 0 || ih >= g.x.h) continue;
-              for (int64_t s = 0; s < g.w.w; ++s) {
-                const int64_t iw = ow * cv.strideW - cv.padW + s * cv.dilationW;
-                if (iw < 0 || iw >= g.x.w) continue;
-                const int64_t wAt = flip ? g.w.at(k, c, g.w.h - 1 - r, g.w.w - 1 - s) : g.w.at(k, c, r, s);
-                f(yAt, g.x.at(n, c, ih, iw), wAt);
-              }
-            }
+  const Dims::Strides xs = g.x.strides();
+  const int64_t width = g.y.w, step = cv.strideW * xs.w;
+  float* entry = col;
+  for (int64_t c = 0; c < g.w.c; ++c) {
+    for (int64_t r = 0; r < g.w.h; ++r) {
+      for (int64_t s = 0; s < g.w.w; ++s) {
+        // ow in [first, last) reads iw = ow · strideW + shift inside [0, W).
+        const int64_t shift = s * cv.dilationW - cv.padW;
+        const int64_t first = std::min(ceilDivOrZero(-shift, cv.strideW), width);
+        const int64_t last = std::clamp(ceilDivOrZero(g.x.w - shift, cv.strideW), first, width);
+        for (int64_t oh = 0; oh < g.y.h; ++oh, entry += width) {
+          const int64_t ih = oh * cv.strideH - cv.padH + r * cv.dilationH;
+          if (ih < 0 || ih >= g.x.h) {
+            padding(entry, width);
+            continue;
           }
+          padding(entry, first);
+          inside(entry + first, n * xs.n + c * xs.c + ih * xs.h + (first * cv.strideW + shift) * xs.w, last - first,
+                 step);
+          padding(entry + last, width - last);
+        }
+      }
+    }
+  }
+}
+
+// Calls f(i, w offset) for each entry i of the filter matrix wm [K × T] (the file's comment).
+template <class F>
+void forEachFilterEntry(const Geometry& g, F&& f) {
+  const bool flip = g.conv.mode == CUDNN_CONVOLUTION;
+  size_t i = 0;
+  for (int64_t k = 0; k < g.w.n; ++k) {
+    for (int64_t c = 0; c < g.w.c; ++c) {
+      for (int64_t r = 0; r < g.w.h; ++r) {
+        for (int64_t s = 0; s < g.w.w; ++s) {
+          f(i++, flip ? g.w.at(k, c, g.w.h - 1 - r, g.w.w - 1 - s) : g.w.at(k, c, r, s));
         }
       }
     }
@@ -216,7 +261,8 @@ void blendInto(float& out, double value, float alpha, float beta) {
   out = static_cast<float>(beta == 0.0f ? scaled : scaled + static_cast<double>(beta) * out);
 }
 
-void blend(float* out, const std::vector<double>& sum, float alpha, float beta) {
+template <class T>
+void blend(float* out, const std::vector<T>& sum, float alpha, float beta) {
   for (size_t i = 0; i < sum.size(); ++i) blendInto(out[i], sum[i], alpha, beta);
 }
 
@@ -392,6 +438,127 @@ cudnnStatus_t run(const Call& call, std::function<void()> op) {
                                                                      : CUDNN_STATUS_EXECUTION_FAILED_CUDART;
 }
 
+// A row-major matrix as a product reads it: at p, stored transposed or not, with leading dimension ld.
+struct Matrix {
+  const float* p;
+  bool transposed;
+  int64_t ld;
+};
+
+// c [m × n] = a · b, a being m × k; with accumulate, c += a · b. (Positional: the calls read as the
+// formulas of the file's comment.)
+struct Product {
+  int64_t m, n, k;
+  Matrix a, b;
+  float* c;
+  int64_t ldc;
+  bool accumulate;
+};
+
+// On the stream's thread alone, as cublas.cc runs SGEMM (why there). Without accumulate, c is not
+// read (BLAS's beta == 0 rule, which oneDNN keeps), so what a scratch buffer held does not survive.
+void multiply(const Product& p) {
+  omp_set_num_threads(1);  // this thread's setting, which oneDNN sizes its team by
+  const dnnl_status_t status = dnnl_sgemm(p.a.transposed ? 'T' : 'N', p.b.transposed ? 'T' : 'N', p.m, p.n, p.k, 1.0f,
+                                          p.a.p, p.a.ld, p.b.p, p.b.ld, p.accumulate ? 1.0f : 0.0f, p.c, p.ldc);
+  if (status != dnnl_success) {  // the arguments were checked at the call: a bug here, not the caller's
+    std::fprintf(stderr, "cudasim: dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n", static_cast<long long>(p.m),
+                 static_cast<long long>(p.n), static_cast<long long>(p.k), static_cast<int>(status));
+    std::abort();
+  }
+}
+
+// Image n of y (or dy) as the K × P matrix of the file's comment: row-major in NCHW; in NHWC stored
+// as its P × K transpose.
+Matrix yImage(const Geometry& g, const float* y, int64_t n) {
+  const int64_t filters = g.y.c, positions = g.positions();
+  const bool nhwc = g.y.format == CUDNN_TENSOR_NHWC;
+  return {y + n * filters * positions, nhwc, nhwc ? filters : positions};
+}
+
+// The filter matrix wm [K × T] (the file's comment), its entries as the products read them.
+std::vector<float> filterMatrix(const Geometry& g, const float* w) {
+  std::vector<float> wm(g.w.count());
+  forEachFilterEntry(g, [&](size_t i, int64_t at) { wm[i] = g.operand(w[at]); });
+  return wm;
+}
+
+// The memory of one convolution call: its two inputs (the third of x, w, y is null) and its output.
+struct Tensors {
+  const float* x = nullptr;
+  const float* w = nullptr;
+  const float* y = nullptr;
+  float* out = nullptr;
+};
+
+// dy as the products read it: itself, or a TF32 copy held in `rounded`.
+const float* dyOperand(const Geometry& g, const float* dy, std::vector<float>* rounded) {
+  if (g.conv.math == CUDNN_FMA_MATH) return dy;
+  rounded->resize(g.y.count());
+  std::transform(dy, dy + g.y.count(), rounded->begin(), [&](float v) { return g.operand(v); });
+  return rounded->data();
+}
+
+void im2col(const Geometry& g, const float* x, int64_t n, float* col) {
+  const bool tf32 = g.conv.math != CUDNN_FMA_MATH;
+  auto inside = [&](float* entries, int64_t at, int64_t count, int64_t step) {
+    if (!tf32 && step == 1) {
+      std::copy_n(x + at, count, entries);
+    } else {
+      for (int64_t i = 0; i < count; ++i) entries[i] = g.operand(x[at + i * step]);
+    }
+  };
+  walkColumns(g, n, col, inside, [](float* entries, int64_t count) { std::fill_n(entries, count, 0.0f); });
+}
+
+// y = alpha · (y_n = wm · col_n for each image n) + beta · y.
+void forward(const Geometry& g, const Tensors& t, const Call& call) {
+  const int64_t taps = g.taps(), positions = g.positions(), filters = g.w.n;
+  const std::vector<float> wm = filterMatrix(g, t.w);
+  std::vector<float> col(static_cast<size_t>(taps * positions)), sum(g.y.count());
+  for (int64_t n = 0; n < g.x.n; ++n) {
+    im2col(g, t.x, n, col.data());
+    float* y = sum.data() + n * filters * positions;
+    if (g.y.format == CUDNN_TENSOR_NHWC) {  // y_nᵀ = col_nᵀ · wmᵀ
+      multiply({positions, filters, taps, {col.data(), true, positions}, {wm.data(), true, taps}, y, filters, false});
+    } else {
+      multiply(
+          {filters, positions, taps, {wm.data(), false, taps}, {col.data(), false, positions}, y, positions, false});
+    }
+  }
+  blend(t.out, sum, call.alpha, call.beta);
+}
+
+// dx = alpha · (wmᵀ · dy_n for each image n, its columns added back into x's positions) + beta · dx.
+void backwardData(const Geometry& g, const Tensors& t, const Call& call) {
+  const int64_t taps = g.taps(), positions = g.positions(), filters = g.w.n;
+  const std::vector<float> wm = filterMatrix(g, t.w);
+  std::vector<float> rounded;
+  const float* dy = dyOperand(g, t.y, &rounded);
+  std::vector<float> col(static_cast<size_t>(taps * positions)), sum(g.x.count());
+  for (int64_t n = 0; n < g.x.n; ++n) {
+    multiply({taps, positions, filters, {wm.data(), true, taps}, yImage(g, dy, n), col.data(), positions, false});
+    auto addBack = [&](const float* entries, int64_t at, int64_t count, int64_t step) {
+      for (int64_t i = 0; i < count; ++i) sum[static_cast<size_t>(at + i * step)] += entries[i];
+    };
+    walkColumns(g, n, col.data(), addBack, [](float*, int64_t) {});
+  }
+  blend(t.out, sum, call.alpha, call.beta);
+}
+
+// dw = alpha · (Σ over images n of dy_n · col_nᵀ, back in w's layout) + beta · dw.
+void backwardFilter(const Geometry& g, const Tensors& t, const Call& call) {
+  const int64_t taps = g.taps(), positions = g.positions(), filters = g.w.n;
+  std::vector<float> rounded;
+  const float* dy = dyOperand(g, t.y, &rounded);
+  std::vector<float> col(static_cast<size_t>(taps * positions)), dwm(g.w.count());
+  for (int64_t n = 0; n < g.x.n; ++n) {
+    im2col(g, t.x, n, col.data());
+    multiply({filters, taps, positions, yImage(g, dy, n), {col.data(), true, positions}, dwm.data(), taps, n > 0});
+  }
+  forEachFilterEntry(g, [&](size_t i, int64_t at) { blendInto(t.out[at], dwm[i], call.alpha, call.beta); });
+}
+
 // Which operand of the convolution a call sums into: y (forward), x (backward data) or w (backward
 // filter); the other two are its inputs.
 enum class Into { kY, kX, kW };
@@ -415,8 +582,8 @@ struct ConvolutionArgs {
   size_t workSpaceBytes = 0;
 };
 
-// Checks a convolution call and enqueues it: the sum over the taps (the file's comment) of the
-// product of the two inputs, into the output, blended.
+// Checks a convolution call and enqueues it: the products of the file's comment, into the output,
+// blended.
 template <Into kInto>
 cudnnStatus_t convolution(const Algorithms& algos, const ConvolutionArgs& a) {
   Geometry g;
@@ -436,18 +603,14 @@ cudnnStatus_t convolution(const Algorithms& algos, const ConvolutionArgs& a) {
       s != CUDNN_STATUS_SUCCESS) {
     return s;
   }
-  auto* x = static_cast<const float*>(a.x);
-  auto* w = static_cast<const float*>(a.w);
-  auto* y = static_cast<const float*>(a.y);
-  auto* out = static_cast<float*>(a.out);
-  return run(call, [g, x, w, y, out, count = outDims.count(), call] {
-    std::vector<double> sum(count);
-    forEachTap(g, [&](int64_t yAt, int64_t xAt, int64_t wAt) {
-      if constexpr (kInto == Into::kY) sum[yAt] += g.operand(x[xAt]) * g.operand(w[wAt]);
-      if constexpr (kInto == Into::kX) sum[xAt] += g.operand(y[yAt]) * g.operand(w[wAt]);
-      if constexpr (kInto == Into::kW) sum[wAt] += g.operand(y[yAt]) * g.operand(x[xAt]);
-    });
-    blend(out, sum, call.alpha, call.beta);
+  const Tensors t{.x = static_cast<const float*>(a.x),
+                  .w = static_cast<const float*>(a.w),
+                  .y = static_cast<const float*>(a.y),
+                  .out = static_cast<float*>(a.out)};
+  return run(call, [g, t, call] {
+    if constexpr (kInto == Into::kY) forward(g, t, call);
+    if constexpr (kInto == Into::kX) backwardData(g, t, call);
+    if constexpr (kInto == Into::kW) backwardFilter(g, t, call);
   });
 }
 

@@ -9,7 +9,8 @@
 // the call (a status, nothing enqueued, on failure) and then runs as one operation of the handle's
 // stream (the default stream until cublasSetStream), so it is asynchronous and in stream order.
 // CUBLAS_TF32_TENSOR_OP_MATH and CUBLAS_TENSOR_OP_MATH round the products' inputs to TF32, as the
-// tensor cores would; the other modes compute in full fp32 (accumulating in double).
+// tensor cores would; the other modes compute in full fp32. Sums accumulate in fp32 (oneDNN's sgemm
+// on the CPU), in an order of their own, so results agree with other BLASes to float rounding.
 // Thread safety: as cuBLAS's, one thread at a time per handle; handles may be used from any thread.
 //
 //   cublasHandle_t handle;

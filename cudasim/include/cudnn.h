@@ -11,8 +11,9 @@
 // (NaN there does not survive). Descriptors are read at the call, so changing one afterwards does
 // not change enqueued work. Calls check their arguments first (a status, nothing enqueued, on
 // failure), then run as one operation of the handle's stream (the default stream until
-// cudnnSetStream). Math: CUDNN_FMA_MATH is plain fp32 (accumulated in double); every other math
-// type lets TF32 in, as on an Ampere or later GPU, so inputs are rounded to TF32.
+// cudnnSetStream). Math: CUDNN_FMA_MATH is plain fp32; every other math type lets TF32 in, as on an
+// Ampere or later GPU, so inputs are rounded to TF32. Convolutions run as im2col and fp32 matrix
+// products (oneDNN's sgemm on the CPU), so results agree with other implementations to float rounding.
 // Algorithms: the emulation runs every algorithm it reports as supported the same way, but each
 // needs the workspace it reports, checked at the call. Thread safety: as cuDNN's, one thread at a
 // time per handle and descriptor.

@@ -2,7 +2,10 @@
 // real argument conventions (column-major, leading dimensions, transposes, alpha/beta, pointer and
 // math modes), in stream order; bad arguments are the real statuses; and the mistake issue 17
 // names, a transposed cuBLAS argument, gives a wrong result rather than a silently right one.
-// Data are small integers and halves, so every product and sum is exact and results compare equal.
+// Most data are small integers and halves, so every product and partial sum is exact in any order:
+// the emulation (oneDNN's sgemm, fp32, its own summation order) and the double-accumulating
+// reference here give equal bits. The inexact-data tests compare within a relative 1e-5 instead,
+// on positive data, so that no cancellation turns float rounding into a large relative error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -57,6 +60,35 @@ struct GemmCase {
   int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   float alpha = 1, beta = 0;
 };
+
+// n values in [0.5, 1.5), none exactly representable in few bits: sums of them round.
+std::vector<float> fractions(size_t n, int seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = 0.5f + static_cast<float>(std::fmod(i * 0.6180339887 + seed * 0.137, 1.0));
+  return v;
+}
+
+// x rounded to TF32's 10 explicit mantissa bits, to nearest with ties to even (the default rounding
+// mode of nearbyint), written apart from the emulation's bit manipulation.
+float tf32(float x) {
+  if (x == 0.0f || !std::isfinite(x)) return x;
+  int exponent = 0;
+  const double mantissa = std::frexp(static_cast<double>(x), &exponent);  // in [0.5, 1): 11 bits kept
+  return static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(mantissa, 11)), exponent - 11));
+}
+
+std::vector<float> tf32(std::vector<float> v) {
+  for (float& x : v) x = tf32(x);
+  return v;
+}
+
+// Every element within a relative `rel` of the reference's (exactly 0 where the reference is 0).
+void expectWithin(const std::vector<float>& got, const std::vector<float>& want, double rel, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(static_cast<double>(got[i]) - want[i]), rel * std::abs(want[i])) << what << " element " << i;
+  }
+}
 
 std::vector<float> referenceGemm(const GemmCase& g, const std::vector<float>& a, const std::vector<float>& b,
                                  std::vector<float> c) {
@@ -324,6 +356,73 @@ TEST(CudasimCublas, ATransposedArgumentGivesAWrongResult) {
   const Operands on = operandsFor(meantN);
   meantN.transA = true;
   EXPECT_EQ(deviceGemm(h, meantN, on.a, on.b, on.c, &got), CUBLAS_STATUS_INVALID_VALUE);
+}
+
+// Sizes oneDNN blocks and splits (k past its blocking, m and n not multiples of a vector), values
+// that round: within float rounding of the double reference, for every transpose, with padded
+// leading dimensions whose padding stays untouched.
+TEST(CudasimCublas, SgemmOfInexactValuesIsWithinFloatRoundingOfTheReference) {
+  Handle h;
+  for (bool transA : {false, true}) {
+    for (bool transB : {false, true}) {
+      GemmCase g{.transA = transA, .transB = transB, .m = 37, .n = 29, .k = 203, .alpha = 0.7f, .beta = 0.3f};
+      g.lda = (transA ? g.k : g.m) + 3;
+      g.ldb = (transB ? g.n : g.k) + 1;
+      g.ldc = g.m + 2;
+      const std::vector<float> a = fractions(static_cast<size_t>(g.lda) * std::max(g.m, g.k), 1);
+      const std::vector<float> b = fractions(static_cast<size_t>(g.ldb) * std::max(g.k, g.n), 2);
+      const std::vector<float> c = fractions(static_cast<size_t>(g.ldc) * g.n, 3);
+      std::vector<float> got;
+      ASSERT_EQ(deviceGemm(h, g, a, b, c, &got), CUBLAS_STATUS_SUCCESS);
+      expectWithin(got, referenceGemm(g, a, b, c), 1e-5,
+                   "transA " + std::to_string(transA) + " transB " + std::to_string(transB));
+    }
+  }
+}
+
+// On a large C full of NaN, beta == 0 still leaves no NaN; with the scalars in device memory, an
+// alpha that is 0 only when the operation runs still leaves A and B (NaN here) unread.
+TEST(CudasimCublas, BetaZeroAndARunTimeAlphaZeroKeepNaNOut) {
+  Handle h;
+  GemmCase g{.m = 40, .n = 33, .k = 70, .lda = 40, .ldb = 70, .ldc = 40, .alpha = 1.0f, .beta = 0.0f};
+  const Operands o = operandsFor(g);
+  std::vector<float> got;
+  ASSERT_EQ(deviceGemm(h, g, o.a, o.b, std::vector<float>(o.c.size(), NAN), &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(got, referenceGemm(g, o.a, o.b, std::vector<float>(o.c.size(), 0.0f)));
+
+  ASSERT_EQ(cublasSetPointerMode(h.get(), CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_SUCCESS);
+  DeviceFloats da(std::vector<float>(o.a.size(), NAN)), db(std::vector<float>(o.b.size(), NAN)), dc(o.c);
+  DeviceFloats scalars({0.0f, -2.0f});
+  ASSERT_EQ(cublasSgemm(h.get(), CUBLAS_OP_N, CUBLAS_OP_N, g.m, g.n, g.k, scalars.get(), da.get(), g.lda, db.get(),
+                        g.ldb, scalars.get() + 1, dc.get(), g.ldc),
+            CUBLAS_STATUS_SUCCESS);
+  got = dc.download();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], -2.0f * o.c[i]) << i;
+}
+
+// TF32 math on a real product: the emulation equals the reference on TF32-rounded inputs to float
+// rounding, and differs from the unrounded one by far more.
+TEST(CudasimCublas, Tf32MathMatchesTheReferenceOnRoundedInputs) {
+  Handle h;
+  ASSERT_EQ(cublasSetMathMode(h.get(), CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
+  for (bool transA : {false, true}) {
+    GemmCase g{.transA = transA, .transB = !transA, .m = 19, .n = 23, .k = 64, .alpha = 1.0f, .beta = 0.5f};
+    g.lda = (transA ? g.k : g.m) + 1;
+    g.ldb = (g.transB ? g.n : g.k) + 2;
+    g.ldc = g.m;
+    const std::vector<float> a = fractions(static_cast<size_t>(g.lda) * std::max(g.m, g.k), 4);
+    const std::vector<float> b = fractions(static_cast<size_t>(g.ldb) * std::max(g.k, g.n), 5);
+    const std::vector<float> c = fractions(static_cast<size_t>(g.ldc) * g.n, 6);
+    std::vector<float> got;
+    ASSERT_EQ(deviceGemm(h, g, a, b, c, &got), CUBLAS_STATUS_SUCCESS);
+    expectWithin(got, referenceGemm(g, tf32(a), tf32(b), c), 1e-5, "transA " + std::to_string(transA));
+    const std::vector<float> full = referenceGemm(g, a, b, c);
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(got[i]) - full[i]) / full[i]);
+    }
+    EXPECT_GT(worst, 1e-5) << "the inputs were not rounded, or the comparison above could not tell";
+  }
 }
 
 }  // namespace

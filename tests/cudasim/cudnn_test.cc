@@ -4,7 +4,11 @@
 // cross-correlation, alpha/beta blending); the heuristics and workspace queries answer sanely and
 // the workspace they ask for is checked; bad descriptors and arguments are the real statuses; and a
 // wrong layout (swapped filter dimensions, a flipped kernel, NHWC for NCHW) gives a wrong result or
-// an error rather than a silently right one. Data are small integers, so every sum is exact.
+// an error rather than a silently right one. Most data are small integers, so every product and
+// partial sum is exact in any order: the emulation (im2col and oneDNN's sgemm, fp32, in its own
+// order) and the double-accumulating references here give equal bits. The inexact-data test
+// compares within a relative 1e-5 instead, on positive data, so that no cancellation turns float
+// rounding into a large relative error.
 #include "cudnn.h"
 
 #include <gtest/gtest.h>
@@ -45,6 +49,25 @@ class DeviceFloats {
 std::vector<float> smallIntegers(size_t n, int seed) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int>((i * 5 + seed * 3) % 7) - 3);
+  return v;
+}
+
+// n values in [0.5, 1.5), none exactly representable in few bits: sums of them round.
+std::vector<float> fractions(size_t n, int seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = 0.5f + static_cast<float>(std::fmod(i * 0.6180339887 + seed * 0.137, 1.0));
+  return v;
+}
+
+// x rounded to TF32's 10 explicit mantissa bits, to nearest with ties to even (the default rounding
+// mode of nearbyint), written apart from the emulation's bit manipulation.
+std::vector<float> tf32(std::vector<float> v) {
+  for (float& x : v) {
+    if (x == 0.0f || !std::isfinite(x)) continue;
+    int exponent = 0;
+    const double mantissa = std::frexp(static_cast<double>(x), &exponent);  // in [0.5, 1): 11 bits kept
+    x = static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(mantissa, 11)), exponent - 11));
+  }
   return v;
 }
 
@@ -155,6 +178,18 @@ std::vector<float> fromNhwc(const std::vector<float>& v, int d0, int d1, int d2,
   return out;
 }
 
+// A KCRS filter with each kernel turned by 180 degrees: CUDNN_CONVOLUTION with w is
+// CUDNN_CROSS_CORRELATION with flipped(w), and its filter gradient is the flipped one.
+std::vector<float> flipped(const ConvCase& cc, const std::vector<float>& w) {
+  std::vector<float> out(w.size());
+  for (int k = 0; k < cc.k; ++k)
+    for (int c = 0; c < cc.c; ++c)
+      for (int r = 0; r < cc.r; ++r)
+        for (int s = 0; s < cc.s; ++s)
+          out[at(cc.c, cc.r, cc.s, k, c, r, s)] = w[at(cc.c, cc.r, cc.s, k, c, cc.r - 1 - r, cc.s - 1 - s)];
+  return out;
+}
+
 // A handle and the descriptors of one convolution, set as runtime/cuda/dnn.cc sets them (FMA math).
 class Conv {
  public:
@@ -253,9 +288,10 @@ class Conv {
 
 // Padding, stride and dilation, each different along the two axes.
 std::vector<ConvCase> cases() {
-  std::vector<ConvCase> all(3);
+  std::vector<ConvCase> all(4);
   all[1].padH = 1, all[1].padW = 2, all[1].strideH = 2, all[1].strideW = 1;
   all[2].padH = 0, all[2].padW = 1, all[2].strideW = 2, all[2].dilationH = 2, all[2].k = 1;
+  all[3].w = 9, all[3].padH = 2, all[3].padW = 0, all[3].strideW = 3, all[3].dilationW = 2;
   return all;
 }
 
@@ -287,6 +323,83 @@ TEST(CudasimCudnn, NhwcTensorsAndKrscFiltersMatchTheReferenceToo) {
   DeviceFloats y(std::vector<float>(cc.yCount()));
   ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(fromNhwc(y.download(), cc.n, cc.k, cc.outH(), cc.outW()), referenceForward(cc, x, w));
+}
+
+// The backward passes read NHWC dy and x and write NHWC dx and KRSC dw as the forward pass reads them.
+TEST(CudasimCudnn, NhwcBackwardPassesMatchTheReferenceToo) {
+  for (const ConvCase& cc : cases()) {
+    Conv conv(cc, CUDNN_TENSOR_NHWC);
+    const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+    const std::vector<float> dy = smallIntegers(cc.yCount(), 3);
+    DeviceFloats dx(toNhwc(x, cc.n, cc.c, cc.h, cc.w)), dw(toNhwc(w, cc.k, cc.c, cc.r, cc.s));
+    DeviceFloats ddy(toNhwc(dy, cc.n, cc.k, cc.outH(), cc.outW()));
+    DeviceFloats gx(std::vector<float>(cc.xCount(), NAN)), gw(std::vector<float>(cc.wCount(), NAN));
+    ASSERT_EQ(conv.backwardData(1, dw.get(), ddy.get(), 0, gx.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.backwardFilter(1, dx.get(), ddy.get(), 0, gw.get()), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(fromNhwc(gx.download(), cc.n, cc.c, cc.h, cc.w), referenceBackwardData(cc, w, dy));
+    EXPECT_EQ(fromNhwc(gw.download(), cc.k, cc.c, cc.r, cc.s), referenceBackwardFilter(cc, x, dy));
+  }
+}
+
+// CUDNN_CONVOLUTION turns the kernel in all three passes.
+TEST(CudasimCudnn, FlippedKernelsMatchTheReferenceWithTheFilterTurned) {
+  for (const ConvCase& cc : cases()) {
+    Conv conv(cc);
+    ASSERT_EQ(cudnnSetConvolution2dDescriptor(conv.conv(), cc.padH, cc.padW, cc.strideH, cc.strideW, cc.dilationH,
+                                              cc.dilationW, CUDNN_CONVOLUTION, CUDNN_DATA_FLOAT),
+              CUDNN_STATUS_SUCCESS);
+    const std::vector<float> x = smallIntegers(cc.xCount(), 1), w = smallIntegers(cc.wCount(), 2);
+    const std::vector<float> dy = smallIntegers(cc.yCount(), 3);
+    DeviceFloats dx(x), dw(w), ddy(dy), y(std::vector<float>(cc.yCount())), gx(std::vector<float>(cc.xCount()));
+    DeviceFloats gw(std::vector<float>(cc.wCount()));
+    ASSERT_EQ(conv.forward(1, dx.get(), dw.get(), 0, y.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.backwardData(1, dw.get(), ddy.get(), 0, gx.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.backwardFilter(1, dx.get(), ddy.get(), 0, gw.get()), CUDNN_STATUS_SUCCESS);
+    EXPECT_EQ(y.download(), referenceForward(cc, x, flipped(cc, w)));
+    EXPECT_EQ(gx.download(), referenceBackwardData(cc, flipped(cc, w), dy));
+    EXPECT_EQ(gw.download(), flipped(cc, referenceBackwardFilter(cc, x, dy)));
+  }
+}
+
+// Every element within a relative `rel` of the reference's (exactly 0 where the reference is 0).
+void expectWithin(const std::vector<float>& got, const std::vector<double>& want, double rel, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i])) << what << " element " << i;
+  }
+}
+
+// alpha · conv + beta · out0, in double.
+std::vector<double> blended(float alpha, const std::vector<float>& conv, float beta, const std::vector<float>& out0) {
+  std::vector<double> out(conv.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<double>(alpha) * conv[i] + static_cast<double>(beta) * out0[i];
+  }
+  return out;
+}
+
+// Values that round, on a shape with several images, channels and strides, blended into outputs
+// that are there: within float rounding of the references, in fp32 and in TF32 (whose reference
+// reads TF32-rounded inputs).
+TEST(CudasimCudnn, InexactDataAreWithinFloatRoundingOfTheReference) {
+  const ConvCase cc{.n = 3, .c = 7, .h = 11, .w = 13, .k = 6, .r = 3, .s = 3, .padW = 2, .strideW = 2};
+  const std::vector<float> x = fractions(cc.xCount(), 1), w = fractions(cc.wCount(), 2);
+  const std::vector<float> dy = fractions(cc.yCount(), 3), y0 = fractions(cc.yCount(), 4);
+  const std::vector<float> x0 = fractions(cc.xCount(), 5), w0 = fractions(cc.wCount(), 6);
+  for (cudnnMathType_t math : {CUDNN_FMA_MATH, CUDNN_DEFAULT_MATH}) {
+    SCOPED_TRACE(math == CUDNN_FMA_MATH ? "fp32" : "TF32");
+    Conv conv(cc);
+    ASSERT_EQ(cudnnSetConvolutionMathType(conv.conv(), math), CUDNN_STATUS_SUCCESS);
+    DeviceFloats dx(x), dw(w), ddy(dy), y(y0), gx(x0), gw(w0);
+    ASSERT_EQ(conv.forward(0.75f, dx.get(), dw.get(), 0.25f, y.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.backwardData(0.75f, dw.get(), ddy.get(), 0.25f, gx.get()), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(conv.backwardFilter(0.75f, dx.get(), ddy.get(), 0.25f, gw.get()), CUDNN_STATUS_SUCCESS);
+    const bool round = math != CUDNN_FMA_MATH;
+    const std::vector<float> rx = round ? tf32(x) : x, rw = round ? tf32(w) : w, rdy = round ? tf32(dy) : dy;
+    expectWithin(y.download(), blended(0.75f, referenceForward(cc, rx, rw), 0.25f, y0), 1e-5, "forward");
+    expectWithin(gx.download(), blended(0.75f, referenceBackwardData(cc, rw, rdy), 0.25f, x0), 1e-5, "data");
+    expectWithin(gw.download(), blended(0.75f, referenceBackwardFilter(cc, rx, rdy), 0.25f, w0), 1e-5, "filter");
+  }
 }
 
 TEST(CudasimCudnn, AlphaAndBetaBlendWithTheOutput) {
