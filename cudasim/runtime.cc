@@ -751,10 +751,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     std::lock_guard lock(r.m);
     if (!stream || !r.streams.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
   }
-  {
-    std::lock_guard lock(stream->m);
-    stream->stopping = true;
-  }
+  // Notified under the lock: once it is released the worker may finish the queue and delete the stream.
+  std::lock_guard lock(stream->m);
+  stream->stopping = true;
   stream->cv.notify_all();
   return cudaSuccess;
 }
