@@ -3,6 +3,8 @@
 //   - a block reduction whose barrier is removed reads other threads' shared memory unwritten;
 //   - a launch whose grid misses the last elements leaves them NaN (fresh device memory);
 //   - a kernel reading a copy's destination without waiting for the copy's event sees it unwritten;
+//   - a buffer a pool hands out again while a kernel on another stream still reads it (freed without
+//     waiting for that stream) is overwritten under the kernel;
 //   - a kernel writing past its buffer is reported when the buffer is freed;
 //   - freed device memory faults when touched;
 //   - an IPC handle opened after its owner freed the memory fails;
@@ -168,6 +170,41 @@ TEST(Cudasim, AKernelThatDoesNotWaitForACopysEventSeesItUnwritten) {
   cudaStreamDestroy(copies);
   cudaStreamDestroy(compute);
   cudaFreeHost(pinned);
+}
+
+// A pool (like a caching allocator) that reuses a freed block at once: a kernel on the compute stream
+// still reads the block when the next owner's copy on another stream overwrites it. Recording an
+// event on the compute stream at the free, and making the next owner's stream wait for it (what
+// Cohort's caching allocator does for blocks used on other streams), makes it right every time.
+TEST(Cudasim, ABufferReusedWhileAStreamStillReadsItIsCaught) {
+  const size_t n = 4096;
+  cudaStream_t compute, copies;
+  cudaEvent_t released;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&released, cudaEventDisableTiming), cudaSuccess);
+  std::vector<float> twos(n, 2.0f);
+  Device block(n), out(1);  // the pool's one block, and the reader's result
+  int wrongWithout = 0, wrongWith = 0;
+  for (int run = 0; run < 20; ++run) {
+    for (bool waitForRelease : {false, true}) {
+      block.upload(ones(n));  // the first owner's data (synchronous)
+      out.upload({0.0f});
+      LAUNCH(warpSumKernel, 2, kThreads, compute)(block.get(), out.get(), n);  // the first owner reads it...
+      ASSERT_EQ(cudaEventRecord(released, compute), cudaSuccess);             // ...and frees it to the pool here
+      if (waitForRelease) ASSERT_EQ(cudaStreamWaitEvent(copies, released, 0), cudaSuccess);
+      // The next owner gets the same block and fills it on its own stream (pageable source: staged).
+      ASSERT_EQ(cudaMemcpyAsync(block.get(), twos.data(), n * sizeof(float), cudaMemcpyHostToDevice, copies), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(copies), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+      (waitForRelease ? wrongWith : wrongWithout) += out.download()[0] != static_cast<float>(n);
+    }
+  }
+  EXPECT_GT(wrongWithout, 0) << "the reuse under a running kernel went unnoticed in every run";
+  EXPECT_EQ(wrongWith, 0);
+  cudaEventDestroy(released);
+  cudaStreamDestroy(copies);
+  cudaStreamDestroy(compute);
 }
 
 TEST(CudasimDeathTest, AWritePastTheBufferIsReportedWhenItIsFreed) {
