@@ -5,7 +5,7 @@
 //
 // Host side: devices, allocations, copies, streams, events, IPC handles and errors with the real
 // API's names, types, values and rules, so Cohort's CUDA code compiles unchanged. Device side:
-// __global__/__device__/__shared__, threadIdx & co., __syncthreads, warp shuffles and atomics for
+// __global__/__device__/__shared__, threadIdx & co., __syncthreads, warp shuffles and votes, atomics for
 // kernels written in .cu files and compiled with g++; launches go through COHORT_LAUNCH
 // (runtime/cuda/launch.h), which becomes <<<...>>> under nvcc and cudasim::Launch here.
 #pragma once

@@ -1,5 +1,6 @@
-// cudasim (the emulated CUDA device, cudasim/): kernels run with CUDA's thread model and give the CPU's
-// results; and each mistake issue 17 names is caught, shown on a deliberately broken kernel or call:
+// cudasim (the emulated CUDA device, cudasim/): kernels run with CUDA's thread model and give the
+// CPU's results (barriers, warp shuffles and votes, atomics); and each mistake issue 17 names is
+// caught, shown on a deliberately broken kernel or call:
 //   - a block reduction whose barrier is removed reads other threads' shared memory unwritten;
 //   - a launch whose grid misses the last elements leaves them NaN (fresh device memory);
 //   - a kernel reading a copy's destination without waiting for the copy's event sees it unwritten;
@@ -59,6 +60,21 @@ __global__ void writeOnePastKernel(float* data, size_t n) {
   if (threadIdx.x == 0 && blockIdx.x == 0) data[n] = 1.0f;
 }
 
+// Warp votes: lane 0 of each warp writes the ballot of (lane % 3 == 0), whether any lane is 31 and
+// whether all lanes are below 32.
+__global__ void voteKernel(unsigned* out) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned ballot = __ballot_sync(0xffffffffu, lane % 3 == 0);
+  const int any = __any_sync(0xffffffffu, lane == 31), all = __all_sync(0xffffffffu, lane < 32);
+  const int none = __any_sync(0xffffffffu, lane > 40);
+  if (lane == 0) {
+    out[warp * 4] = ballot;
+    out[warp * 4 + 1] = static_cast<unsigned>(any);
+    out[warp * 4 + 2] = static_cast<unsigned>(all);
+    out[warp * 4 + 3] = static_cast<unsigned>(none);
+  }
+}
+
 class Device {
  public:
   explicit Device(size_t n) : n_(n) { EXPECT_EQ(cudaMalloc(&p_, n * sizeof(float)), cudaSuccess); }
@@ -90,6 +106,23 @@ TEST(Cudasim, AGridStrideKernelMatchesTheCpu) {
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   std::vector<float> got = d.download();
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], v[i] * 0.5f) << i;
+}
+
+TEST(Cudasim, WarpVotesSeeEveryLane) {
+  unsigned* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 2 * 4 * sizeof(unsigned)), cudaSuccess);
+  LAUNCH(voteKernel, 1, 64, nullptr)(out);
+  unsigned host[8];
+  ASSERT_EQ(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+  unsigned expected = 0;
+  for (unsigned lane = 0; lane < 32; lane += 3) expected |= 1u << lane;
+  for (int warp = 0; warp < 2; ++warp) {
+    EXPECT_EQ(host[warp * 4], expected) << warp;
+    EXPECT_EQ(host[warp * 4 + 1], 1u) << warp;
+    EXPECT_EQ(host[warp * 4 + 2], 1u) << warp;
+    EXPECT_EQ(host[warp * 4 + 3], 0u) << warp;
+  }
+  cudaFree(out);
 }
 
 TEST(Cudasim, BarriersAndShufflesReduceCorrectly) {

@@ -132,6 +132,19 @@ T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize)
   return result;
 }
 
+// Warp votes: every lane of `mask` deposits its predicate; each gets the ballot of them all.
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  unsigned ballot = 0;
+  for (int source = 0; source < warpSize; ++source) {
+    if (!(mask >> source & 1u)) continue;
+    const uint64_t theirs = ::cudasim::exchangeInWarp(mask, predicate != 0 ? 1u : 0u, source);
+    ballot |= static_cast<unsigned>(theirs) << source;
+  }
+  return ballot;
+}
+inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
+inline int __all_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) == mask; }
+
 template <class T>
 T atomicAdd(T* address, T value) {
   return std::atomic_ref<T>(*address).fetch_add(value, std::memory_order_relaxed);
