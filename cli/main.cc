@@ -2,6 +2,7 @@
 //   train    train a model (cli/train_command.h)
 //   eval     a checkpoint's loss and accuracy on data; predict: its predictions (cli/eval_command.h)
 //   devices  list the CPU and CUDA devices of this machine
+//   plot     draw loss and accuracy curves from metrics files (cli/plot_command.h)
 //   bench    benchmarks (bench/)
 // and --version ("cohort MAJOR.MINOR.PATCH", from VERSION: runtime/version.h).
 // The one place (with launcher/'s main) where errors become exit codes (docs/errors.md).
@@ -15,6 +16,7 @@
 #include "bench/allreduce_bench.h"   // cohort bench allreduce
 #include "bench/train_bench.h"       // cohort bench train
 #include "cli/eval_command.h"        // cohort eval, cohort predict
+#include "cli/plot_command.h"        // cohort plot
 #include "cli/train_command.h"       // cohort train
 #include "runtime/device_query.h"    // cohort devices
 #include "runtime/error.h"           // exit codes
@@ -37,6 +39,9 @@ int run(int argc, char** argv) {
   CLI::App* predict = app.add_subcommand("predict", "a checkpoint's predictions for data, as CSV");
   cli::addEvalFlags(*predict, predictFlags, true);
   CLI::App* devices = app.add_subcommand("devices", "list CPU and CUDA devices");
+  cli::PlotFlags plotFlags;
+  CLI::App* plot = app.add_subcommand("plot", "draw loss and accuracy curves from metrics files");
+  cli::addPlotFlags(*plot, plotFlags);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   bench::TrainBenchOptions benchOptions;
@@ -55,6 +60,7 @@ int run(int argc, char** argv) {
   if (train->parsed()) return cli::runTrain(trainFlags);
   if (eval->parsed()) return cli::runEval(evalFlags);
   if (predict->parsed()) return cli::runPredict(predictFlags);
+  if (plot->parsed()) return cli::runPlot(plotFlags);
   if (devices->parsed()) {
     std::string whyNone;
     auto cuda = runtime::cudaDevices(&whyNone);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/plot.h"                  // --plot
 #include "nn/loss.h"                   // losses
 #include "nn/lr_schedule.h"            // --lr-schedule
 #include "nn/model_spec.h"             // --model specs
@@ -92,6 +94,21 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
   c.add_option("--log-every-steps", f.logEverySteps,
                "also append a metrics line every N optimizer steps (rank 0's loss, learning rate and samples/s)");
+  c.add_option("--progress-every", f.progressEvery,
+               "rank 0's progress within an epoch: on a terminal one line rewritten in place; otherwise a line every S "
+               "seconds (0: none)")
+      ->capture_default_str();
+  c.add_option("--tensorboard", f.tensorboard,
+               "write the metrics as TensorBoard scalars into a new event file in this directory (tensorboard --logdir DIR)");
+  c.add_option("--plot", f.plot,
+               "when training ends, draw loss and accuracy from the metrics into this .png or .svg (rank 0; see cohort plot)");
+  c.add_option("--trace", f.trace,
+               "record every rank's spans (data, forward, backward, all-reduce, optimizer, barriers, evaluation, "
+               "checkpoints) and write one Chrome trace / Perfetto JSON file of the job here at the end");
+  c.add_option("--trace-spans", f.traceSpans, "spans each rank keeps for --trace (the newest; 24 bytes each)")
+      ->capture_default_str();
+  c.add_flag("--step-report", f.stepReport,
+             "at each epoch's end, where the steps spent their time and which rank is slowest (on with --trace)");
   c.add_flag("--memory-report", f.memoryReport,
              "print the memory the run used at the end (GPU: the caching allocator's allocated, reserved and peak bytes)");
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
@@ -155,6 +172,17 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
     COHORT_THROW(InvalidArgument) << "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got " << f.clipGradNorm;
   }
   if (f.skipNonFinite < 0) COHORT_THROW(InvalidArgument) << "--skip-nonfinite must be >= 0, got " << f.skipNonFinite;
+  if (!(f.progressEvery >= 0) || !std::isfinite(f.progressEvery)) {
+    COHORT_THROW(InvalidArgument) << "--progress-every must be a number of seconds >= 0 (0: none), got " << f.progressEvery;
+  }
+  if (!f.plot.empty()) {
+    std::string ext = f.plot.size() >= 4 ? f.plot.substr(f.plot.size() - 4) : "";
+    for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (ext != ".png" && ext != ".svg") {
+      COHORT_THROW(InvalidArgument) << "--plot " << f.plot << ": the image must end in .png or .svg";
+    }
+  }
+  if (f.traceSpans < 1) COHORT_THROW(InvalidArgument) << "--trace-spans must be at least 1, got " << f.traceSpans;
   if (f.maxSteps < 0) COHORT_THROW(InvalidArgument) << "--max-steps must be >= 0";
   if (f.checkpointEvery < 0) COHORT_THROW(InvalidArgument) << "--checkpoint-every must be >= 0";
   if ((f.resume || f.checkpointEvery > 0) && f.checkpoint.empty()) {
@@ -346,6 +374,10 @@ int runTrain(const TrainFlags& f) {
   checkFits(*model, *trainSet, classification);
   if (testSet) checkFits(*model, *testSet, classification);
   job.place(*model, *optimizer, {.seed = f.seed, .settings = {{"loss", f.loss}}});
+  // --plot draws from the metrics: without --metrics they go to a file beside the image, removed after.
+  const std::string metricsPath =
+      !f.metrics.empty() || f.plot.empty() || world.rank != 0 ? f.metrics : f.plot + ".metrics.jsonl";
+  if (metricsPath != f.metrics) std::remove(metricsPath.c_str());
   auto loss = nn::makeLoss(classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
   train::Trainer trainer(job, *loss, *trainSet, testSet.get(),
                          {.epochs = f.epochs,
@@ -360,11 +392,16 @@ int runTrain(const TrainFlags& f) {
                           .resume = f.resume,
                           .maxSteps = f.maxSteps,
                           .stopRequested = &gStopRequested,
-                          .metricsPath = f.metrics,
+                          .metricsPath = metricsPath,
+                          .tensorboardDir = f.tensorboard,
                           .logEverySteps = f.logEverySteps,
                           .lrSchedule = lrScheduleOptions(f, lr),
                           .clipGradNorm = static_cast<float>(f.clipGradNorm),
-                          .skipNonFinite = f.skipNonFinite});
+                          .skipNonFinite = f.skipNonFinite,
+                          .progressEverySeconds = f.progressEvery,
+                          .tracePath = f.trace,
+                          .traceSpans = static_cast<size_t>(f.traceSpans),
+                          .stepReport = f.stepReport});
   const bool hogwild = job.options().mode == train::Mode::kHogwild;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
              << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "
@@ -391,6 +428,11 @@ int runTrain(const TrainFlags& f) {
   std::fflush(stdout);
   if (job.device().isCuda()) log.info() << "input wait on " << job.device().str() << ": " << result.inputWaitMs << " ms in all";
   if (f.memoryReport) reportMemory(log, job.device(), job.deviceMemoryStats());
+  if (!f.plot.empty() && world.rank == 0) {
+    cli::PlotSummary drawn = cli::writePlot({{.metricsPath = metricsPath, .label = f.model}}, {.outputPath = f.plot});
+    if (f.metrics.empty()) std::remove(metricsPath.c_str());
+    log.info() << "plot of " << drawn.points << " points written to " << f.plot;
+  }
   if (result.stoppedByRequest && world.rank == 0) {
     log.info() << "stopped on request after step " << result.steps
                << (f.checkpoint.empty() ? "; no --checkpoint was given, so nothing was saved"

@@ -54,6 +54,12 @@ struct TrainFlags {
   int64_t stepSize = 0;
   double gamma = 0.1;
   double timeout = 300;  // seconds any wait for other workers may take
+  double progressEvery = 10;  // seconds between plain progress lines; 0: none
+  std::string trace;          // the job's merged trace (Chrome trace / Perfetto JSON)
+  std::string tensorboard;    // a directory for rank 0's TensorBoard event file
+  std::string plot;           // rank 0 draws the run's metrics here (.png or .svg) when training ends
+  int64_t traceSpans = int64_t{1} << 16;
+  bool stepReport = false;    // where each epoch's steps spent their time
 };
 
 void addTrainFlags(CLI::App& command, TrainFlags& flags);

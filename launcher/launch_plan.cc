@@ -1,11 +1,13 @@
 #include "launcher/launch_plan.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>  // CLI11
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime/error.h"
@@ -28,6 +30,12 @@ bool isPerWorkerVariable(const std::string& entry) {
     if (name == v) return true;
   }
   return false;
+}
+
+// The user's choice of progress output, which the launcher respects; other values of
+// COHORT_PROGRESS are the launcher's own to set (LaunchPlan::liveStatus).
+bool isUserProgressChoice(const std::string& entry) {
+  return entry == "COHORT_PROGRESS=plain" || entry == "COHORT_PROGRESS=off";
 }
 
 // `arg` as a shell reads it back: quoted only when it has to be.
@@ -117,10 +125,25 @@ LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs) {
                                    inputs.allowedCpus.begin() + static_cast<std::ptrdiff_t>((k + 1) * per));
     }
   }
+  plan.liveStatus = inputs.stdoutIsTerminal;
+  bool progressChosen = false;
   for (const std::string& entry : inputs.environment) {
-    if (!isPerWorkerVariable(entry)) plan.baseEnvironment.push_back(entry);
+    if (isPerWorkerVariable(entry)) continue;
+    if (variableName(entry) == "COHORT_PROGRESS") {
+      if (!isUserProgressChoice(entry)) continue;
+      progressChosen = true;
+    }
+    plan.baseEnvironment.push_back(entry);
   }
+  // Rank 0 then sends its progress as marker lines, which the pump shows as the status line.
+  if (plan.liveStatus && !progressChosen) plan.baseEnvironment.push_back("COHORT_PROGRESS=live");
   return plan;
+}
+
+bool stdoutIsTerminal() {
+  if (::isatty(1) != 1) return false;
+  const char* term = std::getenv("TERM");
+  return term == nullptr || std::strcmp(term, "dumb") != 0;
 }
 
 std::vector<int> allowedCpus() {

@@ -9,7 +9,8 @@
 // validates the flags (InvalidArgument, exit code 2) and fixes the job id and the base
 // environment. environmentFor() gives the exact environment of one worker: the launcher's own minus
 // any inherited rank variables, plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, COHORT_JOB_ID,
-// COHORT_RESTART_COUNT, and OMP_NUM_THREADS=1 unless the launcher's environment sets it.
+// COHORT_RESTART_COUNT, and OMP_NUM_THREADS=1 unless the launcher's environment sets it; and
+// COHORT_PROGRESS=live when cohortrun's stdout is a terminal (liveStatus; see below).
 // A value type; thread safety as for any const object.
 #pragma once
 
@@ -50,10 +51,16 @@ struct LaunchPlan {
   std::chrono::milliseconds gracePeriod{5000};
   std::vector<std::string> command;
   std::string jobId;  // the same for every restart of the job
-  // The launcher's environment ("NAME=value") minus the variables environmentFor() sets.
+  // The launcher's environment ("NAME=value") minus the variables environmentFor() sets, with
+  // COHORT_PROGRESS as liveStatus says.
   std::vector<std::string> baseEnvironment;
   // The CPUs each rank is bound to (--bind); empty: not bound.
   std::vector<std::vector<int>> cpusOfRank;
+  // cohortrun's stdout is a terminal: rank 0's live progress is shown as a status line there
+  // (OutputPump), so the workers get COHORT_PROGRESS=live (train/progress.h) unless the user set
+  // COHORT_PROGRESS=plain or off, which pass through. An inherited "live" (a cohortrun inside a
+  // worker) or any other value is the launcher's to set: dropped when the status line is off.
+  bool liveStatus = false;
 
   std::vector<std::string> environmentFor(int rank, int restartCount) const;
 };
@@ -62,7 +69,12 @@ struct PlanInputs {
   std::string jobId;
   std::vector<std::string> environment;  // "NAME=value" entries, e.g. currentEnvironment()
   std::vector<int> allowedCpus;          // e.g. allowedCpus(): the CPUs cohortrun may use
+  bool stdoutIsTerminal = false;         // e.g. stdoutIsTerminal(): show a status line
 };
+
+// Whether cohortrun's stdout is a terminal that can show a status line: isatty(1) and TERM is not
+// "dumb" (no "erase to end of line"), as train/progress.h decides for a worker.
+bool stdoutIsTerminal();
 
 // The CPUs this process may run on (sched_getaffinity), in increasing order.
 std::vector<int> allowedCpus();

@@ -37,9 +37,11 @@ int run(int argc, char** argv) {
   // First: CLI11's "--mode was not expected" is how a forgotten `--` usually shows.
   launcher::checkSeparator(std::vector<std::string>(argv + 1, argv + argc), flags);
   if (!parseError.empty()) throw InvalidArgument(parseError + " (run with --help for usage)");
-  launcher::LaunchPlan plan = launcher::makeLaunchPlan(
-      flags, launcher::PlanInputs{.jobId = ipc::makeLauncherJobId(), .environment = launcher::currentEnvironment(),
-                           .allowedCpus = launcher::allowedCpus()});
+  launcher::LaunchPlan plan =
+      launcher::makeLaunchPlan(flags, launcher::PlanInputs{.jobId = ipc::makeLauncherJobId(),
+                                                           .environment = launcher::currentEnvironment(),
+                                                           .allowedCpus = launcher::allowedCpus(),
+                                                           .stdoutIsTerminal = launcher::stdoutIsTerminal()});
   // A closed stdout (cohortrun ... | head) must not kill the launcher while workers still run.
   ::signal(SIGPIPE, SIG_IGN);
   launcher::Supervisor supervisor(plan);

@@ -1,6 +1,7 @@
 #include "launcher/output_pump.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,9 @@
 
 namespace cohort::launcher {
 namespace {
+
+// To column 0 and erase to the end of the row: removes the status line.
+constexpr std::string_view kEraseLine = "\r\x1b[K";
 
 std::string localTimeNow() {
   std::time_t now = std::time(nullptr);
@@ -46,7 +50,10 @@ OutputPump::OutputPump(const OutputPumpOptions& options) : options_(options), ra
   }
 }
 
+OutputPump::~OutputPump() { clearStatus(); }
+
 void OutputPump::beginAttempt(int restartCount) {
+  clearStatus();
   const std::string separator =
       "===== cohortrun: job " + options_.jobId + ", attempt " + std::to_string(restartCount + 1) +
       " (COHORT_RESTART_COUNT=" + std::to_string(restartCount) + "), started " + localTimeNow() + " =====\n";
@@ -84,6 +91,19 @@ void OutputPump::flushPartial(int rank, StreamKind stream) {
   emitLine(rank, stream, line);
 }
 
+void OutputPump::endOfStream(int rank, StreamKind stream) {
+  flushPartial(rank, stream);
+  if (rank == 0 && stream == StreamKind::kStdout) clearStatus();
+}
+
+void OutputPump::clearStatus() {
+  if (status_.empty()) return;
+  writeAll(options_.stdoutFd, kEraseLine);
+  status_.clear();
+}
+
+void OutputPump::writeOwn(std::string_view text) { writeAround(options_.stderrFd, text); }
+
 void OutputPump::consume(int rank, StreamKind stream, std::string_view bytes) {
   std::string& partial = ranks_.at(rank).partial[static_cast<int>(stream)];
   while (!bytes.empty()) {
@@ -107,15 +127,63 @@ void OutputPump::consume(int rank, StreamKind stream, std::string_view bytes) {
 }
 
 void OutputPump::emitLine(int rank, StreamKind stream, std::string_view line) {
+  if (line.substr(0, kProgressMarker.size()) == kProgressMarker) {
+    progressLine(rank, stream, line.substr(kProgressMarker.size()));
+    return;
+  }
   RankState& state = ranks_.at(rank);
   std::string text = "[rank " + std::to_string(rank) + "] ";
   const size_t prefixSize = text.size();
   text.append(line);
   text.push_back('\n');
-  writeAll(stream == StreamKind::kStdout ? options_.stdoutFd : options_.stderrFd, text);
+  writeAround(stream == StreamKind::kStdout ? options_.stdoutFd : options_.stderrFd, text);
   if (state.logFile) writeAll(state.logFile.get(), std::string_view(text).substr(prefixSize));
   state.tail.emplace_back(line);
   while (state.tail.size() > options_.tailLines) state.tail.pop_front();
+}
+
+void OutputPump::progressLine(int rank, StreamKind stream, std::string_view text) {
+  // Only rank 0 reports progress (train/progress.h); one status line cannot show several ranks'.
+  if (!options_.liveStatus || rank != 0 || stream != StreamKind::kStdout) return;
+  if (text.empty()) {  // the marker alone: the epoch ended
+    clearStatus();
+    return;
+  }
+  status_ = "[rank 0] ";
+  status_.append(text);
+  writeAll(options_.stdoutFd, statusBytes());
+}
+
+void OutputPump::writeAround(int fd, std::string_view text) {
+  if (status_.empty()) {
+    writeAll(fd, text);
+    return;
+  }
+  if (fd == options_.stdoutFd) {
+    // One write: another process writing to the same terminal sees the line whole.
+    std::string bytes(kEraseLine);
+    bytes.append(text);
+    bytes.append(statusBytes());
+    writeAll(fd, bytes);
+    return;
+  }
+  writeAll(options_.stdoutFd, kEraseLine);
+  writeAll(fd, text);
+  writeAll(options_.stdoutFd, statusBytes());
+}
+
+std::string OutputPump::statusBytes() const {
+  // Never as wide as the terminal: a wrapped line (or a cursor past the last column) could not be
+  // erased and redrawn from its start with "\r". The width is read at each draw: windows resize.
+  std::string_view status = status_;
+  winsize size{};
+  if (::ioctl(options_.stdoutFd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) {
+    status = status.substr(0, static_cast<size_t>(size.ws_col) - 1);
+  }
+  std::string bytes = "\r";
+  bytes.append(status);
+  bytes.append("\x1b[K");
+  return bytes;
 }
 
 }  // namespace cohort::launcher

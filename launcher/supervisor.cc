@@ -44,7 +44,7 @@ std::vector<int> supervisedSignals() {
 
 }  // namespace
 
-void announce(const std::string& message) { writeAll(2, "cohortrun: " + message + "\n"); }
+void Supervisor::say(const std::string& message) { pump_.writeOwn("cohortrun: " + message + "\n"); }
 
 struct Supervisor::Attempt {
   int restartCount = 0;
@@ -63,17 +63,18 @@ struct Supervisor::Attempt {
 Supervisor::Supervisor(const LaunchPlan& plan)
     : plan_(plan),
       signals_(supervisedSignals()),
-      pump_(OutputPumpOptions{.worldSize = plan.worldSize, .logDir = plan.logDir, .jobId = plan.jobId}) {}
+      pump_(OutputPumpOptions{
+          .worldSize = plan.worldSize, .logDir = plan.logDir, .jobId = plan.jobId, .liveStatus = plan.liveStatus}) {}
 
 Supervisor::~Supervisor() = default;
 
 int Supervisor::run() {
   try {
     for (const std::string& name : ipc::sweepStaleSegments()) {
-      announce("removed stale shared-memory segment " + name + " (its job is gone)");
+      say("removed stale shared-memory segment " + name + " (its job is gone)");
     }
   } catch (const Error& e) {
-    announce(std::string("warning: sweeping stale shared-memory segments failed: ") + e.what());
+    say(std::string("warning: sweeping stale shared-memory segments failed: ") + e.what());
   }
   try {
     return runAttempts();
@@ -94,9 +95,9 @@ int Supervisor::runAttempts() {
     if (attempt.interruptSignal != 0) return 128 + attempt.interruptSignal;
     if (!attempt.failure) return 0;
     if (restart >= plan_.maxRestarts) return attempt.failure->status.launcherExitCode();
-    announce("restarting the group (attempt " + std::to_string(restart + 2) + " of " +
-             std::to_string(plan_.maxRestarts + 1) + ") after rank " + std::to_string(attempt.failure->rank) + " " +
-             attempt.failure->status.describe());
+    say("restarting the group (attempt " + std::to_string(restart + 2) + " of " +
+        std::to_string(plan_.maxRestarts + 1) + ") after rank " + std::to_string(attempt.failure->rank) + " " +
+        attempt.failure->status.describe());
   }
 }
 
@@ -110,6 +111,7 @@ void Supervisor::runAttempt(Attempt& attempt) {
         .cpus = plan_.cpusOfRank.empty() ? std::vector<int>{} : plan_.cpusOfRank[static_cast<size_t>(rank)]}));
   }
   while (attempt.anyRunning()) pollOnce(attempt);
+  pump_.clearStatus();  // the job's messages and the shell's prompt start on a clean row
 }
 
 void Supervisor::pollOnce(Attempt& attempt) {
@@ -141,7 +143,7 @@ void Supervisor::pollOnce(Attempt& attempt) {
       const Source& s = sources[i];
       runtime::UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
       if (!pump_.drain(fd.get(), s.worker->rank(), s.stream)) {
-        pump_.flushPartial(s.worker->rank(), s.stream);
+        pump_.endOfStream(s.worker->rank(), s.stream);
         fd.reset();
       }
     }
@@ -162,15 +164,15 @@ void Supervisor::handleSignals(Attempt& attempt) {
       if (signal == SIGHUP) {
         // The terminal went away, which says nothing to the workers: they get SIGTERM, as under
         // torchrun, so that they can checkpoint and leave.
-        announce("got SIGHUP; stopping the workers: SIGTERM now, SIGKILL after " + formatSeconds(plan_.gracePeriod));
+        say("got SIGHUP; stopping the workers: SIGTERM now, SIGKILL after " + formatSeconds(plan_.gracePeriod));
         stopWorkers(attempt, SIGTERM);
       } else {
-        announce("got " + signalName(signal) + "; forwarding it to the workers (SIGKILL after " +
-                 formatSeconds(plan_.gracePeriod) + ")");
+        say("got " + signalName(signal) + "; forwarding it to the workers (SIGKILL after " +
+            formatSeconds(plan_.gracePeriod) + ")");
         stopWorkers(attempt, signal);
       }
     } else if (!attempt.killSent) {
-      announce("got " + signalName(signal) + " again; sending SIGKILL to the workers now");
+      say("got " + signalName(signal) + " again; sending SIGKILL to the workers now");
       for (const auto& w : attempt.workers) w->signal(SIGKILL);
       attempt.killSent = true;
     }
@@ -202,7 +204,7 @@ void Supervisor::closePipes(WorkerProcess& worker) {
     runtime::UniqueFd& fd = stream == StreamKind::kStdout ? worker.stdoutPipe() : worker.stderrPipe();
     if (!fd) continue;
     pump_.drain(fd.get(), worker.rank(), stream);
-    pump_.flushPartial(worker.rank(), stream);
+    pump_.endOfStream(worker.rank(), stream);
     fd.reset();
   }
 }
@@ -215,7 +217,7 @@ void Supervisor::reportFailure(const Failure& failure) {
     text += "cohortrun: last " + std::to_string(tail.size()) + " lines of rank " + std::to_string(failure.rank) + ":\n";
     for (const std::string& line : tail) text += "    " + line + "\n";
   }
-  writeAll(2, text);
+  pump_.writeOwn(text);
 }
 
 void Supervisor::stopWorkers(Attempt& attempt, int signal) {
@@ -230,8 +232,8 @@ void Supervisor::stopWorkers(Attempt& attempt, int signal) {
   }
   if (running == 0 || attempt.killSent) return;
   if (signal == SIGTERM && attempt.failure && attempt.interruptSignal == 0) {
-    announce("stopping the other " + std::to_string(running) + " worker(s): SIGTERM now, SIGKILL after " +
-             formatSeconds(plan_.gracePeriod));
+    say("stopping the other " + std::to_string(running) + " worker(s): SIGTERM now, SIGKILL after " +
+        formatSeconds(plan_.gracePeriod));
   }
   auto deadline = Clock::now() + plan_.gracePeriod;
   if (!attempt.killDeadline || deadline < *attempt.killDeadline) {
@@ -244,8 +246,8 @@ void Supervisor::escalateIfDue(Attempt& attempt) {
   if (!attempt.killDeadline || attempt.killSent || Clock::now() < *attempt.killDeadline) return;
   for (const auto& w : attempt.workers) {
     if (w->reaped()) continue;
-    announce(workerName(*w) + " still running " + formatSeconds(plan_.gracePeriod) + " after " +
-             signalName(attempt.stopSignal) + "; sending SIGKILL");
+    say(workerName(*w) + " still running " + formatSeconds(plan_.gracePeriod) + " after " +
+        signalName(attempt.stopSignal) + "; sending SIGKILL");
     w->signal(SIGKILL);
   }
   attempt.killSent = true;
@@ -255,10 +257,10 @@ void Supervisor::removeSegments(bool announceRemoved) {
   try {
     std::vector<std::string> removed = ipc::removeJobSegments(plan_.jobId);
     if (announceRemoved && !removed.empty()) {
-      announce("removed " + std::to_string(removed.size()) + " shared-memory segment(s) of job " + plan_.jobId);
+      say("removed " + std::to_string(removed.size()) + " shared-memory segment(s) of job " + plan_.jobId);
     }
   } catch (const Error& e) {
-    announce(std::string("warning: ") + e.what());
+    say(std::string("warning: ") + e.what());
   }
 }
 

@@ -14,6 +14,9 @@
 //    after the grace period.
 // Every SIGTERM/SIGINT that stops workers is followed by SIGCONT, so that a stopped worker acts on
 // it at once instead of holding the job for the grace period.
+// Output: OutputPump, with rank 0's live progress as a status line when the plan says
+// (LaunchPlan::liveStatus), erased at each attempt's end; cohortrun's own messages go through the
+// pump so that they never land inside it.
 // After the attempt, the job's shared-memory segments are removed; a failed attempt is followed by a
 // new one (COHORT_RESTART_COUNT + 1) while restarts remain. Stale segments of dead jobs are swept
 // once before the first attempt.
@@ -64,13 +67,12 @@ class Supervisor {
   void escalateIfDue(Attempt& attempt);
   void removeSegments(bool announce);
   int pendingInterrupt();
+  // "cohortrun: <message>\n" on stderr through the pump, around rank 0's status line.
+  void say(const std::string& message);
 
   LaunchPlan plan_;
   SignalChannel signals_;
   OutputPump pump_;
 };
-
-// Writes "cohortrun: <message>\n" to stderr with one write().
-void announce(const std::string& message);
 
 }  // namespace cohort::launcher

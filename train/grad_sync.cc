@@ -1,5 +1,6 @@
 #include "train/grad_sync.h"
 
+#include <algorithm>
 #include <string>
 
 #include "runtime/error.h"
@@ -45,6 +46,7 @@ GradSync::GradSync(collectives::Communicator& comm, const nn::ParamBuffer& param
   }
   pending_.resize(buckets_.size());
   work_.resize(buckets_.size());
+  issuedAt_.assign(buckets_.size(), -1);
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].endEntry - buckets_[b].firstEntry;
 }
 
@@ -53,6 +55,7 @@ void GradSync::broadcastParams() {
 }
 
 void GradSync::gradsReady(size_t firstEntry, size_t endEntry) {
+  if (options_.timeline && options_.timeline->active()) lookForDoneBuckets();
   for (size_t i = firstEntry; i < endEntry; ++i) {
     size_t b = bucketOfEntry_.at(i);
     COHORT_CHECK(pending_[b] > 0) << "gradient of entry " << i << " reported twice in one step";
@@ -64,6 +67,23 @@ void GradSync::start(size_t b) {
   float* slice = params_.grads().data() + buckets_[b].offset;
   work_[b] = comm_.allReduce(slice, slice, buckets_[b].count, {.op = collectives::ReduceOp::kAvg});
   ++issued_;
+  if (options_.timeline && options_.timeline->active()) {
+    issuedAt_[b] = options_.timeline->now();
+    if (firstIssued_ < 0) firstIssued_ = issuedAt_[b];
+  }
+}
+
+void GradSync::noteDone(size_t b, int64_t now) {
+  if (issuedAt_[b] < 0) return;
+  options_.timeline->record(SpanKind::kAllReduce, issuedAt_[b], now, static_cast<uint16_t>(b));
+  issuedAt_[b] = -1;
+  lastDone_ = std::max(lastDone_, now);
+}
+
+void GradSync::lookForDoneBuckets() {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (work_[b] && issuedAt_[b] >= 0 && work_[b]->done()) noteDone(b, options_.timeline->now());
+  }
 }
 
 void GradSync::finish() {
@@ -72,10 +92,18 @@ void GradSync::finish() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!work_[b]) start(b);
   }
+  Timeline* timeline = options_.timeline && options_.timeline->active() ? options_.timeline : nullptr;
+  if (timeline) lookForDoneBuckets();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     work_[b]->wait(options_.timeout);
+    if (timeline) noteDone(b, timeline->now());
     work_[b].reset();
     pending_[b] = buckets_[b].endEntry - buckets_[b].firstEntry;
+  }
+  if (timeline) {
+    timeline->addAllReduce(static_cast<double>(params_.numel() * sizeof(float)), lastDone_ - firstIssued_);
+    firstIssued_ = -1;
+    lastDone_ = 0;
   }
 }
 

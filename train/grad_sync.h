@@ -11,6 +11,10 @@
 // (bounded by the timeout) and readies the next step. All ranks build the same buckets from the same
 // model and issue them in the same order, which the communicator's fingerprints check.
 // broadcastParams() makes every replica start from rank 0's parameters.
+// With the job's timeline active (train/timeline.h), each bucket's all-reduce is a span from its
+// issue to the moment the training thread sees it done: it looks at the started buckets each time
+// backward reports gradients, and waits for the rest in finish(); the step's all-reduce (bytes, first
+// issue to last done) goes into the timeline's totals for the bus bandwidth.
 // Ownership: borrows the communicator and the ParamBuffer, which must outlive it.
 // Thread safety: the training thread only.
 #pragma once
@@ -21,6 +25,7 @@
 #include "collectives/communicator.h"
 #include "nn/module.h"
 #include "nn/param_buffer.h"
+#include "train/timeline.h"
 
 namespace cohort::train {
 
@@ -28,6 +33,7 @@ struct GradSyncOptions {
   size_t bucketBytes = size_t{25} << 20;
   size_t firstBucketBytes = size_t{1} << 20;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  Timeline* timeline = nullptr;  // spans of the bucket all-reduces when active
 };
 
 class GradSync final : public nn::GradReadyListener {
@@ -49,6 +55,9 @@ class GradSync final : public nn::GradReadyListener {
 
  private:
   void start(size_t bucket);
+  // Timeline: records the bucket's span when its all-reduce is seen done.
+  void noteDone(size_t bucket, int64_t now);
+  void lookForDoneBuckets();
 
   collectives::Communicator& comm_;
   const nn::ParamBuffer& params_;
@@ -58,6 +67,8 @@ class GradSync final : public nn::GradReadyListener {
   std::vector<size_t> pending_;  // entries not yet ready, per bucket
   std::vector<collectives::WorkPtr> work_;
   uint64_t issued_ = 0;
+  std::vector<int64_t> issuedAt_;  // timeline: when each bucket's all-reduce was issued; -1 once seen done
+  int64_t firstIssued_ = -1, lastDone_ = 0;
 };
 
 }  // namespace cohort::train

@@ -64,7 +64,7 @@ void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
 // Each worker checks and clips its own gradient: no rank waits for another.
 StepResult HogwildStrategy::step(const StepPlan& plan) {
   if (deviceShare_) deviceShare_->throwIfOwnerLost();
-  return stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, squares_, gpu_);
+  return stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, squares_, gpu_, timeline_);
 }
 
 void HogwildStrategy::checkPeers(std::chrono::milliseconds settle) {

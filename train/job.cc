@@ -163,7 +163,8 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                               runtime::Rng rng(runtime::mix(o.seed, 0x696e6974ull /* "init" */));
                               model.net->resetParams(rng);
                             }
-                          }};
+                          },
+                          .timeline = timeline_};
   const bool sharded = options_.mode == Mode::kAllReduce && backend_ == "shm" && !options_.replicas && !gpu_;
   if (options_.mode == Mode::kHogwild) {
     strategy_ = std::make_unique<HogwildStrategy>(context);
@@ -270,6 +271,8 @@ StepResult Job::step(const StepOptions& options) {
                                   << options.clipGradNorm;
   }
   readyToStep_ = false;
+  Timeline::Scope span(timeline_, SpanKind::kStep);
+  timeline_.addStep();
   return strategy_->step({.gradScale = 1.0f / static_cast<float>(microBatches_),
                           .clipGradNorm = options.clipGradNorm,
                           .lossFinite = !options.loss || std::isfinite(*options.loss),

@@ -65,6 +65,7 @@
 #include "runtime/world_info.h"
 #include "train/settings.h"
 #include "train/step.h"
+#include "train/timeline.h"
 
 namespace cohort::runtime::cuda {
 class GpuContext;
@@ -192,6 +193,10 @@ class Job {
   uint64_t gradientReductions() const;
   // The GPU caching allocator's counters; nullopt on the CPU.
   std::optional<runtime::AllocatorStats> deviceMemoryStats() const;
+  // Where this rank's time goes (train/timeline.h): inactive until started (the Trainer starts it
+  // for --trace and --step-report); step() and the strategies' barriers and all-reduces record
+  // into it, a loop of one's own may record its own spans.
+  Timeline& timeline() { return timeline_; }
 
  private:
   struct Token;
@@ -200,6 +205,7 @@ class Job {
   Settings builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& options) const;
 
   std::unique_ptr<Token> token_;  // first in, last out: one Job per process
+  Timeline timeline_;             // before the strategy, which records into it
   JobOptions options_;
   runtime::WorldInfo world_;
   runtime::Logger log_;

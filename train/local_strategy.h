@@ -22,6 +22,7 @@ class LocalStrategy final : public Strategy {
   nn::Optimizer& optimizer_;
   runtime::cuda::GpuContext* gpu_;
   GradientSquares squares_;
+  Timeline& timeline_;
 };
 
 }  // namespace cohort::train

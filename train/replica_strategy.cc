@@ -25,6 +25,7 @@ ReplicaStrategy::ReplicaStrategy(const StrategyContext& c, const std::string& ba
       optimizer_(c.optimizer),
       gpu_(c.gpu),
       timeout_(c.timeout),
+      timeline_(c.timeline),
       squares_(c.gpu),
       rank_(c.world.rank),
       worldSize_(c.world.worldSize) {
@@ -39,7 +40,7 @@ ReplicaStrategy::ReplicaStrategy(const StrategyContext& c, const std::string& ba
     grads_ = comm_->allocateBuffer(params_.numel());
     params_.placeGrads(grads_->data());
   }
-  gradSync_ = std::make_unique<GradSync>(*comm_, params_, GradSyncOptions{.timeout = c.timeout});
+  gradSync_ = std::make_unique<GradSync>(*comm_, params_, GradSyncOptions{.timeout = c.timeout, .timeline = &c.timeline});
   gradSync_->broadcastParams();
 }
 
@@ -54,16 +55,22 @@ StepResult ReplicaStrategy::step(const StepPlan& plan) {
     lossFlag_ = plan.lossFinite ? 0.0f : static_cast<float>(worldSize_ - rank_);
     flagWork = comm_->allReduce(&lossFlag_, &lossFlag_, 1, {.op = collectives::ReduceOp::kMax});
   }
-  gradSync_->finish();
   int lossRank = plan.lossFinite ? -1 : rank_;
-  if (flagWork) {
-    flagWork->wait(timeout_);
-    if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
+  {
+    Timeline::Scope span(timeline_, SpanKind::kCommWait);
+    gradSync_->finish();
+    if (flagWork) {
+      flagWork->wait(timeout_);
+      if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
+    }
   }
-  return stepWholeGradient(plan, lossRank, -1, params_, optimizer_, squares_, gpu_);
+  return stepWholeGradient(plan, lossRank, -1, params_, optimizer_, squares_, gpu_, timeline_);
 }
 
-void ReplicaStrategy::barrier(const std::string&) { comm_->barrier()->wait(timeout_); }
+void ReplicaStrategy::barrier(const std::string&) {
+  Timeline::Scope span(timeline_, SpanKind::kBarrier);
+  comm_->barrier()->wait(timeout_);
+}
 
 // Through float32, the one type every backend reduces: exact for counts below 2^24 and close
 // enough (1e-7 relative) for the figures a loop reports.

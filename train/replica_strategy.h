@@ -36,6 +36,7 @@ class ReplicaStrategy final : public Strategy {
   nn::Optimizer& optimizer_;
   runtime::cuda::GpuContext* gpu_;
   std::chrono::milliseconds timeout_;
+  Timeline& timeline_;
   std::unique_ptr<collectives::Communicator> comm_;
   collectives::BufferPtr grads_;  // the gradients, on the CPU
   std::unique_ptr<GradSync> gradSync_;

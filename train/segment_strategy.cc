@@ -24,6 +24,7 @@ SegmentStrategy::SegmentStrategy(const StrategyContext& c, size_t exchangeFloats
       optimizer_(c.optimizer),
       gpu_(c.gpu),
       timeout_(c.timeout),
+      timeline_(c.timeline),
       segment_({.jobId = c.world.jobId,
                 .localRank = c.world.localRank,
                 .localWorldSize = c.world.localWorldSize,
@@ -55,6 +56,7 @@ std::unique_ptr<ipc::SharedParams> SegmentStrategy::shareParams(const StrategyCo
 }
 
 void SegmentStrategy::barrier(const std::string& what) {
+  Timeline::Scope span(timeline_, SpanKind::kBarrier);
   segment_.barrier().arriveAndWait(segment_.localRank(), {.what = what, .timeout = timeout_});
   if (!unlinked_ && segment_.localRank() == 0) {
     segment_.unlinkName();

@@ -41,6 +41,7 @@ class SegmentStrategy : public Strategy {
   nn::Optimizer& optimizer_;
   runtime::cuda::GpuContext* gpu_;
   std::chrono::milliseconds timeout_;
+  Timeline& timeline_;
   ipc::JobSegment segment_;
 
  private:

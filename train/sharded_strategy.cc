@@ -29,6 +29,7 @@ StepResult ShardedStrategy::step(const StepPlan& plan) {
   COHORT_CHECK(params_.grads().data() == shared_->perRank(localRank()) && params_.values().data() == shared_->values())
       << "the sharded strategy steps the segment's own parameters and gradients";
   barrier("gradients");
+  const int64_t reduceStart = timeline_.active() ? timeline_.now() : 0;
   // 1. This rank's shard of the averaged gradient, block by block, and the sum of its squares.
   reduce_->setScale(plan.gradScale);
   ++reductions_;
@@ -50,13 +51,22 @@ StepResult ShardedStrategy::step(const StepPlan& plan) {
     if (all[2 * static_cast<size_t>(r) + 1] != 0 && lossRank < 0) lossRank = r;
   }
   StepResult result = judgeStep(std::sqrt(total), lossRank, -1);
+  if (timeline_.active()) {
+    // As an all-reduce of the whole gradient: every rank reads every rank's part of its shard.
+    const int64_t reduceEnd = timeline_.now();
+    timeline_.record(SpanKind::kReduce, reduceStart, reduceEnd);
+    timeline_.addAllReduce(static_cast<double>(params_.numel() * sizeof(float)), reduceEnd - reduceStart);
+  }
   // Skipped alike on every rank: only this rank's own gradient area was written, which the next
   // step's backward overwrites.
   if (!result.applied) return result;
   // 3. The update of the shard (clipped block by block while the block is in cache), then every shard's.
   clip_ = plan.clipGradNorm > 0 ? nn::clipCoefficient(result.gradNorm, plan.clipGradNorm) : 1.0f;
   static const nn::Optimizer::BlockHook kNone;
-  optimizer_.stepSlice(params_.values(), params_.grads(), reduce_->begin(), reduce_->end(), clip_ < 1.0f ? clipBlock_ : kNone);
+  {
+    Timeline::Scope span(timeline_, SpanKind::kOptimizer);
+    optimizer_.stepSlice(params_.values(), params_.grads(), reduce_->begin(), reduce_->end(), clip_ < 1.0f ? clipBlock_ : kNone);
+  }
   barrier("parameters");
   return result;
 }

@@ -87,7 +87,9 @@ StepResult judgeStep(double gradNorm, int lossRank, int gradientRank) {
 }
 
 StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
-                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu) {
+                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu,
+                             Timeline& timeline) {
+  Timeline::Scope span(timeline, SpanKind::kOptimizer);
   const double norm = static_cast<double>(plan.gradScale) * std::sqrt(squares(params.grads()));
   StepResult result = judgeStep(norm, lossRank, gradientRank);
   if (!result.applied) return result;

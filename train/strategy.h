@@ -31,6 +31,7 @@
 #include "runtime/tensor.h"
 #include "runtime/world_info.h"
 #include "train/step.h"
+#include "train/timeline.h"
 
 namespace cohort::train {
 
@@ -110,6 +111,8 @@ struct StrategyContext {
   std::chrono::milliseconds timeout;
   runtime::cuda::GpuContext* gpu = nullptr;  // train on this GPU; nullptr: the CPU
   std::function<void()> initialise;
+  // The job's timeline (train/timeline.h): strategies record their barriers, all-reduces and updates.
+  Timeline& timeline;
 };
 
 // Moves CPU-bound parameters to `gpu`'s device (gradients and buffers in its caching allocator);
@@ -138,9 +141,11 @@ StepResult judgeStep(double gradNorm, int lossRank, int gradientRank);
 
 // A step where this rank holds the whole gradient the optimizer applies (local, Hogwild, and
 // replicas once averaged): its norm is plan.gradScale times the buffer's; unless judged non-finite,
-// the gradient is scaled once (gradScale times the clip coefficient) and the optimizer steps.
+// the gradient is scaled once (gradScale times the clip coefficient) and the optimizer steps (a
+// kOptimizer span of `timeline`).
 StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
-                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu);
+                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu,
+                             Timeline& timeline);
 // The optimizer state of a job with one state (local, replicas, sharded): "optimizer.<state>" and
 // the step count "optimizer_steps".
 SavedState singleOptimizerState(const nn::Optimizer& optimizer);

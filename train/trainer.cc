@@ -4,16 +4,23 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/digest.h"
 #include "runtime/error.h"
 #include "train/checkpointer.h"
+#include "train/progress.h"
+#include "train/tensorboard_writer.h"
+#include "train/trace_file.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -114,7 +121,17 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
       test_(test),
       options_(std::move(options)),
       callbacks_(std::move(callbacks)),
-      rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)) {
+      rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)),
+      timeline_(job.timeline()) {
+  if (const char* slow = std::getenv("COHORT_TEST_SLOW_BACKWARD")) {
+    if (std::sscanf(slow, "%d:%d", &slowRank_, &slowBackwardMs_) != 2) {
+      COHORT_THROW(InvalidArgument) << "COHORT_TEST_SLOW_BACKWARD must be RANK:MS, got '" << slow << "'";
+    }
+  }
+  if (!(options_.progressEverySeconds >= 0) || !std::isfinite(options_.progressEverySeconds)) {
+    COHORT_THROW(InvalidArgument) << "progressEverySeconds must be a finite number >= 0 (0: no progress), got "
+                                  << options_.progressEverySeconds;
+  }
   if (!job_.lockstep() && (options_.checkpointEvery > 0 || options_.maxSteps > 0)) {
     COHORT_THROW(InvalidArgument) << "checkpointEvery and maxSteps need ranks that step together: Hogwild workers meet "
                                      "(and checkpoint) only at the end of each epoch";
@@ -135,27 +152,56 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   }
   schedule_ = makeSchedule(options_, job_.optimizer(), loader_.batchesPerEpoch());
   job_.agree(trainerSettings(train, options_, lrSchedule()));
-  if (!options_.checkpointPath.empty()) checkCheckpointDestination();
+  prepareOutputs();
 }
 
-// Rank 0 writes every checkpoint: find out now, not after an epoch of training, that it cannot, and
-// clear what killed writers left there. Every rank learns the verdict (a collective), so none waits
-// for a rank 0 that is gone.
-void Trainer::checkCheckpointDestination() {
+// Rank 0 writes the checkpoints, the trace and the TensorBoard file: find out now, not after an epoch
+// of training, that it cannot. Every rank learns the verdict (a collective), so none waits for a
+// rank 0 that is gone.
+void Trainer::prepareOnRankZero(const std::function<void()>& prepare, const std::string& what) {
   std::string problem;
   if (job_.world().rank == 0) {
     try {
-      if (size_t removed = nn::prepareCheckpointDestination(options_.checkpointPath)) {
-        job_.log().info() << "removed " << removed << " temporary checkpoint file(s) of " << options_.checkpointPath
-                          << " left by writers that were killed";
-      }
+      prepare();
     } catch (const IoError& e) {
       problem = e.what();
     }
   }
   if (!job_.any(!problem.empty())) return;
   if (!problem.empty()) throw IoError(problem);
-  COHORT_THROW(IoError) << "rank 0 cannot write checkpoints to " << options_.checkpointPath << " (its message says why)";
+  COHORT_THROW(IoError) << "rank 0 cannot write " << what << " (its message says why)";
+}
+
+void Trainer::prepareOutputs() {
+  if (!options_.checkpointPath.empty()) {
+    // Clears what killed writers left there.
+    prepareOnRankZero(
+        [&] {
+          if (size_t removed = nn::prepareCheckpointDestination(options_.checkpointPath)) {
+            job_.log().info() << "removed " << removed << " temporary checkpoint file(s) of " << options_.checkpointPath
+                              << " left by writers that were killed";
+          }
+        },
+        "checkpoints to " + options_.checkpointPath);
+  }
+  if (!options_.tracePath.empty()) {
+    prepareOnRankZero(
+        [&] {
+          const std::string tmp = options_.tracePath + ".tmp";
+          std::FILE* f = std::fopen(tmp.c_str(), "w");
+          if (!f) {
+            COHORT_THROW(IoError) << options_.tracePath << ": cannot write the trace here (" << tmp << ": "
+                                  << std::strerror(errno) << ")";
+          }
+          std::fclose(f);
+          std::remove(tmp.c_str());
+        },
+        "the trace to " + options_.tracePath);
+  }
+  if (!options_.tensorboardDir.empty()) {
+    prepareOnRankZero([&] { tensorboard_ = std::make_unique<TensorBoardWriter>(options_.tensorboardDir); },
+                      "TensorBoard events to " + options_.tensorboardDir);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -183,6 +229,28 @@ TrainResult Trainer::run() {
   }
 #endif
   job_.barrier("start");
+  if (timed()) {
+    timeline_.start(options_.tracePath.empty() ? 0 : options_.traceSpans);
+    if (!options_.tracePath.empty()) measureClocks(job_, timeline_);
+    timeline_.takeTotals();  // the clock rounds are not the first epoch's
+  }
+  const int64_t stepsPerEpoch = (loader_.batchesPerEpoch() + options_.accumulateSteps - 1) / options_.accumulateSteps;
+  if (const ProgressMode mode = detectProgressMode(options_.progressEverySeconds);
+      job_.world().rank == 0 && mode != ProgressMode::kOff) {
+    progress_ = std::make_unique<Progress>(ProgressOptions{.mode = mode,
+                                                           .everySeconds = options_.progressEverySeconds,
+                                                           .fd = 1,
+                                                           .epochs = options_.epochs,
+                                                           .stepsPerEpoch = stepsPerEpoch,
+                                                           .samplesScale = job_.world().worldSize,
+                                                           .clock = {},
+                                                           .prefix = log.prefix()});
+  }
+  // The batch's wait is a span of its own (nothing when the timeline is off).
+  auto fetch = [&](runtime::data::Batch& b) {
+    Timeline::Scope span(timeline_, SpanKind::kData);
+    return nextBatch(b);
+  };
   for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
     const auto epochStart = Clock::now();
     const int64_t samplesBefore = pos.samples;
@@ -192,24 +260,33 @@ TrainResult Trainer::run() {
     int64_t groupSamples = 0, groupCorrect = 0;
     double groupLoss = 0;
     StepWindow window;
-    for (runtime::data::Batch batch; nextBatch(batch);) {
+    timeline_.setStep(pos.step + 1);
+    if (progress_) progress_->startEpoch(pos.epoch, (pos.batch + k - 1) / k);
+    for (runtime::data::Batch batch; fetch(batch);) {
       // Micro-batch `micro` of the optimizer step that starts at batch `first`: groups of K from the
       // epoch's start, the last one shorter when K does not divide the epoch. Only the group's last
       // backward synchronises; the step averages the group (Job::pass).
       const int64_t first = batch.index - batch.index % k;
       const int micro = static_cast<int>(batch.index - first), group = static_cast<int>(std::min(k, batches - first));
       const nn::Pass pass = job_.pass({.microBatch = micro, .microBatches = group, .rng = &rng_});
-      const Tensor& out = model_.forward(batch.inputs, pass);
       double batchLoss = std::numeric_limits<double>::quiet_NaN();
-      if (gpu) {
-        loss_.forwardGpu(out, batch.targets, *gpu);
-      } else {
-        batchLoss = loss_.forward(out, batch.targets);
-        groupCorrect += loss_.correct();
+      {
+        Timeline::Scope span(timeline_, SpanKind::kForward);
+        const Tensor& out = model_.forward(batch.inputs, pass);
+        if (gpu) {
+          loss_.forwardGpu(out, batch.targets, *gpu);
+        } else {
+          batchLoss = loss_.forward(out, batch.targets);
+          groupCorrect += loss_.correct();
+        }
       }
       groupSamples += batch.size;
       groupLoss += batchLoss * static_cast<double>(batch.size);
-      model_.backward(loss_.backward(), pass);
+      {
+        Timeline::Scope span(timeline_, SpanKind::kBackward);
+        model_.backward(loss_.backward(), pass);
+        if (slowRank_ == job_.world().rank) std::this_thread::sleep_for(std::chrono::milliseconds(slowBackwardMs_));
+      }
       if (micro + 1 < group) continue;  // more micro-batches before this step
       // A pure function of the optimizer's step count, which checkpoints hold: a resumed run
       // continues the schedule exactly.
@@ -220,6 +297,7 @@ TrainResult Trainer::run() {
                                             .loss = gpu ? std::nullopt : std::optional<double>(stepLoss)});
       ++pos.step;
       pos.batch = batch.index + 1;
+      timeline_.setStep(pos.step + 1);
       if (stepped.applied) {
         if (!gpu) pos.lossSum += groupLoss;
         pos.correct += groupCorrect;
@@ -240,11 +318,13 @@ TrainResult Trainer::run() {
         userStop_ = true;
       }
       logSteps(pos, window);
+      if (progress_) progress_->step((pos.batch + k - 1) / k, groupSamples, stepLoss);
       groupSamples = 0;
       groupCorrect = 0;
       groupLoss = 0;
       const bool midEpoch = pos.batch < loader_.batchesPerEpoch();
       if (stopAgreed(pos.step, false) && midEpoch) {
+        if (progress_) progress_->clearLine();
         log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): checkpointing at step "
                    << pos.step << " and stopping";
         collectGpuSums(pos);
@@ -266,6 +346,7 @@ TrainResult Trainer::run() {
       }
     }
     collectGpuSums(pos);  // also waits for the epoch's last step, so the time below includes it
+    if (progress_) progress_->endEpoch();
     finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
     if (result.stoppedByRequest) break;
     if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
@@ -280,6 +361,15 @@ TrainResult Trainer::run() {
       result.stoppedEarly = result.stoppedByRequest = true;
       result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
       break;
+    }
+  }
+  progress_.reset();  // erases a line still showing
+  if (!options_.tracePath.empty()) {
+    const auto merge = Clock::now();
+    writeTrace(job_, timeline_, options_.tracePath);
+    if (job_.world().rank == 0) {
+      log.info() << "trace of " << job_.world().worldSize << " rank(s) merged in " << secondsSince(merge)
+                 << " s and written to " << options_.tracePath << " (open it in https://ui.perfetto.dev or chrome://tracing)";
     }
   }
   result.wallSeconds = secondsSince(start);
@@ -300,6 +390,7 @@ void Trainer::nonFiniteStep(Position& pos, const StepResult& step, double loss) 
     ++pos.skippedInEpoch;
     // Lockstep ranks skip together: rank 0 says so; Hogwild workers each for themselves.
     if (!job_.lockstep() || job_.world().rank == 0) {
+      if (progress_) progress_->clearLine();
       job_.log().warn() << what.str() << ": skipped, nothing applied (" << pos.skipped << " of the "
                         << options_.skipNonFinite << " skips allowed)";
     }
@@ -333,6 +424,8 @@ bool Trainer::stopAgreed(int64_t step, bool epochEnd) {
 }
 
 void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples) {
+  std::optional<StepTimes> times;
+  if (timed()) times = gatherStepTimes(job_, timeline_.takeTotals(), epochSeconds);
   trainSeconds_ += epochSeconds;
   trainedSamples_ += epochSamples;
   // An epoch cut short by a stop is reported (its figures so far) but not counted as completed.
@@ -360,6 +453,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   result.skippedSteps = pos.skipped;
   const double epochJobPerSec = seconds[1] > 0 ? samples[1] / seconds[1] : 0;
   if (test_ && job_.world().rank == 0) {
+    Timeline::Scope span(timeline_, SpanKind::kEvaluate);
     Evaluation e = evaluate(*test_);
     result.testLoss = e.loss;
     result.testAcc = e.accuracy;
@@ -370,7 +464,9 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
                      .haveTest = result.haveTest, .samplesPerSec = result.samplesPerSec,
                      .epochSamplesPerSec = epochJobPerSec, .lr = job_.optimizer().options().lr,
                      .gradNorm = means[2], .gradNormMax = maxes[2],
-                     .skippedSteps = static_cast<int64_t>(samples[2] + maxes[3])};
+                     .skippedSteps = static_cast<int64_t>(samples[2] + maxes[3]),
+                     .metrics = {},
+                     .times = times};
   if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
   auto line = job_.log().info();
   line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss " << result.trainLoss;
@@ -382,6 +478,9 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
   line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
   if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(epochJobPerSec) << ")";
+  if (report.times && job_.world().rank == 0) {
+    job_.log().info() << "epoch " << pos.epoch + 1 << " " << describe(*report.times, job_.world().worldSize);
+  }
   appendMetrics(report);
   pos.lastTrainLoss = result.trainLoss;
   pos.lastTrainAcc = result.trainAcc;
@@ -397,6 +496,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
     saveCheckpoint(next);
   }
   job_.barrier("after epoch " + std::to_string(pos.epoch + 1));
+  timeline_.takeTotals();  // evaluation, checkpoint and this barrier are not the next epoch's steps
 }
 
 TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
@@ -443,8 +543,46 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
   return train::evaluate(model_, loss_, data, options_.evalBatchSize);
 }
 
+namespace {
+
+// The TensorBoard tag of a metrics key (docs/observing.md): train_loss -> train/loss, the time report's
+// under time/, a step line's under steps/, the others as they are.
+std::string tensorboardTag(const std::string& key, bool stepLine) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"train_loss", "train/loss"}, {"train_acc", "train/accuracy"}, {"test_loss", "test/loss"}, {"test_acc", "test/accuracy"}};
+  if (stepLine) return "steps/" + key;
+  for (const auto& [name, tag] : kNames) {
+    if (key == name) return tag;
+  }
+  for (const auto& [name, value] : metricsOf(StepTimes{})) {
+    if (key == name) return "time/" + key;
+  }
+  return key;
+}
+
+// One metrics line (an epoch's, or every logEverySteps steps: stepLine) to the metrics file and as
+// TensorBoard scalars at its step.
+void publish(const nlohmann::json& j, bool stepLine, const std::string& metricsPath, TensorBoardWriter* tensorboard) {
+  if (!metricsPath.empty()) {
+    std::ofstream out(metricsPath, std::ios::app);
+    out << j.dump() << "\n";
+    if (!out) COHORT_THROW(IoError) << metricsPath << ": cannot append metrics";
+  }
+  if (tensorboard) {
+    const int64_t step = j.at("step").get<int64_t>();
+    for (const auto& [key, value] : j.items()) {
+      if (key != "epoch" && key != "step" && value.is_number()) {
+        tensorboard->scalar(tensorboardTag(key, stepLine), step, value.get<double>());
+      }
+    }
+    tensorboard->flush();
+  }
+}
+
+}  // namespace
+
 void Trainer::appendMetrics(const EpochReport& r) const {
-  if (options_.metricsPath.empty() || job_.world().rank != 0) return;
+  if (job_.world().rank != 0) return;
   nlohmann::json j = {{"epoch", r.epoch},
                       {"step", r.step},
                       {"train_loss", r.trainLoss},
@@ -458,18 +596,16 @@ void Trainer::appendMetrics(const EpochReport& r) const {
   if (r.haveTest) j["test_loss"] = r.testLoss;
   if (r.haveTest && options_.classification) j["test_acc"] = r.testAcc;
   for (const auto& [name, value] : r.metrics) j[name] = value;
-  appendMetricsLine(j.dump());
+  if (r.times) {
+    for (const auto& [name, value] : metricsOf(*r.times)) j[name] = value;
+  }
+  publish(j, false, options_.metricsPath, tensorboard_.get());
 }
 
-void Trainer::appendMetricsLine(const std::string& line) const {
-  std::ofstream out(options_.metricsPath, std::ios::app);
-  out << line << "\n";
-  if (!out) COHORT_THROW(IoError) << options_.metricsPath << ": cannot append metrics";
-}
 
 void Trainer::logSteps(const Position& pos, StepWindow& window) {
   if (options_.logEverySteps <= 0 || pos.step % options_.logEverySteps != 0) return;
-  if (!options_.metricsPath.empty() && job_.world().rank == 0) {
+  if (job_.world().rank == 0) {
     const double seconds = secondsSince(window.start);
     nlohmann::json j = {{"epoch", pos.epoch + 1},
                         {"step", pos.step},
@@ -478,7 +614,7 @@ void Trainer::logSteps(const Position& pos, StepWindow& window) {
     if (window.steps > 0) j["grad_norm"] = window.gradNormSum / static_cast<double>(window.steps);
     // On a GPU the losses stay on the device until the epoch's end.
     if (!job_.gpu() && window.samples > 0) j["train_loss"] = window.lossSum / static_cast<double>(window.samples);
-    appendMetricsLine(j.dump());
+    publish(j, true, options_.metricsPath, tensorboard_.get());
   }
   window = StepWindow{};
 }
@@ -487,6 +623,7 @@ void Trainer::logSteps(const Position& pos, StepWindow& window) {
 // so it round-trips exactly.
 void Trainer::saveCheckpoint(const Position& pos) {
   if (options_.checkpointPath.empty()) return;
+  Timeline::Scope span(timeline_, SpanKind::kCheckpoint);
   job_.save(options_.checkpointPath, {
                                          {"epoch", std::to_string(pos.epoch)},
                                          {"batch", std::to_string(pos.batch)},

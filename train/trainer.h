@@ -46,6 +46,7 @@
 #include "runtime/random.h"
 #include "train/evaluate.h"
 #include "train/job.h"
+#include "train/step_times.h"
 
 namespace cohort::train {
 
@@ -68,6 +69,9 @@ struct TrainerOptions {
   // ranks), write the checkpoint and return.
   const std::atomic<bool>* stopRequested = nullptr;
   std::string metricsPath;       // JSON lines, one per epoch (rank 0); empty: none
+  // Rank 0 writes the metrics as TensorBoard scalars into a new event file there (docs/observing.md
+  // names the tags); empty: none.
+  std::string tensorboardDir;
   int64_t logEverySteps = 0;     // > 0: also a metrics line every N optimizer steps (rank 0's figures)
   int64_t evalBatchSize = 1000;
   // The learning rate of each optimizer step (nn/lr_schedule.h), set on the optimizer before the
@@ -82,6 +86,18 @@ struct TrainerOptions {
   // reports, kept across resumes), and the one after them stops it. A skipped step's samples count
   // in no figure; its optimizer step does not happen (the schedule does not advance).
   int64_t skipNonFinite = 0;
+  // Seeing the run (docs/api.md, "Seeing a run"):
+  // live progress on rank 0 within an epoch (train/progress.h): a line rewritten in place on a
+  // terminal, else a plain line every progressEverySeconds; 0: none.
+  double progressEverySeconds = 10;
+  // The job's trace (train/trace_file.h): every rank's spans, merged by rank 0 into this Chrome trace
+  // / Perfetto JSON file at the end of the run; empty: none. traceSpans: the ring of each rank
+  // (24 bytes a span; the newest are kept).
+  std::string tracePath;
+  size_t traceSpans = size_t{1} << 16;
+  // The time report at each epoch's end (train/step_times.h): logged by rank 0, in the metrics and
+  // EpochReport::times. On with tracePath.
+  bool stepReport = false;
 };
 
 enum class Next { kContinue, kStop };
@@ -112,6 +128,8 @@ struct EpochReport {
   int64_t skippedSteps = 0;       // non-finite steps skipped in this epoch (Hogwild: all workers')
   // The callback's own figures ("val_f1", ...): logged and written to the metrics file.
   std::vector<std::pair<std::string, double>> metrics;
+  // Where the epoch's steps spent their time (TrainerOptions::stepReport or tracePath).
+  std::optional<StepTimes> times;
 };
 
 struct TrainerCallbacks {
@@ -145,6 +163,9 @@ struct TrainResult {
   double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
   int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
 };
+
+class TensorBoardWriter;
+class Progress;
 
 class Trainer {
  public:
@@ -184,7 +205,8 @@ class Trainer {
   TrainResult alreadyDone(const Position& pos, Clock::time_point start);
   // Whether to stop now: this rank's request, agreed with the others (see the header comment).
   bool stopAgreed(int64_t step, bool epochEnd);
-  void checkCheckpointDestination();
+  void prepareOnRankZero(const std::function<void()>& prepare, const std::string& what);
+  void prepareOutputs();
   void saveCheckpoint(const Position& pos);
   bool loadCheckpoint(Position& pos);
   // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
@@ -194,7 +216,6 @@ class Trainer {
   // GPU: adds the loss sums accumulated on the device to `pos` (waits for the compute stream).
   void collectGpuSums(Position& pos);
   void appendMetrics(const EpochReport& report) const;
-  void appendMetricsLine(const std::string& line) const;
   // --log-every-steps: rank 0's loss and throughput over the last N steps.
   struct StepWindow {
     double lossSum = 0;
@@ -204,6 +225,7 @@ class Trainer {
     Clock::time_point start = Clock::now();
   };
   void logSteps(const Position& pos, StepWindow& window);
+  bool timed() const { return options_.stepReport || !options_.tracePath.empty(); }
 
   Job& job_;
   nn::Model& model_;
@@ -217,6 +239,13 @@ class Trainer {
   bool userStop_ = false;     // a callback asked to stop
   double trainSeconds_ = 0;   // this rank's, over the epochs run in this process
   int64_t trainedSamples_ = 0;
+  Timeline& timeline_;        // the job's
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0's, with tensorboardDir
+  std::unique_ptr<Progress> progress_;              // rank 0's, unless off
+  // A test hook (COHORT_TEST_SLOW_BACKWARD="RANK:MS"): that rank sleeps MS in each backward, so tests
+  // can check that the time report and the trace name it.
+  int slowRank_ = -1;
+  int slowBackwardMs_ = 0;
 };
 
 }  // namespace cohort::train

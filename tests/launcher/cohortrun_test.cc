@@ -405,5 +405,71 @@ TEST_F(CohortrunTest, HelpGoesToStdoutWithExitCode0) {
   }
 }
 
+// ---- Rank 0's progress as a status line (docs/launcher.md, "Progress") ----
+
+const std::string kErase = "\r\x1b[K";
+
+// Every "[rank 1] ..." line of `out` whole: from its prefix to its newline no "\r" or escape, and
+// it starts a row (the text's start, a newline, or right after the status line's erase).
+void expectWholeLinesOfRank1(const std::string& out, size_t expected) {
+  size_t lines = 0;
+  for (size_t at = out.find("[rank 1] "); at != std::string::npos; at = out.find("[rank 1] ", at + 1)) {
+    ++lines;
+    const size_t end = out.find('\n', at);
+    ASSERT_NE(end, std::string::npos) << "an unterminated line at " << at;
+    const std::string line = out.substr(at, end - at);
+    EXPECT_EQ(line.find_first_of("\r\x1b"), std::string::npos) << "a garbled line: " << ::testing::PrintToString(line);
+    const bool startsRow = at == 0 || out[at - 1] == '\n' ||
+                           (at >= kErase.size() && out.compare(at - kErase.size(), kErase.size(), kErase) == 0);
+    EXPECT_TRUE(startsRow) << ::testing::PrintToString(out.substr(at >= 20 ? at - 20 : 0, 40));
+  }
+  EXPECT_EQ(lines, expected);
+}
+
+TEST_F(CohortrunTest, OnATerminalRankZerosProgressIsAStatusLineBelowWholeLines) {
+  Output r =
+      runInTerminal({cohortrun(), "--nproc-per-node", "2", "--", testWorker(), "--print-env", "--progress", "40"},
+                    {.extraEnv = env(), .timeout = seconds(60)});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::string& out = r.out;
+  EXPECT_NE(out.find("[rank 0] env COHORT_PROGRESS=live\n"), std::string::npos) << r.describe();
+  EXPECT_NE(out.find("[rank 1] env COHORT_PROGRESS=live\n"), std::string::npos) << r.describe();
+  // Every progress line of rank 0 was drawn as the status line; none of rank 1's, and no marker.
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_NE(out.find("\r[rank 0] step " + std::to_string(i) + " of 40\x1b[K"), std::string::npos) << i;
+  }
+  EXPECT_EQ(out.find("[rank 1] step"), std::string::npos);
+  EXPECT_EQ(out.find("cohort-progress"), std::string::npos);
+  // Both streams of rank 1 (pid, 8 env lines, 40 work, 40 note) arrive whole, however they fall
+  // among the redraws; rank 0's ordinary lines too.
+  expectWholeLinesOfRank1(out, 1 + 8 + 40 + 40);
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_NE(out.find("[rank 0] work " + std::to_string(i) + " of rank 0\n"), std::string::npos) << i;
+    EXPECT_NE(out.find("[rank 1] note " + std::to_string(i) + " of rank 1\n"), std::string::npos) << i;
+  }
+  // At the end the status line is erased: the last draw is followed by an erase, and no draw after.
+  const size_t lastDraw = out.rfind("\r[rank 0] step ");
+  ASSERT_NE(lastDraw, std::string::npos);
+  EXPECT_NE(out.find(kErase, lastDraw), std::string::npos) << ::testing::PrintToString(out.substr(lastDraw));
+}
+
+TEST_F(CohortrunTest, WithoutATerminalThereIsNoStatusLineAndTheUsersChoiceIsKept) {
+  Output piped = launch({"--nproc-per-node", "2"}, {"--print-env", "--progress", "5"});
+  ASSERT_EQ(piped.exitCode, 0) << piped.describe();
+  EXPECT_EQ(printedEnv(piped.out, 0, "COHORT_PROGRESS"), "<unset>");
+  EXPECT_EQ(piped.out.find_first_of("\r\x1b"), std::string::npos) << piped.describe();
+  EXPECT_EQ(piped.out.find("step"), std::string::npos) << "progress lines reached a pipe";
+  EXPECT_EQ(linesWith(piped.out, "] work ").size(), 10u);
+
+  std::vector<std::string> plainEnv = env();
+  plainEnv.push_back("COHORT_PROGRESS=plain");
+  Output plain = runInTerminal({cohortrun(), "--nproc-per-node", "2", "--", testWorker(), "--print-env"},
+                               {.extraEnv = plainEnv, .timeout = seconds(60)});
+  ASSERT_EQ(plain.exitCode, 0) << plain.describe();
+  EXPECT_NE(plain.out.find("[rank 0] env COHORT_PROGRESS=plain\n"), std::string::npos) << plain.describe();
+  EXPECT_NE(plain.out.find("[rank 1] env COHORT_PROGRESS=plain\n"), std::string::npos) << plain.describe();
+  EXPECT_EQ(plain.out.find('\r'), std::string::npos) << plain.describe();
+}
+
 }  // namespace
 }  // namespace cohort::launcher::testing

@@ -148,5 +148,30 @@ TEST(LaunchPlan, KeepsOmpNumThreadsAndReplacesInheritedRankVariables) {
   EXPECT_EQ(valueOf(env, "RANKING"), "keep");
 }
 
+// COHORT_PROGRESS=live exactly when cohortrun's stdout is a terminal; the user's plain or off pass
+// through; an inherited live (a cohortrun inside a worker) or any other value is replaced.
+TEST(LaunchPlan, ProgressIsLiveOnlyWhenTheLauncherIsOnATerminal) {
+  auto progressOf = [](bool terminal, std::vector<std::string> environment) {
+    LaunchPlan plan = makeLaunchPlan(
+        validFlags(),
+        {.jobId = "cr-7-9", .environment = std::move(environment), .allowedCpus = {}, .stdoutIsTerminal = terminal});
+    EXPECT_EQ(plan.liveStatus, terminal);
+    return valueOf(plan.environmentFor(0, 0), "COHORT_PROGRESS");
+  };
+  EXPECT_EQ(progressOf(true, {"PATH=/bin"}), "live");
+  EXPECT_EQ(progressOf(false, {"PATH=/bin"}), "<unset>");
+  EXPECT_EQ(progressOf(true, {"COHORT_PROGRESS=plain"}), "plain");
+  EXPECT_EQ(progressOf(false, {"COHORT_PROGRESS=plain"}), "plain");
+  EXPECT_EQ(progressOf(true, {"COHORT_PROGRESS=off"}), "off");
+  EXPECT_EQ(progressOf(false, {"COHORT_PROGRESS=off"}), "off");
+  EXPECT_EQ(progressOf(false, {"COHORT_PROGRESS=live"}), "<unset>");
+  EXPECT_EQ(progressOf(true, {"COHORT_PROGRESS=live"}), "live");
+  EXPECT_EQ(progressOf(true, {"COHORT_PROGRESS=bogus"}), "live");
+  EXPECT_EQ(progressOf(false, {"COHORT_PROGRESS=bogus"}), "<unset>");
+  LaunchPlan plan =
+      makeLaunchPlan(validFlags(), {.jobId = "cr-7-9", .environment = {}, .allowedCpus = {}, .stdoutIsTerminal = true});
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(valueOf(plan.environmentFor(rank, 1), "COHORT_PROGRESS"), "live");
+}
+
 }  // namespace
 }  // namespace cohort::launcher

@@ -6,8 +6,11 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -193,6 +196,85 @@ Output runLauncher(const std::vector<std::string>& args, const std::vector<std::
   argv.insert(argv.end(), args.begin(), args.end());
   Child child = Child::start(argv, extraEnv);
   return child.finish(std::chrono::seconds(60));
+}
+
+Output runInTerminal(const std::vector<std::string>& argv, const TerminalOptions& options) {
+  Output result;
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e; ++e) {
+    if (!isJobVariable(*e) && std::strncmp(*e, "TERM=", 5) != 0) envStrings.emplace_back(*e);
+  }
+  if (std::none_of(options.extraEnv.begin(), options.extraEnv.end(),
+                   [](const std::string& e) { return e.rfind("TERM=", 0) == 0; })) {
+    envStrings.push_back("TERM=xterm");
+  }
+  envStrings.insert(envStrings.end(), options.extraEnv.begin(), options.extraEnv.end());
+  std::vector<char*> args, env;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& e : envStrings) env.push_back(const_cast<char*>(e.c_str()));
+  args.push_back(nullptr);
+  env.push_back(nullptr);
+
+  int master = -1, slave = -1;
+  winsize size{};
+  size.ws_row = 50;
+  size.ws_col = static_cast<unsigned short>(options.columns);
+  if (::openpty(&master, &slave, nullptr, nullptr, &size) != 0) {
+    ADD_FAILURE() << "openpty: " << std::strerror(errno);
+    return result;
+  }
+  termios mode{};
+  ::tcgetattr(slave, &mode);
+  mode.c_oflag &= ~static_cast<tcflag_t>(ONLCR);  // keep "\n" as written
+  mode.c_lflag &= ~static_cast<tcflag_t>(ECHO);
+  ::tcsetattr(slave, TCSANOW, &mode);
+  ::fcntl(master, F_SETFD, FD_CLOEXEC);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // A session of its own with the terminal as its controlling terminal, like a login shell's.
+    ::setsid();
+    ::ioctl(slave, TIOCSCTTY, 0);
+    ::dup2(slave, 0);
+    ::dup2(slave, 1);
+    ::dup2(slave, 2);
+    if (slave > 2) ::close(slave);
+    ::execve(args[0], args.data(), env.data());
+    ::_exit(127);
+  }
+  ::close(slave);  // from now on the master reads EIO once the child's side is closed by all
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    ::close(master);
+    return result;
+  }
+  const auto deadline = Clock::now() + options.timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      ADD_FAILURE() << "timed out after " << options.timeout.count() << " ms: " << argv[0] << "; output so far:\n"
+                    << result.out;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    pollfd fd{master, POLLIN, 0};
+    if (::poll(&fd, 1, static_cast<int>(left.count())) < 0 && errno != EINTR) break;
+    if (fd.revents == 0) continue;
+    char buf[65536];
+    const ssize_t n = ::read(master, buf, sizeof buf);
+    if (n > 0) {
+      result.out.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    break;  // EIO: no writer is left
+  }
+  ::close(master);
+  int status = 0;
+  if (::waitpid(pid, &status, 0) == pid) {
+    if (WIFEXITED(status)) result.exitCode = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  }
+  return result;
 }
 
 std::vector<pid_t> workerPids(const std::string& launcherStdout) {

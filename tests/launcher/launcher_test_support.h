@@ -73,6 +73,19 @@ class Child {
 // cohortrun with `args`, run to the end (timeout 60 s).
 Output runLauncher(const std::vector<std::string>& args, const std::vector<std::string>& extraEnv);
 
+struct TerminalOptions {
+  std::vector<std::string> extraEnv;  // "NAME=value"; TERM is xterm unless given here
+  std::chrono::milliseconds timeout{60000};
+  int columns = 200;
+};
+// Runs argv[0] (a path) in a new pseudo-terminal, its controlling terminal and stdin, stdout and
+// stderr, `columns` wide, with the environment of Child::start minus TERM. Output post-processing
+// is off (no "\n" -> "\r\n") so that every "\r" in Output::out (both streams, in the order the
+// terminal got them; err stays empty) was written by a program. Runs to the end: collects until the
+// terminal's last writer is gone, then reaps the child; at the timeout the child is SIGKILLed and
+// the test fails.
+Output runInTerminal(const std::vector<std::string>& argv, const TerminalOptions& options);
+
 // The pids that workers printed ("[rank k] pid P" lines).
 std::vector<pid_t> workerPids(const std::string& launcherStdout);
 // The pid that rank `rank` printed, or -1 when it has not.

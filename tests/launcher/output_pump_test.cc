@@ -1,9 +1,11 @@
-// OutputPump: prefixes, partial and long lines, the tail ring buffer and log files. The "terminal" is
-// a pair of temporary files; worker output arrives through a real pipe.
+// OutputPump: prefixes, partial and long lines, the tail ring buffer and log files; rank 0's
+// progress as a status line, byte for byte. The "terminal" is a pair of temporary files (a real
+// pseudo-terminal where its width matters); worker output arrives through a real pipe.
 #include "launcher/output_pump.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pty.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -12,6 +14,7 @@
 #include "runtime/error.h"
 #include "runtime/unique_fd.h"
 #include "tests/launcher/launcher_test_support.h"
+#include "train/progress.h"
 
 namespace cohort::launcher {
 namespace {
@@ -135,6 +138,145 @@ TEST_F(OutputPumpTest, DrainReportsEndOfFile) {
   EXPECT_FALSE(pump.drain(pipeRead_.get(), 0, StreamKind::kStdout));
   pump.flushPartial(0, StreamKind::kStdout);
   EXPECT_EQ(out(), "[rank 0] last words\n");
+}
+
+// ---- The status line (options.liveStatus: cohortrun's stdout is a terminal) ----
+
+const std::string kMarker(kProgressMarker);
+const std::string kErase = "\r\x1b[K";
+
+TEST(ProgressMarker, IsTheSameBytesAsTheWorkersMarker) { EXPECT_EQ(kProgressMarker, train::kProgressMarker); }
+
+TEST_F(OutputPumpTest, RankZerosProgressIsOneStatusLineRedrawnBelowEveryOtherLine) {
+  OutputPumpOptions o = options(2);
+  o.liveStatus = true;
+  OutputPump pump(o);
+  feed(pump, 0, StreamKind::kStdout, kMarker + "epoch 1/1 step 3/9\n");
+  std::string expectedOut = "\r[rank 0] epoch 1/1 step 3/9\x1b[K";
+  EXPECT_EQ(out(), expectedOut);
+  feed(pump, 0, StreamKind::kStdout, kMarker + "epoch 1/1 step 6/9\n");
+  expectedOut += "\r[rank 0] epoch 1/1 step 6/9\x1b[K";
+  EXPECT_EQ(out(), expectedOut);
+  // Another line on stdout: erase, the line, the status line again (one write).
+  feed(pump, 1, StreamKind::kStdout, "hello\n");
+  expectedOut += kErase + "[rank 1] hello\n" + "\r[rank 0] epoch 1/1 step 6/9\x1b[K";
+  EXPECT_EQ(out(), expectedOut);
+  // A line on stderr: erased and redrawn on stdout around it.
+  feed(pump, 1, StreamKind::kStderr, "oops\n");
+  expectedOut += kErase + "\r[rank 0] epoch 1/1 step 6/9\x1b[K";
+  EXPECT_EQ(out(), expectedOut);
+  EXPECT_EQ(err(), "[rank 1] oops\n");
+  // Rank 0's own ordinary lines too; then the marker alone clears the status line.
+  feed(pump, 0, StreamKind::kStdout, "epoch 1/1 done\n" + kMarker + "\n");
+  expectedOut += kErase + "[rank 0] epoch 1/1 done\n" + "\r[rank 0] epoch 1/1 step 6/9\x1b[K" + kErase;
+  EXPECT_EQ(out(), expectedOut);
+  // Nothing to keep below the lines now.
+  feed(pump, 1, StreamKind::kStdout, "plain\n");
+  feed(pump, 0, StreamKind::kStdout, kMarker + "\n");
+  expectedOut += "[rank 1] plain\n";
+  EXPECT_EQ(out(), expectedOut);
+  EXPECT_EQ(err(), "[rank 1] oops\n");
+}
+
+TEST_F(OutputPumpTest, AnotherRanksLineArrivingInPiecesIsWrittenWholeBelowTheStatusLine) {
+  OutputPumpOptions o = options(2);
+  o.liveStatus = true;
+  OutputPump pump(o);
+  feed(pump, 0, StreamKind::kStdout, kMarker + "s");
+  feed(pump, 1, StreamKind::kStdout, "[begin");
+  EXPECT_EQ(out(), "");  // neither line is complete
+  feed(pump, 0, StreamKind::kStdout, "tep 1\n");
+  feed(pump, 1, StreamKind::kStdout, " end]\n");
+  EXPECT_EQ(out(), "\r[rank 0] step 1\x1b[K" + kErase + "[rank 1] [begin end]\n\r[rank 0] step 1\x1b[K");
+}
+
+TEST_F(OutputPumpTest, MarkerLinesNeverReachLogFilesTheTailOrAStdoutThatIsNoTerminal) {
+  for (bool live : {false, true}) {
+    SCOPED_TRACE(live ? "status line" : "no status line");
+    SetUp();
+    OutputPumpOptions o = options(2);
+    o.liveStatus = live;
+    o.logDir = dir_ + "/logs";
+    {
+      OutputPump pump(o);
+      pump.beginAttempt(0);
+      feed(pump, 0, StreamKind::kStdout, kMarker + "epoch 1/1 step 1/2\n");
+      feed(pump, 0, StreamKind::kStdout, "line\n");
+      feed(pump, 0, StreamKind::kStdout, kMarker + "\n");
+      EXPECT_EQ(std::vector<std::string>(pump.tail(0).begin(), pump.tail(0).end()), std::vector<std::string>{"line"});
+    }
+    const std::string log = readWhole(o.logDir + "/rank0.log");
+    EXPECT_EQ(log.find("cohort-progress"), std::string::npos) << log;
+    EXPECT_EQ(log.substr(log.size() - 5), "line\n");
+    if (!live) EXPECT_EQ(out(), "[rank 0] line\n");
+    EXPECT_EQ(out().find("cohort-progress"), std::string::npos);
+  }
+}
+
+TEST_F(OutputPumpTest, MarkersOfOtherRanksAndOnStderrAreDropped) {
+  OutputPumpOptions o = options(3);
+  o.liveStatus = true;
+  OutputPump pump(o);
+  feed(pump, 1, StreamKind::kStdout, kMarker + "rank 1's progress\n");
+  feed(pump, 2, StreamKind::kStdout, kMarker + "\n");
+  feed(pump, 0, StreamKind::kStderr, kMarker + "on stderr\n");
+  EXPECT_EQ(out(), "");
+  EXPECT_EQ(err(), "");
+  feed(pump, 1, StreamKind::kStdout, "x\n");
+  EXPECT_EQ(out(), "[rank 1] x\n");
+}
+
+TEST_F(OutputPumpTest, OwnMessagesEndOfRankZerosStdoutAndTheAttemptsEndClearTheStatusLine) {
+  OutputPumpOptions o = options(2);
+  o.liveStatus = true;
+  std::string expectedOut;
+  {
+    OutputPump pump(o);
+    feed(pump, 0, StreamKind::kStdout, kMarker + "a\n");
+    expectedOut += "\r[rank 0] a\x1b[K";
+    pump.writeOwn("cohortrun: got SIGINT\n");
+    expectedOut += kErase + "\r[rank 0] a\x1b[K";
+    EXPECT_EQ(err(), "cohortrun: got SIGINT\n");
+    pump.endOfStream(1, StreamKind::kStdout);  // another rank's end: the status line stays
+    pump.endOfStream(0, StreamKind::kStderr);
+    EXPECT_EQ(out(), expectedOut);
+    pump.endOfStream(0, StreamKind::kStdout);  // rank 0 is gone: no more progress
+    expectedOut += kErase;
+    EXPECT_EQ(out(), expectedOut);
+    feed(pump, 0, StreamKind::kStdout, kMarker + "b\n");
+    pump.clearStatus();  // the attempt's end
+    pump.clearStatus();
+    expectedOut += "\r[rank 0] b\x1b[K" + kErase;
+    EXPECT_EQ(out(), expectedOut);
+    feed(pump, 0, StreamKind::kStdout, kMarker + "c\n");
+    pump.beginAttempt(1);  // a restart starts clean
+    expectedOut += "\r[rank 0] c\x1b[K" + kErase;
+    EXPECT_EQ(out(), expectedOut);
+    feed(pump, 0, StreamKind::kStdout, kMarker + "d\n");
+    expectedOut += "\r[rank 0] d\x1b[K";
+  }  // destroyed while the status line shows (an error unwinding)
+  expectedOut += kErase;
+  EXPECT_EQ(out(), expectedOut);
+}
+
+TEST_F(OutputPumpTest, StatusLineIsCutToTheTerminalsWidth) {
+  int master = -1, slave = -1;
+  winsize size{};
+  size.ws_col = 20;
+  size.ws_row = 5;
+  ASSERT_EQ(::openpty(&master, &slave, nullptr, nullptr, &size), 0);
+  runtime::UniqueFd masterFd(master), slaveFd(slave);
+  OutputPumpOptions o = options(1);
+  o.stdoutFd = slave;
+  o.liveStatus = true;
+  OutputPump pump(o);
+  feed(pump, 0, StreamKind::kStdout, kMarker + "epoch 1/1 step 300/938 (31%)\n");
+  std::string bytes(256, '\0');
+  const ssize_t n = ::read(master, bytes.data(), bytes.size());
+  ASSERT_GT(n, 0);
+  bytes.resize(static_cast<size_t>(n));
+  // 19 characters: the cursor stays on the row, so "\r" can go back to its start.
+  EXPECT_EQ(bytes, "\r[rank 0] epoch 1/1 \x1b[K");
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 //                           has printed its pid and environment
 //   --print N               print N lines on stdout and N on stderr, naming the stream
 //   --long-line BYTES       print one line of BYTES 'x' characters on stdout
+//   --progress N            N times: a progress line "step i of N" (kProgressMarker first, as
+//                           train/progress.h writes under cohortrun on a terminal), then
+//                           "work i of rank <k>" on stdout and "note i of rank <k>" on stderr
 //   --report-signal         on SIGTERM print "rank <k> got SIGTERM" and exit 143; on SIGUSR1 print
 //                           "rank <k> got SIGUSR1" and go on
 //   --ignore-sigterm        ignore SIGTERM
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "ipc/shm_names.h"
+#include "launcher/output_pump.h"  // kProgressMarker
 
 namespace {
 
@@ -46,6 +50,7 @@ struct Flags {
   bool printEnv = false;
   int print = 0;
   int longLine = 0;
+  int progress = 0;
   bool reportSignal = false;
   bool ignoreSigterm = false;
   int steps = 0;
@@ -148,6 +153,7 @@ int main(int argc, char** argv) {
   app.add_flag("--print-env", f.printEnv);
   app.add_option("--print", f.print);
   app.add_option("--long-line", f.longLine);
+  app.add_option("--progress", f.progress);
   app.add_flag("--report-signal", f.reportSignal);
   app.add_flag("--ignore-sigterm", f.ignoreSigterm);
   app.add_option("--steps", f.steps);
@@ -173,7 +179,7 @@ int main(int argc, char** argv) {
   }
   if (f.printEnv) {
     for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "COHORT_JOB_ID",
-                             "COHORT_RESTART_COUNT", "OMP_NUM_THREADS"}) {
+                             "COHORT_RESTART_COUNT", "OMP_NUM_THREADS", "COHORT_PROGRESS"}) {
       say(std::string("env ") + name + "=" + env(name));
     }
   }
@@ -184,6 +190,12 @@ int main(int argc, char** argv) {
     say("stderr line " + std::to_string(i) + " of rank " + std::to_string(rank), stderr);
   }
   if (f.longLine > 0) say(std::string(static_cast<size_t>(f.longLine), 'x'));
+  for (int i = 0; i < f.progress; ++i) {
+    const std::string of = std::to_string(i) + " of ";
+    say(std::string(cohort::launcher::kProgressMarker) + "step " + of + std::to_string(f.progress));
+    say("work " + of + "rank " + std::to_string(rank));
+    say("note " + of + "rank " + std::to_string(rank), stderr);
+  }
   if (int code = runSteps(f, thisRank)) return code;
   if (f.signalSelf != 0 && thisRank) ::raise(f.signalSelf);
   if (f.failFirstAttempt && thisRank && env("COHORT_RESTART_COUNT") == "0") {

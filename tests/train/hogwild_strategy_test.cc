@@ -41,6 +41,7 @@ int worker(const std::string& jobId, int rank, int world) {
   auto whole = makeOptimizer({.kind = OptimizerKind::kSgd, .lr = kLr}, model->params.numel());
   const runtime::WorldInfo info{.rank = rank, .worldSize = world, .localRank = rank, .localWorldSize = world, .jobId = jobId};
   int initialised = 0;
+  train::Timeline timeline;  // inactive
   HogwildStrategy sync({.params = model->params,
                         .optimizer = *whole,
                         .world = info,
@@ -50,7 +51,8 @@ int worker(const std::string& jobId, int rank, int world) {
                           for (size_t i = 0; i < model->params.numel(); ++i) {
                             model->params.values().at(static_cast<int64_t>(i)) = initialValue(i);
                           }
-                        }});
+                        },
+                        .timeline = timeline});
   if (initialised != (rank == 0 ? 1 : 0)) return 4;  // only the creator initialises
   const int64_t n = static_cast<int64_t>(model->params.numel());
   const int64_t begin = n * rank / world, end = n * (rank + 1) / world;
