@@ -139,6 +139,24 @@ TEST_F(TraceCliTest, MpiRanksUnderMpirunGiveOneTimeline) {
   expectOneTimeline(trace, 2 * 62);
 }
 
+// Two processes started by hand with srun's variables (as cli_allreduce_test does), the default shm
+// allreduce: the same one timeline.
+TEST_F(TraceCliTest, SlurmRanksGiveOneTimeline) {
+  const std::string trace = dir_ + "/trace.json";
+  std::string quoted;
+  for (const auto& a : trainArgs({"--mode", "allreduce", "--max-steps", "63", "--trace", trace})) quoted += " '" + a + "'";
+  const std::string slurm = "for r in 0 1; do SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_TASKS_PER_NODE=2 "
+                            "SLURM_JOB_ID=4343$$ " + quoted + " > '" + dir_ + "/slurm.'$r 2>&1 & done; wait; cat '" +
+                            dir_ + "/slurm.0' '" + dir_ + "/slurm.1'";
+  CommandResult r = runCommand({"/bin/sh", "-c", slurm}, {.timeout = std::chrono::seconds(240)});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find("from slurm variables"), std::string::npos) << r.stdoutText;
+  expectOneTimeline(trace, 0);  // sharded: no buckets, the shard's reduce inside the step
+  Trace t(trace);
+  EXPECT_GT(t.totalUs[0]["reduce"], 0);
+  EXPECT_GT(t.totalUs[1]["reduce"], 0);
+}
+
 // The default allreduce (shm, sharded): rank 1 sleeps 20 ms in every backward.
 TEST_F(TraceCliTest, ASlowedWorkerIsNamedWithTheBarrierWaitOnTheOther) {
   const std::string trace = dir_ + "/trace.json", metrics = dir_ + "/m.jsonl";
