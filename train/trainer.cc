@@ -2,24 +2,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "runtime/digest.h"
 #include "runtime/error.h"
 #include "train/checkpointer.h"
+#include "train/metrics_sink.h"
 #include "train/progress.h"
-#include "train/tensorboard_writer.h"
 #include "train/trace_file.h"
 
 #ifdef COHORT_HAVE_CUDA
@@ -32,12 +29,6 @@ namespace cohort::train {
 using runtime::Tensor;
 
 namespace {
-
-std::string hexDouble(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%a", v);
-  return buf;
-}
 
 runtime::data::DataLoaderOptions loaderOptions(const Job& job, const TrainerOptions& o) {
   return job.shard({.batchSize = o.batchSize, .seed = o.seed, .prefetch = o.prefetch, .augment = o.augment});
@@ -198,9 +189,9 @@ void Trainer::prepareOutputs() {
         },
         "the trace to " + options_.tracePath);
   }
-  if (!options_.tensorboardDir.empty()) {
-    prepareOnRankZero([&] { tensorboard_ = std::make_unique<TensorBoardWriter>(options_.tensorboardDir); },
-                      "TensorBoard events to " + options_.tensorboardDir);
+  if (!options_.metricsPath.empty() || !options_.tensorboardDir.empty()) {
+    prepareOnRankZero([&] { metrics_ = std::make_unique<MetricsSink>(options_.metricsPath, options_.tensorboardDir); },
+                      "metrics to " + (options_.tensorboardDir.empty() ? options_.metricsPath : options_.tensorboardDir));
   }
 }
 
@@ -481,7 +472,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   if (report.times && job_.world().rank == 0) {
     job_.log().info() << "epoch " << pos.epoch + 1 << " " << describe(*report.times, job_.world().worldSize);
   }
-  appendMetrics(report);
+  if (metrics_) metrics_->epoch(report, options_.classification);
   pos.lastTrainLoss = result.trainLoss;
   pos.lastTrainAcc = result.trainAcc;
   pos.lossSum = 0;
@@ -543,144 +534,20 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
   return train::evaluate(model_, loss_, data, options_.evalBatchSize);
 }
 
-namespace {
-
-// The TensorBoard tag of a metrics key (docs/observing.md): train_loss -> train/loss, the time report's
-// under time/, a step line's under steps/, the others as they are.
-std::string tensorboardTag(const std::string& key, bool stepLine) {
-  static const std::pair<const char*, const char*> kNames[] = {
-      {"train_loss", "train/loss"}, {"train_acc", "train/accuracy"}, {"test_loss", "test/loss"}, {"test_acc", "test/accuracy"}};
-  if (stepLine) return "steps/" + key;
-  for (const auto& [name, tag] : kNames) {
-    if (key == name) return tag;
-  }
-  for (const auto& [name, value] : metricsOf(StepTimes{})) {
-    if (key == name) return "time/" + key;
-  }
-  return key;
-}
-
-// One metrics line (an epoch's, or every logEverySteps steps: stepLine) to the metrics file and as
-// TensorBoard scalars at its step.
-void publish(const nlohmann::json& j, bool stepLine, const std::string& metricsPath, TensorBoardWriter* tensorboard) {
-  if (!metricsPath.empty()) {
-    std::ofstream out(metricsPath, std::ios::app);
-    out << j.dump() << "\n";
-    if (!out) COHORT_THROW(IoError) << metricsPath << ": cannot append metrics";
-  }
-  if (tensorboard) {
-    const int64_t step = j.at("step").get<int64_t>();
-    for (const auto& [key, value] : j.items()) {
-      if (key != "epoch" && key != "step" && value.is_number()) {
-        tensorboard->scalar(tensorboardTag(key, stepLine), step, value.get<double>());
-      }
-    }
-    tensorboard->flush();
-  }
-}
-
-}  // namespace
-
-void Trainer::appendMetrics(const EpochReport& r) const {
-  if (job_.world().rank != 0) return;
-  nlohmann::json j = {{"epoch", r.epoch},
-                      {"step", r.step},
-                      {"train_loss", r.trainLoss},
-                      {"samples_per_s", r.epochSamplesPerSec},
-                      {"run_samples_per_s", r.samplesPerSec},
-                      {"lr", r.lr},
-                      {"grad_norm", r.gradNorm},
-                      {"grad_norm_max", r.gradNormMax},
-                      {"skipped_steps", r.skippedSteps}};
-  if (options_.classification) j["train_acc"] = r.trainAcc;
-  if (r.haveTest) j["test_loss"] = r.testLoss;
-  if (r.haveTest && options_.classification) j["test_acc"] = r.testAcc;
-  for (const auto& [name, value] : r.metrics) j[name] = value;
-  if (r.times) {
-    for (const auto& [name, value] : metricsOf(*r.times)) j[name] = value;
-  }
-  publish(j, false, options_.metricsPath, tensorboard_.get());
-}
-
-
 void Trainer::logSteps(const Position& pos, StepWindow& window) {
   if (options_.logEverySteps <= 0 || pos.step % options_.logEverySteps != 0) return;
-  if (job_.world().rank == 0) {
+  if (metrics_) {
     const double seconds = secondsSince(window.start);
-    nlohmann::json j = {{"epoch", pos.epoch + 1},
-                        {"step", pos.step},
-                        {"lr", job_.optimizer().options().lr},
-                        {"samples_per_s", seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0}};
-    if (window.steps > 0) j["grad_norm"] = window.gradNormSum / static_cast<double>(window.steps);
+    StepFigures f{.epoch = pos.epoch + 1,
+                  .step = pos.step,
+                  .lr = job_.optimizer().options().lr,
+                  .samplesPerSec = seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0};
+    if (window.steps > 0) f.gradNorm = window.gradNormSum / static_cast<double>(window.steps);
     // On a GPU the losses stay on the device until the epoch's end.
-    if (!job_.gpu() && window.samples > 0) j["train_loss"] = window.lossSum / static_cast<double>(window.samples);
-    publish(j, true, options_.metricsPath, tensorboard_.get());
+    if (!job_.gpu() && window.samples > 0) f.trainLoss = window.lossSum / static_cast<double>(window.samples);
+    metrics_->steps(f);
   }
   window = StepWindow{};
-}
-
-// The loop's position, beside the job's state (train/checkpointer.h); the loss sum as a hex float
-// so it round-trips exactly.
-void Trainer::saveCheckpoint(const Position& pos) {
-  if (options_.checkpointPath.empty()) return;
-  Timeline::Scope span(timeline_, SpanKind::kCheckpoint);
-  job_.save(options_.checkpointPath, {
-                                         {"epoch", std::to_string(pos.epoch)},
-                                         {"batch", std::to_string(pos.batch)},
-                                         {"step", std::to_string(pos.step)},
-                                         {"rng_seed", std::to_string(rng_.seed())},
-                                         {"rng_counter", std::to_string(rng_.counter())},
-                                         {"loader_seed", std::to_string(loader_.options().seed)},
-                                         {"batch_size", std::to_string(loader_.options().batchSize)},
-                                         {"accumulate_steps", std::to_string(options_.accumulateSteps)},
-                                         {"task", options_.classification ? "classification" : "regression"},
-                                         {"epoch_loss_sum", hexDouble(pos.lossSum)},
-                                         {"epoch_correct", std::to_string(pos.correct)},
-                                         {"epoch_samples", std::to_string(pos.samples)},
-                                         {"last_train_loss", hexDouble(pos.lastTrainLoss)},
-                                         {"last_train_acc", hexDouble(pos.lastTrainAcc)},
-                                         {"epoch_grad_norm_sum", hexDouble(pos.gradNormSum)},
-                                         {"epoch_grad_norm_max", hexDouble(pos.gradNormMax)},
-                                         {"epoch_grad_norm_steps", std::to_string(pos.gradNormSteps)},
-                                         {"epoch_skipped_steps", std::to_string(pos.skippedInEpoch)},
-                                         {"skipped_steps", std::to_string(pos.skipped)},
-                                     });
-}
-
-bool Trainer::loadCheckpoint(Position& pos) {
-  const std::string& path = options_.checkpointPath;
-  nn::Metadata mustMatch = {{"batch_size", std::to_string(loader_.options().batchSize)},
-                             {"loader_seed", std::to_string(loader_.options().seed)}};
-  // Checkpoints from before accumulation was recorded resume with one micro-batch per step.
-  if (options_.accumulateSteps != 1) mustMatch["accumulate_steps"] = std::to_string(options_.accumulateSteps);
-  std::optional<nn::Metadata> meta = job_.load(path, mustMatch);
-  if (!meta) {
-    job_.log().info() << "no checkpoint at " << path << " yet: starting from scratch";
-    return false;
-  }
-  const nn::Metadata& m = *meta;
-  pos.epoch = metadataCount(m, "epoch", path);
-  pos.batch = metadataCount(m, "batch", path);
-  pos.step = metadataCount(m, "step", path);
-  pos.correct = metadataCount(m, "epoch_correct", path);
-  pos.samples = metadataCount(m, "epoch_samples", path);
-  pos.lossSum = std::strtod(metadataText(m, "epoch_loss_sum", path).c_str(), nullptr);
-  pos.lastTrainLoss = std::strtod(metadataText(m, "last_train_loss", path).c_str(), nullptr);
-  pos.lastTrainAcc = std::strtod(metadataText(m, "last_train_acc", path).c_str(), nullptr);
-  rng_ = runtime::Rng(std::stoull(metadataText(m, "rng_seed", path)), std::stoull(metadataText(m, "rng_counter", path)));
-  // Checkpoints from before the gradient's figures were recorded start them afresh.
-  if (m.count("skipped_steps")) {
-    pos.gradNormSum = std::strtod(metadataText(m, "epoch_grad_norm_sum", path).c_str(), nullptr);
-    pos.gradNormMax = std::strtod(metadataText(m, "epoch_grad_norm_max", path).c_str(), nullptr);
-    pos.gradNormSteps = metadataCount(m, "epoch_grad_norm_steps", path);
-    pos.skippedInEpoch = metadataCount(m, "epoch_skipped_steps", path);
-    pos.skipped = metadataCount(m, "skipped_steps", path);
-  }
-  if (pos.batch > loader_.batchesPerEpoch()) {
-    COHORT_THROW(IoError) << path << ": checkpoint batch " << pos.batch << " is beyond the epoch's "
-                          << loader_.batchesPerEpoch() << " batches";
-  }
-  return true;
 }
 
 }  // namespace cohort::train

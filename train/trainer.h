@@ -164,7 +164,7 @@ struct TrainResult {
   int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
 };
 
-class TensorBoardWriter;
+class MetricsSink;
 class Progress;
 
 class Trainer {
@@ -215,7 +215,6 @@ class Trainer {
   void nonFiniteStep(Position& pos, const StepResult& step, double loss);
   // GPU: adds the loss sums accumulated on the device to `pos` (waits for the compute stream).
   void collectGpuSums(Position& pos);
-  void appendMetrics(const EpochReport& report) const;
   // --log-every-steps: rank 0's loss and throughput over the last N steps.
   struct StepWindow {
     double lossSum = 0;
@@ -240,7 +239,7 @@ class Trainer {
   double trainSeconds_ = 0;   // this rank's, over the epochs run in this process
   int64_t trainedSamples_ = 0;
   Timeline& timeline_;        // the job's
-  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0's, with tensorboardDir
+  std::unique_ptr<MetricsSink> metrics_;  // rank 0's, with a metrics path or a TensorBoard directory
   std::unique_ptr<Progress> progress_;              // rank 0's, unless off
   // A test hook (COHORT_TEST_SLOW_BACKWARD="RANK:MS"): that rank sleeps MS in each backward, so tests
   // can check that the time report and the trace name it.
