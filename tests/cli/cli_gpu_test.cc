@@ -182,10 +182,16 @@ TEST_F(CliGpuTest, TwoNcclWorkersOnTwoGpusEqualOneGpuWithTheCombinedBatch) {
   ASSERT_EQ(a.exitCode, 0) << a.describe();
   std::vector<std::string> argv = {runfile("launcher/cohortrun"), "--nproc-per-node", "2", "--", cohortBinary()};
   for (const std::string& x : job(16, two)) argv.push_back(x);
-  for (const char* x : {"--mode", "allreduce"}) argv.push_back(x);
+  const std::string trace = dir_ + "/trace.json";
+  for (const std::string& x : {std::string("--mode"), std::string("allreduce"), std::string("--trace"), trace}) argv.push_back(x);
   CommandResult b = runCommand(argv, {.timeout = std::chrono::seconds(240)});
   ASSERT_EQ(b.exitCode, 0) << b.describe();
   EXPECT_EQ(parseResultLine(b.stdoutText).fields["backend"], "nccl") << b.describe();
+  // The trace (issue 18) over NCCL: both ranks, the bucket all-reduces, the time report with a busbw.
+  const std::string traced = readFile(trace);
+  EXPECT_NE(traced.find("\"name\":\"rank 1\""), std::string::npos);
+  EXPECT_NE(traced.find("\"name\":\"allreduce bucket 0\""), std::string::npos);
+  EXPECT_NE(b.stdoutText.find("all-reduce busbw"), std::string::npos) << b.stdoutText;
   nn::Checkpoint x = nn::readCheckpoint(one), y = nn::readCheckpoint(two);
   int compared = 0;
   for (const auto& t : x.tensors) {
