@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -349,8 +350,10 @@ int runTrain(const TrainFlags& f) {
   validate(f, world);
   runtime::Logger log(world, {.fd = 1});
   if (!world.isSingle()) {
+    char host[256] = "?";
+    ::gethostname(host, sizeof host - 1);
     log.info() << "rank " << world.rank << " of " << world.worldSize << " (local " << world.localRank << " of "
-               << world.localWorldSize << ") from " << world.source << " variables, job " << world.jobId
+               << world.localWorldSize << ") on " << host << " from " << world.source << " variables, job " << world.jobId
                << (world.restartCount ? ", restart " + std::to_string(world.restartCount) : std::string());
   }
   runtime::cpu::setBlasThreads(f.threads);

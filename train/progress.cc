@@ -83,7 +83,10 @@ ProgressMode detectProgressMode(double everySeconds, int fd) {
     if (std::strcmp(env, "plain") == 0) return ProgressMode::kPlain;
     if (std::strcmp(env, "off") == 0) return ProgressMode::kOff;
   }
-  if (::isatty(fd) == 1) {
+  // Open MPI hands its ranks a pseudo-terminal for stdout whatever mpirun's own output is (a file,
+  // a pipe, several ranks merged): not a terminal a line can be rewritten on.
+  const bool openMpiPty = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  if (::isatty(fd) == 1 && !openMpiPty) {
     // A dumb terminal (Emacs' shell, some CI consoles) has no "erase to end of line".
     const char* term = std::getenv("TERM");
     if (term == nullptr || std::strcmp(term, "dumb") != 0) return ProgressMode::kTerminal;

@@ -77,7 +77,8 @@ struct ProgressOptions {
 
 // The mode for this process: kOff when everySeconds is not > 0; else what COHORT_PROGRESS says
 // ("live": kLauncher, "plain": kPlain, "off": kOff; any other value is ignored); else kTerminal when
-// `fd` is a terminal (isatty) other than TERM=dumb; else kPlain.
+// `fd` is a terminal (isatty) other than TERM=dumb, and not the pseudo-terminal Open MPI gives every
+// rank under mpirun (OMPI_COMM_WORLD_SIZE set); else kPlain.
 ProgressMode detectProgressMode(double everySeconds, int fd = 1);
 
 class Progress {

@@ -362,6 +362,7 @@ TEST(DetectProgressModeTest, TerminalPipeAndTheEnvironment) {
   ASSERT_EQ(::pipe(fds), 0);
   const int pipeFd = fds[1];
   ScopedEnv noProgress("COHORT_PROGRESS", nullptr);
+  ScopedEnv noMpi("OMPI_COMM_WORLD_SIZE", nullptr);
   {
     ScopedEnv term("TERM", "xterm-256color");
     EXPECT_EQ(detectProgressMode(10, slave), ProgressMode::kTerminal);
@@ -376,6 +377,10 @@ TEST(DetectProgressModeTest, TerminalPipeAndTheEnvironment) {
   }
   {
     ScopedEnv term("TERM", "dumb");  // no "erase to end of line"
+    EXPECT_EQ(detectProgressMode(10, slave), ProgressMode::kPlain);
+  }
+  {
+    ScopedEnv ompi("OMPI_COMM_WORLD_SIZE", "2");  // under mpirun every rank's stdout is Open MPI's pty
     EXPECT_EQ(detectProgressMode(10, slave), ProgressMode::kPlain);
   }
   {
