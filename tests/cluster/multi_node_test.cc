@@ -34,6 +34,10 @@ class MultiNodeTest : public ::testing::Test {
     if (check.exitCode == 77) GTEST_SKIP() << "no simulated cluster on this machine: " << check.stdoutText << check.stderrText;
     ASSERT_EQ(check.exitCode, 0) << check.describe();
   }
+  // `run` tears the cluster down itself, except when it is killed (a timeout here): then this does.
+  void TearDown() override {
+    if (!cluster_.empty()) runCommand({cluster_, "down"}, {.extraEnvironment = env_});
+  }
   std::string dir_, cluster_;
   std::vector<std::string> env_;
 };
