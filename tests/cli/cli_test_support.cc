@@ -14,6 +14,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "nn/checkpoint.h"
+
 namespace cohort::testing {
 
 std::string cohortBinary() { return runfile("cli/cohort"); }
@@ -167,6 +169,25 @@ double jsonNumber(const std::string& line, const std::string& key) {
   size_t at = line.find("\"" + key + "\":");
   if (at == std::string::npos) return std::nan("");
   return std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+int expectSameParameters(const std::string& reference, const std::string& actual, double tolerance,
+                         const std::string& context) {
+  nn::Checkpoint ref = nn::readCheckpoint(reference), other = nn::readCheckpoint(actual);
+  int compared = 0;
+  for (const auto& t : ref.tensors) {
+    if (t.name.rfind("optimizer.", 0) == 0) continue;
+    const runtime::Tensor* o = other.find(t.name);
+    if (o == nullptr || o->numel() != t.tensor.numel()) {
+      ADD_FAILURE() << actual << ": no tensor " << t.name << " of " << t.tensor.numel() << " elements " << context;
+      continue;
+    }
+    double worst = 0;
+    for (int64_t i = 0; i < t.tensor.numel(); ++i) worst = std::max(worst, std::fabs(double(o->at(i)) - t.tensor.at(i)));
+    EXPECT_LE(worst, tolerance) << t.name << " differs by " << worst << " " << context;
+    ++compared;
+  }
+  return compared;
 }
 
 }  // namespace cohort::testing

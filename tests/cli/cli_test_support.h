@@ -67,6 +67,12 @@ ResultLine parseResultLine(const std::string& stdoutText);
 
 // Number of '\n'-terminated lines in `text`; an unterminated last line counts too.
 int countLines(const std::string& text);
+// The parameters (every tensor but "optimizer.*") of the checkpoint at `reference` against those at
+// `actual`: each within `tolerance` (the largest absolute difference), else a test failure naming the
+// tensor, the difference and `context`. Returns how many tensors were compared.
+int expectSameParameters(const std::string& reference, const std::string& actual, double tolerance,
+                         const std::string& context = "");
+
 // The number after "key": in a JSON line (a metrics line), or NaN when the key is absent.
 double jsonNumber(const std::string& line, const std::string& key);
 
