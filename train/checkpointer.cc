@@ -87,24 +87,23 @@ void Checkpointer::validate(const nn::Checkpoint& ckpt, const std::string& path,
   expectSame("model", model_.name);
   expectSame("optimizer", optimizer_.name());
   for (const auto& [key, value] : mustMatch) expectSame(key, value);
-  // Where the optimizer state lives follows the mode and the world size: name both jobs. (Checkpoints
-  // written before the mode was recorded name only the world size.)
+  // Where the optimizer state lives follows the mode: one state for the job (local, allreduce), which
+  // any number of ranks takes over, or one per Hogwild worker, which HogwildStrategy::loadState
+  // merges or splits for another number of workers (docs/checkpoints.md). Between the two there is
+  // no sound mapping. (Checkpoints written before the mode was recorded resume with their world size.)
   const std::string worldSize = std::to_string(world_.worldSize);
   auto mode = ckpt.metadata.find("mode");
-  if (mode != ckpt.metadata.end()) {
+  if (mode == ckpt.metadata.end()) {
+    expectSame("world_size", worldSize);
+  } else if ((mode->second == "hogwild") != (mode_ == "hogwild")) {
     const std::string& was = metadataText(ckpt.metadata, "world_size", path);
-    const bool hogwildThere = mode->second == "hogwild", hogwildHere = mode_ == "hogwild";
-    if (was != worldSize || hogwildThere != hogwildHere) {
-      COHORT_THROW(InvalidArgument)
-          << path << ": checkpoint was written by " << jobDescription(mode->second, was) << ", and this is "
-          << jobDescription(mode_, worldSize) << ": "
-          << (hogwildThere != hogwildHere ? "Hogwild keeps an optimizer state per worker, the other modes one for the job, so "
-                                            "it resumes only in mode " + mode->second + " with " + was + " ranks"
-                                          : "it resumes only with " + was + " ranks")
-          << " (or start afresh without resuming)";
-    }
+    COHORT_THROW(InvalidArgument) << path << ": checkpoint was written by " << jobDescription(mode->second, was)
+                                  << ", and this is " << jobDescription(mode_, worldSize)
+                                  << ": Hogwild keeps an optimizer state per worker, the other modes one "
+                                  << "for the job, and neither is the other's, so it resumes only in mode "
+                                  << (mode->second == "hogwild" ? "hogwild" : "local or allreduce")
+                                  << " (with any number of ranks), or start afresh without resuming";
   }
-  expectSame("world_size", worldSize);
   // The same name can stand for another architecture (a user's model): compare every parameter.
   const nn::ParamBuffer& params = model_.params;
   for (const nn::ParamBuffer::Entry& e : params.entries()) {

@@ -3,15 +3,21 @@
 // A checkpoint holds every parameter under its own name ("fc0.weight"), every model buffer under its
 // own ("bn0.running_mean"), the optimizer state as the strategy stores it ("optimizer.<state>", or
 // "optimizer.rank<k>.<state>" per Hogwild worker), and metadata: what must match to resume (model
-// name, optimizer, parameter count, world size) and whatever the caller adds (a Trainer's epoch,
-// batch, step, Rng state...). It asks the strategy what to save and lets it load what this rank
-// holds, so one format serves every mode.
+// name, optimizer, parameter count), what the job was (world size, mode) and whatever the caller
+// adds (a Trainer's epoch, samples seen, step, Rng state...). It asks the strategy what to save and
+// lets it load what this rank holds, so one format serves every mode.
+//
+// A checkpoint loads on any number of ranks (an elastic resume, docs/checkpoints.md): the state of
+// a lockstep job (local, allreduce) is one for the job whatever its size; Hogwild's per-worker
+// states are merged or split by HogwildStrategy. Between Hogwild and the lockstep modes it is
+// refused. A caller that needs the same world size passes {"world_size", N} in `mustMatch`.
 //
 // save() and load() are collective: every rank calls them at the same point. Rank 0 writes
 // (atomically: temporary file, fsync, rename); where ranks share the parameters, the others wait
 // until it has written them. load() validates everything that must match before it changes any
-// state, and throws InvalidArgument naming the first difference (another model, optimizer, world
-// size, parameter shape, or a caller's `mustMatch` value), IoError for a corrupt file.
+// state, and throws InvalidArgument naming the first difference (another model, optimizer, Hogwild
+// against a lockstep mode, parameter shape, or a caller's `mustMatch` value), IoError for a corrupt
+// file.
 // Ownership: borrows the strategy, model and optimizer. Thread safety: the training thread only.
 #pragma once
 

@@ -96,12 +96,42 @@ SavedState HogwildStrategy::saveState() {
   return saved;
 }
 
-// The shared parameters are loaded once, by local rank 0; each rank loads its own optimizer state.
+std::vector<int> hogwildStateSources(int rank, int savedWorkers, int workers) {
+  COHORT_CHECK(savedWorkers >= 1 && workers >= 1 && rank >= 0 && rank < workers)
+      << "rank " << rank << " of " << workers << " workers, " << savedWorkers << " saved";
+  const int groups = std::min(savedWorkers, workers);
+  std::vector<int> sources;
+  for (int j = rank % groups; j < savedWorkers; j += groups) sources.push_back(j);
+  return sources;
+}
+
+// The shared parameters are loaded once, by local rank 0; each rank loads its own optimizer state,
+// or the mean of the saved workers' it takes over (hogwildStateSources) when the number of workers
+// changed. The mean is taken in double on the host, in rank order, so every run gets the same bits.
 void HogwildStrategy::loadState(const CheckpointReader& reader) {
   if (localRank() == 0) loadParams(reader, params_);
-  const std::string rank = std::to_string(localRank());
-  for (const auto& s : optimizer_.state()) reader.load("optimizer.rank" + rank + "." + s.name, s.tensor);
-  optimizer_.setSteps(reader.count("optimizer_steps.rank" + rank));
+  const auto saved = static_cast<int>(reader.count("world_size"));
+  const std::vector<int> sources = hogwildStateSources(localRank(), saved, localWorldSize());
+  auto name = [](int r, const std::string& state) { return "optimizer.rank" + std::to_string(r) + "." + state; };
+  for (const auto& s : optimizer_.state()) {
+    if (sources.size() == 1) {
+      reader.load(name(sources[0], s.name), s.tensor);
+      continue;
+    }
+    runtime::Tensor part = runtime::Tensor::empty(s.tensor.shape(), runtime::cpuAllocator());
+    std::vector<double> sum(static_cast<size_t>(part.numel()), 0.0);
+    for (int j : sources) {
+      reader.load(name(j, s.name), part);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part.data()[i];
+    }
+    const auto n = static_cast<double>(sources.size());
+    for (size_t i = 0; i < sum.size(); ++i) part.data()[i] = static_cast<float>(sum[i] / n);
+    s.tensor.copyFrom(part);
+  }
+  int64_t steps = 0;
+  for (int j : sources) steps += reader.count("optimizer_steps.rank" + std::to_string(j));
+  const auto n = static_cast<int64_t>(sources.size());
+  optimizer_.setSteps((steps + n / 2) / n);  // the mean, rounded to the nearest
   barrier("loaded");
 }
 

@@ -12,10 +12,13 @@
 // or reduce(), e.g. at the end of each epoch.
 // Checkpoints: every rank copies its optimizer state into its exchange area of the job segment, so
 // rank 0 writes one file with everyone's ("optimizer.rank<k>.<state>", "optimizer_steps.rank<k>").
+// A checkpoint of W workers loads on W' workers (docs/checkpoints.md): worker i takes the mean of
+// the states, and of the step counts, of the saved workers hogwildStateSources() names.
 // Ownership: owns the segments and the device share. Thread safety: as Strategy.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "ipc/device_share.h"
 #include "ipc/shared_params.h"
@@ -25,6 +28,12 @@ namespace cohort::train {
 
 // Where rank `localRank`'s optimizer starts its sweep over the shared parameters (whole cache lines).
 size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize);
+
+// The saved workers whose optimizer state worker `rank` of `workers` takes over from a checkpoint of
+// `savedWorkers`: those j with j = rank (mod min(savedWorkers, workers)), in order. The same number
+// of workers: its own; fewer: a group of about savedWorkers / workers, merged by their mean; more:
+// one, saved worker rank mod savedWorkers, copied (a worker that joins starts from a peer's moments).
+std::vector<int> hogwildStateSources(int rank, int savedWorkers, int workers);
 
 class HogwildStrategy final : public SegmentStrategy {
  public:

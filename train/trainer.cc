@@ -114,6 +114,7 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
       callbacks_(std::move(callbacks)),
       rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)),
       timeline_(job.timeline()) {
+  openSampleLog();
   if (const char* slow = std::getenv("COHORT_TEST_SLOW_BACKWARD")) {
     if (std::sscanf(slow, "%d:%d", &slowRank_, &slowBackwardMs_) != 2) {
       COHORT_THROW(InvalidArgument) << "COHORT_TEST_SLOW_BACKWARD must be RANK:MS, got '" << slow << "'";
@@ -209,13 +210,13 @@ TrainResult Trainer::run() {
   if (pos.epoch >= options_.epochs) return alreadyDone(pos, start);
   runtime::cuda::GpuContext* gpu = job_.gpu();
   // Batches come from the host loader, or on a GPU through the device loader that copies them ahead.
-  std::function<void(int64_t, int64_t)> startEpoch = [&](int64_t e, int64_t b) { loader_.startEpoch(e, b); };
+  std::function<void(int64_t, int64_t)> startEpoch = [&](int64_t e, int64_t seen) { loader_.startEpochAfter(e, seen); };
   std::function<bool(runtime::data::Batch&)> nextBatch = [&](runtime::data::Batch& b) { return loader_.next(b); };
 #ifdef COHORT_HAVE_CUDA
   std::unique_ptr<runtime::data::DeviceLoader> deviceBatches;
   if (gpu) {
     deviceBatches = std::make_unique<runtime::data::DeviceLoader>(loader_, *gpu);
-    startEpoch = [&](int64_t e, int64_t b) { deviceBatches->startEpoch(e, b); };
+    startEpoch = [&](int64_t e, int64_t seen) { deviceBatches->startEpochAfter(e, seen); };
     nextBatch = [&](runtime::data::Batch& b) { return deviceBatches->next(b); };
   }
 #endif
@@ -242,11 +243,14 @@ TrainResult Trainer::run() {
     Timeline::Scope span(timeline_, SpanKind::kData);
     return nextBatch(b);
   };
-  for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = 0) {
+  for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = pos.seen = 0) {
     const auto epochStart = Clock::now();
     const int64_t samplesBefore = pos.samples;
-    startEpoch(pos.epoch, pos.batch);
-    const int64_t batches = loader_.batchesPerEpoch(), k = options_.accumulateSteps;
+    // From the samples the job has seen of the epoch, on whatever number of ranks (an elastic resume):
+    // the same batches as from pos.batch where that number has not changed.
+    startEpoch(pos.epoch, pos.seen);
+    pos.batch = loader_.firstBatch();
+    const int64_t batches = loader_.endBatch(), k = options_.accumulateSteps;
     // The step's figures, added to the epoch's once it is applied (a skipped step counts in none).
     int64_t groupSamples = 0, groupCorrect = 0;
     double groupLoss = 0;
@@ -254,10 +258,12 @@ TrainResult Trainer::run() {
     timeline_.setStep(pos.step + 1);
     if (progress_) progress_->startEpoch(pos.epoch, (pos.batch + k - 1) / k);
     for (runtime::data::Batch batch; fetch(batch);) {
-      // Micro-batch `micro` of the optimizer step that starts at batch `first`: groups of K from the
-      // epoch's start, the last one shorter when K does not divide the epoch. Only the group's last
-      // backward synchronises; the step averages the group (Job::pass).
-      const int64_t first = batch.index - batch.index % k;
+      if (sampleLog_) logSamples(pos.epoch, batch.index);
+      // Micro-batch `micro` of the optimizer step that starts at batch `first`: groups of K from
+      // where the epoch started (0, or a resume point, which is a group boundary), the last one
+      // shorter when K does not divide the rest. Only the group's last backward synchronises; the
+      // step averages the group (Job::pass).
+      const int64_t first = batch.index - (batch.index - loader_.firstBatch()) % k;
       const int micro = static_cast<int>(batch.index - first), group = static_cast<int>(std::min(k, batches - first));
       const nn::Pass pass = job_.pass({.microBatch = micro, .microBatches = group, .rng = &rng_});
       double batchLoss = std::numeric_limits<double>::quiet_NaN();
@@ -288,6 +294,7 @@ TrainResult Trainer::run() {
                                             .loss = gpu ? std::nullopt : std::optional<double>(stepLoss)});
       ++pos.step;
       pos.batch = batch.index + 1;
+      pos.seen = loader_.samplesSeenAfter(batch.index);
       timeline_.setStep(pos.step + 1);
       if (stepped.applied) {
         if (!gpu) pos.lossSum += groupLoss;
@@ -313,7 +320,7 @@ TrainResult Trainer::run() {
       groupSamples = 0;
       groupCorrect = 0;
       groupLoss = 0;
-      const bool midEpoch = pos.batch < loader_.batchesPerEpoch();
+      const bool midEpoch = pos.batch < batches;
       if (stopAgreed(pos.step, false) && midEpoch) {
         if (progress_) progress_->clearLine();
         log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): checkpointing at step "
@@ -483,7 +490,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   if (!result.stoppedEarly) {
     Position next = pos;
     next.epoch = pos.epoch + 1;
-    next.batch = 0;
+    next.batch = next.seen = 0;
     saveCheckpoint(next);
   }
   job_.barrier("after epoch " + std::to_string(pos.epoch + 1));

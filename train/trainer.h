@@ -1,7 +1,7 @@
 // Trainer: the training loop every worker runs (DESIGN.md §1), readable on one screen, for any
 // model placed by a train::Job and any Dataset.
 //
-//   for epoch: loader.startEpoch(epoch, firstBatch)
+//   for epoch: loader.startEpochAfter(epoch, samplesSeen)   (0, or where a resumed epoch stopped)
 //     for batch: forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
 //                -> (checkpoint every N steps)
 //                a non-finite loss or gradient (train/step.h): stop with Diverged, or skip the step
@@ -13,10 +13,14 @@
 // (Job::shard). All ranks meet at a barrier at the start and at each epoch's end, where rank 0
 // evaluates and checkpoints while the others wait, so nothing changes the parameters meanwhile.
 //
-// Checkpoints (train/checkpointer.h) hold the job's state plus the loop's position: the epoch and the
-// next batch of the loader, the step, the dropout Rng state and the running epoch sums, so a run
-// resumed from any checkpoint continues bit for bit like the uninterrupted run (on the CPU). They
-// are written every `checkpointEvery` steps (if > 0) and at the end of every epoch.
+// Checkpoints (train/checkpointer.h) hold the job's state plus the loop's position: the epoch, the
+// samples of its order the job has seen and the next batch of the loader, the step, the dropout Rng
+// state and the running epoch sums, so a run resumed from any checkpoint continues bit for bit like
+// the uninterrupted run (on the CPU). They are written every `checkpointEvery` steps (if > 0) and at
+// the end of every epoch. A checkpoint of W ranks resumes on W' ranks too (an elastic resume,
+// docs/checkpoints.md): the rest of the epoch is split over the W' ranks, no sample repeated or
+// skipped; refused (InvalidArgument) with a cosine schedule that spans the run's steps, whose
+// number changes with the ranks.
 //
 // Stopping early: a stop request (`stopRequested`, e.g. set by a SIGUSR1 handler, or a callback
 // returning Next::kStop) is agreed by all ranks — every 16 steps where they step together (the run
@@ -32,6 +36,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -186,7 +191,10 @@ class Trainer {
  private:
   struct Position {
     int64_t epoch = 0;
-    int64_t batch = 0;  // next batch within the epoch
+    int64_t batch = 0;  // next batch within the epoch (DataLoader's numbering for this world size)
+    // Positions of the epoch's order the job has consumed, all ranks together
+    // (DataLoader::samplesSeenAfter): what a resume on any number of ranks continues from.
+    int64_t seen = 0;
     int64_t step = 0;   // optimizer steps so far
     double lossSum = 0;  // running sums of the current epoch
     int64_t correct = 0;
@@ -209,6 +217,15 @@ class Trainer {
   void prepareOutputs();
   void saveCheckpoint(const Position& pos);
   bool loadCheckpoint(Position& pos);
+  // The resume's position from the checkpoint's metadata `m` (samples seen, or batch × world size ×
+  // batch size in checkpoints from before they were recorded); refuses what a changed world size
+  // cannot continue.
+  void loadPosition(const nn::Metadata& m, Position& pos);
+  // The test hook COHORT_TEST_SAMPLE_LOG=DIR: each rank appends a line "EPOCH SAMPLE" for every
+  // sample of every batch it trains on to DIR/samples.rank<R>, so tests can check that a resume on
+  // another number of ranks neither repeats nor skips a sample.
+  void openSampleLog();
+  void logSamples(int64_t epoch, int64_t batchIndex);
   // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
   // A step that was not applied: counts it against skipNonFinite, or throws Diverged.
@@ -245,6 +262,7 @@ class Trainer {
   // can check that the time report and the trace name it.
   int slowRank_ = -1;
   int slowBackwardMs_ = 0;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> sampleLog_{nullptr, &std::fclose};
 };
 
 }  // namespace cohort::train

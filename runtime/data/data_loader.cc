@@ -57,8 +57,7 @@ int64_t cappedPrefetch(const DataLoaderOptions& o, int64_t batchesPerEpoch, size
 
 }  // namespace
 
-std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& options,
-                                  int64_t epoch) {
+std::vector<int64_t> epochOrder(int64_t datasetSize, const DataLoaderOptions& options, int64_t epoch) {
   validate(options);
   if (datasetSize < 0) COHORT_THROW(InvalidArgument) << "data loader: dataset size " << datasetSize;
   if (epoch < 0) COHORT_THROW(InvalidArgument) << "data loader: epoch must be >= 0, got " << epoch;
@@ -71,15 +70,31 @@ std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& 
       std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
     }
   }
-  // Position k of the padded (or truncated) list is perm[k % N]: padding repeats the permutation
-  // from its beginning, as often as needed when N < W.
-  int64_t perRank = shardSize(datasetSize, options);
+  return perm;
+}
+
+std::vector<int64_t> shardOfRest(const std::vector<int64_t>& order, const DataLoaderOptions& options,
+                                 int64_t samplesSeen) {
+  validate(options);
+  const auto n = static_cast<int64_t>(order.size());
+  if (samplesSeen < 0 || samplesSeen > n) {
+    COHORT_THROW(InvalidArgument) << "data loader: " << samplesSeen << " samples seen is outside [0, " << n
+                                  << "], the epoch's samples";
+  }
+  // Position p of the padded (or truncated) order is order[p % N]: padding repeats the order from
+  // its beginning, as often as needed when the rest is shorter than W.
+  int64_t perRank = shardSize(n - samplesSeen, options);
   std::vector<int64_t> shard(static_cast<size_t>(perRank));
   for (int64_t s = 0; s < perRank; ++s) {
-    int64_t k = options.rank + s * options.worldSize;
-    shard[static_cast<size_t>(s)] = perm[static_cast<size_t>(k % datasetSize)];
+    int64_t p = samplesSeen + options.rank + s * options.worldSize;
+    shard[static_cast<size_t>(s)] = order[static_cast<size_t>(p % n)];
   }
   return shard;
+}
+
+std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& options,
+                                  int64_t epoch) {
+  return shardOfRest(epochOrder(datasetSize, options, epoch), options, 0);
 }
 
 DataLoader::DataLoader(const Dataset& dataset, const DataLoaderOptions& options)
@@ -130,17 +145,57 @@ void DataLoader::startEpoch(int64_t epoch, int64_t firstBatch) {
                                   << batchesPerEpoch_ << "] for " << dataset_.name();
   }
   std::vector<int64_t> indices = shardIndices(dataset_.size(), options_, epoch);  // validates epoch
+  indices.resize(static_cast<size_t>(samplesPerEpoch_));                          // dropLast
+  begin(epoch, std::move(indices), 0);
+  firstBatch_ = firstBatch;
+  run();
+}
+
+void DataLoader::startEpochAfter(int64_t epoch, int64_t samplesSeen) {
+  std::vector<int64_t> indices =
+      shardOfRest(epochOrder(dataset_.size(), options_, epoch), options_, samplesSeen);  // validates both
+  const auto count = static_cast<int64_t>(indices.size()), b = options_.batchSize;
+  if (options_.dropLast) indices.resize(static_cast<size_t>(count / b * b));
+  begin(epoch, std::move(indices), samplesSeen);
+  run();
+}
+
+// The epoch's samples from position samplesSeen of its order; batches numbered as if every step
+// before had been W full batches.
+void DataLoader::begin(int64_t epoch, std::vector<int64_t> indices, int64_t samplesSeen) {
   stopWorker();
+  const auto b = options_.batchSize, count = static_cast<int64_t>(indices.size());
   indices_ = std::move(indices);
   epoch_ = epoch;
-  firstBatch_ = firstBatch;
-  batchesToGo_ = batchesPerEpoch_ - firstBatch;
+  startSample_ = samplesSeen;
+  baseBatch_ = firstBatch_ = samplesSeen / (options_.worldSize * b);
+  endBatch_ = baseBatch_ + (count + b - 1) / b;
+}
+
+void DataLoader::run() {
+  batchesToGo_ = endBatch_ - firstBatch_;
   if (prefetchDepth_ > 0 && batchesToGo_ > 0) worker_ = std::thread([this] { workerLoop(); });
 }
 
+int64_t DataLoader::samplesSeenAfter(int64_t batchIndex) const {
+  COHORT_CHECK(epoch_ >= 0 && batchIndex >= baseBatch_ - 1 && batchIndex < endBatch_)
+      << "batch " << batchIndex << " of an epoch of batches [" << baseBatch_ << ", " << endBatch_ << ")";
+  const int64_t taken = std::min((batchIndex + 1 - baseBatch_) * options_.batchSize,
+                                 static_cast<int64_t>(indices_.size()));
+  return startSample_ + taken * options_.worldSize;
+}
+
+std::span<const int64_t> DataLoader::batchSamples(int64_t batchIndex) const {
+  COHORT_CHECK(epoch_ >= 0 && batchIndex >= baseBatch_ && batchIndex < endBatch_)
+      << "batch " << batchIndex << " of an epoch of batches [" << baseBatch_ << ", " << endBatch_ << ")";
+  const int64_t begin = (batchIndex - baseBatch_) * options_.batchSize;
+  const int64_t size = std::min(options_.batchSize, static_cast<int64_t>(indices_.size()) - begin);
+  return {indices_.data() + begin, static_cast<size_t>(size)};
+}
+
 void DataLoader::gather(int64_t batchIndex, Slot& slot) const {
-  int64_t begin = batchIndex * options_.batchSize;
-  int64_t size = std::min(options_.batchSize, samplesPerEpoch_ - begin);
+  const std::span<const int64_t> samples = batchSamples(batchIndex);
+  const auto size = static_cast<int64_t>(samples.size());
   const float* x = dataset_.inputs().data();
   const float* y = dataset_.targets().data();
   float* xOut = slot.inputs.data();
@@ -148,7 +203,7 @@ void DataLoader::gather(int64_t batchIndex, Slot& slot) const {
   size_t xBytes = static_cast<size_t>(sampleElems_) * sizeof(float);
   size_t yBytes = static_cast<size_t>(targetElems_) * sizeof(float);
   for (int64_t s = 0; s < size; ++s) {
-    int64_t i = indices_[static_cast<size_t>(begin + s)];
+    int64_t i = samples[static_cast<size_t>(s)];
     if (augmenter_.enabled()) {
       augmenter_.apply(augmenter_.draw(options_.seed, epoch_, i), x + i * sampleElems_,
                        xOut + s * sampleElems_);

@@ -1,16 +1,24 @@
 // DataLoader: this rank's shard of a Dataset in batches, gathered ahead by a background thread.
 //
 // Order of one epoch (a pure function of seed and epoch, so a resumed run reproduces it):
-//   1. indices = 0..N-1, Fisher-Yates shuffled by Rng(mix(seed, epoch)) when `shuffle`;
-//   2. sharded like PyTorch's DistributedSampler: without dropLast, indices are padded by repeating
-//      from their beginning up to ceil(N/W)*W; with dropLast truncated to floor(N/W)*W; rank r
-//      takes indices[r], indices[r + W], ...;
+//   1. the epoch order: 0..N-1, Fisher-Yates shuffled by Rng(mix(seed, epoch)) when `shuffle`; the
+//      same for every rank and every world size W (epochOrder());
+//   2. sharded like PyTorch's DistributedSampler: without dropLast, the order is padded by repeating
+//      from its beginning up to ceil(N/W)*W (position p is order[p mod N]); with dropLast truncated
+//      to floor(N/W)*W; rank r takes positions r, r + W, r + 2W, ...;
 //   3. cut into batches of batchSize; the last one is smaller, or dropped with dropLast.
+// Strided shards make the job's progress a prefix of the epoch order: once every rank has taken k
+// full batches, the job has consumed exactly positions [0, k*W*batchSize), whatever W is. That is
+// what an elastic resume needs (docs/checkpoints.md): startEpochAfter(e, S) continues an epoch of
+// which a job of any world size has seen S positions, with steps 2 and 3 applied to the rest of the
+// order, positions [S, N), as if it were a whole epoch of N - S samples (padding, or truncation with
+// dropLast, happen only at its end). With S = k*W*batchSize it is startEpoch(e, k), batch for batch.
 // With `augment` enabled, each gathered sample is randomly cropped and/or flipped (augment.h) by
 // choices that are a pure function of (seed, epoch, sample index), so batches stay reproducible.
 // Disabled (the default), samples are copied unchanged. Use it for training loaders only.
 // startEpoch(e, k) starts epoch e at batch k (a resumed run continues mid-epoch); next() returns
-// batches k, k+1, ... and then false.
+// batches k, k+1, ... and then false. After startEpochAfter(e, S) batches are numbered from
+// firstBatch() = S / (W*batchSize) (rounded down) up to endBatch().
 //
 // Prefetch: a worker thread gathers up to prefetchDepth() batches ahead into a ring of
 // prefetchDepth() + 1 preallocated, 64-byte aligned slots; depth 0 gathers synchronously inside
@@ -35,6 +43,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -68,8 +77,14 @@ struct Batch {
   int64_t size = 0;   // samples in this batch
 };
 
-// This rank's sample indices for `epoch`, in order (steps 1 and 2 above). Throws InvalidArgument
-// for invalid options.
+// The epoch order (step 1 above): a permutation of 0..datasetSize-1 that depends on the seed, the
+// epoch and `shuffle` only. Throws InvalidArgument for invalid options.
+std::vector<int64_t> epochOrder(int64_t datasetSize, const DataLoaderOptions& options, int64_t epoch);
+// This rank's samples of positions [samplesSeen, N) of `order` (step 2 above applied to what is
+// left of the epoch), with samplesSeen in [0, N].
+std::vector<int64_t> shardOfRest(const std::vector<int64_t>& order, const DataLoaderOptions& options,
+                                 int64_t samplesSeen);
+// This rank's sample indices for `epoch`, in order (steps 1 and 2 above): shardOfRest(order, 0).
 std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& options,
                                   int64_t epoch);
 
@@ -85,8 +100,25 @@ class DataLoader {
   // Stops any running epoch and starts `epoch` (>= 0) at batch firstBatch in
   // [0, batchesPerEpoch()].
   void startEpoch(int64_t epoch, int64_t firstBatch = 0);
+  // Stops any running epoch and starts `epoch` after the job (of this or any other world size) has
+  // consumed positions [0, samplesSeen) of its order, samplesSeen in [0, N]: this rank takes its
+  // share of the rest (see "Order" above). Throws InvalidArgument outside that range.
+  void startEpochAfter(int64_t epoch, int64_t samplesSeen);
   // The next batch of the epoch, or false when it is done. Requires startEpoch().
   bool next(Batch& batch);
+
+  // The current epoch's batches are [firstBatch(), endBatch()): endBatch() is batchesPerEpoch()
+  // unless the epoch was started by startEpochAfter() at a point that is not a whole step of W
+  // full batches.
+  int64_t firstBatch() const { return firstBatch_; }
+  int64_t endBatch() const { return endBatch_; }
+  // The positions of the epoch order the job has consumed once every rank has taken the current
+  // epoch's batches up to and including `batchIndex` (padding counted): what startEpochAfter()
+  // continues from. samplesSeenAfter(firstBatch() - 1) is where the epoch started.
+  int64_t samplesSeenAfter(int64_t batchIndex) const;
+  // The dataset indices of batch `batchIndex` of the current epoch, on this rank (valid until the
+  // next startEpoch()).
+  std::span<const int64_t> batchSamples(int64_t batchIndex) const;
 
   int64_t batchesPerEpoch() const { return batchesPerEpoch_; }
   int64_t samplesPerEpoch() const { return samplesPerEpoch_; }  // this rank, after dropLast
@@ -94,6 +126,7 @@ class DataLoader {
   int64_t prefetchDepth() const { return prefetchDepth_; }
   int64_t epoch() const { return epoch_; }
   const DataLoaderOptions& options() const { return options_; }
+  const Dataset& dataset() const { return dataset_; }
 
  private:
   struct Slot {
@@ -104,6 +137,8 @@ class DataLoader {
   };
 
   void stopWorker();
+  void begin(int64_t epoch, std::vector<int64_t> indices, int64_t samplesSeen);
+  void run();  // starts the worker for batches [firstBatch_, endBatch_)
   void workerLoop();
   void gather(int64_t batchIndex, Slot& slot) const;
   // Waits until sequence number `seq` is produced; throws the worker's error or TimeoutError.
@@ -119,9 +154,14 @@ class DataLoader {
   int64_t prefetchDepth_ = 0;  // slots_.size() - 1
 
   std::vector<Slot> slots_;
-  std::vector<int64_t> indices_;  // this rank's samples for the current epoch
+  // The current epoch: this rank's samples from position startSample_ of the order on (cut to whole
+  // batches with dropLast), indices_[0] opening batch baseBatch_.
+  std::vector<int64_t> indices_;
   int64_t epoch_ = -1;
+  int64_t startSample_ = 0;
+  int64_t baseBatch_ = 0;
   int64_t firstBatch_ = 0;
+  int64_t endBatch_ = 0;
   int64_t batchesToGo_ = 0;  // batches of this epoch from firstBatch_ on
 
   // Sequence numbers count batches since startEpoch: seq s is batch firstBatch_ + s in slot

@@ -31,6 +31,13 @@ void DeviceLoader::startEpoch(int64_t epoch, int64_t firstBatch) {
   hostDone_ = false;
 }
 
+void DeviceLoader::startEpochAfter(int64_t epoch, int64_t samplesSeen) {
+  releaseCurrent();
+  host_.startEpochAfter(epoch, samplesSeen);
+  issued_ = returned_ = 0;
+  hostDone_ = false;
+}
+
 void DeviceLoader::harvestTiming(Slot& slot) {
   if (!slot.timingPending || !slot.waitEnd.query()) return;
   waitMs_ += slot.waitStart.elapsedMs(slot.waitEnd);

@@ -47,6 +47,8 @@ class DeviceLoader {
   DeviceLoader& operator=(const DeviceLoader&) = delete;
 
   void startEpoch(int64_t epoch, int64_t firstBatch = 0);
+  // DataLoader::startEpochAfter on the host loader (an elastic resume).
+  void startEpochAfter(int64_t epoch, int64_t samplesSeen);
   // The next batch, on the GPU, with the compute stream already ordered after its copy; false at
   // the end of the epoch.
   bool next(Batch& batch);
