@@ -20,25 +20,37 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "collectives/mpi/mpi_environment.h"
 #include "collectives/mpi/mpi_fingerprint.h"
+#include "collectives/mpi/mpi_heartbeat.h"
+#include "collectives/mpi/mpi_members.h"
 #include "runtime/error.h"
 
 namespace cohort::collectives {
 namespace {
 
 using mpi_detail::checkMpi;
+using mpi_detail::gatherMembers;
+using mpi_detail::Heartbeat;
+using mpi_detail::Member;
 using mpi_detail::MpiEnvironment;
 using mpi_detail::WireFingerprint;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kFingerprintTag = 7;
+// In-place all-reduces from this size send from a copy (see startData).
+constexpr uint64_t kInPlaceCopyBytes = 64 * 1024;
 
 enum class Phase { kFingerprints, kData, kDone };
 
@@ -52,14 +64,10 @@ struct Op {
   Phase phase = Phase::kFingerprints;
   const float* input = nullptr;
   float* output = nullptr;
+  // reduce-scatter: every rank's chunk for this rank, in rank order; a large in-place all-reduce:
+  // the input
+  std::vector<float> chunks;
 };
-
-std::string describeRanks(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  return os.str();
-}
 
 std::string describeDuration(std::chrono::milliseconds timeout) {
   std::ostringstream os;
@@ -68,6 +76,22 @@ std::string describeDuration(std::chrono::milliseconds timeout) {
   else
     os << timeout.count() << " ms";
   return os.str();
+}
+
+// A test hook (COHORT_TEST_MPI_MISMATCH="RANK:SEQUENCE"): on every mpi communicator, the process of
+// world rank RANK issues its collective #SEQUENCE with one element fewer (one more when it has
+// none), as a rank with a bug would, so tests can check that the fingerprints catch it on every
+// rank before any data moves. Read once per communicator; -1 when unset.
+std::pair<int, int64_t> testMismatchHook() {
+  const char* hook = std::getenv("COHORT_TEST_MPI_MISMATCH");
+  if (hook == nullptr || *hook == '\0') return {-1, -1};
+  int rank = -1;
+  long long sequence = -1;
+  char rest = 0;
+  if (std::sscanf(hook, "%d:%lld%c", &rank, &sequence, &rest) != 2 || rank < 0 || sequence < 0) {
+    COHORT_THROW(InvalidArgument) << "COHORT_TEST_MPI_MISMATCH must be RANK:SEQUENCE, got '" << hook << "'";
+  }
+  return {rank, sequence};
 }
 
 MPI_Op mpiOp(ReduceOp op) {
@@ -86,14 +110,20 @@ MPI_Op mpiOp(ReduceOp op) {
 // Everything the communicator and its Works share; Works keep it alive.
 class MpiState {
  public:
+  // members: by rank in dataComm (gatherMembers over it).
   MpiState(MpiEnvironment& environment, int rank, int size, MPI_Comm dataComm, MPI_Comm fingerprintComm,
-           std::chrono::milliseconds drainTimeout)
+           std::chrono::milliseconds drainTimeout, std::vector<Member> members)
       : environment_(environment),
         rank_(rank),
         size_(size),
         dataComm_(dataComm),
         fingerprintComm_(fingerprintComm),
-        drainTimeout_(drainTimeout) {}
+        drainTimeout_(drainTimeout),
+        members_(std::move(members)),
+        heartbeat_(fingerprintComm, rank, size) {
+    const auto [hookRank, hookSequence] = testMismatchHook();
+    if (hookRank >= 0 && hookRank == members_[static_cast<size_t>(rank_)].worldRank) mismatchAt_ = hookSequence;
+  }
 
   ~MpiState() {
     // Collectives nobody waited for are finished first (bounded), so MPI can still be finalised.
@@ -110,12 +140,22 @@ class MpiState {
       abandon();
       return;  // a communicator with requests left is not freed (MPI_Comm_free would wait for them)
     }
+    if (!heartbeat_.stop()) {
+      environment_.markUnclean();
+      return;
+    }
     MPI_Comm_free(&dataComm_);
     MPI_Comm_free(&fingerprintComm_);
   }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+
+  // "rank 2 (cohort-node1)": the member at rank commRank of this communicator, by world rank and host.
+  std::string describeMember(int commRank) const { return mpi_detail::describeMembers(members_, {commRank}); }
+  std::string describeMembers(const std::vector<int>& commRanks) const {
+    return mpi_detail::describeMembers(members_, commRanks);
+  }
 
   std::shared_ptr<Op> issue(Fingerprint fingerprint, const float* input, float* output) {
     if (error_) std::rethrow_exception(error_);
@@ -124,6 +164,9 @@ class MpiState {
                                     << " elements per collective (per rank), got " << fingerprint.count;
     }
     fingerprint.sequence = nextSequence_++;
+    if (static_cast<int64_t>(fingerprint.sequence) == mismatchAt_) {  // the test hook: fewer elements stay in bounds
+      fingerprint.count = fingerprint.count > 0 ? fingerprint.count - 1 : 1;
+    }
     auto op = std::make_shared<Op>();
     op->fingerprint = fingerprint;
     op->sent = WireFingerprint::from(fingerprint);
@@ -187,14 +230,21 @@ class MpiState {
         std::this_thread::yield();
         continue;
       }
+      heartbeat_.beat(now);
+      heartbeat_.poll(now);
       sleep = std::min(std::chrono::microseconds(1000), sleep + std::chrono::microseconds(50));
       std::this_thread::sleep_for(sleep);
     }
     try {
+      heartbeat_.poll(Clock::now());
       throwTimeout(op, timeout);
     } catch (...) {
       error_ = std::current_exception();
       abandon();
+      // MPI_Finalize is collective in Open MPI (a fence over every process of the job): with a
+      // peer gone or cut off it would wait forever, so a rank that timed out exits without it and
+      // mpirun ends the job on seeing that.
+      environment_.markUnclean();
       throw;
     }
   }
@@ -202,10 +252,12 @@ class MpiState {
  private:
   bool fingerprintsComplete(Op& op) {
     for (auto* requests : {&op.recvRequests, &op.sendRequests}) {
-      for (MPI_Request& request : *requests) {
+      for (int peer = 0; peer < size_; ++peer) {
+        MPI_Request& request = (*requests)[static_cast<size_t>(peer)];
         if (request == MPI_REQUEST_NULL) continue;
         int done = 0;
-        checkMpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test (fingerprint)");
+        const int rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) checkMpi(rc, ("MPI_Test (fingerprint exchange with " + describeMember(peer) + ")").c_str());
       }
     }
     auto complete = [](const std::vector<MPI_Request>& rs) {
@@ -235,7 +287,7 @@ class MpiState {
         os << " but ";
       else if (g > 1)
         os << " and ";
-      os << describeRanks(groups[g].second) << " issued " << groups[g].first.str();
+      os << describeMembers(groups[g].second) << " issued " << groups[g].first.str();
     }
     os << " (no data was exchanged)";
     throw InvalidArgument(os.str());
@@ -248,13 +300,25 @@ class MpiState {
     const void* send = inPlace ? MPI_IN_PLACE : op.input;
     switch (f.kind) {
       case CollectiveKind::kAllReduce:
+        // Open MPI's non-blocking all-reduce in place is always a reduce to one rank and a broadcast
+        // (one direction at a time: half the bandwidth between nodes), so a large one sends from a
+        // copy and gets the reduce-scatter/all-gather algorithms (GradSync's buckets are in place).
+        if (inPlace && f.count * sizeof(float) >= kInPlaceCopyBytes) {
+          op.chunks.assign(op.output, op.output + f.count);
+          send = op.chunks.data();
+        }
         checkMpi(MPI_Iallreduce(send, op.output, count, MPI_FLOAT, mpiOp(f.op), dataComm_, &op.dataRequest),
                  "MPI_Iallreduce");
         break;
       case CollectiveKind::kReduceScatter:
-        // In place: the input is output[0, size*count) and the result lands in output[0, count).
-        checkMpi(MPI_Ireduce_scatter_block(send, op.output, count, MPI_FLOAT, mpiOp(f.op), dataComm_, &op.dataRequest),
-                 "MPI_Ireduce_scatter_block");
+        // Every rank's chunk r goes to rank r (one exchange, both directions at once), and rank r
+        // reduces what it received in rank order (testData). Open MPI's MPI_Ireduce_scatter_block
+        // reduces to one rank and scatters, which moves the whole buffer one way first: half the
+        // bandwidth across nodes. In place: the input is output[0, size*count), result at [0, count).
+        op.chunks.resize(static_cast<size_t>(size_) * f.count);
+        checkMpi(MPI_Ialltoall(inPlace ? op.output : op.input, count, MPI_FLOAT, op.chunks.data(), count, MPI_FLOAT,
+                               dataComm_, &op.dataRequest),
+                 "MPI_Ialltoall (reduce-scatter)");
         break;
       case CollectiveKind::kAllGather:
         // In place (input == output): this rank's chunk is at output[0, count); MPI wants it at
@@ -281,6 +345,8 @@ class MpiState {
     checkMpi(MPI_Test(&op.dataRequest, &done, MPI_STATUS_IGNORE), op.fingerprint.str().c_str());
     if (!done) return;
     const Fingerprint& f = op.fingerprint;
+    if (f.kind == CollectiveKind::kReduceScatter) reduceRows(op.chunks.data(), op.output, f.count, f.op);
+    std::vector<float>().swap(op.chunks);
     if (f.op == ReduceOp::kAvg && (f.kind == CollectiveKind::kAllReduce || f.kind == CollectiveKind::kReduceScatter)) {
       // avg is float(sum) * float(1/n) in every backend (docs/collectives.md), so a job gives the
       // same bits on shm and mpi; exact when n is a power of two.
@@ -288,6 +354,28 @@ class MpiState {
       for (uint64_t i = 0; i < f.count; ++i) op.output[i] *= scale;
     }
     op.phase = Phase::kDone;
+  }
+
+  // output[i] = op over ranks r (in rank order) of rows[r * count + i].
+  void reduceRows(const float* rows, float* output, uint64_t count, ReduceOp op) const {
+    for (uint64_t i = 0; i < count; ++i) output[i] = rows[i];
+    for (int r = 1; r < size_; ++r) {
+      const float* row = rows + static_cast<size_t>(r) * count;
+      for (uint64_t i = 0; i < count; ++i) {
+        switch (op) {
+          case ReduceOp::kSum:
+          case ReduceOp::kAvg:
+            output[i] += row[i];
+            break;
+          case ReduceOp::kMax:
+            output[i] = std::max(output[i], row[i]);
+            break;
+          case ReduceOp::kMin:
+            output[i] = std::min(output[i], row[i]);
+            break;
+        }
+      }
+    }
   }
 
   [[noreturn]] void throwTimeout(const Op& op, std::chrono::milliseconds timeout) {
@@ -305,12 +393,21 @@ class MpiState {
       if (missing.empty())
         os << "this rank's fingerprint messages were not delivered within " << describeDuration(timeout);
       else
-        os << describeRanks(missing) << " did not arrive within " << describeDuration(timeout);
+        os << describeMembers(missing) << " did not arrive within " << describeDuration(timeout);
       throw TimeoutError(os.str());
     }
-    COHORT_THROW(TimeoutError) << "collective " << op.fingerprint.str()
-                               << ": every rank arrived, but MPI did not finish the "
-                               << "data transfer within " << describeDuration(timeout);
+    // Every waiting rank beats every kHeartbeatInterval (mpi_heartbeat.h): who was silent for the
+    // second half of the wait is what holds the transfer up. Too short a wait says nothing.
+    std::vector<int> silent;
+    if (timeout >= 8 * Heartbeat::kHeartbeatInterval) silent = heartbeat_.silentSince(Clock::now() - timeout / 2);
+    std::ostringstream os;
+    os << "collective " << op.fingerprint.str() << ": every rank arrived, but MPI did not finish the data transfer within "
+       << describeDuration(timeout);
+    if (!silent.empty()) {
+      os << ": nothing heard from " << describeMembers(silent) << " for " << describeDuration(timeout / 2)
+         << " (gone, cut off, or not calling into MPI)";
+    }
+    throw TimeoutError(os.str());
   }
 
   // After an error: cancel the fingerprint receives nobody will complete; any request that
@@ -333,6 +430,7 @@ class MpiState {
         if (!done) clean = false;
       }
     }
+    if (!heartbeat_.stop()) clean = false;
     if (!clean) environment_.markUnclean();
   }
 
@@ -342,6 +440,9 @@ class MpiState {
   MPI_Comm dataComm_;
   MPI_Comm fingerprintComm_;
   std::chrono::milliseconds drainTimeout_;  // how long the destructor finishes unwaited collectives
+  std::vector<Member> members_;             // by rank in dataComm_
+  Heartbeat heartbeat_;                     // on fingerprintComm_, beating only in long waits
+  int64_t mismatchAt_ = -1;                 // COHORT_TEST_MPI_MISMATCH's sequence for this rank
   uint64_t nextSequence_ = 0;
   std::vector<std::shared_ptr<Op>> pending_;  // issue order
   std::exception_ptr error_;
@@ -414,9 +515,19 @@ MPI_Comm duplicateWorld(std::chrono::milliseconds timeout, const char* purpose) 
   return comm;
 }
 
-}  // namespace
+// The members of the world with `color` (MPI_Comm_split of a bounded duplicate, so every rank is
+// known to have arrived before the blocking split); color < 0: the whole world.
+MPI_Comm duplicateMembers(int color, int worldRank, std::chrono::milliseconds timeout, const char* purpose) {
+  MPI_Comm world = duplicateWorld(timeout, purpose);
+  if (color < 0) return world;
+  MPI_Comm members = MPI_COMM_NULL;
+  checkMpi(MPI_Comm_split(world, color, worldRank, &members), "MPI_Comm_split");
+  checkMpi(MPI_Comm_free(&world), "MPI_Comm_free");
+  checkMpi(MPI_Comm_set_errhandler(members, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  return members;
+}
 
-std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options) {
+std::unique_ptr<Communicator> makeMembersCommunicator(const CommunicatorOptions& options, int color) {
   MpiEnvironment& environment = MpiEnvironment::acquire();
   int rank = 0;
   int size = 0;
@@ -428,10 +539,24 @@ std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& opt
                                   << options.world.worldSize << " (from " << options.world.source
                                   << " variables); start the workers with mpirun to use --backend mpi";
   }
-  MPI_Comm dataComm = duplicateWorld(options.timeout, "data");
-  MPI_Comm fingerprintComm = duplicateWorld(options.timeout, "fingerprints");
+  MPI_Comm dataComm = duplicateMembers(color, rank, options.timeout, "data");
+  MPI_Comm fingerprintComm = duplicateMembers(color, rank, options.timeout, "fingerprints");
+  checkMpi(MPI_Comm_rank(dataComm, &rank), "MPI_Comm_rank");
+  checkMpi(MPI_Comm_size(dataComm, &size), "MPI_Comm_size");
   return std::make_unique<MpiCommunicator>(
-      std::make_shared<MpiState>(environment, rank, size, dataComm, fingerprintComm, options.timeout));
+      std::make_shared<MpiState>(environment, rank, size, dataComm, fingerprintComm, options.timeout,
+                                 gatherMembers(dataComm, options.world.rank, options.timeout)));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options) {
+  return makeMembersCommunicator(options, -1);
+}
+
+std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options, int color) {
+  if (color < 0) COHORT_THROW(InvalidArgument) << "makeMpiCommunicator: color " << color << " is negative";
+  return makeMembersCommunicator(options, color);
 }
 
 }  // namespace cohort::collectives

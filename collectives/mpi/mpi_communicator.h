@@ -3,7 +3,9 @@
 // Wraps duplicates of MPI_COMM_WORLD. Before MPI sees the data of a collective, every rank sends its
 // Fingerprint to every other rank (one small non-blocking message round), so ranks that issued
 // different collectives all throw the same InvalidArgument and no data moves; a wait that runs out
-// names the ranks whose fingerprints did not arrive. Collectives are non-blocking MPI calls (MPI_I*);
+// names the ranks whose fingerprints did not arrive, or, once they all did, the ranks not heard from
+// while waiting (mpi_heartbeat.h). Ranks are named by world rank and host, "rank 2 (cohort-node1)"
+// (gathered over the communicator at creation: mpi_members.h). Collectives are non-blocking MPI calls (MPI_I*);
 // MPI progresses them only inside this backend's calls (issue, Work::done, Work::wait).
 // Ownership: the communicator and its Works share the MPI state; a Work may outlive the
 // communicator. Destroying the communicator finishes collectives nobody waited for (bounded by
@@ -23,5 +25,9 @@ namespace cohort::collectives {
 // else InvalidArgument; TimeoutError when not every rank creates its communicator within
 // options.timeout.
 std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options);
+// The same over the ranks of the world that pass the same `color` (>= 0), numbered in the order of
+// their world ranks (MPI_Comm_split): e.g. every node's local rank k, for the hierarchical backend.
+// Collective over the whole world: every rank calls it, each with its own color.
+std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options, int color);
 
 }  // namespace cohort::collectives

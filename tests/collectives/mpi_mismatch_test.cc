@@ -1,6 +1,7 @@
-// Ranks that disagree about a collective: every rank must report the same error naming the ranks,
-// the job must exit non-zero, and nothing may hang (each run is bounded well below its timeout).
+// Ranks that disagree about a collective: every rank must report the same error naming the ranks and
+// their host, the job must exit non-zero, and nothing may hang (each run is bounded well below its timeout).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "tests/collectives/mpi_run.h"
 
@@ -11,6 +12,13 @@ int countOf(const std::string& text, const std::string& needle) {
   int n = 0;
   for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
   return n;
+}
+
+// "2 (HOST)": how the mpi backend names world rank `rank` of a job on this host.
+std::string member(int rank) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return std::to_string(rank) + " (" + host + ")";
 }
 
 MpirunResult runScenario(int ranks, const std::string& scenario) {
@@ -25,10 +33,9 @@ TEST(MpiMismatchTest, CountMismatchIsReportedByEveryRank) {
     MpirunResult r = runScenario(ranks, "count-mismatch");
     ASSERT_FALSE(r.timedOut) << r.output;
     EXPECT_NE(r.exitCode, 0) << r.output;
-    const std::string others = ranks == 2 ? "rank 0" : "ranks 0, 1";
-    const std::string last = std::to_string(ranks - 1);
+    const std::string others = ranks == 2 ? "rank " + member(0) : "ranks " + member(0) + ", " + member(1);
     const std::string message = "collective mismatch: " + others +
-                                " issued #1 allreduce(sum, float32, 1000 elements) but rank " + last +
+                                " issued #1 allreduce(sum, float32, 1000 elements) but rank " + member(ranks - 1) +
                                 " issued #1 allreduce(sum, float32, 999 elements)";
     EXPECT_EQ(countOf(r.output, message), ranks) << r.output;
     for (int rank = 0; rank < ranks; ++rank) {
@@ -42,9 +49,9 @@ TEST(MpiMismatchTest, DifferentCollectivesAreReportedByEveryRank) {
   MpirunResult r = runScenario(3, "kind-mismatch");
   ASSERT_FALSE(r.timedOut) << r.output;
   EXPECT_NE(r.exitCode, 0) << r.output;
-  const std::string message =
-      "collective mismatch: rank 0 issued #0 broadcast(root 0, float32, 1000 elements) but ranks 1, 2 issued #0 "
-      "allreduce(sum, float32, 1000 elements)";
+  const std::string message = "collective mismatch: rank " + member(0) +
+                              " issued #0 broadcast(root 0, float32, 1000 elements) but ranks " + member(1) + ", " +
+                              member(2) + " issued #0 allreduce(sum, float32, 1000 elements)";
   EXPECT_EQ(countOf(r.output, message), 3) << r.output;
 }
 
@@ -52,7 +59,8 @@ TEST(MpiMismatchTest, MissingRankIsNamedAfterTheTimeout) {
   MpirunResult r = runScenario(3, "missing-rank");
   ASSERT_FALSE(r.timedOut) << r.output;
   EXPECT_NE(r.exitCode, 0) << r.output;
-  const std::string message = "collective #1 allreduce(sum, float32, 1000 elements): rank 2 did not arrive within 3 s";
+  const std::string message =
+      "collective #1 allreduce(sum, float32, 1000 elements): rank " + member(2) + " did not arrive within 3 s";
   // The first rank to give up exits without MPI_Finalize and mpirun then ends the job, so the
   // other waiting rank may be killed before its own timeout: at least one must have said it.
   EXPECT_GE(countOf(r.output, "ERROR: " + message), 1) << r.output;
