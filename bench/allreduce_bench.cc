@@ -49,7 +49,7 @@ size_t parseByteSize(const std::string& text) {
 
 void addAllReduceBenchFlags(CLI::App& c, AllReduceBenchOptions& o) {
   c.add_option("--backend", o.backend,
-               "shm | mpi | nccl (default: shm on one node, mpi across nodes; nccl: buffers on the GPU)");
+               "shm | mpi | hierarchical | nccl (default: shm on one node, hierarchical across nodes; nccl: buffers on the GPU)");
   c.add_option_function<std::string>(
       "--min-bytes", [&o](const std::string& s) { o.minBytes = parseByteSize(s); },
       "smallest message, bytes (K/M/G suffixes; default 4K)");

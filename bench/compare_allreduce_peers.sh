@@ -30,19 +30,7 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 
 # Our sweep's sizes in bytes (K/M/G = 2^10/2^20/2^30, as cohort reads them), handed to the peer so
 # both measure the same rows.
-sizes=$(/usr/bin/python3 - "$MIN_BYTES" "$MAX_BYTES" "$STEP_FACTOR" <<'PY'
-import re, sys
-def parse(s):
-    m = re.fullmatch(r"(\d+)([KMG]?)(I?B)?", s.upper())
-    return int(m[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[m[2]]
-b, top, f = parse(sys.argv[1]), parse(sys.argv[2]), int(sys.argv[3])
-out = []
-while b <= top:
-    out.append(str(b))
-    b *= f
-print(",".join(out))
-PY
-)
+sizes=$(/usr/bin/python3 bench/byte_sizes.py "$MIN_BYTES" "$MAX_BYTES" "$STEP_FACTOR")
 
 echo "# NP=$NP sizes=$sizes   $(date -u +%FT%TZ)   load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for rep in $(seq 1 "$REPS"); do

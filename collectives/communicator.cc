@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "collectives/hierarchical/hierarchical_communicator.h"
 #include "collectives/mpi/mpi_communicator.h"
 #include "collectives/shm/shm_communicator.h"
 #include "runtime/error.h"
@@ -28,15 +29,15 @@ std::string listed(const std::vector<std::string>& names) {
 
 std::vector<std::string> availableBackends() {
 #ifdef COHORT_HAVE_NCCL
-  return {"shm", "mpi", "nccl"};
+  return {"shm", "mpi", "hierarchical", "nccl"};
 #else
-  return {"shm", "mpi"};
+  return {"shm", "mpi", "hierarchical"};
 #endif
 }
 
 std::string resolveBackend(const CommunicatorOptions& options) {
   std::string backend = options.backend;
-  if (backend.empty()) backend = options.world.spansNodes() ? "mpi" : "shm";
+  if (backend.empty()) backend = options.world.spansNodes() ? "hierarchical" : "shm";
   const std::vector<std::string> available = availableBackends();
   if (std::find(available.begin(), available.end(), backend) == available.end()) {
     if (backend == "nccl") {
@@ -48,7 +49,9 @@ std::string resolveBackend(const CommunicatorOptions& options) {
   }
   if (backend == "shm" && options.world.spansNodes()) {
     COHORT_THROW(InvalidArgument) << "the shm backend works on one node, but this job has " << options.world.worldSize
-                                  << " ranks with " << options.world.localWorldSize << " on this node: use --backend mpi";
+                                  << " ranks with " << options.world.localWorldSize
+                                  << " on this node: use --backend hierarchical (shared memory in each node, mpi "
+                                     "between nodes) or mpi";
   }
   return backend;
 }
@@ -59,6 +62,8 @@ std::unique_ptr<Communicator> makeCommunicator(const CommunicatorOptions& option
 #ifdef COHORT_HAVE_NCCL
   if (backend == "nccl") return makeNcclCommunicator(options);
 #endif
+  // The default across nodes falls back to flat mpi where the nodes run different numbers of workers.
+  if (backend == "hierarchical") return makeHierarchicalCommunicator(options, options.backend.empty());
   return makeMpiCommunicator(options);
 }
 

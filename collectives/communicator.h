@@ -118,8 +118,8 @@ class Communicator {
 };
 
 struct CommunicatorOptions {
-  // "shm", "mpi", "nccl"; empty = shm on one node, mpi across nodes (DESIGN.md §1: the caller
-  // picks nccl for CUDA).
+  // "shm", "mpi", "hierarchical", "nccl"; empty = shm on one node, hierarchical across nodes (flat
+  // mpi where the nodes run different numbers of workers; DESIGN.md §1: the caller picks nccl for CUDA).
   std::string backend;
   runtime::WorldInfo world;
   // Set-up (rendezvous) waits and each collective (nccl: the watchdog aborts a collective that has

@@ -19,7 +19,8 @@ namespace cohort::train {
 
 class ReplicaStrategy final : public Strategy {
  public:
-  // `backend`: shm, mpi or nccl (resolved by the Job). Throws as collectives::makeCommunicator.
+  // `backend`: shm, mpi, hierarchical or nccl, or empty for the world's default (collectives::
+  // resolveBackend). Throws as collectives::makeCommunicator.
   ReplicaStrategy(const StrategyContext& context, const std::string& backend);
 
   nn::GradReadyListener* gradReady() override { return gradSync_.get(); }

@@ -1,0 +1,446 @@
+#include "collectives/hierarchical/hierarchical_communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "collectives/mpi/mpi_communicator.h"
+#include "collectives/shm/shm_communicator.h"
+#include "runtime/error.h"
+
+namespace cohort::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// All-reduces up to this size run as one MPI all-reduce over the world: their time is latency, and
+// three stages cost more hops than MPI's recursive doubling (measured on the simulated cluster:
+// bench/compare_hierarchical.sh).
+constexpr size_t kFlatBytes = 256 * 1024;
+
+// Large all-reduces are pipelined in segments of about this size (at most kMaxSegments).
+constexpr size_t kSegmentBytes = 4 << 20;
+constexpr size_t kMaxSegments = 64;
+
+// How long Work::wait, past its own deadline, lets the running collective report its stage's more
+// specific error (the ranks that did not arrive) rather than a generic one.
+constexpr std::chrono::seconds kStageReportGrace{2};
+
+std::string hostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "this node";
+  return host;
+}
+
+// One issued collective: what every rank issued, and its completion (shared with its Work).
+struct Op {
+  Fingerprint fingerprint;
+  const float* input = nullptr;
+  float* output = nullptr;
+  std::mutex mutex;
+  bool finished = false;
+  std::exception_ptr error;
+};
+
+// Who is where, from one all-gather over the world at creation: world rank -> local rank.
+struct Layout {
+  std::vector<int> localRank;  // by world rank
+  int localSize = 1;           // workers per node (the same on every node)
+  int nodes = 1;
+  // The position of world rank `w` in its local rank's cross-node communicator (world-rank order).
+  int crossRank(int w) const {
+    int position = 0;
+    for (int r = 0; r < w; ++r) position += localRank[r] == localRank[w];
+    return position;
+  }
+};
+
+class HierarchicalCommunicator;
+
+class HierarchicalWork : public Work {
+ public:
+  HierarchicalWork(HierarchicalCommunicator& comm, std::shared_ptr<Op> op) : comm_(comm), op_(std::move(op)) {}
+  bool done() override {
+    std::lock_guard<std::mutex> lock(op_->mutex);
+    return op_->finished;
+  }
+  void wait(std::chrono::milliseconds timeout) override;
+
+ private:
+  HierarchicalCommunicator& comm_;
+  std::shared_ptr<Op> op_;
+};
+
+class HierarchicalCommunicator : public Communicator {
+ public:
+  HierarchicalCommunicator(const CommunicatorOptions& options, Layout layout, std::unique_ptr<Communicator> world,
+                           std::unique_ptr<Communicator> cross, std::unique_ptr<Communicator> node)
+      : timeout_(options.timeout),
+        layout_(std::move(layout)),
+        world_(std::move(world)),
+        cross_(std::move(cross)),
+        node_(std::move(node)),
+        where_("node " + hostName()),
+        thread_([this] { loop(); }) {}
+
+  ~HierarchicalCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();  // runs what was issued first; each stage's wait is bounded by the timeout
+  }
+
+  int rank() const override { return world_->rank(); }
+  int size() const override { return world_->size(); }
+  std::string backend() const override { return "hierarchical"; }
+
+  WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
+    return enqueue({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count}, input, output);
+  }
+  WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
+    return enqueue({.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank}, input, output);
+  }
+  WorkPtr allGather(const float* input, float* output, size_t countPerRank) override {
+    return enqueue({.kind = CollectiveKind::kAllGather, .count = countPerRank}, input, output);
+  }
+  WorkPtr broadcast(float* data, size_t count, int root) override {
+    if (root < 0 || root >= size()) {
+      COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this world of " << size();
+    }
+    return enqueue({.kind = CollectiveKind::kBroadcast, .root = root, .count = count}, data, data);
+  }
+  WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
+
+  // Called by HierarchicalWork::wait.
+  void waitFor(Op& op, std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    bool graceUsed = false;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!isFinished(op)) {
+      if (wake_.wait_until(lock, deadline) != std::cv_status::timeout || isFinished(op)) continue;
+      if (running_ && !graceUsed) {  // the stage under way reports who is missing: give it a moment
+        graceUsed = true;
+        deadline = Clock::now() + kStageReportGrace;
+        continue;
+      }
+      if (broken_) std::rethrow_exception(broken_);
+      std::ostringstream secs;
+      secs << std::fixed << std::setprecision(1) << timeout.count() / 1000.0;
+      COHORT_THROW(TimeoutError) << "collective " << op.fingerprint.str() << " did not complete within " << secs.str()
+                                 << " s on rank " << rank() << " (hierarchical, " << where_ << ")";
+    }
+    lock.unlock();
+    std::lock_guard<std::mutex> opLock(op.mutex);
+    if (op.error) std::rethrow_exception(op.error);
+  }
+
+ private:
+  WorkPtr enqueue(Fingerprint fingerprint, const float* input, float* output) {
+    if (fingerprint.count > 0 && fingerprint.kind != CollectiveKind::kBarrier && (!input || !output)) {
+      COHORT_THROW(InvalidArgument) << toString(fingerprint.kind) << ": null buffer for " << fingerprint.count
+                                    << " elements";
+    }
+    fingerprint.sequence = nextSequence_++;
+    auto op = std::make_shared<Op>();
+    op->fingerprint = fingerprint;
+    op->input = input;
+    op->output = output;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(op);
+    }
+    wake_.notify_all();
+    return std::make_unique<HierarchicalWork>(*this, op);
+  }
+
+  static bool isFinished(Op& op) {
+    std::lock_guard<std::mutex> lock(op.mutex);
+    return op.finished;
+  }
+
+  // The communicator's thread: runs the collectives in issue order; after an error, fails the rest.
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything issued has run
+      std::shared_ptr<Op> op = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      std::exception_ptr error = broken_;
+      lock.unlock();
+      if (!error) {
+        try {
+          run(*op);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard<std::mutex> opLock(op->mutex);
+        op->finished = true;
+        op->error = error;
+      }
+      lock.lock();
+      running_ = false;
+      if (error) broken_ = error;
+      wake_.notify_all();
+    }
+  }
+
+  void run(Op& op) {
+    const Fingerprint& f = op.fingerprint;
+    switch (f.kind) {
+      case CollectiveKind::kAllReduce:
+        if (f.count * sizeof(float) <= kFlatBytes) {  // latency-bound: one MPI collective, fewer hops
+          return stage(world_.get(), "all-reduce", [&](Communicator& c) {
+            return c.allReduce(op.input, op.output, f.count, {.op = f.op});
+          });
+        }
+        return allReduceInStages(op.input, op.output, f.count, f.op);
+      case CollectiveKind::kBroadcast:
+        return broadcastInStages(op.output, f.count, f.root);
+      case CollectiveKind::kBarrier:
+        stage(node_.get(), "node barrier", [](Communicator& c) { return c.barrier(); });
+        stage(cross_.get(), "barrier across nodes", [](Communicator& c) { return c.barrier(); });
+        stage(node_.get(), "node barrier", [](Communicator& c) { return c.barrier(); });
+        return;
+      case CollectiveKind::kReduceScatter:
+        return stage(world_.get(), "reduce-scatter", [&](Communicator& c) {
+          return c.reduceScatter(op.input, op.output, f.count, f.op);
+        });
+      case CollectiveKind::kAllGather:
+        return stage(world_.get(), "all-gather",
+                     [&](Communicator& c) { return c.allGather(op.input, op.output, f.count); });
+    }
+  }
+
+  // One segment of a pipelined all-reduce: elements [begin, begin + count) of the message, padded
+  // with zeros to L chunks of N pieces.
+  struct Segment {
+    size_t begin = 0, count = 0, piece = 0, chunk = 0;
+    const float* whole = nullptr;  // L chunks: the input, or the padded staging copy
+    float* gathered = nullptr;     // L chunks: the output, or the staging copy
+    float* shard = nullptr;        // this local rank's chunk (the node's sum, then the result)
+    float* mine = nullptr;         // this rank's piece of it across nodes
+    WorkPtr work;                  // the stage under way
+  };
+
+  // Reduce-scatter in the node, all-reduce of this local rank's chunk across nodes, all-gather in
+  // the node (see the header). The all-reduce across nodes is itself a reduce-scatter and an
+  // all-gather: every node sends and receives (N-1)/N of the chunk twice, both directions at once.
+  // Large messages go in segments, pipelined so that the node's stages of one segment overlap the
+  // network's work on the others, in one fixed order on every rank:
+  //   node:   RS(0) RS(1) ... RS(S-1)  AG(0) AG(1) ... AG(S-1)
+  //   across: RS(0) RS(1) AG(0) RS(2) AG(1) ... RS(S-1) AG(S-2) AG(S-1)
+  void allReduceInStages(const float* input, float* output, size_t count, ReduceOp op) {
+    const size_t L = static_cast<size_t>(layout_.localSize), N = static_cast<size_t>(layout_.nodes);
+    const size_t unit = L * N;  // every segment but the last is a multiple: no padding
+    const size_t target = std::max<size_t>(unit, kSegmentBytes / sizeof(float) / unit * unit);
+    const size_t wanted = std::min<size_t>(kMaxSegments, std::max<size_t>(1, count / target));
+    const size_t length = (count / wanted + unit - 1) / unit * unit;  // count > kFlatBytes: not 0
+    const size_t segments = (count + length - 1) / length;            // none of them empty
+    const ReduceOp partial = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+
+    std::vector<Segment> seg(segments);
+    size_t shardTotal = 0, pieceTotal = 0, staged = 0;
+    for (size_t k = 0; k < segments; ++k) {
+      Segment& g = seg[k];
+      g.begin = k * length;
+      g.count = k + 1 < segments ? length : count - g.begin;
+      g.piece = (g.count + unit - 1) / unit;
+      g.chunk = g.piece * N;
+      shardTotal += g.chunk;
+      pieceTotal += g.piece;
+      if (g.chunk * L != g.count) staged = g.chunk * L;  // only the last can be uneven
+    }
+    if (shard_.size() < shardTotal) shard_.resize(shardTotal);
+    if (piece_.size() < pieceTotal) piece_.resize(pieceTotal);
+    if (staging_.size() < staged) staging_.resize(staged);
+    for (size_t k = 0, shardAt = 0, pieceAt = 0; k < segments; ++k) {
+      Segment& g = seg[k];
+      g.whole = input + g.begin;
+      g.gathered = output + g.begin;
+      if (g.chunk * L != g.count) {
+        std::memcpy(staging_.data(), g.whole, g.count * sizeof(float));
+        std::fill(staging_.begin() + static_cast<std::ptrdiff_t>(g.count),
+                  staging_.begin() + static_cast<std::ptrdiff_t>(staged), 0.0f);
+        g.whole = g.gathered = staging_.data();
+      }
+      g.shard = shard_.data() + shardAt;
+      g.mine = N > 1 ? piece_.data() + pieceAt : g.shard;
+      shardAt += g.chunk;
+      pieceAt += g.piece;
+    }
+
+    Communicator* node = L > 1 ? node_.get() : nullptr;
+    Communicator* cross = N > 1 ? cross_.get() : nullptr;
+    for (Segment& g : seg) {
+      if (node) {
+        g.work = issue(node, "node reduce-scatter",
+                       [&](Communicator& c) { return c.reduceScatter(g.whole, g.shard, g.chunk, partial); });
+      } else {
+        std::memcpy(g.shard, g.whole, g.chunk * sizeof(float));
+      }
+    }
+    auto startAcross = [&](Segment& g) {
+      await(g.work, node, "node reduce-scatter");
+      g.work = issue(cross, "reduce-scatter across nodes",
+                     [&](Communicator& c) { return c.reduceScatter(g.shard, g.mine, g.piece, partial); });
+    };
+    auto gatherAcross = [&](Segment& g) {
+      await(g.work, cross, "reduce-scatter across nodes");
+      if (op == ReduceOp::kAvg) {
+        const float scale = 1.0f / static_cast<float>(size());
+        for (size_t i = 0; i < g.piece; ++i) g.mine[i] *= scale;
+      }
+      g.work = issue(cross, "all-gather across nodes",
+                     [&](Communicator& c) { return c.allGather(g.mine, g.shard, g.piece); });
+    };
+    auto gatherInNode = [&](Segment& g) {
+      await(g.work, cross, "all-gather across nodes");
+      if (node) {
+        g.work = issue(node, "node all-gather",
+                       [&](Communicator& c) { return c.allGather(g.shard, g.gathered, g.chunk); });
+      } else {
+        std::memcpy(g.gathered, g.shard, g.chunk * sizeof(float));
+      }
+    };
+    for (size_t k = 0; k < segments + 2; ++k) {
+      if (k < segments) startAcross(seg[k]);
+      if (k >= 1 && k - 1 < segments) gatherAcross(seg[k - 1]);
+      if (k >= 2) gatherInNode(seg[k - 2]);
+    }
+    for (Segment& g : seg) await(g.work, node, "node all-gather");
+    const Segment& last = seg.back();
+    if (last.gathered != output + last.begin) std::memcpy(output + last.begin, last.gathered, last.count * sizeof(float));
+  }
+
+  // From the root to its local rank's partners on every node, then inside every node.
+  void broadcastInStages(float* data, size_t count, int root) {
+    const int rootLocal = layout_.localRank[root];
+    if (layout_.localRank[rank()] == rootLocal) {
+      const int crossRoot = layout_.crossRank(root);
+      stage(cross_.get(), "broadcast across nodes", [&](Communicator& c) { return c.broadcast(data, count, crossRoot); });
+    }
+    stage(node_.get(), "node broadcast", [&](Communicator& c) { return c.broadcast(data, count, rootLocal); });
+  }
+
+  // body(), its errors prefixed with the stage's context (same types, so exit codes stay).
+  template <typename Body>
+  auto rethrowIn(Communicator* comm, const char* what, Body body) {
+    const bool inNode = comm == node_.get();
+    try {
+      return body();
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(context(what, inNode) + e.what());
+    } catch (const PeerError& e) {
+      throw PeerError(context(what, inNode) + e.what());
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(context(what, inNode) + e.what());
+    }
+  }
+
+  // Runs one stage on `comm` (nothing when there is none: one worker per node, or one node) and
+  // waits for it; its errors name the stage and, inside the node, the node.
+  template <typename Start>
+  void stage(Communicator* comm, const char* what, Start start) {
+    if (!comm || comm->size() == 1) return;
+    WorkPtr work = issue(comm, what, start);
+    await(work, comm, what);
+  }
+
+  // Starts a stage on `comm` (nullptr: none, and no Work).
+  template <typename Start>
+  WorkPtr issue(Communicator* comm, const char* what, Start start) {
+    if (!comm || comm->size() == 1) return nullptr;
+    return rethrowIn(comm, what, [&] { return start(*comm); });
+  }
+
+  void await(WorkPtr& work, Communicator* comm, const char* what) {
+    if (!work) return;
+    rethrowIn(comm, what, [&] {
+      work->wait(timeout_);
+      return 0;
+    });
+    work.reset();
+  }
+
+  std::string context(const char* what, bool inNode) const {
+    std::ostringstream os;
+    os << "hierarchical " << what << " (";
+    if (inNode) {
+      os << where_ << ", whose ranks are numbered from 0 there";
+    } else {
+      os << "local rank " << layout_.localRank[rank()] << " of each of the " << layout_.nodes
+         << " nodes, numbered by node";
+    }
+    os << "): ";
+    return os.str();
+  }
+
+  std::chrono::milliseconds timeout_;
+  Layout layout_;
+  std::unique_ptr<Communicator> world_;  // every rank: reduce-scatter and all-gather in world order
+  std::unique_ptr<Communicator> cross_;  // this local rank of every node
+  std::unique_ptr<Communicator> node_;   // this node's workers (shared memory); null for one per node
+  std::string where_;                    // "node HOST", for messages
+  std::vector<float> staging_;  // the padded whole when the count does not split evenly
+  std::vector<float> shard_;    // this local rank's chunk
+  std::vector<float> piece_;    // this rank's piece of it across nodes
+  uint64_t nextSequence_ = 0;   // issuing thread only
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Op>> queue_;
+  bool stopping_ = false;
+  bool running_ = false;       // the thread is inside a collective (guarded by mutex_)
+  std::exception_ptr broken_;  // the first error (guarded by mutex_)
+  std::thread thread_;         // last: started once everything above exists
+};
+
+void HierarchicalWork::wait(std::chrono::milliseconds timeout) { comm_.waitFor(*op_, timeout); }
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeHierarchicalCommunicator(const CommunicatorOptions& options, bool flatWhenUneven) {
+  std::unique_ptr<Communicator> world = makeMpiCommunicator(options);
+  // Every rank's workers per node and local rank (small integers: exact in floats).
+  const float mine[2] = {static_cast<float>(options.world.localWorldSize), static_cast<float>(options.world.localRank)};
+  std::vector<float> all(2 * static_cast<size_t>(world->size()));
+  world->allGather(mine, all.data(), 2)->wait(options.timeout);
+  Layout layout;
+  layout.localSize = options.world.localWorldSize;
+  for (int r = 0; r < world->size(); ++r) {
+    layout.localRank.push_back(static_cast<int>(all[2 * r + 1]));
+    const int theirs = static_cast<int>(all[2 * r]);
+    if (theirs == layout.localSize) continue;
+    if (flatWhenUneven) return world;
+    COHORT_THROW(InvalidArgument) << "the hierarchical backend needs the same number of workers on every node, but rank "
+                                  << world->rank() << "'s node runs " << layout.localSize << " and rank " << r
+                                  << "'s node runs " << theirs << ": use --backend mpi";
+  }
+  layout.nodes = world->size() / layout.localSize;
+  std::unique_ptr<Communicator> cross = makeMpiCommunicator(options, options.world.localRank);
+  std::unique_ptr<Communicator> node;
+  if (layout.localSize > 1) {
+    runtime::WorldInfo nodeWorld = options.world;
+    nodeWorld.rank = options.world.localRank;
+    nodeWorld.worldSize = options.world.localWorldSize;
+    node = makeShmCommunicator({.backend = "shm", .world = nodeWorld, .timeout = options.timeout});
+  }
+  return std::make_unique<HierarchicalCommunicator>(options, std::move(layout), std::move(world), std::move(cross),
+                                                    std::move(node));
+}
+
+}  // namespace cohort::collectives
