@@ -112,6 +112,10 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
              "at each epoch's end, where the steps spent their time and which rank is slowest (on with --trace)");
   c.add_flag("--memory-report", f.memoryReport,
              "print the memory the run used at the end (GPU: the caching allocator's allocated, reserved and peak bytes)");
+  c.add_option("--average-every", f.averageEvery,
+               "--mode hogwild across nodes: each node's first worker averages the node's parameter copy with the "
+               "other nodes' every N of its steps, overlapped with training (and fully at every epoch's end); 0: the "
+               "default, 16");
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
                  "wait about 100 years")
       ->capture_default_str();
@@ -138,11 +142,9 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
                                   << world.worldSize << " (from " << world.source
                                   << " variables): use --mode allreduce or --mode hogwild";
   }
+  if (f.averageEvery < 0) COHORT_THROW(InvalidArgument) << "--average-every must be >= 0 steps (0: the default, 16), got " << f.averageEvery;
+  if (f.averageEvery > 0 && f.mode != "hogwild") COHORT_THROW(InvalidArgument) << "--average-every applies to --mode hogwild only";
   if (f.mode == "hogwild") {
-    if (world.spansNodes()) {
-      COHORT_THROW(InvalidArgument) << "--mode hogwild shares memory, so every rank must be on one node, but this job has "
-                                    << world.worldSize << " ranks with " << world.localWorldSize << " on this node";
-    }
     if (f.checkpointEvery > 0 || f.maxSteps > 0) {
       COHORT_THROW(InvalidArgument) << (f.maxSteps > 0 ? "--max-steps" : "--checkpoint-every")
                                     << " needs workers that step together (--mode local or allreduce): Hogwild workers "
@@ -366,7 +368,8 @@ int runTrain(const TrainFlags& f) {
                   .backend = f.backend,
                   .replicas = f.replicas,
                   .device = f.device,
-                  .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout")},
+                  .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout"),
+                  .averageEvery = f.averageEvery},
                  world);
 
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
@@ -407,13 +410,19 @@ int runTrain(const TrainFlags& f) {
                           .stepReport = f.stepReport});
   const bool hogwild = job.options().mode == train::Mode::kHogwild;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
-             << (hogwild ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string()) << ") on "
+             << (hogwild && !world.spansNodes() ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string())
+             << (hogwild && world.spansNodes() ? ", one copy per node" : std::string()) << ") on "
              << trainSet->name() << " (" << trainer.loader().samplesPerEpoch() << " samples per epoch"
              << (testSet ? ", test " + std::to_string(testSet->size()) : std::string()) << "), " << optimizer->name()
              << " lr " << lr << (trainer.lrSchedule() ? " (" + trainer.lrSchedule()->describe() + ")" : std::string())
              << ", batch " << f.batchSize << ", "
              << (job.device().isCuda() ? "on " + job.device().str() : std::to_string(f.threads) + " BLAS thread(s)");
   reportEffectiveBatch(log, f, world, lr);
+  if (job.averageEvery() > 0) {
+    log.info() << "hogwild across nodes: one parameter copy per node, the nodes' copies averaged over MPI every "
+               << job.averageEvery() << " steps of each node's first worker (overlapped with training) and at every "
+                  "epoch's end";
+  }
   if (trainer.loader().prefetchDepth() < f.prefetch) {
     log.info() << "--prefetch " << f.prefetch << " capped at " << trainer.loader().prefetchDepth()
                << " batches (the batches per epoch of this worker, and at most 256 MiB of batches ahead)";

@@ -60,6 +60,7 @@ struct TrainFlags {
   std::string plot;           // rank 0 draws the run's metrics here (.png or .svg) when training ends
   int64_t traceSpans = int64_t{1} << 16;
   bool stepReport = false;    // where each epoch's steps spent their time
+  int64_t averageEvery = 0;   // hogwild across nodes: steps between averaging rounds; 0: the default (16)
 };
 
 void addTrainFlags(CLI::App& command, TrainFlags& flags);

@@ -17,12 +17,28 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
   return start / 16 * 16;  // a whole cache line of floats
 }
 
-HogwildStrategy::HogwildStrategy(const StrategyContext& c)
-    : SegmentStrategy(c, c.optimizer.stateFloats()), squares_(c.gpu), rank_(c.world.rank) {
+HogwildStrategy::HogwildStrategy(const StrategyContext& c, const HogwildOptions& o)
+    : SegmentStrategy(c, c.optimizer.stateFloats(), NodeScope::kEachNode),
+      squares_(c.gpu),
+      rank_(c.world.rank),
+      worldSize_(c.world.worldSize) {
+  if (c.gpu && c.world.spansNodes()) {
+    COHORT_THROW(InvalidArgument) << "Hogwild across nodes averages the nodes' copies on the CPU: train on device cpu, "
+                                     "or use mode allreduce on GPUs";
+  }
   if (c.gpu) {
     placeOnGpu(c);
   } else {
     placeOnCpu(c);
+  }
+  if (c.world.spansNodes()) {
+    averaging_ = std::make_unique<NodeAveraging>(
+        NodeAveragingOptions{.world = c.world,
+                             .timeout = c.timeout,
+                             .every = o.averageEvery,
+                             .params = {params_.values().data(), static_cast<size_t>(params_.numel())},
+                             .nodeBarrier = [this](const std::string& what) { SegmentStrategy::barrier(what); },
+                             .timeline = &timeline_});
   }
 }
 
@@ -64,7 +80,23 @@ void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
 // Each worker checks and clips its own gradient: no rank waits for another.
 StepResult HogwildStrategy::step(const StepPlan& plan) {
   if (deviceShare_) deviceShare_->throwIfOwnerLost();
-  return stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, squares_, gpu_, timeline_);
+  StepResult result =
+      stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, squares_, gpu_, timeline_);
+  if (averaging_) averaging_->afterStep();
+  return result;
+}
+
+// Across nodes the node's barrier comes first, so a missing local worker is named with `what`; the
+// meeting of the whole world then averages the copies when anyone stepped.
+void HogwildStrategy::barrier(const std::string& what) {
+  SegmentStrategy::barrier(what);
+  if (averaging_) averaging_->gather({});
+}
+
+void HogwildStrategy::reduce(std::span<double> values, ScalarOp op) {
+  if (!averaging_) return SegmentStrategy::reduce(values, op);
+  const std::vector<double> all = averaging_->gather(values);
+  reduceRows(values, all, worldSize_, op);
 }
 
 void HogwildStrategy::checkPeers(std::chrono::milliseconds settle) {
@@ -72,6 +104,7 @@ void HogwildStrategy::checkPeers(std::chrono::milliseconds settle) {
 }
 
 SavedState HogwildStrategy::saveState() {
+  if (averaging_) return saveAcrossNodes();
   float* mine = segment_.exchange(localRank());
   size_t used = 0;
   for (const auto& s : optimizer_.state()) {
@@ -96,6 +129,33 @@ SavedState HogwildStrategy::saveState() {
   return saved;
 }
 
+// Every rank's state goes to every rank (an all-gather: the one collective of the API that moves
+// raw bytes), after the full average that gather() makes: the file holds the job's one model.
+SavedState HogwildStrategy::saveAcrossNodes() {
+  const double steps = static_cast<double>(optimizer_.steps());
+  const std::vector<double> allSteps = averaging_->gather({&steps, 1});
+  std::vector<float> mine;
+  for (const auto& s : optimizer_.state()) {
+    const size_t at = mine.size();
+    mine.resize(at + static_cast<size_t>(s.tensor.numel()));
+    runtime::Tensor::view(mine.data() + at, s.tensor.shape()).copyFrom(s.tensor);
+  }
+  gatheredStates_ = averaging_->gatherFloats(mine);
+  SavedState saved;
+  for (int r = 0; r < worldSize_; ++r) {
+    size_t used = static_cast<size_t>(r) * mine.size();
+    for (const auto& s : optimizer_.state()) {
+      saved.tensors.push_back({"optimizer.rank" + std::to_string(r) + "." + s.name,
+                               runtime::Tensor::view(gatheredStates_.data() + used, s.tensor.shape())});
+      used += static_cast<size_t>(s.tensor.numel());
+    }
+    saved.metadata["optimizer_steps.rank" + std::to_string(r)] =
+        std::to_string(static_cast<int64_t>(allSteps[static_cast<size_t>(r)]));
+  }
+  saved.metadata["optimizer_steps"] = std::to_string(optimizer_.steps());
+  return saved;
+}
+
 std::vector<int> hogwildStateSources(int rank, int savedWorkers, int workers) {
   COHORT_CHECK(savedWorkers >= 1 && workers >= 1 && rank >= 0 && rank < workers)
       << "rank " << rank << " of " << workers << " workers, " << savedWorkers << " saved";
@@ -105,13 +165,17 @@ std::vector<int> hogwildStateSources(int rank, int savedWorkers, int workers) {
   return sources;
 }
 
-// The shared parameters are loaded once, by local rank 0; each rank loads its own optimizer state,
-// or the mean of the saved workers' it takes over (hogwildStateSources) when the number of workers
-// changed. The mean is taken in double on the host, in rank order, so every run gets the same bits.
+// The shared parameters are loaded once per node, by local rank 0; each rank loads its own optimizer
+// state (by world rank), or the mean of the saved workers' it takes over (hogwildStateSources) when
+// the number of workers changed. The mean is taken in double on the host, in rank order, so every
+// run gets the same bits. Across nodes the job meets first, so no round is running while the
+// leaders overwrite the copies, and every node starts from the same loaded values.
 void HogwildStrategy::loadState(const CheckpointReader& reader) {
+  if (averaging_) averaging_->gather({});
   if (localRank() == 0) loadParams(reader, params_);
+  if (averaging_ && localRank() == 0) averaging_->loaded();
   const auto saved = static_cast<int>(reader.count("world_size"));
-  const std::vector<int> sources = hogwildStateSources(localRank(), saved, localWorldSize());
+  const std::vector<int> sources = hogwildStateSources(rank_, saved, worldSize_);
   auto name = [](int r, const std::string& state) { return "optimizer.rank" + std::to_string(r) + "." + state; };
   for (const auto& s : optimizer_.state()) {
     if (sources.size() == 1) {

@@ -1,20 +1,27 @@
-// HogwildStrategy: Hogwild on one node (mode hogwild; DESIGN.md §1). The parameters are one copy
-// that every worker updates without locks: on the CPU in a shared segment (ipc::SharedParams), on
-// GPUs in one device allocation of local rank 0 that the others open through CUDA IPC
-// (ipc::DeviceShare, with its checks and owner-loss detection). Gradients, optimizer state and
-// model buffers (BatchNorm statistics) stay private to each worker.
+// HogwildStrategy: Hogwild (mode hogwild; DESIGN.md §1). The parameters are one copy per node that
+// every worker of the node updates without locks: on the CPU in a shared segment
+// (ipc::SharedParams), on GPUs in one device allocation of local rank 0 that the others open through
+// CUDA IPC (ipc::DeviceShare, with its checks and owner-loss detection). Gradients, optimizer state
+// and model buffers (BatchNorm statistics) stay private to each worker.
 //
 // Placement: local rank 0 initialises the parameters on the CPU (the same numbers as a CPU run) and
 // copies them into the shared memory before publishing it; the other ranks wait for it (up to the
 // timeout) and point their ParamBuffer into it. On the CPU each worker starts its optimizer sweep at
-// a different element (hogwildSweepStart), so the workers do not fight over the same cache lines.
-// Workers step on their own (lockstep() is false): they meet only where the loop calls barrier()
-// or reduce(), e.g. at the end of each epoch.
-// Checkpoints: every rank copies its optimizer state into its exchange area of the job segment, so
-// rank 0 writes one file with everyone's ("optimizer.rank<k>.<state>", "optimizer_steps.rank<k>").
+// a different element (hogwildSweepStart, by local rank), so the workers do not fight over the same
+// cache lines. Workers step on their own (lockstep() is false): they meet only where the loop calls
+// barrier() or reduce(), e.g. at the end of each epoch.
+// Across nodes (CPU only): every node has its own copy (segments are per node: each node has its
+// own /dev/shm), and train::NodeAveraging averages the nodes' copies over MPI every
+// HogwildOptions::averageEvery steps of each node's leader, overlapped with training, and fully at
+// every meeting (barrier, reduce, checkpoint), so the job's meetings see one model. barrier() and
+// reduce() then span the whole world.
+// Checkpoints: rank 0 writes one file with every worker's optimizer state ("optimizer.rank<k>.<state>",
+// "optimizer_steps.rank<k>", k the world rank): on one node every rank copies its state into its
+// exchange area of the job segment; across nodes the states are gathered over MPI, after the full
+// average, so the file holds the average of the nodes' copies.
 // A checkpoint of W workers loads on W' workers (docs/checkpoints.md): worker i takes the mean of
 // the states, and of the step counts, of the saved workers hogwildStateSources() names.
-// Ownership: owns the segments and the device share. Thread safety: as Strategy.
+// Ownership: owns the segments, the device share and the averaging. Thread safety: as Strategy.
 #pragma once
 
 #include <memory>
@@ -22,6 +29,7 @@
 
 #include "ipc/device_share.h"
 #include "ipc/shared_params.h"
+#include "train/node_averaging.h"
 #include "train/segment_strategy.h"
 
 namespace cohort::train {
@@ -35,28 +43,43 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize);
 // one, saved worker rank mod savedWorkers, copied (a worker that joins starts from a peer's moments).
 std::vector<int> hogwildStateSources(int rank, int savedWorkers, int workers);
 
+struct HogwildOptions {
+  // Across nodes: the nodes' copies are averaged every this many steps of each node's leader
+  // (>= 1; train::NodeAveraging). Unused on one node.
+  int64_t averageEvery = 16;
+};
+
 class HogwildStrategy final : public SegmentStrategy {
  public:
-  // Every rank of the job constructs one, with the same model. Throws InvalidArgument (a world that
-  // spans nodes; GPU Hogwild in a build without CUDA), and as ipc::SharedParams / ipc::DeviceShare.
-  explicit HogwildStrategy(const StrategyContext& context);
+  // Every rank of the job constructs one, with the same model (collective). Throws InvalidArgument
+  // (GPU Hogwild in a build without CUDA, or across nodes; across nodes without MPI), and as
+  // ipc::SharedParams / ipc::DeviceShare / collectives::makeMpiCommunicator.
+  explicit HogwildStrategy(const StrategyContext& context, const HogwildOptions& options = {});
   ~HogwildStrategy() override;
 
   StepResult step(const StepPlan& plan) override;
   bool lockstep() const override { return false; }
+  void barrier(const std::string& what) override;
+  void reduce(std::span<double> values, ScalarOp op) override;
   SavedState saveState() override;
   void loadState(const CheckpointReader& reader) override;
   void checkPeers(std::chrono::milliseconds settle) override;
+  // Across nodes: the averaging (rounds and full averages so far); nullptr on one node.
+  const NodeAveraging* averaging() const { return averaging_.get(); }
 
  private:
   void placeOnCpu(const StrategyContext& c);
   void placeOnGpu(const StrategyContext& c);
+  SavedState saveAcrossNodes();
 
   std::unique_ptr<ipc::SharedParams> shared_;   // CPU
   std::unique_ptr<ipc::DeviceMemory> memory_;   // GPU: declared before the share that uses it
   std::unique_ptr<ipc::DeviceShare> deviceShare_;
+  std::unique_ptr<NodeAveraging> averaging_;  // across nodes
+  std::vector<float> gatheredStates_;          // across nodes: every rank's optimizer state, for saveState
   GradientSquares squares_;
   int rank_;
+  int worldSize_;
 };
 
 }  // namespace cohort::train

@@ -1,5 +1,6 @@
 #include "train/job.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <sstream>
@@ -77,9 +78,9 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
                                   << world.worldSize << " (from " << world.source
                                   << " variables): use mode allreduce or hogwild";
   }
-  if (o.mode == Mode::kHogwild && world.spansNodes()) {
-    COHORT_THROW(InvalidArgument) << "mode hogwild shares memory, so every rank must be on one node, but this job has "
-                                  << world.worldSize << " ranks with " << world.localWorldSize << " on this node";
+  if (o.averageEvery < 0) COHORT_THROW(InvalidArgument) << "averageEvery must be >= 0 steps (0: the default), got " << o.averageEvery;
+  if (o.averageEvery > 0 && o.mode != Mode::kHogwild) {
+    COHORT_THROW(InvalidArgument) << "averageEvery applies to mode hogwild only, not " << mode;
   }
   if (o.timeout.count() <= 0) COHORT_THROW(InvalidArgument) << "the job's timeout must be positive";
   if (!o.backend.empty() && o.mode != Mode::kAllReduce) {
@@ -92,9 +93,14 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
                                   << " use backend nccl (the default on a GPU)";
   }
   if (!onGpu && o.backend == "nccl") {
-    COHORT_THROW(InvalidArgument) << "backend nccl all-reduces GPU memory: train on device cuda (or use shm or mpi)";
+    COHORT_THROW(InvalidArgument) << "backend nccl all-reduces GPU memory: train on device cuda (or use shm, mpi or hierarchical)";
   }
   if (onGpu && o.replicas) COHORT_THROW(InvalidArgument) << "replicas apply to CPU training (GPU all-reduce always replicates)";
+  if (onGpu && o.mode == Mode::kHogwild && world.spansNodes()) {
+    COHORT_THROW(InvalidArgument) << "mode hogwild across nodes averages the nodes' copies on the CPU, but this job has "
+                                  << world.worldSize << " ranks with " << world.localWorldSize
+                                  << " on this node: train on device cpu, or use mode allreduce on GPUs";
+  }
 }
 
 }  // namespace
@@ -129,6 +135,11 @@ std::string Job::resolveBackend() const {
 }
 
 std::string Job::backend() const { return backend_.empty() ? "none" : backend_; }
+
+int64_t Job::averageEvery() const {
+  if (options_.mode != Mode::kHogwild || !world_.spansNodes()) return 0;
+  return options_.averageEvery > 0 ? options_.averageEvery : kDefaultAverageEvery;
+}
 
 void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& o) {
   if (strategy_) {
@@ -167,11 +178,15 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                           .timeline = timeline_};
   const bool sharded = options_.mode == Mode::kAllReduce && backend_ == "shm" && !options_.replicas && !gpu_;
   if (options_.mode == Mode::kHogwild) {
-    strategy_ = std::make_unique<HogwildStrategy>(context);
+    strategy_ = std::make_unique<HogwildStrategy>(context, HogwildOptions{.averageEvery = std::max<int64_t>(averageEvery(), 1)});
   } else if (sharded) {
     strategy_ = std::make_unique<ShardedStrategy>(context);
   } else if (options_.mode == Mode::kAllReduce) {
-    strategy_ = std::make_unique<ReplicaStrategy>(context, backend_);
+    // The default backend is left to makeCommunicator, which falls back from hierarchical to flat
+    // mpi where the nodes run different numbers of workers: the job reports what it got.
+    auto replicas = std::make_unique<ReplicaStrategy>(context, gpu_ || !options_.backend.empty() ? backend_ : "");
+    backend_ = replicas->communicator().backend();
+    strategy_ = std::move(replicas);
   } else {
     strategy_ = std::make_unique<LocalStrategy>(context);
   }
@@ -207,7 +222,8 @@ Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optim
                 {"weight_decay", settingValue(opt.weightDecay)},
                 {"betas", settingValue(opt.beta1) + "," + settingValue(opt.beta2)},
                 {"eps", settingValue(opt.eps)},
-                {"init", o.initialise ? "the program's own" : "seed " + std::to_string(o.seed)}};
+                {"init", o.initialise ? "the program's own" : "seed " + std::to_string(o.seed)},
+                {"average_every", std::to_string(averageEvery())}};
   s.insert(s.end(), o.settings.begin(), o.settings.end());
   return s;
 }

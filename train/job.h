@@ -7,8 +7,10 @@
 //
 // Modes (DESIGN.md §1):
 //   local      one process; parameters private (CPU or one GPU).
-//   hogwild    every worker of the node updates one shared copy without locks (CPU: shared memory;
-//              GPU: one device allocation shared through CUDA IPC); one node only.
+//   hogwild    every worker of the node updates the node's one shared copy without locks (CPU:
+//              shared memory; GPU: one device allocation shared through CUDA IPC). Across nodes
+//              (CPU): the nodes' copies are averaged over MPI every `averageEvery` steps, overlapped
+//              with training, and fully at every collective (train/node_averaging.h).
 //   allreduce  synchronous data parallel: every step applies the average of all workers'
 //              gradients. Over shm on one node: one shared copy, each worker updating its shard
 //              (or, with `replicas`, a replica per worker and bucketed all-reduce); over mpi (any
@@ -92,7 +94,15 @@ struct JobOptions {
   std::string device = "cpu";
   // Every wait for other ranks (start-up, barriers, collectives); then TimeoutError naming them.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // kHogwild across nodes: each node's leader averages the node's copy with the other nodes' every
+  // this many of its steps (and every collective averages fully); 0: kDefaultAverageEvery. No effect
+  // on one node; other modes refuse a value > 0. Negative: InvalidArgument.
+  int64_t averageEvery = 0;
 };
+
+// JobOptions::averageEvery when 0: a round every 16 steps of a node's leader (with 2 workers a node,
+// about 32 updates of each copy per round).
+inline constexpr int64_t kDefaultAverageEvery = 16;
 
 struct PlaceOptions {
   // The default initialisation: Module::resetParams from an Rng seeded by `seed` (PyTorch's
@@ -131,6 +141,9 @@ class Job {
   runtime::cuda::GpuContext* gpu() const;
   // Where the gradients are averaged: "none" (local, hogwild), "shm", "mpi" or "nccl".
   std::string backend() const;
+  // Hogwild across nodes: the leader steps between two averaging rounds (averageEvery resolved); 0
+  // where the mode does not average parameters (other modes, Hogwild on one node).
+  int64_t averageEvery() const;
   // Rank-prefixed lines on standard output.
   const runtime::Logger& log() const { return log_; }
 

@@ -9,8 +9,8 @@ namespace cohort::train {
 
 namespace {
 
-const StrategyContext& onOneNode(const StrategyContext& c) {
-  if (c.world.spansNodes()) {
+const StrategyContext& checkScope(const StrategyContext& c, NodeScope scope) {
+  if (scope == NodeScope::kOneNode && c.world.spansNodes()) {
     COHORT_THROW(InvalidArgument) << "this mode shares memory, so every rank must be on one node, but this job has "
                                   << c.world.worldSize << " ranks with " << c.world.localWorldSize << " on this node";
   }
@@ -19,8 +19,8 @@ const StrategyContext& onOneNode(const StrategyContext& c) {
 
 }  // namespace
 
-SegmentStrategy::SegmentStrategy(const StrategyContext& c, size_t exchangeFloatsPerRank)
-    : params_(onOneNode(c).params),
+SegmentStrategy::SegmentStrategy(const StrategyContext& c, size_t exchangeFloatsPerRank, NodeScope scope)
+    : params_(checkScope(c, scope).params),
       optimizer_(c.optimizer),
       gpu_(c.gpu),
       timeout_(c.timeout),

@@ -4,6 +4,9 @@
 // segment of the job, so local rank 0 removes their names then: a killed job leaves nothing in
 // /dev/shm under srun or mpirun, where no launcher sweeps it (and a requeued SLURM job, which keeps
 // its id, finds no stale segment).
+// One node, or each node: the sharded strategy needs every rank on one node (NodeScope::kOneNode);
+// Hogwild across nodes makes one per node (kEachNode), whose barrier() and reduce() are then the
+// node's only (HogwildStrategy spans the world on top of them).
 // Ownership: owns the job segment. Thread safety: as Strategy.
 #pragma once
 
@@ -17,6 +20,8 @@
 
 namespace cohort::train {
 
+enum class NodeScope { kOneNode, kEachNode };
+
 class SegmentStrategy : public Strategy {
  public:
   void barrier(const std::string& what) override;
@@ -24,8 +29,9 @@ class SegmentStrategy : public Strategy {
   bool sharedParams() const override { return true; }
 
  protected:
-  // Every local rank of the job constructs one (same options); all ranks must be on this node.
-  SegmentStrategy(const StrategyContext& context, size_t exchangeFloatsPerRank);
+  // Every local rank of the job constructs one (same options); with kOneNode all ranks must be on
+  // this node (InvalidArgument otherwise).
+  SegmentStrategy(const StrategyContext& context, size_t exchangeFloatsPerRank, NodeScope scope = NodeScope::kOneNode);
   // The parameters as one copy for the node, in a SharedParams segment with `perRankFloats` per
   // rank and `extraFloats` shared beside them: local rank 0 runs `initialise` (on the CPU) and
   // copies the values in before publishing it; every rank points its ParamBuffer there (gradients
