@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/cli/cli_test_support.h"
+#include "tests/cluster/cluster_test.h"
 #include "tests/support/process.h"
 
 namespace cohort::testing {
@@ -51,35 +52,22 @@ std::string join(const std::vector<std::string>& words) {
   return line;
 }
 
-class FaultTest : public ::testing::Test {
+class FaultTest : public ClusterTest {
  protected:
+  FaultTest() : ClusterTest("cf") {}
   void SetUp() override {
-    dir_ = freshTempDir();  // under TEST_TMPDIR: the host's file system, which every node shares
-    cluster_ = runfile("scripts/cluster");
-    // A cluster of this test's own (names, state, lock): per process and per test.
-    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    env_ = {"COHORT_CLUSTER_NAME=cf" + std::to_string(::getpid() % 100000) + "-" +
-            std::to_string(std::hash<std::string>{}(test) % 1000)};
-    CommandResult check = cluster({"check"});
-    if (check.exitCode == 77)
-      GTEST_SKIP() << "no simulated cluster on this machine: " << check.stdoutText << check.stderrText;
-    ASSERT_EQ(check.exitCode, 0) << check.describe();
+    ClusterTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     CommandResult up = cluster({"up", "2", "--rate", "1gbit"}, std::chrono::seconds(60));
     ASSERT_EQ(up.exitCode, 0) << up.describe();
     up_ = true;
   }
   void TearDown() override {
-    if (!up_) return;
+    if (!up_) return ClusterTest::TearDown();
     CommandResult down = cluster({"down"}, std::chrono::seconds(60));
     EXPECT_EQ(down.exitCode, 0) << down.describe();
     CommandResult status = cluster({"status"});
     EXPECT_NE(status.stdoutText.find(": down"), std::string::npos) << "the cluster is gone: " << status.describe();
-  }
-
-  CommandResult cluster(const std::vector<std::string>& args, std::chrono::seconds timeout = std::chrono::seconds(30)) {
-    std::vector<std::string> argv = {cluster_};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return runCommand(argv, {.timeout = timeout, .workingDirectory = "", .extraEnvironment = env_});
   }
 
   // `cohort train ... extra` on 2 nodes x 2 workers; with node1Extra, mpirun's MPMD form
@@ -149,8 +137,6 @@ echo "DRIVER fault_to_error_ms=$t_err"
     EXPECT_EQ(ls.stdoutText, "") << "node " << node << "'s /dev/shm";
   }
 
-  std::string dir_, cluster_;
-  std::vector<std::string> env_;
   bool up_ = false;
 };
 

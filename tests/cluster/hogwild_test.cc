@@ -22,6 +22,7 @@
 
 #include "nn/checkpoint.h"
 #include "tests/cli/cli_test_support.h"
+#include "tests/cluster/cluster_test.h"
 #include "tests/support/process.h"
 
 namespace cohort::testing {
@@ -86,19 +87,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-class HogwildClusterTest : public ::testing::Test {
+class HogwildClusterTest : public ClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = freshTempDir();  // the host's file system, which every node shares
-    cluster_ = runfile("scripts/cluster");
-    env_ = {"COHORT_CLUSTER_NAME=chw" + std::to_string(::getpid() % 100000)};
-    CommandResult check = runCommand({cluster_, "check"}, {.extraEnvironment = env_});
-    if (check.exitCode == 77) GTEST_SKIP() << "no simulated cluster on this machine: " << check.stdoutText << check.stderrText;
-    ASSERT_EQ(check.exitCode, 0) << check.describe();
-  }
-  void TearDown() override {
-    if (!cluster_.empty()) runCommand({cluster_, "down"}, {.extraEnvironment = env_});
-  }
+  HogwildClusterTest() : ClusterTest("chw") {}
   // Runs `lines` one after another on the head node of a fresh 2-node cluster (stopping at the first
   // that fails); each run's output starts with "=== RUN".
   CommandResult onCluster(const std::vector<std::string>& lines) {
@@ -129,8 +120,6 @@ class HogwildClusterTest : public ::testing::Test {
     }
     return averages0.empty() || averages0.back().size() < 3 ? "" : averages0.back()[2];
   }
-  std::string dir_, cluster_;
-  std::vector<std::string> env_;
 };
 
 TEST_F(HogwildClusterTest, TwoNodesReachTheAccuracyOfOneNodeAndAgreeAfterEachAverage) {

@@ -16,6 +16,7 @@
 
 #include "nn/checkpoint.h"
 #include "tests/cli/cli_test_support.h"
+#include "tests/cluster/cluster_test.h"
 #include "tests/support/process.h"
 
 namespace cohort::testing {
@@ -29,23 +30,9 @@ std::vector<std::string> trainArgs(int batch, const std::string& checkpoint) {
           "--checkpoint", checkpoint, "--progress-every", "0"};
 }
 
-class MultiNodeTest : public ::testing::Test {
+class MultiNodeTest : public ClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = freshTempDir();  // under the test's TEST_TMPDIR: the host's file system, which every node shares
-    cluster_ = runfile("scripts/cluster");
-    // A cluster of this test's own (names, state, lock), so it never meets another run's.
-    env_ = {"COHORT_CLUSTER_NAME=cmn" + std::to_string(::getpid() % 100000)};
-    CommandResult check = runCommand({cluster_, "check"}, {.extraEnvironment = env_});
-    if (check.exitCode == 77) GTEST_SKIP() << "no simulated cluster on this machine: " << check.stdoutText << check.stderrText;
-    ASSERT_EQ(check.exitCode, 0) << check.describe();
-  }
-  // `run` tears the cluster down itself, except when it is killed (a timeout here): then this does.
-  void TearDown() override {
-    if (!cluster_.empty()) runCommand({cluster_, "down"}, {.extraEnvironment = env_});
-  }
-  std::string dir_, cluster_;
-  std::vector<std::string> env_;
+  MultiNodeTest() : ClusterTest("cmn") {}
 };
 
 std::vector<std::string> mpirunAcross(const std::string& cluster, const std::string& hosts, int np) {
