@@ -126,9 +126,12 @@ class MpiState {
   }
 
   ~MpiState() {
-    // Collectives nobody waited for are finished first (bounded), so MPI can still be finalised.
+    // Collectives nobody waited for are finished first (bounded), so MPI can still be finalised;
+    // not once a communicator of this process has failed: its peers may be gone, and waiting out
+    // the timeout again would only delay the report of the error (a job with several
+    // communicators, such as the hierarchical backend's or the sharded strategy's).
     const Clock::time_point deadline = Clock::now() + drainTimeout_;
-    while (!error_ && !pending_.empty() && Clock::now() < deadline) {
+    while (!error_ && !environment_.failed() && !pending_.empty() && Clock::now() < deadline) {
       try {
         progress();
       } catch (...) {
@@ -413,6 +416,7 @@ class MpiState {
   // After an error: cancel the fingerprint receives nobody will complete; any request that
   // cannot be finished keeps MPI_Finalize from running at exit (it could hang on it).
   void abandon() {
+    environment_.markFailed();
     bool clean = true;
     for (auto& op : pending_) {
       if (op->phase == Phase::kData) clean = false;

@@ -50,6 +50,16 @@ void MpiEnvironment::markUnclean() {
   unclean_ = true;
 }
 
+void MpiEnvironment::markFailed() {
+  std::lock_guard<std::mutex> lock(environmentMutex());
+  failed_ = true;
+}
+
+bool MpiEnvironment::failed() const {
+  std::lock_guard<std::mutex> lock(environmentMutex());
+  return failed_;
+}
+
 void checkMpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];

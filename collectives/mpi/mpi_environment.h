@@ -7,7 +7,7 @@
 // no communicator left requests unfinished (markUnclean): MPI_Finalize with a request pending, or
 // with a peer stuck, can hang, and a job that failed with a timeout is better ended by mpirun
 // noticing the missing MPI_Finalize than by a hang.
-// Thread safety: acquire() and markUnclean() may be called from any thread.
+// Thread safety: every member function may be called from any thread.
 #pragma once
 
 namespace cohort::collectives::mpi_detail {
@@ -18,6 +18,10 @@ class MpiEnvironment {
   static MpiEnvironment& acquire();
   // Some request will never be completed: do not call MPI_Finalize at exit.
   void markUnclean();
+  // A communicator of this process failed (a timeout, a mismatch, an MPI error), and whether one did:
+  // the others then abandon what is pending when destroyed rather than wait for it.
+  void markFailed();
+  bool failed() const;
 
   MpiEnvironment(const MpiEnvironment&) = delete;
   MpiEnvironment& operator=(const MpiEnvironment&) = delete;
@@ -28,6 +32,7 @@ class MpiEnvironment {
 
   bool initialisedHere_ = false;
   bool unclean_ = false;
+  bool failed_ = false;
 };
 
 // Throws PeerError "<what>: <MPI's error string>" when rc is not MPI_SUCCESS.
