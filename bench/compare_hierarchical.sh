@@ -7,8 +7,11 @@
 #   peer   Open MPI's blocking MPI_Allreduce over all ranks (../shared/bench-peers/w1_allreduce_mpi.cpp,
 #          compiled into a temporary directory, not copied)
 # float32 sum, out of place, the same sizes; per layout and size the median busbw of each and the
-# ratios hier/mpi and hier/peer. Then, with TRAIN=1 (default), 2-node `cohort train` throughput
-# (samples/s, an MLP whose gradient is 7 MiB) over hierarchical and flat mpi.
+# ratios hier/mpi and hier/peer. Then, with TRAIN=1 (default), for each of TRAIN_LAYOUTS (default
+# "2x2:slot 2x2:node"; two nodes), 2-node `cohort train` throughput
+# (samples/s, an MLP whose gradient is 7 MiB) over hierarchical with one shared copy per node
+# (--no-replicas), hierarchical with a replica per worker (the default), and flat mpi (replicas).
+#   LAYOUTS=" " TRAIN_LAYOUTS=2x2:node bench/compare_hierarchical.sh   # training only
 #
 #   bench/compare_hierarchical.sh                         # REPS=3, rate 1gbit, 16M..256M
 #   RATE=400mbit LAYOUTS="2x2:slot 2x2:node" REPS=5 bench/compare_hierarchical.sh
@@ -26,6 +29,7 @@ STEP_FACTOR=${STEP_FACTOR:-4}
 ITERS=${ITERS:-5}
 LAYOUTS=${LAYOUTS:-2x2:slot 2x2:node 4x2:slot 4x2:node}
 TRAIN=${TRAIN:-1}
+TRAIN_LAYOUTS=${TRAIN_LAYOUTS:-2x2:slot 2x2:node}
 PEERS=${PEERS:-../shared/bench-peers}
 export COHORT_CLUSTER_NAME=${COHORT_CLUSTER_NAME:-cbench}
 # Inside a node /tmp is the node's own: the peer binary and results go where every node sees them.
@@ -66,17 +70,24 @@ EOF
 done
 
 if [ "$TRAIN" = 1 ]; then
-  run=$(mpirun_for 2x2:slot)
-  cat >"$work/train.sh" <<EOF
-set -eo pipefail
+  echo "set -eo pipefail" >"$work/train.sh"
+  for layout in $TRAIN_LAYOUTS; do
+    run=$(mpirun_for "$layout")
+    cat >>"$work/train.sh" <<EOF
 for rep in \$(seq 1 $REPS); do
-  for backend in hierarchical mpi; do
+  for variant in shared replicas mpi; do
+    case \$variant in
+      shared) flags="--backend hierarchical --no-replicas" ;;
+      replicas) flags="--backend hierarchical --replicas" ;;
+      mpi) flags="--backend mpi" ;;
+    esac
     $run $cohort train --data synthetic --model mlp:784,1024,1024,10 --batch-size 64 --threads 1 \
-        --mode allreduce --backend \$backend --max-steps 60 --progress-every 0 --timeout 300 |
-      sed -nE "s/.*RESULT .*samples_per_s=([0-9.]+).*/train \$backend 0 0 \1 0/p"
+        --mode allreduce \$flags --max-steps 60 --progress-every 0 --timeout 300 |
+      sed -nE "s/.*RESULT .*samples_per_s=([0-9.]+).*/train:$layout \$variant 0 0 \1 0/p"
   done
 done
 EOF
+  done
   scripts/cluster run 2 --rate "$RATE" -- bash "$work/train.sh" >>"$work/raw" 2>"$work/err" ||
     { cat "$work/err" >&2; exit 1; }
 fi
@@ -87,7 +98,7 @@ rows = [l.split() for l in open(sys.argv[1])]
 def med(layout, peer, b):
     v = [float(r[4]) for r in rows if r[0] == layout and r[1] == peer and int(r[2]) == b]
     return (statistics.median(v) if v else float("nan")), v
-layouts = [l for l in dict.fromkeys(r[0] for r in rows) if l != "train"]
+layouts = [l for l in dict.fromkeys(r[0] for r in rows) if not l.startswith("train")]
 print(f"busbw GB/s (median of the runs) at link rate {sys.argv[2]}; hier = hierarchical, mpi = flat MPI_Iallreduce "
       "(cohort --backend mpi), peer = flat blocking MPI_Allreduce")
 print(f"{'layout':>9} {'bytes':>10} {'hier':>7} {'mpi':>7} {'peer':>7} {'hier/mpi':>9} {'hier/peer':>10}   runs hier | mpi | peer")
@@ -99,11 +110,17 @@ for layout in layouts:
               + " | ".join(" ".join(f"{x:.3f}" for x in v) for v in (hv, mv, pv)) + (f"  WRONG={wrong}" if wrong else ""))
         print(f"RESULT compare=hierarchical layout={layout} rate={sys.argv[2]} bytes={b} hier_busbw_gbps={h:.4f} "
               f"mpi_busbw_gbps={m:.4f} peer_busbw_gbps={p:.4f} hier_over_mpi={h / m:.2f} hier_over_peer={h / p:.2f}")
-train = {k: [float(r[4]) for r in rows if r[0] == "train" and r[1] == k] for k in ("hierarchical", "mpi")}
-if train["hierarchical"] and train["mpi"]:
-    h, m = statistics.median(train["hierarchical"]), statistics.median(train["mpi"])
-    print(f"train 2x2:slot mlp:784,1024,1024,10 samples/s: hierarchical {h:.0f} mpi {m:.0f} ratio {h / m:.2f}   runs "
-          + " | ".join(" ".join(f"{x:.0f}" for x in train[k]) for k in ("hierarchical", "mpi")))
-    print(f"RESULT compare=hierarchical_train layout=2x2:slot rate={sys.argv[2]} hier_samples_per_s={h:.0f} "
-          f"mpi_samples_per_s={m:.0f} ratio={h / m:.2f}")
+variants = ("shared", "replicas", "mpi")
+for layout in [l for l in dict.fromkeys(r[0] for r in rows) if l.startswith("train:")]:
+    train = {k: [float(r[4]) for r in rows if r[0] == layout and r[1] == k] for k in variants}
+    if not all(train.values()):
+        continue
+    s, h, m = (statistics.median(train[k]) for k in variants)
+    name = layout.split(":", 1)[1]
+    print(f"train {name} mlp:784,1024,1024,10 samples/s: hierarchical one copy per node {s:.0f}, hierarchical "
+          f"replicas {h:.0f}, mpi {m:.0f}; ratios to mpi {s / m:.2f} {h / m:.2f}   runs "
+          + " | ".join(" ".join(f"{x:.0f}" for x in train[k]) for k in variants))
+    print(f"RESULT compare=hierarchical_train layout={name} rate={sys.argv[2]} shared_samples_per_s={s:.0f} "
+          f"replicas_samples_per_s={h:.0f} mpi_samples_per_s={m:.0f} shared_over_mpi={s / m:.2f} "
+          f"replicas_over_mpi={h / m:.2f}")
 PY

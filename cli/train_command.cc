@@ -46,8 +46,11 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--mode", f.mode, "local | hogwild | allreduce")->capture_default_str();
   c.add_option("--backend", f.backend, "all-reduce backend: shm | mpi | nccl");
   c.add_flag("--replicas", f.replicas,
-             "--mode allreduce --backend shm: a full replica per worker and bucketed gradient all-reduce, instead of "
-             "one shared parameter copy that each worker updates a shard of");
+             "--mode allreduce on the CPU: a full replica per worker and bucketed gradient all-reduce, instead of "
+             "one shared parameter copy per node that each worker updates a shard of (the default across nodes)");
+  c.add_flag("--no-replicas", f.noReplicas,
+             "--mode allreduce on the CPU: one shared parameter copy per node, each worker updating a shard of it "
+             "(the default on one node; across nodes over --backend hierarchical, the default there)");
   c.add_option("--device", f.device, "cpu | cuda[:N]")->capture_default_str();
   c.add_option("--epochs", f.epochs, "epochs to train")->capture_default_str();
   c.add_option("--batch-size", f.batchSize, "samples per step and worker")->capture_default_str();
@@ -153,7 +156,15 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   runtime::timeoutFromSeconds(f.timeout, "--timeout");  // refuses <= 0 and NaN; saturates huge values
   if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
-  if (f.replicas && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--replicas applies to --mode allreduce only";
+  const char* replicasFlag = f.replicas ? "--replicas" : "--no-replicas";
+  if (f.replicas && f.noReplicas) COHORT_THROW(InvalidArgument) << "--replicas and --no-replicas contradict each other: give one";
+  if ((f.replicas || f.noReplicas) && f.mode != "allreduce") {
+    COHORT_THROW(InvalidArgument) << replicasFlag << " applies to --mode allreduce only";
+  }
+  if (f.noReplicas && f.backend == "mpi") {
+    COHORT_THROW(InvalidArgument) << "--no-replicas (one shared parameter copy per node) needs --backend shm on one node "
+                                     "or hierarchical across nodes, not mpi";
+  }
   const bool onGpu = runtime::Device::parse(f.device).isCuda();
   if (onGpu && f.mode == "allreduce" && !f.backend.empty() && f.backend != "nccl") {
     COHORT_THROW(InvalidArgument) << "--backend " << f.backend << " all-reduces CPU memory; with --device " << f.device
@@ -162,7 +173,9 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (!onGpu && f.backend == "nccl") {
     COHORT_THROW(InvalidArgument) << "--backend nccl all-reduces GPU memory: add --device cuda (or use shm or mpi)";
   }
-  if (onGpu && f.replicas) COHORT_THROW(InvalidArgument) << "--replicas applies to CPU training (GPU all-reduce always replicates)";
+  if (onGpu && (f.replicas || f.noReplicas)) {
+    COHORT_THROW(InvalidArgument) << replicasFlag << " applies to CPU training (GPU all-reduce always replicates)";
+  }
   if (f.threads < 1 || f.threads > kMaxThreads) {
     COHORT_THROW(InvalidArgument) << "--threads must be 1.." << kMaxThreads << " BLAS threads per worker, got " << f.threads;
   }
@@ -366,7 +379,7 @@ int runTrain(const TrainFlags& f) {
   const bool classification = f.loss == "ce";
   train::Job job({.mode = train::parseMode(f.mode),
                   .backend = f.backend,
-                  .replicas = f.replicas,
+                  .replicas = f.replicas || f.noReplicas ? std::optional<bool>(f.replicas) : std::nullopt,
                   .device = f.device,
                   .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout"),
                   .averageEvery = f.averageEvery},
@@ -408,10 +421,10 @@ int runTrain(const TrainFlags& f) {
                           .tracePath = f.trace,
                           .traceSpans = static_cast<size_t>(f.traceSpans),
                           .stepReport = f.stepReport});
-  const bool hogwild = job.options().mode == train::Mode::kHogwild;
+  const bool shared = job.sharedParams() && world.worldSize > 1;
   log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
-             << (hogwild && !world.spansNodes() ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string())
-             << (hogwild && world.spansNodes() ? ", one copy per node" : std::string()) << ") on "
+             << (shared && !world.spansNodes() ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string())
+             << (shared && world.spansNodes() ? ", one copy per node" : std::string()) << ") on "
              << trainSet->name() << " (" << trainer.loader().samplesPerEpoch() << " samples per epoch"
              << (testSet ? ", test " + std::to_string(testSet->size()) : std::string()) << "), " << optimizer->name()
              << " lr " << lr << (trainer.lrSchedule() ? " (" + trainer.lrSchedule()->describe() + ")" : std::string())

@@ -24,7 +24,8 @@ struct TrainFlags {
   bool augment = false;
   std::string mode = "local";
   std::string backend;
-  bool replicas = false;  // allreduce over shm: full replicas and gradient all-reduce, not one shared copy
+  bool replicas = false;    // allreduce on the CPU: full replicas and gradient all-reduce, not one shared copy per node
+  bool noReplicas = false;  // allreduce on the CPU: one shared copy per node (the default on one node)
   std::string device = "cpu";
   int64_t epochs = 1;
   int64_t batchSize = 64;

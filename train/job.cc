@@ -86,7 +86,13 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
   if (!o.backend.empty() && o.mode != Mode::kAllReduce) {
     COHORT_THROW(InvalidArgument) << "backend '" << o.backend << "' applies to mode allreduce only, not " << mode;
   }
-  if (o.replicas && o.mode != Mode::kAllReduce) COHORT_THROW(InvalidArgument) << "replicas apply to mode allreduce only";
+  if (o.replicas.has_value() && o.mode != Mode::kAllReduce) {
+    COHORT_THROW(InvalidArgument) << "replicas apply to mode allreduce only";
+  }
+  if (o.replicas == false && o.backend == "mpi") {
+    COHORT_THROW(InvalidArgument) << "one shared parameter copy per node (replicas false) needs backend shm on one node "
+                                     "or hierarchical across nodes, not mpi";
+  }
   const bool onGpu = runtime::Device::parse(o.device).isCuda();
   if (onGpu && o.mode == Mode::kAllReduce && !o.backend.empty() && o.backend != "nccl") {
     COHORT_THROW(InvalidArgument) << "backend " << o.backend << " all-reduces CPU memory; on device " << o.device
@@ -95,7 +101,7 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
   if (!onGpu && o.backend == "nccl") {
     COHORT_THROW(InvalidArgument) << "backend nccl all-reduces GPU memory: train on device cuda (or use shm, mpi or hierarchical)";
   }
-  if (onGpu && o.replicas) COHORT_THROW(InvalidArgument) << "replicas apply to CPU training (GPU all-reduce always replicates)";
+  if (onGpu && o.replicas.has_value()) COHORT_THROW(InvalidArgument) << "replicas apply to CPU training (GPU all-reduce always replicates)";
   if (onGpu && o.mode == Mode::kHogwild && world.spansNodes()) {
     COHORT_THROW(InvalidArgument) << "mode hogwild across nodes averages the nodes' copies on the CPU, but this job has "
                                   << world.worldSize << " ranks with " << world.localWorldSize
@@ -135,6 +141,12 @@ std::string Job::resolveBackend() const {
 }
 
 std::string Job::backend() const { return backend_.empty() ? "none" : backend_; }
+
+bool Job::replicas() const {
+  if (options_.mode != Mode::kAllReduce) return false;
+  if (gpu_ || backend_ == "mpi" || (backend_ == "hierarchical" && !world_.spansNodes())) return true;
+  return options_.replicas.value_or(world_.spansNodes());
+}
 
 int64_t Job::averageEvery() const {
   if (options_.mode != Mode::kHogwild || !world_.spansNodes()) return 0;
@@ -176,11 +188,23 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                             }
                           },
                           .timeline = timeline_};
-  const bool sharded = options_.mode == Mode::kAllReduce && backend_ == "shm" && !options_.replicas && !gpu_;
+  // One shared copy per node on the CPU: by default over shm on one node; asked for, also across
+  // nodes over hierarchical, which needs every node the same size (else replicas over flat mpi by
+  // default; asked for, a refusal).
+  const bool sharded = options_.mode == Mode::kAllReduce && !gpu_ && !replicas();
   if (options_.mode == Mode::kHogwild) {
     strategy_ = std::make_unique<HogwildStrategy>(context, HogwildOptions{.averageEvery = std::max<int64_t>(averageEvery(), 1)});
-  } else if (sharded) {
+  } else if (sharded && backend_ == "shm") {
     strategy_ = std::make_unique<ShardedStrategy>(context);
+  } else if (sharded && backend_ == "hierarchical" && world_.spansNodes()) {
+    collectives::NodeGroups groups = collectives::makeNodeGroups(
+        {.backend = backend_, .world = world_, .timeout = options_.timeout}, options_.backend.empty());
+    if (groups.cross) {
+      strategy_ = std::make_unique<ShardedStrategy>(context, std::move(groups));
+    } else {
+      backend_ = "mpi";
+      strategy_ = std::make_unique<ReplicaStrategy>(context, backend_);
+    }
   } else if (options_.mode == Mode::kAllReduce) {
     // The default backend is left to makeCommunicator, which falls back from hierarchical to flat
     // mpi where the nodes run different numbers of workers: the job reports what it got.
@@ -209,7 +233,7 @@ Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optim
   const nn::OptimizerOptions& opt = optimizer.options();
   Settings s = {{"mode", toString(options_.mode)},
                 {"backend", backend()},
-                {"replicas", options_.replicas ? "yes" : "no"},
+                {"replicas", replicas() ? "yes" : "no"},
                 {"device", device_.isCuda() ? "cuda" : "cpu"},
                 {"world_size", std::to_string(world_.worldSize)},
                 {"model", model.name},
@@ -298,6 +322,11 @@ StepResult Job::step(const StepOptions& options) {
 bool Job::lockstep() const {
   requirePlaced("Job::lockstep()");
   return strategy_->lockstep();
+}
+
+bool Job::sharedParams() const {
+  requirePlaced("Job::sharedParams()");
+  return strategy_->sharedParams();
 }
 
 void Job::barrier(const std::string& what) {

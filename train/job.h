@@ -85,11 +85,14 @@ const char* toString(Mode mode);
 
 struct JobOptions {
   Mode mode = Mode::kLocal;
-  // kAllReduce: "shm", "mpi" or "nccl"; empty: nccl on a GPU, shm on one node, mpi across nodes.
+  // kAllReduce: "shm", "mpi", "hierarchical" or "nccl"; empty: nccl on a GPU, shm on one node,
+  // hierarchical across nodes (flat mpi where the nodes run different numbers of workers).
   std::string backend;
-  // kAllReduce over shm: a full replica per rank and the bucketed all-reduce instead of one shared
-  // copy updated in shards.
-  bool replicas = false;
+  // kAllReduce on the CPU: a full replica per rank and the bucketed all-reduce (true), or one shared
+  // copy per node that the node's ranks update in shards (false: over shm, or hierarchical across
+  // nodes). Unset: shared on one node; replicas across nodes, where the buckets' all-reduce overlaps
+  // backward and trains faster (docs/nn.md).
+  std::optional<bool> replicas;
   // "cpu", "cuda" (the GPU of this rank's local rank: one worker per GPU) or "cuda:N".
   std::string device = "cpu";
   // Every wait for other ranks (start-up, barriers, collectives); then TimeoutError naming them.
@@ -173,6 +176,12 @@ class Job {
   StepResult step(const StepOptions& options = {});
   // Whether ranks step together (false for Hogwild, whose workers meet only at barriers).
   bool lockstep() const;
+  // Whether the ranks of a node share one copy of the parameters (Hogwild; allreduce on the CPU
+  // without replicas), rather than each holding its own.
+  bool sharedParams() const;
+  // kAllReduce: whether every rank keeps a replica (JobOptions::replicas resolved; always on a GPU
+  // and over mpi). False in the other modes.
+  bool replicas() const;
 
   // Collective: InvalidArgument on every rank when any rank's `settings` differ from rank 0's,
   // naming the ranks and the first differing setting with both values (nothing happens in a world

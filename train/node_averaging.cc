@@ -3,20 +3,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "collectives/mpi/mpi_communicator.h"
 #include "runtime/digest.h"
 #include "runtime/error.h"
+#include "train/strategy.h"
 
 namespace cohort::train {
 
 namespace {
-
-// Doubles travel as the raw bits of two floats: the gather moves bytes, so every rank reduces
-// exactly the values the others had (counts of samples, seconds, bit patterns of any kind).
-constexpr size_t kFloatsPerDouble = sizeof(double) / sizeof(float);
-static_assert(sizeof(double) == 2 * sizeof(float));
 
 // What each rank adds to its row of a gather: its steps since the last full average, and (leaders)
 // the rounds it started since then; -1 for the other workers.
@@ -99,11 +94,7 @@ std::vector<double> NodeAveraging::gather(std::span<const double> mine) {
   std::vector<double> row(mine.begin(), mine.end());
   row.push_back(static_cast<double>(steps_));
   row.push_back(leader() ? static_cast<double>(roundsStarted_) : -1.0);
-  std::vector<float> sent(n * kFloatsPerDouble), received(ranks * n * kFloatsPerDouble);
-  std::memcpy(sent.data(), row.data(), n * sizeof(double));
-  all_->allGather(sent.data(), received.data(), sent.size())->wait(timeout_);
-  std::vector<double> rows(ranks * n);
-  std::memcpy(rows.data(), received.data(), rows.size() * sizeof(double));
+  const std::vector<double> rows = gatherDoubles(*all_, row, timeout_);
 
   std::vector<double> values(ranks * mine.size());
   bool stepped = false;

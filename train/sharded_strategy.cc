@@ -10,7 +10,12 @@
 
 namespace cohort::train {
 
-ShardedStrategy::ShardedStrategy(const StrategyContext& c) : SegmentStrategy(c, 0) {
+ShardedStrategy::ShardedStrategy(const StrategyContext& c, collectives::NodeGroups groups)
+    : SegmentStrategy(c, 0, groups.cross ? NodeScope::kEachNode : NodeScope::kOneNode),
+      world_(std::move(groups.world)),
+      cross_(std::move(groups.cross)),
+      rank_(c.world.rank),
+      worldSize_(c.world.worldSize) {
   COHORT_CHECK(!c.gpu) << "the sharded strategy runs on the CPU";
   const int rank = localRank();
   shared_ = shareParams(c, params_.numel(), optimizer_.stateFloats());
@@ -23,32 +28,54 @@ ShardedStrategy::ShardedStrategy(const StrategyContext& c) : SegmentStrategy(c, 
     float* g = params_.grads().data();
     for (int64_t i = b; i < e; ++i) g[i] *= clip_;
   };
+  if (acrossNodes()) {
+    // Every node starts from world rank 0's node's copy (a program's own initialisation may differ
+    // between nodes); local rank 0 is rank 0 of its cross-node communicator on node 0.
+    if (rank == 0) cross_->broadcast(params_.values().data(), static_cast<size_t>(params_.numel()), 0)->wait(timeout_);
+    SegmentStrategy::barrier("the first node's parameters");
+  }
 }
 
 StepResult ShardedStrategy::step(const StepPlan& plan) {
   COHORT_CHECK(params_.grads().data() == shared_->perRank(localRank()) && params_.values().data() == shared_->values())
       << "the sharded strategy steps the segment's own parameters and gradients";
-  barrier("gradients");
+  SegmentStrategy::barrier("gradients");
   const int64_t reduceStart = timeline_.active() ? timeline_.now() : 0;
-  // 1. This rank's shard of the averaged gradient, block by block, and the sum of its squares.
+  collectives::WorkPtr flagWork;
+  if (acrossNodes() && plan.exchangeLoss) {
+    lossFlag_ = plan.lossFinite ? 0.0f : static_cast<float>(worldSize_ - rank_);
+    flagWork = world_->allReduce(&lossFlag_, &lossFlag_, 1, {.op = collectives::ReduceOp::kMax});
+  }
+  // 1. This rank's shard of the averaged gradient, block by block, and the sum of its squares
+  //    (across nodes, once the shard is averaged with the other nodes' too).
   reduce_->setScale(plan.gradScale);
   ++reductions_;
-  const float* grads = params_.grads().data();
+  float* grads = params_.grads().data();
   double squares = 0;
   constexpr int64_t kBlock = 1024;
   for (int64_t b = reduce_->begin(); b < reduce_->end(); b += kBlock) {
     const int64_t e = std::min(reduce_->end(), b + kBlock);
     reduce_->averageBlock(b, e);
-    squares += nn::sumOfSquares({grads + b, static_cast<size_t>(e - b)});
+    if (!acrossNodes()) squares += nn::sumOfSquares({grads + b, static_cast<size_t>(e - b)});
+  }
+  int lossRank = -1;
+  if (acrossNodes()) {
+    const auto shard = static_cast<size_t>(reduce_->end() - reduce_->begin());
+    float* mine = grads + reduce_->begin();
+    cross_->allReduce(mine, mine, shard, {.op = collectives::ReduceOp::kAvg})->wait(timeout_);
+    squares = nn::sumOfSquares({mine, shard});
+    if (flagWork) {
+      flagWork->wait(timeout_);
+      if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
+    }
   }
   // 2. Every rank's sum and loss flag, added in rank order: the same norm and verdict everywhere.
   const double mine[2] = {squares, plan.lossFinite ? 0.0 : 1.0};
   std::span<const double> all = segment_.allGather(mine, {.what = "gradient norm", .timeout = timeout_});
   double total = 0;
-  int lossRank = -1;
   for (int r = 0; r < localWorldSize(); ++r) {
     total += all[2 * static_cast<size_t>(r)];
-    if (all[2 * static_cast<size_t>(r) + 1] != 0 && lossRank < 0) lossRank = r;
+    if (!acrossNodes() && all[2 * static_cast<size_t>(r) + 1] != 0 && lossRank < 0) lossRank = r;
   }
   StepResult result = judgeStep(std::sqrt(total), lossRank, -1);
   if (timeline_.active()) {
@@ -67,8 +94,21 @@ StepResult ShardedStrategy::step(const StepPlan& plan) {
     Timeline::Scope span(timeline_, SpanKind::kOptimizer);
     optimizer_.stepSlice(params_.values(), params_.grads(), reduce_->begin(), reduce_->end(), clip_ < 1.0f ? clipBlock_ : kNone);
   }
-  barrier("parameters");
+  SegmentStrategy::barrier("parameters");
   return result;
+}
+
+void ShardedStrategy::barrier(const std::string& what) {
+  SegmentStrategy::barrier(what);
+  if (!acrossNodes()) return;
+  Timeline::Scope span(timeline_, SpanKind::kBarrier);
+  world_->barrier()->wait(timeout_);
+}
+
+void ShardedStrategy::reduce(std::span<double> values, ScalarOp op) {
+  if (!acrossNodes()) return SegmentStrategy::reduce(values, op);
+  const std::vector<double> all = gatherDoubles(*world_, values, timeout_);
+  reduceRows(values, all, worldSize_, op);
 }
 
 // One parameter copy and one optimizer state for the node: local rank 0 loads them before the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "nn/grad_norm.h"
 #include "runtime/error.h"
@@ -125,6 +126,18 @@ void reduceRows(std::span<double> values, std::span<const double> all, int ranks
     }
     values[i] = op == ScalarOp::kMean ? acc / ranks : acc;
   }
+}
+
+std::vector<double> gatherDoubles(collectives::Communicator& comm, std::span<const double> mine,
+                                  std::chrono::milliseconds timeout) {
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  std::vector<double> all(static_cast<size_t>(comm.size()) * mine.size());
+  if (mine.empty()) return all;
+  std::vector<float> sent(2 * mine.size()), received(2 * all.size());
+  std::memcpy(sent.data(), mine.data(), mine.size_bytes());
+  comm.allGather(sent.data(), received.data(), sent.size())->wait(timeout);
+  std::memcpy(all.data(), received.data(), all.size() * sizeof(double));
+  return all;
 }
 
 }  // namespace cohort::train

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/communicator.h"
 #include "nn/checkpoint.h"
 #include "nn/module.h"
 #include "nn/optimizer.h"
@@ -154,5 +155,9 @@ void loadSingleOptimizerState(const CheckpointReader& reader, nn::Optimizer& opt
 void loadParams(const CheckpointReader& reader, const nn::ParamBuffer& params);
 // `values` reduced elementwise with `op` over `ranks` rank-major rows of all (values.size() each).
 void reduceRows(std::span<double> values, std::span<const double> all, int ranks, ScalarOp op);
+// Every rank's `mine` (the same size on every rank), rank-major, gathered over `comm` as raw bits:
+// each rank reduces exactly the values the others had (doubles do not survive a float reduction).
+std::vector<double> gatherDoubles(collectives::Communicator& comm, std::span<const double> mine,
+                                  std::chrono::milliseconds timeout);
 
 }  // namespace cohort::train

@@ -51,19 +51,6 @@ struct Op {
   std::exception_ptr error;
 };
 
-// Who is where, from one all-gather over the world at creation: world rank -> local rank.
-struct Layout {
-  std::vector<int> localRank;  // by world rank
-  int localSize = 1;           // workers per node (the same on every node)
-  int nodes = 1;
-  // The position of world rank `w` in its local rank's cross-node communicator (world-rank order).
-  int crossRank(int w) const {
-    int position = 0;
-    for (int r = 0; r < w; ++r) position += localRank[r] == localRank[w];
-    return position;
-  }
-};
-
 class HierarchicalCommunicator;
 
 class HierarchicalWork : public Work {
@@ -82,12 +69,11 @@ class HierarchicalWork : public Work {
 
 class HierarchicalCommunicator : public Communicator {
  public:
-  HierarchicalCommunicator(const CommunicatorOptions& options, Layout layout, std::unique_ptr<Communicator> world,
-                           std::unique_ptr<Communicator> cross, std::unique_ptr<Communicator> node)
+  HierarchicalCommunicator(const CommunicatorOptions& options, NodeGroups groups, std::unique_ptr<Communicator> node)
       : timeout_(options.timeout),
-        layout_(std::move(layout)),
-        world_(std::move(world)),
-        cross_(std::move(cross)),
+        world_(std::move(groups.world)),
+        cross_(std::move(groups.cross)),
+        layout_(std::move(groups)),
         node_(std::move(node)),
         where_("node " + hostName()),
         thread_([this] { loop(); }) {}
@@ -391,9 +377,9 @@ class HierarchicalCommunicator : public Communicator {
   }
 
   std::chrono::milliseconds timeout_;
-  Layout layout_;
   std::unique_ptr<Communicator> world_;  // every rank: reduce-scatter and all-gather in world order
   std::unique_ptr<Communicator> cross_;  // this local rank of every node
+  NodeGroups layout_;                    // who is where (its communicators moved to the two above)
   std::unique_ptr<Communicator> node_;   // this node's workers (shared memory); null for one per node
   std::string where_;                    // "node HOST", for messages
   std::vector<float> staging_;  // the padded whole when the count does not split evenly
@@ -413,34 +399,46 @@ void HierarchicalWork::wait(std::chrono::milliseconds timeout) { comm_.waitFor(*
 
 }  // namespace
 
-std::unique_ptr<Communicator> makeHierarchicalCommunicator(const CommunicatorOptions& options, bool flatWhenUneven) {
-  std::unique_ptr<Communicator> world = makeMpiCommunicator(options);
+int NodeGroups::crossRank(int w) const {
+  int position = 0;
+  for (int r = 0; r < w; ++r) position += localRank[r] == localRank[w];
+  return position;
+}
+
+NodeGroups makeNodeGroups(const CommunicatorOptions& options, bool flatWhenUneven) {
+  NodeGroups groups;
+  groups.world = makeMpiCommunicator(options);
+  const Communicator& world = *groups.world;
   // Every rank's workers per node and local rank (small integers: exact in floats).
   const float mine[2] = {static_cast<float>(options.world.localWorldSize), static_cast<float>(options.world.localRank)};
-  std::vector<float> all(2 * static_cast<size_t>(world->size()));
-  world->allGather(mine, all.data(), 2)->wait(options.timeout);
-  Layout layout;
-  layout.localSize = options.world.localWorldSize;
-  for (int r = 0; r < world->size(); ++r) {
-    layout.localRank.push_back(static_cast<int>(all[2 * r + 1]));
+  std::vector<float> all(2 * static_cast<size_t>(world.size()));
+  groups.world->allGather(mine, all.data(), 2)->wait(options.timeout);
+  groups.localSize = options.world.localWorldSize;
+  for (int r = 0; r < world.size(); ++r) {
+    groups.localRank.push_back(static_cast<int>(all[2 * r + 1]));
     const int theirs = static_cast<int>(all[2 * r]);
-    if (theirs == layout.localSize) continue;
-    if (flatWhenUneven) return world;
+    if (theirs == groups.localSize) continue;
+    if (flatWhenUneven) return groups;
     COHORT_THROW(InvalidArgument) << "the hierarchical backend needs the same number of workers on every node, but rank "
-                                  << world->rank() << "'s node runs " << layout.localSize << " and rank " << r
+                                  << world.rank() << "'s node runs " << groups.localSize << " and rank " << r
                                   << "'s node runs " << theirs << ": use --backend mpi";
   }
-  layout.nodes = world->size() / layout.localSize;
-  std::unique_ptr<Communicator> cross = makeMpiCommunicator(options, options.world.localRank);
+  groups.nodes = world.size() / groups.localSize;
+  groups.cross = makeMpiCommunicator(options, options.world.localRank);
+  return groups;
+}
+
+std::unique_ptr<Communicator> makeHierarchicalCommunicator(const CommunicatorOptions& options, bool flatWhenUneven) {
+  NodeGroups groups = makeNodeGroups(options, flatWhenUneven);
+  if (!groups.cross) return std::move(groups.world);
   std::unique_ptr<Communicator> node;
-  if (layout.localSize > 1) {
+  if (groups.localSize > 1) {
     runtime::WorldInfo nodeWorld = options.world;
     nodeWorld.rank = options.world.localRank;
     nodeWorld.worldSize = options.world.localWorldSize;
     node = makeShmCommunicator({.backend = "shm", .world = nodeWorld, .timeout = options.timeout});
   }
-  return std::make_unique<HierarchicalCommunicator>(options, std::move(layout), std::move(world), std::move(cross),
-                                                    std::move(node));
+  return std::make_unique<HierarchicalCommunicator>(options, std::move(groups), std::move(node));
 }
 
 }  // namespace cohort::collectives

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "collectives/communicator.h"
 
@@ -35,5 +36,24 @@ namespace cohort::collectives {
 // with `flatWhenUneven`, the flat MPI communicator instead (backend() says "mpi"); otherwise
 // InvalidArgument naming two nodes' worker counts, on every rank.
 std::unique_ptr<Communicator> makeHierarchicalCommunicator(const CommunicatorOptions& options, bool flatWhenUneven);
+
+// The world split by node, for work that is shared inside each node and replicated across nodes
+// (this backend; the sharded strategy across nodes, train/sharded_strategy.h).
+struct NodeGroups {
+  std::unique_ptr<Communicator> world;  // every rank, over MPI
+  // This local rank of every node, over MPI, numbered by node (world-rank order); null when the
+  // nodes run different numbers of workers (and the caller allowed that).
+  std::unique_ptr<Communicator> cross;
+  std::vector<int> localRank;  // by world rank
+  int localSize = 1;           // workers per node
+  int nodes = 1;
+  // The position of world rank `w` in its local rank's cross-node communicator.
+  int crossRank(int w) const;
+};
+
+// Collective over the whole world: every rank's local rank and node size from one all-gather over
+// MPI, then the cross-node communicators. Nodes with different numbers of workers: `cross` stays
+// null with `flatWhenUneven`, else InvalidArgument naming two of them, on every rank.
+NodeGroups makeNodeGroups(const CommunicatorOptions& options, bool flatWhenUneven);
 
 }  // namespace cohort::collectives

@@ -149,6 +149,11 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   // Hogwild's limits name the modes that have what it lacks.
   expectInputError(withOutputs({"--mode", "hogwild", "--max-steps", "5"}),
                    {"--max-steps", "step together (--mode local or allreduce)"});
+  // How allreduce keeps the parameters: one choice, where it applies.
+  expectInputError({"--mode", "allreduce", "--replicas", "--no-replicas"}, {"--replicas and --no-replicas", "give one"});
+  expectInputError({"--mode", "hogwild", "--no-replicas"}, {"--no-replicas applies to --mode allreduce only"});
+  expectInputError({"--mode", "allreduce", "--backend", "mpi", "--no-replicas"},
+                   {"--no-replicas", "hierarchical across nodes, not mpi"});
 }
 
 // Errors found by the flag parser (CLI11) follow the same one-line contract.

@@ -1,7 +1,8 @@
 // Failures across nodes fail fast and name the lost rank and its host (issue 19), on the simulated
 // cluster (scripts/cluster, 2 nodes x 2 workers, allreduce over mpi, mpirun on the head node):
-//   - a node cut off the switch mid-training: the ranks on the other node fail within --timeout naming
-//     the ranks of the lost node and its host; mpirun exits non-zero (once the login node's TCP gives up
+//   - a node cut off the switch mid-training (over mpi, over the default: hierarchical with replicas,
+//     and over hierarchical with one copy per node): the ranks on the other node fail within
+//     --timeout naming ranks of the lost node and its host; mpirun exits non-zero (once the login node's TCP gives up
 //     on the lost node's daemon: net.ipv4.tcp_retries2=5 on the head, see docs/cluster.md "Failures");
 //   - a worker on node 1 SIGKILLed mid-training: mpirun ends the job within seconds, non-zero, naming
 //     the rank, its PID and its node;
@@ -72,13 +73,16 @@ class FaultTest : public ClusterTest {
 
   // `cohort train ... extra` on 2 nodes x 2 workers; with node1Extra, mpirun's MPMD form
   // "-np 2 PROGRAM ARGS : -np 2 PROGRAM ARGS" gives node 1's ranks node1Extra instead of extra.
+  // `backend`: the flags that choose how gradients are averaged.
   std::string mpirunLine(const std::vector<std::string>& extra, const std::vector<std::string>& node1Extra = {},
-                         const std::string& mpirunOptions = "") {
+                         const std::string& mpirunOptions = "",
+                         const std::vector<std::string>& backend = {"--backend", "mpi"}) {
     std::vector<std::string> train = {
         cohortBinary(), "train",     "--data",           "synthetic", "--model",   "mlp:784,64,10",
         "--threads",    "1",         "--batch-size",     "8",         "--epochs",  "1000",
         "--seed",       "5",         "--progress-every", "1",         "--timeout", std::to_string(kTimeoutS),
-        "--mode",       "allreduce", "--backend",        "mpi"};
+        "--mode",       "allreduce"};
+    train.insert(train.end(), backend.begin(), backend.end());
     std::string line =
         "mpirun --allow-run-as-root --oversubscribe --bind-to none --host cohort-node0:2,cohort-node1:2 " +
         mpirunOptions;
@@ -161,11 +165,16 @@ std::vector<std::string> errorsOf(const std::string& log, int rank) {
   return linesWith(log, "[rank " + std::to_string(rank) + "] cohort: error: ");
 }
 
-TEST_F(FaultTest, NodeCutOffTheSwitchIsNamedByTheOtherNodesRanks) {
+// Over flat mpi, over the default across nodes (hierarchical, replicas), and over hierarchical with
+// one shared copy per node (where each rank of node 0 waits on its partner of node 1: the same local rank).
+class NodeCut : public FaultTest, public ::testing::WithParamInterface<std::vector<std::string>> {};
+
+TEST_P(NodeCut, NodeCutOffTheSwitchIsNamedByTheOtherNodesRanks) {
   // Linux gives up on a connection with unacknowledged data after tcp_retries2 retransmissions (15 by
   // default: about 15 minutes); mpirun only exits once its connection to the lost node's daemon does
   // (docs/cluster.md "Failures"). 5 (about 13 s) on the head node, whose network namespace is its own.
-  FaultRun run = drive(mpirunLine({}), R"SH("$CLUSTER" link 1 down)SH", "sysctl -q -w net.ipv4.tcp_retries2=5");
+  FaultRun run = drive(mpirunLine({}, {}, "", GetParam()), R"SH("$CLUSTER" link 1 down)SH",
+                       "sysctl -q -w net.ipv4.tcp_retries2=5");
   show("node 1 cut off", run.log);
   const std::string all = run.command.describe() + "\nmpirun's output:\n" + run.log;
   ASSERT_FALSE(run.mpirunKilled) << all;
@@ -189,6 +198,13 @@ TEST_F(FaultTest, NodeCutOffTheSwitchIsNamedByTheOtherNodesRanks) {
   expectEmptyShm(0);
   expectEmptyShm(1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, NodeCut,
+                         ::testing::Values(std::vector<std::string>{"--backend", "mpi"}, std::vector<std::string>{},
+                                           std::vector<std::string>{"--no-replicas"}),
+                         [](const ::testing::TestParamInfo<std::vector<std::string>>& info) {
+                           return info.param.empty() ? std::string("default") : info.param.back() == "mpi" ? "mpi" : "shared_per_node";
+                         });
 
 TEST_F(FaultTest, KilledWorkerEndsTheJobNamingItsRankAndHost) {
   // The oldest `cohort` process of node 1 (in node 1's own PID namespace), and its world rank.

@@ -1,7 +1,9 @@
 // Ranks on different (simulated) hosts train correctly (issue 19): 2 nodes x 2 workers in allreduce,
-// over flat mpi and over the hierarchical backend (shm in each node, mpi between nodes), each node
-// with its own hostname, network, /dev/shm and process tree, end with the parameters of one worker
-// with the combined batch (1e-5 after 20 steps); every world line names its host. The hierarchical
+// over flat mpi and over the hierarchical backend (shm in each node, mpi between nodes) with replicas
+// (the default) and with one shared parameter copy per node (--no-replicas), each node with its own hostname,
+// network, /dev/shm and process tree, end with the parameters of one worker with the combined batch
+// (1e-5 after 20 steps, resumed from a checkpoint after 12); every world line names its host. With
+// one copy per node, a diverging job stops at the same step with the same verdict on every rank. The hierarchical
 // all-reduce gives exact results for every op on sizes that do not split evenly over 2 and 3
 // workers per node (its own check: cohort bench allreduce counts wrong elements); nodes with
 // different worker counts fall back to flat mpi by default and are refused when hierarchical is
@@ -11,6 +13,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,9 +28,9 @@ namespace {
 
 // The first layer's gradient (784 x 256 floats, 784 KiB) takes the hierarchical backend's staged,
 // pipelined path; all-reduces up to 256 KiB go over MPI directly.
-std::vector<std::string> trainArgs(int batch, const std::string& checkpoint) {
+std::vector<std::string> trainArgs(int batch, const std::string& checkpoint, int steps = 20) {
   return {cohortBinary(), "train", "--data", "synthetic", "--model", "mlp:784,256,10", "--lr", "0.05", "--momentum", "0.9",
-          "--seed", "5", "--threads", "1", "--batch-size", std::to_string(batch), "--max-steps", "20",
+          "--seed", "5", "--threads", "1", "--batch-size", std::to_string(batch), "--max-steps", std::to_string(steps),
           "--checkpoint", checkpoint, "--progress-every", "0"};
 }
 
@@ -40,16 +44,30 @@ std::vector<std::string> mpirunAcross(const std::string& cluster, const std::str
           "--bind-to", "none", "--host", hosts, "-np", std::to_string(np)};
 }
 
-class MultiNodeTraining : public MultiNodeTest, public ::testing::WithParamInterface<std::string> {};
+// A backend, and whether each worker keeps a replica (the default across nodes): hierarchical with
+// --no-replicas keeps one shared copy per node (the sharded strategy across nodes).
+using Layout = std::pair<std::string, bool>;
+
+class MultiNodeTraining : public MultiNodeTest, public ::testing::WithParamInterface<Layout> {};
 
 TEST_P(MultiNodeTraining, TwoNodesOfTwoWorkersEqualOneWorkerWithTheCombinedBatch) {
-  const std::string backend = GetParam();
+  const auto& [backend, replicas] = GetParam();
   const std::string many = dir_ + "/many.st", one = dir_ + "/one.st";
-  std::vector<std::string> argv = mpirunAcross(cluster_, "cohort-node0:2,cohort-node1:2", 4);
-  for (const std::string& a : trainArgs(8, many)) argv.push_back(a);
-  for (const std::string& a : {std::string("--mode"), std::string("allreduce"), std::string("--backend"), backend}) argv.push_back(a);
-  CommandResult r = runCommand(argv, {.timeout = std::chrono::seconds(240), .extraEnvironment = env_});
+  // 12 steps, then the rest from the checkpoint: every node's copy (or replica) is loaded from it.
+  auto across = [&](int steps, bool resume) {
+    std::vector<std::string> argv = mpirunAcross(cluster_, "cohort-node0:2,cohort-node1:2", 4);
+    for (const std::string& a : trainArgs(8, many, steps)) argv.push_back(a);
+    for (const std::string& a : {std::string("--mode"), std::string("allreduce"), std::string("--backend"), backend}) argv.push_back(a);
+    if (!replicas) argv.push_back("--no-replicas");
+    if (resume) argv.push_back("--resume");
+    return runCommand(argv, {.timeout = std::chrono::seconds(240), .extraEnvironment = env_});
+  };
+  CommandResult first = across(12, false);
+  ASSERT_EQ(first.exitCode, 0) << first.describe();
+  CommandResult r = across(20, true);
   ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find("resumed"), std::string::npos) << r.stdoutText;
+  EXPECT_EQ(r.stdoutText.find("one copy per node") != std::string::npos, !replicas) << r.stdoutText;
   for (int rank = 0; rank < 4; ++rank) {
     const std::string host = "cohort-node" + std::to_string(rank / 2);
     EXPECT_NE(r.stdoutText.find("rank " + std::to_string(rank) + " of 4 (local " + std::to_string(rank % 2) + " of 2) on " + host),
@@ -61,12 +79,18 @@ TEST_P(MultiNodeTraining, TwoNodesOfTwoWorkersEqualOneWorkerWithTheCombinedBatch
   CommandResult s = runCommand(trainArgs(32, one), {.timeout = std::chrono::seconds(240)});
   ASSERT_EQ(s.exitCode, 0) << s.describe();
   EXPECT_EQ(nn::readCheckpoint(many).metadata["step"], "20");
-  EXPECT_EQ(expectSameParameters(one, many, 1e-5, "(2 nodes x 2 workers over " + backend + ")"), 4);
+  EXPECT_EQ(expectSameParameters(one, many, 1e-5,
+                                 "(2 nodes x 2 workers over " + backend + (replicas ? " with replicas)" : ")")),
+            4);
   CommandResult status = runCommand({cluster_, "status"}, {.extraEnvironment = env_});
   EXPECT_NE(status.stdoutText.find(": down"), std::string::npos) << "the cluster is gone: " << status.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, MultiNodeTraining, ::testing::Values("mpi", "hierarchical"));
+INSTANTIATE_TEST_SUITE_P(Backends, MultiNodeTraining,
+                         ::testing::Values(Layout{"mpi", true}, Layout{"hierarchical", false}, Layout{"hierarchical", true}),
+                         [](const ::testing::TestParamInfo<Layout>& info) {
+                           return info.param.first + (info.param.second ? "_replicas" : "_shared_per_node");
+                         });
 
 // Sizes 4 x 7^k bytes: 1, 7, 49, ... elements (odd: padded chunks), small ones over MPI directly,
 // from 470596 bytes in stages, the largest in 5 pipelined segments with an uneven last one; every
@@ -94,6 +118,32 @@ TEST_F(MultiNodeTest, HierarchicalAllReduceIsExactForEveryOpAndUnevenSizes) {
     }
     EXPECT_EQ(rows, 4u * 9u) << "4 ops x 9 sizes (4 B .. 23 MiB)\n" << r.stdoutText;
   }
+}
+
+// One copy per node: a step whose loss is non-finite on any rank is applied on no node, and every
+// rank, on both nodes, stops at that step naming the same rank (exit 6, mpirun's too); the loss
+// overflows before the gradient here (seed 5), so the verdict names the rank whose loss did.
+TEST_F(MultiNodeTest, ADivergingJobStopsAtTheSameStepNamingTheSameRankOnEveryNode) {
+  std::vector<std::string> argv = mpirunAcross(cluster_, "cohort-node0:2,cohort-node1:2", 4);
+  for (const std::string& a : {cohortBinary(), std::string("train"), std::string("--data"), std::string("synthetic"),
+                               std::string("--model"), std::string("mlp:784,64,10"), std::string("--lr"), std::string("1e6"),
+                               std::string("--seed"), std::string("5"), std::string("--threads"), std::string("1"),
+                               std::string("--batch-size"), std::string("32"), std::string("--progress-every"),
+                               std::string("0"), std::string("--mode"), std::string("allreduce"), std::string("--no-replicas")}) {
+    argv.push_back(a);
+  }
+  CommandResult r = runCommand(argv, {.timeout = std::chrono::seconds(240), .extraEnvironment = env_});
+  EXPECT_EQ(r.exitCode, 6) << r.describe();
+  const std::regex line(R"(\[rank (\d)\] cohort: error: step (\d+) \(epoch 1, batch \d+\): the (loss is non-finite on rank \d+|gradient is non-finite)[^\n]*training diverged)");
+  std::set<std::string> ranks, verdicts;
+  for (auto it = std::sregex_iterator(r.stderrText.begin(), r.stderrText.end(), line); it != std::sregex_iterator(); ++it) {
+    ranks.insert((*it)[1]);
+    verdicts.insert((*it)[2].str() + " " + (*it)[3].str());
+  }
+  EXPECT_EQ(ranks.size(), 4u) << "every rank says why it stopped\n" << r.describe();
+  ASSERT_EQ(verdicts.size(), 1u) << "the ranks stopped at different steps or for different reasons\n" << r.describe();
+  // The loss overflows first here (seed 5): the ranks of the other node learn of it from the flags.
+  EXPECT_NE(verdicts.begin()->find("loss is non-finite on rank"), std::string::npos) << r.describe();
 }
 
 // 2 workers on one node and 1 on the other: no partner for local rank 1.
