@@ -6,9 +6,7 @@
 #include "runtime/error.h"
 
 namespace cohort::nn {
-namespace {
 
-// out = a + b, element-wise, on the device a lives on (b and a have the same shape and device).
 void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass) {
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(a)) {
@@ -27,8 +25,6 @@ void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass) {
   const int64_t n = a.numel();
   for (int64_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
 }
-
-}  // namespace
 
 Residual::Residual(ModulePtr f, std::string name) : f_(std::move(f)), name_(std::move(name)) {
   if (!f_) COHORT_THROW(InvalidArgument) << "Residual needs a module to wrap, got none";

@@ -24,6 +24,10 @@
 
 namespace cohort::nn {
 
+// out = a + b, element-wise, sized to a's shape on a's device (b has the same shape and device; on a
+// GPU on Pass::gpu's stream): the addition of a skip connection, shared with TransformerBlock.
+void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass);
+
 class Residual final : public Module {
  public:
   // Throws InvalidArgument when f is null.

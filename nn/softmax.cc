@@ -8,19 +8,22 @@
 
 namespace cohort::nn {
 
-void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
+void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log, bool causal) {
+  COHORT_CHECK(!(log && causal)) << "a causal log-softmax is not defined here";
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
-    float mx = *std::max_element(xr, xr + cols);
+    const int64_t valid = causal ? r % cols + 1 : cols;
+    float mx = *std::max_element(xr, xr + valid);
     double sum = 0.0;
-    for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
+    for (int64_t c = 0; c < valid; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
     if (log) {
       float lse = mx + static_cast<float>(std::log(sum));
       for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
     } else {
       float inv = static_cast<float>(1.0 / sum);
-      for (int64_t c = 0; c < cols; ++c) yr[c] = std::exp(xr[c] - mx) * inv;
+      for (int64_t c = 0; c < valid; ++c) yr[c] = std::exp(xr[c] - mx) * inv;
+      std::fill(yr + valid, yr + cols, 0.0f);
     }
   }
 }

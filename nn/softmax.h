@@ -26,6 +26,9 @@ class Softmax final : public Module {
 inline ModulePtr logSoftmax() { return std::make_unique<Softmax>(true); }
 
 // Writes softmax (or log-softmax) of each row of x[rows, cols] into y; shared with the fused loss.
-void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log);
+// `causal` (softmax only): the rows are square score matrices [.., T, T] stacked (cols = T), and row
+// r sees only columns 0..r mod T: the others get probability 0 (attention's causal mask; Softmax's
+// backward is then right as it is, since y = 0 there gives dx = 0).
+void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log, bool causal = false);
 
 }  // namespace cohort::nn

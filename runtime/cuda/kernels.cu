@@ -26,10 +26,7 @@
 namespace cohort::runtime::cuda {
 namespace {
 
-using namespace launch;  // kThreads, blocksFor, firstIndex, ... (launch.h)
-
-// Rows up to this wide get one warp (no barriers, 8 rows per block); wider rows a whole block.
-constexpr int64_t kWarpRowMaxCols = 1024;
+using namespace launch;  // kThreads, blocksFor, firstIndex, RowGroup, groupReduce, ... (launch.h)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -145,51 +142,6 @@ __global__ void sumRowsKernel(const float* __restrict__ dy, float* __restrict__ 
   }
 }
 
-// ---- row groups ----
-
-// kWidth threads (a warp, or the whole kThreads block) cooperate on one row at a time.
-template <unsigned kWidth>
-struct RowGroup {
-  static_assert(kWidth == kWarpSize || kWidth == kThreads);
-  static constexpr unsigned kRowsPerBlock = kThreads / kWidth;
-  __device__ static unsigned lane() { return threadIdx.x % kWidth; }
-  __device__ static unsigned groupInBlock() { return threadIdx.x / kWidth; }
-  __device__ static int64_t firstRow() { return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + groupInBlock(); }
-  __device__ static int64_t rowStride() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
-};
-
-struct MaxOp {
-  template <class T>
-  __device__ T operator()(T a, T b) const {
-    return b > a ? b : a;
-  }
-};
-
-struct SumOp {
-  template <class T>
-  __device__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-
-// Combines v over the row group. The xor butterfly gives every lane of a warp the same bits; a
-// block then combines its warps' results in the same order in every thread.
-template <unsigned kWidth, class T, class Op>
-__device__ T groupReduce(T v, Op op) {
-  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
-  if constexpr (kWidth == kWarpSize) {
-    return v;
-  } else {
-    __shared__ T perWarp[kWarpsPerBlock];
-    __syncthreads();  // readers of the previous reduction are done with perWarp
-    if (threadIdx.x % kWarpSize == 0) perWarp[threadIdx.x / kWarpSize] = v;
-    __syncthreads();
-    T total = perWarp[0];
-    for (unsigned w = 1; w < kWarpsPerBlock; ++w) total = op(total, perWarp[w]);
-    return total;
-  }
-}
-
 // A row's maximum and the first column holding it (nn/loss.cc's argmax: the first maximum wins).
 struct ArgMax {
   float value;
@@ -225,25 +177,28 @@ __device__ ArgMax groupArgMax(ArgMax v) {
 
 // ---- softmax ----
 
-// As nn::softmaxRows: max-subtracted, the exp sum in double. x may equal y.
-template <unsigned kWidth>
+// As nn::softmaxRows: max-subtracted, the exp sum in double. x may equal y. kCausal (not with log):
+// row r sees columns 0..r mod cols, the others get 0 (a template parameter, so that the plain
+// softmax keeps its registers).
+template <unsigned kWidth, bool kCausal>
 __global__ void softmaxForwardKernel(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
   using G = RowGroup<kWidth>;
   for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
+    const int64_t valid = kCausal ? r % cols + 1 : cols;
     float mx = -INFINITY;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) mx = MaxOp{}(mx, xr[c]);
+    for (int64_t c = G::lane(); c < valid; c += kWidth) mx = MaxOp{}(mx, xr[c]);
     mx = groupReduce<kWidth>(mx, MaxOp{});
     double sum = 0.0;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) sum += static_cast<double>(expf(xr[c] - mx));
+    for (int64_t c = G::lane(); c < valid; c += kWidth) sum += static_cast<double>(expf(xr[c] - mx));
     sum = groupReduce<kWidth>(sum, SumOp{});
     if (log) {
       float lse = mx + static_cast<float>(::log(sum));
       for (int64_t c = G::lane(); c < cols; c += kWidth) yr[c] = xr[c] - lse;
     } else {
       float inv = static_cast<float>(1.0 / sum);
-      for (int64_t c = G::lane(); c < cols; c += kWidth) yr[c] = expf(xr[c] - mx) * inv;
+      for (int64_t c = G::lane(); c < cols; c += kWidth) yr[c] = !kCausal || c < valid ? expf(xr[c] - mx) * inv : 0.0f;
     }
   }
 }
@@ -377,6 +332,20 @@ __global__ void dropoutForwardKernel(const float* x, float* y, float* __restrict
 }
 
 // out may equal a or b.
+// y[a, c, b, e] = x[a, b, c, e]: one thread per element of y, reading x with stride e.
+__global__ void permute0213Kernel(const float* __restrict__ x, float* __restrict__ y, size_t dimB, size_t dimC,
+                                  size_t dimE, size_t n) {
+  for (size_t i = firstIndex(); i < n; i += gridStride()) {
+    const size_t e = i % dimE;
+    size_t rest = i / dimE;
+    const size_t b = rest % dimB;
+    rest /= dimB;
+    const size_t c = rest % dimC;
+    const size_t a = rest / dimC;
+    y[i] = x[((a * dimB + b) * dimC + c) * dimE + e];
+  }
+}
+
 __global__ void multiplyKernel(const float* a, const float* b, float* out, size_t n, size_t vecCount) {
   for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
     float4 u = reinterpret_cast<const float4*>(a)[i];
@@ -427,12 +396,6 @@ void checkMatrix(int64_t rows, int64_t cols) {
   COHORT_CHECK(rows >= 0 && cols >= 0) << "matrix of " << rows << " x " << cols;
 }
 
-bool warpPerRow(int64_t cols) { return cols <= kWarpRowMaxCols; }
-
-// Blocks for a row kernel: kWarpsPerBlock rows per block with a warp per row, else one.
-unsigned rowBlocks(const Stream& stream, int64_t rows, int64_t cols) {
-  return blocksFor(stream, static_cast<size_t>(rows), warpPerRow(cols) ? kWarpsPerBlock : 1);
-}
 
 }  // namespace
 
@@ -498,16 +461,23 @@ void sumRows(const float* dy, float* db, int64_t rows, int64_t cols, bool accumu
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool log, const Stream& stream) {
+void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool log, const Stream& stream,
+                    bool causal) {
   checkCudaStream(stream);
   checkMatrix(rows, cols);
+  COHORT_CHECK(!(log && causal)) << "a causal log-softmax is not defined here";
   if (rows == 0 || cols == 0) return;
   CudaDeviceGuard guard(stream.device().index);
   unsigned blocks = rowBlocks(stream, rows, cols);
-  if (warpPerRow(cols)) {
-    COHORT_LAUNCH(softmaxForwardKernel<kWarpSize>, blocks, kThreads, 0, nativeStream(stream))(x, y, rows, cols, log);
+  const cudaStream_t s = nativeStream(stream);
+  if (warpPerRow(cols) && causal) {
+    COHORT_LAUNCH((softmaxForwardKernel<kWarpSize, true>), blocks, kThreads, 0, s)(x, y, rows, cols, log);
+  } else if (warpPerRow(cols)) {
+    COHORT_LAUNCH((softmaxForwardKernel<kWarpSize, false>), blocks, kThreads, 0, s)(x, y, rows, cols, log);
+  } else if (causal) {
+    COHORT_LAUNCH((softmaxForwardKernel<kThreads, true>), blocks, kThreads, 0, s)(x, y, rows, cols, log);
   } else {
-    COHORT_LAUNCH(softmaxForwardKernel<kThreads>, blocks, kThreads, 0, nativeStream(stream))(x, y, rows, cols, log);
+    COHORT_LAUNCH((softmaxForwardKernel<kThreads, false>), blocks, kThreads, 0, s)(x, y, rows, cols, log);
   }
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -538,6 +508,17 @@ void dropoutForward(const float* x, float* y, float* mask, int64_t n, float p, u
   CudaDeviceGuard guard(stream.device().index);
   COHORT_LAUNCH(dropoutForwardKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
       x, y, mask, count, vecCount, p, scale, seed);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void permute0213(const float* x, float* y, int64_t a, int64_t b, int64_t c, int64_t e, const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(a >= 0 && b >= 0 && c >= 0 && e >= 0) << a << "x" << b << "x" << c << "x" << e;
+  const size_t n = static_cast<size_t>(a) * b * c * e;
+  if (n == 0) return;
+  CudaDeviceGuard guard(stream.device().index);
+  COHORT_LAUNCH(permute0213Kernel, blocksFor(stream, n), kThreads, 0, nativeStream(stream))(
+      x, y, static_cast<size_t>(b), static_cast<size_t>(c), static_cast<size_t>(e), n);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

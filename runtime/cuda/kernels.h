@@ -66,8 +66,10 @@ void activationBackward(ActivationOp op, const float* y, const float* dy, float*
 // db[c] = Σ_r dy[r, c] (accumulate: db[c] += ...). With rows == 0 that is db = 0 (or db unchanged).
 void sumRows(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate, const Stream& stream);
 
-// Row-wise softmax (or log-softmax) of x into y, max-subtracted like the CPU code.
-void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool log, const Stream& stream);
+// Row-wise softmax (or log-softmax) of x into y, max-subtracted like the CPU code; `causal` as
+// nn::softmaxRows (row r sees columns 0..r mod cols; softmax only).
+void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool log, const Stream& stream,
+                    bool causal = false);
 // Softmax: dx = y · (dy − Σ dy·y); log-softmax: dx = dy − exp(y) · Σ dy (per row).
 void softmaxBackward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, bool log,
                      const Stream& stream);
@@ -76,6 +78,9 @@ void softmaxBackward(const float* y, const float* dy, float* dx, int64_t rows, i
 // for element i is dropoutKeep(seed, i, p) (runtime/dropout_mask.h), the same function the CPU
 // uses, so CPU and GPU draw identical masks for the same seed.
 void dropoutForward(const float* x, float* y, float* mask, int64_t n, float p, uint64_t seed, const Stream& stream);
+// y[a, c, b, e] = x[a, b, c, e] for x of shape [a, b, c, e] (swaps the middle two dimensions:
+// attention's [batch, T, heads, hd] <-> [batch, heads, T, hd]); x and y must not overlap.
+void permute0213(const float* x, float* y, int64_t a, int64_t b, int64_t c, int64_t e, const Stream& stream);
 // out[i] = a[i] · b[i] (dropout's backward: dx = dy · mask).
 void multiply(const float* a, const float* b, float* out, int64_t n, const Stream& stream);
 

@@ -69,4 +69,61 @@ __device__ inline double blockSum(double v) {
   return total;
 }
 
+// ---- row groups (row-wise kernels: softmax, losses, LayerNorm) ----
+
+// Rows up to this wide get one warp (no barriers, kWarpsPerBlock rows per block); wider rows a
+// whole block.
+constexpr int64_t kWarpRowMaxCols = 1024;
+
+// Whether a row of `cols` columns gets a warp (else a block).
+inline bool warpPerRow(int64_t cols) { return cols <= kWarpRowMaxCols; }
+
+// Blocks for a row kernel: kWarpsPerBlock rows per block with a warp per row, else one.
+inline unsigned rowBlocks(const Stream& stream, int64_t rows, int64_t cols) {
+  return blocksFor(stream, static_cast<size_t>(rows), warpPerRow(cols) ? kWarpsPerBlock : 1);
+}
+
+// kWidth threads (a warp, or the whole kThreads block) cooperate on one row at a time.
+template <unsigned kWidth>
+struct RowGroup {
+  static_assert(kWidth == kWarpSize || kWidth == kThreads);
+  static constexpr unsigned kRowsPerBlock = kThreads / kWidth;
+  __device__ static unsigned lane() { return threadIdx.x % kWidth; }
+  __device__ static unsigned groupInBlock() { return threadIdx.x / kWidth; }
+  __device__ static int64_t firstRow() { return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + groupInBlock(); }
+  __device__ static int64_t rowStride() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
+};
+
+struct MaxOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return b > a ? b : a;
+  }
+};
+
+struct SumOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Combines v over the row group. The xor butterfly gives every lane of a warp the same bits; a
+// block then combines its warps' results in the same order in every thread.
+template <unsigned kWidth, class T, class Op>
+__device__ T groupReduce(T v, Op op) {
+  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  if constexpr (kWidth == kWarpSize) {
+    return v;
+  } else {
+    __shared__ T perWarp[kWarpsPerBlock];
+    __syncthreads();  // readers of the previous reduction are done with perWarp
+    if (threadIdx.x % kWarpSize == 0) perWarp[threadIdx.x / kWarpSize] = v;
+    __syncthreads();
+    T total = perWarp[0];
+    for (unsigned w = 1; w < kWarpsPerBlock; ++w) total = op(total, perWarp[w]);
+    return total;
+  }
+}
+
 }  // namespace cohort::runtime::cuda::launch

@@ -1,4 +1,4 @@
-// The image layers (and Residual) on a GPU against the same layers on the CPU (tags = ["gpu"]; skips with the
+// The image layers (and Residual, CausalSelfAttention, TransformerBlock) on a GPU against the same layers on the CPU (tags = ["gpu"]; skips with the
 // reason when no CUDA device is usable): Conv2d (cuDNN), MaxPool2d, AvgPool2d and BatchNorm2d with
 // identical parameters and input must give the same output, input gradient, parameter gradients
 // (overwritten, then accumulated) and running statistics. The CPU layers are themselves checked
@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "nn/activation.h"
+#include "nn/attention.h"
 #include "nn/batchnorm.h"
 #include "nn/conv2d.h"
 #include "nn/linear.h"
 #include "nn/pool.h"
 #include "nn/residual.h"
+#include "nn/transformer_block.h"
 #include "nn/sequential.h"
 #include "runtime/random.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
@@ -142,6 +144,15 @@ std::vector<LayerCase> cases() {
          return ModulePtr(new nn::Residual(std::move(f)));
        },
        Shape{6, 12}, true, false, kNormTolerance},
+      // Scores through cuBLAS, the causal softmax and the head permutes: T = 1, odd T, one and several heads.
+      {"attention_t1", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 8, .heads = 2})); }, Shape{3, 1, 8},
+       true, false, kNormTolerance},
+      {"attention_t7_2heads", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 8, .heads = 2})); },
+       Shape{2, 7, 8}, true, false, kNormTolerance},
+      {"attention_t40_1head", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 12, .heads = 1})); },
+       Shape{2, 40, 12}, true, false, kNormTolerance},
+      {"transformer_block", [] { return ModulePtr(new nn::TransformerBlock({.dim = 8, .heads = 2})); }, Shape{2, 9, 8},
+       true, false, kNormTolerance},
   };
 }
 

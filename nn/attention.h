@@ -1,0 +1,70 @@
+// CausalSelfAttention: GPT-2's multi-head self-attention with a causal mask (issue 20), as nanoGPT
+// writes it: a fused projection c_attn (Linear D -> 3D: q, k and v side by side, weight [3D, D]),
+// per head h of H (head size hd = D / H) the scores S = q·kᵀ / √hd over the sequence, the causal
+// mask (position t attends to positions 0..t only), a row softmax P, y = P·v, the heads side by
+// side again, and the output projection c_proj (Linear D -> D). Parameters, by nanoGPT's names:
+// "c_attn.weight" [3D, D], "c_attn.bias" [3D], "c_proj.weight" [D, D], "c_proj.bias" [D].
+//
+// Input and output [B, T, D]. The product of scores runs as one GEMM per (batch, head) pair on
+// [T, hd] blocks (oneDNN on the CPU, cuBLAS on a GPU) after q, k and v are permuted to
+// [B, heads, T, hd]; the full T×T score matrix is computed and the masked entries are given
+// probability 0 (nn::softmaxRows with causal), so the work is 2·B·H·T²·hd multiply-adds per product
+// where the mask would allow half. Memory: the probabilities P are kept for backward, B·H·T² floats
+// (with B = 64, H = 4, T = 256: 16.8 M floats, 64 MiB), plus one T×T scratch per backward; the
+// permuted q, k, v, y and their gradients are O(B·T·D). No attention dropout (GPT-2's attention
+// dropout is optional in the issue and not implemented: none of Cohort's recipes uses it yet).
+//
+// Backward, per (batch, head): dv = Pᵀ·dy, dP = dy·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax
+// backward; masked entries have P = 0 and so dS = 0), dq = dS·k / √hd, dk = dSᵀ·q / √hd.
+// Thread safety: as Module.
+#pragma once
+
+#include "nn/linear.h"
+#include "nn/module.h"
+
+namespace cohort::nn {
+
+struct AttentionOptions {
+  int64_t dim = 0;    // D, the embedding width (a multiple of heads)
+  int64_t heads = 1;  // H
+};
+
+class CausalSelfAttention final : public Module {
+ public:
+  // InvalidArgument when dim or heads is not positive or dim is not a multiple of heads.
+  explicit CausalSelfAttention(const AttentionOptions& options);
+
+  std::string name() const override;
+  void registerParams(ParamBuffer& params, const std::string& prefix) override;
+  void resetParams(runtime::Rng& rng) override;
+  // [B, T, D] -> [B, T, D]; InvalidArgument for any other rank or width.
+  Shape outputShape(const Shape& input) const override;
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+  Linear& cAttn() { return cAttn_; }
+  Linear& cProj() { return cProj_; }
+  // The last forward's attention probabilities, [B, H, T, T] (row t: the weights over positions).
+  const Tensor& probabilities() const { return probs_; }
+
+ private:
+  struct Device;  // the CPU's or a GPU's GEMM, permute and softmax (attention.cc)
+  Device deviceFor(const Tensor& t, const Pass& pass) const;
+  // The core between the projections: qkv [B, T, 3D] -> y [B, T, D], and back.
+  const Tensor& attend(const Tensor& qkv, const Pass& pass);
+  const Tensor& attendBackward(const Tensor& gradY, const Pass& pass);
+
+  AttentionOptions options_;
+  Linear cAttn_, cProj_;
+  int64_t batch_ = 0, time_ = 0;  // the last forward's B and T
+  Tensor heads_;      // q, k, v permuted: [B, 3H, T, hd] (q heads first, then k, then v)
+  Tensor probs_;      // P: [B, H, T, T]
+  Tensor headsOut_;   // y per head: [B, H, T, hd]
+  Tensor y_;          // y, heads side by side: [B, T, D]
+  Tensor gradHeadsOut_;  // dy per head: [B, H, T, hd]
+  Tensor gradScores_;    // dP, then dS, for one (batch, head): [T, T]
+  Tensor gradHeads_;     // dq, dk, dv: [B, 3H, T, hd]
+  Tensor gradQkv_;       // [B, T, 3D]
+};
+
+}  // namespace cohort::nn

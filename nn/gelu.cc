@@ -1,0 +1,71 @@
+#include "nn/gelu.h"
+
+#include <cmath>
+
+#include "nn/gpu_dispatch.h"
+#include "runtime/error.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/norm_kernels.h"
+#endif
+
+namespace cohort::nn {
+namespace {
+
+// The constants of PyTorch's tanh approximation (aten/src/ATen/native/cpu/Activation.cpp).
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // √(2/π)
+constexpr float kCubic = 0.044715f;
+
+}  // namespace
+
+const Tensor& Gelu::forward(const Tensor& input, const Pass& pass) {
+  input_ = input;
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(output_, input.shape(), gpu.allocator());
+    runtime::cuda::geluForward(input.data(), output_.data(), input.numel(), gpu.stream());
+    return output_;
+  }
+#endif
+  runtime::ensureShape(output_, input.shape());
+  const float* x = input.data();
+  float* y = output_.data();
+  const int64_t n = input.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float t = std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v));
+    y[i] = 0.5f * v * (1.0f + t);
+  }
+  return output_;
+}
+
+const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {
+  COHORT_CHECK(gradOutput.numel() == input_.numel()) << gradOutput.shape().str() << " vs " << input_.shape().str();
+  if (!pass.needInputGrad) {
+    gradInput_ = Tensor();
+    return gradInput_;
+  }
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradOutput)) {
+    auto& gpu = gpuFor(pass, gradOutput, name());
+    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator());
+    runtime::cuda::geluBackward(input_.data(), gradOutput.data(), gradInput_.data(), input_.numel(), gpu.stream());
+    return gradInput_;
+  }
+#endif
+  runtime::ensureShape(gradInput_, input_.shape());
+  const float* x = input_.data();
+  const float* dy = gradOutput.data();
+  float* dx = gradInput_.data();
+  const int64_t n = input_.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float t = std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);  // du/dx
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+  return gradInput_;
+}
+
+}  // namespace cohort::nn

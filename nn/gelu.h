@@ -1,0 +1,37 @@
+// Gelu: the Gaussian error linear unit in the tanh approximation GPT-2 uses, element-wise,
+// exactly PyTorch's gelu(x, approximate='tanh'):
+//
+//   y = 0.5 · x · (1 + tanh(u)),   u = √(2/π) · (x + 0.044715 · x³)
+//   dy/dx = 0.5 · (1 + tanh(u)) + 0.5 · x · (1 − tanh²(u)) · √(2/π) · (1 + 3 · 0.044715 · x²)
+//
+// Any shape; the output has the input's. No parameters. Unlike ReLU or Tanh the derivative cannot be
+// recovered from the output, so forward keeps a handle to its input (no copy; the caller keeps it
+// alive and unchanged until backward, as module.h says). CUDA tensors run runtime/cuda/norm_kernels.h's
+// geluForward/geluBackward on the pass's stream (agreement with the CPU to float32 rounding: both
+// compute in float, with their own tanh). Buffers are sized per batch shape and reused.
+// Thread safety: as Module.
+//
+//   nn::Sequential mlp;
+//   mlp.add(std::make_unique<nn::Linear>(768, 3072), "fc").add(nn::gelu(), "gelu");
+#pragma once
+
+#include "nn/module.h"
+
+namespace cohort::nn {
+
+class Gelu final : public Module {
+ public:
+  std::string name() const override { return "GELU(tanh)"; }
+  Shape outputShape(const Shape& input) const override { return input; }
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+ private:
+  Tensor input_;  // a handle to the last forward's input
+  Tensor output_;
+  Tensor gradInput_;
+};
+
+inline ModulePtr gelu() { return std::make_unique<Gelu>(); }
+
+}  // namespace cohort::nn

@@ -1,0 +1,173 @@
+#include "nn/layer_norm.h"
+
+#include <cmath>
+
+#include "nn/gpu_dispatch.h"
+#include "runtime/error.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/norm_kernels.h"
+#endif
+
+namespace cohort::nn {
+
+LayerNorm::LayerNorm(int64_t features, double eps) : features_(features), eps_(eps) {
+  if (features < 1 || !(eps > 0.0)) {
+    COHORT_THROW(InvalidArgument) << "LayerNorm needs features >= 1 and eps > 0; got " << features << ", " << eps;
+  }
+}
+
+std::string LayerNorm::name() const { return "LayerNorm(" + std::to_string(features_) + ")"; }
+
+void LayerNorm::registerParams(ParamBuffer& params, const std::string& prefix) {
+  params.add(prefix + "weight", Shape{features_}, &weight_, &weightGrad_);
+  params.add(prefix + "bias", Shape{features_}, &bias_, &biasGrad_);
+}
+
+void LayerNorm::resetParams(runtime::Rng& rng) {
+  weight_.fill(1.0f);
+  bias_.fill(0.0f);
+}
+
+Shape LayerNorm::outputShape(const Shape& input) const {
+  if (input.rank() < 1 || input[input.rank() - 1] != features_) {
+    COHORT_THROW(InvalidArgument) << name() << " normalises a last dimension of " << features_ << ", got input "
+                                  << input.str();
+  }
+  return input;
+}
+
+const Tensor& LayerNorm::forward(const Tensor& input, const Pass& pass) {
+  outputShape(input.shape());
+  input_ = input;
+  rows_ = input.numel() / features_;
+  if (onGpu(input)) return forwardGpu(pass);
+  runtime::ensureShape(output_, input.shape());
+  runtime::ensureShape(mean_, Shape{rows_});
+  runtime::ensureShape(rstd_, Shape{rows_});
+  const float* w = weight_.data();
+  const float* b = bias_.data();
+  for (int64_t r = 0; r < rows_; ++r) {
+    const float* x = input.data() + r * features_;
+    float* y = output_.data() + r * features_;
+    // Two passes in double: the mean, then the squared deviations from it.
+    double sum = 0.0;
+    for (int64_t c = 0; c < features_; ++c) sum += x[c];
+    const double mean = sum / static_cast<double>(features_);
+    double sq = 0.0;
+    for (int64_t c = 0; c < features_; ++c) sq += (x[c] - mean) * (x[c] - mean);
+    const double var = sq / static_cast<double>(features_);
+    const float meanF = static_cast<float>(mean);
+    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps_));
+    mean_.at(r) = meanF;
+    rstd_.at(r) = inv;
+    for (int64_t c = 0; c < features_; ++c) y[c] = w[c] * ((x[c] - meanF) * inv) + b[c];
+  }
+  return output_;
+}
+
+const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
+  COHORT_CHECK(gradOutput.numel() == input_.numel())
+      << name() << ": gradient " << gradOutput.shape().str() << " for input " << input_.shape().str();
+  if (onGpu(gradOutput)) return backwardGpu(gradOutput, pass);
+  if (pass.needInputGrad) {
+    runtime::ensureShape(gradInput_, input_.shape());
+  } else {
+    gradInput_ = Tensor();
+  }
+  const float* w = weight_.data();
+  const float* dy = gradOutput.data();
+  const float* x = input_.data();
+  // dweight and dbias: column sums over every row, in double, rows in order.
+  for (int64_t c = 0; c < features_; ++c) {
+    double sumW = 0.0, sumB = 0.0;
+    for (int64_t r = 0; r < rows_; ++r) {
+      const int64_t i = r * features_ + c;
+      const float xhat = (x[i] - mean_.at(r)) * rstd_.at(r);
+      sumW += static_cast<double>(dy[i]) * xhat;
+      sumB += dy[i];
+    }
+    if (pass.accumulateGrads) {
+      weightGrad_.at(c) += static_cast<float>(sumW);
+      biasGrad_.at(c) += static_cast<float>(sumB);
+    } else {
+      weightGrad_.at(c) = static_cast<float>(sumW);
+      biasGrad_.at(c) = static_cast<float>(sumB);
+    }
+  }
+  if (!pass.needInputGrad) return gradInput_;
+  // The row's mean and variance depend on every x of the row: with g = dy · weight,
+  // dx = rstd · (g − mean(g) − xhat · mean(g · xhat)).
+  for (int64_t r = 0; r < rows_; ++r) {
+    const float* xr = x + r * features_;
+    const float* dyr = dy + r * features_;
+    float* dx = gradInput_.data() + r * features_;
+    const float meanF = mean_.at(r), inv = rstd_.at(r);
+    double sumG = 0.0, sumGXhat = 0.0;
+    for (int64_t c = 0; c < features_; ++c) {
+      const float g = dyr[c] * w[c];
+      const float xhat = (xr[c] - meanF) * inv;
+      sumG += g;
+      sumGXhat += static_cast<double>(g) * xhat;
+    }
+    const float meanG = static_cast<float>(sumG / static_cast<double>(features_));
+    const float meanGXhat = static_cast<float>(sumGXhat / static_cast<double>(features_));
+    for (int64_t c = 0; c < features_; ++c) {
+      const float g = dyr[c] * w[c];
+      const float xhat = (xr[c] - meanF) * inv;
+      dx[c] = inv * (g - meanG - xhat * meanGXhat);
+    }
+  }
+  return gradInput_;
+}
+
+#ifdef COHORT_HAVE_CUDA
+
+const Tensor& LayerNorm::forwardGpu(const Pass& pass) {
+  auto& gpu = gpuFor(pass, input_, name());
+  runtime::ensureShape(output_, input_.shape(), gpu.allocator());
+  runtime::ensureShape(mean_, Shape{rows_}, gpu.allocator());
+  runtime::ensureShape(rstd_, Shape{rows_}, gpu.allocator());
+  runtime::cuda::layerNormForward({.x = input_.data(),
+                                   .weight = weight_.data(),
+                                   .bias = bias_.data(),
+                                   .y = output_.data(),
+                                   .mean = mean_.data(),
+                                   .rstd = rstd_.data()},
+                                  {.rows = rows_, .cols = features_, .eps = eps_}, gpu.stream());
+  return output_;
+}
+
+const Tensor& LayerNorm::backwardGpu(const Tensor& gradOutput, const Pass& pass) {
+  auto& gpu = gpuFor(pass, gradOutput, name());
+  if (pass.needInputGrad) {
+    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator());
+  } else {
+    gradInput_ = Tensor();
+  }
+  runtime::ensureShape(scratch_, Shape{runtime::cuda::layerNormScratchFloats(rows_, features_)}, gpu.allocator());
+  runtime::cuda::layerNormBackward({.dy = gradOutput.data(),
+                                    .x = input_.data(),
+                                    .weight = weight_.data(),
+                                    .mean = mean_.data(),
+                                    .rstd = rstd_.data(),
+                                    .dweight = weightGrad_.data(),
+                                    .dbias = biasGrad_.data(),
+                                    .dx = pass.needInputGrad ? gradInput_.data() : nullptr,
+                                    .scratch = scratch_.data()},
+                                   {.rows = rows_, .cols = features_, .accumulate = pass.accumulateGrads},
+                                   gpu.stream());
+  return gradInput_;
+}
+
+#else
+
+const Tensor& LayerNorm::forwardGpu(const Pass& pass) {
+  COHORT_THROW(InvalidArgument) << name() << " got a tensor on " << input_.device().str() << " in a build without CUDA";
+}
+
+const Tensor& LayerNorm::backwardGpu(const Tensor& gradOutput, const Pass& pass) { return forwardGpu(pass); }
+
+#endif
+
+}  // namespace cohort::nn

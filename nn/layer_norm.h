@@ -1,0 +1,65 @@
+// LayerNorm: normalisation of every row over the last dimension with a learned affine transform, as
+// PyTorch's nn.LayerNorm(features, eps) with elementwise_affine (GPT-2's ln_1, ln_2, ln_f).
+//
+//   y = weight · (x − mean) · rstd + bias,   rstd = 1 / sqrt(var + eps)
+//   mean, var: the row's mean and biased variance over its `features` values
+//
+// The input is [..., features] with any leading dimensions ([B, T, D], [N, D], [D]); a row is one
+// index of the leading dimensions, so training and evaluation compute the same thing (no running
+// statistics, no batch dependence). Parameters "weight" (init 1) and "bias" (init 0), both
+// [features]. The statistics are summed in double (two passes: the mean, then the squared
+// deviations from it) and rounded to float, like BatchNorm2d; the rest is float.
+// Forward keeps a handle to its input and, per row, mean and rstd; backward recomputes
+// xhat = (x − mean) · rstd from them (the same float expression, so the same bits) and gives
+//   dweight = Σ_rows dy · xhat,   dbias = Σ_rows dy,
+//   dx = rstd · (g − mean(g) − xhat · mean(g · xhat)),   g = dy · weight.
+// CUDA tensors run runtime/cuda/norm_kernels.h's kernels on the pass's stream (agreement with the CPU
+// to float32 rounding; the parameter gradients are reduced in a fixed order, so repeated runs give
+// the same bits). Buffers, including the GPU's reduction scratch, are sized per batch shape and
+// reused: a steady loop allocates nothing. Thread safety: as Module.
+//
+//   nn::LayerNorm ln(768);   // ln.registerParams(params, "ln_1."), bind, resetParams, then:
+//   const Tensor& y = ln.forward(x, pass);   // x [B, T, 768]
+#pragma once
+
+#include "nn/module.h"
+
+namespace cohort::nn {
+
+class LayerNorm final : public Module {
+ public:
+  // Throws InvalidArgument for features < 1 or eps <= 0.
+  explicit LayerNorm(int64_t features, double eps = 1e-5);
+
+  std::string name() const override;
+  void registerParams(ParamBuffer& params, const std::string& prefix) override;
+  // Sets weight 1 and bias 0 (PyTorch's reset_parameters).
+  void resetParams(runtime::Rng& rng) override;
+  // The input's shape; InvalidArgument unless its last dimension is `features`.
+  Shape outputShape(const Shape& input) const override;
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+  int64_t features() const { return features_; }
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  // Per row of the last forward: [rows] (rows = input.numel() / features).
+  const Tensor& mean() const { return mean_; }
+  const Tensor& rstd() const { return rstd_; }
+
+ private:
+  const Tensor& forwardGpu(const Pass& pass);
+  const Tensor& backwardGpu(const Tensor& gradOutput, const Pass& pass);
+
+  int64_t features_;
+  double eps_;
+  Tensor weight_, bias_, weightGrad_, biasGrad_;
+  Tensor input_;      // a handle to the last forward's input
+  int64_t rows_ = 0;  // of the last forward
+  Tensor mean_, rstd_;
+  Tensor output_;
+  Tensor gradInput_;
+  Tensor scratch_;  // GPU only: the per-chunk partial sums of dweight and dbias
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,50 @@
+// TransformerBlock: GPT-2's pre-norm residual block (issue 20), as nanoGPT's Block:
+//
+//   h   = x + attn(ln_1(x))
+//   out = h + mlp(ln_2(h)),   mlp(u) = c_proj(gelu(c_fc(u)))   (c_fc: D -> 4D, c_proj: 4D -> D)
+//
+// with nanoGPT's parameter names under the block's prefix: "ln_1.weight", "ln_1.bias",
+// "attn.c_attn.weight" [3D, D], "attn.c_attn.bias", "attn.c_proj.weight" [D, D], "attn.c_proj.bias",
+// "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight" [4D, D], "mlp.c_fc.bias", "mlp.c_proj.weight"
+// [D, 4D], "mlp.c_proj.bias". Input and output [B, T, D]. resetParams gives each part its own
+// default (LayerNorm 1 and 0, Linear PyTorch's uniform); GPT-2's initialisation is the model's to
+// apply. Backward: dh = dout + ln_2'(mlp'(dout)), dx = dh + ln_1'(attn'(dh)); every part's
+// parameter gradients come whether or not the input gradient is asked for. CPU and CUDA, through
+// the parts' own paths (the two additions as Residual's addInto). Thread safety: as Module.
+#pragma once
+
+#include "nn/attention.h"
+#include "nn/gelu.h"
+#include "nn/layer_norm.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+
+namespace cohort::nn {
+
+class TransformerBlock final : public Module {
+ public:
+  // InvalidArgument as CausalSelfAttention's (dim a positive multiple of heads).
+  explicit TransformerBlock(const AttentionOptions& options);
+
+  std::string name() const override;
+  void registerParams(ParamBuffer& params, const std::string& prefix) override;
+  void resetParams(runtime::Rng& rng) override;
+  Shape outputShape(const Shape& input) const override { return attn_.outputShape(input); }
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+  CausalSelfAttention& attn() { return attn_; }
+  Linear& mlpProjection() { return mlpProj_; }
+
+ private:
+  AttentionOptions options_;
+  LayerNorm ln1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln2_;
+  Linear fc_;
+  Gelu gelu_;
+  Linear mlpProj_;
+  Tensor h_, output_, gradH_, gradInput_;
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,74 @@
+// CUDA kernels of the transformer layers nn::Gelu and nn::LayerNorm (nn/gelu.h, nn/layer_norm.h),
+// over raw device pointers, enqueued on an explicit stream.
+//
+// Conventions are kernels.h's: pointers are float32 device memory on the stream's device, row-major
+// and contiguous, alive until the stream has run the kernels; each call enqueues its kernels on
+// `stream` (a CUDA stream; a CPU stream fails a CHECK) and returns without waiting; launch errors
+// throw cohort::Error. Results match the CPU code in nn/ to float32 rounding (nvcc contracts a·b + c
+// into FMAs, and tanhf is not std::tanh); tests/nn/gpu/gpu_norm_test.cc compares the two.
+// LayerNorm's parameter gradients are column sums over every row; they are reduced without
+// floating-point atomics, in an order fixed by the shape alone, so the same inputs give the same
+// bits on every run (see layerNormBackward). Thread safety: no state; ordering is the stream's.
+// Only built when CUDA is compiled in.
+//
+//   cuda::layerNormForward({.x = x, .weight = w, .bias = b, .y = y, .mean = mean, .rstd = rstd},
+//                          {.rows = B * T, .cols = 768}, stream);
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/stream.h"
+
+namespace cohort::runtime::cuda {
+
+// y = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) over n elements (nn::Gelu). x may equal y.
+void geluForward(const float* x, float* y, int64_t n, const Stream& stream);
+// dx = dy · gelu'(x), from the forward's input x. dy may equal dx.
+void geluBackward(const float* x, const float* dy, float* dx, int64_t n, const Stream& stream);
+
+// The matrix a LayerNorm normalises: `rows` rows of `cols` features, each row on its own.
+struct LayerNormOptions {
+  int64_t rows = 0, cols = 0;
+  double eps = 1e-5;
+  bool accumulate = false;  // backward: add to dweight and dbias instead of overwriting them
+};
+
+struct LayerNormForwardBuffers {
+  const float* x = nullptr;       // [rows, cols]
+  const float* weight = nullptr;  // [cols]
+  const float* bias = nullptr;    // [cols]
+  float* y = nullptr;             // [rows, cols]; not x
+  float* mean = nullptr;          // [rows], for backward
+  float* rstd = nullptr;          // [rows]: 1 / sqrt(var + eps), for backward
+};
+
+// Per row, nn::LayerNorm's arithmetic: mean and biased variance summed in double (two passes),
+// rstd = float(1 / sqrt(var + eps)), y = weight · ((x − mean) · rstd) + bias in float. A warp takes
+// a row of up to 1024 columns, a block a wider one.
+void layerNormForward(const LayerNormForwardBuffers& buffers, const LayerNormOptions& options, const Stream& stream);
+
+struct LayerNormBackwardBuffers {
+  const float* dy = nullptr;      // [rows, cols]
+  const float* x = nullptr;       // the forward's input
+  const float* weight = nullptr;  // [cols]
+  const float* mean = nullptr;    // [rows], from layerNormForward
+  const float* rstd = nullptr;    // [rows], from layerNormForward
+  float* dweight = nullptr;       // [cols]
+  float* dbias = nullptr;         // [cols]
+  float* dx = nullptr;            // [rows, cols], or null: no input gradient; not dy or x
+  float* scratch = nullptr;       // layerNormScratchFloats(rows, cols) floats
+};
+
+// Floats of device scratch layerNormBackward needs for a [rows, cols] input (0 for no rows).
+int64_t layerNormScratchFloats(int64_t rows, int64_t cols);
+
+// xhat = (x − mean) · rstd recomputed per element, then
+//   dx = rstd · (g − mean(g) − xhat · mean(g · xhat)), g = dy · weight (row sums in double);
+//   dweight = Σ_rows dy · xhat, dbias = Σ_rows dy (+= with accumulate; 0 for no rows).
+// The column sums run in two fixed-order stages: the rows are cut into chunks (their number and size
+// depend only on rows), a block sums one chunk of a tile of columns in double (thread rows, then
+// shared memory in thread-row order) into scratch, and a second kernel adds each column's chunks in
+// chunk order. So every run with the same shape adds in the same order.
+void layerNormBackward(const LayerNormBackwardBuffers& buffers, const LayerNormOptions& options, const Stream& stream);
+
+}  // namespace cohort::runtime::cuda
