@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""Cohort's transformer modules against PyTorch (issue 20): CausalSelfAttention and TransformerBlock
+written here in PyTorch as GPT-2 defines them (a fused c_attn projection, scores q.k^T/sqrt(hd) per
+head, the causal mask, softmax, P.v, c_proj; the pre-norm block with LayerNorm, GELU's tanh form and a
+4x MLP), given the same parameters, input and output gradient as Cohort's (tests/nn/torch/
+parity_worker.cc), must give the same output, input gradient and parameter gradients: the largest
+difference at most 1e-5 of the largest magnitude of each tensor (float32 both sides).
+
+    /usr/bin/python3 tests/nn/torch/parity.py bazel-bin/tests/nn/torch/parity_worker
+
+Needs Debian's python3-torch (scripts/setup installs it). Prints one line per case and tensor;
+exits 1 when any differs, 2 when it cannot run.
+"""
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+TOLERANCE = 1e-5
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = torch.nn.Linear(dim, 3 * dim)
+        self.c_proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        hd = d // self.heads
+        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, hd).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hd)
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.ln_1 = torch.nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.ln_2 = torch.nn.LayerNorm(dim)
+        self.mlp = torch.nn.ModuleDict({"c_fc": torch.nn.Linear(dim, 4 * dim), "c_proj": torch.nn.Linear(4 * dim, dim)})
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        h = torch.nn.functional.gelu(self.mlp["c_fc"](self.ln_2(x)), approximate="tanh")
+        return x + self.mlp["c_proj"](h)
+
+
+def write(directory, name, tensor):
+    tensor = tensor.detach().contiguous().to(torch.float32)
+    with open(os.path.join(directory, name + ".f32"), "wb") as f:
+        f.write(tensor.numpy().tobytes())
+    with open(os.path.join(directory, "manifest"), "a") as f:
+        f.write(" ".join([name] + [str(d) for d in tensor.shape]) + "\n")
+
+
+def read(directory):
+    tensors = {}
+    with open(os.path.join(directory, "manifest")) as f:
+        for line in f:
+            name, *dims = line.split()
+            with open(os.path.join(directory, name + ".f32"), "rb") as g:
+                data = bytearray(g.read())
+            tensors[name] = torch.frombuffer(data, dtype=torch.float32).reshape([int(d) for d in dims])
+    return tensors
+
+
+def check(worker, kind, batch, time, dim, heads, seed):
+    torch.manual_seed(seed)
+    module = (Attention if kind == "attention" else Block)(dim, heads)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") else 0.0))
+    x = torch.randn(batch, time, dim, requires_grad=True)
+    dy = torch.randn(batch, time, dim)
+    failures = 0
+    with tempfile.TemporaryDirectory() as directory:
+        params = dict(module.named_parameters())  # nanoGPT's names, which Cohort's modules register
+        for name, p in params.items():
+            write(directory, name, p)
+        write(directory, "input", x)
+        write(directory, "grad_output", dy)
+        run = subprocess.run([worker, kind, str(dim), str(heads), directory], capture_output=True, text=True)
+        if run.returncode != 0:
+            print(f"{kind}: the worker failed: {run.stderr.strip()}")
+            return 1
+        got = read(directory)
+        y = module(x)
+        y.backward(dy)
+        want = {"output": y, "grad_input": x.grad}
+        want.update({"grad." + name: p.grad for name, p in params.items()})
+        case = f"{kind} B={batch} T={time} D={dim} H={heads}"
+        for name, w in want.items():
+            g = got.get(name)
+            if g is None or tuple(g.shape) != tuple(w.shape):
+                print(f"FAIL {case} {name}: missing or shaped {None if g is None else tuple(g.shape)}, want {tuple(w.shape)}")
+                failures += 1
+                continue
+            scale = max(w.abs().max().item(), 1e-30)
+            diff = (g - w.detach()).abs().max().item() / scale
+            ok = diff <= TOLERANCE
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {case} {name}: largest difference {diff:.2e} of the largest magnitude {scale:.3g}")
+    return failures
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    torch.set_num_threads(1)
+    failures = 0
+    for kind in ("attention", "block"):
+        for batch, time, dim, heads, seed in ((2, 1, 4, 1, 1), (2, 7, 8, 2, 2), (3, 16, 12, 3, 3), (1, 33, 16, 4, 4)):
+            failures += check(sys.argv[1], kind, batch, time, dim, heads, seed)
+    print(f"{failures} tensors differ" if failures else "every tensor agrees")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

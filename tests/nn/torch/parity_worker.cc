@@ -1,0 +1,100 @@
+// The Cohort side of tests/nn/torch/parity.py: runs one transformer module forward and backward on
+// tensors PyTorch wrote, and writes what it got for the script to compare.
+//
+//   parity_worker MODULE DIM HEADS DIR
+// MODULE is "attention" (CausalSelfAttention) or "block" (TransformerBlock). DIR holds raw
+// little-endian float32 files NAME.f32 and a file `manifest` with one line "NAME d0 d1 ..." per
+// tensor: every parameter by the module's own names (prefix ""), "input" [B, T, D] and
+// "grad_output" [B, T, D]. The worker adds "output", "grad_input" and "grad.<parameter>" for every
+// parameter to DIR (and to the manifest). Exit 1 with a line on stderr for anything unexpected.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "nn/attention.h"
+#include "nn/transformer_block.h"
+#include "runtime/error.h"
+
+namespace {
+
+using cohort::runtime::Shape;
+using cohort::runtime::Tensor;
+
+std::map<std::string, Tensor> readDir(const std::string& dir) {
+  std::map<std::string, Tensor> tensors;
+  std::ifstream manifest(dir + "/manifest");
+  if (!manifest) COHORT_THROW(IoError) << "no manifest in " << dir;
+  std::string line;
+  while (std::getline(manifest, line)) {
+    std::istringstream words(line);
+    std::string name;
+    words >> name;
+    Shape shape;
+    for (int64_t d; words >> d;) shape.push(d);
+    Tensor t = Tensor::zeros(shape);
+    std::ifstream in(dir + "/" + name + ".f32", std::ios::binary);
+    in.read(reinterpret_cast<char*>(t.data()), static_cast<std::streamsize>(t.bytes()));
+    if (!in || in.gcount() != static_cast<std::streamsize>(t.bytes())) {
+      COHORT_THROW(IoError) << dir << "/" << name << ".f32 does not hold " << shape.str() << " floats";
+    }
+    tensors.emplace(name, std::move(t));
+  }
+  return tensors;
+}
+
+void write(const std::string& dir, const std::string& name, const Tensor& t) {
+  std::ofstream out(dir + "/" + name + ".f32", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(t.bytes()));
+  std::ofstream manifest(dir + "/manifest", std::ios::app);
+  manifest << name;
+  for (int i = 0; i < t.shape().rank(); ++i) manifest << ' ' << t.shape()[i];
+  manifest << '\n';
+  if (!out || !manifest) COHORT_THROW(IoError) << "cannot write " << dir << "/" << name << ".f32";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc != 5) COHORT_THROW(InvalidArgument) << "usage: parity_worker attention|block DIM HEADS DIR";
+    const std::string kind = argv[1], dir = argv[4];
+    const cohort::nn::AttentionOptions options{.dim = std::stoll(argv[2]), .heads = std::stoll(argv[3])};
+    std::unique_ptr<cohort::nn::Module> module;
+    if (kind == "attention") {
+      module = std::make_unique<cohort::nn::CausalSelfAttention>(options);
+    } else if (kind == "block") {
+      module = std::make_unique<cohort::nn::TransformerBlock>(options);
+    } else {
+      COHORT_THROW(InvalidArgument) << "unknown module '" << kind << "'";
+    }
+    std::map<std::string, Tensor> given = readDir(dir);
+    cohort::nn::ParamBuffer params;
+    module->registerParams(params, "");
+    params.allocate(cohort::runtime::cpuAllocator());
+    for (size_t i = 0; i < params.entries().size(); ++i) {
+      const auto& e = params.entries()[i];
+      auto it = given.find(e.name);
+      if (it == given.end()) COHORT_THROW(InvalidArgument) << "PyTorch gave no parameter '" << e.name << "'";
+      if (it->second.shape() != e.shape) {
+        COHORT_THROW(InvalidArgument) << "parameter '" << e.name << "' is " << it->second.shape().str()
+                                              << " in PyTorch and " << e.shape.str() << " here";
+      }
+      params.value(i).copyFrom(it->second);
+    }
+    cohort::nn::Pass pass;
+    write(dir, "output", module->forward(given.at("input"), pass));
+    write(dir, "grad_input", module->backward(given.at("grad_output"), pass));
+    for (size_t i = 0; i < params.entries().size(); ++i) {
+      write(dir, "grad." + params.entries()[i].name, params.grad(i));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "parity_worker: " << e.what() << "\n";
+    return 1;
+  }
+}
