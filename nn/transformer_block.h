@@ -34,6 +34,7 @@ class TransformerBlock final : public Module {
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
 
   CausalSelfAttention& attn() { return attn_; }
+  Linear& mlpFc() { return fc_; }
   Linear& mlpProjection() { return mlpProj_; }
 
  private:

@@ -15,6 +15,7 @@
 #include "nn/attention.h"
 #include "nn/batchnorm.h"
 #include "nn/conv2d.h"
+#include "nn/gpt.h"
 #include "nn/linear.h"
 #include "nn/pool.h"
 #include "nn/residual.h"
@@ -153,6 +154,9 @@ std::vector<LayerCase> cases() {
        Shape{2, 40, 12}, true, false, kNormTolerance},
       {"transformer_block", [] { return ModulePtr(new nn::TransformerBlock({.dim = 8, .heads = 2})); }, Shape{2, 9, 8},
        true, false, kNormTolerance},
+      // Token ids 0..3 (the small-integer inputs of `ties`).
+      {"gpt_2_layers", [] { return ModulePtr(new nn::Gpt({.vocab = 5, .layers = 2, .heads = 2, .dim = 8, .context = 7})); },
+       Shape{3, 6}, true, true, kNormTolerance},
   };
 }
 

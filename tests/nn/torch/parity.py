@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Cohort's transformer modules against PyTorch (issue 20): CausalSelfAttention and TransformerBlock
-written here in PyTorch as GPT-2 defines them (a fused c_attn projection, scores q.k^T/sqrt(hd) per
+"""Cohort's transformer modules against PyTorch (issue 20): CausalSelfAttention, TransformerBlock and
+a 2-layer Gpt written here in PyTorch as GPT-2 (nanoGPT) defines them (a fused c_attn projection, scores q.k^T/sqrt(hd) per
 head, the causal mask, softmax, P.v, c_proj; the pre-norm block with LayerNorm, GELU's tanh form and a
 4x MLP), given the same parameters, input and output gradient as Cohort's (tests/nn/torch/
 parity_worker.cc), must give the same output, input gradient and parameter gradients: the largest
@@ -55,6 +55,26 @@ class Block(torch.nn.Module):
         return x + self.mlp["c_proj"](h)
 
 
+class Gpt(torch.nn.Module):
+    """nanoGPT's GPT: wte + wpe, the blocks, ln_f, and the head tied to wte."""
+
+    def __init__(self, vocab, layers, heads, dim, context):
+        super().__init__()
+        self.transformer = torch.nn.ModuleDict({
+            "wte": torch.nn.Embedding(vocab, dim),
+            "wpe": torch.nn.Embedding(context, dim),
+            "h": torch.nn.ModuleList([Block(dim, heads) for _ in range(layers)]),
+            "ln_f": torch.nn.LayerNorm(dim),
+        })
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        x = self.transformer["wte"](ids) + self.transformer["wpe"](torch.arange(t))
+        for block in self.transformer["h"]:
+            x = block(x)
+        return self.transformer["ln_f"](x) @ self.transformer["wte"].weight.t()
+
+
 def write(directory, name, tensor):
     tensor = tensor.detach().contiguous().to(torch.float32)
     with open(os.path.join(directory, name + ".f32"), "wb") as f:
@@ -74,14 +94,22 @@ def read(directory):
     return tensors
 
 
-def check(worker, kind, batch, time, dim, heads, seed):
+def check(worker, kind, batch, time, dim, heads, seed, vocab=0, layers=0, context=0):
     torch.manual_seed(seed)
-    module = (Attention if kind == "attention" else Block)(dim, heads)
+    if kind == "gpt":
+        module = Gpt(vocab, layers, heads, dim, context)
+    else:
+        module = (Attention if kind == "attention" else Block)(dim, heads)
     with torch.no_grad():
         for name, p in module.named_parameters():
-            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") else 0.0))
-    x = torch.randn(batch, time, dim, requires_grad=True)
-    dy = torch.randn(batch, time, dim)
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if "ln_" in name and name.endswith("weight") else 0.0))
+    if kind == "gpt":
+        ids = torch.randint(0, vocab, (batch, time))
+        x = ids.to(torch.float32).requires_grad_()  # Cohort's ids; PyTorch's model takes `ids`
+        dy = torch.randn(batch, time, vocab)
+    else:
+        x = torch.randn(batch, time, dim, requires_grad=True)
+        dy = torch.randn(batch, time, dim)
     failures = 0
     with tempfile.TemporaryDirectory() as directory:
         params = dict(module.named_parameters())  # nanoGPT's names, which Cohort's modules register
@@ -89,14 +117,16 @@ def check(worker, kind, batch, time, dim, heads, seed):
             write(directory, name, p)
         write(directory, "input", x)
         write(directory, "grad_output", dy)
-        run = subprocess.run([worker, kind, str(dim), str(heads), directory], capture_output=True, text=True)
+        sizes = [str(vocab), str(layers), str(context)] if kind == "gpt" else []
+        run = subprocess.run([worker, kind, str(dim), str(heads), directory] + sizes, capture_output=True, text=True)
         if run.returncode != 0:
             print(f"{kind}: the worker failed: {run.stderr.strip()}")
             return 1
         got = read(directory)
-        y = module(x)
+        y = module(ids if kind == "gpt" else x)
         y.backward(dy)
-        want = {"output": y, "grad_input": x.grad}
+        # Token ids have no gradient: Cohort gives zeros.
+        want = {"output": y, "grad_input": torch.zeros_like(x) if kind == "gpt" else x.grad}
         want.update({"grad." + name: p.grad for name, p in params.items()})
         case = f"{kind} B={batch} T={time} D={dim} H={heads}"
         for name, w in want.items():
@@ -122,6 +152,9 @@ def main():
     for kind in ("attention", "block"):
         for batch, time, dim, heads, seed in ((2, 1, 4, 1, 1), (2, 7, 8, 2, 2), (3, 16, 12, 3, 3), (1, 33, 16, 4, 4)):
             failures += check(sys.argv[1], kind, batch, time, dim, heads, seed)
+    # The whole model, 2 layers: logits and every gradient (the tied head's included).
+    for batch, time, dim, heads, vocab, context, seed in ((2, 9, 16, 2, 13, 12, 5), (3, 12, 8, 4, 256, 12, 6)):
+        failures += check(sys.argv[1], "gpt", batch, time, dim, heads, seed, vocab=vocab, layers=2, context=context)
     print(f"{failures} tensors differ" if failures else "every tensor agrees")
     return 1 if failures else 0
 

@@ -1,11 +1,11 @@
 // The Cohort side of tests/nn/torch/parity.py: runs one transformer module forward and backward on
 // tensors PyTorch wrote, and writes what it got for the script to compare.
 //
-//   parity_worker MODULE DIM HEADS DIR
-// MODULE is "attention" (CausalSelfAttention) or "block" (TransformerBlock). DIR holds raw
-// little-endian float32 files NAME.f32 and a file `manifest` with one line "NAME d0 d1 ..." per
-// tensor: every parameter by the module's own names (prefix ""), "input" [B, T, D] and
-// "grad_output" [B, T, D]. The worker adds "output", "grad_input" and "grad.<parameter>" for every
+//   parity_worker MODULE DIM HEADS DIR [VOCAB LAYERS CONTEXT]
+// MODULE is "attention" (CausalSelfAttention), "block" (TransformerBlock) or "gpt" (Gpt, with the
+// three sizes after DIR). DIR holds raw little-endian float32 files NAME.f32 and a file `manifest`
+// with one line "NAME d0 d1 ..." per tensor: every parameter by the module's own names (prefix
+// ""), "input" ([B, T, D]; token ids [B, T] for gpt) and "grad_output" (the output's shape). The worker adds "output", "grad_input" and "grad.<parameter>" for every
 // parameter to DIR (and to the manifest). Exit 1 with a line on stderr for anything unexpected.
 #include <cstdio>
 #include <fstream>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "nn/attention.h"
+#include "nn/gpt.h"
 #include "nn/transformer_block.h"
 #include "runtime/error.h"
 
@@ -61,7 +62,9 @@ void write(const std::string& dir, const std::string& name, const Tensor& t) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc != 5) COHORT_THROW(InvalidArgument) << "usage: parity_worker attention|block DIM HEADS DIR";
+    if (argc != 5 && argc != 8) {
+      COHORT_THROW(InvalidArgument) << "usage: parity_worker attention|block|gpt DIM HEADS DIR [VOCAB LAYERS CONTEXT]";
+    }
     const std::string kind = argv[1], dir = argv[4];
     const cohort::nn::AttentionOptions options{.dim = std::stoll(argv[2]), .heads = std::stoll(argv[3])};
     std::unique_ptr<cohort::nn::Module> module;
@@ -69,6 +72,12 @@ int main(int argc, char** argv) {
       module = std::make_unique<cohort::nn::CausalSelfAttention>(options);
     } else if (kind == "block") {
       module = std::make_unique<cohort::nn::TransformerBlock>(options);
+    } else if (kind == "gpt" && argc == 8) {
+      module = std::make_unique<cohort::nn::Gpt>(cohort::nn::GptOptions{.vocab = std::stoll(argv[5]),
+                                                                        .layers = std::stoll(argv[6]),
+                                                                        .heads = options.heads,
+                                                                        .dim = options.dim,
+                                                                        .context = std::stoll(argv[7])});
     } else {
       COHORT_THROW(InvalidArgument) << "unknown module '" << kind << "'";
     }

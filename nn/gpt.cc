@@ -1,0 +1,175 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+
+#include "nn/gpu_dispatch.h"
+#include "runtime/cpu/blas.h"
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+namespace {
+
+const GptOptions& checked(const GptOptions& o) {
+  if (o.vocab < 1 || o.layers < 1 || o.heads < 1 || o.dim < 1 || o.context < 1 || o.dim % o.heads != 0) {
+    COHORT_THROW(InvalidArgument) << "a GPT needs positive sizes and a width divisible by the heads, got vocabulary "
+                                  << o.vocab << ", " << o.layers << " layers, " << o.heads << " heads, width "
+                                  << o.dim << ", context " << o.context;
+  }
+  return o;
+}
+
+void fillNormal(const Tensor& t, float std, runtime::Rng& rng) {
+  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = static_cast<float>(rng.normal()) * std;
+}
+
+}  // namespace
+
+Gpt::Gpt(const GptOptions& o)
+    : options_(checked(o)),
+      wte_({.vocab = o.vocab, .dim = o.dim}),
+      wpe_({.vocab = o.context, .dim = o.dim}),
+      lnF_(o.dim) {
+  for (int64_t i = 0; i < o.layers; ++i) blocks_.push_back(std::make_unique<TransformerBlock>(AttentionOptions{o.dim, o.heads}));
+}
+
+std::string Gpt::name() const {
+  return "GPT(layers " + std::to_string(options_.layers) + ", heads " + std::to_string(options_.heads) + ", width " +
+         std::to_string(options_.dim) + ", context " + std::to_string(options_.context) + ", vocabulary " +
+         std::to_string(options_.vocab) + ")";
+}
+
+void Gpt::registerParams(ParamBuffer& params, const std::string& prefix) {
+  wte_.registerParams(params, prefix + "transformer.wte.");
+  wpe_.registerParams(params, prefix + "transformer.wpe.");
+  for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->registerParams(params, prefix + "transformer.h." + std::to_string(i) + ".");
+  lnF_.registerParams(params, prefix + "transformer.ln_f.");
+}
+
+void Gpt::resetParams(runtime::Rng& rng) {
+  wte_.resetParams(rng);  // normal(0, 0.02)
+  wpe_.resetParams(rng);
+  const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(options_.layers));
+  for (auto& block : blocks_) {
+    block->resetParams(rng);  // LayerNorms 1 and 0; the Linears are redrawn below
+    for (Linear* l : {&block->attn().cAttn(), &block->attn().cProj(), &block->mlpFc(), &block->mlpProjection()}) {
+      const bool projection = l == &block->attn().cProj() || l == &block->mlpProjection();
+      fillNormal(l->weight(), projection ? residual : 0.02f, rng);
+      l->bias().fill(0.0f);
+    }
+  }
+  lnF_.resetParams(rng);
+}
+
+Shape Gpt::outputShape(const Shape& input) const {
+  if (input.rank() != 2 || input[1] < 1 || input[1] > options_.context) {
+    COHORT_THROW(InvalidArgument) << name() << " needs token ids [batch, time] with time 1.." << options_.context
+                                  << ", got " << input.str();
+  }
+  return Shape{input[0], input[1], options_.vocab};
+}
+
+const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
+  const Shape out = outputShape(input.shape());
+  batch_ = input.dim(0);
+  time_ = input.dim(1);
+  const int64_t B = batch_, T = time_, D = options_.dim, V = options_.vocab;
+  if (!positions_.defined() || positions_.numel() != T || positions_.device() != input.device()) {
+    Tensor ids = Tensor::zeros(Shape{T});
+    for (int64_t t = 0; t < T; ++t) ids.at(t) = static_cast<float>(t);
+    positions_ = ids;
+#ifdef COHORT_HAVE_CUDA
+    if (onGpu(input)) positions_ = ids.clone(gpuFor(pass, input, name()).allocator());
+#endif
+  }
+  const Tensor& tokens = wte_.forward(input, pass);
+  const Tensor& pos = wpe_.forward(positions_, pass);
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(x_, tokens.shape(), gpu.allocator());
+    runtime::cuda::copyOnDevice(x_.data(), tokens.data(), tokens.bytes(), gpu.stream());
+    for (int64_t b = 0; b < B; ++b) {
+      runtime::cuda::axpy(1.0f, {pos.data(), static_cast<size_t>(T * D)}, {x_.data() + b * T * D, static_cast<size_t>(T * D)},
+                          gpu.stream());
+    }
+  } else
+#endif
+  {
+    runtime::ensureShape(x_, tokens.shape());
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < T * D; ++i) x_.data()[b * T * D + i] = tokens.data()[b * T * D + i] + pos.data()[i];
+    }
+  }
+  const Tensor* h = &x_;
+  for (auto& block : blocks_) h = &block->forward(*h, pass);
+  const Tensor& f = lnF_.forward(*h, pass);
+  final_ = &f;
+  const runtime::GemmOptions head{.m = static_cast<int>(B * T), .n = static_cast<int>(V), .k = static_cast<int>(D), .transB = true};
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input)) {
+    auto& gpu = gpuFor(pass, input, name());
+    runtime::ensureShape(logits_, out, gpu.allocator());
+    gpu.blas().gemm(head, f.data(), wte_.weight().data(), logits_.data());
+    return logits_;
+  }
+#endif
+  runtime::ensureShape(logits_, out);
+  runtime::cpu::gemm(head, f.data(), wte_.weight().data(), logits_.data());  // logits = x · wteᵀ
+  return logits_;
+}
+
+const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
+  const int64_t B = batch_, T = time_, D = options_.dim, V = options_.vocab;
+  COHORT_CHECK(final_ && gradOutput.numel() == B * T * V) << gradOutput.shape().str() << " after a forward of ["
+                                                           << B << ", " << T << "]";
+  const float beta = pass.accumulateGrads ? 1.0f : 0.0f;
+  const int rows = static_cast<int>(B * T), v = static_cast<int>(V), d = static_cast<int>(D);
+  // The head: dwte = dlogitsᵀ·x (written, or added), d(x) = dlogits·wte.
+  const runtime::GemmOptions weightGrad{.m = v, .n = d, .k = rows, .transA = true, .beta = beta};
+  const runtime::GemmOptions inputGrad{.m = rows, .n = d, .k = v};
+  const float* dy = gradOutput.data();
+#ifdef COHORT_HAVE_CUDA
+  runtime::cuda::GpuContext* gpu = onGpu(gradOutput) ? &gpuFor(pass, gradOutput, name()) : nullptr;
+  if (gpu) {
+    runtime::ensureShape(gradFinal_, Shape{B, T, D}, gpu->allocator());
+    gpu->blas().gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
+    gpu->blas().gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
+  } else
+#endif
+  {
+    runtime::ensureShape(gradFinal_, Shape{B, T, D});
+    runtime::cpu::gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
+    runtime::cpu::gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
+  }
+  Pass inner = pass;
+  inner.needInputGrad = true;
+  const Tensor* g = &lnF_.backward(gradFinal_, inner);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = &(*it)->backward(*g, inner);
+  // The position embedding's gradient: d(x) summed over the batch.
+#ifdef COHORT_HAVE_CUDA
+  if (gpu) {
+    runtime::ensureShape(gradPositions_, Shape{T, D}, gpu->allocator());
+    const auto n = static_cast<size_t>(T * D);
+    runtime::cuda::fill({gradPositions_.data(), n}, 0.0f, gpu->stream());
+    for (int64_t b = 0; b < B; ++b) {
+      runtime::cuda::axpy(1.0f, {g->data() + b * T * D, n}, {gradPositions_.data(), n}, gpu->stream());
+    }
+  } else
+#endif
+  {
+    runtime::ensureShape(gradPositions_, Shape{T, D});
+    gradPositions_.fill(0.0f);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < T * D; ++i) gradPositions_.data()[i] += g->data()[b * T * D + i];
+    }
+  }
+  Pass embeddings = pass;
+  embeddings.needInputGrad = false;  // ids have no gradient
+  wpe_.backward(gradPositions_, embeddings);
+  embeddings.accumulateGrads = true;  // onto the head's gradient of the same weight
+  embeddings.needInputGrad = pass.needInputGrad;
+  return wte_.backward(*g, embeddings);
+}
+
+}  // namespace cohort::nn

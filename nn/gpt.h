@@ -1,0 +1,64 @@
+// Gpt: GPT-2's language model (issue 20, item 2), as nanoGPT defines it: token embedding wte
+// [V, D] and position embedding wpe [context, D] added, L TransformerBlocks, a final LayerNorm ln_f,
+// and an LM head tied to wte (logits = x · wteᵀ; the weight is stored once, as
+// "transformer.wte.weight", and gets the gradient of both uses). Parameter names and shapes are
+// nanoGPT's ("transformer.wte.weight", "transformer.wpe.weight", "transformer.h.<i>.…" as
+// TransformerBlock's, "transformer.ln_f.weight", "transformer.ln_f.bias"), so a checkpoint's
+// tensors load into that model.
+//
+// Input: token ids [B, T] (whole-number floats, T <= context); output: logits [B, T, V].
+// resetParams is GPT-2's initialisation: every Linear weight and both embeddings normal(0, 0.02),
+// the residual projections (attn.c_proj and mlp.c_proj weights) normal(0, 0.02/√(2L)), biases 0,
+// LayerNorms 1 and 0. Backward: the head's weight gradient dlogitsᵀ·x is written first (or added,
+// with Pass::accumulateGrads), then the token embedding's is added to it; the ids get no gradient.
+// CPU and CUDA (the head through oneDNN or cuBLAS). Thread safety: as Module.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/embedding.h"
+#include "nn/layer_norm.h"
+#include "nn/module.h"
+#include "nn/transformer_block.h"
+
+namespace cohort::nn {
+
+struct GptOptions {
+  int64_t vocab = 256;
+  int64_t layers = 1;
+  int64_t heads = 1;
+  int64_t dim = 64;
+  int64_t context = 64;
+};
+
+class Gpt final : public Module {
+ public:
+  // InvalidArgument for a non-positive size or a width that the heads do not divide.
+  explicit Gpt(const GptOptions& options);
+
+  std::string name() const override;
+  void registerParams(ParamBuffer& params, const std::string& prefix) override;
+  void resetParams(runtime::Rng& rng) override;
+  // [B, T] -> [B, T, V]; InvalidArgument for another rank or T outside 1..context.
+  Shape outputShape(const Shape& input) const override;
+  const Tensor& forward(const Tensor& input, const Pass& pass) override;
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+  const GptOptions& options() const { return options_; }
+
+ private:
+  GptOptions options_;
+  Embedding wte_, wpe_;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  LayerNorm lnF_;
+  int64_t batch_ = 0, time_ = 0;
+  Tensor positions_;   // ids 0..T-1, [T], on the input's device
+  Tensor x_;           // wte + wpe, [B, T, D]
+  Tensor logits_;      // [B, T, V]
+  Tensor gradFinal_;   // d(ln_f output), [B, T, D]
+  Tensor gradPositions_;  // Σ over the batch of d(x), [T, D]
+  const Tensor* final_ = nullptr;  // ln_f's output of the last forward (its own buffer)
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,92 @@
+// nn::Gpt (issue 20, item 2): gradients against finite differences (the tied head and the two
+// embeddings included), nanoGPT's parameter names with the head stored once, GPT-2's
+// initialisation, and the context limit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "runtime/error.h"
+#include "tests/nn/grad_check.h"
+
+namespace cohort::nn::testing {
+namespace {
+
+using runtime::Shape;
+using runtime::Tensor;
+
+Tensor tokens(int64_t batch, int64_t time, int64_t vocab, uint64_t seed) {
+  runtime::Rng rng(seed);
+  Tensor t = Tensor::zeros(Shape{batch, time});
+  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = static_cast<float>(static_cast<int64_t>(rng.uniform(0.0f, 1.0f) * vocab) % vocab);
+  return t;
+}
+
+TEST(Gpt, GradientsMatchFiniteDifferences) {
+  for (const auto& [time, heads] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 2}}) {
+    Gpt m({.vocab = 7, .layers = 2, .heads = heads, .dim = 8, .context = 6});
+    ParamBuffer params;
+    bindParams(m, params, 21);
+    // GPT-2's initial embeddings (std 0.02) are small next to the check's step of 0.01, and
+    // LayerNorm magnifies them: parameters of order 1 keep the finite differences accurate.
+    runtime::Rng rng(24);
+    for (int64_t i = 0; i < params.values().numel(); ++i) params.values().at(i) = rng.uniform(-1.0f, 1.0f);
+    SCOPED_TRACE("time " + std::to_string(time));
+    checkModuleGradients(m, params, tokens(2, time, 7, 22), {.checkInput = false});
+  }
+}
+
+TEST(Gpt, HasNanoGptsNamesWithTheHeadTiedToTheTokenEmbedding) {
+  Gpt m({.vocab = 11, .layers = 2, .heads = 2, .dim = 8, .context = 5});
+  ParamBuffer params;
+  m.registerParams(params, "");
+  std::vector<std::string> names;
+  for (const auto& e : params.entries()) names.push_back(e.name + e.shape.str());
+  EXPECT_EQ(names.front(), "transformer.wte.weight[11, 8]");
+  EXPECT_EQ(names[1], "transformer.wpe.weight[5, 8]");
+  EXPECT_EQ(names[2], "transformer.h.0.ln_1.weight[8]");
+  EXPECT_EQ(names[names.size() - 2], "transformer.ln_f.weight[8]");
+  EXPECT_EQ(names.back(), "transformer.ln_f.bias[8]");
+  EXPECT_EQ(names.size(), 2u + 2u * 12u + 2u);  // no lm_head: it is wte
+}
+
+TEST(Gpt, InitialisesAsGpt2) {
+  const int64_t layers = 4;
+  Gpt m({.vocab = 64, .layers = layers, .heads = 4, .dim = 64, .context = 32});
+  ParamBuffer params;
+  bindParams(m, params, 23);
+  auto stdOf = [&](const std::string& name) {
+    for (size_t i = 0; i < params.entries().size(); ++i) {
+      if (params.entries()[i].name != name) continue;
+      const Tensor t = params.value(i);
+      double sum = 0, squares = 0;
+      for (int64_t k = 0; k < t.numel(); ++k) sum += t.at(k), squares += static_cast<double>(t.at(k)) * t.at(k);
+      const double mean = sum / static_cast<double>(t.numel());
+      return std::sqrt(squares / static_cast<double>(t.numel()) - mean * mean);
+    }
+    ADD_FAILURE() << "no parameter " << name;
+    return 0.0;
+  };
+  EXPECT_NEAR(stdOf("transformer.wte.weight"), 0.02, 0.002);
+  EXPECT_NEAR(stdOf("transformer.h.1.attn.c_attn.weight"), 0.02, 0.002);
+  EXPECT_NEAR(stdOf("transformer.h.1.mlp.c_fc.weight"), 0.02, 0.002);
+  const double residual = 0.02 / std::sqrt(2.0 * layers);
+  EXPECT_NEAR(stdOf("transformer.h.1.attn.c_proj.weight"), residual, residual / 10);
+  EXPECT_NEAR(stdOf("transformer.h.3.mlp.c_proj.weight"), residual, residual / 10);
+  EXPECT_EQ(stdOf("transformer.h.0.attn.c_attn.bias"), 0.0);
+  EXPECT_EQ(stdOf("transformer.h.0.ln_1.weight"), 0.0);  // all 1
+}
+
+TEST(Gpt, RefusesWhatItCannotRun) {
+  EXPECT_THROW(Gpt({.vocab = 4, .layers = 1, .heads = 3, .dim = 8, .context = 4}), InvalidArgument);
+  EXPECT_THROW(Gpt({.vocab = 0, .layers = 1, .heads = 1, .dim = 8, .context = 4}), InvalidArgument);
+  Gpt m({.vocab = 4, .layers = 1, .heads = 2, .dim = 8, .context = 4});
+  EXPECT_THROW(m.outputShape(Shape{2, 5}), InvalidArgument);  // longer than the context
+  EXPECT_THROW(m.outputShape(Shape{2, 3, 1}), InvalidArgument);
+  EXPECT_EQ(m.outputShape(Shape{2, 4}), (Shape{2, 4, 4}));
+}
+
+}  // namespace
+}  // namespace cohort::nn::testing
