@@ -4,7 +4,8 @@ a 2-layer Gpt written here in PyTorch as GPT-2 (nanoGPT) defines them (a fused c
 head, the causal mask, softmax, P.v, c_proj; the pre-norm block with LayerNorm, GELU's tanh form and a
 4x MLP), given the same parameters, input and output gradient as Cohort's (tests/nn/torch/
 parity_worker.cc), must give the same output, input gradient and parameter gradients: the largest
-difference at most 1e-5 of the largest magnitude of each tensor (float32 both sides).
+difference at most 1e-5 of the largest magnitude of each tensor (float32 both sides); and 10 AdamW
+steps of the 2-layer GPT on the same tokens must give the same losses (1e-4 relative) and parameters.
 
     /usr/bin/python3 tests/nn/torch/parity.py bazel-bin/tests/nn/torch/parity_worker
 
@@ -143,6 +144,62 @@ def check(worker, kind, batch, time, dim, heads, seed, vocab=0, layers=0, contex
     return failures
 
 
+def check_training(worker, steps=10, batch=3, time=8, dim=16, heads=2, vocab=29, layers=2, lr=1e-2, wd=0.1, seed=7):
+    """10 AdamW steps of a 2-layer GPT from the same parameters on the same tokens: the same losses
+    (1e-4 relative, the issue's bound) and parameters."""
+    torch.manual_seed(seed)
+    model = Gpt(vocab, layers, heads, dim, time)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "ln_" in name and name.endswith("weight") else 0.0))
+    ids = torch.randint(0, vocab, (steps, batch, time + 1))
+    case = f"gpt-train {steps} AdamW steps B={batch} T={time} D={dim} H={heads} V={vocab} L={layers}"
+    with tempfile.TemporaryDirectory() as directory:
+        params = dict(model.named_parameters())
+        for name, p in params.items():
+            write(directory, name, p)
+        write(directory, "input", ids.to(torch.float32))
+        run = subprocess.run([worker, "gpt-train", str(dim), str(heads), directory, str(vocab), str(layers), str(time),
+                              str(steps), str(lr), str(wd)], capture_output=True, text=True)
+        if run.returncode != 0:
+            print(f"FAIL {case}: the worker failed: {run.stderr.strip()}")
+            return 1
+        got = read(directory)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    losses = []
+    for s in range(steps):
+        logits = model(ids[s, :, :time])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), ids[s, :, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    failures = 0
+    for s, (g, w) in enumerate(zip(got["losses"].tolist(), losses)):
+        diff = abs(g - w) / abs(w)
+        ok = diff <= 1e-4
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {case} loss of step {s + 1}: Cohort {g:.6f} PyTorch {w:.6f} (relative difference {diff:.1e})")
+    # The parameters too, to 1e-4 of each tensor's largest magnitude, except the key third of each
+    # c_attn bias: its gradient is zero in exact arithmetic (softmax ignores a constant added to a
+    # row of scores), so both sides' rounding noise is all Adam sees there, scaled to steps of ~lr.
+    worst, where = 0.0, ""
+    for name, p in params.items():
+        g, w = got["final." + name], p.detach()
+        if name.endswith("attn.c_attn.bias"):
+            keep = torch.ones_like(w, dtype=torch.bool)
+            keep[dim:2 * dim] = False
+            g, w = g[keep], w[keep]
+        diff = (g - w).abs().max().item() / max(w.abs().max().item(), 1e-30)
+        if diff > worst:
+            worst, where = diff, name
+    ok = worst <= 1e-4
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {case} parameters after the last step: largest difference {worst:.1e} of the "
+          f"tensor's largest magnitude, in {where}")
+    return failures
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -155,6 +212,7 @@ def main():
     # The whole model, 2 layers: logits and every gradient (the tied head's included).
     for batch, time, dim, heads, vocab, context, seed in ((2, 9, 16, 2, 13, 12, 5), (3, 12, 8, 4, 256, 12, 6)):
         failures += check(sys.argv[1], "gpt", batch, time, dim, heads, seed, vocab=vocab, layers=2, context=context)
+    failures += check_training(sys.argv[1])
     print(f"{failures} tensors differ" if failures else "every tensor agrees")
     return 1 if failures else 0
 

@@ -5,7 +5,12 @@
 // MODULE is "attention" (CausalSelfAttention), "block" (TransformerBlock) or "gpt" (Gpt, with the
 // three sizes after DIR). DIR holds raw little-endian float32 files NAME.f32 and a file `manifest`
 // with one line "NAME d0 d1 ..." per tensor: every parameter by the module's own names (prefix
-// ""), "input" ([B, T, D]; token ids [B, T] for gpt) and "grad_output" (the output's shape). The worker adds "output", "grad_input" and "grad.<parameter>" for every
+// ""), "input" ([B, T, D]; token ids [B, T] for gpt) and "grad_output" (the output's shape).
+// MODULE "gpt-train" (sizes as gpt, then STEPS LR WEIGHT_DECAY) trains the Gpt instead: "input" is
+// token ids [STEPS, B, T + 1]; step s takes ids[s, :, :T] as input and ids[s, :, 1:] as targets,
+// the mean cross-entropy over the B·T tokens, and one AdamW step (betas 0.9, 0.999, eps 1e-8,
+// weight decay on every parameter); it writes "losses" [STEPS] and the parameters after the last
+// step as "final.<parameter>". The worker adds "output", "grad_input" and "grad.<parameter>" for every
 // parameter to DIR (and to the manifest). Exit 1 with a line on stderr for anything unexpected.
 #include <cstdio>
 #include <fstream>
@@ -18,6 +23,8 @@
 
 #include "nn/attention.h"
 #include "nn/gpt.h"
+#include "nn/loss.h"
+#include "nn/optimizer.h"
 #include "nn/transformer_block.h"
 #include "runtime/error.h"
 
@@ -62,8 +69,9 @@ void write(const std::string& dir, const std::string& name, const Tensor& t) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc != 5 && argc != 8) {
-      COHORT_THROW(InvalidArgument) << "usage: parity_worker attention|block|gpt DIM HEADS DIR [VOCAB LAYERS CONTEXT]";
+    if (argc != 5 && argc != 8 && argc != 11) {
+      COHORT_THROW(InvalidArgument)
+          << "usage: parity_worker attention|block|gpt|gpt-train DIM HEADS DIR [VOCAB LAYERS CONTEXT [STEPS LR WD]]";
     }
     const std::string kind = argv[1], dir = argv[4];
     const cohort::nn::AttentionOptions options{.dim = std::stoll(argv[2]), .heads = std::stoll(argv[3])};
@@ -72,7 +80,7 @@ int main(int argc, char** argv) {
       module = std::make_unique<cohort::nn::CausalSelfAttention>(options);
     } else if (kind == "block") {
       module = std::make_unique<cohort::nn::TransformerBlock>(options);
-    } else if (kind == "gpt" && argc == 8) {
+    } else if ((kind == "gpt" && argc == 8) || (kind == "gpt-train" && argc == 11)) {
       module = std::make_unique<cohort::nn::Gpt>(cohort::nn::GptOptions{.vocab = std::stoll(argv[5]),
                                                                         .layers = std::stoll(argv[6]),
                                                                         .heads = options.heads,
@@ -96,6 +104,35 @@ int main(int argc, char** argv) {
       params.value(i).copyFrom(it->second);
     }
     cohort::nn::Pass pass;
+    if (kind == "gpt-train") {
+      const Tensor& ids = given.at("input");
+      const int64_t steps = std::stoll(argv[8]), batch = ids.dim(1), time = ids.dim(2) - 1;
+      if (ids.rank() != 3 || ids.dim(0) != steps) COHORT_THROW(InvalidArgument) << "ids " << ids.shape().str();
+      auto optimizer = cohort::nn::makeOptimizer({.kind = cohort::nn::OptimizerKind::kAdamW,
+                                                  .lr = std::stof(argv[9]),
+                                                  .weightDecay = std::stof(argv[10])},
+                                                 static_cast<size_t>(params.numel()));
+      cohort::nn::SoftmaxCrossEntropy loss;
+      Tensor losses = Tensor::zeros(Shape{steps});
+      Tensor x = Tensor::zeros(Shape{batch, time}), y = Tensor::zeros(Shape{batch * time});
+      for (int64_t s = 0; s < steps; ++s) {
+        for (int64_t b = 0; b < batch; ++b) {
+          for (int64_t t = 0; t < time; ++t) {
+            x.at(b * time + t) = ids.at((s * batch + b) * (time + 1) + t);
+            y.at(b * time + t) = ids.at((s * batch + b) * (time + 1) + t + 1);
+          }
+        }
+        const Tensor& logits = module->forward(x, pass);
+        losses.at(s) = loss.forward(logits.reshape(Shape{batch * time, logits.dim(2)}), y);
+        module->backward(loss.backward().reshape(logits.shape()), pass);
+        optimizer->step(params.values(), params.grads());
+      }
+      write(dir, "losses", losses);
+      for (size_t i = 0; i < params.entries().size(); ++i) {
+        write(dir, "final." + params.entries()[i].name, params.value(i));
+      }
+      return 0;
+    }
     write(dir, "output", module->forward(given.at("input"), pass));
     write(dir, "grad_input", module->backward(given.at("grad_output"), pass));
     for (size_t i = 0; i < params.entries().size(); ++i) {
