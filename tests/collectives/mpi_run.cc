@@ -28,6 +28,10 @@ bool inheritable(const std::string& entry) {
 
 }  // namespace
 
+namespace {
+constexpr std::chrono::seconds kOutlivedGrace{5};
+}  // namespace
+
 MpirunResult runMpirun(const MpirunOptions& options) {
   std::vector<std::string> args = {"/usr/bin/mpirun", "--oversubscribe", "-np", std::to_string(options.ranks)};
   args.insert(args.end(), options.argv.begin(), options.argv.end());
@@ -67,9 +71,24 @@ MpirunResult runMpirun(const MpirunOptions& options) {
   close(pipeFds[1]);
   const auto deadline = start + options.timeout;
   char buffer[65536];
+  int status = 0;
+  bool reaped = false;
+  std::chrono::steady_clock::time_point exitedAt;
   for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto now = std::chrono::steady_clock::now();
+    // mpirun gone but the pipe still open: a process of the job outlived it (a rank that mpirun's
+    // abort did not reach). It is killed after a grace, and the result says so.
+    if (!reaped && waitpid(child, &status, WNOHANG) == child) {
+      reaped = true;
+      exitedAt = now;
+    }
+    if (reaped && now - exitedAt > kOutlivedGrace) {
+      result.outlived = true;
+      result.output += "\n[runMpirun: processes of the job still held its output " +
+                       std::to_string(kOutlivedGrace.count()) + " s after mpirun exited; killed]\n";
+      break;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
     if (left.count() <= 0) {
       result.timedOut = true;
       break;
@@ -81,12 +100,10 @@ MpirunResult runMpirun(const MpirunOptions& options) {
     if (n <= 0) break;  // every writer (mpirun and all ranks) closed the pipe
     result.output.append(buffer, n);
   }
-  if (result.timedOut) killpg(child, SIGKILL);
-  int status = 0;
+  if (result.timedOut || result.outlived) killpg(child, SIGKILL);
   // The pipe closes when the job's processes exit; mpirun itself is reaped here, bounded too.
-  for (;;) {
-    const pid_t done = waitpid(child, &status, WNOHANG);
-    if (done == child) break;
+  while (!reaped) {
+    if (waitpid(child, &status, WNOHANG) == child) break;
     if (std::chrono::steady_clock::now() > deadline + std::chrono::seconds(5)) {
       killpg(child, SIGKILL);
       result.timedOut = true;

@@ -4,7 +4,9 @@
 // than cores) and the parent's environment minus the variables that would make mpirun or the
 // workers believe they are part of another job (OMPI_COMM_WORLD_*, RANK, WORLD_SIZE, SLURM_*, ...).
 // mpirun runs in its own process group; at the deadline the whole group (mpirun, orted helpers and
-// ranks) is killed with SIGKILL and the result says timedOut. stdout and stderr arrive merged
+// ranks) is killed with SIGKILL and the result says timedOut. A process of the job still holding
+// the output 5 s after mpirun exited is killed too, and the result says outlived (and so does a
+// line at the end of the output). stdout and stderr arrive merged
 // through one pipe. Thread safety: one call at a time per process.
 //
 //   MpirunResult r = runMpirun({.ranks = 2, .argv = {workerPath(), "--scenario", "ok"}});
@@ -28,6 +30,7 @@ struct MpirunOptions {
 struct MpirunResult {
   int exitCode = -1;  // mpirun's exit status; -1 when it was killed
   bool timedOut = false;
+  bool outlived = false;  // a process of the job outlived mpirun by 5 s (killed)
   double seconds = 0;
   std::string output;  // stdout and stderr of mpirun and all ranks, merged
 };
