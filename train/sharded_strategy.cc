@@ -60,14 +60,17 @@ StepResult ShardedStrategy::step(const StepPlan& plan) {
   }
   int lossRank = -1;
   if (acrossNodes()) {
-    const auto shard = static_cast<size_t>(reduce_->end() - reduce_->begin());
-    float* mine = grads + reduce_->begin();
-    cross_->allReduce(mine, mine, shard, {.op = collectives::ReduceOp::kAvg})->wait(timeout_);
-    squares = nn::sumOfSquares({mine, shard});
+    // The flags first: every rank then waits on one communicator at a time, so a wait that runs out
+    // names the ranks that stopped answering on it (a rank waiting on another communicator is not
+    // heard on this one: mpi_heartbeat.h).
     if (flagWork) {
       flagWork->wait(timeout_);
       if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
     }
+    const auto shard = static_cast<size_t>(reduce_->end() - reduce_->begin());
+    float* mine = grads + reduce_->begin();
+    cross_->allReduce(mine, mine, shard, {.op = collectives::ReduceOp::kAvg})->wait(timeout_);
+    squares = nn::sumOfSquares({mine, shard});
   }
   // 2. Every rank's sum and loss flag, added in rank order: the same norm and verdict everywhere.
   const double mine[2] = {squares, plan.lossFinite ? 0.0 : 1.0};
