@@ -33,9 +33,14 @@
 
 // Networks: the Module contract, compositions, layers.
 #include "nn/activation.h"  // nn::Activation, nn::relu(), nn::tanhActivation(), nn::sigmoid()
+#include "nn/attention.h"   // nn::CausalSelfAttention: GPT-2's masked multi-head self-attention
 #include "nn/batchnorm.h"   // nn::BatchNorm2d
 #include "nn/conv2d.h"      // nn::Conv2d
 #include "nn/dropout.h"     // nn::Dropout
+#include "nn/embedding.h"   // nn::Embedding: token ids -> vectors
+#include "nn/gelu.h"        // nn::Gelu (GPT-2's tanh form), nn::gelu()
+#include "nn/gpt.h"         // nn::Gpt: GPT-2 (nanoGPT's names and initialisation)
+#include "nn/layer_norm.h"  // nn::LayerNorm
 #include "nn/linear.h"      // nn::Linear
 #include "nn/model.h"       // nn::Model: a network, its ParamBuffer and a name
 #include "nn/model_spec.h"  // nn::buildModel("mlp:784,256,10" | "cnn:lenet" | ...)
@@ -45,6 +50,7 @@
 #include "nn/residual.h"    // nn::Residual: y = x + f(x)
 #include "nn/sequential.h"  // nn::Sequential: modules in order
 #include "nn/softmax.h"     // nn::Softmax, nn::logSoftmax()
+#include "nn/transformer_block.h"  // nn::TransformerBlock: GPT-2's pre-norm residual block
 
 // Training: losses, optimizers, checkpoints, gradient checks.
 #include "nn/checkpoint.h"  // nn::writeCheckpoint, nn::readCheckpoint: safetensors files (Job::save/load: whole jobs)
