@@ -5,6 +5,7 @@
 
 #include "collectives/hierarchical/hierarchical_communicator.h"
 #include "collectives/mpi/mpi_communicator.h"
+#include "collectives/mpi/mpi_environment.h"
 #include "collectives/shm/shm_communicator.h"
 #include "runtime/error.h"
 
@@ -66,5 +67,7 @@ std::unique_ptr<Communicator> makeCommunicator(const CommunicatorOptions& option
   if (backend == "hierarchical") return makeHierarchicalCommunicator(options, options.backend.empty());
   return makeMpiCommunicator(options);
 }
+
+void markProcessFailing() { mpi_detail::markProcessFailing(); }
 
 }  // namespace cohort::collectives

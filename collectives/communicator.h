@@ -141,4 +141,11 @@ std::string resolveBackend(const CommunicatorOptions& options);
 // Throws as resolveBackend(); TimeoutError when peers do not arrive at the rendezvous.
 std::unique_ptr<Communicator> makeCommunicator(const CommunicatorOptions& options);
 
+// This process is failing: an error is unwinding out of a collective caller (train::Job calls it for
+// every error leaving step(), barrier() or reduce()). MPI is then not finalised at exit:
+// MPI_Finalize is a fence over every process of the job, which waits forever for a peer that is
+// gone or cut off; mpirun ends the job on the missing finalise instead. Safe from any thread, and
+// whether or not MPI was ever started.
+void markProcessFailing();
+
 }  // namespace cohort::collectives

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <iomanip>
 #include <sstream>
 
@@ -23,6 +25,19 @@ struct ProcessBarrier::Control {
   uint32_t numRanks;
 };
 
+// Who gave up first and why: state 0 (nobody), 1 (being written), 2 (rank, code and message set).
+struct alignas(64) ProcessBarrier::Failure {
+  std::atomic<uint32_t> state;
+  uint32_t rank;
+  int32_t code;
+  char message[500];
+};
+namespace {
+constexpr uint32_t kWriting = 1;
+constexpr uint32_t kWritten = 2;
+constexpr size_t kFailureBytes = 512;
+}  // namespace
+
 struct alignas(64) ProcessBarrier::Slot {
   std::atomic<uint64_t> generation;
   std::atomic<uint64_t> pid;         // 0 until the rank registers
@@ -30,10 +45,11 @@ struct alignas(64) ProcessBarrier::Slot {
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "barrier slots must be lock-free across processes");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "the failure record must be lock-free across processes");
 size_t ProcessBarrier::bytesFor(int numRanks) {
-  static_assert(sizeof(Slot) == kAlignment && sizeof(Control) <= kAlignment);
+  static_assert(sizeof(Slot) == kAlignment && sizeof(Control) <= kAlignment && sizeof(Failure) == kFailureBytes);
   COHORT_CHECK(numRanks >= 1 && numRanks <= kMaxRanks) << "numRanks " << numRanks;
-  return kAlignment + static_cast<size_t>(numRanks) * sizeof(Slot);
+  return kAlignment + kFailureBytes + static_cast<size_t>(numRanks) * sizeof(Slot);
 }
 
 void ProcessBarrier::initialize(void* memory, size_t bytes, int numRanks) {
@@ -41,7 +57,8 @@ void ProcessBarrier::initialize(void* memory, size_t bytes, int numRanks) {
   COHORT_CHECK(bytes >= bytesFor(numRanks)) << bytes << " bytes for " << numRanks << " ranks";
   auto* control = new (memory) Control{};
   control->numRanks = static_cast<uint32_t>(numRanks);
-  auto* slots = reinterpret_cast<Slot*>(static_cast<char*>(memory) + kAlignment);
+  new (static_cast<char*>(memory) + kAlignment) Failure{};
+  auto* slots = reinterpret_cast<Slot*>(static_cast<char*>(memory) + kAlignment + kFailureBytes);
   for (int r = 0; r < numRanks; ++r) new (&slots[r]) Slot{};
   // The magic goes last; the memory only becomes visible to other processes through a release
   // (e.g. ShmRegion::publish()), which orders these stores before it.
@@ -50,7 +67,8 @@ void ProcessBarrier::initialize(void* memory, size_t bytes, int numRanks) {
 
 ProcessBarrier::ProcessBarrier(void* memory, size_t bytes)
     : control_(static_cast<Control*>(memory)),
-      slots_(reinterpret_cast<Slot*>(static_cast<char*>(memory) + kAlignment)) {
+      failure_(reinterpret_cast<Failure*>(static_cast<char*>(memory) + kAlignment)),
+      slots_(reinterpret_cast<Slot*>(static_cast<char*>(memory) + kAlignment + kFailureBytes)) {
   COHORT_CHECK(reinterpret_cast<uintptr_t>(memory) % kAlignment == 0) << "barrier memory is not 64-byte aligned";
   if (bytes < kAlignment || control_->magic != kBarrierMagic || control_->numRanks < 1 ||
       control_->numRanks > static_cast<uint32_t>(kMaxRanks) || bytes < bytesFor(control_->numRanks)) {
@@ -90,6 +108,27 @@ uint64_t ProcessBarrier::arrive(int rank) {
   uint64_t next = s.generation.load(std::memory_order_relaxed) + 1;
   s.generation.store(next, std::memory_order_release);
   return next;
+}
+
+void ProcessBarrier::abandon(int rank, const Error& error) {
+  checkRank(rank);
+  uint32_t none = 0;
+  if (!failure_->state.compare_exchange_strong(none, kWriting, std::memory_order_acq_rel)) return;
+  failure_->rank = static_cast<uint32_t>(rank);
+  failure_->code = static_cast<int32_t>(error.code());
+  const size_t n = std::min(std::strlen(error.what()), sizeof(failure_->message) - 1);
+  std::memcpy(failure_->message, error.what(), n);
+  failure_->message[n] = '\0';
+  failure_->state.store(kWritten, std::memory_order_release);
+}
+
+void ProcessBarrier::checkAbandoned(int rank, const WaitOptions& options) const {
+  if (failure_->state.load(std::memory_order_acquire) != kWritten || failure_->rank == static_cast<uint32_t>(rank)) return;
+  std::ostringstream os;
+  os << "local rank " << failure_->rank << " failed while rank " << rank << " waited at barrier '" << options.what
+     << "': " << failure_->message;
+  if (failure_->code == static_cast<int32_t>(ExitCode::kTimeout)) throw TimeoutError(os.str());
+  throw PeerError(os.str());
 }
 
 uint64_t ProcessBarrier::generationOf(int rank) const { return slot(rank).generation.load(std::memory_order_acquire); }
@@ -133,6 +172,7 @@ void ProcessBarrier::wait(int rank, uint64_t generation, const WaitOptions& opti
       all = slots_[r].generation.load(std::memory_order_acquire) >= generation;
     }
     if (all) return;
+    checkAbandoned(rank, options);
     auto now = std::chrono::steady_clock::now();
     if (now >= nextLivenessCheck) {
       checkPeersAlive(rank, generation, options);

@@ -1,9 +1,9 @@
 // ProcessBarrier: a barrier for the processes of one node, living in shared memory.
 //
 // The barrier's state is a block of caller-provided shared memory (e.g. inside a ShmRegion) of
-// bytesFor(numRanks) bytes, 64-byte aligned: a small control block, then one 64-byte slot per rank
-// holding, as lock-free std::atomic<uint64_t>, the barrier generation the rank has reached and its
-// pid and start time. There is no mutex: a process that dies anywhere cannot leave anything locked.
+// bytesFor(numRanks) bytes, 64-byte aligned: a small control block, a failure record (who gave up
+// and why, see abandon()), then one 64-byte slot per rank holding, as lock-free
+// std::atomic<uint64_t>, the barrier generation the rank has reached and its pid and start time. There is no mutex: a process that dies anywhere cannot leave anything locked.
 //
 // Algorithm: rank r arrives at generation g = slot[r].generation + 1 by storing g (release); it
 // waits until every slot holds >= g (acquire). No rank can reach g + 1 before all have reached g, so
@@ -11,6 +11,10 @@
 // (up to 10 ms); every ~20 ms it checks the pids of ranks that have not arrived: a registered rank
 // whose process is gone (or a zombie) is a PeerError within ~100 ms; the deadline passing is a
 // TimeoutError that lists the ranks that did not arrive.
+// A rank that fails elsewhere (e.g. its wait on the network ran out) calls abandon() with its error
+// before it unwinds: every rank waiting here, now or later, then fails at once with that rank's
+// reason (the same exit code) instead of timing out on it and naming a rank that was only waiting
+// itself. The first abandon() is kept.
 //
 // Order of calls: one process calls initialize() on the memory before any other process attaches
 // (e.g. before publishing the ShmRegion); each rank then constructs a ProcessBarrier view on the
@@ -31,6 +35,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "runtime/error.h"
 
 namespace cohort::ipc {
 
@@ -65,19 +71,27 @@ class ProcessBarrier {
   void wait(int rank, uint64_t generation, const WaitOptions& options) const;
   void arriveAndWait(int rank, const WaitOptions& options) { wait(rank, arrive(rank), options); }
 
+  // `rank` gives up with `error` (its message and exit code): every wait() of another rank, now and
+  // later, throws "local rank R failed: <message>" as a TimeoutError when `error` is one, else as a
+  // PeerError. Only the first call on a barrier is kept; long messages are cut.
+  void abandon(int rank, const Error& error);
   // The generation `rank` has reached (for tests and diagnostics).
   uint64_t generationOf(int rank) const;
 
  private:
   struct Control;
+  struct Failure;
   struct Slot;
   Slot& slot(int rank) const;
   void checkRank(int rank) const;
   // Fills `missing` with the ranks below `generation`; returns its size.
   int missingRanks(uint64_t generation, std::string& missing) const;
   void checkPeersAlive(int rank, uint64_t generation, const WaitOptions& options) const;
+  // Throws another rank's failure, if one was recorded.
+  void checkAbandoned(int rank, const WaitOptions& options) const;
 
   Control* control_;
+  Failure* failure_;
   Slot* slots_;
 };
 

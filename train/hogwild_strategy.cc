@@ -113,7 +113,7 @@ SavedState HogwildStrategy::saveState() {
     used += static_cast<size_t>(s.tensor.numel());
   }
   const double steps = static_cast<double>(optimizer_.steps());
-  std::span<const double> allSteps = segment_.allGather({&steps, 1}, {.what = "checkpoint", .timeout = timeout_});
+  std::span<const double> allSteps = segment_.allGather({&steps, 1}, {.what = "checkpoint", .timeout = nodeTimeout_});
   SavedState saved;
   for (int r = 0; r < localWorldSize(); ++r) {
     used = 0;

@@ -300,6 +300,17 @@ nn::Pass Job::evalPass() const {
   return pass;
 }
 
+template <class F>
+decltype(auto) Job::failingTogether(F&& f) {
+  try {
+    return f();
+  } catch (const Error& error) {
+    strategy_->abandon(error);
+    collectives::markProcessFailing();
+    throw;
+  }
+}
+
 StepResult Job::step(const StepOptions& options) {
   requirePlaced("Job::step()");
   if (!readyToStep_) {
@@ -313,10 +324,12 @@ StepResult Job::step(const StepOptions& options) {
   readyToStep_ = false;
   Timeline::Scope span(timeline_, SpanKind::kStep);
   timeline_.addStep();
-  return strategy_->step({.gradScale = 1.0f / static_cast<float>(microBatches_),
-                          .clipGradNorm = options.clipGradNorm,
-                          .lossFinite = !options.loss || std::isfinite(*options.loss),
-                          .exchangeLoss = options.loss.has_value() && world_.worldSize > 1});
+  return failingTogether([&] {
+    return strategy_->step({.gradScale = 1.0f / static_cast<float>(microBatches_),
+                            .clipGradNorm = options.clipGradNorm,
+                            .lossFinite = !options.loss || std::isfinite(*options.loss),
+                            .exchangeLoss = options.loss.has_value() && world_.worldSize > 1});
+  });
 }
 
 bool Job::lockstep() const {
@@ -331,12 +344,13 @@ bool Job::sharedParams() const {
 
 void Job::barrier(const std::string& what) {
   requirePlaced("Job::barrier()");
-  strategy_->barrier(what);
+  failingTogether([&] { strategy_->barrier(what); });
 }
 
 void Job::reduce(std::span<double> values, Reduce op) {
   requirePlaced("Job::reduce()");
-  strategy_->reduce(values, op == Reduce::kMax ? ScalarOp::kMax : op == Reduce::kMean ? ScalarOp::kMean : ScalarOp::kSum);
+  const ScalarOp scalarOp = op == Reduce::kMax ? ScalarOp::kMax : op == Reduce::kMean ? ScalarOp::kMean : ScalarOp::kSum;
+  failingTogether([&] { strategy_->reduce(values, scalarOp); });
 }
 
 double Job::mean(double value) {

@@ -223,6 +223,10 @@ class Job {
  private:
   struct Token;
   void requirePlaced(const char* what) const;
+  // Runs `f`; when it throws, the strategy tells the ranks waiting for this one why first, and MPI
+  // will not be finalised (collectives::markProcessFailing).
+  template <class F>
+  decltype(auto) failingTogether(F&& f);  // job.cc
   std::string resolveBackend() const;
   Settings builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& options) const;
 

@@ -24,6 +24,7 @@ SegmentStrategy::SegmentStrategy(const StrategyContext& c, size_t exchangeFloats
       optimizer_(c.optimizer),
       gpu_(c.gpu),
       timeout_(c.timeout),
+      nodeTimeout_(c.world.spansNodes() ? c.timeout + c.timeout / 2 : c.timeout),
       timeline_(c.timeline),
       segment_({.jobId = c.world.jobId,
                 .localRank = c.world.localRank,
@@ -55,9 +56,11 @@ std::unique_ptr<ipc::SharedParams> SegmentStrategy::shareParams(const StrategyCo
   return shared;
 }
 
+void SegmentStrategy::abandon(const Error& error) { segment_.barrier().abandon(segment_.localRank(), error); }
+
 void SegmentStrategy::barrier(const std::string& what) {
   Timeline::Scope span(timeline_, SpanKind::kBarrier);
-  segment_.barrier().arriveAndWait(segment_.localRank(), {.what = what, .timeout = timeout_});
+  segment_.barrier().arriveAndWait(segment_.localRank(), {.what = what, .timeout = nodeTimeout_});
   if (!unlinked_ && segment_.localRank() == 0) {
     segment_.unlinkName();
     for (const auto& unlink : unlinks_) unlink();
@@ -68,7 +71,7 @@ void SegmentStrategy::barrier(const std::string& what) {
 void SegmentStrategy::reduce(std::span<double> values, ScalarOp op) {
   for (size_t first = 0; first < values.size(); first += ipc::JobSegment::kMaxScalars) {
     std::span<double> part = values.subspan(first, std::min(ipc::JobSegment::kMaxScalars, values.size() - first));
-    std::span<const double> all = segment_.allGather(part, {.what = "reduce", .timeout = timeout_});
+    std::span<const double> all = segment_.allGather(part, {.what = "reduce", .timeout = nodeTimeout_});
     reduceRows(part, all, segment_.localWorldSize(), op);
   }
 }

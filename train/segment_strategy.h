@@ -27,6 +27,7 @@ class SegmentStrategy : public Strategy {
   void barrier(const std::string& what) override;
   void reduce(std::span<double> values, ScalarOp op) override;
   bool sharedParams() const override { return true; }
+  void abandon(const Error& error) override;
 
  protected:
   // Every local rank of the job constructs one (same options); with kOneNode all ranks must be on
@@ -47,6 +48,10 @@ class SegmentStrategy : public Strategy {
   nn::Optimizer& optimizer_;
   runtime::cuda::GpuContext* gpu_;
   std::chrono::milliseconds timeout_;
+  // Waits for the ranks of this node: timeout_, and half as long again when the job spans nodes, so
+  // that a local rank stuck on the network times out first and abandon()s with the lost ranks'
+  // names (graded timeouts: the inner wait runs out before the wait that waits for it).
+  std::chrono::milliseconds nodeTimeout_;
   Timeline& timeline_;
   ipc::JobSegment segment_;
 

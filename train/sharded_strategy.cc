@@ -74,7 +74,7 @@ StepResult ShardedStrategy::step(const StepPlan& plan) {
   }
   // 2. Every rank's sum and loss flag, added in rank order: the same norm and verdict everywhere.
   const double mine[2] = {squares, plan.lossFinite ? 0.0 : 1.0};
-  std::span<const double> all = segment_.allGather(mine, {.what = "gradient norm", .timeout = timeout_});
+  std::span<const double> all = segment_.allGather(mine, {.what = "gradient norm", .timeout = nodeTimeout_});
   double total = 0;
   for (int r = 0; r < localWorldSize(); ++r) {
     total += all[2 * static_cast<size_t>(r)];

@@ -92,6 +92,10 @@ class Strategy {
   // How many times this rank has reduced gradients across ranks (bucket all-reduces, or sharded
   // reductions); 0 where gradients are never reduced (local, Hogwild).
   virtual uint64_t gradientReductions() const { return 0; }
+  // This rank is failing with `error` (called before it unwinds out of step(), barrier() or
+  // reduce()): ranks of its node that wait for it in shared memory fail at once with its reason
+  // rather than time out on it (SegmentStrategy: ipc::ProcessBarrier::abandon).
+  virtual void abandon(const Error& error) {}
 };
 
 }  // namespace cohort::train

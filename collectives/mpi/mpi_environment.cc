@@ -14,7 +14,10 @@ std::mutex& environmentMutex() {
   static std::mutex mutex;
   return mutex;
 }
+std::atomic<bool> processFailing{false};
 }  // namespace
+
+void markProcessFailing() { processFailing.store(true); }
 
 MpiEnvironment::MpiEnvironment() {
   int finalized = 0;
@@ -33,7 +36,7 @@ MpiEnvironment::MpiEnvironment() {
 
 MpiEnvironment::~MpiEnvironment() {
   std::lock_guard<std::mutex> lock(environmentMutex());
-  if (!initialisedHere_ || unclean_) return;
+  if (!initialisedHere_ || unclean_ || processFailing.load()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();

@@ -35,6 +35,9 @@ class MpiEnvironment {
   bool failed_ = false;
 };
 
+// collectives::markProcessFailing(): MPI_Finalize is skipped at exit (without starting MPI).
+void markProcessFailing();
+
 // Throws PeerError "<what>: <MPI's error string>" when rc is not MPI_SUCCESS.
 void checkMpi(int rc, const char* what);
 

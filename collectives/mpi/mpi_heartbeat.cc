@@ -1,8 +1,25 @@
 #include "collectives/mpi/mpi_heartbeat.h"
 
+#include <algorithm>
+#include <mutex>
+
 #include "collectives/mpi/mpi_environment.h"
 
 namespace cohort::collectives::mpi_detail {
+
+namespace {
+
+// The process's Heartbeats that have not stopped.
+struct Live {
+  std::mutex mutex;
+  std::vector<Heartbeat*> heartbeats;
+};
+Live& live() {
+  static Live* l = new Live;  // never destroyed: a Heartbeat may stop during static destruction
+  return *l;
+}
+
+}  // namespace
 
 Heartbeat::Heartbeat(MPI_Comm comm, int rank, int size)
     : comm_(comm),
@@ -16,6 +33,8 @@ Heartbeat::Heartbeat(MPI_Comm comm, int rank, int size)
     if (peer == rank_) continue;
     checkMpi(MPI_Irecv(&incoming_[peer], 1, MPI_BYTE, peer, kTag, comm_, &receives_[peer]), "MPI_Irecv (heartbeat)");
   }
+  std::lock_guard lock(live().mutex);
+  live().heartbeats.push_back(this);
 }
 
 Heartbeat::~Heartbeat() {
@@ -23,6 +42,11 @@ Heartbeat::~Heartbeat() {
 }
 
 void Heartbeat::beat(Clock::time_point now) {
+  std::lock_guard lock(live().mutex);
+  for (Heartbeat* heartbeat : live().heartbeats) heartbeat->beatPeers(now);
+}
+
+void Heartbeat::beatPeers(Clock::time_point now) {
   if (stopped_ || now - lastBeat_ < kHeartbeatInterval) return;
   lastBeat_ = now;
   for (int peer = 0; peer < size_; ++peer) {
@@ -57,8 +81,14 @@ std::vector<int> Heartbeat::silentSince(Clock::time_point since) const {
 }
 
 bool Heartbeat::stop() {
-  if (stopped_) return true;
-  stopped_ = true;
+  {
+    // Off the list first: no other thread's beat() touches the sends after this.
+    std::lock_guard lock(live().mutex);
+    if (stopped_) return true;
+    stopped_ = true;
+    auto& all = live().heartbeats;
+    all.erase(std::remove(all.begin(), all.end(), this), all.end());
+  }
   bool clean = true;
   for (MPI_Request& receive : receives_) {
     if (receive == MPI_REQUEST_NULL) continue;

@@ -9,10 +9,15 @@
 // rank are heard from. Messages go on the communicator given (the backend's fingerprint
 // communicator) with their own tag, so they never meet a fingerprint. Healthy jobs with short waits
 // send none.
+// Beats are per process: beat() beats on every Heartbeat of the process (every mpi communicator it
+// has), so a rank waiting on one communicator is heard on the others too. A job that waits on
+// several (one shared copy per node across nodes: the world, and each local rank's cross-node
+// group) then names only the ranks that stopped answering, not those waiting elsewhere.
 //
 // Ownership: holds one posted receive per peer (and at most one send per peer) on the communicator,
 // which must outlive it; stop() cancels and completes them, and must run before the communicator is
-// freed. Thread safety: none (the backend's one issuing thread).
+// freed. Thread safety: poll(), silentSince() and stop() from the communicator's issuing thread;
+// beat() from any thread (the process's Heartbeats are listed under a mutex).
 //
 //   Heartbeat heartbeat(comm, rank, size);
 //   heartbeat.beat(now); heartbeat.poll(now);                 // in a wait loop
@@ -39,7 +44,8 @@ class Heartbeat {
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
-  // Sends a beat to every peer whose previous one has gone, at most once per kHeartbeatInterval.
+  // On every Heartbeat of this process: sends a beat to every peer whose previous one has gone, at
+  // most once per kHeartbeatInterval.
   void beat(Clock::time_point now);
   // Receives every beat that has arrived (reposting the receives) and notes when.
   void poll(Clock::time_point now);
@@ -50,6 +56,8 @@ class Heartbeat {
   bool stop();
 
  private:
+  void beatPeers(Clock::time_point now);  // this one's peers; under the list's mutex
+
   MPI_Comm comm_;
   int rank_;
   int size_;

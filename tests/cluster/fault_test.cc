@@ -1,8 +1,8 @@
 // Failures across nodes fail fast and name the lost rank and its host (issue 19), on the simulated
 // cluster (scripts/cluster, 2 nodes x 2 workers, allreduce over mpi, mpirun on the head node):
-//   - a node cut off the switch mid-training (over mpi, and over the default: hierarchical with
-//     replicas): the ranks on the other node fail within --timeout naming ranks of the lost node and
-//     its host; mpirun exits non-zero (once the login node's TCP gives up
+//   - a node cut off the switch mid-training (over mpi, over the default: hierarchical with replicas,
+//     and over hierarchical with one copy per node): the ranks on the other node fail within
+//     --timeout naming ranks of the lost node and its host; mpirun exits non-zero (once the login node's TCP gives up
 //     on the lost node's daemon: net.ipv4.tcp_retries2=5 on the head, see docs/cluster.md "Failures");
 //   - a worker on node 1 SIGKILLed mid-training: mpirun ends the job within seconds, non-zero, naming
 //     the rank, its PID and its node;
@@ -165,10 +165,11 @@ std::vector<std::string> errorsOf(const std::string& log, int rank) {
   return linesWith(log, "[rank " + std::to_string(rank) + "] cohort: error: ");
 }
 
-// Over flat mpi and over the default across nodes (hierarchical, replicas). Not yet over one shared
-// copy per node (--no-replicas): there a rank of node 0 whose partner answered last can end up
-// waiting at its node's barrier for the other local rank, which is still waiting on the network, and
-// names that healthy rank first (nested waits need graded timeouts: an issue of its own).
+// Over flat mpi, over the default across nodes (hierarchical, replicas), and over hierarchical with
+// one shared copy per node (--no-replicas), where each rank of node 0 waits on its partner of node 1
+// (the same local rank) and a rank whose partner answered before the cut waits at its node's barrier
+// for the other local rank: that one's network wait runs out first (node waits are graded longer)
+// and it tells the waiting rank which ranks were lost (ipc::ProcessBarrier::abandon).
 class NodeCut : public FaultTest, public ::testing::WithParamInterface<std::vector<std::string>> {};
 
 TEST_P(NodeCut, NodeCutOffTheSwitchIsNamedByTheOtherNodesRanks) {
@@ -202,7 +203,8 @@ TEST_P(NodeCut, NodeCutOffTheSwitchIsNamedByTheOtherNodesRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, NodeCut,
-                         ::testing::Values(std::vector<std::string>{"--backend", "mpi"}, std::vector<std::string>{}),
+                         ::testing::Values(std::vector<std::string>{"--backend", "mpi"}, std::vector<std::string>{},
+                                           std::vector<std::string>{"--no-replicas"}),
                          [](const ::testing::TestParamInfo<std::vector<std::string>>& info) {
                            return info.param.empty() ? std::string("default") : info.param.back() == "mpi" ? "mpi" : "shared_per_node";
                          });

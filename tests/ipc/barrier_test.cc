@@ -120,6 +120,42 @@ TEST(ProcessBarrier, TimeoutNamesTheMissingRanks) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
 }
 
+// A rank that fails elsewhere tells the ranks waiting for it why at once: its timeout stays a
+// timeout (the same exit code), anything else is a PeerError; the first reason is the one kept.
+TEST(ProcessBarrier, ARankThatAbandonsFailsItsWaitersAtOnceWithItsReason) {
+  LocalBarrierMemory mem(3);
+  ProcessBarrier barrier(mem.memory.get(), mem.bytes);
+  barrier.arrive(2);
+  std::thread failing([&] {
+    std::this_thread::sleep_for(100ms);
+    barrier.abandon(1, TimeoutError("collective #7 allreduce: nothing heard from rank 5 (node1) for 5 s"));
+    barrier.abandon(2, PeerError("a later reason"));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    barrier.arriveAndWait(0, {.what = "gradient norm", .timeout = 30s});
+    ADD_FAILURE() << "the barrier passed without rank 1";
+  } catch (const TimeoutError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "local rank 1 failed while rank 0 waited at barrier 'gradient norm': collective #7 allreduce: nothing "
+              "heard from rank 5 (node1) for 5 s");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  failing.join();
+  // Later waits fail alike; the rank that gave up is not told its own reason.
+  EXPECT_THROW(barrier.wait(2, 2, {.what = "later", .timeout = 30s}), TimeoutError);
+
+  LocalBarrierMemory other(2);
+  ProcessBarrier peer(other.memory.get(), other.bytes);
+  peer.abandon(1, InvalidArgument(std::string(2000, 'x')));
+  try {
+    peer.arriveAndWait(0, {.what = "start", .timeout = 30s});
+    ADD_FAILURE() << "the barrier passed without rank 1";
+  } catch (const PeerError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 600u) << "a long reason is cut to the record's size";
+  }
+}
+
 TEST(ProcessBarrier, RejectsMemoryThatHoldsNoBarrier) {
   std::unique_ptr<void, void (*)(void*)> memory(std::aligned_alloc(64, 4096), std::free);
   std::memset(memory.get(), 0, 4096);
