@@ -42,6 +42,12 @@ struct Applied {
   bool classification = true;
 };
 
+// The seed that placed a text dataset's train windows (the loader's); 0 for checkpoints without one.
+uint64_t loaderSeed(const nn::Checkpoint& ckpt) {
+  auto seed = ckpt.metadata.find("loader_seed");
+  return seed == ckpt.metadata.end() ? 0 : std::stoull(seed->second);
+}
+
 Applied open(const EvalFlags& f) {
   if (f.split != "test" && f.split != "train") {
     COHORT_THROW(InvalidArgument) << "unknown --split '" << f.split << "': expected test or train";
@@ -56,7 +62,8 @@ Applied open(const EvalFlags& f) {
   a.model->params.allocate(runtime::cpuAllocator());
   train::loadWeights(*a.model, ckpt, f.checkpoint);
   const bool csv = f.data.rfind("csv:", 0) == 0;
-  a.data = data::openDataset(f.data, csv || f.split == "train" ? data::Split::kTrain : data::Split::kTest);
+  a.data = data::openDataset(f.data, csv || f.split == "train" ? data::Split::kTrain : data::Split::kTest,
+                             train::datasetHints(*a.model, loaderSeed(ckpt)));
   // Checkpoints from before the task was recorded: classification when the data has classes.
   auto task = ckpt.metadata.find("task");
   a.classification = task != ckpt.metadata.end() ? task->second == "classification" : a.data->numClasses() > 0;
@@ -88,6 +95,7 @@ int runEval(const EvalFlags& f) {
   std::ostringstream os;
   os << "RESULT eval model=" << a.model->name << " data=" << a.data->name() << " samples=" << a.data->size()
      << " test_loss=" << e.loss;
+  if (a.loss->positions() > 1) os << " test_ppl=" << std::exp(e.loss);  // a language model's loss is per token
   if (a.classification) os << " test_acc=" << e.accuracy;
   std::printf("%s\n", os.str().c_str());
   return 0;

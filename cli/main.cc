@@ -1,6 +1,7 @@
 // cohort: the worker program. Subcommands:
 //   train    train a model (cli/train_command.h)
 //   eval     a checkpoint's loss and accuracy on data; predict: its predictions (cli/eval_command.h)
+//   generate text from a gpt checkpoint (cli/generate_command.h)
 //   devices  list the CPU and CUDA devices of this machine
 //   plot     draw loss and accuracy curves from metrics files (cli/plot_command.h)
 //   bench    benchmarks (bench/)
@@ -16,6 +17,7 @@
 #include "bench/allreduce_bench.h"   // cohort bench allreduce
 #include "bench/train_bench.h"       // cohort bench train
 #include "cli/eval_command.h"        // cohort eval, cohort predict
+#include "cli/generate_command.h"    // cohort generate
 #include "cli/plot_command.h"        // cohort plot
 #include "cli/train_command.h"       // cohort train
 #include "runtime/device_query.h"    // cohort devices
@@ -38,6 +40,9 @@ int run(int argc, char** argv) {
   cli::addEvalFlags(*eval, evalFlags, false);
   CLI::App* predict = app.add_subcommand("predict", "a checkpoint's predictions for data, as CSV");
   cli::addEvalFlags(*predict, predictFlags, true);
+  cli::GenerateFlags generateFlags;
+  CLI::App* generate = app.add_subcommand("generate", "text from a gpt checkpoint, continuing a prompt");
+  cli::addGenerateFlags(*generate, generateFlags);
   CLI::App* devices = app.add_subcommand("devices", "list CPU and CUDA devices");
   cli::PlotFlags plotFlags;
   CLI::App* plot = app.add_subcommand("plot", "draw loss and accuracy curves from metrics files");
@@ -60,6 +65,7 @@ int run(int argc, char** argv) {
   if (train->parsed()) return cli::runTrain(trainFlags);
   if (eval->parsed()) return cli::runEval(evalFlags);
   if (predict->parsed()) return cli::runPredict(predictFlags);
+  if (generate->parsed()) return cli::runGenerate(generateFlags);
   if (plot->parsed()) return cli::runPlot(plotFlags);
   if (devices->parsed()) {
     std::string whyNone;

@@ -207,13 +207,13 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (f.loss != "ce" && f.loss != "mse") COHORT_THROW(InvalidArgument) << "unknown --loss '" << f.loss << "': expected ce or mse";
 }
 
-std::unique_ptr<data::Dataset> openTestSet(const TrainFlags& f) {
+std::unique_ptr<data::Dataset> openTestSet(const TrainFlags& f, const data::DatasetHints& hints) {
   if (!f.testData.empty()) {
     bool csv = f.testData.rfind("csv:", 0) == 0;
-    return data::openDataset(f.testData, csv ? data::Split::kTrain : data::Split::kTest);
+    return data::openDataset(f.testData, csv ? data::Split::kTrain : data::Split::kTest, hints);
   }
   if (f.data.rfind("csv:", 0) == 0) return nullptr;
-  return data::openDataset(f.data, data::Split::kTest);
+  return data::openDataset(f.data, data::Split::kTest, hints);
 }
 
 void checkFits(const nn::Model& model, const data::Dataset& d, bool classification) {
@@ -342,13 +342,17 @@ void reportMemory(const runtime::Logger& log, const runtime::Device& device,
 }
 
 // The RESULT line of DESIGN.md §4.
-std::string resultLine(const train::Job& job, const train::TrainResult& r, bool classification) {
+// tokensPerSample: a language model's context (its losses are per token), else 1.
+std::string resultLine(const train::Job& job, const train::TrainResult& r, bool classification, int64_t tokensPerSample) {
   std::ostringstream os;
   os << "RESULT mode=" << train::toString(job.options().mode) << " backend=" << job.backend()
      << " world_size=" << job.world().worldSize << " epochs=" << r.epochs << " train_loss=" << r.trainLoss;
   if (r.haveTest) os << " test_loss=" << r.testLoss;
+  if (r.haveTest && tokensPerSample > 1) os << " test_ppl=" << std::exp(r.testLoss);
   if (r.haveTest && classification) os << " test_acc=" << r.testAcc;
-  os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec) << " wall_s=" << r.wallSeconds;
+  os << " samples_per_s=" << static_cast<int64_t>(r.samplesPerSec);
+  if (tokensPerSample > 1) os << " tokens_per_s=" << static_cast<int64_t>(r.samplesPerSec * static_cast<double>(tokensPerSample));
+  os << " wall_s=" << r.wallSeconds;
   // Only on a run that ended before its last epoch, so scripts can tell it from a finished one.
   if (r.stopReason != train::StopReason::kNone) os << " stopped=" << train::toString(r.stopReason);
   if (r.skippedSteps > 0) os << " skipped_steps=" << r.skippedSteps;
@@ -388,8 +392,9 @@ int runTrain(const TrainFlags& f) {
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
   const double lr = scaledLr(f, world);
   auto optimizer = nn::makeOptimizer(optimizerOptions(f, lr), model->params.numel(), job.gpu());
-  std::unique_ptr<data::Dataset> trainSet = data::openDataset(f.data, data::Split::kTrain);
-  std::unique_ptr<data::Dataset> testSet = world.rank == 0 ? openTestSet(f) : nullptr;
+  const data::DatasetHints hints = train::datasetHints(*model, f.seed);
+  std::unique_ptr<data::Dataset> trainSet = data::openDataset(f.data, data::Split::kTrain, hints);
+  std::unique_ptr<data::Dataset> testSet = world.rank == 0 ? openTestSet(f, hints) : nullptr;
   checkFits(*model, *trainSet, classification);
   if (testSet) checkFits(*model, *testSet, classification);
   job.place(*model, *optimizer, {.seed = f.seed, .settings = {{"loss", f.loss}}});
@@ -449,7 +454,7 @@ int runTrain(const TrainFlags& f) {
     job.checkPeers(std::chrono::seconds(1));
     throw;
   }
-  if (world.rank == 0) std::printf("%s\n", resultLine(job, result, classification).c_str());
+  if (world.rank == 0) std::printf("%s\n", resultLine(job, result, classification, hints.context > 0 ? hints.context : 1).c_str());
   std::fflush(stdout);
   if (job.device().isCuda()) log.info() << "input wait on " << job.device().str() << ": " << result.inputWaitMs << " ms in all";
   if (f.memoryReport) reportMemory(log, job.device(), job.deviceMemoryStats());

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/vector_math.h"
 #include "runtime/error.h"
 
 #ifdef COHORT_HAVE_CUDA
@@ -34,7 +35,7 @@ const Tensor& Gelu::forward(const Tensor& input, const Pass& pass) {
   const int64_t n = input.numel();
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    const float t = std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v));
+    const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
     y[i] = 0.5f * v * (1.0f + t);
   }
   return output_;
@@ -61,7 +62,7 @@ const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {
   const int64_t n = input_.numel();
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    const float t = std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v));
+    const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);  // du/dx
     dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
   }

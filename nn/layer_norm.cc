@@ -78,21 +78,28 @@ const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
   const float* w = weight_.data();
   const float* dy = gradOutput.data();
   const float* x = input_.data();
-  // dweight and dbias: column sums over every row, in double, rows in order.
-  for (int64_t c = 0; c < features_; ++c) {
-    double sumW = 0.0, sumB = 0.0;
-    for (int64_t r = 0; r < rows_; ++r) {
-      const int64_t i = r * features_ + c;
-      const float xhat = (x[i] - mean_.at(r)) * rstd_.at(r);
-      sumW += static_cast<double>(dy[i]) * xhat;
-      sumB += dy[i];
+  // dweight and dbias: column sums over every row, in double, rows in order (each column's sum
+  // runs down the rows; the rows are walked in memory order, a row's columns side by side).
+  columnSums_.assign(2 * static_cast<size_t>(features_), 0.0);
+  double* sumW = columnSums_.data();
+  double* sumB = sumW + features_;
+  for (int64_t r = 0; r < rows_; ++r) {
+    const float* xr = x + r * features_;
+    const float* dyr = dy + r * features_;
+    const float meanF = mean_.at(r), inv = rstd_.at(r);
+    for (int64_t c = 0; c < features_; ++c) {
+      const float xhat = (xr[c] - meanF) * inv;
+      sumW[c] += static_cast<double>(dyr[c]) * xhat;
+      sumB[c] += dyr[c];
     }
+  }
+  for (int64_t c = 0; c < features_; ++c) {
     if (pass.accumulateGrads) {
-      weightGrad_.at(c) += static_cast<float>(sumW);
-      biasGrad_.at(c) += static_cast<float>(sumB);
+      weightGrad_.at(c) += static_cast<float>(sumW[c]);
+      biasGrad_.at(c) += static_cast<float>(sumB[c]);
     } else {
-      weightGrad_.at(c) = static_cast<float>(sumW);
-      biasGrad_.at(c) = static_cast<float>(sumB);
+      weightGrad_.at(c) = static_cast<float>(sumW[c]);
+      biasGrad_.at(c) = static_cast<float>(sumB[c]);
     }
   }
   if (!pass.needInputGrad) return gradInput_;

@@ -22,6 +22,8 @@
 //   const Tensor& y = ln.forward(x, pass);   // x [B, T, 768]
 #pragma once
 
+#include <vector>
+
 #include "nn/module.h"
 
 namespace cohort::nn {
@@ -60,6 +62,7 @@ class LayerNorm final : public Module {
   Tensor output_;
   Tensor gradInput_;
   Tensor scratch_;  // GPU only: the per-chunk partial sums of dweight and dbias
+  std::vector<double> columnSums_;  // CPU: dweight's and dbias's running sums, [2 · features]
 };
 
 }  // namespace cohort::nn

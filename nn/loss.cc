@@ -1,18 +1,37 @@
 #include "nn/loss.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/vector_math.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
 
-float SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
-  if (logits.rank() != 2 || targets.numel() != logits.dim(0)) {
-    COHORT_THROW(InvalidArgument) << "cross-entropy needs logits [batch, classes] and targets [batch], got "
+namespace {
+
+// Logits [batch, classes] with targets [batch], or [batch, positions..., classes] with targets
+// [batch, positions...] (a sequence: a prediction per position).
+void checkCrossEntropyShapes(const Tensor& logits, const Tensor& targets, const char* where) {
+  bool ok = logits.rank() >= 2 && targets.rank() == logits.rank() - 1;
+  for (int d = 0; ok && d < targets.rank(); ++d) ok = targets.dim(d) == logits.dim(d);
+  // Class targets of a batch may also come as [batch, 1] (a CSV's target column).
+  if (!ok && logits.rank() == 2) ok = targets.numel() == logits.dim(0);
+  if (!ok) {
+    COHORT_THROW(InvalidArgument) << "cross-entropy" << where
+                                  << " needs logits [batch, classes] and targets [batch] (or logits [batch, T, classes] "
+                                     "and targets [batch, T]), got "
                                   << logits.shape().str() << " and " << targets.shape().str();
   }
-  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+}
+
+}  // namespace
+
+float SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
+  checkCrossEntropyShapes(logits, targets, "");
+  const int64_t cols = logits.dim(logits.rank() - 1), rows = logits.numel() / std::max<int64_t>(cols, 1);
+  positions_ = logits.dim(0) ? rows / logits.dim(0) : 1;
   runtime::ensureShape(grad_, logits.shape());
   const float invRows = rows ? 1.0f / static_cast<float>(rows) : 0.0f;
   double total = 0.0;
@@ -29,10 +48,8 @@ float SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& targets) 
     for (int64_t c = 1; c < cols; ++c) argmax = x[c] > x[argmax] ? c : argmax;
     const float mx = x[argmax];
     float sum = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
-      g[c] = std::exp(x[c] - mx);
-      sum += g[c];
-    }
+    for (int64_t c = 0; c < cols; ++c) g[c] = runtime::cpu::expVectorised(x[c] - mx);  // vectorised
+    for (int64_t c = 0; c < cols; ++c) sum += g[c];
     total += static_cast<double>(std::log(sum) + mx - x[label]);
     const float scale = invRows / sum;
     for (int64_t c = 0; c < cols; ++c) g[c] *= scale;
@@ -82,19 +99,22 @@ LossSums Loss::takeGpuSums(runtime::cuda::GpuContext& gpu) {
     COHORT_THROW(InvalidArgument) << name() << ": " << static_cast<int64_t>(host[2])
                                   << " targets were not class indices below the number of outputs";
   }
-  return {static_cast<double>(host[0]), static_cast<int64_t>(host[1])};
+  // The kernels add every prediction's loss: a sample's is the mean of its positions'.
+  return {static_cast<double>(host[0]) / static_cast<double>(positions()), static_cast<int64_t>(host[1])};
 }
 
 void SoftmaxCrossEntropy::forwardGpu(const Tensor& logits, const Tensor& targets, runtime::cuda::GpuContext& gpu) {
-  if (logits.rank() != 2 || targets.numel() != logits.dim(0) || !onGpu(targets)) {
-    COHORT_THROW(InvalidArgument) << "cross-entropy on a GPU needs logits [batch, classes] and targets [batch] on "
-                                  << gpu.device().str() << ", got " << logits.shape().str() << " and "
-                                  << targets.shape().str() << " on " << targets.device().str();
+  if (!onGpu(targets)) {
+    COHORT_THROW(InvalidArgument) << "cross-entropy on a GPU needs its targets on " << gpu.device().str() << ", got them on "
+                                  << targets.device().str();
   }
+  checkCrossEntropyShapes(logits, targets, " on a GPU");
+  const int64_t cols = logits.dim(logits.rank() - 1), rows = logits.numel() / std::max<int64_t>(cols, 1);
+  positions_ = logits.dim(0) ? rows / logits.dim(0) : 1;
   runtime::ensureShape(grad_, logits.shape(), gpu.allocator());
   float* sums = gpuSums(gpu);
-  runtime::cuda::softmaxCrossEntropy(logits.data(), targets.data(), grad_.data(), logits.dim(0), logits.dim(1),
-                                     sums, sums + 1, sums + 2, gpu.stream());
+  runtime::cuda::softmaxCrossEntropy(logits.data(), targets.data(), grad_.data(), rows, cols, sums, sums + 1, sums + 2,
+                                     gpu.stream());
 }
 
 void MeanSquaredError::forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) {

@@ -1,8 +1,11 @@
 // Losses: forward() returns the mean loss over the batch and keeps what backward() needs;
 // backward() returns d(loss)/d(output) in a buffer the loss owns.
-//   SoftmaxCrossEntropy: logits [batch, classes], targets [batch] holding class indices as floats.
-//     Fused: the gradient (softmax − one-hot)/batch is computed in the same pass as the loss.
-//     correct() counts rows whose argmax equals the target (first maximum wins).
+//   SoftmaxCrossEntropy: logits [batch, classes], targets [batch] holding class indices as floats;
+//     or a sequence, logits [batch, T, classes] and targets [batch, T] (a language model: one
+//     prediction per position; the loss is the mean over every position of every sample, i.e. per
+//     token). Fused: the gradient (softmax − one-hot)/predictions is computed in the same pass as
+//     the loss. correct() counts predictions whose argmax equals the target (first maximum wins);
+//     positions() is T (1 without a sequence), so accuracy is correct / (samples · positions).
 //   MeanSquaredError: output and targets of the same element count; mean over all elements.
 // Bad targets (class out of range, shape mismatch) throw InvalidArgument naming the row.
 // GPU: forward() takes CPU tensors only. On a GPU, forwardGpu() enqueues the fused kernel
@@ -30,8 +33,8 @@ using runtime::Tensor;
 
 // What a loop accumulated on the device since the last read.
 struct LossSums {
-  double loss = 0;      // summed over samples (a batch's mean times its size)
-  int64_t correct = 0;  // classification losses; 0 otherwise
+  double loss = 0;      // summed over samples (a batch's mean times its size; a sample's: its positions' mean)
+  int64_t correct = 0;  // correct predictions (classification losses; 0 otherwise): positions() per sample
 };
 
 class Loss {
@@ -42,6 +45,9 @@ class Loss {
   virtual const Tensor& backward() = 0;
   // Correct predictions in the last forward (classification losses; 0 otherwise).
   virtual int64_t correct() const { return 0; }
+  // Predictions per sample in the last forward (a sequence's length; 1 otherwise): accuracy is
+  // correct() / (samples · positions()).
+  virtual int64_t positions() const { return 1; }
   // Enqueues the loss on `gpu`'s stream (tensors on its device); the default throws
   // InvalidArgument naming the loss as CPU-only.
   virtual void forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu);
@@ -62,11 +68,13 @@ class SoftmaxCrossEntropy final : public Loss {
   float forward(const Tensor& logits, const Tensor& targets) override;
   const Tensor& backward() override { return grad_; }
   int64_t correct() const override { return correct_; }
+  int64_t positions() const override { return positions_; }
   void forwardGpu(const Tensor& logits, const Tensor& targets, runtime::cuda::GpuContext& gpu) override;
 
  private:
   Tensor grad_;
   int64_t correct_ = 0;
+  int64_t positions_ = 1;
 };
 
 class MeanSquaredError final : public Loss {

@@ -7,6 +7,7 @@
 #include "nn/batchnorm.h"
 #include "nn/conv2d.h"
 #include "nn/dropout.h"
+#include "nn/gpt.h"
 #include "nn/gpu_dispatch.h"
 #include "nn/linear.h"
 #include "nn/pool.h"
@@ -17,7 +18,8 @@ namespace cohort::nn {
 namespace {
 
 constexpr const char* kAccepted =
-    "accepted: mlp:IN,HIDDEN...,OUT (e.g. mlp:784,512,256,10), cnn:lenet, cnn:lenet-bn, cnn:rosetta";
+    "accepted: mlp:IN,HIDDEN...,OUT (e.g. mlp:784,512,256,10), cnn:lenet, cnn:lenet-bn, cnn:rosetta, "
+    "gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] (e.g. gpt:layers=4,heads=4,dim=128,ctx=64)";
 
 std::vector<int64_t> parseSizes(const std::string& spec, const std::string& list) {
   std::vector<int64_t> sizes;
@@ -91,7 +93,56 @@ void buildRosetta(Sequential& net, ModelInfo& info) {
 
 }  // namespace
 
+namespace {
+
+// gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V]: keys in any order, each once; vocab 256 (bytes) unless given.
+GptOptions parseGpt(const std::string& spec) {
+  GptOptions o;
+  o.vocab = 256;
+  bool layers = false, heads = false, dim = false, ctx = false, vocab = false;
+  const std::string list = spec.substr(4);
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    const std::string item = list.substr(pos, comma - pos);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    int64_t v = 0;
+    const char* first = item.data() + (eq == std::string::npos ? item.size() : eq + 1);
+    auto [end, ec] = std::from_chars(first, item.data() + item.size(), v);
+    if (eq == std::string::npos || ec != std::errc() || end != item.data() + item.size() || v <= 0 || v > (int64_t{1} << 24)) {
+      COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': '" << item
+                                    << "' is not KEY=N with N a positive size; " << kAccepted;
+    }
+    auto set = [&](bool& seen, int64_t& field) {
+      if (seen) COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': '" << key << "' given twice";
+      seen = true;
+      field = v;
+    };
+    if (key == "layers") set(layers, o.layers);
+    else if (key == "heads") set(heads, o.heads);
+    else if (key == "dim") set(dim, o.dim);
+    else if (key == "ctx") set(ctx, o.context);
+    else if (key == "vocab") set(vocab, o.vocab);
+    else COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': unknown key '" << key << "'; " << kAccepted;
+    pos = comma + 1;
+  }
+  if (!layers || !heads || !dim || !ctx) {
+    COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': a gpt needs layers, heads, dim and ctx; " << kAccepted;
+  }
+  return o;
+}
+
+}  // namespace
+
 std::unique_ptr<Model> buildModel(const std::string& spec) {
+  if (spec.rfind("gpt:", 0) == 0) {
+    const GptOptions o = parseGpt(spec);
+    // The network is the Gpt itself, so its parameters keep nanoGPT's names ("transformer.wte.weight").
+    return std::make_unique<Model>(std::make_unique<Gpt>(o), ModelInfo{.name = spec, .sampleShape = Shape{o.context},
+                                                                      .outputs = o.vocab});
+  }
   auto net = std::make_unique<Sequential>();
   ModelInfo info{.name = spec};
   if (spec.rfind("mlp:", 0) == 0) {

@@ -8,6 +8,11 @@
 //   cnn:rosetta          [3, 32, 32]: 2 × (conv 3x3 pad 1 + ReLU, conv 3x3 + ReLU, max-pool 2,
 //                        dropout 0.25) with 50 then 100 channels, flatten (3600), fc 512 + ReLU,
 //                        dropout 0.5, fc 10
+//   gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V]
+//                        nn::Gpt (nn/gpt.h): GPT-2 with L blocks of H heads, width D, context T
+//                        tokens, vocabulary V (default 256: bytes, as --data text:FILE); keys in any
+//                        order; samples are [T] token ids, outputs [T, V] logits; parameters keep
+//                        nanoGPT's names (transformer.wte.weight, ...)
 //
 // Layers are named by kind, numbered in forward order: fc0.weight, conv1.bias, bn0.running_mean.
 //

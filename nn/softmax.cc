@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/vector_math.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -15,14 +16,18 @@ void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log,
     float* yr = y + r * cols;
     const int64_t valid = causal ? r % cols + 1 : cols;
     float mx = *std::max_element(xr, xr + valid);
-    double sum = 0.0;
-    for (int64_t c = 0; c < valid; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
     if (log) {
+      double sum = 0.0;
+      for (int64_t c = 0; c < valid; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
       float lse = mx + static_cast<float>(std::log(sum));
       for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
     } else {
-      float inv = static_cast<float>(1.0 / sum);
-      for (int64_t c = 0; c < valid; ++c) yr[c] = std::exp(xr[c] - mx) * inv;
+      // The exponentials side by side (a vectorised loop), then their sum in double, in order.
+      for (int64_t c = 0; c < valid; ++c) yr[c] = runtime::cpu::expVectorised(xr[c] - mx);
+      double sum = 0.0;
+      for (int64_t c = 0; c < valid; ++c) sum += yr[c];
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t c = 0; c < valid; ++c) yr[c] *= inv;
       std::fill(yr + valid, yr + cols, 0.0f);
     }
   }

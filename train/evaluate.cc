@@ -21,7 +21,13 @@ Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Datas
     lossSum += static_cast<double>(loss.forward(out, data.targets().narrowRows(first, count))) * static_cast<double>(count);
     correct += loss.correct();
   }
-  return {n ? lossSum / static_cast<double>(n) : 0, n ? static_cast<double>(correct) / static_cast<double>(n) : 0};
+  return {n ? lossSum / static_cast<double>(n) : 0,
+          n ? static_cast<double>(correct) / static_cast<double>(n * loss.positions()) : 0};
+}
+
+runtime::data::DatasetHints datasetHints(const nn::Model& model, uint64_t seed) {
+  const bool languageModel = model.name.rfind("gpt:", 0) == 0;
+  return {.context = languageModel ? model.sampleShape.numel() : 0, .seed = seed};
 }
 
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path) {

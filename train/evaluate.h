@@ -35,4 +35,8 @@ Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Datas
 
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path);
 
+// What opening a dataset for `model` needs: a built-in language model's context (gpt: specs), so
+// that text:FILE cuts windows of that many tokens, and the seed that places the train windows.
+runtime::data::DatasetHints datasetHints(const nn::Model& model, uint64_t seed);
+
 }  // namespace cohort::train

@@ -439,7 +439,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   double maxes[4] = {trainSeconds_, epochSeconds, pos.gradNormMax,
                      job_.lockstep() ? static_cast<double>(pos.skippedInEpoch) : 0.0};
   double means[3] = {pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0,
-                     pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples) : 0,
+                     pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples * loss_.positions()) : 0,
                      pos.gradNormSteps ? pos.gradNormSum / static_cast<double>(pos.gradNormSteps) : 0};
   job_.reduce(samples, Reduce::kSum);
   job_.reduce(maxes, Reduce::kMax);
@@ -470,11 +470,17 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss " << result.trainLoss;
   if (options_.classification) line << " train_acc " << result.trainAcc;
   if (result.haveTest) line << " test_loss " << result.testLoss;
+  // A language model's loss is per token (nats): its perplexity beside it.
+  if (result.haveTest && loss_.positions() > 1) line << " test_ppl " << std::exp(result.testLoss);
   if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
   line << " grad_norm " << report.gradNorm;
   if (report.skippedSteps > 0) line << " skipped_steps " << report.skippedSteps;
   for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
   line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
+  if (loss_.positions() > 1) {
+    line << " tokens/s "
+         << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples * loss_.positions()) / epochSeconds : 0);
+  }
   if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(epochJobPerSec) << ")";
   if (report.times && job_.world().rank == 0) {
     job_.log().info() << "epoch " << pos.epoch + 1 << " " << describe(*report.times, job_.world().worldSize);
@@ -535,7 +541,8 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
       loss_.forwardGpu(model_.forward(inputs, pass), targets, gpu);
     }
     nn::LossSums sums = loss_.takeGpuSums(gpu);
-    return {n ? sums.loss / static_cast<double>(n) : 0, n ? static_cast<double>(sums.correct) / static_cast<double>(n) : 0};
+    return {n ? sums.loss / static_cast<double>(n) : 0,
+            n ? static_cast<double>(sums.correct) / static_cast<double>(n * loss_.positions()) : 0};
   }
 #endif
   return train::evaluate(model_, loss_, data, options_.evalBatchSize);

@@ -10,6 +10,7 @@
 #include "runtime/data/csv.h"
 #include "runtime/data/mnist.h"
 #include "runtime/data/synthetic.h"
+#include "runtime/data/text.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::data {
@@ -17,7 +18,7 @@ namespace {
 
 constexpr const char* kAcceptedSpecs =
     "accepted forms: 'synthetic', 'synthetic-cifar', 'synthetic-cifar:N', 'mnist:DIR', "
-    "'cifar10:DIR', 'csv:FILE'";
+    "'cifar10:DIR', 'csv:FILE', 'text:FILE'";
 // Bounds N in synthetic-cifar:N well below where N x 3072 floats could overflow a size.
 constexpr int64_t kMaxSyntheticCifarSize = int64_t{1} << 32;
 
@@ -144,7 +145,14 @@ Shape Dataset::sampleShape() const { return dropFirst(contents_.inputs.shape());
 
 Shape Dataset::targetShape() const { return dropFirst(contents_.targets.shape()); }
 
-std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split) {
+std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split, const DatasetHints& hints) {
+  if (startsWith(spec, "text:")) {
+    if (hints.context < 1) {
+      COHORT_THROW(InvalidArgument) << "dataset '" << spec
+                                    << "' is text for a language model: train it with --model gpt:layers=L,heads=H,dim=D,ctx=T";
+    }
+    return readText({.path = specArgument(spec, "text:"), .context = hints.context, .seed = hints.seed}, split);
+  }
   if (spec == "synthetic") return syntheticMnist(split);
   if (spec == "synthetic-cifar") return syntheticCifar(kSyntheticCifarTrainSize, split);
   if (startsWith(spec, "synthetic-cifar:")) {

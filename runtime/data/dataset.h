@@ -76,7 +76,12 @@ class Dataset {
 // and cifar10 the caller passes kTest to get the test split).
 // Throws InvalidArgument for an unknown spec (listing the accepted forms) and IoError for files
 // that are missing or malformed.
-std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split);
+//   text:FILE          byte-level text for a language model (see text.h): needs hints.context
+struct DatasetHints {
+  int64_t context = 0;  // text: tokens per sample (the model's context); 0: not a language model
+  uint64_t seed = 0;    // text: the train windows' offsets
+};
+std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split, const DatasetHints& hints = {});
 
 // A dataset given as flat arrays: N samples, one after another.
 struct ArrayData {

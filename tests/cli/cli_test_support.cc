@@ -190,4 +190,18 @@ int expectSameParameters(const std::string& reference, const std::string& actual
   return compared;
 }
 
+void expectIdenticalCheckpoints(const std::string& reference, const std::string& actual, const std::string& context) {
+  nn::Checkpoint a = nn::readCheckpoint(reference), c = nn::readCheckpoint(actual);
+  EXPECT_EQ(c.metadata["step"], a.metadata["step"]) << context;
+  ASSERT_EQ(a.tensors.size(), c.tensors.size()) << context;
+  for (const auto& t : a.tensors) {
+    const runtime::Tensor* other = c.find(t.name);
+    ASSERT_NE(other, nullptr) << context << ": " << t.name;
+    ASSERT_EQ(other->numel(), t.tensor.numel()) << context << ": " << t.name;
+    int64_t differing = 0;
+    for (int64_t i = 0; i < t.tensor.numel(); ++i) differing += other->at(i) != t.tensor.at(i);
+    EXPECT_EQ(differing, 0) << context << ": " << t.name << " differs in " << differing << " elements";
+  }
+}
+
 }  // namespace cohort::testing

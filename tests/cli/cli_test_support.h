@@ -73,6 +73,11 @@ int countLines(const std::string& text);
 int expectSameParameters(const std::string& reference, const std::string& actual, double tolerance,
                          const std::string& context = "");
 
+// Every tensor of the checkpoint at `actual` (parameters and optimizer state) bit for bit equal to
+// the one of that name at `reference`, and the same step: else a test failure naming the tensor,
+// how many elements differ, and `context`.
+void expectIdenticalCheckpoints(const std::string& reference, const std::string& actual, const std::string& context = "");
+
 // The number after "key": in a JSON line (a metrics line), or NaN when the key is absent.
 double jsonNumber(const std::string& line, const std::string& key);
 

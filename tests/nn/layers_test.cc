@@ -196,6 +196,34 @@ TEST(SoftmaxCrossEntropy, CountsCorrectPredictions) {
   EXPECT_EQ(ce.correct(), 2);
 }
 
+// A sequence: logits [B, T, C] and targets [B, T] are B·T predictions, the loss their mean (per
+// token), exactly the rows of the same logits seen as [B·T, C]; positions() is T.
+TEST(SoftmaxCrossEntropy, SequencesArePredictionsPerPosition) {
+  SoftmaxCrossEntropy seq, flat;
+  Tensor logits = randomTensor(Shape{2, 3, 5}, 13, -2, 2);
+  Tensor targets = Tensor::zeros(Shape{2, 3});
+  float labels[] = {0, 4, 2, 2, 1, 3};
+  std::copy(labels, labels + 6, targets.data());
+  const float l = seq.forward(logits, targets);
+  Tensor rows = Tensor::zeros(Shape{6, 5}), rowTargets = Tensor::zeros(Shape{6});
+  rows.copyFrom(logits);
+  rowTargets.copyFrom(targets);
+  EXPECT_EQ(l, flat.forward(rows, rowTargets));
+  EXPECT_EQ(seq.correct(), flat.correct());
+  EXPECT_EQ(seq.positions(), 3);
+  EXPECT_EQ(flat.positions(), 1);
+  ASSERT_EQ(seq.backward().shape(), logits.shape());
+  for (int64_t i = 0; i < logits.numel(); ++i) EXPECT_EQ(seq.backward().at(i), flat.backward().at(i)) << i;
+  checkLossGradient(seq, logits, targets);
+  // Targets that do not match the logits' leading dimensions are refused, naming both shapes.
+  try {
+    seq.forward(logits, Tensor::zeros(Shape{3, 2}));
+    ADD_FAILURE() << "[3, 2] targets for [2, 3, 5] logits were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 3, 5]"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MeanSquaredError, GradientAndValue) {
   MeanSquaredError mse;
   Tensor out = randomTensor(Shape{3, 2}, 13);

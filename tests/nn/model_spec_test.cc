@@ -89,6 +89,26 @@ TEST(ModelSpec, RosettaIsTheCifarCnn) {
   }
 }
 
+// gpt:...: the network is the Gpt itself, so parameter names are nanoGPT's; samples are [ctx] ids,
+// outputs the vocabulary (256 unless given); keys in any order.
+TEST(ModelSpec, GptIsNanoGptWithByteVocabulary) {
+  auto model = buildModel("gpt:ctx=8,dim=16,heads=2,layers=2");
+  EXPECT_EQ(model->sampleShape, (Shape{8}));
+  EXPECT_EQ(model->outputs, 256);
+  const auto& entries = model->params.entries();
+  ASSERT_FALSE(entries.empty());
+  EXPECT_EQ(entries.front().name, "transformer.wte.weight");
+  EXPECT_EQ(entries.front().shape, (Shape{256, 16}));
+  bool cAttn = false;
+  for (const auto& e : entries) cAttn |= e.name == "transformer.h.1.attn.c_attn.weight" && e.shape == Shape{48, 16};
+  EXPECT_TRUE(cAttn);
+  EXPECT_EQ(buildModel("gpt:layers=1,heads=1,dim=8,ctx=4,vocab=11")->outputs, 11);
+  for (const char* spec : {"gpt:layers=1,heads=1,dim=8", "gpt:layers=1,heads=3,dim=8,ctx=4", "gpt:layers=1,layers=2,heads=1,dim=8,ctx=4",
+                           "gpt:layers=1,heads=1,dim=8,ctx=0", "gpt:layers=1,heads=1,dim=8,ctx=4,depth=3", "gpt:layers"}) {
+    EXPECT_THROW(buildModel(spec), InvalidArgument) << spec;
+  }
+}
+
 TEST(ModelSpec, BadSpecsAreRefusedWithTheSpecInTheMessage) {
   for (const char* spec :
        {"mlp:", "mlp:10", "mlp:10,-3", "mlp:10,x", "transformer:big", "cnn:nothing", "cnn:lenet,5"}) {

@@ -1,0 +1,109 @@
+// `cohort train --model gpt:... --data text:FILE` end to end (issue 20): a small GPT learns a text
+// and reports its loss per token with the perplexity and tokens/s; allreduce (one shared copy, and
+// replicas) and Hogwild runs stopped with --max-steps and resumed end bit for bit where the
+// uninterrupted run does, as the other models' runs do (cli_checkpoint_test, cli_allreduce_test).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/random.h"
+#include "tests/cli/cli_test_support.h"
+
+namespace cohort::testing {
+namespace {
+
+// About 40 KB of sentences made of a small vocabulary: enough structure for a tiny model to learn
+// quickly, with a test split (the last 10%) of the same kind.
+std::string sentences() {
+  const char* subjects[] = {"the cat", "a dog", "my friend", "the old man", "our teacher", "a small bird"};
+  const char* verbs[] = {"sees", "likes", "follows", "finds", "helps", "remembers"};
+  const char* objects[] = {"the river", "a red ball", "the garden", "an open door", "the morning", "a quiet song"};
+  runtime::Rng rng(7);
+  std::string text;
+  while (text.size() < 40000) {
+    text += subjects[rng.below(6)];
+    text += ' ';
+    text += verbs[rng.below(6)];
+    text += ' ';
+    text += objects[rng.below(6)];
+    text += ".\n";
+  }
+  return text;
+}
+
+class GptCliTest : public ShmDirTest {
+ protected:
+  void SetUp() override {
+    ShmDirTest::SetUp();
+    corpus_ = dir_ + "/corpus.txt";
+    writeFile(corpus_, sentences());
+  }
+  std::vector<std::string> train(const std::vector<std::string>& extra) const {
+    std::vector<std::string> a = {cohortBinary(), "train", "--data", "text:" + corpus_, "--model",
+                                  "gpt:layers=1,heads=2,dim=32,ctx=16", "--optimizer", "adamw", "--lr", "0.01",
+                                  "--batch-size", "16", "--seed", "4", "--threads", "1", "--progress-every", "0"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  CommandResult cohortrun(int n, const std::vector<std::string>& worker) const {
+    std::vector<std::string> argv = {runfile("launcher/cohortrun"), "--nproc-per-node", std::to_string(n), "--"};
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    return runCommand(argv, {.timeout = std::chrono::seconds(180)});
+  }
+  // Runs to `stop` = `whole`, and to `half` then resumed to `whole`, and compares the checkpoints.
+  void expectResumesBitForBit(int workers, const std::vector<std::string>& flags, const std::string& stop = "--max-steps",
+                              const std::string& half = "8", const std::string& full = "16") {
+    const std::string whole = dir_ + "/whole.st", split = dir_ + "/split.st";
+    auto job = [&](const std::string& path, const std::string& steps, bool resume) {
+      std::vector<std::string> a = flags;
+      for (const std::string& s : {stop, steps, std::string("--checkpoint"), path}) a.push_back(s);
+      if (resume) a.push_back("--resume");
+      return cohortrun(workers, train(a));
+    };
+    CommandResult r = job(whole, full, false);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    ASSERT_EQ((r = job(split, half, false)).exitCode, 0) << r.describe();
+    ASSERT_EQ((r = job(split, full, true)).exitCode, 0) << r.describe();
+    EXPECT_NE(r.stdoutText.find("resumed from " + split), std::string::npos) << r.stdoutText;
+    expectIdenticalCheckpoints(whole, split);
+    EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+  }
+  std::string corpus_;
+};
+
+TEST_F(GptCliTest, ASmallGptLearnsTheTextAndReportsLossPerTokenWithPerplexity) {
+  CommandResult r = runCommand(train({"--epochs", "1", "--max-steps", "150"}), {.timeout = std::chrono::seconds(120)});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ResultLine result = parseResultLine(r.stdoutText);
+  ASSERT_EQ(result.count, 1) << r.stdoutText;
+  // From ln 256 = 5.55 nats per byte (a uniform guess) to well under the 2.9 nats of the text's
+  // byte frequencies alone.
+  const double testLoss = result.number("test_loss");
+  EXPECT_LT(testLoss, 2.0) << r.stdoutText;
+  EXPECT_NEAR(result.number("test_ppl"), std::exp(testLoss), 1e-3 * std::exp(testLoss)) << r.stdoutText;
+  EXPECT_GT(result.number("test_acc"), 0.3) << "the share of bytes predicted right: " << r.stdoutText;
+  EXPECT_NEAR(result.number("tokens_per_s"), 16 * result.number("samples_per_s"), 16) << r.stdoutText;
+}
+
+TEST_F(GptCliTest, ANonLanguageModelOnTextIsRefused) {
+  CommandResult r = runCommand({cohortBinary(), "train", "--data", "text:" + corpus_, "--model", "mlp:16,10"});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find("--model gpt:"), std::string::npos) << r.describe();
+}
+
+TEST_F(GptCliTest, AllreduceWithOneSharedCopyResumesBitForBit) {
+  expectResumesBitForBit(2, {"--mode", "allreduce", "--backend", "shm", "--epochs", "1"});
+}
+
+TEST_F(GptCliTest, AllreduceWithReplicasResumesBitForBit) {
+  expectResumesBitForBit(2, {"--mode", "allreduce", "--backend", "shm", "--replicas", "--epochs", "1"});
+}
+
+// One Hogwild worker is deterministic (several race by design): its resume is bit-exact too.
+// Hogwild checkpoints at the ends of epochs: 1 epoch, then resumed to 2.
+TEST_F(GptCliTest, HogwildResumesBitForBit) { expectResumesBitForBit(1, {"--mode", "hogwild"}, "--epochs", "1", "2"); }
+
+}  // namespace
+}  // namespace cohort::testing
