@@ -30,7 +30,7 @@ cohortrun=bazel-bin/launcher/cohortrun
 spec="gpt:layers=$LAYERS,heads=$HEADS,dim=$DIM,ctx=$CTX"
 train=("$cohort" train --data "text:$corpus" --test-data "text:$work/tiny.txt" --model "$spec" --optimizer adamw
        --lr 0.003 --batch-size "$BATCH" --max-steps "$STEPS" --epochs 1 --threads 1 --progress-every 0)
-tokens() { sed -nE 's/^RESULT .*tokens_per_s=([0-9]+).*/\1/p'; }
+tokens() { sed -nE 's/^(\[rank 0\] )?RESULT .*tokens_per_s=([0-9]+).*/\2/p'; }
 
 echo "# $spec batch $BATCH per worker, $STEPS steps; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "# $(date -u +%FT%TZ)   load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -45,7 +45,7 @@ for rep in $(seq 1 "$REPS"); do
       --layers "$LAYERS" --heads "$HEADS" --dim "$DIM" --ctx "$CTX" --batch "$BATCH" --steps "$STEPS" --workers 2 |
       sed -nE 's/.*tokens_per_s=([0-9]+).*/\1/p')" >>"$work/raw"
 done
-gemm=$("$cohort" bench train --threads 1 --repeats 1 --samples 640 | sed -nE 's/^RESULT bench=sgemm .*gflops=([0-9.]+).*/\1/p')
+gemm=$("$cohort" bench train --threads 1 --repeats 1 --samples 640 | sed -nE 's/^RESULT bench=sgemm shape=1024x1024x1024 .*gflops=([0-9.]+).*/\1/p' | head -1)
 /usr/bin/python3 - "$work/raw" "$LAYERS" "$DIM" "$CTX" "${gemm:-0}" <<'PY'
 import statistics, sys
 raw, layers, dim, ctx, gemm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])

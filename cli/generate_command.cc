@@ -88,17 +88,9 @@ int runGenerate(const GenerateFlags& f) {
   const auto& gpt = dynamic_cast<const nn::Gpt&>(*model->net);
   const nn::GptOptions& o = gpt.options();
   const std::vector<int64_t> prompt = encodePrompt(f.prompt, *model, o);
-  const int64_t fits = o.context - static_cast<int64_t>(prompt.size());
-  if (f.tokens > fits) {
-    std::fprintf(stderr,
-                 "cohort generate: note: the context of %s holds %lld tokens: the prompt's %zu bytes leave room "
-                 "for %lld of the %lld --tokens\n",
-                 model->name.c_str(), static_cast<long long>(o.context), prompt.size(), static_cast<long long>(fits),
-                 static_cast<long long>(f.tokens));
-  }
   nn::GptSampler sampler(gpt, model->params);
-  const std::vector<int64_t> generated = sampler.generate(
-      prompt, std::min(f.tokens, fits), {.temperature = f.temperature, .topK = f.topK, .seed = f.seed});
+  const std::vector<int64_t> generated =
+      sampler.generate(prompt, f.tokens, {.temperature = f.temperature, .topK = f.topK, .seed = f.seed});
   std::string text = f.prompt;
   for (int64_t id : generated) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
   text.push_back('\n');

@@ -9,9 +9,8 @@
 // token is drawn from softmax(logits / T) among the K largest logits (0: all; 1: greedy), with
 // runtime::Rng seeded by S: the same checkpoint, flags and seed give the same bytes.
 //
-// The context bounds what one run can write: when the prompt's length plus N passes the model's
-// context, generate writes what fits (context − prompt bytes) and says so in a note on stderr (exit 0)
-// rather than refusing, so a long --tokens is a way to ask for "as much as fits".
+// Any --tokens: past the model's context the window slides (nn::GptSampler::generate: the cache
+// restarts from the text's last context/2 tokens), as nanoGPT crops its input to the context.
 // Exit 2 with one line naming the problem (InvalidArgument, or IoError from the checkpoint reader) for
 // --tokens <= 0, --temperature <= 0 (or not finite), --top-k < 0, an empty prompt, a prompt longer than
 // the context (both lengths named) or holding a byte outside the model's vocabulary, a checkpoint of

@@ -234,14 +234,21 @@ std::vector<int64_t> GptSampler::generate(std::span<const int64_t> prompt, int64
   reset();
   feed(prompt);
   runtime::Rng rng(options.seed);
-  std::vector<int64_t> sampled;
-  // Every sampled token is fed back, so the last one still needs a place in the context.
-  while (static_cast<int64_t>(sampled.size()) < count && length_ < options_.context) {
+  std::vector<int64_t> text(prompt.begin(), prompt.end());
+  const auto promptTokens = static_cast<int64_t>(text.size());
+  while (static_cast<int64_t>(text.size()) - promptTokens < count) {
     const int64_t token = sample(options, rng);
-    sampled.push_back(token);
-    feed(std::span<const int64_t>(&sampled.back(), 1));
+    text.push_back(token);
+    if (length_ == options_.context) {
+      // The window slides: the cache restarts from the text's last context/2 tokens, this one included.
+      const int64_t keep = std::max<int64_t>(1, options_.context / 2);
+      reset();
+      feed(std::span<const int64_t>(text.data() + text.size() - keep, static_cast<size_t>(keep)));
+    } else {
+      feed(std::span<const int64_t>(&text.back(), 1));
+    }
   }
-  return sampled;
+  return {text.begin() + promptTokens, text.end()};
 }
 
 // One token from softmax(logits_ / temperature) over the topK largest logits (ties to the lower

@@ -70,8 +70,11 @@ class GptSampler {
   // returns the sampled tokens only (the cache then holds the prompt and them). Each token is drawn
   // from softmax(logits / temperature) restricted to the topK largest logits (ties to the lower
   // id), with runtime::Rng seeded by options.seed: deterministic for a seed; topK = 1 is greedy
-  // (argmax) decoding. Stops early, returning fewer than `count` tokens, when the context is full:
-  // prompt.size() + result.size() never exceeds the context length.
+  // (argmax) decoding. Past the context the window slides, as nanoGPT crops its input to the last
+  // context tokens: when the cache is full, it restarts from the last context/2 tokens of the text
+  // (fed again in one batch: one recomputation of half a window per context/2 new tokens), so any
+  // count is generated. The cache then holds the prompt and the sampled tokens, or once the window
+  // has slid, the text's last tokens.
   // InvalidArgument for temperature <= 0 (or not finite), topK < 0, count < 0, and as feed() for
   // the prompt (empty, a bad id, or longer than the context).
   std::vector<int64_t> generate(std::span<const int64_t> prompt, int64_t count, const SampleOptions& options);

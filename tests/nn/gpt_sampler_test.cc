@@ -171,19 +171,34 @@ TEST(GptSampler, TopKSamplesOnlyAmongTheKLargestLogits) {
   }
 }
 
-TEST(GptSampler, StopsAtTheContext) {
+// Past the context the window slides: the cache restarts from the text's last context/2 tokens.
+// The tokens sampled then are those of a fresh sampler fed that window (the same logits), and any
+// count is generated.
+TEST(GptSampler, SlidesItsWindowPastTheContext) {
   Bound m(kSmall, 81);
   GptSampler sampler(m.model, m.params);
   const std::vector<int64_t> prompt{1, 2, 3};
-  EXPECT_EQ(sampler.generate(prompt, 100, {.seed = 1}).size(), 6u);  // 3 + 6 = the context, 9
-  EXPECT_EQ(sampler.length(), 9);
+  const std::vector<int64_t> long100 = sampler.generate(prompt, 100, {.topK = 1});
+  EXPECT_EQ(long100.size(), 100u);
+  EXPECT_LE(sampler.length(), 9);
+  EXPECT_GE(sampler.length(), 4);
   EXPECT_EQ(sampler.generate(prompt, 6, {.seed = 1}).size(), 6u);
+  EXPECT_EQ(sampler.length(), 9);  // 3 + 6: the context, full but not slid
   EXPECT_EQ(sampler.generate(prompt, 2, {.seed = 1}).size(), 2u);
   EXPECT_EQ(sampler.length(), 5);
   EXPECT_TRUE(sampler.generate(prompt, 0, {.seed = 1}).empty());
+  // Greedy decoding from the window: the 10th token of the text finds the cache full (9 tokens),
+  // which restarts from the text's last 4 (context/2), tokens 7 to 10; the next 5 are a fresh
+  // sampler's greedy choices after those 4.
+  std::vector<int64_t> text = prompt;
+  text.insert(text.end(), long100.begin(), long100.end());
+  const std::vector<int64_t> window(text.begin() + 6, text.begin() + 10);
+  GptSampler fresh(m.model, m.params);
+  const std::vector<int64_t> next = fresh.generate(window, 5, {.topK = 1});
+  for (size_t i = 0; i < next.size(); ++i) EXPECT_EQ(next[i], text[10 + i]) << i;
+  // A prompt filling the context slides at once.
   const std::vector<int64_t> full = randomTokens(9, 11, 82);
-  EXPECT_TRUE(sampler.generate(full, 5, {.seed = 1}).empty());  // a prompt filling the context
-  EXPECT_EQ(sampler.length(), 9);
+  EXPECT_EQ(sampler.generate(full, 5, {.seed = 1}).size(), 5u);
 }
 
 TEST(GptSampler, RefusesWhatItCannotRun) {
@@ -227,9 +242,10 @@ TEST(GptSampler, FillsTheContextOfAWiderModel) {
   GptSampler sampler(m.model, m.params);
   const std::vector<int64_t> prompt{10, 20, 30, 40};
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<int64_t> sampled = sampler.generate(prompt, 1000, {.temperature = 0.9f, .topK = 40, .seed = 102});
+  const std::vector<int64_t> sampled = sampler.generate(prompt, 252, {.temperature = 0.9f, .topK = 40, .seed = 102});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(sampled.size(), 252u);
+  EXPECT_EQ(sampler.length(), 256);
   std::cout << "[ rate     ] " << static_cast<double>(sampled.size()) / seconds << " tokens/s" << std::endl;
 
   std::vector<int64_t> all = prompt;
