@@ -40,6 +40,7 @@
 #include "nn/embedding.h"   // nn::Embedding: token ids -> vectors
 #include "nn/gelu.h"        // nn::Gelu (GPT-2's tanh form), nn::gelu()
 #include "nn/gpt.h"         // nn::Gpt: GPT-2 (nanoGPT's names and initialisation)
+#include "nn/gpt_sampler.h"  // nn::GptSampler: text from a Gpt with a cache of keys and values
 #include "nn/layer_norm.h"  // nn::LayerNorm
 #include "nn/linear.h"      // nn::Linear
 #include "nn/model.h"       // nn::Model: a network, its ParamBuffer and a name
