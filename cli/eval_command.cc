@@ -11,11 +11,10 @@
 
 #include "nn/checkpoint.h"      // the checkpoint file
 #include "nn/loss.h"            // losses
-#include "nn/model_spec.h"      // the model, from the checkpoint's spec
 #include "runtime/cpu/blas.h"   // --threads
 #include "runtime/data/dataset.h"
 #include "runtime/error.h"
-#include "train/evaluate.h"     // evaluate, loadWeights
+#include "train/evaluate.h"     // evaluate, loadModel
 
 namespace cohort::cli {
 
@@ -55,12 +54,8 @@ Applied open(const EvalFlags& f) {
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
   runtime::cpu::setBlasThreads(f.threads);
   const nn::Checkpoint ckpt = nn::readCheckpoint(f.checkpoint);
-  auto model = ckpt.metadata.find("model");
-  if (model == ckpt.metadata.end()) COHORT_THROW(IoError) << f.checkpoint << ": checkpoint metadata lacks 'model'";
   Applied a;
-  a.model = nn::buildModel(model->second);
-  a.model->params.allocate(runtime::cpuAllocator());
-  train::loadWeights(*a.model, ckpt, f.checkpoint);
+  a.model = train::loadModel(ckpt, f.checkpoint);
   const bool csv = f.data.rfind("csv:", 0) == 0;
   a.data = data::openDataset(f.data, csv || f.split == "train" ? data::Split::kTrain : data::Split::kTest,
                              train::datasetHints(*a.model, loaderSeed(ckpt)));

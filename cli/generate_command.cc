@@ -1,7 +1,6 @@
 #include "cli/generate_command.h"
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -11,9 +10,8 @@
 #include "nn/checkpoint.h"   // the checkpoint file
 #include "nn/gpt.h"          // the model generate needs
 #include "nn/gpt_sampler.h"  // KV-cache sampling
-#include "nn/model_spec.h"   // the model, from the checkpoint's spec
 #include "runtime/error.h"
-#include "train/evaluate.h"  // loadWeights
+#include "train/evaluate.h"  // loadModel
 
 namespace cohort::cli {
 
@@ -43,16 +41,11 @@ void checkFlags(const GenerateFlags& f) {
 
 // The checkpoint's model, bound on the CPU with its weights.
 std::unique_ptr<nn::Model> loadModel(const std::string& path) {
-  const nn::Checkpoint ckpt = nn::readCheckpoint(path);
-  auto spec = ckpt.metadata.find("model");
-  if (spec == ckpt.metadata.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks 'model'";
-  std::unique_ptr<nn::Model> model = nn::buildModel(spec->second);
+  std::unique_ptr<nn::Model> model = train::loadModel(nn::readCheckpoint(path), path);
   if (dynamic_cast<const nn::Gpt*>(model->net.get()) == nullptr) {
     COHORT_THROW(InvalidArgument) << path << " holds model " << model->name
                                   << ", but generate needs a gpt: model (trained with --model gpt:...)";
   }
-  model->params.allocate(runtime::cpuAllocator());
-  train::loadWeights(*model, ckpt, path);
   return model;
 }
 

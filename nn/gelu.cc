@@ -30,15 +30,16 @@ const Tensor& Gelu::forward(const Tensor& input, const Pass& pass) {
   }
 #endif
   runtime::ensureShape(output_, input.shape());
-  const float* x = input.data();
-  float* y = output_.data();
-  const int64_t n = input.numel();
+  geluForward(input.data(), output_.data(), input.numel());
+  return output_;
+}
+
+void geluForward(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
     y[i] = 0.5f * v * (1.0f + t);
   }
-  return output_;
 }
 
 const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {

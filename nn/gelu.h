@@ -34,4 +34,8 @@ class Gelu final : public Module {
 
 inline ModulePtr gelu() { return std::make_unique<Gelu>(); }
 
+// The CPU forward of n values: y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), vectorised;
+// y may be x (in place). Gelu::forward and nn::GptSampler run it.
+void geluForward(const float* x, float* y, int64_t n);
+
 }  // namespace cohort::nn

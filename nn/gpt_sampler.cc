@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include "nn/gelu.h"
+#include "nn/layer_norm.h"
 #include "nn/softmax.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
@@ -14,9 +16,6 @@ namespace {
 
 // nn::LayerNorm's default, the one Gpt's ln_1, ln_2 and ln_f use.
 constexpr double kLayerNormEps = 1e-5;
-// PyTorch's tanh-form GELU constants, as nn::Gelu.
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
 
 // One Linear's parameters in Linear's layout: weight [out, in], bias [out].
 struct Projection {
@@ -43,30 +42,6 @@ void addProjection(const Projection& p, const float* x, int64_t rows, float* y) 
 void project(const Projection& p, const float* x, int64_t rows, float* y) {
   std::fill(y, y + rows * p.out, 0.0f);
   addProjection(p, x, rows, y);
-}
-
-// LayerNorm of each row of x [rows, features] into y, with nn::LayerNorm's arithmetic (the
-// statistics in double, the rest in float).
-void layerNormRows(const float* x, int64_t rows, int64_t features, const float* weight, const float* bias, float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * features;
-    float* yr = y + r * features;
-    double sum = 0.0;
-    for (int64_t c = 0; c < features; ++c) sum += xr[c];
-    const double mean = sum / static_cast<double>(features);
-    double squares = 0.0;
-    for (int64_t c = 0; c < features; ++c) squares += (xr[c] - mean) * (xr[c] - mean);
-    const float meanF = static_cast<float>(mean);
-    const float rstd = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(features) + kLayerNormEps));
-    for (int64_t c = 0; c < features; ++c) yr[c] = weight[c] * ((xr[c] - meanF) * rstd) + bias[c];
-  }
-}
-
-void geluInPlace(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    x[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v)));
-  }
 }
 
 }  // namespace
@@ -159,7 +134,7 @@ std::span<const float> GptSampler::feed(std::span<const int64_t> tokens) {
   length_ += n;
   // Only the last row's logits are asked for: ln_f and the tied head on it alone.
   const float* last = x_.data() + (n - 1) * D;
-  layerNormRows(last, 1, D, values + lnFWeight_, values + lnFBias_, normed_.data());
+  layerNormRows(last, 1, D, values + lnFWeight_, values + lnFBias_, kLayerNormEps, normed_.data());
   runtime::cpu::gemm({.m = 1, .n = static_cast<int>(V), .k = static_cast<int>(D), .transB = true}, normed_.data(), wte,
                      logits_.data());  // logits = x · wteᵀ
   return logits_;
@@ -169,15 +144,15 @@ void GptSampler::runBlock(int64_t layer, const float* values) {
   const BlockOffsets& at = blocks_[static_cast<size_t>(layer)];
   const int64_t n = rows_, D = options_.dim;
   // h = x + c_proj(attention(c_attn(ln_1(x))))
-  layerNormRows(x_.data(), n, D, values + at.ln1Weight, values + at.ln1Bias, normed_.data());
+  layerNormRows(x_.data(), n, D, values + at.ln1Weight, values + at.ln1Bias, kLayerNormEps, normed_.data());
   project({values + at.attnWeight, values + at.attnBias, D, 3 * D}, normed_.data(), n, qkv_.data());
   appendToCache(layer);
   attend(layer);
   addProjection({values + at.attnProjWeight, values + at.attnProjBias, D, D}, attention_.data(), n, x_.data());
   // out = h + c_proj(gelu(c_fc(ln_2(h))))
-  layerNormRows(x_.data(), n, D, values + at.ln2Weight, values + at.ln2Bias, normed_.data());
+  layerNormRows(x_.data(), n, D, values + at.ln2Weight, values + at.ln2Bias, kLayerNormEps, normed_.data());
   project({values + at.fcWeight, values + at.fcBias, D, 4 * D}, normed_.data(), n, hidden_.data());
-  geluInPlace(hidden_.data(), n * 4 * D);
+  geluForward(hidden_.data(), hidden_.data(), n * 4 * D);
   addProjection({values + at.mlpProjWeight, values + at.mlpProjBias, 4 * D, D}, hidden_.data(), n, x_.data());
 }
 

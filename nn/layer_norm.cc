@@ -45,25 +45,29 @@ const Tensor& LayerNorm::forward(const Tensor& input, const Pass& pass) {
   runtime::ensureShape(output_, input.shape());
   runtime::ensureShape(mean_, Shape{rows_});
   runtime::ensureShape(rstd_, Shape{rows_});
-  const float* w = weight_.data();
-  const float* b = bias_.data();
-  for (int64_t r = 0; r < rows_; ++r) {
-    const float* x = input.data() + r * features_;
-    float* y = output_.data() + r * features_;
+  layerNormRows(input.data(), rows_, features_, weight_.data(), bias_.data(), eps_, output_.data(), mean_.data(),
+                rstd_.data());
+  return output_;
+}
+
+void layerNormRows(const float* x, int64_t rows, int64_t features, const float* weight, const float* bias, double eps,
+                   float* y, float* mean, float* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * features;
+    float* yr = y + r * features;
     // Two passes in double: the mean, then the squared deviations from it.
     double sum = 0.0;
-    for (int64_t c = 0; c < features_; ++c) sum += x[c];
-    const double mean = sum / static_cast<double>(features_);
+    for (int64_t c = 0; c < features; ++c) sum += xr[c];
+    const double m = sum / static_cast<double>(features);
     double sq = 0.0;
-    for (int64_t c = 0; c < features_; ++c) sq += (x[c] - mean) * (x[c] - mean);
-    const double var = sq / static_cast<double>(features_);
-    const float meanF = static_cast<float>(mean);
-    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps_));
-    mean_.at(r) = meanF;
-    rstd_.at(r) = inv;
-    for (int64_t c = 0; c < features_; ++c) y[c] = w[c] * ((x[c] - meanF) * inv) + b[c];
+    for (int64_t c = 0; c < features; ++c) sq += (xr[c] - m) * (xr[c] - m);
+    const double var = sq / static_cast<double>(features);
+    const float meanF = static_cast<float>(m);
+    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    if (mean) mean[r] = meanF;
+    if (rstd) rstd[r] = inv;
+    for (int64_t c = 0; c < features; ++c) yr[c] = weight[c] * ((xr[c] - meanF) * inv) + bias[c];
   }
-  return output_;
 }
 
 const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {

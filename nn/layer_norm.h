@@ -28,6 +28,12 @@
 
 namespace cohort::nn {
 
+// The CPU forward of `rows` rows of `features` values, with LayerNorm's arithmetic (the statistics
+// in double, the rest in float); each row's mean and rstd go to mean[r] and rstd[r] unless null.
+// LayerNorm::forward and nn::GptSampler run it.
+void layerNormRows(const float* x, int64_t rows, int64_t features, const float* weight, const float* bias, double eps,
+                   float* y, float* mean = nullptr, float* rstd = nullptr);
+
 class LayerNorm final : public Module {
  public:
   // Throws InvalidArgument for features < 1 or eps <= 0.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "nn/model_spec.h"
 #include "runtime/error.h"
 
 namespace cohort::train {
@@ -23,6 +24,15 @@ Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Datas
   }
   return {n ? lossSum / static_cast<double>(n) : 0,
           n ? static_cast<double>(correct) / static_cast<double>(n * loss.positions()) : 0};
+}
+
+std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std::string& path) {
+  auto spec = checkpoint.metadata.find("model");
+  if (spec == checkpoint.metadata.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks 'model'";
+  std::unique_ptr<nn::Model> model = nn::buildModel(spec->second);
+  model->params.allocate(runtime::cpuAllocator());
+  loadWeights(*model, checkpoint, path);
+  return model;
 }
 
 runtime::data::DatasetHints datasetHints(const nn::Model& model, uint64_t seed) {

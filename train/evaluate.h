@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "nn/checkpoint.h"
@@ -34,6 +35,11 @@ struct Evaluation {
 Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize = 1000);
 
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path);
+
+// The model a checkpoint was written for (nn::buildModel of its "model" metadata), bound on the CPU
+// with the checkpoint's weights: what `cohort eval`, `predict` and `generate` start from. IoError when
+// the metadata names no model; otherwise throws as buildModel and loadWeights.
+std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std::string& path);
 
 // What opening a dataset for `model` needs: a built-in language model's context (gpt: specs), so
 // that text:FILE cuts windows of that many tokens, and the seed that places the train windows.
