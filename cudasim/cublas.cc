@@ -1,11 +1,13 @@
-// cuBLAS as cudasim emulates it (include/cublas_v2.h): handles, and SGEMM and SSCAL as operations of
-// the handle's stream, following the real argument conventions. SGEMM runs on oneDNN's sgemm (fp32
-// accumulation, as on a GPU), so a result differs from a double-accumulating reference by float
-// rounding only; alpha, beta and the TF32 rounding of inputs are applied here, around it.
+// cuBLAS as cudasim emulates it (include/cublas_v2.h): handles, and SGEMM (one, or a strided batch)
+// and SSCAL as operations of the handle's stream, following the real argument conventions. SGEMM runs
+// on oneDNN's sgemm (fp32 accumulation, as on a GPU), so a result differs from a double-accumulating
+// reference by float rounding only; alpha, beta and the TF32 rounding of inputs are applied here,
+// around it. One SGEMM is a strided batch of one: both calls are the same code.
 //
 // Every call checks what the real library checks (dimensions, leading dimensions, enums, null
-// scalars) and, beyond it, that each matrix or vector it will touch lies inside one live device
-// allocation (the real library would fault later or quietly read a neighbour). A handle used while
+// scalars, batch counts) and, beyond it, that each matrix or vector it will touch lies inside one
+// live device allocation (the real library would fault later or quietly read a neighbour) and that
+// no two matrices a batch writes share an element (a race there on a GPU). A handle used while
 // another device is current fails as the real library's kernel launch would. Live handles are
 // kept in a registry, so a destroyed or made-up handle is CUBLAS_STATUS_NOT_INITIALIZED rather than
 // a crash.
@@ -104,6 +106,34 @@ size_t spanBytes(int64_t rows, int64_t cols, int64_t ld) {
 
 bool onDevice(const void* p, size_t bytes) { return bytes == 0 || (p && isDeviceRange(p, bytes)); }
 
+// Whether `count` matrices of `bytes` each, `stride` floats apart from p on, lie inside one live
+// device allocation: with the stride non-negative, the span from the first one's start to the last
+// one's end must. A negative stride is refused, stricter than cuBLAS, which would walk back from p:
+// Cohort never means one, so it is taken for a mistake. So is a span past any address space.
+bool batchOnDevice(const void* p, size_t bytes, int64_t stride, int count) {
+  int64_t span = 0;
+  if (stride < 0 || __builtin_mul_overflow(stride, (count - 1) * int64_t{sizeof(float)}, &span) ||
+      __builtin_add_overflow(span, bytes, &span)) {
+    return false;
+  }
+  return onDevice(p, static_cast<size_t>(span));
+}
+
+// Whether two of `count` m x n matrices (m, n >= 1) with leading dimension ld >= m, `stride` >= 0
+// floats apart, share an element. Matrices a span or more apart cannot; nearer ones may still
+// interleave without sharing (stride m, ld >= count · m: the matrices side by side in the rows of
+// one tall one). Elements d = t · stride apart are rows Δr and columns Δc apart, d = Δr + Δc · ld with
+// |Δr| < m, |Δc| < n; for d = q · ld + r (0 <= r < ld) only Δc = q (Δr = r) or Δc = q + 1 (Δr = r - ld)
+// can fit. At most span / stride differences are tried, fewer than the elements of one matrix.
+bool batchesOverlap(int64_t m, int64_t n, int64_t ld, int64_t stride, int count) {
+  const int64_t span = (n - 1) * ld + m;
+  for (int64_t t = 1; t < count && t * stride < span; ++t) {
+    const int64_t q = t * stride / ld, r = t * stride % ld;
+    if ((q < n && r < m) || (q + 1 < n && ld - r < m)) return true;
+  }
+  return false;
+}
+
 // fp32 rounded to TF32's 10 mantissa bits (nearest, ties to even), as tensor cores read their inputs.
 float toTf32(float x) {
   uint32_t bits = std::bit_cast<uint32_t>(x);
@@ -177,6 +207,25 @@ void runGemm(const Gemm& g) {
   }
 }
 
+// A strided batch of SGEMMs: matrix i of each operand starts i · stride floats after its matrix 0,
+// which `first` holds.
+struct StridedBatch {
+  Gemm first;
+  int64_t strideA = 0, strideB = 0, strideC = 0;
+  int count = 0;
+};
+
+// The SGEMMs in batch order, as one operation of the stream (one kernel, on a GPU).
+void runBatch(const StridedBatch& batch) {
+  Gemm g = batch.first;
+  for (int64_t i = 0; i < batch.count; ++i) {
+    g.a = batch.first.a + i * batch.strideA;
+    g.b = batch.first.b + i * batch.strideB;
+    g.c = batch.first.c + i * batch.strideC;
+    runGemm(g);
+  }
+}
+
 bool validOp(cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; }
 
 cublasStatus_t run(const cublasContext& settings, std::function<void()> op) {
@@ -236,43 +285,63 @@ cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_
   return changeHandle(handle, [&](cublasContext& c) { c.pointerMode = mode; });
 }
 
-// The checks of the reference BLAS's xerbla, in its order, then the quick returns, then the
-// operands' memory: op(A) is m x k, so A is stored m x k (N) or k x m (T), likewise B.
+// One SGEMM is a batch of one, its strides unused: the checks and the operation are the batch's.
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                               int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                               const float* beta, float* C, int ldc) {
+  return cublasSgemmStridedBatched(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+// The checks of the reference BLAS's xerbla, in its order, with cuBLAS's batchCount >= 0; then the
+// quick returns; then the operands' memory: op(A) is m x k, so A is stored m x k (N) or k x m (T),
+// likewise B. A stride of 0 is legal for A and B: every batch reads the same matrix. C matrices that
+// share an element (a stride of 0 among them) make cuBLAS's result undefined, as its batches run
+// concurrently: the emulation refuses them, and negative strides (batchOnDevice).
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* A, int lda,
+                                         long long int strideA, const float* B, int ldb, long long int strideB,
+                                         const float* beta, float* C, int ldc, long long int strideC, int batchCount) {
   cublasContext settings;
   if (cublasStatus_t s = usable(handle, &settings); s != CUBLAS_STATUS_SUCCESS) return s;
-  Gemm g{.transA = transa != CUBLAS_OP_N,
-         .transB = transb != CUBLAS_OP_N,
-         .tf32 = roundsToTf32(settings.mathMode),
-         .m = m,
-         .n = n,
-         .k = k,
-         .alpha = {},
-         .beta = {},
-         .a = A,
-         .b = B,
-         .c = C,
-         .lda = lda,
-         .ldb = ldb,
-         .ldc = ldc};
+  StridedBatch batch{.first = {.transA = transa != CUBLAS_OP_N,
+                               .transB = transb != CUBLAS_OP_N,
+                               .tf32 = roundsToTf32(settings.mathMode),
+                               .m = m,
+                               .n = n,
+                               .k = k,
+                               .alpha = {},
+                               .beta = {},
+                               .a = A,
+                               .b = B,
+                               .c = C,
+                               .lda = lda,
+                               .ldb = ldb,
+                               .ldc = ldc},
+                     .strideA = strideA,
+                     .strideB = strideB,
+                     .strideC = strideC,
+                     .count = batchCount};
+  Gemm& g = batch.first;
   const int rowsA = g.transA ? k : m, rowsB = g.transB ? n : k;
   if (!validOp(transa) || !validOp(transb) || m < 0 || n < 0 || k < 0 || lda < std::max(1, rowsA) ||
-      ldb < std::max(1, rowsB) || ldc < std::max(1, m)) {
+      ldb < std::max(1, rowsB) || ldc < std::max(1, m) || batchCount < 0) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (!readScalar(settings, alpha, &g.alpha) || !readScalar(settings, beta, &g.beta)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (m == 0 || n == 0 || ((k == 0 || g.alpha.knownZero()) && g.beta.knownOne())) return CUBLAS_STATUS_SUCCESS;
+  if (batchCount == 0 || m == 0 || n == 0 || ((k == 0 || g.alpha.knownZero()) && g.beta.knownOne())) {
+    return CUBLAS_STATUS_SUCCESS;
+  }
   const bool readsAB = k > 0 && !g.alpha.knownZero();
-  if (readsAB && (!onDevice(A, spanBytes(rowsA, g.transA ? m : k, lda)) ||
-                  !onDevice(B, spanBytes(rowsB, g.transB ? k : n, ldb)))) {
+  if (readsAB && (!batchOnDevice(A, spanBytes(rowsA, g.transA ? m : k, lda), strideA, batchCount) ||
+                  !batchOnDevice(B, spanBytes(rowsB, g.transB ? k : n, ldb), strideB, batchCount))) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (!onDevice(C, spanBytes(m, n, ldc))) return CUBLAS_STATUS_INVALID_VALUE;
-  return run(settings, [g] { runGemm(g); });
+  if (!batchOnDevice(C, spanBytes(m, n, ldc), strideC, batchCount) || batchesOverlap(m, n, ldc, strideC, batchCount)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  return run(settings, [batch] { runBatch(batch); });
 }
 
 cublasStatus_t cublasSscal_v2_64(cublasHandle_t handle, int64_t n, const float* alpha, float* x, int64_t incx) {

@@ -24,7 +24,7 @@ void permute0213(const float* x, float* y, int64_t a, int64_t b, int64_t c, int6
   }
 }
 
-// dS = P ⊙ (dP − rowsum(dP ⊙ P)) in place over dP, one [T, T] block (Softmax::backward's rule,
+// dS = P ⊙ (dP − rowsum(dP ⊙ P)) in place over dP, row by row (Softmax::backward's rule,
 // the row sum in double; masked entries have P = 0 and get 0).
 void softmaxBackwardRows(const float* p, float* d, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -93,7 +93,8 @@ const Tensor& CausalSelfAttention::backward(const Tensor& gradOutput, const Pass
 struct CausalSelfAttention::Device {
   runtime::cuda::GpuContext* gpu = nullptr;
   runtime::Allocator& allocator() const;
-  void gemm(const runtime::GemmOptions& o, const float* a, const float* b, float* c) const;
+  void gemmBatched(const runtime::GemmOptions& o, const runtime::GemmBatch& batch, const float* a, const float* b,
+                   float* c) const;
   void permute(const float* x, float* y, int64_t a, int64_t b, int64_t c, int64_t e) const;
   void causalSoftmax(float* scores, int64_t rows, int64_t cols) const;
   // dS = P ⊙ (dP − rowsum(dP ⊙ P)) in place over dP.
@@ -107,11 +108,12 @@ runtime::Allocator& CausalSelfAttention::Device::allocator() const {
   return runtime::cpuAllocator();
 }
 
-void CausalSelfAttention::Device::gemm(const runtime::GemmOptions& o, const float* a, const float* b, float* c) const {
+void CausalSelfAttention::Device::gemmBatched(const runtime::GemmOptions& o, const runtime::GemmBatch& batch,
+                                              const float* a, const float* b, float* c) const {
 #ifdef COHORT_HAVE_CUDA
-  if (gpu) return gpu->blas().gemm(o, a, b, c);
+  if (gpu) return gpu->blas().gemmBatched(o, batch, a, b, c);
 #endif
-  runtime::cpu::gemm(o, a, b, c);
+  runtime::cpu::gemmBatched(o, batch, a, b, c);
 }
 
 void CausalSelfAttention::Device::permute(const float* x, float* y, int64_t a, int64_t b, int64_t c, int64_t e) const {
@@ -146,15 +148,24 @@ CausalSelfAttention::Device CausalSelfAttention::deviceFor(const Tensor& t, cons
 
 namespace {
 
-// Where one (batch, head)'s blocks start: q, k and v in the heads [B, 3H, T, hd] (q heads first,
-// then k, then v), its probabilities in [B, H, T, T] and its output in [B, H, T, hd].
+// One head's products over the whole batch: the first (batch 0) q, k and v blocks of head h in the
+// heads [B, 3H, T, hd] (q heads first, then k, then v), of its probabilities in [B, H, T, T] and of
+// its output in [B, H, T, hd], and the strides from one sample's block to the next.
 struct HeadBlocks {
   size_t q, k, v, p, y;
+  int64_t qkvStride, pStride, yStride;
 };
 
-HeadBlocks headBlocks(int64_t b, int64_t h, int64_t H, int64_t T, int64_t hd) {
-  const auto q = static_cast<size_t>((b * 3 * H + h) * T * hd), block = static_cast<size_t>(H * T * hd);
-  return {q, q + block, q + 2 * block, static_cast<size_t>((b * H + h) * T * T), static_cast<size_t>((b * H + h) * T * hd)};
+HeadBlocks headBlocks(int64_t h, int64_t H, int64_t T, int64_t hd) {
+  const auto block = static_cast<size_t>(T * hd), q = static_cast<size_t>(h) * block, heads = static_cast<size_t>(H) * block;
+  return {.q = q,
+          .k = q + heads,
+          .v = q + 2 * heads,
+          .p = static_cast<size_t>(h * T * T),
+          .y = static_cast<size_t>(h) * block,
+          .qkvStride = 3 * H * T * hd,
+          .pStride = H * T * T,
+          .yStride = H * T * hd};
 }
 
 }  // namespace
@@ -170,19 +181,18 @@ const Tensor& CausalSelfAttention::attend(const Tensor& qkv, const Pass& pass) {
   runtime::ensureShape(y_, Shape{B, T, D}, device.allocator());
   // [B, T, 3, H, hd] -> [B, 3H, T, hd]: every head's q, k and v contiguous [T, hd] blocks.
   device.permute(qkv.data(), heads_.data(), B, T, 3 * H, hd);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {  // S = q·kᵀ/√hd
-      const HeadBlocks at = headBlocks(b, h, H, T, hd);
-      device.gemm({.m = t, .n = t, .k = e, .transB = true, .alpha = scale}, heads_.data() + at.q, heads_.data() + at.k,
-                  probs_.data() + at.p);
-    }
+  for (int64_t h = 0; h < H; ++h) {  // S = q·kᵀ/√hd, for every sample at once
+    const HeadBlocks at = headBlocks(h, H, T, hd);
+    device.gemmBatched({.m = t, .n = t, .k = e, .transB = true, .alpha = scale},
+                       {.count = static_cast<int>(B), .strideA = at.qkvStride, .strideB = at.qkvStride, .strideC = at.pStride},
+                       heads_.data() + at.q, heads_.data() + at.k, probs_.data() + at.p);
   }
   device.causalSoftmax(probs_.data(), B * H * T, T);  // P
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {  // P·v
-      const HeadBlocks at = headBlocks(b, h, H, T, hd);
-      device.gemm({.m = t, .n = e, .k = t}, probs_.data() + at.p, heads_.data() + at.v, headsOut_.data() + at.y);
-    }
+  for (int64_t h = 0; h < H; ++h) {  // P·v
+    const HeadBlocks at = headBlocks(h, H, T, hd);
+    device.gemmBatched({.m = t, .n = e, .k = t},
+                       {.count = static_cast<int>(B), .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.yStride},
+                       probs_.data() + at.p, heads_.data() + at.v, headsOut_.data() + at.y);
   }
   device.permute(headsOut_.data(), y_.data(), B, H, T, hd);  // [B, H, T, hd] -> [B, T, H, hd]
   return y_;
@@ -193,28 +203,36 @@ const Tensor& CausalSelfAttention::attendBackward(const Tensor& gradY, const Pas
   COHORT_CHECK(gradY.numel() == B * T * D) << gradY.shape().str() << " after a forward of [" << B << ", " << T << ", "
                                           << D << "]";
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int t = static_cast<int>(T), e = static_cast<int>(hd);
+  const int t = static_cast<int>(T), e = static_cast<int>(hd), b = static_cast<int>(B);
   const Device device = deviceFor(gradY, pass);
   runtime::ensureShape(gradHeadsOut_, Shape{B, H, T, hd}, device.allocator());
-  runtime::ensureShape(gradScores_, Shape{T, T}, device.allocator());
+  runtime::ensureShape(gradScores_, Shape{B, H, T, T}, device.allocator());
   runtime::ensureShape(gradHeads_, Shape{B, 3 * H, T, hd}, device.allocator());
   runtime::ensureShape(gradQkv_, Shape{B, T, 3 * D}, device.allocator());
   device.permute(gradY.data(), gradHeadsOut_.data(), B, T, H, hd);
   const float* heads = heads_.data();
+  const float* p = probs_.data();
+  const float* dy = gradHeadsOut_.data();
   float* grads = gradHeads_.data();
   float* ds = gradScores_.data();
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const HeadBlocks at = headBlocks(b, h, H, T, hd);
-      const float* p = probs_.data() + at.p;
-      const float* dy = gradHeadsOut_.data() + at.y;
-      device.gemm({.m = t, .n = e, .k = t, .transA = true}, p, dy, grads + at.v);  // dv = Pᵀ·dy
-      device.gemm({.m = t, .n = t, .k = e, .transB = true}, dy, heads + at.v, ds);  // dP = dy·vᵀ
-      device.softmaxBackward(p, ds, T, T);                                         // dS
-      device.gemm({.m = t, .n = e, .k = t, .alpha = scale}, ds, heads + at.k, grads + at.q);  // dq = dS·k/√hd
-      device.gemm({.m = t, .n = e, .k = t, .transA = true, .alpha = scale}, ds, heads + at.q,
-                  grads + at.k);  // dk = dSᵀ·q/√hd
-    }
+  for (int64_t h = 0; h < H; ++h) {
+    const HeadBlocks at = headBlocks(h, H, T, hd);
+    device.gemmBatched({.m = t, .n = e, .k = t, .transA = true},
+                       {.count = b, .strideA = at.pStride, .strideB = at.yStride, .strideC = at.qkvStride}, p + at.p,
+                       dy + at.y, grads + at.v);  // dv = Pᵀ·dy
+    device.gemmBatched({.m = t, .n = t, .k = e, .transB = true},
+                       {.count = b, .strideA = at.yStride, .strideB = at.qkvStride, .strideC = at.pStride}, dy + at.y,
+                       heads + at.v, ds + at.p);  // dP = dy·vᵀ
+  }
+  device.softmaxBackward(p, ds, B * H * T, T);  // dS
+  for (int64_t h = 0; h < H; ++h) {
+    const HeadBlocks at = headBlocks(h, H, T, hd);
+    device.gemmBatched({.m = t, .n = e, .k = t, .alpha = scale},
+                       {.count = b, .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.qkvStride}, ds + at.p,
+                       heads + at.k, grads + at.q);  // dq = dS·k/√hd
+    device.gemmBatched({.m = t, .n = e, .k = t, .transA = true, .alpha = scale},
+                       {.count = b, .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.qkvStride}, ds + at.p,
+                       heads + at.q, grads + at.k);  // dk = dSᵀ·q/√hd
   }
   device.permute(gradHeads_.data(), gradQkv_.data(), B, 3 * H, T, hd);  // [B, 3H, T, hd] -> [B, T, 3H, hd]
   return gradQkv_;

@@ -5,16 +5,16 @@
 // side again, and the output projection c_proj (Linear D -> D). Parameters, by nanoGPT's names:
 // "c_attn.weight" [3D, D], "c_attn.bias" [3D], "c_proj.weight" [D, D], "c_proj.bias" [D].
 //
-// Input and output [B, T, D]. The product of scores runs as one GEMM per (batch, head) pair on
-// [T, hd] blocks (oneDNN on the CPU, cuBLAS on a GPU) after q, k and v are permuted to
-// [B, heads, T, hd]; the full T×T score matrix is computed and the masked entries are given
-// probability 0 (nn::softmaxRows with causal), so the work is 2·B·H·T²·hd multiply-adds per product
-// where the mask would allow half. Memory: the probabilities P are kept for backward, B·H·T² floats
-// (with B = 64, H = 4, T = 256: 16.8 M floats, 64 MiB), plus one T×T scratch per backward; the
-// permuted q, k, v, y and their gradients are O(B·T·D). No attention dropout (GPT-2's attention
+// Input and output [B, T, D]. After q, k and v are permuted to [B, heads, T, hd] blocks, each
+// product of the core runs per head as one batched GEMM over the B samples (oneDNN's batched matmul
+// on the CPU, cublasSgemmStridedBatched on a GPU: H calls per product, not B·H); the full T×T score
+// matrix is computed and the masked entries are given probability 0 (nn::softmaxRows with causal),
+// so the work is B·H·T²·hd multiply-adds per product where the mask would allow half. Memory: the
+// probabilities P are kept for backward, B·H·T² floats (with B = 64, H = 4, T = 256: 16.8 M floats,
+// 64 MiB), and backward holds dP as many; the permuted q, k, v, y and their gradients are O(B·T·D). No attention dropout (GPT-2's attention
 // dropout is optional in the issue and not implemented: none of Cohort's recipes uses it yet).
 //
-// Backward, per (batch, head): dv = Pᵀ·dy, dP = dy·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax
+// Backward, per (sample, head): dv = Pᵀ·dy, dP = dy·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax
 // backward; masked entries have P = 0 and so dS = 0), dq = dS·k / √hd, dk = dSᵀ·q / √hd.
 // Thread safety: as Module.
 #pragma once
@@ -62,7 +62,7 @@ class CausalSelfAttention final : public Module {
   Tensor headsOut_;   // y per head: [B, H, T, hd]
   Tensor y_;          // y, heads side by side: [B, T, D]
   Tensor gradHeadsOut_;  // dy per head: [B, H, T, hd]
-  Tensor gradScores_;    // dP, then dS, for one (batch, head): [T, T]
+  Tensor gradScores_;    // dP, then dS: [B, H, T, T]
   Tensor gradHeads_;     // dq, dk, dv: [B, 3H, T, hd]
   Tensor gradQkv_;       // [B, T, 3D]
 };

@@ -3,6 +3,8 @@
 // (cuBLAS, runtime/cuda/kernels.h) implementations, which follow the same contract.
 #pragma once
 
+#include <cstdint>
+
 namespace cohort::runtime {
 
 struct GemmOptions {
@@ -14,5 +16,18 @@ struct GemmOptions {
   float alpha = 1.0f;
   float beta = 0.0f;
 };
+
+// `count` products of one GemmOptions at once (cuBLAS's ...StridedBatched): product i reads A at
+// a + i·strideA and B at b + i·strideB and writes C at c + i·strideC (strides in floats, >= 0; a
+// stride of 0 uses one matrix for every product; the C matrices must not overlap).
+struct GemmBatch {
+  int count = 1;
+  int64_t strideA = 0;
+  int64_t strideB = 0;
+  int64_t strideC = 0;
+};
+
+// InvalidArgument naming the problem for negative sizes or strides and overlapping C matrices.
+void checkGemmBatch(const GemmOptions& o, const GemmBatch& batch);
 
 }  // namespace cohort::runtime

@@ -79,6 +79,14 @@ cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_
 cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                               int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
                               const float* beta, float* C, int ldc);
+// For each i < batchCount, the SGEMM above on the matrices starting i · stride floats after A, B and
+// C: C + i · strideC = alpha · op(A + i · strideA) · op(B + i · strideB) + beta · (C + i · strideC), all
+// as one operation. A stride of 0 gives every batch the same A or B. Stricter than cuBLAS: a negative
+// stride, or C matrices that share an element (undefined there), is CUBLAS_STATUS_INVALID_VALUE.
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float* alpha, const float* A, int lda,
+                                         long long int strideA, const float* B, int ldb, long long int strideB,
+                                         const float* beta, float* C, int ldc, long long int strideC, int batchCount);
 // x[i · incx] *= alpha for i < n; nothing for n <= 0 or incx <= 0.
 cublasStatus_t cublasSscal_v2_64(cublasHandle_t handle, int64_t n, const float* alpha, float* x, int64_t incx);
 

@@ -3,7 +3,12 @@
 #include <dnnl.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
+#include <dnnl.hpp>
+#include <map>
+#include <tuple>
 
 #include "runtime/error.h"
 
@@ -11,18 +16,95 @@ namespace cohort::runtime::cpu {
 
 namespace {
 std::atomic<int> gThreads{1};  // setBlasThreads(); each calling thread applies it to its OpenMP ICV
-}  // namespace
 
-void gemm(const GemmOptions& o, const float* a, const float* b, float* c) {
-  if (o.m == 0 || o.n == 0) return;
-  // oneDNN's sgemm splits work over omp_get_max_threads() of the calling thread, a per-thread
-  // setting: bring this thread's to the process's count (once per change, not per call).
+// oneDNN splits work over omp_get_max_threads() of the calling thread, a per-thread setting:
+// brings this thread's to the process's count (once per change, not per call) and returns it.
+int applyThreads() {
   thread_local int ompThreads = 0;
   const int want = gThreads.load(std::memory_order_relaxed);
   if (ompThreads != want) {
     omp_set_num_threads(want);
     ompThreads = want;
   }
+  return want;
+}
+
+// One batched matmul as oneDNN makes it for a shape, its scalars and the thread count it was made
+// for (a matmul splits its work when it is made).
+using MatmulKey = std::tuple<int, int, int, bool, bool, int, int64_t, int64_t, int64_t, uint32_t, uint32_t, int>;
+
+struct Matmul {
+  dnnl::memory::desc a, b, c;
+  dnnl::matmul primitive;
+};
+
+struct MatmulCache {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<MatmulKey, Matmul> made;
+};
+
+// A [count, rows, cols] operand whose rows are `rowStride` apart and columns `colStride`; a batch
+// stride of 0 is oneDNN's broadcast (a batch dimension of 1).
+dnnl::memory::desc operand(int count, int rows, int cols, int64_t batchStride, int64_t rowStride, int64_t colStride) {
+  const bool broadcast = batchStride == 0 && count > 1;
+  return dnnl::memory::desc({broadcast ? 1 : count, rows, cols}, dnnl::memory::data_type::f32,
+                            dnnl::memory::dims{broadcast ? int64_t{rows} * cols : batchStride, rowStride, colStride});
+}
+
+MatmulCache& matmulCache() {
+  thread_local MatmulCache cache;
+  return cache;
+}
+
+const Matmul& matmulFor(const GemmOptions& o, const GemmBatch& batch, int threads) {
+  MatmulCache& cache = matmulCache();
+  const MatmulKey key{o.m,           o.n,           o.k,
+                      o.transA,      o.transB,      batch.count,
+                      batch.strideA, batch.strideB, batch.strideC,
+                      std::bit_cast<uint32_t>(o.alpha), std::bit_cast<uint32_t>(o.beta), threads};
+  auto found = cache.made.find(key);
+  if (found != cache.made.end()) return found->second;
+  if (cache.made.size() >= 256) cache.made.clear();  // a bound for programs that vary shapes without end
+  // op(A) is m x k: A stored m x k (rows k apart) or, transposed, k x m (op(A)'s columns m apart).
+  Matmul m{.a = operand(batch.count, o.m, o.k, batch.strideA, o.transA ? 1 : o.k, o.transA ? o.m : 1),
+           .b = operand(batch.count, o.k, o.n, batch.strideB, o.transB ? 1 : o.n, o.transB ? o.k : 1),
+           .c = operand(batch.count, o.m, o.n, batch.strideC, o.n, 1),
+           .primitive = {}};
+  dnnl::primitive_attr attr;
+  if (o.alpha != 1.0f) attr.set_output_scales(0, {o.alpha});
+  if (o.beta != 0.0f) {
+    dnnl::post_ops sum;
+    sum.append_sum(o.beta);
+    attr.set_post_ops(sum);
+  }
+  m.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(m.a, m.b, m.c), attr, cache.engine));
+  return cache.made.emplace(key, std::move(m)).first->second;
+}
+
+}  // namespace
+
+void gemmBatched(const GemmOptions& o, const GemmBatch& batch, const float* a, const float* b, float* c) {
+  checkGemmBatch(o, batch);
+  if (o.m == 0 || o.n == 0 || batch.count == 0) return;
+  if (o.k == 0 || o.alpha == 0.0f) {  // C = beta · C; beta == 0 overwrites (NaN in C does not survive)
+    for (int i = 0; i < batch.count; ++i) {
+      float* ci = c + i * batch.strideC;
+      for (int64_t j = 0; j < int64_t{o.m} * o.n; ++j) ci[j] = o.beta == 0.0f ? 0.0f : o.beta * ci[j];
+    }
+    return;
+  }
+  const Matmul& m = matmulFor(o, batch, applyThreads());
+  MatmulCache& cache = matmulCache();
+  dnnl::memory am(m.a, cache.engine, const_cast<float*>(a)), bm(m.b, cache.engine, const_cast<float*>(b)),
+      cm(m.c, cache.engine, c);
+  m.primitive.execute(cache.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  cache.stream.wait();
+}
+
+void gemm(const GemmOptions& o, const float* a, const float* b, float* c) {
+  if (o.m == 0 || o.n == 0) return;
+  applyThreads();
   const int lda = o.transA ? o.m : o.k;
   const int ldb = o.transB ? o.k : o.n;
   const dnnl_status_t status = dnnl_sgemm(o.transA ? 'T' : 'N', o.transB ? 'T' : 'N', o.m, o.n, o.k, o.alpha, a, lda,

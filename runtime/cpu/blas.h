@@ -21,8 +21,16 @@
 namespace cohort::runtime::cpu {
 
 using GemmOptions = runtime::GemmOptions;
+using GemmBatch = runtime::GemmBatch;
 
 void gemm(const GemmOptions& o, const float* a, const float* b, float* c);
+
+// batch.count products of `o` (runtime/gemm_options.h), as one oneDNN batched matmul: the BLAS
+// threads split the batch as well as each product, and small products (attention's per-head
+// ones) run at about twice the rate of a loop of gemm calls. The matmul for a shape is made once
+// per calling thread and kept (a few dozen shapes at most; the first of each costs milliseconds).
+// Same thread-safety rule as gemm.
+void gemmBatched(const GemmOptions& o, const GemmBatch& batch, const float* a, const float* b, float* c);
 
 // Sets the number of threads a gemm uses in this process (>= 1).
 void setBlasThreads(int threads);

@@ -89,4 +89,21 @@ void Blas::gemm(const GemmOptions& o, const float* a, const float* b, float* c) 
                                                lda, &o.beta, c, o.n));
 }
 
+// The same swap per product, with each operand's stride.
+void Blas::gemmBatched(const GemmOptions& o, const GemmBatch& batch, const float* a, const float* b, float* c) const {
+  checkGemmBatch(o, batch);
+  if (o.m == 0 || o.n == 0 || batch.count == 0) return;
+  if (o.k == 0) {  // C = beta·C, as gemm spells it out
+    for (int i = 0; i < batch.count; ++i) gemm(o, a, b, c + i * batch.strideC);
+    return;
+  }
+  CudaDeviceGuard guard(stream_.device().index);
+  const int lda = o.transA ? o.m : o.k;
+  const int ldb = o.transB ? o.k : o.n;
+  COHORT_CUBLAS_CHECK(*cublas_, cublas_->sgemmStridedBatched(static_cast<cublasHandle_t>(handle_), op(o.transB),
+                                                             op(o.transA), o.n, o.m, o.k, &o.alpha, b, ldb, batch.strideB,
+                                                             a, lda, batch.strideA, &o.beta, c, o.n, batch.strideC,
+                                                             batch.count));
+}
+
 }  // namespace cohort::runtime::cuda

@@ -26,6 +26,7 @@ struct CublasLibrary {
   decltype(&::cublasSetMathMode) const setMathMode;
   decltype(&::cublasSetPointerMode_v2) const setPointerMode;
   decltype(&::cublasSgemm_v2) const sgemm;
+  decltype(&::cublasSgemmStridedBatched) const sgemmStridedBatched;
   decltype(&::cublasSscal_v2_64) const sscal64;
   decltype(&::cublasGetStatusName) const getStatusName;
   decltype(&::cublasGetStatusString) const getStatusString;

@@ -47,6 +47,9 @@ class Blas {
   // C = alpha · op(A) · op(B) + beta · C, row-major, exactly runtime::cpu::gemm's contract (cuBLAS is
   // column-major; the row-major product is computed as the column-major Cᵀ = op(B)ᵀ · op(A)ᵀ).
   void gemm(const GemmOptions& options, const float* a, const float* b, float* c) const;
+  // batch.count products of `options` in one cublasSgemmStridedBatched (runtime/gemm_options.h;
+  // runtime::cpu::gemmBatched's contract).
+  void gemmBatched(const GemmOptions& options, const GemmBatch& batch, const float* a, const float* b, float* c) const;
   const Stream& stream() const { return stream_; }
 
  private:

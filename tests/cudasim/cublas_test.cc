@@ -1,7 +1,9 @@
-// cudasim's cuBLAS (cudasim/cublas.cc): SGEMM and SSCAL give the reference BLAS's results under the
-// real argument conventions (column-major, leading dimensions, transposes, alpha/beta, pointer and
-// math modes), in stream order; bad arguments are the real statuses; and the mistake issue 17
-// names, a transposed cuBLAS argument, gives a wrong result rather than a silently right one.
+// cudasim's cuBLAS (cudasim/cublas.cc): SGEMM (one, or a strided batch) and SSCAL give the reference
+// BLAS's results under the real argument conventions (column-major, leading dimensions, transposes,
+// alpha/beta, strides, pointer and math modes), in stream order; bad arguments are the real statuses,
+// and batches the real library would run out of memory or into each other are refused; and the
+// mistake issue 17 names, a transposed cuBLAS argument, gives a wrong result rather than a silently
+// right one.
 // Most data are small integers and halves, so every product and partial sum is exact in any order:
 // the emulation (oneDNN's sgemm, fp32, its own summation order) and the double-accumulating
 // reference here give equal bits. The inexact-data tests compare within a relative 1e-5 instead,
@@ -423,6 +425,203 @@ TEST(CudasimCublas, Tf32MathMatchesTheReferenceOnRoundedInputs) {
     }
     EXPECT_GT(worst, 1e-5) << "the inputs were not rounded, or the comparison above could not tell";
   }
+}
+
+// A strided batch of `count` products shaped as g: matrix i of each operand starts i · stride floats
+// after its matrix 0.
+struct BatchCase {
+  GemmCase g;
+  long long strideA = 0, strideB = 0, strideC = 0;
+  int count = 0;
+};
+
+// The reference for a batch: each matrix's product in batch order, on what the earlier ones left in C.
+std::vector<float> referenceBatch(const BatchCase& bc, const std::vector<float>& a, const std::vector<float>& b,
+                                  std::vector<float> c) {
+  for (int i = 0; i < bc.count; ++i) {
+    const std::vector<float> ci = referenceGemm(bc.g, std::vector<float>(a.begin() + i * bc.strideA, a.end()),
+                                                std::vector<float>(b.begin() + i * bc.strideB, b.end()),
+                                                std::vector<float>(c.begin() + i * bc.strideC, c.end()));
+    std::copy(ci.begin(), ci.end(), c.begin() + i * bc.strideC);
+  }
+  return c;
+}
+
+// Operands for the batch: operandsFor's sizes after the last matrix's start.
+Operands operandsFor(const BatchCase& bc) {
+  const GemmCase& g = bc.g;
+  const auto last = [&](long long stride) { return static_cast<size_t>(stride * (bc.count - 1)); };
+  return {smallIntegers(last(bc.strideA) + static_cast<size_t>(g.lda) * std::max(g.m, g.k), 1),
+          smallIntegers(last(bc.strideB) + static_cast<size_t>(g.ldb) * std::max(g.k, g.n), 2),
+          smallIntegers(last(bc.strideC) + static_cast<size_t>(g.ldc) * g.n, 3)};
+}
+
+cublasStatus_t stridedBatched(const Handle& h, const BatchCase& bc, const float* a, const float* b, float* c) {
+  const GemmCase& g = bc.g;
+  return cublasSgemmStridedBatched(h.get(), op(g.transA), op(g.transB), g.m, g.n, g.k, &g.alpha, a, g.lda, bc.strideA,
+                                   b, g.ldb, bc.strideB, &g.beta, c, g.ldc, bc.strideC, bc.count);
+}
+
+// Runs the batch through cublasSgemmStridedBatched on buffers holding the operands, returning C.
+cublasStatus_t deviceBatch(const Handle& h, const BatchCase& bc, const Operands& o, std::vector<float>* out) {
+  DeviceFloats da(o.a), db(o.b), dc(o.c);
+  const cublasStatus_t s = stridedBatched(h, bc, da.get(), db.get(), dc.get());
+  *out = dc.download();
+  return s;
+}
+
+// Three batches with gaps between their matrices, padded leading dimensions, beta != 0: exact, the
+// gaps and padding of C included (they must be left as they were).
+TEST(CudasimCublas, SgemmStridedBatchedMatchesTheReferenceForEveryTranspose) {
+  Handle h;
+  for (bool transA : {false, true}) {
+    for (bool transB : {false, true}) {
+      BatchCase bc{.g = {.transA = transA, .transB = transB, .m = 3, .n = 4, .k = 5, .alpha = 1.5f, .beta = -0.5f},
+                   .count = 3};
+      GemmCase& g = bc.g;
+      g.lda = (transA ? g.k : g.m) + 2;
+      g.ldb = (transB ? g.n : g.k) + 1;
+      g.ldc = g.m + 3;
+      bc.strideA = g.lda * (transA ? g.m : g.k) + 1;
+      bc.strideB = g.ldb * (transB ? g.k : g.n) + 2;
+      bc.strideC = g.ldc * g.n + 3;
+      const Operands o = operandsFor(bc);
+      std::vector<float> got;
+      ASSERT_EQ(deviceBatch(h, bc, o, &got), CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ(got, referenceBatch(bc, o.a, o.b, o.c)) << "transA " << transA << " transB " << transB;
+    }
+  }
+}
+
+// A stride of 0 gives every batch the same matrix, in a buffer that holds just one. The buffers are
+// sized exactly: A's matrices are 4 x 3 (12 floats), B's 4 x 2 (8), C's 3 x 2 (6).
+TEST(CudasimCublas, SgemmStridedBatchedBroadcastsAnOperandOfStrideZero) {
+  Handle h;
+  for (bool broadcastA : {true, false}) {
+    BatchCase bc{.g = {.transA = true, .m = 3, .n = 2, .k = 4, .lda = 4, .ldb = 4, .ldc = 3, .alpha = 2.0f},
+                 .strideA = broadcastA ? 0 : 12,
+                 .strideB = broadcastA ? 8 : 0,
+                 .strideC = 6,
+                 .count = 3};
+    const Operands o{smallIntegers(broadcastA ? 12 : 36, 1), smallIntegers(broadcastA ? 24 : 8, 2),
+                     smallIntegers(18, 3)};
+    std::vector<float> got;
+    ASSERT_EQ(deviceBatch(h, bc, o, &got), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(got, referenceBatch(bc, o.a, o.b, o.c)) << "broadcastA " << broadcastA;
+  }
+}
+
+// With beta = 1, a second batched call adds its products to the first's.
+TEST(CudasimCublas, SgemmStridedBatchedWithBetaOneAccumulates) {
+  Handle h;
+  const BatchCase bc{.g = {.m = 2, .n = 3, .k = 4, .lda = 2, .ldb = 4, .ldc = 2, .alpha = 1.0f, .beta = 1.0f},
+                     .strideA = 8,
+                     .strideB = 12,
+                     .strideC = 6,
+                     .count = 3};
+  const Operands o = operandsFor(bc);
+  DeviceFloats da(o.a), db(o.b), dc(o.c);
+  ASSERT_EQ(stridedBatched(h, bc, da.get(), db.get(), dc.get()), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(stridedBatched(h, bc, da.get(), db.get(), dc.get()), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(dc.download(), referenceBatch(bc, o.a, o.b, referenceBatch(bc, o.a, o.b, o.c)));
+}
+
+// No batches, or empty matrices: success, nothing read or written.
+TEST(CudasimCublas, SgemmStridedBatchedOfNothingSucceedsAndDoesNothing) {
+  Handle h;
+  BatchCase bc{.g = {.m = 2, .n = 2, .k = 2, .lda = 2, .ldb = 2, .ldc = 2, .alpha = 1.0f}, .strideC = 4, .count = 0};
+  EXPECT_EQ(stridedBatched(h, bc, nullptr, nullptr, nullptr), CUBLAS_STATUS_SUCCESS);
+  bc.count = 2;
+  const Operands o = operandsFor(bc);
+  DeviceFloats da(o.a), db(o.b), dc(o.c);
+  bc.count = 0;
+  EXPECT_EQ(stridedBatched(h, bc, da.get(), db.get(), dc.get()), CUBLAS_STATUS_SUCCESS);
+  bc.count = 2;
+  bc.g.m = 0;
+  EXPECT_EQ(stridedBatched(h, bc, nullptr, nullptr, nullptr), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(dc.download(), o.c);
+}
+
+// Each refused call is refused at the call: C is as it was, though most of them would have written
+// into it had they run.
+TEST(CudasimCublas, SgemmStridedBatchedBadArgumentsAreRefusedAndEnqueueNothing) {
+  Handle h;
+  const BatchCase good{.g = {.m = 2, .n = 2, .k = 3, .lda = 2, .ldb = 3, .ldc = 2, .alpha = 1.0f},
+                       .strideA = 6,
+                       .strideB = 6,
+                       .strideC = 4,
+                       .count = 3};
+  const Operands o = operandsFor(good);
+  DeviceFloats da(o.a), db(o.b), dc(o.c);
+  auto status = [&](BatchCase bc) { return stridedBatched(h, bc, da.get(), db.get(), dc.get()); };
+  BatchCase bc = good;
+  bc.count = -1;
+  EXPECT_EQ(status(bc), CUBLAS_STATUS_INVALID_VALUE);
+  bc = good;
+  bc.count = 4;  // the last batch of each operand past its allocation
+  EXPECT_EQ(status(bc), CUBLAS_STATUS_INVALID_VALUE);
+  bc = good;
+  bc.strideA = 7;  // A's alone
+  EXPECT_EQ(status(bc), CUBLAS_STATUS_INVALID_VALUE);
+  bc = good;
+  bc.strideB = -6;  // cuBLAS would read before B; cudasim refuses any negative stride
+  EXPECT_EQ(status(bc), CUBLAS_STATUS_INVALID_VALUE);
+  bc = good;
+  bc.g.ldc = 1;  // the single SGEMM's checks hold for the batch
+  EXPECT_EQ(status(bc), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(dc.download(), o.c);
+  EXPECT_EQ(status(good), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(dc.download(), referenceBatch(good, o.a, o.b, o.c));
+}
+
+// C matrices that share an element (undefined in cuBLAS) are refused; C matrices interleaved without
+// sharing one are computed. C's 2 x 3 matrices lie in a 6 x 4 buffer with ldc = 6, so every C stride
+// here keeps them inside it: what refuses a call is the overlap.
+TEST(CudasimCublas, SgemmStridedBatchedRefusesOverlappingCAndComputesInterleavedC) {
+  Handle h;
+  BatchCase bc{.g = {.m = 2, .n = 3, .k = 4, .lda = 2, .ldb = 4, .ldc = 6, .alpha = 1.0f, .beta = 0.5f},
+               .strideA = 8,
+               .strideB = 12,
+               .count = 3};
+  Operands o = operandsFor(bc);
+  o.c = smallIntegers(24, 3);
+  DeviceFloats da(o.a), db(o.b), dc(o.c);
+  // Between 2 batches: 0, one C for both; 1, rows shared; 5, batch 1's row 1 of column 0 is batch 0's
+  // row 0 of column 1.
+  bc.count = 2;
+  for (long long strideC : {0, 1, 5}) {
+    bc.strideC = strideC;
+    EXPECT_EQ(stridedBatched(h, bc, da.get(), db.get(), dc.get()), CUBLAS_STATUS_INVALID_VALUE) << strideC;
+  }
+  EXPECT_EQ(dc.download(), o.c);
+  // 2: batch i in rows 2i and 2i + 1; 4: batches 0 and 1 in rows 0-1 and 4-5 of columns 0-2, batch 2
+  // in rows 2-3 of columns 1-3.
+  bc.count = 3;
+  for (long long strideC : {2, 4}) {
+    bc.strideC = strideC;
+    std::vector<float> got;
+    ASSERT_EQ(deviceBatch(h, bc, o, &got), CUBLAS_STATUS_SUCCESS) << strideC;
+    EXPECT_EQ(got, referenceBatch(bc, o.a, o.b, o.c)) << strideC;
+  }
+  std::vector<float> got;
+  bc.strideC = 0;
+  bc.count = 1;  // one batch overlaps nothing
+  ASSERT_EQ(deviceBatch(h, bc, o, &got), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(got, referenceBatch(bc, o.a, o.b, o.c));
+}
+
+// The batch honours the handle's modes as one SGEMM does: scalars from device memory, inputs rounded
+// to TF32 (1 + 2⁻¹² becomes 1).
+TEST(CudasimCublas, SgemmStridedBatchedHonoursDeviceScalarsAndTf32Math) {
+  Handle h;
+  ASSERT_EQ(cublasSetPointerMode(h.get(), CUBLAS_POINTER_MODE_DEVICE), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetMathMode(h.get(), CUBLAS_TF32_TENSOR_OP_MATH), CUBLAS_STATUS_SUCCESS);
+  const float fine = 1.0f + 1.0f / 4096;
+  DeviceFloats da({fine, 2 * fine}), db({1.0f, 1.0f}), dc({NAN, NAN}), scalars({3.0f, 0.0f});
+  ASSERT_EQ(cublasSgemmStridedBatched(h.get(), CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, scalars.get(), da.get(), 1, 1,
+                                      db.get(), 1, 1, scalars.get() + 1, dc.get(), 1, 1, 2),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(dc.download(), (std::vector<float>{3.0f, 6.0f}));
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -68,6 +70,50 @@ TEST(Gemm, ConcurrentCallersAndSeveralThreadsAreExact) {
   BlasThreadsScope two(2);
   EXPECT_EQ(blasThreads(), 2);
   expectExactProduct(512, 512, 512);
+}
+
+// gemmBatched against gemm on each product, for every transpose combination, strides with gaps,
+// a broadcast operand (stride 0), alpha and beta, and 1 and 2 BLAS threads: integer data, so equal.
+TEST(GemmBatched, EqualsGemmOnEachProduct) {
+  const int m = 6, n = 5, k = 7, count = 4;
+  for (int threads : {1, 2}) {
+    BlasThreadsScope scope(threads);
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (int64_t strideB : {int64_t{k * n + 3}, int64_t{0}}) {
+          const GemmOptions o{.m = m, .n = n, .k = k, .transA = ta, .transB = tb, .alpha = 0.5f, .beta = 2.0f};
+          const GemmBatch batch{.count = count, .strideA = m * k + 1, .strideB = strideB, .strideC = m * n + 2};
+          std::vector<float> a(count * (m * k + 1)), b(count * (k * n + 3)), c(count * (m * n + 2)), expect;
+          for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(static_cast<int>(i % 7) - 3);
+          for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(static_cast<int>(i % 5) - 2);
+          for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<float>(i % 3);
+          expect = c;
+          for (int i = 0; i < count; ++i) {
+            gemm(o, a.data() + i * batch.strideA, b.data() + i * strideB, expect.data() + i * batch.strideC);
+          }
+          gemmBatched(o, batch, a.data(), b.data(), c.data());
+          ASSERT_EQ(c, expect) << "threads " << threads << " transA " << ta << " transB " << tb << " strideB " << strideB;
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmBatched, EmptyProductsScaleCAndBadBatchesAreRefused) {
+  std::vector<float> a(8, 1.0f), b(8, 1.0f), c(8, std::nanf(""));
+  gemmBatched({.m = 2, .n = 2, .k = 0, .beta = 0.0f}, {.count = 2, .strideC = 4}, a.data(), b.data(), c.data());
+  EXPECT_EQ(c, std::vector<float>(8, 0.0f));  // beta == 0 overwrites, NaN included
+  std::fill(c.begin(), c.end(), 3.0f);
+  gemmBatched({.m = 2, .n = 2, .k = 2, .alpha = 0.0f, .beta = 0.5f}, {.count = 2, .strideC = 4}, a.data(), b.data(),
+              c.data());
+  EXPECT_EQ(c, std::vector<float>(8, 1.5f));
+  gemmBatched({.m = 2, .n = 2, .k = 2}, {.count = 0}, a.data(), b.data(), nullptr);  // nothing to do
+  EXPECT_THROW(gemmBatched({.m = 2, .n = 2, .k = 2}, {.count = 2, .strideA = 4, .strideB = 4, .strideC = 3}, a.data(),
+                           b.data(), c.data()),
+               Error);  // the C matrices would overlap
+  EXPECT_THROW(gemmBatched({.m = 2, .n = 2, .k = 2}, {.count = 2, .strideA = -4, .strideC = 4}, a.data(), b.data(),
+                           c.data()),
+               Error);
 }
 
 }  // namespace

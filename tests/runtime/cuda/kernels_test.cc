@@ -37,6 +37,7 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/dropout_mask.h"
+#include "runtime/error.h"
 #include "runtime/random.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -199,6 +200,35 @@ TEST_F(KernelsTest, GemmMatchesCpuGemmForEveryTranspose) {
       }
     }
   }
+}
+
+// Strided batches (attention's per-head products) against cpu::gemmBatched: every transpose, gaps
+// between the matrices, a broadcast B (stride 0), beta, an empty k, and bad batches refused.
+TEST_F(KernelsTest, GemmBatchedMatchesCpuGemmBatched) {
+  Blas blas(stream());
+  uint64_t seed = 100;
+  for (int k : {9, 0}) {
+    for (int trans = 0; trans < 4; ++trans) {
+      for (int64_t strideB : {int64_t{0}, int64_t{9 * 5 + 2}}) {
+        const GemmOptions o{
+            .m = 6, .n = 5, .k = k, .transA = (trans & 1) != 0, .transB = (trans & 2) != 0, .alpha = 0.75f, .beta = 0.5f};
+        const GemmBatch batch{.count = 3, .strideA = 6 * 9 + 1, .strideB = strideB, .strideC = 6 * 5 + 3};
+        std::string what = "batch k " + std::to_string(k) + (o.transA ? " A^T" : " A") + (o.transB ? " B^T" : " B") +
+                           " strideB " + std::to_string(strideB);
+        Floats a = randomFloats(3 * (6 * 9 + 1), seed++), b = randomFloats(3 * (9 * 5 + 2), seed++);
+        Floats c = randomFloats(3 * (6 * 5 + 3), seed++);
+        auto da = upload(a), db = upload(b), dc = upload(c);
+        blas.gemmBatched(o, batch, da->data(), db->data(), dc->data());
+        Floats want = c;
+        cpu::gemmBatched(o, batch, a.data(), b.data(), want.data());
+        expectClose(download(*dc), want, {1e-5, 1e-6 * (k + 1)}, what);
+      }
+    }
+  }
+  auto dc = upload(Floats(8, 0.0f));
+  EXPECT_THROW(blas.gemmBatched({.m = 2, .n = 2, .k = 1}, {.count = 2, .strideC = 3}, dc->data(), dc->data(),
+                                dc->data()),
+               InvalidArgument);  // overlapping C matrices
 }
 
 // ---- activations ----
