@@ -57,6 +57,10 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--lr", f.lr, "learning rate")->capture_default_str();
   c.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
   c.add_flag("--nesterov", f.nesterov, "Nesterov momentum (SGD)");
+  c.add_option("--betas", f.betas, "adam, adamw: the moment decay rates B1,B2 (PyTorch's betas)")
+      ->delimiter(',')
+      ->expected(2)
+      ->capture_default_str();
   c.add_option("--lr-schedule", f.lrSchedule,
                "constant | step | cosine: the learning rate of each optimizer step (PyTorch's StepLR, CosineAnnealingLR)")
       ->capture_default_str();
@@ -79,6 +83,9 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--warmup-steps", f.warmupSteps, "optimizer steps of linear warmup from 0 before the schedule")
       ->capture_default_str();
   c.add_option("--min-lr", f.minLr, "cosine: the learning rate at the last step")->capture_default_str();
+  c.add_option("--decay-steps", f.decaySteps,
+               "cosine: the optimizer step (warmup included) at which the rate reaches --min-lr and stays "
+               "(nanoGPT's lr_decay_iters; default: the last step of --epochs)");
   c.add_option("--step-size", f.stepSize, "step: optimizer steps between decays");
   c.add_option("--gamma", f.gamma, "step: the decay factor")->capture_default_str();
   c.add_option("--optimizer", f.optimizer, "sgd | adam | adamw")->capture_default_str();
@@ -260,6 +267,8 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f, double lr) {
   opt.lr = static_cast<float>(lr);
   opt.momentum = static_cast<float>(f.momentum);
   opt.nesterov = f.nesterov;
+  opt.beta1 = static_cast<float>(f.betas[0]);
+  opt.beta2 = static_cast<float>(f.betas[1]);
   opt.weightDecay = static_cast<float>(f.weightDecay >= 0 ? f.weightDecay : opt.kind == nn::OptimizerKind::kAdamW ? 0.01 : 0.0);
   return opt;
 }
@@ -267,10 +276,15 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f, double lr) {
 // --lr-schedule and its flags; nothing for a constant rate without warmup (the optimizer's own).
 std::optional<nn::LrScheduleOptions> lrScheduleOptions(const TrainFlags& f, double lr) {
   const nn::LrScheduleKind kind = nn::parseLrScheduleKind(f.lrSchedule);
+  if (f.decaySteps < 0) COHORT_THROW(InvalidArgument) << "--decay-steps must be > 0, got " << f.decaySteps;
+  if (f.decaySteps > 0 && kind != nn::LrScheduleKind::kCosine) {
+    COHORT_THROW(InvalidArgument) << "--decay-steps is for --lr-schedule cosine, not " << f.lrSchedule;
+  }
   if (kind == nn::LrScheduleKind::kConstant && f.warmupSteps == 0) return std::nullopt;
   return nn::LrScheduleOptions{.kind = kind,
                                .baseLr = lr,
                                .warmupSteps = f.warmupSteps,
+                               .totalSteps = f.decaySteps,
                                .minLr = f.minLr,
                                .stepSize = f.stepSize,
                                .gamma = f.gamma};

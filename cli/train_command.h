@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -31,6 +32,7 @@ struct TrainFlags {
   int64_t batchSize = 64;
   double lr = 0.05;
   double momentum = 0.0;
+  std::vector<double> betas{0.9, 0.999};  // Adam's (beta1, beta2)
   bool nesterov = false;
   std::string optimizer = "sgd";
   double weightDecay = -1;  // < 0: the optimizer's default (0; 0.01 for adamw)
@@ -52,6 +54,7 @@ struct TrainFlags {
   std::string scaleLr = "none";         // none | linear | sqrt: --lr scaled by the effective batch
   int64_t warmupSteps = 0;
   double minLr = 0;
+  int64_t decaySteps = 0;  // 0: the run's epochs
   int64_t stepSize = 0;
   double gamma = 0.1;
   double timeout = 300;  // seconds any wait for other workers may take

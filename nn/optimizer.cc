@@ -221,7 +221,8 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
       if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f && o.beta2 >= 0.0f && o.beta2 < 1.0f && o.eps > 0.0f)) {
-        COHORT_THROW(InvalidArgument) << "adam needs betas in [0, 1) and eps > 0";
+        COHORT_THROW(InvalidArgument) << "adam needs betas (--betas) in [0, 1) and eps > 0, got betas " << o.beta1 << ","
+                                      << o.beta2 << " and eps " << o.eps;
       }
       return std::make_unique<Adam>(o, numel, o.kind == OptimizerKind::kAdamW, gpu);
   }

@@ -154,6 +154,12 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError({"--mode", "hogwild", "--no-replicas"}, {"--no-replicas applies to --mode allreduce only"});
   expectInputError({"--mode", "allreduce", "--backend", "mpi", "--no-replicas"},
                    {"--no-replicas", "hierarchical across nodes, not mpi"});
+  // The schedule's and Adam's settings.
+  expectInputError({"--decay-steps", "10"}, {"--decay-steps", "cosine", "not constant"});
+  expectInputError({"--lr-schedule", "cosine", "--decay-steps", "-1"}, {"--decay-steps must be > 0"});
+  expectInputError({"--lr-schedule", "cosine", "--warmup-steps", "20", "--decay-steps", "10"},
+                   {"cosine schedule needs more steps (10", "--warmup-steps (20)"});
+  expectInputError({"--optimizer", "adamw", "--betas", "0.9,1"}, {"--betas", "[0, 1)", "0.9,1"});
 }
 
 // Errors found by the flag parser (CLI11) follow the same one-line contract.

@@ -94,6 +94,24 @@ TEST(CliTrainingTest, MoreEpochsReachHigherAccuracyAndMetricsHaveOneLinePerEpoch
   EXPECT_EQ(jsonNumber(lines[2], "step"), 3 * 938.0);
 }
 
+// --decay-steps ends the cosine at that step, not at the last of --epochs (nanoGPT's lr_decay_iters):
+// from 10 to 0 over 300 steps, then 0 for the rest of the epoch's 938.
+TEST(CliTrainingTest, DecayStepsEndTheCosineWhereTheyAreGiven) {
+  const std::string dir = freshTempDir();
+  CommandResult r = runCohort({"train", "--model", "mlp:784,16,10", "--batch-size", "64", "--threads", "1",
+                               "--lr", "0.1", "--lr-schedule", "cosine", "--decay-steps", "300", "--log-every-steps",
+                               "150", "--max-steps", "450", "--metrics", dir + "/m.jsonl"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  std::istringstream metrics(readFile(dir + "/m.jsonl"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(metrics, line);) lines.push_back(line);
+  ASSERT_GE(lines.size(), 3u) << readFile(dir + "/m.jsonl");
+  // The rate of the step just taken (step s uses lrAt(s - 1)): halfway at 150, 0 from 300 on.
+  EXPECT_NEAR(jsonNumber(lines[0], "lr"), 0.05 * (1 + std::cos(M_PI * 149 / 300)), 1e-7) << lines[0];
+  EXPECT_NEAR(jsonNumber(lines[1], "lr"), 0.05 * (1 + std::cos(M_PI * 299 / 300)), 1e-9) << lines[1];
+  EXPECT_EQ(jsonNumber(lines[2], "lr"), 0) << lines[2];
+}
+
 // Issue 16, item 6: the epoch line's samples_per_s is the epoch's figure, as on the console, with lr;
 // --log-every-steps adds a line every N steps with the learning rate of the schedule.
 TEST(CliTrainingTest, MetricsCarryTheEpochsThroughputTheLearningRateAndStepLines) {
