@@ -27,7 +27,9 @@ void addEvalFlags(CLI::App& c, EvalFlags& f, bool predict) {
       ->capture_default_str();
   c.add_option("--split", f.split, "test | train: which split of --data (a CSV file is one split)")->capture_default_str();
   if (predict) c.add_option("--output", f.output, "the CSV file of predictions to write")->required();
-  c.add_option("--batch-size", f.batchSize, "samples per forward pass")->capture_default_str();
+  c.add_option("--batch-size", f.batchSize,
+               "samples per forward pass (a gpt's: at most 4096 positions' worth, as training's evaluation)")
+      ->capture_default_str();
   c.add_option("--threads", f.threads, "BLAS threads")->capture_default_str();
 }
 
@@ -85,7 +87,7 @@ Applied open(const EvalFlags& f) {
 
 int runEval(const EvalFlags& f) {
   Applied a = open(f);
-  const train::Evaluation e = train::evaluate(*a.model, *a.loss, *a.data, f.batchSize);
+  const train::Evaluation e = train::evaluate(*a.model, *a.loss, *a.data, train::evaluationChunk(*a.model, f.batchSize));
   // The same figures, formatted as cohort train's RESULT line formats them.
   std::ostringstream os;
   os << "RESULT eval model=" << a.model->name << " data=" << a.data->name() << " samples=" << a.data->size()
@@ -109,9 +111,9 @@ int runPredict(const EvalFlags& f) {
     nn::Pass pass;
     pass.training = false;
     pass.needInputGrad = false;
-    const int64_t n = a.data->size();
-    for (int64_t first = 0; first < n; first += f.batchSize) {
-      const int64_t count = std::min(f.batchSize, n - first);
+    const int64_t n = a.data->size(), chunk = train::evaluationChunk(*a.model, f.batchSize);
+    for (int64_t first = 0; first < n; first += chunk) {
+      const int64_t count = std::min(chunk, n - first);
       const runtime::Tensor& y = a.model->forward(a.data->inputs().narrowRows(first, count), pass);
       for (int64_t i = 0; i < count; ++i) {
         const float* row = y.data() + i * k;

@@ -26,6 +26,12 @@ Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Datas
           n ? static_cast<double>(correct) / static_cast<double>(n * loss.positions()) : 0};
 }
 
+int64_t evaluationChunk(const nn::Model& model, int64_t requested) {
+  const int64_t positions = datasetHints(model, 0).context;
+  if (positions <= 0) return requested;
+  return std::max<int64_t>(1, std::min(requested, kEvaluationPositions / positions));
+}
+
 std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std::string& path) {
   auto spec = checkpoint.metadata.find("model");
   if (spec == checkpoint.metadata.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks 'model'";

@@ -34,6 +34,14 @@ struct Evaluation {
 
 Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize = 1000);
 
+// The samples per forward pass of an evaluation that asks for `requested`: that many, but for a
+// language model (a gpt: spec, T positions a sample) no more than kEvaluationPositions / T, at least
+// one: its activations grow with T (the attention's with T²), so 1000 windows of 64 bytes would hold
+// some 2.6 GB for a 4 x 128 GPT where 64 hold 170 MB. The Trainer and `cohort eval` both chunk so, and
+// so print the same bits.
+inline constexpr int64_t kEvaluationPositions = 4096;
+int64_t evaluationChunk(const nn::Model& model, int64_t requested);
+
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path);
 
 // The model a checkpoint was written for (nn::buildModel of its "model" metadata), bound on the CPU

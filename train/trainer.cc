@@ -523,6 +523,7 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
 }
 
 Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
+  const int64_t chunk = evaluationChunk(model_, options_.evalBatchSize);
 #ifdef COHORT_HAVE_CUDA
   const nn::Pass pass = job_.evalPass();
   const int64_t n = data.size();
@@ -530,8 +531,8 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
     // Chunks are copied to the device one at a time (evaluation is not the hot loop).
     auto& gpu = *job_.gpu();
     Tensor inputs, targets;
-    for (int64_t first = 0; first < n; first += options_.evalBatchSize) {
-      int64_t count = std::min(options_.evalBatchSize, n - first);
+    for (int64_t first = 0; first < n; first += chunk) {
+      int64_t count = std::min(chunk, n - first);
       Tensor hostIn = data.inputs().narrowRows(first, count), hostTgt = data.targets().narrowRows(first, count);
       gpu.stream().synchronize();  // the previous chunk's kernels are done with the device buffers
       runtime::ensureShape(inputs, hostIn.shape(), gpu.allocator());
@@ -545,7 +546,7 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
             n ? static_cast<double>(sums.correct) / static_cast<double>(n * loss_.positions()) : 0};
   }
 #endif
-  return train::evaluate(model_, loss_, data, options_.evalBatchSize);
+  return train::evaluate(model_, loss_, data, chunk);
 }
 
 void Trainer::logSteps(const Position& pos, StepWindow& window) {

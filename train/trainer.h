@@ -78,7 +78,7 @@ struct TrainerOptions {
   // names the tags); empty: none.
   std::string tensorboardDir;
   int64_t logEverySteps = 0;     // > 0: also a metrics line every N optimizer steps (rank 0's figures)
-  int64_t evalBatchSize = 1000;
+  int64_t evalBatchSize = 1000;  // samples per forward pass of the evaluation (train::evaluationChunk)
   // The learning rate of each optimizer step (nn/lr_schedule.h), set on the optimizer before the
   // step; baseLr 0 takes the optimizer's own. totalSteps 0 means the run's: epochs x steps per epoch
   // (maxSteps only stops the run early). Unset: the optimizer's learning rate throughout.

@@ -18,6 +18,7 @@
 #include "nn/optimizer.h"
 #include "tests/support/process.h"
 #include "tests/train/ranks.h"
+#include "train/evaluate.h"
 #include "train/job.h"
 #include "train/trainer.h"
 
@@ -146,6 +147,15 @@ TEST_F(TrainerTest, ANonFiniteLossStopsEveryRankAtItsStepOrIsSkippedByAll) {
   size_t at = 0, lines = 0;
   while ((at = text.find("\"skipped_steps\":1", at)) != std::string::npos) ++lines, ++at;
   EXPECT_EQ(lines, 2u) << text;
+}
+
+// Evaluation chunks: a language model's hold at most kEvaluationPositions positions (at least one
+// window), anything else's what was asked.
+TEST(EvaluationChunk, BoundsALanguageModelsPositions) {
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("mlp:784,16,10"), 1000), 1000);
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=64"), 1000), kEvaluationPositions / 64);
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=64"), 10), 10);
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=8192"), 1000), 1);
 }
 
 }  // namespace
