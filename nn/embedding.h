@@ -63,6 +63,7 @@ class Embedding final : public Module {
   // Throws InvalidArgument for the first bad id of the last forward's input. On the CPU forward
   // already did, so this does nothing; on the GPU it synchronises pass.gpu's stream first.
   void checkIds(const Pass& pass) const;
+  void checkInputs(const Pass& pass) const override { checkIds(pass); }
 
   const Tensor& weight() const { return weight_; }
   const Tensor& weightGrad() const { return weightGrad_; }

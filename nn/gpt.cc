@@ -172,4 +172,6 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
   return wte_.backward(*g, embeddings);
 }
 
+void Gpt::checkInputs(const Pass& pass) const { wte_.checkIds(pass); }
+
 }  // namespace cohort::nn

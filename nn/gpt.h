@@ -45,6 +45,9 @@ class Gpt final : public Module {
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
 
+  // The token ids' check (Embedding::checkIds; the positions are the model's own).
+  void checkInputs(const Pass& pass) const override;
+
   const GptOptions& options() const { return options_; }
 
  private:

@@ -128,6 +128,12 @@ class Module {
   // True when backward() tells Pass::gradReady about this module's entries itself (a composite
   // reporting its children, e.g. Sequential, Residual); its container then does not report them.
   virtual bool reportsGradsReady() const { return false; }
+
+  // Throws InvalidArgument naming the first bad value of the last forward's input that the device
+  // could only count, not refuse (an Embedding's ids on a GPU, which give NaN rows there); nothing
+  // for a module without such checks, and on the CPU, where forward already threw. Waits for
+  // pass.gpu's stream: for where a synchronisation is acceptable (a non-finite step, evaluation).
+  virtual void checkInputs(const Pass& pass) const { (void)pass; }
 };
 
 using ModulePtr = std::unique_ptr<Module>;

@@ -67,4 +67,8 @@ std::string Sequential::describe() const {
   return os.str();
 }
 
+void Sequential::checkInputs(const Pass& pass) const {
+  for (const ModulePtr& m : modules_) m->checkInputs(pass);
+}
+
 }  // namespace cohort::nn

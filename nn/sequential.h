@@ -28,6 +28,7 @@ class Sequential final : public Module {
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
   bool reportsGradsReady() const override { return true; }
+  void checkInputs(const Pass& pass) const override;  // every module's, in order
 
   size_t size() const { return modules_.size(); }
   Module& at(size_t i) { return *modules_.at(i); }

@@ -32,7 +32,9 @@
 //
 // Ownership: the Job owns everything it creates — the GPU context, segments, communicators, the
 // device share — and releases it when destroyed (segment names are removed once every rank has
-// attached). It borrows the model and the optimizer given to place(), which must outlive it.
+// attached). It borrows the model and the optimizer given to place() for its use, and its
+// destruction touches neither; make the Job first, as the examples do: on a GPU the model's and
+// optimizer's tensors come from the Job's allocator, so they must be destroyed before the Job.
 // Only one Job may exist in a process at a time (InvalidArgument otherwise): its segments and
 // communicators are named by the job. Errors: InvalidArgument for misuse (messages name the
 // problem), TimeoutError / PeerError naming the rank a collective waited for, IoError for files.

@@ -378,6 +378,9 @@ TrainResult Trainer::run() {
 }
 
 void Trainer::nonFiniteStep(Position& pos, const StepResult& step, double loss) {
+  // A GPU cannot refuse bad input where the CPU's forward does (an Embedding's ids): it makes the
+  // step non-finite, and this names the input instead (InvalidArgument, exit 2).
+  if (job_.gpu()) model_.net->checkInputs(job_.evalPass());
   std::ostringstream what;
   what << "step " << pos.step << " (epoch " << pos.epoch + 1 << ", batch " << pos.batch << "): " << step.describe();
   if (step.nonFinite == NonFinite::kLoss && step.rank == job_.world().rank) {
@@ -540,6 +543,7 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
       runtime::cuda::copyToDevice(inputs.data(), hostIn.data(), hostIn.bytes(), gpu.stream());
       runtime::cuda::copyToDevice(targets.data(), hostTgt.data(), hostTgt.bytes(), gpu.stream());
       loss_.forwardGpu(model_.forward(inputs, pass), targets, gpu);
+      model_.net->checkInputs(pass);  // bad ids are NaN rows on a GPU: refused here as on the CPU
     }
     nn::LossSums sums = loss_.takeGpuSums(gpu);
     return {n ? sums.loss / static_cast<double>(n) : 0,
