@@ -13,28 +13,31 @@ namespace {
 
 // y[a, c, b, e] = x[a, b, c, e] (runtime::cuda::permute0213 on a GPU).
 void permute0213(const float* x, float* y, int64_t a, int64_t b, int64_t c, int64_t e) {
-  for (int64_t i = 0; i < a; ++i) {
-    for (int64_t k = 0; k < c; ++k) {
+  runtime::cpu::parallelRange(a * c, runtime::cpu::rowGrain(b * e), [&](int64_t first, int64_t last, int) {
+    for (int64_t ik = first; ik < last; ++ik) {  // output block (i, k): b rows of e
+      const int64_t i = ik / c, k = ik % c;
       for (int64_t j = 0; j < b; ++j) {
         const float* from = x + ((i * b + j) * c + k) * e;
         float* to = y + ((i * c + k) * b + j) * e;
         for (int64_t l = 0; l < e; ++l) to[l] = from[l];
       }
     }
-  }
+  });
 }
 
 // dS = P ⊙ (dP − rowsum(dP ⊙ P)) in place over dP, row by row (Softmax::backward's rule,
 // the row sum in double; masked entries have P = 0 and get 0).
 void softmaxBackwardRows(const float* p, float* d, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* pr = p + r * cols;
-    float* dr = d + r * cols;
-    double s = 0.0;
-    for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(dr[c]) * pr[c];
-    const float sum = static_cast<float>(s);
-    for (int64_t c = 0; c < cols; ++c) dr[c] = pr[c] * (dr[c] - sum);
-  }
+  runtime::cpu::parallelRange(rows, runtime::cpu::rowGrain(cols), [&](int64_t first, int64_t last, int) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* pr = p + r * cols;
+      float* dr = d + r * cols;
+      double s = 0.0;
+      for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(dr[c]) * pr[c];
+      const float sum = static_cast<float>(s);
+      for (int64_t c = 0; c < cols; ++c) dr[c] = pr[c] * (dr[c] - sum);
+    }
+  });
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/cpu/vector_math.h"
 #include "runtime/error.h"
 
@@ -35,11 +36,13 @@ const Tensor& Gelu::forward(const Tensor& input, const Pass& pass) {
 }
 
 void geluForward(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
-    y[i] = 0.5f * v * (1.0f + t);
-  }
+  runtime::cpu::parallelRange(n, runtime::cpu::kParallelGrain, [&](int64_t first, int64_t last, int) {
+    for (int64_t i = first; i < last; ++i) {
+      const float v = x[i];
+      const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
+      y[i] = 0.5f * v * (1.0f + t);
+    }
+  });
 }
 
 const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {
@@ -60,13 +63,14 @@ const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {
   const float* x = input_.data();
   const float* dy = gradOutput.data();
   float* dx = gradInput_.data();
-  const int64_t n = input_.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);  // du/dx
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-  }
+  runtime::cpu::parallelRange(input_.numel(), runtime::cpu::kParallelGrain, [&](int64_t first, int64_t last, int) {
+    for (int64_t i = first; i < last; ++i) {
+      const float v = x[i];
+      const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);  // du/dx
+      dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+  });
   return gradInput_;
 }
 

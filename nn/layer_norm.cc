@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
 #ifdef COHORT_HAVE_CUDA
@@ -50,9 +51,11 @@ const Tensor& LayerNorm::forward(const Tensor& input, const Pass& pass) {
   return output_;
 }
 
-void layerNormRows(const float* x, int64_t rows, int64_t features, const float* weight, const float* bias, double eps,
-                   float* y, float* mean, float* rstd) {
-  for (int64_t r = 0; r < rows; ++r) {
+namespace {
+
+void layerNormRowRange(const float* x, int64_t first, int64_t last, int64_t features, const float* weight,
+                       const float* bias, double eps, float* y, float* mean, float* rstd) {
+  for (int64_t r = first; r < last; ++r) {
     const float* xr = x + r * features;
     float* yr = y + r * features;
     // Two passes in double: the mean, then the squared deviations from it.
@@ -70,6 +73,15 @@ void layerNormRows(const float* x, int64_t rows, int64_t features, const float* 
   }
 }
 
+}  // namespace
+
+void layerNormRows(const float* x, int64_t rows, int64_t features, const float* weight, const float* bias, double eps,
+                   float* y, float* mean, float* rstd) {
+  runtime::cpu::parallelRange(rows, runtime::cpu::rowGrain(features), [&](int64_t first, int64_t last, int) {
+    layerNormRowRange(x, first, last, features, weight, bias, eps, y, mean, rstd);
+  });
+}
+
 const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
   COHORT_CHECK(gradOutput.numel() == input_.numel())
       << name() << ": gradient " << gradOutput.shape().str() << " for input " << input_.shape().str();
@@ -83,19 +95,33 @@ const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
   const float* dy = gradOutput.data();
   const float* x = input_.data();
   // dweight and dbias: column sums over every row, in double, rows in order (each column's sum
-  // runs down the rows; the rows are walked in memory order, a row's columns side by side).
-  columnSums_.assign(2 * static_cast<size_t>(features_), 0.0);
+  // runs down the rows; the rows are walked in memory order, a row's columns side by side). With
+  // several threads (runtime::cpu::parallelRange) each chunk of rows sums into its own columns,
+  // which are then added in chunk order: the same bits for the same thread count.
+  const int64_t grain = runtime::cpu::rowGrain(features_);
+  const auto chunks = static_cast<size_t>(runtime::cpu::parallelChunks(rows_, grain));
+  const auto width = 2 * static_cast<size_t>(features_);
+  columnSums_.assign(chunks * width, 0.0);
+  const float* mean = mean_.data();
+  const float* rstd = rstd_.data();
+  runtime::cpu::parallelRange(rows_, grain, [&](int64_t first, int64_t last, int chunk) {
+    double* sumW = columnSums_.data() + static_cast<size_t>(chunk) * width;
+    double* sumB = sumW + features_;
+    for (int64_t r = first; r < last; ++r) {
+      const float* xr = x + r * features_;
+      const float* dyr = dy + r * features_;
+      const float meanF = mean[r], inv = rstd[r];
+      for (int64_t c = 0; c < features_; ++c) {
+        const float xhat = (xr[c] - meanF) * inv;
+        sumW[c] += static_cast<double>(dyr[c]) * xhat;
+        sumB[c] += dyr[c];
+      }
+    }
+  });
   double* sumW = columnSums_.data();
   double* sumB = sumW + features_;
-  for (int64_t r = 0; r < rows_; ++r) {
-    const float* xr = x + r * features_;
-    const float* dyr = dy + r * features_;
-    const float meanF = mean_.at(r), inv = rstd_.at(r);
-    for (int64_t c = 0; c < features_; ++c) {
-      const float xhat = (xr[c] - meanF) * inv;
-      sumW[c] += static_cast<double>(dyr[c]) * xhat;
-      sumB[c] += dyr[c];
-    }
+  for (size_t k = 1; k < chunks; ++k) {
+    for (size_t c = 0; c < width; ++c) sumW[c] += columnSums_[k * width + c];
   }
   for (int64_t c = 0; c < features_; ++c) {
     if (pass.accumulateGrads) {
@@ -109,26 +135,29 @@ const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
   if (!pass.needInputGrad) return gradInput_;
   // The row's mean and variance depend on every x of the row: with g = dy · weight,
   // dx = rstd · (g − mean(g) − xhat · mean(g · xhat)).
-  for (int64_t r = 0; r < rows_; ++r) {
-    const float* xr = x + r * features_;
-    const float* dyr = dy + r * features_;
-    float* dx = gradInput_.data() + r * features_;
-    const float meanF = mean_.at(r), inv = rstd_.at(r);
-    double sumG = 0.0, sumGXhat = 0.0;
-    for (int64_t c = 0; c < features_; ++c) {
-      const float g = dyr[c] * w[c];
-      const float xhat = (xr[c] - meanF) * inv;
-      sumG += g;
-      sumGXhat += static_cast<double>(g) * xhat;
+  float* gradInput = gradInput_.data();
+  runtime::cpu::parallelRange(rows_, grain, [&](int64_t first, int64_t last, int) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* xr = x + r * features_;
+      const float* dyr = dy + r * features_;
+      float* dx = gradInput + r * features_;
+      const float meanF = mean[r], inv = rstd[r];
+      double sumG = 0.0, sumGXhat = 0.0;
+      for (int64_t c = 0; c < features_; ++c) {
+        const float g = dyr[c] * w[c];
+        const float xhat = (xr[c] - meanF) * inv;
+        sumG += g;
+        sumGXhat += static_cast<double>(g) * xhat;
+      }
+      const float meanG = static_cast<float>(sumG / static_cast<double>(features_));
+      const float meanGXhat = static_cast<float>(sumGXhat / static_cast<double>(features_));
+      for (int64_t c = 0; c < features_; ++c) {
+        const float g = dyr[c] * w[c];
+        const float xhat = (xr[c] - meanF) * inv;
+        dx[c] = inv * (g - meanG - xhat * meanGXhat);
+      }
     }
-    const float meanG = static_cast<float>(sumG / static_cast<double>(features_));
-    const float meanGXhat = static_cast<float>(sumGXhat / static_cast<double>(features_));
-    for (int64_t c = 0; c < features_; ++c) {
-      const float g = dyr[c] * w[c];
-      const float xhat = (xr[c] - meanF) * inv;
-      dx[c] = inv * (g - meanG - xhat * meanGXhat);
-    }
-  }
+  });
   return gradInput_;
 }
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/cpu/vector_math.h"
 #include "runtime/error.h"
 
@@ -34,27 +36,44 @@ float SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& targets) 
   positions_ = logits.dim(0) ? rows / logits.dim(0) : 1;
   runtime::ensureShape(grad_, logits.shape());
   const float invRows = rows ? 1.0f / static_cast<float>(rows) : 0.0f;
+  // Each chunk of rows (runtime::cpu::parallelRange) sums its own losses, in row order; the chunks'
+  // sums are added in chunk order (one chunk with one thread: the rows' sum itself).
+  const int64_t grain = runtime::cpu::rowGrain(cols);
+  std::vector<double>& totals = chunkLoss_;
+  std::vector<int64_t>& corrects = chunkCorrect_;
+  totals.assign(static_cast<size_t>(runtime::cpu::parallelChunks(rows, grain)), 0.0);
+  corrects.assign(totals.size(), 0);
+  runtime::cpu::parallelRange(rows, grain, [&](int64_t first, int64_t last, int chunk) {
+    double total = 0.0;
+    int64_t correct = 0;
+    for (int64_t r = first; r < last; ++r) {
+      const float* x = logits.data() + r * cols;
+      float* g = grad_.data() + r * cols;
+      const float t = targets.data()[r];
+      const int64_t label = static_cast<int64_t>(t);
+      if (!(t >= 0.0f) || static_cast<float>(label) != t || label >= cols) {
+        COHORT_THROW(InvalidArgument) << "target " << t << " in row " << r << " is not a class index below " << cols;
+      }
+      int64_t argmax = 0;
+      for (int64_t c = 1; c < cols; ++c) argmax = x[c] > x[argmax] ? c : argmax;
+      const float mx = x[argmax];
+      float sum = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) g[c] = runtime::cpu::expVectorised(x[c] - mx);  // vectorised
+      for (int64_t c = 0; c < cols; ++c) sum += g[c];
+      total += static_cast<double>(std::log(sum) + mx - x[label]);
+      const float scale = invRows / sum;
+      for (int64_t c = 0; c < cols; ++c) g[c] *= scale;
+      g[label] -= invRows;
+      correct += argmax == label;
+    }
+    totals[static_cast<size_t>(chunk)] = total;
+    corrects[static_cast<size_t>(chunk)] = correct;
+  });
   double total = 0.0;
   correct_ = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = logits.data() + r * cols;
-    float* g = grad_.data() + r * cols;
-    const float t = targets.data()[r];
-    const int64_t label = static_cast<int64_t>(t);
-    if (!(t >= 0.0f) || static_cast<float>(label) != t || label >= cols) {
-      COHORT_THROW(InvalidArgument) << "target " << t << " in row " << r << " is not a class index below " << cols;
-    }
-    int64_t argmax = 0;
-    for (int64_t c = 1; c < cols; ++c) argmax = x[c] > x[argmax] ? c : argmax;
-    const float mx = x[argmax];
-    float sum = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) g[c] = runtime::cpu::expVectorised(x[c] - mx);  // vectorised
-    for (int64_t c = 0; c < cols; ++c) sum += g[c];
-    total += static_cast<double>(std::log(sum) + mx - x[label]);
-    const float scale = invRows / sum;
-    for (int64_t c = 0; c < cols; ++c) g[c] *= scale;
-    g[label] -= invRows;
-    correct_ += argmax == label;
+  for (size_t k = 0; k < totals.size(); ++k) {
+    total += totals[k];
+    correct_ += corrects[k];
   }
   return rows ? static_cast<float>(total / static_cast<double>(rows)) : 0.0f;
 }

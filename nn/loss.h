@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/tensor.h"
 
@@ -75,6 +76,8 @@ class SoftmaxCrossEntropy final : public Loss {
   Tensor grad_;
   int64_t correct_ = 0;
   int64_t positions_ = 1;
+  std::vector<double> chunkLoss_;      // per chunk of rows (runtime::cpu::parallelRange), kept to
+  std::vector<int64_t> chunkCorrect_;  // allocate nothing in steady state
 };
 
 class MeanSquaredError final : public Loss {

@@ -5,6 +5,7 @@
 #include <span>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 #include "runtime/prefetch.h"
 
@@ -149,8 +150,16 @@ void Optimizer::step(const Tensor& params, const Tensor& grads) {
   const int64_t n = params.numel();
   const int64_t start = std::min<int64_t>(static_cast<int64_t>(sweepStart_), n);
   beginStep();
-  sweep(params.data(), grads.data(), start, n);
-  sweep(params.data(), grads.data(), 0, start);
+  if (runtime::cpu::parallelChunks(n, runtime::cpu::kParallelGrain) > 1) {
+    // Several threads (one process, --threads): each updates a chunk; every element's update is
+    // its own, so the result is the same in any order.
+    runtime::cpu::parallelRange(n, runtime::cpu::kParallelGrain, [&](int64_t first, int64_t last, int) {
+      sweep(params.data(), grads.data(), first, last);
+    });
+  } else {
+    sweep(params.data(), grads.data(), start, n);
+    sweep(params.data(), grads.data(), 0, start);
+  }
   ++steps_;
 }
 

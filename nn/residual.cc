@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -22,8 +23,9 @@ void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass) {
   const float* x = a.data();
   const float* y = b.data();
   float* z = out.data();
-  const int64_t n = a.numel();
-  for (int64_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+  runtime::cpu::parallelRange(a.numel(), runtime::cpu::kParallelGrain, [&](int64_t first, int64_t last, int) {
+    for (int64_t i = first; i < last; ++i) z[i] = x[i] + y[i];
+  });
 }
 
 Residual::Residual(ModulePtr f, std::string name) : f_(std::move(f)), name_(std::move(name)) {

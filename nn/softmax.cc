@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/cpu/vector_math.h"
 #include "runtime/error.h"
 
@@ -11,26 +12,28 @@ namespace cohort::nn {
 
 void softmaxRows(const float* x, float* y, int64_t rows, int64_t cols, bool log, bool causal) {
   COHORT_CHECK(!(log && causal)) << "a causal log-softmax is not defined here";
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* yr = y + r * cols;
-    const int64_t valid = causal ? r % cols + 1 : cols;
-    float mx = *std::max_element(xr, xr + valid);
-    if (log) {
-      double sum = 0.0;
-      for (int64_t c = 0; c < valid; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
-      float lse = mx + static_cast<float>(std::log(sum));
-      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
-    } else {
-      // The exponentials side by side (a vectorised loop), then their sum in double, in order.
-      for (int64_t c = 0; c < valid; ++c) yr[c] = runtime::cpu::expVectorised(xr[c] - mx);
-      double sum = 0.0;
-      for (int64_t c = 0; c < valid; ++c) sum += yr[c];
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t c = 0; c < valid; ++c) yr[c] *= inv;
-      std::fill(yr + valid, yr + cols, 0.0f);
+  runtime::cpu::parallelRange(rows, runtime::cpu::rowGrain(cols), [&](int64_t first, int64_t last, int) {
+    for (int64_t r = first; r < last; ++r) {
+      const float* xr = x + r * cols;
+      float* yr = y + r * cols;
+      const int64_t valid = causal ? r % cols + 1 : cols;
+      float mx = *std::max_element(xr, xr + valid);
+      if (log) {
+        double sum = 0.0;
+        for (int64_t c = 0; c < valid; ++c) sum += std::exp(static_cast<double>(xr[c] - mx));
+        float lse = mx + static_cast<float>(std::log(sum));
+        for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
+      } else {
+        // The exponentials side by side (a vectorised loop), then their sum in double, in order.
+        for (int64_t c = 0; c < valid; ++c) yr[c] = runtime::cpu::expVectorised(xr[c] - mx);
+        double sum = 0.0;
+        for (int64_t c = 0; c < valid; ++c) sum += yr[c];
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t c = 0; c < valid; ++c) yr[c] *= inv;
+        std::fill(yr + valid, yr + cols, 0.0f);
+      }
     }
-  }
+  });
 }
 
 const Tensor& Softmax::forward(const Tensor& input, const Pass& pass) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <bit>
 #include <dnnl.hpp>
+#include <exception>
 #include <map>
 #include <tuple>
 
@@ -15,7 +16,8 @@
 namespace cohort::runtime::cpu {
 
 namespace {
-std::atomic<int> gThreads{1};  // setBlasThreads(); each calling thread applies it to its OpenMP ICV
+std::atomic<int> gThreads{1};   // setBlasThreads(); each calling thread applies it to its OpenMP ICV
+constexpr int kMaxChunks = 64;  // parallelRange's chunks at most
 
 // oneDNN splits work over omp_get_max_threads() of the calling thread, a per-thread setting:
 // brings this thread's to the process's count (once per change, not per call) and returns it.
@@ -111,6 +113,36 @@ void gemm(const GemmOptions& o, const float* a, const float* b, float* c) {
                                           b, ldb, o.beta, c, o.n);
   COHORT_CHECK(status == dnnl_success) << "dnnl_sgemm(" << o.m << "x" << o.n << "x" << o.k << ") failed with status "
                                        << static_cast<int>(status);
+}
+
+int parallelChunks(int64_t n, int64_t grain) {
+  const int threads = gThreads.load(std::memory_order_relaxed);
+  if (threads <= 1 || n <= 0 || omp_in_parallel()) return 1;
+  const int64_t most = grain > 0 ? n / grain : n;
+  return static_cast<int>(std::clamp<int64_t>(most, 1, std::min(threads, kMaxChunks)));
+}
+
+void parallelRangeCall(int64_t n, int64_t grain, RangeCall call, void* body) {
+  if (n <= 0) return;
+  const int chunks = parallelChunks(n, grain);
+  if (chunks == 1) return call(body, 0, n, 0);
+  std::exception_ptr errors[kMaxChunks];
+  const int team = chunks;
+#pragma omp parallel num_threads(team)
+  {
+    const int w = omp_get_thread_num(), got = omp_get_num_threads();
+    // A smaller team than asked for (the runtime's limits) takes the chunks in turn.
+    for (int c = w; c < team; c += got) {
+      try {
+        call(body, n * c / team, n * (c + 1) / team, c);
+      } catch (...) {
+        errors[c] = std::current_exception();
+      }
+    }
+  }
+  for (int c = 0; c < team; ++c) {
+    if (errors[c]) std::rethrow_exception(errors[c]);
+  }
 }
 
 void setBlasThreads(int threads) {

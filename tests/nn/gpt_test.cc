@@ -3,11 +3,15 @@
 // initialisation, and the context limit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "nn/gpt.h"
+#include "nn/loss.h"
+#include "nn/optimizer.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 #include "tests/nn/grad_check.h"
 
@@ -86,6 +90,54 @@ TEST(Gpt, RefusesWhatItCannotRun) {
   EXPECT_THROW(m.outputShape(Shape{2, 5}), InvalidArgument);  // longer than the context
   EXPECT_THROW(m.outputShape(Shape{2, 3, 1}), InvalidArgument);
   EXPECT_EQ(m.outputShape(Shape{2, 4}), (Shape{2, 4, 4}));
+}
+
+// With --threads 2 the loops between the GEMMs run in chunks on two threads
+// (runtime::cpu::parallelRange): row by row they compute what one thread does, so the logits, the
+// input-side gradients and an AdamW step agree bit for bit where no sum crosses rows; the sums that
+// do (LayerNorm's weight and bias gradients, the loss) add the chunks' partial sums in chunk order,
+// within float rounding of one thread's, and the same on every run.
+TEST(Gpt, TwoThreadsComputeWhatOneDoes) {
+  struct Run {
+    Tensor logits, grads, stepped;
+    float loss = 0;
+  };
+  auto run = [](int threads) {
+    runtime::cpu::BlasThreadsScope scope(threads);
+    Gpt m({.vocab = 32, .layers = 2, .heads = 2, .dim = 32, .context = 16});
+    ParamBuffer params;
+    bindParams(m, params, 31);
+    SoftmaxCrossEntropy loss;
+    Pass pass;
+    const Tensor ids = tokens(64, 16, 32, 32);  // 1024 rows: two chunks of LayerNorm's 512
+    Run r;
+    r.logits = m.forward(ids, pass).clone();
+    Tensor targets = tokens(64, 16, 32, 33);
+    r.loss = loss.forward(r.logits, targets);
+    m.backward(loss.backward(), pass);
+    r.grads = params.grads().clone();
+    auto adamw = makeOptimizer({.kind = OptimizerKind::kAdamW, .lr = 0.01f}, static_cast<size_t>(params.numel()));
+    adamw->step(params.values(), params.grads());
+    r.stepped = params.values().clone();
+    return r;
+  };
+  {
+    runtime::cpu::BlasThreadsScope scope(2);
+    ASSERT_EQ(runtime::cpu::parallelChunks(1024, runtime::cpu::rowGrain(32)), 2);  // the rows are split
+  }
+  const Run one = run(1), two = run(2), again = run(2);
+  ASSERT_EQ(one.logits.numel(), two.logits.numel());
+  for (int64_t i = 0; i < one.logits.numel(); ++i) ASSERT_EQ(one.logits.at(i), two.logits.at(i)) << "logit " << i;
+  EXPECT_NEAR(one.loss, two.loss, 1e-6 * std::abs(one.loss));
+  double worst = 0;
+  for (int64_t i = 0; i < one.grads.numel(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(one.grads.at(i)) - two.grads.at(i)) /
+                                (std::abs(static_cast<double>(one.grads.at(i))) + 1e-3));
+    ASSERT_EQ(two.grads.at(i), again.grads.at(i)) << "gradient " << i << " differs between two runs with 2 threads";
+    ASSERT_EQ(two.stepped.at(i), again.stepped.at(i)) << "parameter " << i;
+  }
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_EQ(two.loss, again.loss);
 }
 
 }  // namespace

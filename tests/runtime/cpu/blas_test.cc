@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/error.h"
@@ -114,6 +116,41 @@ TEST(GemmBatched, EmptyProductsScaleCAndBadBatchesAreRefused) {
   EXPECT_THROW(gemmBatched({.m = 2, .n = 2, .k = 2}, {.count = 2, .strideA = -4, .strideC = 4}, a.data(), b.data(),
                            c.data()),
                Error);
+}
+
+// parallelRange: the documented chunks, each index once, one chunk with one thread or a small n,
+// inline inside another range, and the lowest chunk's exception after every chunk has run.
+TEST(ParallelRange, SplitsCoversNestsAndRethrows) {
+  BlasThreadsScope two(2);
+  EXPECT_EQ(parallelChunks(100000, 1000), 2);
+  EXPECT_EQ(parallelChunks(1500, 1000), 1);
+  std::vector<int> seen(100000, 0);
+  std::vector<std::pair<int64_t, int64_t>> chunks(2);
+  parallelRange(100000, 1000, [&](int64_t begin, int64_t end, int chunk) {
+    chunks[static_cast<size_t>(chunk)] = {begin, end};
+    for (int64_t i = begin; i < end; ++i) ++seen[static_cast<size_t>(i)];
+    // Nested: runs inline, as one chunk on this thread.
+    parallelRange(10000, 1, [&](int64_t b, int64_t e, int c) {
+      EXPECT_EQ(c, 0);
+      EXPECT_EQ(e - b, 10000);
+    });
+  });
+  EXPECT_EQ(chunks[0], std::make_pair(int64_t{0}, int64_t{50000}));
+  EXPECT_EQ(chunks[1], std::make_pair(int64_t{50000}, int64_t{100000}));
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 100000);
+  std::vector<int> ran(2, 0);
+  try {
+    parallelRange(100000, 1000, [&](int64_t, int64_t, int chunk) {
+      ran[static_cast<size_t>(chunk)] = 1;
+      COHORT_THROW(InvalidArgument) << "chunk " << chunk;
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ran, std::vector<int>({1, 1}));
+  BlasThreadsScope one(1);
+  EXPECT_EQ(parallelChunks(100000, 1000), 1);
 }
 
 }  // namespace
