@@ -408,7 +408,8 @@ int runTrain(const TrainFlags& f) {
   auto optimizer = nn::makeOptimizer(optimizerOptions(f, lr), model->params.numel(), job.gpu());
   const data::DatasetHints hints = train::datasetHints(*model, f.seed);
   std::unique_ptr<data::Dataset> trainSet = data::openDataset(f.data, data::Split::kTrain, hints);
-  std::unique_ptr<data::Dataset> testSet = world.rank == 0 ? openTestSet(f, hints) : nullptr;
+  // Every rank holds the test set: the ranks evaluate a share each (Trainer::evaluateTest).
+  std::unique_ptr<data::Dataset> testSet = openTestSet(f, hints);
   checkFits(*model, *trainSet, classification);
   if (testSet) checkFits(*model, *testSet, classification);
   job.place(*model, *optimizer, {.seed = f.seed, .settings = {{"loss", f.loss}}});

@@ -1,6 +1,7 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "nn/model_spec.h"
 #include "runtime/error.h"
@@ -10,20 +11,40 @@ namespace cohort::train {
 using runtime::Tensor;
 
 Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize) {
+  const int64_t chunks = chunkCount(data.size(), batchSize);
+  std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0);
+  evaluateChunks(model, loss, data, batchSize, 0, chunks, sums);
+  return evaluationOf(sums, data.size(), loss.positions());
+}
+
+int64_t chunkCount(int64_t samples, int64_t batchSize) {
+  COHORT_CHECK(batchSize > 0) << "evaluation chunks of " << batchSize;
+  return (samples + batchSize - 1) / batchSize;
+}
+
+void evaluateChunks(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize,
+                    int64_t first, int64_t last, std::span<double> sums) {
   nn::Pass pass;
   pass.training = false;
   pass.needInputGrad = false;
-  double lossSum = 0;
-  int64_t correct = 0;
   const int64_t n = data.size();
-  for (int64_t first = 0; first < n; first += batchSize) {
-    const int64_t count = std::min(batchSize, n - first);
-    const Tensor& out = model.forward(data.inputs().narrowRows(first, count), pass);
-    lossSum += static_cast<double>(loss.forward(out, data.targets().narrowRows(first, count))) * static_cast<double>(count);
-    correct += loss.correct();
+  for (int64_t c = first; c < last; ++c) {
+    const int64_t begin = c * batchSize, count = std::min(batchSize, n - begin);
+    const Tensor& out = model.forward(data.inputs().narrowRows(begin, count), pass);
+    sums[static_cast<size_t>(2 * c)] =
+        static_cast<double>(loss.forward(out, data.targets().narrowRows(begin, count))) * static_cast<double>(count);
+    sums[static_cast<size_t>(2 * c + 1)] = static_cast<double>(loss.correct());
   }
-  return {n ? lossSum / static_cast<double>(n) : 0,
-          n ? static_cast<double>(correct) / static_cast<double>(n * loss.positions()) : 0};
+}
+
+Evaluation evaluationOf(std::span<const double> sums, int64_t samples, int64_t positions) {
+  double lossSum = 0, correct = 0;
+  for (size_t i = 0; i < sums.size(); i += 2) {
+    lossSum += sums[i];
+    correct += sums[i + 1];
+  }
+  return {samples ? lossSum / static_cast<double>(samples) : 0,
+          samples ? correct / static_cast<double>(samples * positions) : 0};
 }
 
 int64_t evaluationChunk(const nn::Model& model, int64_t requested) {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "nn/checkpoint.h"
@@ -33,6 +34,17 @@ struct Evaluation {
 };
 
 Evaluation evaluate(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize = 1000);
+
+// The pieces evaluate() is made of, for an evaluation split over ranks (the Trainer's): chunk c of
+// `batchSize` samples (the last one shorter) adds its loss summed over its samples (the batch mean
+// times its size) at sums[2c] and its correct predictions at sums[2c + 1]; evaluateChunks computes
+// chunks [first, last) on the CPU; evaluationOf adds the chunks' sums in chunk order. Summed over
+// ranks that each filled their own chunks (the rest 0), the sums are exact, so the figures are
+// evaluate()'s bit for bit.
+int64_t chunkCount(int64_t samples, int64_t batchSize);
+void evaluateChunks(nn::Model& model, nn::Loss& loss, const runtime::data::Dataset& data, int64_t batchSize,
+                    int64_t first, int64_t last, std::span<double> sums);
+Evaluation evaluationOf(std::span<const double> sums, int64_t samples, int64_t positions);
 
 // The samples per forward pass of an evaluation that asks for `requested`: that many, but for a
 // language model (a gpt: spec, T positions a sample) no more than kEvaluationPositions / T, at least

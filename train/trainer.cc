@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -44,6 +45,34 @@ std::string sampledDigest(const runtime::data::Dataset& d) {
     digest.add(d.inputs().data() + (k * n / 64) * per, static_cast<size_t>(per) * sizeof(float));
   }
   return digest.hex();
+}
+
+// The test set and its evaluation chunk as a whole number below 2^48, for Trainer::evaluateTest to
+// see whether every rank holds the same.
+uint64_t testKey(const runtime::data::Dataset& test, int64_t chunk) {
+  const std::string hex = runtime::Digest()
+                              .add(sampledDigest(test))
+                              .add(std::to_string(test.size()) + "/" + std::to_string(chunk))
+                              .hex();
+  return std::stoull(hex.substr(0, 12), nullptr, 16);
+}
+
+// Job::reduce goes through float32 in some strategies (ReplicaStrategy: the one type every backend
+// reduces). Values that must cross it exactly do so as 16-bit whole numbers, which a float holds
+// exactly: a 48-bit key in three, a double's bits in four, which a sum carries unchanged when one
+// rank holds the value and the others 0. (Integers rather than floats that add up to the double:
+// GCC 12.2's vectoriser dropped the rounding of `(double)(float)x` in such a loop.)
+constexpr int kPiecesPerDouble = 4;
+
+void splitExactly(double x, double* pieces) {
+  const auto bits = std::bit_cast<uint64_t>(x);
+  for (int k = 0; k < kPiecesPerDouble; ++k) pieces[k] = static_cast<double>((bits >> (16 * k)) & 0xffff);
+}
+
+double joinExactly(const double* pieces) {
+  uint64_t bits = 0;
+  for (int k = 0; k < kPiecesPerDouble; ++k) bits |= static_cast<uint64_t>(pieces[k]) << (16 * k);
+  return std::bit_cast<double>(bits);
 }
 
 // What the ranks of one Trainer must share (Job::agree); the prefetch depth, the evaluation batch
@@ -110,6 +139,7 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
       loss_(loss),
       loader_(train, loaderOptions(job, options)),
       test_(test),
+      testKey_(test ? testKey(*test, evaluationChunk(model_, options.evalBatchSize)) : 0),
       options_(std::move(options)),
       callbacks_(std::move(callbacks)),
       rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)),
@@ -453,11 +483,9 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   result.samplesPerSec = seconds[0] > 0 ? samples[0] / seconds[0] : 0;
   result.skippedSteps = pos.skipped;
   const double epochJobPerSec = seconds[1] > 0 ? samples[1] / seconds[1] : 0;
-  if (test_ && job_.world().rank == 0) {
-    Timeline::Scope span(timeline_, SpanKind::kEvaluate);
-    Evaluation e = evaluate(*test_);
-    result.testLoss = e.loss;
-    result.testAcc = e.accuracy;
+  if (std::optional<Evaluation> e = evaluateTest()) {  // rank 0's; every rank takes part
+    result.testLoss = e->loss;
+    result.testAcc = e->accuracy;
     result.haveTest = true;
   }
   EpochReport report{.epoch = pos.epoch + 1, .step = pos.step, .trainLoss = result.trainLoss,
@@ -515,10 +543,9 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
   result.skippedSteps = pos.skipped;
   result.trainLoss = pos.lastTrainLoss;
   result.trainAcc = pos.lastTrainAcc;
-  if (test_ && job_.world().rank == 0) {
-    Evaluation e = evaluate(*test_);
-    result.testLoss = e.loss;
-    result.testAcc = e.accuracy;
+  if (std::optional<Evaluation> e = evaluateTest()) {  // rank 0's; every rank takes part
+    result.testLoss = e->loss;
+    result.testAcc = e->accuracy;
     result.haveTest = true;
   }
   result.wallSeconds = secondsSince(start);
@@ -526,31 +553,69 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
 }
 
 Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
-  const int64_t chunk = evaluationChunk(model_, options_.evalBatchSize);
+  const int64_t chunk = evaluationChunk(model_, options_.evalBatchSize), chunks = chunkCount(data.size(), chunk);
+  std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0);
+  evaluateChunks(data, chunk, 0, chunks, sums);
+  return evaluationOf(sums, data.size(), loss_.positions());
+}
+
+std::optional<Evaluation> Trainer::evaluateTest() {
+  const int rank = job_.world().rank, ranks = job_.world().worldSize;
+  // Shared when every rank holds the same test set and chunks it alike (testKey_, in three 16-bit
+  // parts): the largest of each part (-1: none) and of minus each (+1 where a rank holds none) agree.
+  // Else rank 0 alone, as with --test-data differing per rank.
+  double keys[6];
+  for (int i = 0; i < 3; ++i) {
+    const double part = test_ ? static_cast<double>((testKey_ >> (16 * i)) & 0xffff) : -1.0;
+    keys[i] = part;
+    keys[3 + i] = test_ ? -part : 1.0;
+  }
+  if (ranks > 1) job_.reduce(keys, Reduce::kMax);
+  bool shared = ranks > 1;
+  for (int i = 0; i < 3; ++i) shared = shared && keys[i] >= 0 && -keys[3 + i] == keys[i];
+  if (!shared && (!test_ || rank != 0)) return std::nullopt;
+  Timeline::Scope span(timeline_, SpanKind::kEvaluate);
+  if (!shared) return evaluate(*test_);
+  const int64_t n = test_->size(), chunk = evaluationChunk(model_, options_.evalBatchSize), chunks = chunkCount(n, chunk);
+  const int64_t first = chunks * rank / ranks, last = chunks * (rank + 1) / ranks;
+  std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0), pieces(kPiecesPerDouble * sums.size(), 0.0);
+  evaluateChunks(*test_, chunk, first, last, sums);
+  for (size_t i = 2 * static_cast<size_t>(first); i < 2 * static_cast<size_t>(last); ++i) {
+    splitExactly(sums[i], &pieces[kPiecesPerDouble * i]);
+  }
+  job_.reduce(pieces, Reduce::kSum);  // each chunk's from the one rank that has it, 0 from the others
+  if (rank != 0) return std::nullopt;
+  for (size_t i = 0; i < sums.size(); ++i) sums[i] = joinExactly(&pieces[kPiecesPerDouble * i]);
+  return evaluationOf(sums, n, loss_.positions());
+}
+
+void Trainer::evaluateChunks(const runtime::data::Dataset& data, int64_t chunk, int64_t first, int64_t last,
+                             std::span<double> sums) {
 #ifdef COHORT_HAVE_CUDA
-  const nn::Pass pass = job_.evalPass();
-  const int64_t n = data.size();
   if (job_.gpu()) {
-    // Chunks are copied to the device one at a time (evaluation is not the hot loop).
+    // Chunks are copied to the device one at a time, and each chunk's sums read back (evaluation
+    // is not the hot loop).
+    const nn::Pass pass = job_.evalPass();
+    const int64_t n = data.size();
     auto& gpu = *job_.gpu();
     Tensor inputs, targets;
-    for (int64_t first = 0; first < n; first += chunk) {
-      int64_t count = std::min(chunk, n - first);
-      Tensor hostIn = data.inputs().narrowRows(first, count), hostTgt = data.targets().narrowRows(first, count);
-      gpu.stream().synchronize();  // the previous chunk's kernels are done with the device buffers
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t begin = c * chunk, count = std::min(chunk, n - begin);
+      Tensor hostIn = data.inputs().narrowRows(begin, count), hostTgt = data.targets().narrowRows(begin, count);
       runtime::ensureShape(inputs, hostIn.shape(), gpu.allocator());
       runtime::ensureShape(targets, hostTgt.shape(), gpu.allocator());
       runtime::cuda::copyToDevice(inputs.data(), hostIn.data(), hostIn.bytes(), gpu.stream());
       runtime::cuda::copyToDevice(targets.data(), hostTgt.data(), hostTgt.bytes(), gpu.stream());
       loss_.forwardGpu(model_.forward(inputs, pass), targets, gpu);
       model_.net->checkInputs(pass);  // bad ids are NaN rows on a GPU: refused here as on the CPU
+      const nn::LossSums s = loss_.takeGpuSums(gpu);  // waits for the chunk's kernels
+      sums[static_cast<size_t>(2 * c)] = s.loss;
+      sums[static_cast<size_t>(2 * c + 1)] = static_cast<double>(s.correct);
     }
-    nn::LossSums sums = loss_.takeGpuSums(gpu);
-    return {n ? sums.loss / static_cast<double>(n) : 0,
-            n ? static_cast<double>(sums.correct) / static_cast<double>(n * loss_.positions()) : 0};
+    return;
   }
 #endif
-  return train::evaluate(model_, loss_, data, chunk);
+  train::evaluateChunks(model_, loss_, data, chunk, first, last, sums);
 }
 
 void Trainer::logSteps(const Position& pos, StepWindow& window) {

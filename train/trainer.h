@@ -6,12 +6,14 @@
 //                -> (checkpoint every N steps)
 //                a non-finite loss or gradient (train/step.h): stop with Diverged, or skip the step
 //                (skipNonFinite)
-//     the job's mean loss and throughput; evaluate on the test set (rank 0); onEpochEnd; log one
+//     the job's mean loss and throughput; evaluate on the test set (shared by the ranks that hold
+//     it, rank 0's figures); onEpochEnd; log one
 //     progress line; append one metrics line; checkpoint
 //
 // Every rank runs it with the same options. The loader takes this rank's shard of the training set
-// (Job::shard). All ranks meet at a barrier at the start and at each epoch's end, where rank 0
-// evaluates and checkpoints while the others wait, so nothing changes the parameters meanwhile.
+// (Job::shard). All ranks meet at a barrier at the start and at each epoch's end, where they
+// evaluate (each a share of the test set when every rank holds it, else rank 0 alone) and rank 0
+// checkpoints while the others wait, so nothing changes the parameters meanwhile.
 //
 // Checkpoints (train/checkpointer.h) hold the job's state plus the loop's position: the epoch, the
 // samples of its order the job has seen and the next batch of the loader, the step, the dropout Rng
@@ -40,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,6 +186,11 @@ class Trainer {
   TrainResult run();
   // The loss and accuracy of the model on `data` (this rank, no collective).
   Evaluation evaluate(const runtime::data::Dataset& data);
+  // The test set's figures, on rank 0 (nullopt elsewhere and without a test set). Collective. When
+  // every rank holds a test set of one size (the CLI's ranks all open it), each evaluates a 1/W run
+  // of its chunks and the chunks' sums are reduced, exactly: rank 0's figures are bit for bit what
+  // it computes alone (train::evaluationOf). When only rank 0 holds one, it evaluates alone.
+  std::optional<Evaluation> evaluateTest();
   // The learning-rate schedule with the run's defaults filled in; nullptr without one.
   const nn::LrSchedule* lrSchedule() const { return schedule_ ? &*schedule_ : nullptr; }
   // This rank's loader (its shard of the training set).
@@ -226,7 +234,11 @@ class Trainer {
   // another number of ranks neither repeats nor skips a sample.
   void openSampleLog();
   void logSamples(int64_t epoch, int64_t batchIndex);
-  // Every rank calls this at an epoch's end; rank 0 evaluates, logs and checkpoints in between.
+  // Chunks [first, last) of `data` in chunks of `chunk` samples, on the job's device (evaluate.h).
+  void evaluateChunks(const runtime::data::Dataset& data, int64_t chunk, int64_t first, int64_t last,
+                      std::span<double> sums);
+  // Every rank calls this at an epoch's end; the ranks evaluate (evaluateTest), rank 0 logs and
+  // checkpoints.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
   // A step that was not applied: counts it against skipNonFinite, or throws Diverged.
   void nonFiniteStep(Position& pos, const StepResult& step, double loss);
@@ -248,6 +260,9 @@ class Trainer {
   nn::Loss& loss_;
   runtime::data::DataLoader loader_;
   const runtime::data::Dataset* test_;
+  // What ranks must share to split the test set's evaluation: its size, digest (sampledDigest) and
+  // chunk size in one 48-bit number (0 without a test set).
+  uint64_t testKey_ = 0;
   TrainerOptions options_;
   TrainerCallbacks callbacks_;
   runtime::Rng rng_;

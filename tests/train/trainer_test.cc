@@ -149,6 +149,62 @@ TEST_F(TrainerTest, ANonFiniteLossStopsEveryRankAtItsStepOrIsSkippedByAll) {
   EXPECT_EQ(lines, 2u) << text;
 }
 
+// Counts its forward calls (training batches and evaluation chunks alike).
+class CountingLoss final : public nn::Loss {
+ public:
+  std::string name() const override { return "counting"; }
+  float forward(const runtime::Tensor& out, const runtime::Tensor& targets) override {
+    ++calls;
+    return inner_.forward(out, targets);
+  }
+  const runtime::Tensor& backward() override { return inner_.backward(); }
+  int64_t correct() const override { return inner_.correct(); }
+  int64_t calls = 0;
+
+ private:
+  nn::SoftmaxCrossEntropy inner_;
+};
+
+// The test set's evaluation is split over the ranks that all hold it (chunks of 50 of 300: 6, three
+// each) and gives rank 0 exactly the figures it computes alone, through the replicas' float
+// all-reduce of scalars as through the shared copy's double gather; with the test set on rank 0
+// only, rank 0 evaluates alone; with 7 chunks on 2 ranks, 3 and 4. The ranks hold the same
+// parameters, so rank 0's own evaluation after the run is the reference.
+TEST_F(TrainerTest, TheRanksShareTheTestSetsEvaluationExactly) {
+  struct Case {
+    int64_t testSize;
+    bool everyRank;
+    int64_t rank1Chunks;  // evaluation forwards rank 1 makes
+  };
+  for (const Case c : {Case{300, true, 3}, Case{350, true, 4}, Case{300, false, 0}}) {
+    for (bool replicas : {true, false}) {  // a float all-reduce of the scalars; the shared copy's double gather
+      SCOPED_TRACE((replicas ? "replicas, test size " : "shared, test size ") + std::to_string(c.testSize));
+      runRanks(2, [&](const runtime::WorldInfo& world) {
+        auto data = testing::teacherData();
+        auto test = testing::teacherData(c.testSize, 12);
+        auto model = nn::buildModel("mlp:20,16,3");
+        auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel());
+        Job job({.mode = Mode::kAllReduce, .replicas = replicas}, world);
+        job.place(*model, *optimizer, {.seed = 1});
+        CountingLoss loss;
+        const bool holds = c.everyRank || world.rank == 0;
+        Trainer trainer(job, loss, *data, holds ? test.get() : nullptr,
+                        {.epochs = 1, .batchSize = 16, .seed = 2, .evalBatchSize = 50});
+        const TrainResult r = trainer.run();
+        const int64_t evaluations = loss.calls - trainer.loader().batchesPerEpoch();
+        if (world.rank == 1) return r.haveTest ? 70 : evaluations == c.rank1Chunks ? 0 : 71;
+        const Evaluation alone = trainer.evaluate(*test);
+        if (!r.haveTest || r.testLoss != alone.loss || r.testAcc != alone.accuracy) {
+          std::fprintf(stderr, "test %.17g %.17g, alone %.17g %.17g\n", r.testLoss, r.testAcc, alone.loss,
+                       alone.accuracy);
+          return 72;
+        }
+        return 0;
+      });
+    }
+  }
+}
+
 // Evaluation chunks: a language model's hold at most kEvaluationPositions positions (at least one
 // window), anything else's what was asked.
 TEST(EvaluationChunk, BoundsALanguageModelsPositions) {
