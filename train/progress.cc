@@ -193,12 +193,17 @@ size_t Progress::formatText(double now) {
   const int64_t done = stepInEpoch_ - firstStep_;
   if (elapsed > 0 && done > 0 && total > 0) {
     const double stepSeconds = elapsed / static_cast<double>(done);
-    const double epochLeft = stepSeconds * static_cast<double>(total - stepInEpoch_);
-    const double laterEpochs = static_cast<double>(std::max<int64_t>(options_.epochs - epoch_ - 1, 0));
+    int64_t epochSteps = total - stepInEpoch_;
+    int64_t runSteps = epochSteps + std::max<int64_t>(options_.epochs - epoch_ - 1, 0) * total;
+    if (options_.maxSteps > 0) {
+      const int64_t toStop = std::max<int64_t>(options_.maxSteps - (epoch_ * total + stepInEpoch_), 0);
+      epochSteps = std::min(epochSteps, toStop);
+      runSteps = std::min(runSteps, toStop);
+    }
     appendf(text_, cap, len, " ETA epoch ");
-    appendDuration(text_, cap, len, epochLeft);
+    appendDuration(text_, cap, len, stepSeconds * static_cast<double>(epochSteps));
     appendf(text_, cap, len, " run ");
-    appendDuration(text_, cap, len, epochLeft + laterEpochs * stepSeconds * static_cast<double>(total));
+    appendDuration(text_, cap, len, stepSeconds * static_cast<double>(runSteps));
   }
   return len;
 }

@@ -22,7 +22,8 @@
 // figure as the epoch's summary line on one rank), left out while no step had a known loss (NaN,
 // e.g. on a GPU); the ETAs use the epoch's mean step time so far (steps done in this process, so a
 // resumed epoch is timed from its resumption): epoch = mean x steps left in it, run = that plus mean
-// x stepsPerEpoch for each later epoch. Percent is rounded down; times are M:SS, or H:MM:SS from an
+// x stepsPerEpoch for each later epoch, both counting no further than maxSteps when it is set (the
+// run's step taken as epoch x stepsPerEpoch + the step in the epoch). Percent is rounded down; times are M:SS, or H:MM:SS from an
 // hour on. Rate and ETAs are left out until some time has passed; step totals and ETAs when
 // stepsPerEpoch is 0 (unknown).
 //
@@ -70,6 +71,7 @@ struct ProgressOptions {
   int fd = 1;                     // where it writes (standard output)
   int64_t epochs = 1;             // of the run
   int64_t stepsPerEpoch = 0;      // optimizer steps per epoch; 0: unknown (no totals, no ETA)
+  int64_t maxSteps = 0;           // > 0: the run stops after this many steps of the run (--max-steps)
   int64_t samplesScale = 1;       // rank 0's samples x this = the job's (world size where ranks step together)
   std::function<double()> clock;  // seconds, monotonic; empty: steady_clock (tests inject a fake one)
   std::string prefix;             // before kPlain and kTerminal text, e.g. the Logger's "[rank 0] "

@@ -264,6 +264,7 @@ TrainResult Trainer::run() {
                                                            .fd = 1,
                                                            .epochs = options_.epochs,
                                                            .stepsPerEpoch = stepsPerEpoch,
+                                                           .maxSteps = options_.maxSteps,
                                                            .samplesScale = job_.world().worldSize,
                                                            .clock = {},
                                                            .prefix = log.prefix()});

@@ -226,6 +226,30 @@ TEST_F(ProgressTest, LauncherWritesMarkerLinesThrottledAndClearsAtTheEpochsEnd) 
   EXPECT_EQ(lines[4], marker) << "the marker alone clears cohortrun's status line";
 }
 
+// With --max-steps the ETAs count to the step the run stops at: step 260 of 300, stopping at 280.
+TEST_F(ProgressTest, EtasStopAtMaxSteps) {
+  ProgressOptions o = options(ProgressMode::kPlain);
+  o.everySeconds = 10;
+  o.epochs = 3;
+  o.stepsPerEpoch = 100;
+  o.maxSteps = 280;
+  Progress progress(o);
+  progress.startEpoch(2, 50);
+  for (int step = 51; step <= 60; ++step) {
+    now_ += 1;
+    progress.step(step, 10, 3.0);
+  }
+  EXPECT_EQ(written(), "progress: epoch 3/3 step 60/100 (60%) 10 samples/s loss 3 ETA epoch 0:20 run 0:20\n");
+  o.maxSteps = 1000;  // beyond the epochs: no change
+  Progress later(o);
+  later.startEpoch(0, 0);
+  for (int step = 1; step <= 10; ++step) {
+    now_ += 1;
+    later.step(step, 10, 3.0);
+  }
+  EXPECT_EQ(written(), "progress: epoch 1/3 step 10/100 (10%) 10 samples/s loss 3 ETA epoch 1:30 run 4:50\n");
+}
+
 TEST_F(ProgressTest, EtaOfAResumedEpochUsesTheStepsDoneSinceItsStart) {
   ProgressOptions o = options(ProgressMode::kPlain);
   o.everySeconds = 10;
