@@ -80,7 +80,7 @@ double timeGemm(const runtime::cpu::GemmOptions& o) {
 // One epoch of training (SGD lr 0.01 momentum 0.9, dropout active); returns samples/s. On a GPU the
 // batches come through the DeviceLoader and the clock stops when the compute stream is done.
 double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data, uint64_t seed, runtime::Device device) {
-  auto model = nn::buildModel(o.model);
+  // The context first: the model's device tensors come from its allocator, which must outlive them.
   runtime::cuda::GpuContext* gpu = nullptr;
 #ifdef COHORT_HAVE_CUDA
   std::unique_ptr<runtime::cuda::GpuContext> gpuOwner;
@@ -89,6 +89,7 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
     gpu = gpuOwner.get();
   }
 #endif
+  auto model = nn::buildModel(o.model);
   auto host = nn::buildModel(o.model);
   host->params.allocate(runtime::cpuAllocator());
   runtime::Rng rng(seed);

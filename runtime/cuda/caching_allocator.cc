@@ -26,11 +26,20 @@ CudaCachingAllocator::CudaCachingAllocator(Device device) : device_(device) {
 
 CudaCachingAllocator::~CudaCachingAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A block still handed out belongs to a tensor that will later call deallocate() on this
+  // destroyed object: say so here, where the cause is, rather than crash there.
+  if (!active_.empty()) {
+    size_t bytes = 0;
+    for (const auto& [ptr, size] : active_) bytes += size;
+    COHORT_CHECK(active_.empty())
+        << "the CUDA caching allocator of " << device_.str() << " is destroyed while " << active_.size()
+        << " of its blocks (" << bytes << " bytes) are still handed out: a tensor outlives the allocator "
+        << "(the GpuContext or train::Job) it came from; make the context first and destroy it last";
+  }
   // A destructor must not throw: errors (e.g. a driver already shutting down) are ignored.
   int previous = -1;
   bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != device_.index;
   if (restore) cudaSetDevice(device_.index);
-  for (auto& [ptr, size] : active_) cudaFree(ptr);
   for (auto& [size, ptr] : smallFree_) cudaFree(ptr);
   for (auto& [size, ptr] : largeFree_) cudaFree(ptr);
   if (restore) cudaSetDevice(previous);

@@ -19,8 +19,11 @@
 //
 // Statistics: allocatedBytes counts the rounded sizes of blocks handed out and not yet returned;
 // reservedBytes counts everything obtained from cudaMalloc (handed out + cached).
-// Ownership: the allocator owns all device memory it obtained; its destructor frees every block,
-// including ones still handed out (which must no longer be used). Copy is deleted.
+// Ownership: the allocator owns all device memory it obtained and must outlive every tensor it
+// handed a block to: destroying it while a block is still handed out is a broken invariant
+// (COHORT_CHECK naming the device, the blocks and the bytes), since that tensor would later free
+// into a destroyed object. So make the GpuContext (or train::Job) before the model and destroy it
+// after. Copy is deleted.
 // Thread safety: all methods may be called from several threads (one mutex).
 // Only built when CUDA is compiled in (COHORT_HAVE_CUDA).
 //

@@ -125,6 +125,19 @@ TEST_F(CliGpuTest, RosettaTrainsOnTheGpuWithAugmentation) {
   EXPECT_TRUE(std::isfinite(result.number("train_loss"))) << r.describe();
 }
 
+// The first GPU run found `cohort bench train --device cuda` aborting at the end of its first run:
+// the model outlived the GpuContext whose allocator it came from.
+TEST_F(CliGpuTest, BenchTrainPrintsItsResult) {
+  for (const std::string model : {mlp_.empty() ? std::string("mlp:784,512,256,10") : mlp_[1], std::string("cnn:lenet")}) {
+    CommandResult r = runCohort({"bench", "train", "--device", "cuda", "--model", model, "--batch-size", "64",
+                                 "--samples", "640", "--repeats", "2"});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_NE(r.stdoutText.find("RESULT bench=train model=" + model + " device=cuda:0 batch=64 samples_per_s="),
+              std::string::npos)
+        << r.describe();
+  }
+}
+
 TEST_F(CliGpuTest, HogwildWithFourWorkersOnOneGpuReachesTheSingleGpuAccuracy) {
   const std::vector<std::string> job =
       withMlp({"train", "--device", "cuda:0", "--epochs", "2", "--lr", "0.05", "--momentum", "0.9"});
