@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "launcher/mps_daemon.h"  // isMpsVariable
+#include "launcher/mps_probe.h"   // environmentValue
 #include "runtime/error.h"
 
 extern char** environ;
@@ -49,7 +51,7 @@ std::string shellQuoted(const std::string& arg) {
   return quoted + "'";
 }
 
-// The longest grace period accepted: a day, so that milliseconds never overflow.
+// The longest grace period (and --mps-timeout) accepted: a day, so that milliseconds never overflow.
 constexpr double kMaxGracePeriodS = 86400.0;
 constexpr int kMaxWorkers = 4096;
 
@@ -68,6 +70,10 @@ void addLaunchFlags(CLI::App& app, LaunchFlags& flags) {
                  "auto | cores | none: bind each worker to its own block of CPUs (auto: when there are at least "
                  "as many CPUs as workers)")
       ->capture_default_str();
+  app.add_flag("--mps", flags.mps,
+               "start a private NVIDIA MPS control daemon for the job, so that workers sharing a GPU run side by side");
+  app.add_option("--mps-timeout", flags.mpsTimeoutS,
+                 "seconds each wait on the --mps daemon may take: coming up, quitting (default 10)");
   app.add_option("command", flags.command, "PROGRAM ARGS…: the worker program (after --)");
   app.positionals_at_end();
 }
@@ -96,6 +102,10 @@ LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs) {
     COHORT_THROW(InvalidArgument) << "--grace-period must be > 0 and at most " << kMaxGracePeriodS << " seconds, got "
                                   << flags.gracePeriodS;
   }
+  if (!(flags.mpsTimeoutS > 0) || flags.mpsTimeoutS > kMaxGracePeriodS) {
+    COHORT_THROW(InvalidArgument) << "--mps-timeout must be > 0 and at most " << kMaxGracePeriodS << " seconds, got "
+                                  << flags.mpsTimeoutS;
+  }
   if (flags.command.empty() || flags.command[0].empty()) {
     COHORT_THROW(InvalidArgument) << "missing PROGRAM: usage: cohortrun --nproc-per-node N [flags] -- PROGRAM ARGS…";
   }
@@ -106,6 +116,11 @@ LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs) {
   plan.gracePeriod = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(flags.gracePeriodS * 1000.0)));
   plan.command = flags.command;
   plan.jobId = inputs.jobId;
+  plan.mps = flags.mps;
+  plan.mpsTimeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(flags.mpsTimeoutS * 1000.0)));
+  const std::string tmp = environmentValue(inputs.environment, "TMPDIR").value_or("");
+  plan.jobDirectory = (tmp.empty() ? std::string("/tmp") : tmp) + "/cohortrun-" + inputs.jobId;
+  plan.mpsNote = inputs.mpsNote;
   // Binding: worker k gets CPUs [k·c, (k+1)·c) of the allowed ones, c = allowed / N. Without it the
   // scheduler moves workers (and their data-loader and communication threads) between cores and
   // their caches go cold: all-reduce training ran about 30% faster bound on a 2-core machine.
@@ -129,6 +144,7 @@ LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs) {
   bool progressChosen = false;
   for (const std::string& entry : inputs.environment) {
     if (isPerWorkerVariable(entry)) continue;
+    if (flags.mps && isMpsVariable(entry)) continue;  // the job's own daemon's are set instead
     if (variableName(entry) == "COHORT_PROGRESS") {
       if (!isUserProgressChoice(entry)) continue;
       progressChosen = true;

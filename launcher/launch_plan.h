@@ -2,7 +2,7 @@
 // environment.
 //
 //   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S]
-//             [--bind auto|cores|none] -- PROGRAM ARGS…
+//             [--bind auto|cores|none] [--mps [--mps-timeout S]] -- PROGRAM ARGS…
 //
 // addLaunchFlags() declares the flags on a CLI11 app, writing into LaunchFlags the caller owns;
 // checkSeparator() refuses a PROGRAM whose flags came without `--` before it; makeLaunchPlan()
@@ -10,7 +10,9 @@
 // environment. environmentFor() gives the exact environment of one worker: the launcher's own minus
 // any inherited rank variables, plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, COHORT_JOB_ID,
 // COHORT_RESTART_COUNT, and OMP_NUM_THREADS=1 unless the launcher's environment sets it; and
-// COHORT_PROGRESS=live when cohortrun's stdout is a terminal (liveStatus; see below).
+// COHORT_PROGRESS=live when cohortrun's stdout is a terminal (liveStatus; see below). With --mps
+// the Supervisor adds the job's own MPS variables (MpsDaemon::environment()); inherited ones are
+// dropped from the base environment.
 // A value type; thread safety as for any const object.
 #pragma once
 
@@ -30,6 +32,8 @@ struct LaunchFlags {
   std::string logDir;
   double gracePeriodS = 5.0;
   std::string bind = "auto";         // auto | cores | none
+  bool mps = false;                  // start a private MPS control daemon for the job
+  double mpsTimeoutS = 10.0;         // each wait on that daemon
   std::vector<std::string> command;  // PROGRAM ARGS…
 };
 
@@ -61,6 +65,15 @@ struct LaunchPlan {
   // COHORT_PROGRESS=plain or off, which pass through. An inherited "live" (a cohortrun inside a
   // worker) or any other value is the launcher's to set: dropped when the status line is off.
   bool liveStatus = false;
+  // --mps: the Supervisor runs an MpsDaemon (launcher/mps_daemon.h) in jobDirectory for the whole
+  // job, with mpsTimeout for each of its waits.
+  bool mps = false;
+  std::chrono::milliseconds mpsTimeout{10000};
+  // ${TMPDIR:-/tmp}/cohortrun-<jobId>: the job's files (the MPS daemon's); made only when needed
+  // and removed at the end of the job.
+  std::string jobDirectory;
+  // Said once before the first attempt ("cohortrun: " + mpsNote) unless empty: mps_probe.h.
+  std::string mpsNote;
 
   std::vector<std::string> environmentFor(int rank, int restartCount) const;
 };
@@ -70,6 +83,7 @@ struct PlanInputs {
   std::vector<std::string> environment;  // "NAME=value" entries, e.g. currentEnvironment()
   std::vector<int> allowedCpus;          // e.g. allowedCpus(): the CPUs cohortrun may use
   bool stdoutIsTerminal = false;         // e.g. stdoutIsTerminal(): show a status line
+  std::string mpsNote{};                 // e.g. mpsNote() (launcher/mps_probe.h)
 };
 
 // Whether cohortrun's stdout is a terminal that can show a status line: isatty(1) and TERM is not
@@ -79,7 +93,7 @@ bool stdoutIsTerminal();
 // The CPUs this process may run on (sched_getaffinity), in increasing order.
 std::vector<int> allowedCpus();
 
-// Throws InvalidArgument (naming the flag) for N < 1, R < 0, S <= 0 or a missing PROGRAM.
+// Throws InvalidArgument (naming the flag) for N < 1, R < 0, S <= 0 (either S) or a missing PROGRAM.
 LaunchPlan makeLaunchPlan(const LaunchFlags& flags, const PlanInputs& inputs);
 
 // This process's environment as "NAME=value" entries.

@@ -1,6 +1,6 @@
 // cohortrun: starts N worker processes on this node and supervises them (docs/launcher.md).
 //   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S]
-//             [--bind auto|cores|none] -- PROGRAM ARGS…
+//             [--bind auto|cores|none] [--mps [--mps-timeout S]] -- PROGRAM ARGS…
 // The one place in launcher/ where errors become exit codes (docs/errors.md). Never links CUDA,
 // NCCL or MPI (DESIGN.md §2): workers are started with fork+exec.
 #include <signal.h>
@@ -14,6 +14,7 @@
 
 #include "ipc/shm_names.h"         // makeLauncherJobId
 #include "launcher/launch_plan.h"  // flags -> plan
+#include "launcher/mps_probe.h"    // the note on workers sharing a GPU without MPS
 #include "launcher/supervisor.h"   // spawn, supervise, restart, clean up
 #include "runtime/error.h"         // exit codes
 
@@ -24,7 +25,7 @@ int run(int argc, char** argv) {
   CLI::App app{"cohortrun: start and supervise N Cohort worker processes on this node"};
   app.footer(
       "usage: cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S] "
-      "[--bind auto|cores|none] -- PROGRAM ARGS...");
+      "[--bind auto|cores|none] [--mps [--mps-timeout S]] -- PROGRAM ARGS...");
   launcher::LaunchFlags flags;
   launcher::addLaunchFlags(app, flags);
   std::string parseError;
@@ -37,11 +38,18 @@ int run(int argc, char** argv) {
   // First: CLI11's "--mode was not expected" is how a forgotten `--` usually shows.
   launcher::checkSeparator(std::vector<std::string>(argv + 1, argv + argc), flags);
   if (!parseError.empty()) throw InvalidArgument(parseError + " (run with --help for usage)");
+  const std::vector<std::string> environment = launcher::currentEnvironment();
+  const std::string mpsNote = launcher::mpsNote({.workers = flags.nprocPerNode,
+                                                 .command = flags.command,
+                                                 .environment = environment,
+                                                 .gpusDirectory = launcher::nvidiaGpusDirectory(environment),
+                                                 .mpsRequested = flags.mps});
   launcher::LaunchPlan plan =
       launcher::makeLaunchPlan(flags, launcher::PlanInputs{.jobId = ipc::makeLauncherJobId(),
-                                                           .environment = launcher::currentEnvironment(),
+                                                           .environment = environment,
                                                            .allowedCpus = launcher::allowedCpus(),
-                                                           .stdoutIsTerminal = launcher::stdoutIsTerminal()});
+                                                           .stdoutIsTerminal = launcher::stdoutIsTerminal(),
+                                                           .mpsNote = mpsNote});
   // A closed stdout (cohortrun ... | head) must not kill the launcher while workers still run.
   ::signal(SIGPIPE, SIG_IGN);
   launcher::Supervisor supervisor(plan);

@@ -168,7 +168,7 @@ std::string mpsNote(const MpsProbeInputs& inputs) {
   if (inputs.mpsRequested) {
     if (sharing.shared) return "";
     return "note: --mps: MPS is not needed, as far as cohortrun can tell: " + sharing.reason +
-           "; starting the daemon anyway";
+           " (the daemon runs anyway)";
   }
   if (!sharing.shared) return "";
   const std::string control = mpsControlPath(inputs.environment);

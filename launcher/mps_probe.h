@@ -67,7 +67,7 @@ bool mpsControlAccepts(const std::string& path);
 
 // The one line cohortrun says before the first attempt (without "cohortrun: "), or "" for none:
 //  - workers share a GPU, no --mps and no daemon answers: what to expect and how to get MPS;
-//  - --mps where the workers share no GPU: MPS is not needed (started anyway, as asked).
+//  - --mps where the workers share no GPU: MPS is not needed (the daemon runs anyway, as asked).
 std::string mpsNote(const MpsProbeInputs& inputs);
 
 }  // namespace cohort::launcher

@@ -76,13 +76,33 @@ int Supervisor::run() {
   } catch (const Error& e) {
     say(std::string("warning: sweeping stale shared-memory segments failed: ") + e.what());
   }
+  // After the daemon: a daemon that cannot start is the job's one line.
+  startMps();
+  if (!plan_.mpsNote.empty()) say(plan_.mpsNote);
+  int code = 0;
   try {
-    return runAttempts();
+    code = runAttempts();
   } catch (...) {
     // The attempt's workers are gone by now (their owners were destroyed while unwinding).
     removeSegments(true);
+    stopMps();
     throw;
   }
+  stopMps();
+  return code;
+}
+
+void Supervisor::startMps() {
+  if (!plan_.mps) return;
+  mps_ = MpsDaemon::start(
+      {.jobDirectory = plan_.jobDirectory, .environment = plan_.baseEnvironment, .timeout = plan_.mpsTimeout});
+  say("started an MPS control daemon for this job (CUDA_MPS_PIPE_DIRECTORY=" + mps_->pipeDirectory() + ")");
+}
+
+void Supervisor::stopMps() {
+  if (!mps_) return;
+  for (const std::string& warning : mps_->stop()) say("warning: " + warning);
+  mps_.reset();
 }
 
 int Supervisor::runAttempts() {
@@ -104,10 +124,12 @@ int Supervisor::runAttempts() {
 void Supervisor::runAttempt(Attempt& attempt) {
   pump_.beginAttempt(attempt.restartCount);
   for (int rank = 0; rank < plan_.worldSize; ++rank) {
+    std::vector<std::string> environment = plan_.environmentFor(rank, attempt.restartCount);
+    if (mps_) environment.insert(environment.end(), mps_->environment().begin(), mps_->environment().end());
     attempt.workers.push_back(WorkerProcess::spawn(SpawnOptions{
         .rank = rank,
         .argv = plan_.command,
-        .environment = plan_.environmentFor(rank, attempt.restartCount),
+        .environment = environment,
         .cpus = plan_.cpusOfRank.empty() ? std::vector<int>{} : plan_.cpusOfRank[static_cast<size_t>(rank)]}));
   }
   while (attempt.anyRunning()) pollOnce(attempt);

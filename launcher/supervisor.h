@@ -20,10 +20,14 @@
 // After the attempt, the job's shared-memory segments are removed; a failed attempt is followed by a
 // new one (COHORT_RESTART_COUNT + 1) while restarts remain. Stale segments of dead jobs are swept
 // once before the first attempt.
+// Before the first attempt, with --mps, a private MPS control daemon (MpsDaemon) is started: every
+// worker of every attempt gets its CUDA_MPS_* variables, and it is stopped after the last attempt
+// however the job ends (a failure, a signal, an exception); its warnings are said then. Then the
+// plan's mpsNote (workers share a GPU without MPS; --mps where none is shared) is said, once.
 // Exit code: 128 + the signal received; else the first failure's code (128 + signal for a worker
 // killed by one); else 0. An unexecutable PROGRAM throws InvalidArgument.
-// Ownership: owns the workers, the signalfd and the log files; nothing survives it (see
-// WorkerProcess). Thread safety: none; construct and run it on the main thread, which must be the
+// Ownership: owns the workers, the signalfd, the log files and the MPS daemon; nothing survives it
+// (see WorkerProcess). Thread safety: none; construct and run it on the main thread, which must be the
 // only thread (forks, signal mask, parent-death signal).
 #pragma once
 
@@ -33,6 +37,7 @@
 #include <vector>
 
 #include "launcher/launch_plan.h"
+#include "launcher/mps_daemon.h"
 #include "launcher/output_pump.h"
 #include "launcher/signal_channel.h"
 #include "launcher/worker_process.h"
@@ -57,6 +62,8 @@ class Supervisor {
   struct Attempt;  // the state of one attempt (supervisor.cc)
 
   int runAttempts();
+  void startMps();
+  void stopMps();
   void runAttempt(Attempt& attempt);
   void pollOnce(Attempt& attempt);
   void handleSignals(Attempt& attempt);
@@ -73,6 +80,7 @@ class Supervisor {
   LaunchPlan plan_;
   SignalChannel signals_;
   OutputPump pump_;
+  std::unique_ptr<MpsDaemon> mps_;  // --mps: the job's MPS control daemon
 };
 
 }  // namespace cohort::launcher

@@ -28,13 +28,6 @@ Pipe makePipe() {
   return Pipe{runtime::UniqueFd(fds[0]), runtime::UniqueFd(fds[1])};
 }
 
-std::vector<char*> toCStrings(const std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
-  out.push_back(nullptr);
-  return out;
-}
-
 // Everything a child needs, prepared before fork, so that after fork only async-signal-safe calls
 // are made.
 struct ChildSetup {
@@ -100,6 +93,13 @@ ExitStatus decode(int status) {
 }
 
 }  // namespace
+
+std::vector<char*> toCStrings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (const std::string& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
 
 std::string ExitStatus::describe() const {
   if (signal != 0) return "terminated by signal " + std::to_string(signal) + " (" + signalName(signal) + ")";

@@ -38,6 +38,9 @@ struct ExitStatus {
   std::string describe() const;
 };
 
+// argv or envp for exec: pointers into `strings` (which must outlive them), then nullptr.
+std::vector<char*> toCStrings(const std::vector<std::string>& strings);
+
 struct SpawnOptions {
   int rank = 0;
   std::vector<std::string> argv;                 // argv[0] is PROGRAM

@@ -51,6 +51,9 @@ TEST(LaunchPlan, RejectsBadFlagsAsUsageErrors) {
   f.gracePeriodS = -2;
   expectInvalid(f, "--grace-period");
   f = validFlags();
+  f.mpsTimeoutS = 0;
+  expectInvalid(f, "--mps-timeout");
+  f = validFlags();
   f.command.clear();
   expectInvalid(f, "PROGRAM");
 }
@@ -146,6 +149,28 @@ TEST(LaunchPlan, KeepsOmpNumThreadsAndReplacesInheritedRankVariables) {
   EXPECT_EQ(valueOf(env, "COHORT_RESTART_COUNT"), "0");
   EXPECT_EQ(valueOf(env, "COHORT_SHM_DIR"), "/tmp/x");
   EXPECT_EQ(valueOf(env, "RANKING"), "keep");
+}
+
+// --mps: the job's directory is under TMPDIR (or /tmp), and inherited MPS variables never reach a
+// worker (the Supervisor adds the job daemon's); without --mps they pass through.
+TEST(LaunchPlan, MpsPutsTheJobDirectoryUnderTmpdirAndDropsInheritedMpsVariables) {
+  const std::vector<std::string> environment = {"TMPDIR=/scratch", "CUDA_MPS_PIPE_DIRECTORY=/run/mps",
+                                                "CUDA_MPS_LOG_DIRECTORY=/var/log/mps"};
+  LaunchFlags f = validFlags();
+  LaunchPlan plain = makeLaunchPlan(f, {.jobId = "cr-7-9", .environment = environment});
+  EXPECT_FALSE(plain.mps);
+  EXPECT_EQ(plain.jobDirectory, "/scratch/cohortrun-cr-7-9");
+  EXPECT_EQ(valueOf(plain.environmentFor(0, 0), "CUDA_MPS_PIPE_DIRECTORY"), "/run/mps");
+  f.mps = true;
+  f.mpsTimeoutS = 2.5;
+  LaunchPlan mps = makeLaunchPlan(f, {.jobId = "cr-7-9", .environment = environment, .mpsNote = "note: x"});
+  EXPECT_TRUE(mps.mps);
+  EXPECT_EQ(mps.mpsTimeout.count(), 2500);
+  EXPECT_EQ(mps.mpsNote, "note: x");
+  EXPECT_EQ(valueOf(mps.environmentFor(0, 0), "CUDA_MPS_PIPE_DIRECTORY"), "<unset>");
+  EXPECT_EQ(valueOf(mps.environmentFor(0, 0), "CUDA_MPS_LOG_DIRECTORY"), "<unset>");
+  EXPECT_EQ(valueOf(mps.environmentFor(0, 0), "TMPDIR"), "/scratch");
+  EXPECT_EQ(makeLaunchPlan(f, {.jobId = "cr-1-2", .environment = {"TMPDIR="}}).jobDirectory, "/tmp/cohortrun-cr-1-2");
 }
 
 // COHORT_PROGRESS=live exactly when cohortrun's stdout is a terminal; the user's plain or off pass

@@ -85,9 +85,14 @@ std::string Output::describe() const {
 }
 
 Child Child::start(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv) {
+  // An extra "NAME=value" replaces an inherited NAME (getenv would return the first of two).
+  auto overridden = [&](const std::string& entry) {
+    const std::string name = entry.substr(0, entry.find('=') + 1);
+    return std::any_of(extraEnv.begin(), extraEnv.end(), [&](const std::string& e) { return e.rfind(name, 0) == 0; });
+  };
   std::vector<std::string> envStrings;
   for (char** e = environ; *e; ++e) {
-    if (!isJobVariable(*e)) envStrings.emplace_back(*e);
+    if (!isJobVariable(*e) && !overridden(*e)) envStrings.emplace_back(*e);
   }
   envStrings.insert(envStrings.end(), extraEnv.begin(), extraEnv.end());
   std::vector<char*> args, env;

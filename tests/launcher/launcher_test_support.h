@@ -43,7 +43,8 @@ struct Output {
 class Child {
  public:
   // Starts argv[0] (a path) with this process's environment minus job variables (RANK, COHORT_*,
-  // OMP_NUM_THREADS, …) plus `extraEnv` ("NAME=value"), /dev/null as stdin, stdout/stderr piped.
+  // OMP_NUM_THREADS, …) plus `extraEnv` ("NAME=value", replacing an inherited NAME), /dev/null as
+  // stdin, stdout/stderr piped.
   static Child start(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv);
   Child(Child&& other) noexcept;
   Child(const Child&) = delete;

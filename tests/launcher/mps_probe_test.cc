@@ -180,7 +180,7 @@ TEST_F(MpsProbeTest, TheNoteNamesTheSharedGpuOnlyWhenNoDaemonAnswers) {
   inputs.command = {"cohort", "train", "--device", "cuda"};
   EXPECT_EQ(mpsNote(inputs),
             "note: --mps: MPS is not needed, as far as cohortrun can tell: each worker gets its own GPU (--device "
-            "cuda); starting the daemon anyway");
+            "cuda) (the daemon runs anyway)");
 }
 
 }  // namespace

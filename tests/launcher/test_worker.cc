@@ -22,6 +22,10 @@
 //   --fail-first-attempt    exit with --exit-code (default 3) when COHORT_RESTART_COUNT is 0
 //                           (only on --rank R when given)
 //   --hang                  sleep in short naps until killed
+//   --device D              ignored: gives cohortrun a worker command that names a GPU
+//   --record FILE           append "worker <k> start CUDA_MPS_PIPE_DIRECTORY=… CUDA_MPS_LOG_DIRECTORY=…"
+//                           to FILE first and "worker <k> end <exit code>" last (one write each,
+//                           O_APPEND), so that a test can order them with other processes' lines
 // Exits 0 otherwise. Not a Cohort API: only the tests use it.
 #include <fcntl.h>
 #include <signal.h>
@@ -59,6 +63,8 @@ struct Flags {
   int signalSelf = 0;
   bool failFirstAttempt = false;
   bool hang = false;
+  std::string device;
+  std::string record;
 };
 
 std::string env(const char* name) {
@@ -78,6 +84,16 @@ void onSigterm(int) {
 }
 
 void onSigusr1(int) { (void)!::write(1, gSigusr1Message, std::strlen(gSigusr1Message)); }
+
+// One line appended to `path` with one write(), so lines of several processes never interleave.
+void record(const std::string& path, const std::string& line) {
+  if (path.empty()) return;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  const std::string text = line + "\n";
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
+}
 
 void say(const std::string& line, FILE* stream = stdout) {
   std::fprintf(stream, "%s\n", line.c_str());
@@ -140,6 +156,31 @@ int runSteps(const Flags& f, bool thisRank) {
   return 0;
 }
 
+// What the flags ask for after the pid and the environment; returns the exit code.
+int work(const Flags& f, int rank, bool thisRank) {
+  if (f.createSegment) createSegment();
+  if (f.awaitPeers) awaitPeers();
+  for (int i = 0; i < f.print; ++i) {
+    say("stdout line " + std::to_string(i) + " of rank " + std::to_string(rank));
+    say("stderr line " + std::to_string(i) + " of rank " + std::to_string(rank), stderr);
+  }
+  if (f.longLine > 0) say(std::string(static_cast<size_t>(f.longLine), 'x'));
+  for (int i = 0; i < f.progress; ++i) {
+    const std::string of = std::to_string(i) + " of ";
+    say(std::string(cohort::launcher::kProgressMarker) + "step " + of + std::to_string(f.progress));
+    say("work " + of + "rank " + std::to_string(rank));
+    say("note " + of + "rank " + std::to_string(rank), stderr);
+  }
+  if (int code = runSteps(f, thisRank)) return code;
+  if (f.signalSelf != 0 && thisRank) ::raise(f.signalSelf);
+  if (f.failFirstAttempt && thisRank && env("COHORT_RESTART_COUNT") == "0") {
+    say("failing on purpose in the first attempt");
+    return f.exitCode;
+  }
+  while (f.hang) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,6 +203,8 @@ int main(int argc, char** argv) {
   app.add_option("--signal-self", f.signalSelf);
   app.add_flag("--fail-first-attempt", f.failFirstAttempt);
   app.add_flag("--hang", f.hang);
+  app.add_option("--device", f.device);
+  app.add_option("--record", f.record);
   CLI11_PARSE(app, argc, argv);
 
   const int rank = myRank();
@@ -173,6 +216,8 @@ int main(int argc, char** argv) {
     ::signal(SIGUSR1, onSigusr1);
   }
   if (f.ignoreSigterm) ::signal(SIGTERM, SIG_IGN);
+  record(f.record, "worker " + std::to_string(rank) + " start CUDA_MPS_PIPE_DIRECTORY=" +
+                       env("CUDA_MPS_PIPE_DIRECTORY") + " CUDA_MPS_LOG_DIRECTORY=" + env("CUDA_MPS_LOG_DIRECTORY"));
   say("pid " + std::to_string(::getpid()));
   if (f.printSignals) {
     for (const std::string& line : signalsAtExec) say(line);
@@ -183,25 +228,7 @@ int main(int argc, char** argv) {
       say(std::string("env ") + name + "=" + env(name));
     }
   }
-  if (f.createSegment) createSegment();
-  if (f.awaitPeers) awaitPeers();
-  for (int i = 0; i < f.print; ++i) {
-    say("stdout line " + std::to_string(i) + " of rank " + std::to_string(rank));
-    say("stderr line " + std::to_string(i) + " of rank " + std::to_string(rank), stderr);
-  }
-  if (f.longLine > 0) say(std::string(static_cast<size_t>(f.longLine), 'x'));
-  for (int i = 0; i < f.progress; ++i) {
-    const std::string of = std::to_string(i) + " of ";
-    say(std::string(cohort::launcher::kProgressMarker) + "step " + of + std::to_string(f.progress));
-    say("work " + of + "rank " + std::to_string(rank));
-    say("note " + of + "rank " + std::to_string(rank), stderr);
-  }
-  if (int code = runSteps(f, thisRank)) return code;
-  if (f.signalSelf != 0 && thisRank) ::raise(f.signalSelf);
-  if (f.failFirstAttempt && thisRank && env("COHORT_RESTART_COUNT") == "0") {
-    say("failing on purpose in the first attempt");
-    return f.exitCode;
-  }
-  while (f.hang) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  return 0;
+  const int code = work(f, rank, thisRank);
+  record(f.record, "worker " + std::to_string(rank) + " end " + std::to_string(code));
+  return code;
 }
