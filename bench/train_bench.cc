@@ -15,8 +15,10 @@
 #include "runtime/cpu/blas.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/synthetic.h"
+#include "runtime/data/text.h"
 #include "runtime/device_query.h"
 #include "runtime/error.h"
+#include "runtime/random.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -30,7 +32,7 @@ using runtime::Shape;
 using runtime::Tensor;
 
 void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
-  c.add_option("--model", o.model, "mlp:… | cnn:lenet | cnn:rosetta")->capture_default_str();
+  c.add_option("--model", o.model, "mlp:… | cnn:lenet | cnn:rosetta | gpt:… (GPU only)")->capture_default_str();
   c.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   c.add_option("--threads", o.threads, "BLAS thread counts to measure")->delimiter(',')->capture_default_str();
   c.add_option("--repeats", o.repeats, "runs per thread count (median reported)")->capture_default_str();
@@ -42,6 +44,21 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
 namespace {
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+constexpr int kWarmupSteps = 20;
+
+bool isGpt(const std::string& model) { return model.rfind("gpt:", 0) == 0; }
+
+// A GPT's throughput does not depend on which tokens it reads: windows of random bytes (seeded), as
+// many as `windows` train samples need.
+std::unique_ptr<runtime::data::Dataset> randomText(int64_t context, int64_t windows) {
+  // The train split is the first 90% of the bytes and holds floor((bytes - 1) / context) windows.
+  const int64_t bytes = (windows + 2) * context * 10 / 9 + 4 * (context + 1);
+  std::string text(static_cast<size_t>(bytes), '\0');
+  runtime::Rng rng(7);
+  for (char& c : text) c = static_cast<char>(rng.nextU64() & 0xff);
+  return runtime::data::textDataset(text, "random bytes", {.context = context, .seed = 1}, runtime::data::Split::kTrain);
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -99,7 +116,11 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
   } else {
     model = std::move(host);
   }
-  auto opt = nn::makeOptimizer({.kind = nn::OptimizerKind::kSgd, .lr = 0.01f, .momentum = 0.9f}, model->params.numel(), gpu);
+  // The peers' optimizers: SGD with momentum for the classifiers, AdamW for a GPT (gpu_torch.py).
+  const nn::OptimizerOptions optimizer =
+      isGpt(o.model) ? nn::OptimizerOptions{.kind = nn::OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f}
+                     : nn::OptimizerOptions{.kind = nn::OptimizerKind::kSgd, .lr = 0.01f, .momentum = 0.9f};
+  auto opt = nn::makeOptimizer(optimizer, model->params.numel(), gpu);
   nn::SoftmaxCrossEntropy loss;
   runtime::data::DataLoader loader(data, {.batchSize = o.batchSize, .seed = seed});
   runtime::Rng dropoutRng(seed + 1);
@@ -132,10 +153,10 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
     model->net->backward(loss.backward(), pass);
     opt->step(model->params.values(), model->params.grads());
   };
-  // Warm-up: 20 steps (the peers do the same on a throwaway model).
+  // Warm-up (the peers do the same on a throwaway model).
   startEpoch(1000);
   runtime::data::Batch b;
-  for (int i = 0; i < 20 && next(b); ++i) step(b);
+  for (int i = 0; i < kWarmupSteps && next(b); ++i) step(b);
   finish();
   startEpoch(0);
   int64_t done = 0;
@@ -155,11 +176,18 @@ int runTrainBench(const TrainBenchOptions& options) {
   if (o.repeats < 1 || o.batchSize < 1 || o.samples < 0) COHORT_THROW(InvalidArgument) << "bench train: counts must be positive";
   const runtime::Device device = runtime::selectDevice(o.device, 0);
   auto probe = nn::buildModel(o.model);
-  // Data: the synthetic set the peers use for this input shape.
+  const bool gpt = isGpt(o.model);
+  if (gpt && !device.isCuda()) {
+    COHORT_THROW(InvalidArgument) << "bench train: a GPT is measured on a GPU here (--device cuda); on the CPU use "
+                                     "bench/compare_gpt_peers.sh";
+  }
+  // Data: the synthetic set the peers use for this input shape; random tokens for a GPT.
   const bool cifarShaped = probe->sampleShape.numel() == 3 * 32 * 32;
-  if (o.samples == 0) o.samples = cifarShaped ? runtime::data::kSyntheticCifarTrainSize : 60000;
-  auto data = cifarShaped ? runtime::data::syntheticCifar(std::max<int64_t>(o.samples, o.batchSize))
-                          : runtime::data::syntheticMnist(runtime::data::Split::kTrain);
+  if (o.samples == 0) o.samples = gpt ? 30 * o.batchSize : cifarShaped ? runtime::data::kSyntheticCifarTrainSize : 60000;
+  const int64_t context = probe->sampleShape.numel();
+  auto data = gpt           ? randomText(context, std::max<int64_t>(o.samples, kWarmupSteps * o.batchSize))
+              : cifarShaped ? runtime::data::syntheticCifar(std::max<int64_t>(o.samples, o.batchSize))
+                            : runtime::data::syntheticMnist(runtime::data::Split::kTrain);
   if (data->sampleShape().numel() != probe->sampleShape.numel()) {
     COHORT_THROW(InvalidArgument) << "bench train: model " << o.model << " takes " << probe->sampleShape.numel()
                                   << " inputs; the benchmark has synthetic MNIST- (784) and CIFAR-shaped (3072) data";
@@ -167,9 +195,11 @@ int runTrainBench(const TrainBenchOptions& options) {
   if (device.isCuda()) {
     std::vector<double> runs;
     for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device));
-    std::printf("RESULT bench=train model=%s device=%s batch=%lld samples_per_s=%.0f min=%.0f max=%.0f\n", o.model.c_str(),
+    std::printf("RESULT bench=train model=%s device=%s batch=%lld samples_per_s=%.0f min=%.0f max=%.0f", o.model.c_str(),
                 device.str().c_str(), static_cast<long long>(o.batchSize), median(runs),
                 *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));
+    if (gpt) std::printf(" tokens_per_s=%.0f", median(runs) * static_cast<double>(context));
+    std::printf("\n");
     return 0;
   }
   // An MLP's step is all GEMMs: time them alone for the bound (other models get the SGEMM peak only).

@@ -8,6 +8,10 @@
 //   RESULT bench=sgemm shape=MxNxK trans=.. threads=1 gflops=..
 //   RESULT bench=train model=mlp:784,512,256,10 threads=T samples_per_s=.. gflops=.. sgemm_fraction=..
 //   RESULT bench=train model=… device=cuda:0 batch=B samples_per_s=..          (--device cuda)
+// A GPT (gpt:…, GPU only) trains with AdamW (lr 3e-3, weight decay 0.01, as bench-peers' gpu_torch.py)
+// on windows of random bytes, --samples windows (default 30 batches) after 20 warm-up steps, and its
+// line adds tokens_per_s. Every figure is the steady state: the warm-up steps, the data set's
+// making and the model's start-up are outside the clock, which stops when the stream is done.
 #pragma once
 
 #include <string>

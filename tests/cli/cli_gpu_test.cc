@@ -35,8 +35,12 @@ class CliGpuTest : public ::testing::Test {
     }
     dir_ = freshTempDir();
     // On the emulated device (cudasim, where CI runs these tests) the MLP tests train a smaller MLP:
-    // the same code paths, a tenth of the arithmetic on a CPU that plays the GPU.
-    if (devices.stdoutText.find("cudasim emulated GPU") != std::string::npos) mlp_ = {"--model", "mlp:784,64,10"};
+    // the same code paths, a tenth of the arithmetic on a CPU that plays the GPU. So do they under
+    // compute-sanitizer (COHORT_GPU_TEST_QUICK=1, scripts/gpu_run.sh), which slows every kernel.
+    const char* quick = std::getenv("COHORT_GPU_TEST_QUICK");
+    if (devices.stdoutText.find("cudasim emulated GPU") != std::string::npos || (quick && *quick == '1')) {
+      mlp_ = {"--model", "mlp:784,64,10"};
+    }
   }
   // `args` with the MLP of this device's runs.
   std::vector<std::string> withMlp(std::vector<std::string> args) const {
