@@ -7,6 +7,10 @@
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/attention_kernels.h"
+#endif
+
 namespace cohort::nn {
 
 namespace {
@@ -91,64 +95,6 @@ const Tensor& CausalSelfAttention::backward(const Tensor& gradOutput, const Pass
   return cAttn_.backward(gradQkv, pass);
 }
 
-// The device-dependent pieces of the attention core: on Pass::gpu's stream for CUDA tensors, else on
-// the CPU. Everything else (shapes, offsets, the order of operations) is the same code for both.
-struct CausalSelfAttention::Device {
-  runtime::cuda::GpuContext* gpu = nullptr;
-  runtime::Allocator& allocator() const;
-  void gemmBatched(const runtime::GemmOptions& o, const runtime::GemmBatch& batch, const float* a, const float* b,
-                   float* c) const;
-  void permute(const float* x, float* y, int64_t a, int64_t b, int64_t c, int64_t e) const;
-  void causalSoftmax(float* scores, int64_t rows, int64_t cols) const;
-  // dS = P ⊙ (dP − rowsum(dP ⊙ P)) in place over dP.
-  void softmaxBackward(const float* p, float* d, int64_t rows, int64_t cols) const;
-};
-
-runtime::Allocator& CausalSelfAttention::Device::allocator() const {
-#ifdef COHORT_HAVE_CUDA
-  if (gpu) return gpu->allocator();
-#endif
-  return runtime::cpuAllocator();
-}
-
-void CausalSelfAttention::Device::gemmBatched(const runtime::GemmOptions& o, const runtime::GemmBatch& batch,
-                                              const float* a, const float* b, float* c) const {
-#ifdef COHORT_HAVE_CUDA
-  if (gpu) return gpu->blas().gemmBatched(o, batch, a, b, c);
-#endif
-  runtime::cpu::gemmBatched(o, batch, a, b, c);
-}
-
-void CausalSelfAttention::Device::permute(const float* x, float* y, int64_t a, int64_t b, int64_t c, int64_t e) const {
-#ifdef COHORT_HAVE_CUDA
-  if (gpu) return runtime::cuda::permute0213(x, y, a, b, c, e, gpu->stream());
-#endif
-  permute0213(x, y, a, b, c, e);
-}
-
-void CausalSelfAttention::Device::causalSoftmax(float* scores, int64_t rows, int64_t cols) const {
-#ifdef COHORT_HAVE_CUDA
-  if (gpu) return runtime::cuda::softmaxForward(scores, scores, rows, cols, false, gpu->stream(), /*causal=*/true);
-#endif
-  softmaxRows(scores, scores, rows, cols, false, /*causal=*/true);
-}
-
-void CausalSelfAttention::Device::softmaxBackward(const float* p, float* d, int64_t rows, int64_t cols) const {
-#ifdef COHORT_HAVE_CUDA
-  if (gpu) return runtime::cuda::softmaxBackward(p, d, d, rows, cols, false, gpu->stream());
-#endif
-  softmaxBackwardRows(p, d, rows, cols);
-}
-
-CausalSelfAttention::Device CausalSelfAttention::deviceFor(const Tensor& t, const Pass& pass) const {
-#ifdef COHORT_HAVE_CUDA
-  if (onGpu(t)) return Device{&gpuFor(pass, t, name())};
-#endif
-  (void)t;
-  (void)pass;
-  return Device{};
-}
-
 namespace {
 
 // One head's products over the whole batch: the first (batch 0) q, k and v blocks of head h in the
@@ -173,31 +119,44 @@ HeadBlocks headBlocks(int64_t h, int64_t H, int64_t T, int64_t hd) {
 
 }  // namespace
 
+const Tensor& CausalSelfAttention::probabilities() const {
+  if (!probs_.defined()) {
+    COHORT_THROW(InvalidArgument) << name() << ": the attention probabilities are kept by a forward on the CPU only "
+                                  << "(the GPU's fused attention never forms them)";
+  }
+  return probs_;
+}
+
 const Tensor& CausalSelfAttention::attend(const Tensor& qkv, const Pass& pass) {
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(qkv)) return attendOnGpu(qkv, pass);
+#endif
+  (void)pass;
   const int64_t B = batch_, T = time_, H = options_.heads, D = options_.dim, hd = D / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int t = static_cast<int>(T), e = static_cast<int>(hd);
-  const Device device = deviceFor(qkv, pass);
-  runtime::ensureShape(heads_, Shape{B, 3 * H, T, hd}, device.allocator());
-  runtime::ensureShape(probs_, Shape{B, H, T, T}, device.allocator());
-  runtime::ensureShape(headsOut_, Shape{B, H, T, hd}, device.allocator());
-  runtime::ensureShape(y_, Shape{B, T, D}, device.allocator());
+  runtime::ensureShape(heads_, Shape{B, 3 * H, T, hd});
+  runtime::ensureShape(probs_, Shape{B, H, T, T});
+  runtime::ensureShape(headsOut_, Shape{B, H, T, hd});
+  runtime::ensureShape(y_, Shape{B, T, D});
   // [B, T, 3, H, hd] -> [B, 3H, T, hd]: every head's q, k and v contiguous [T, hd] blocks.
-  device.permute(qkv.data(), heads_.data(), B, T, 3 * H, hd);
+  permute0213(qkv.data(), heads_.data(), B, T, 3 * H, hd);
   for (int64_t h = 0; h < H; ++h) {  // S = q·kᵀ/√hd, for every sample at once
     const HeadBlocks at = headBlocks(h, H, T, hd);
-    device.gemmBatched({.m = t, .n = t, .k = e, .transB = true, .alpha = scale},
-                       {.count = static_cast<int>(B), .strideA = at.qkvStride, .strideB = at.qkvStride, .strideC = at.pStride},
-                       heads_.data() + at.q, heads_.data() + at.k, probs_.data() + at.p);
+    runtime::cpu::gemmBatched(
+        {.m = t, .n = t, .k = e, .transB = true, .alpha = scale},
+        {.count = static_cast<int>(B), .strideA = at.qkvStride, .strideB = at.qkvStride, .strideC = at.pStride},
+        heads_.data() + at.q, heads_.data() + at.k, probs_.data() + at.p);
   }
-  device.causalSoftmax(probs_.data(), B * H * T, T);  // P
+  softmaxRows(probs_.data(), probs_.data(), B * H * T, T, false, /*causal=*/true);  // P
   for (int64_t h = 0; h < H; ++h) {  // P·v
     const HeadBlocks at = headBlocks(h, H, T, hd);
-    device.gemmBatched({.m = t, .n = e, .k = t},
-                       {.count = static_cast<int>(B), .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.yStride},
-                       probs_.data() + at.p, heads_.data() + at.v, headsOut_.data() + at.y);
+    runtime::cpu::gemmBatched(
+        {.m = t, .n = e, .k = t},
+        {.count = static_cast<int>(B), .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.yStride},
+        probs_.data() + at.p, heads_.data() + at.v, headsOut_.data() + at.y);
   }
-  device.permute(headsOut_.data(), y_.data(), B, H, T, hd);  // [B, H, T, hd] -> [B, T, H, hd]
+  permute0213(headsOut_.data(), y_.data(), B, H, T, hd);  // [B, H, T, hd] -> [B, T, H, hd]
   return y_;
 }
 
@@ -205,14 +164,18 @@ const Tensor& CausalSelfAttention::attendBackward(const Tensor& gradY, const Pas
   const int64_t B = batch_, T = time_, H = options_.heads, D = options_.dim, hd = D / H;
   COHORT_CHECK(gradY.numel() == B * T * D) << gradY.shape().str() << " after a forward of [" << B << ", " << T << ", "
                                           << D << "]";
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradY)) return attendBackwardOnGpu(gradY, pass);
+#endif
+  (void)pass;
+  COHORT_CHECK(probs_.defined()) << name() << ": a CPU backward after a GPU forward";
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int t = static_cast<int>(T), e = static_cast<int>(hd), b = static_cast<int>(B);
-  const Device device = deviceFor(gradY, pass);
-  runtime::ensureShape(gradHeadsOut_, Shape{B, H, T, hd}, device.allocator());
-  runtime::ensureShape(gradScores_, Shape{B, H, T, T}, device.allocator());
-  runtime::ensureShape(gradHeads_, Shape{B, 3 * H, T, hd}, device.allocator());
-  runtime::ensureShape(gradQkv_, Shape{B, T, 3 * D}, device.allocator());
-  device.permute(gradY.data(), gradHeadsOut_.data(), B, T, H, hd);
+  runtime::ensureShape(gradHeadsOut_, Shape{B, H, T, hd});
+  runtime::ensureShape(gradScores_, Shape{B, H, T, T});
+  runtime::ensureShape(gradHeads_, Shape{B, 3 * H, T, hd});
+  runtime::ensureShape(gradQkv_, Shape{B, T, 3 * D});
+  permute0213(gradY.data(), gradHeadsOut_.data(), B, T, H, hd);
   const float* heads = heads_.data();
   const float* p = probs_.data();
   const float* dy = gradHeadsOut_.data();
@@ -220,25 +183,64 @@ const Tensor& CausalSelfAttention::attendBackward(const Tensor& gradY, const Pas
   float* ds = gradScores_.data();
   for (int64_t h = 0; h < H; ++h) {
     const HeadBlocks at = headBlocks(h, H, T, hd);
-    device.gemmBatched({.m = t, .n = e, .k = t, .transA = true},
-                       {.count = b, .strideA = at.pStride, .strideB = at.yStride, .strideC = at.qkvStride}, p + at.p,
-                       dy + at.y, grads + at.v);  // dv = Pᵀ·dy
-    device.gemmBatched({.m = t, .n = t, .k = e, .transB = true},
-                       {.count = b, .strideA = at.yStride, .strideB = at.qkvStride, .strideC = at.pStride}, dy + at.y,
-                       heads + at.v, ds + at.p);  // dP = dy·vᵀ
+    runtime::cpu::gemmBatched({.m = t, .n = e, .k = t, .transA = true},
+                              {.count = b, .strideA = at.pStride, .strideB = at.yStride, .strideC = at.qkvStride},
+                              p + at.p, dy + at.y, grads + at.v);  // dv = Pᵀ·dy
+    runtime::cpu::gemmBatched({.m = t, .n = t, .k = e, .transB = true},
+                              {.count = b, .strideA = at.yStride, .strideB = at.qkvStride, .strideC = at.pStride},
+                              dy + at.y, heads + at.v, ds + at.p);  // dP = dy·vᵀ
   }
-  device.softmaxBackward(p, ds, B * H * T, T);  // dS
+  softmaxBackwardRows(p, ds, B * H * T, T);  // dS
   for (int64_t h = 0; h < H; ++h) {
     const HeadBlocks at = headBlocks(h, H, T, hd);
-    device.gemmBatched({.m = t, .n = e, .k = t, .alpha = scale},
-                       {.count = b, .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.qkvStride}, ds + at.p,
-                       heads + at.k, grads + at.q);  // dq = dS·k/√hd
-    device.gemmBatched({.m = t, .n = e, .k = t, .transA = true, .alpha = scale},
-                       {.count = b, .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.qkvStride}, ds + at.p,
-                       heads + at.q, grads + at.k);  // dk = dSᵀ·q/√hd
+    runtime::cpu::gemmBatched({.m = t, .n = e, .k = t, .alpha = scale},
+                              {.count = b, .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.qkvStride},
+                              ds + at.p, heads + at.k, grads + at.q);  // dq = dS·k/√hd
+    runtime::cpu::gemmBatched({.m = t, .n = e, .k = t, .transA = true, .alpha = scale},
+                              {.count = b, .strideA = at.pStride, .strideB = at.qkvStride, .strideC = at.qkvStride},
+                              ds + at.p, heads + at.q, grads + at.k);  // dk = dSᵀ·q/√hd
   }
-  device.permute(gradHeads_.data(), gradQkv_.data(), B, 3 * H, T, hd);  // [B, 3H, T, hd] -> [B, T, 3H, hd]
+  permute0213(gradHeads_.data(), gradQkv_.data(), B, 3 * H, T, hd);  // [B, 3H, T, hd] -> [B, T, 3H, hd]
   return gradQkv_;
 }
+
+#ifdef COHORT_HAVE_CUDA
+namespace {
+
+runtime::cuda::AttentionShape attentionShape(int64_t batch, int64_t time, const AttentionOptions& o) {
+  return {.batch = batch, .time = time, .heads = o.heads, .dim = o.dim};
+}
+
+}  // namespace
+
+// The fused kernels (runtime/cuda/attention_kernels.h) read q, k and v in c_attn's output and write
+// y side by side: no permutes, no T×T buffer. Kept for backward: that output, y (O) and L.
+const Tensor& CausalSelfAttention::attendOnGpu(const Tensor& qkv, const Pass& pass) {
+  auto& gpu = gpuFor(pass, qkv, name());
+  const int64_t B = batch_, T = time_, H = options_.heads;
+  runtime::ensureShape(y_, Shape{B, T, options_.dim}, gpu.allocator());
+  runtime::ensureShape(lse_, Shape{B, H, T}, gpu.allocator());
+  probs_ = Tensor();  // not formed here: probabilities() must not return an older forward's
+  qkv_ = qkv;
+  runtime::cuda::attentionForward({.qkv = qkv.data(), .y = y_.data(), .lse = lse_.data()},
+                                  attentionShape(batch_, time_, options_), gpu.stream());
+  return y_;
+}
+
+const Tensor& CausalSelfAttention::attendBackwardOnGpu(const Tensor& gradY, const Pass& pass) {
+  auto& gpu = gpuFor(pass, gradY, name());
+  COHORT_CHECK(qkv_.defined() && onGpu(qkv_)) << name() << ": a GPU backward without a GPU forward";
+  runtime::ensureShape(rowDot_, lse_.shape(), gpu.allocator());
+  runtime::ensureShape(gradQkv_, qkv_.shape(), gpu.allocator());
+  runtime::cuda::attentionBackward({.qkv = qkv_.data(),
+                                    .y = y_.data(),
+                                    .lse = lse_.data(),
+                                    .dy = gradY.data(),
+                                    .dqkv = gradQkv_.data(),
+                                    .rowDot = rowDot_.data()},
+                                   attentionShape(batch_, time_, options_), gpu.stream());
+  return gradQkv_;
+}
+#endif
 
 }  // namespace cohort::nn

@@ -5,14 +5,24 @@
 // side again, and the output projection c_proj (Linear D -> D). Parameters, by nanoGPT's names:
 // "c_attn.weight" [3D, D], "c_attn.bias" [3D], "c_proj.weight" [D, D], "c_proj.bias" [D].
 //
-// Input and output [B, T, D]. After q, k and v are permuted to [B, heads, T, hd] blocks, each
-// product of the core runs per head as one batched GEMM over the B samples (oneDNN's batched matmul
-// on the CPU, cublasSgemmStridedBatched on a GPU: H calls per product, not B·H); the full T×T score
-// matrix is computed and the masked entries are given probability 0 (nn::softmaxRows with causal),
-// so the work is B·H·T²·hd multiply-adds per product where the mask would allow half. Memory: the
-// probabilities P are kept for backward, B·H·T² floats (with B = 64, H = 4, T = 256: 16.8 M floats,
-// 64 MiB), and backward holds dP as many; the permuted q, k, v, y and their gradients are O(B·T·D). No attention dropout (GPT-2's attention
-// dropout is optional in the issue and not implemented: none of Cohort's recipes uses it yet).
+// Input and output [B, T, D]. On the CPU (the reference): q, k and v are permuted to
+// [B, heads, T, hd] blocks, each product of the core runs per head as one batched GEMM over the B
+// samples (oneDNN's batched matmul: H calls per product, not B·H), the full T×T score matrix is
+// computed and the masked entries are given probability 0 (nn::softmaxRows with causal), so the work
+// is B·H·T²·hd multiply-adds per product where the mask would allow half. Memory: the probabilities
+// P are kept for backward, B·H·T² floats (with B = 64, H = 4, T = 256: 16.8 M floats, 64 MiB), and
+// backward holds dP as many; the permuted q, k, v, y and their gradients are O(B·T·D).
+//
+// On a GPU (CUDA tensors): fused causal attention in the manner of FlashAttention-2
+// (runtime/cuda/attention_kernels.h), reading q, k, v straight out of c_attn's output and writing y
+// side by side, with no permutes and no T×T buffer; key tiles after a query tile are skipped. Kept
+// for backward: c_attn's output, y and the log-sum-exp L per row ([B, H, T] floats); the backward
+// recomputes P from L tile by tile (plus D = rowsum(dy ⊙ y), another [B, H, T]). Head sizes up to
+// 128 (InvalidArgument above), deterministic bit for bit (no atomics), equal to the CPU's to float32
+// rounding (tests/nn/gpu/gpu_attention_test). probabilities() is then unavailable.
+//
+// No attention dropout (GPT-2's attention dropout is optional in the issue and not implemented: none
+// of Cohort's recipes uses it yet).
 //
 // Backward, per (sample, head): dv = Pᵀ·dy, dP = dy·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)) (the softmax
 // backward; masked entries have P = 0 and so dS = 0), dq = dS·k / √hd, dk = dSᵀ·q / √hd.
@@ -45,26 +55,35 @@ class CausalSelfAttention final : public Module {
   Linear& cAttn() { return cAttn_; }
   Linear& cProj() { return cProj_; }
   // The last forward's attention probabilities, [B, H, T, T] (row t: the weights over positions).
-  const Tensor& probabilities() const { return probs_; }
+  // Kept by a forward on the CPU only; InvalidArgument before one and after a forward on a GPU,
+  // whose fused kernels never form P.
+  const Tensor& probabilities() const;
 
  private:
-  struct Device;  // the CPU's or a GPU's GEMM, permute and softmax (attention.cc)
-  Device deviceFor(const Tensor& t, const Pass& pass) const;
   // The core between the projections: qkv [B, T, 3D] -> y [B, T, D], and back.
   const Tensor& attend(const Tensor& qkv, const Pass& pass);
   const Tensor& attendBackward(const Tensor& gradY, const Pass& pass);
+  // The same on a GPU, through the fused kernels (CUDA builds only).
+  const Tensor& attendOnGpu(const Tensor& qkv, const Pass& pass);
+  const Tensor& attendBackwardOnGpu(const Tensor& gradY, const Pass& pass);
 
   AttentionOptions options_;
   Linear cAttn_, cProj_;
   int64_t batch_ = 0, time_ = 0;  // the last forward's B and T
-  Tensor heads_;      // q, k, v permuted: [B, 3H, T, hd] (q heads first, then k, then v)
-  Tensor probs_;      // P: [B, H, T, T]
-  Tensor headsOut_;   // y per head: [B, H, T, hd]
-  Tensor y_;          // y, heads side by side: [B, T, D]
+  // CPU only:
+  Tensor heads_;         // q, k, v permuted: [B, 3H, T, hd] (q heads first, then k, then v)
+  Tensor probs_;         // P: [B, H, T, T]; undefined after a GPU forward
+  Tensor headsOut_;      // y per head: [B, H, T, hd]
   Tensor gradHeadsOut_;  // dy per head: [B, H, T, hd]
   Tensor gradScores_;    // dP, then dS: [B, H, T, T]
   Tensor gradHeads_;     // dq, dk, dv: [B, 3H, T, hd]
-  Tensor gradQkv_;       // [B, T, 3D]
+  // GPU only:
+  Tensor qkv_;     // c_attn's output [B, T, 3D] (a handle on it), for backward
+  Tensor lse_;     // L = m + log l per row: [B, H, T]
+  Tensor rowDot_;  // backward's D = rowsum(dy ⊙ y): [B, H, T]
+  // Both:
+  Tensor y_;        // y, heads side by side: [B, T, D]
+  Tensor gradQkv_;  // [B, T, 3D]
 };
 
 }  // namespace cohort::nn

@@ -145,7 +145,7 @@ std::vector<LayerCase> cases() {
          return ModulePtr(new nn::Residual(std::move(f)));
        },
        Shape{6, 12}, true, false, kNormTolerance},
-      // Scores through cuBLAS, the causal softmax and the head permutes: T = 1, odd T, one and several heads.
+      // The fused attention kernels (gpu_attention_test sweeps their shapes): T = 1, odd T, one and several heads.
       {"attention_t1", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 8, .heads = 2})); }, Shape{3, 1, 8},
        true, false, kNormTolerance},
       {"attention_t7_2heads", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 8, .heads = 2})); },

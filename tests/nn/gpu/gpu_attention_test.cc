@@ -1,0 +1,163 @@
+// nn::CausalSelfAttention on a GPU (the fused kernels of runtime/cuda/attention_kernels.h) against the
+// same layer on the CPU (tags = ["gpu"]; skips with the reason when no CUDA device is usable): the
+// output, the input gradient and the parameter gradients within 1e-5 of each tensor's largest
+// magnitude, over T = 1, odd T, T one past several tiles, several heads and head sizes in each bucket
+// (8, 40, 64, 100, 128); two runs give the same bits; P is refused after a GPU forward.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "nn/attention.h"
+#include "runtime/error.h"
+#include "runtime/random.h"
+#include "tests/runtime/cuda/gpu_test_util.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
+#include "tests/nn/gpu/gpu_compare.h"
+#endif
+
+namespace cohort::testing {
+namespace {
+
+#ifdef COHORT_HAVE_CUDA
+using runtime::Device;
+using runtime::Shape;
+using runtime::Tensor;
+
+constexpr double kTolerance = 1e-5;
+
+struct AttentionCase {
+  std::string name;
+  int64_t batch, time, heads, dim;
+};
+
+std::ostream& operator<<(std::ostream& os, const AttentionCase& c) { return os << c.name; }
+
+// max |cpu − gpu| / max |cpu| over the tensor (0 for an all-zero CPU tensor equal to the GPU's).
+double relativeError(const Tensor& cpu, const Tensor& gpuOnHost) {
+  EXPECT_EQ(cpu.numel(), gpuOnHost.numel());
+  double largest = 0, worst = 0;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    largest = std::max(largest, std::abs(static_cast<double>(cpu.at(i))));
+    const double diff = std::abs(static_cast<double>(cpu.at(i)) - gpuOnHost.at(i));
+    worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
+  }
+  return largest > 0 ? worst / largest : worst;
+}
+
+bool sameBits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
+}
+
+// One layer on the CPU and its twin on the GPU, with the same parameters.
+struct Twins {
+  explicit Twins(const AttentionCase& c, runtime::cuda::GpuContext& gpu)
+      : cpu({.dim = c.dim, .heads = c.heads}), dev({.dim = c.dim, .heads = c.heads}) {
+    cpu.registerParams(cpuParams, "");
+    dev.registerParams(devParams, "");
+    cpuParams.allocate(runtime::cpuAllocator());
+    devParams.allocate(gpu.allocator());
+    runtime::Rng rng(7);
+    cpu.resetParams(rng);
+    devParams.values().copyFrom(cpuParams.values());
+    cpuPass.training = devPass.training = true;
+    devPass.gpu = &gpu;
+  }
+  nn::CausalSelfAttention cpu, dev;
+  nn::ParamBuffer cpuParams, devParams;
+  nn::Pass cpuPass, devPass;
+};
+
+Tensor uniform(const Shape& shape, float bound, uint64_t seed) {
+  runtime::Rng rng(seed);
+  Tensor t = Tensor::zeros(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = rng.uniform(-bound, bound);
+  return t;
+}
+
+class GpuAttentionTest : public ::testing::TestWithParam<AttentionCase> {
+ protected:
+  void SetUp() override { COHORT_SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_P(GpuAttentionTest, MatchesTheCpu) {
+  const AttentionCase& c = GetParam();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  Twins layer(c, gpu);
+  const Tensor x = uniform(Shape{c.batch, c.time, c.dim}, 2.0f, 3),
+               dy = uniform(Shape{c.batch, c.time, c.dim}, 1.0f, 5);
+  const Tensor xg = x.clone(gpu.allocator()), dyg = dy.clone(gpu.allocator());
+
+  const double yErr =
+      relativeError(layer.cpu.forward(x, layer.cpuPass), toHost(layer.dev.forward(xg, layer.devPass), gpu));
+  const double dxErr =
+      relativeError(layer.cpu.backward(dy, layer.cpuPass), toHost(layer.dev.backward(dyg, layer.devPass), gpu));
+  const double dwErr = relativeError(layer.cpuParams.grads(), toHost(layer.devParams.grads(), gpu));
+  std::cout << c.name << ": relative errors y " << yErr << ", input gradient " << dxErr << ", parameter gradients "
+            << dwErr << "\n";
+  EXPECT_LE(yErr, kTolerance) << "output";
+  EXPECT_LE(dxErr, kTolerance) << "input gradient";
+  EXPECT_LE(dwErr, kTolerance) << "parameter gradients";
+}
+
+// Tiles: 32 positions for head sizes up to 64, 16 for 65..128.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuAttentionTest,
+    ::testing::Values(AttentionCase{"t1_hd8", 3, 1, 2, 16}, AttentionCase{"t7_hd8", 2, 7, 2, 16},
+                      AttentionCase{"t37_hd8_4heads", 3, 37, 4, 32}, AttentionCase{"t35_hd64", 2, 35, 1, 64},
+                      AttentionCase{"t37_hd64_2heads", 2, 37, 2, 128}, AttentionCase{"t70_hd40_3heads", 2, 70, 3, 120},
+                      AttentionCase{"t1_hd128", 2, 1, 1, 128}, AttentionCase{"t19_hd128_2heads", 2, 19, 2, 256},
+                      AttentionCase{"t37_hd128", 2, 37, 1, 128}, AttentionCase{"t21_hd100", 2, 21, 1, 100}),
+    [](const ::testing::TestParamInfo<AttentionCase>& info) { return info.param.name; });
+
+// The same inputs give the same bits: no atomics, fixed summation orders.
+TEST(GpuAttention, TwoRunsGiveTheSameBits) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  const AttentionCase c{"repeat", 2, 45, 2, 64};
+  Twins layer(c, gpu);
+  const Tensor xg = uniform(Shape{c.batch, c.time, c.dim}, 2.0f, 3).clone(gpu.allocator());
+  const Tensor dyg = uniform(Shape{c.batch, c.time, c.dim}, 1.0f, 5).clone(gpu.allocator());
+  std::vector<Tensor> runs;
+  for (int run = 0; run < 2; ++run) {
+    runs.push_back(toHost(layer.dev.forward(xg, layer.devPass), gpu));
+    runs.push_back(toHost(layer.dev.backward(dyg, layer.devPass), gpu));
+    runs.push_back(toHost(layer.devParams.grads(), gpu));
+  }
+  EXPECT_TRUE(sameBits(runs[0], runs[3])) << "output";
+  EXPECT_TRUE(sameBits(runs[1], runs[4])) << "input gradient";
+  EXPECT_TRUE(sameBits(runs[2], runs[5])) << "parameter gradients";
+}
+
+TEST(GpuAttention, ProbabilitiesAreRefusedAfterAGpuForward) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  Twins layer({"p", 1, 3, 2, 8}, gpu);
+  const Tensor x = uniform(Shape{1, 3, 8}, 1.0f, 3);
+  EXPECT_THROW(layer.cpu.probabilities(), InvalidArgument);  // no forward yet
+  layer.cpu.forward(x, layer.cpuPass);                       // the CPU path keeps P...
+  EXPECT_EQ(layer.cpu.probabilities().shape(), (Shape{1, 2, 3, 3}));
+  layer.dev.forward(x.clone(gpu.allocator()), layer.devPass);  // ...the GPU's does not, and says so
+  EXPECT_THROW(layer.dev.probabilities(), InvalidArgument);
+}
+
+TEST(GpuAttention, HeadsOver128FeaturesAreRefused) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  Twins layer({"wide", 1, 2, 1, 129}, gpu);
+  EXPECT_THROW(layer.dev.forward(uniform(Shape{1, 2, 129}, 1.0f, 3).clone(gpu.allocator()), layer.devPass),
+               InvalidArgument);
+}
+#else
+TEST(GpuAttention, NeedsCuda) { GTEST_SKIP() << "no CUDA device: CUDA support not compiled in"; }
+#endif
+
+}  // namespace
+}  // namespace cohort::testing
