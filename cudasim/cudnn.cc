@@ -2,19 +2,8 @@
 // heuristics and workspace queries, and its forward, backward-data, backward-filter and bias
 // computations and cudnnAddTensor as operations of the handle's stream, on the CPU.
 //
-// A convolution is matrix products, image by image, as in cuDNN's GEMM algorithms. Image n's
-// columns col_n [T × P] hold, for each tap t = (c, r, s) (T = C·R·S taps, in that order) and
-// output position p = (oh, ow) (P = OH·OW), the input at
-//   ih = oh · strideH − padH + r · dilationH,   iw = ow · strideW − padW + s · dilationW,
-// or 0 where that lies in the padding. The filter is the matrix wm [K × T], w read at (r, s), or at
-// (R − 1 − r, S − 1 − s) for CUDNN_CONVOLUTION's flipped kernel. Then
-//   forward          y_n  = wm · col_n                       (y_n: image n of y as a K × P matrix)
-//   backward data    dx_n = each entry of wmᵀ · dy_n added back to the input position it came from
-//   backward filter  dw   = Σ over n of dy_n · col_nᵀ
-// by oneDNN's sgemm in fp32 (an NHWC image is the transposed matrix), and the sums are blended as
-// alpha · sum + beta · out (out not read when beta == 0). So results differ from a direct
-// double-accumulating reference by float rounding; and a tap in the padding contributes 0 · w, as
-// in an implicit GEMM (NaN for an infinite or NaN weight, where a direct loop would skip the tap).
+// How a convolution computes is cudnn_compute.h's; which algorithms run which convolutions, their
+// workspace and the times cudnnFind*AlgorithmEx reports are cudnn_algorithms.h's.
 //
 // The checks are cuDNN's (live, set and consistent descriptors; y's size is what the convolution
 // gives), and beyond them: every operand lies in one live device allocation, the output overlaps
@@ -23,52 +12,18 @@
 // a destroyed or made-up handle or descriptor is CUDNN_STATUS_BAD_PARAM rather than a crash.
 #include "cudnn.h"
 
-#include <omp.h>               // omp_set_num_threads: oneDNN's team size on this thread
-#include <oneapi/dnnl/dnnl.h>  // dnnl_sgemm
-
 #include <algorithm>
-#include <bit>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <vector>
 
+#include "cudasim/cudnn_algorithms.h"
+#include "cudasim/cudnn_compute.h"
 #include "cudasim/sim.h"
-
-namespace cudasim {
-namespace {
-
-// A tensor's or a filter's shape and layout (a filter's n, c, h, w are its K, C, R, S).
-struct Dims {
-  bool set = false;
-  cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW;
-  cudnnDataType_t type = CUDNN_DATA_FLOAT;
-  int n = 0, c = 0, h = 0, w = 0;
-
-  size_t count() const { return static_cast<size_t>(n) * c * h * w; }
-  size_t bytes() const { return count() * sizeof(float); }
-  // The memory offset of element (n, c, h, w) in elements.
-  int64_t at(int64_t in, int64_t ic, int64_t ih, int64_t iw) const {
-    if (format == CUDNN_TENSOR_NHWC) return ((in * h + ih) * w + iw) * c + ic;
-    return ((in * c + ic) * h + ih) * w + iw;
-  }
-  // How far apart in memory, in elements, neighbours along n, c, h and w lie.
-  struct Strides {
-    int64_t n, c, h, w;
-  };
-  Strides strides() const {
-    if (format == CUDNN_TENSOR_NHWC) return {int64_t{h} * w * c, 1, int64_t{w} * c, c};
-    return {int64_t{c} * h * w, int64_t{h} * w, w, 1};
-  }
-};
-
-}  // namespace
-}  // namespace cudasim
 
 struct cudnnContext {
   int device = 0;                 // current when the handle was made; it must be current at each call
@@ -76,23 +31,21 @@ struct cudnnContext {
 };
 
 struct cudnnTensorStruct {
-  cudasim::Dims dims;
+  cudasim::dnn::Dims dims;
 };
 
 struct cudnnFilterStruct {
-  cudasim::Dims dims;
-};
-
-struct cudnnConvolutionStruct {
-  bool set = false;
-  int padH = 0, padW = 0, strideH = 1, strideW = 1, dilationH = 1, dilationW = 1;
-  cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  cudnnDataType_t computeType = CUDNN_DATA_FLOAT;
-  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  cudasim::dnn::Dims dims;
 };
 
 namespace cudasim {
 namespace {
+
+using dnn::blend;
+using dnn::blendInto;
+using dnn::Dims;
+using dnn::Geometry;
+using dnn::Tensors;
 
 // Live handles and descriptors, each with its kind, so that one passed as another (through a void*,
 // as dnn.cc stores them) is caught too.
@@ -185,166 +138,13 @@ int64_t outLength(int64_t in, int64_t pad, int64_t kernel, int64_t stride, int64
   return padded < extent ? -1 : (padded - extent) / stride + 1;
 }
 
-// fp32 rounded to TF32's 10 mantissa bits (nearest, ties to even), as tensor cores read their inputs.
-float toTf32(float v) {
-  uint32_t bits = std::bit_cast<uint32_t>(v);
-  if ((bits & 0x7f800000u) == 0x7f800000u) return v;  // Inf and NaN stay
-  bits += 0x0fffu + ((bits >> 13) & 1u);
-  return std::bit_cast<float>(bits & ~0x1fffu);
-}
-
-// One convolution, checked: x [N, C, H, W], w [K, C, R, S], y [N, K, OH, OW].
-struct Geometry {
-  Dims x, w, y;
-  cudnnConvolutionStruct conv;
-
-  int64_t taps() const { return int64_t{w.c} * w.h * w.w; }  // T
-  int64_t positions() const { return int64_t{y.h} * y.w; }   // P
-  // An input as the products read it: TF32 unless CUDNN_FMA_MATH.
-  float operand(float v) const { return conv.math == CUDNN_FMA_MATH ? v : toTf32(v); }
-};
-
-// The least m >= 0 with m · d >= n (d > 0).
-int64_t ceilDivOrZero(int64_t n, int64_t d) { return n <= 0 ? 0 : (n + d - 1) / d; }
-
-// Visits image n's columns col [T × P] (the file's comment), row-major, a run of one row at a time:
-// inside(entries, x offset, count, x step) for `count` entries whose input positions lie in x, at
-// the offset and `step` apart; padding(entries, count) for entries in the padding.
-template <class Inside, class Padding>
-void walkColumns(const Geometry& g, int64_t n, float* col, Inside&& inside, Padding&& padding) {
-  const cudnnConvolutionStruct& cv = g.conv;
-  const Dims::Strides xs = g.x.strides();
-  const int64_t width = g.y.w, step = cv.strideW * xs.w;
-  float* entry = col;
-  for (int64_t c = 0; c < g.w.c; ++c) {
-    for (int64_t r = 0; r < g.w.h; ++r) {
-      for (int64_t s = 0; s < g.w.w; ++s) {
-        // ow in [first, last) reads iw = ow · strideW + shift inside [0, W).
-        const int64_t shift = s * cv.dilationW - cv.padW;
-        const int64_t first = std::min(ceilDivOrZero(-shift, cv.strideW), width);
-        const int64_t last = std::clamp(ceilDivOrZero(g.x.w - shift, cv.strideW), first, width);
-        for (int64_t oh = 0; oh < g.y.h; ++oh, entry += width) {
-          const int64_t ih = oh * cv.strideH - cv.padH + r * cv.dilationH;
-          if (ih < 0 || ih >= g.x.h) {
-            padding(entry, width);
-            continue;
-          }
-          padding(entry, first);
-          inside(entry + first, n * xs.n + c * xs.c + ih * xs.h + (first * cv.strideW + shift) * xs.w, last - first,
-                 step);
-          padding(entry + last, width - last);
-        }
-      }
-    }
-  }
-}
-
-// Calls f(i, w offset) for each entry i of the filter matrix wm [K × T] (the file's comment).
-template <class F>
-void forEachFilterEntry(const Geometry& g, F&& f) {
-  const bool flip = g.conv.mode == CUDNN_CONVOLUTION;
-  size_t i = 0;
-  for (int64_t k = 0; k < g.w.n; ++k) {
-    for (int64_t c = 0; c < g.w.c; ++c) {
-      for (int64_t r = 0; r < g.w.h; ++r) {
-        for (int64_t s = 0; s < g.w.w; ++s) {
-          f(i++, flip ? g.w.at(k, c, g.w.h - 1 - r, g.w.w - 1 - s) : g.w.at(k, c, r, s));
-        }
-      }
-    }
-  }
-}
-
-// out = alpha · value + beta · out, with out not read when beta == 0 (so NaN there does not survive).
-void blendInto(float& out, double value, float alpha, float beta) {
-  const double scaled = static_cast<double>(alpha) * value;
-  out = static_cast<float>(beta == 0.0f ? scaled : scaled + static_cast<double>(beta) * out);
-}
-
-template <class T>
-void blend(float* out, const std::vector<T>& sum, float alpha, float beta) {
-  for (size_t i = 0; i < sum.size(); ++i) blendInto(out[i], sum[i], alpha, beta);
-}
-
-// The algorithms the emulation runs, best first; each asks for the workspace a real one of its kind
-// would (an index table, or one image's im2col columns), checked at the call, and all compute the
-// same way. The kind's other algorithms (FFT, Winograd, ...) are reported after them, unsupported.
-enum class Workspace { kNone, kIndices, kColumns };
-struct Algo {
-  int id;
-  Workspace workspace;
-  cudnnDeterminism_t determinism;
-};
-struct Algorithms {
-  std::span<const Algo> supported;
-  int count;  // the kind's ids are 0 .. count - 1
-};
-constexpr Algo kForwardSupported[] = {
-    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, Workspace::kIndices, CUDNN_DETERMINISTIC},
-    {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, Workspace::kColumns, CUDNN_DETERMINISTIC},
-    {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, Workspace::kNone, CUDNN_DETERMINISTIC}};
-constexpr Algo kDataSupported[] = {
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, Workspace::kColumns, CUDNN_DETERMINISTIC},
-    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, Workspace::kNone, CUDNN_NON_DETERMINISTIC}};  // atomics on a GPU
-constexpr Algo kFilterSupported[] = {
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, Workspace::kColumns, CUDNN_DETERMINISTIC},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, Workspace::kNone, CUDNN_NON_DETERMINISTIC},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, Workspace::kIndices, CUDNN_NON_DETERMINISTIC}};
-constexpr Algorithms kForwardAlgos{kForwardSupported, CUDNN_CONVOLUTION_FWD_ALGO_COUNT};
-constexpr Algorithms kDataAlgos{kDataSupported, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT};
-constexpr Algorithms kFilterAlgos{kFilterSupported, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT};
-
-size_t workspaceBytes(const Geometry& g, Workspace kind) {
-  const size_t taps = static_cast<size_t>(g.w.c) * g.w.h * g.w.w;
-  switch (kind) {
-    case Workspace::kIndices:
-      return taps * sizeof(int);
-    case Workspace::kColumns:
-      return taps * static_cast<size_t>(g.y.h) * g.y.w * sizeof(float);
-    case Workspace::kNone:
-      break;
-  }
-  return 0;
-}
-
-// The algorithm `id` of the kind if the emulation runs it, else nullptr.
-const Algo* supported(const Algorithms& algos, int id) {
-  for (const Algo& a : algos.supported) {
-    if (a.id == id) return &a;
-  }
-  return nullptr;
-}
-
-// The workspace `algo` needs: CUDNN_STATUS_BAD_PARAM for no such algorithm, NOT_SUPPORTED for one
-// the emulation does not run.
-cudnnStatus_t algoWorkspace(const Algorithms& algos, int algo, const Geometry& g, size_t* bytes) {
-  if (algo < 0 || algo >= algos.count) return CUDNN_STATUS_BAD_PARAM;
-  const Algo* a = supported(algos, algo);
+// The workspace `algo` of direction `d` needs: CUDNN_STATUS_BAD_PARAM for no such algorithm,
+// NOT_SUPPORTED for one the emulation does not run for this geometry (cudnn_algorithms.h).
+cudnnStatus_t algoWorkspace(dnn::Direction d, int algo, const Geometry& g, size_t* bytes) {
+  if (algo < 0 || algo >= dnn::algoCount(d)) return CUDNN_STATUS_BAD_PARAM;
+  const dnn::Algo* a = dnn::runnable(d, algo, g.sizes());
   if (!a) return CUDNN_STATUS_NOT_SUPPORTED;
-  *bytes = workspaceBytes(g, a->workspace);
-  return CUDNN_STATUS_SUCCESS;
-}
-
-// The _v7 heuristics' answer: the supported algorithms, then the others, up to `requested`.
-template <class Perf>
-cudnnStatus_t heuristics(const Algorithms& algos, const Geometry& g, int requested, int* returned, Perf* results) {
-  if (requested < 1 || !returned || !results) return CUDNN_STATUS_BAD_PARAM;
-  *returned = 0;
-  auto add = [&](int id, cudnnStatus_t status, size_t memory, cudnnDeterminism_t determinism) {
-    if (*returned == requested) return;
-    Perf& p = results[(*returned)++];
-    p = Perf{};
-    p.algo = static_cast<decltype(p.algo)>(id);
-    p.status = status;
-    p.time = -1.0f;
-    p.memory = memory;
-    p.determinism = determinism;
-    p.mathType = g.conv.math;
-  };
-  for (const Algo& a : algos.supported) add(a.id, CUDNN_STATUS_SUCCESS, workspaceBytes(g, a.workspace), a.determinism);
-  for (int id = 0; id < algos.count; ++id) {
-    if (!supported(algos, id)) add(id, CUDNN_STATUS_NOT_SUPPORTED, 0, CUDNN_DETERMINISTIC);
-  }
+  *bytes = dnn::workspaceBytes(d, *a, g.sizes());
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -424,10 +224,9 @@ cudnnStatus_t checkCall(cudnnHandle_t handle, const void* alpha, const void* bet
 }
 
 // The workspace the call must be given: what `algo` needs, and no more than the caller says it has.
-cudnnStatus_t checkWorkspace(const Algorithms& algos, int algo, const Geometry& g, void* ws, size_t wsBytes,
-                             Range* needed) {
+cudnnStatus_t checkWorkspace(dnn::Direction d, int algo, const Geometry& g, void* ws, size_t wsBytes, Range* needed) {
   size_t bytes = 0;
-  if (cudnnStatus_t s = algoWorkspace(algos, algo, g, &bytes); s != CUDNN_STATUS_SUCCESS) return s;
+  if (cudnnStatus_t s = algoWorkspace(d, algo, g, &bytes); s != CUDNN_STATUS_SUCCESS) return s;
   if (bytes > wsBytes) return CUDNN_STATUS_BAD_PARAM;
   *needed = Range{ws, bytes};
   return CUDNN_STATUS_SUCCESS;
@@ -436,127 +235,6 @@ cudnnStatus_t checkWorkspace(const Algorithms& algos, int algo, const Geometry& 
 cudnnStatus_t run(const Call& call, std::function<void()> op) {
   return enqueue(call.settings.stream, std::move(op)) == cudaSuccess ? CUDNN_STATUS_SUCCESS
                                                                      : CUDNN_STATUS_EXECUTION_FAILED_CUDART;
-}
-
-// A row-major matrix as a product reads it: at p, stored transposed or not, with leading dimension ld.
-struct Matrix {
-  const float* p;
-  bool transposed;
-  int64_t ld;
-};
-
-// c [m × n] = a · b, a being m × k; with accumulate, c += a · b. (Positional: the calls read as the
-// formulas of the file's comment.)
-struct Product {
-  int64_t m, n, k;
-  Matrix a, b;
-  float* c;
-  int64_t ldc;
-  bool accumulate;
-};
-
-// On the stream's thread alone, as cublas.cc runs SGEMM (why there). Without accumulate, c is not
-// read (BLAS's beta == 0 rule, which oneDNN keeps), so what a scratch buffer held does not survive.
-void multiply(const Product& p) {
-  omp_set_num_threads(1);  // this thread's setting, which oneDNN sizes its team by
-  const dnnl_status_t status = dnnl_sgemm(p.a.transposed ? 'T' : 'N', p.b.transposed ? 'T' : 'N', p.m, p.n, p.k, 1.0f,
-                                          p.a.p, p.a.ld, p.b.p, p.b.ld, p.accumulate ? 1.0f : 0.0f, p.c, p.ldc);
-  if (status != dnnl_success) {  // the arguments were checked at the call: a bug here, not the caller's
-    std::fprintf(stderr, "cudasim: dnnl_sgemm(%lld x %lld x %lld) failed with status %d\n", static_cast<long long>(p.m),
-                 static_cast<long long>(p.n), static_cast<long long>(p.k), static_cast<int>(status));
-    std::abort();
-  }
-}
-
-// Image n of y (or dy) as the K × P matrix of the file's comment: row-major in NCHW; in NHWC stored
-// as its P × K transpose.
-Matrix yImage(const Geometry& g, const float* y, int64_t n) {
-  const int64_t filters = g.y.c, positions = g.positions();
-  const bool nhwc = g.y.format == CUDNN_TENSOR_NHWC;
-  return {y + n * filters * positions, nhwc, nhwc ? filters : positions};
-}
-
-// The filter matrix wm [K × T] (the file's comment), its entries as the products read them.
-std::vector<float> filterMatrix(const Geometry& g, const float* w) {
-  std::vector<float> wm(g.w.count());
-  forEachFilterEntry(g, [&](size_t i, int64_t at) { wm[i] = g.operand(w[at]); });
-  return wm;
-}
-
-// The memory of one convolution call: its two inputs (the third of x, w, y is null) and its output.
-struct Tensors {
-  const float* x = nullptr;
-  const float* w = nullptr;
-  const float* y = nullptr;
-  float* out = nullptr;
-};
-
-// dy as the products read it: itself, or a TF32 copy held in `rounded`.
-const float* dyOperand(const Geometry& g, const float* dy, std::vector<float>* rounded) {
-  if (g.conv.math == CUDNN_FMA_MATH) return dy;
-  rounded->resize(g.y.count());
-  std::transform(dy, dy + g.y.count(), rounded->begin(), [&](float v) { return g.operand(v); });
-  return rounded->data();
-}
-
-void im2col(const Geometry& g, const float* x, int64_t n, float* col) {
-  const bool tf32 = g.conv.math != CUDNN_FMA_MATH;
-  auto inside = [&](float* entries, int64_t at, int64_t count, int64_t step) {
-    if (!tf32 && step == 1) {
-      std::copy_n(x + at, count, entries);
-    } else {
-      for (int64_t i = 0; i < count; ++i) entries[i] = g.operand(x[at + i * step]);
-    }
-  };
-  walkColumns(g, n, col, inside, [](float* entries, int64_t count) { std::fill_n(entries, count, 0.0f); });
-}
-
-// y = alpha · (y_n = wm · col_n for each image n) + beta · y.
-void forward(const Geometry& g, const Tensors& t, const Call& call) {
-  const int64_t taps = g.taps(), positions = g.positions(), filters = g.w.n;
-  const std::vector<float> wm = filterMatrix(g, t.w);
-  std::vector<float> col(static_cast<size_t>(taps * positions)), sum(g.y.count());
-  for (int64_t n = 0; n < g.x.n; ++n) {
-    im2col(g, t.x, n, col.data());
-    float* y = sum.data() + n * filters * positions;
-    if (g.y.format == CUDNN_TENSOR_NHWC) {  // y_nᵀ = col_nᵀ · wmᵀ
-      multiply({positions, filters, taps, {col.data(), true, positions}, {wm.data(), true, taps}, y, filters, false});
-    } else {
-      multiply(
-          {filters, positions, taps, {wm.data(), false, taps}, {col.data(), false, positions}, y, positions, false});
-    }
-  }
-  blend(t.out, sum, call.alpha, call.beta);
-}
-
-// dx = alpha · (wmᵀ · dy_n for each image n, its columns added back into x's positions) + beta · dx.
-void backwardData(const Geometry& g, const Tensors& t, const Call& call) {
-  const int64_t taps = g.taps(), positions = g.positions(), filters = g.w.n;
-  const std::vector<float> wm = filterMatrix(g, t.w);
-  std::vector<float> rounded;
-  const float* dy = dyOperand(g, t.y, &rounded);
-  std::vector<float> col(static_cast<size_t>(taps * positions)), sum(g.x.count());
-  for (int64_t n = 0; n < g.x.n; ++n) {
-    multiply({taps, positions, filters, {wm.data(), true, taps}, yImage(g, dy, n), col.data(), positions, false});
-    auto addBack = [&](const float* entries, int64_t at, int64_t count, int64_t step) {
-      for (int64_t i = 0; i < count; ++i) sum[static_cast<size_t>(at + i * step)] += entries[i];
-    };
-    walkColumns(g, n, col.data(), addBack, [](float*, int64_t) {});
-  }
-  blend(t.out, sum, call.alpha, call.beta);
-}
-
-// dw = alpha · (Σ over images n of dy_n · col_nᵀ, back in w's layout) + beta · dw.
-void backwardFilter(const Geometry& g, const Tensors& t, const Call& call) {
-  const int64_t taps = g.taps(), positions = g.positions(), filters = g.w.n;
-  std::vector<float> rounded;
-  const float* dy = dyOperand(g, t.y, &rounded);
-  std::vector<float> col(static_cast<size_t>(taps * positions)), dwm(g.w.count());
-  for (int64_t n = 0; n < g.x.n; ++n) {
-    im2col(g, t.x, n, col.data());
-    multiply({filters, taps, positions, yImage(g, dy, n), {col.data(), true, positions}, dwm.data(), taps, n > 0});
-  }
-  forEachFilterEntry(g, [&](size_t i, int64_t at) { blendInto(t.out[at], dwm[i], call.alpha, call.beta); });
 }
 
 // Which operand of the convolution a call sums into: y (forward), x (backward data) or w (backward
@@ -582,36 +260,78 @@ struct ConvolutionArgs {
   size_t workSpaceBytes = 0;
 };
 
-// Checks a convolution call and enqueues it: the products of the file's comment, into the output,
-// blended.
+constexpr dnn::Direction directionOf(Into into) {
+  return into == Into::kY   ? dnn::Direction::kForward
+         : into == Into::kX ? dnn::Direction::kBackwardData
+                            : dnn::Direction::kBackwardFilter;
+}
+
+// The output's dimensions, and the call's checks of its handle, scalars and memory (checkCall).
 template <Into kInto>
-cudnnStatus_t convolution(const Algorithms& algos, const ConvolutionArgs& a) {
-  Geometry g;
-  Range ws{};
-  Call call;
-  if (cudnnStatus_t s = query(a.handle, a.xDesc, a.wDesc, a.convDesc, a.yDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
-  if (cudnnStatus_t s = checkWorkspace(algos, a.algo, g, a.workSpace, a.workSpaceBytes, &ws);
-      s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
+cudnnStatus_t checkOperands(const ConvolutionArgs& a, const Geometry& g, Range ws, Call* call) {
   const Dims& outDims = kInto == Into::kY ? g.y : kInto == Into::kX ? g.x : g.w;
   std::vector<Range> inputs;
   if (kInto != Into::kX) inputs.push_back({a.x, g.x.bytes()});
   if (kInto != Into::kW) inputs.push_back({a.w, g.w.bytes()});
   if (kInto != Into::kY) inputs.push_back({a.y, g.y.bytes()});
-  if (cudnnStatus_t s = checkCall(a.handle, a.alpha, a.beta, inputs, {a.out, outDims.bytes()}, ws, &call);
+  return checkCall(a.handle, a.alpha, a.beta, inputs, {a.out, outDims.bytes()}, ws, call);
+}
+
+// Checks a convolution call and enqueues it: the products, into the output,
+// blended (cudnn_compute.h), from operands rounded as the algorithm rounds them.
+template <Into kInto>
+cudnnStatus_t convolution(const ConvolutionArgs& a) {
+  constexpr dnn::Direction kDirection = directionOf(kInto);
+  Geometry g;
+  Range ws{};
+  Call call;
+  if (cudnnStatus_t s = query(a.handle, a.xDesc, a.wDesc, a.convDesc, a.yDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
+  if (cudnnStatus_t s = checkWorkspace(kDirection, a.algo, g, a.workSpace, a.workSpaceBytes, &ws);
       s != CUDNN_STATUS_SUCCESS) {
     return s;
   }
+  if (cudnnStatus_t s = checkOperands<kInto>(a, g, ws, &call); s != CUDNN_STATUS_SUCCESS) return s;
+  g.algoBits = dnn::keptBits(*dnn::runnable(kDirection, a.algo, g.sizes()));
   const Tensors t{.x = static_cast<const float*>(a.x),
                   .w = static_cast<const float*>(a.w),
                   .y = static_cast<const float*>(a.y),
-                  .out = static_cast<float*>(a.out)};
-  return run(call, [g, t, call] {
-    if constexpr (kInto == Into::kY) forward(g, t, call);
-    if constexpr (kInto == Into::kX) backwardData(g, t, call);
-    if constexpr (kInto == Into::kW) backwardFilter(g, t, call);
+                  .out = static_cast<float*>(a.out),
+                  .alpha = call.alpha,
+                  .beta = call.beta};
+  return run(call, [g, t] {
+    if constexpr (kInto == Into::kY) dnn::forward(g, t);
+    if constexpr (kInto == Into::kX) dnn::backwardData(g, t);
+    if constexpr (kInto == Into::kW) dnn::backwardFilter(g, t);
   });
+}
+
+// cudnnFind*AlgorithmEx: checked as a compute call (the whole workspace given must be device memory
+// apart from the operands), then, as the real one runs every algorithm into the output and leaves
+// "arbitrary values" there, an operation of the handle's stream fills the output with NaN; the call
+// returns once the stream has run it (the real one times its runs and waits for them). The answer
+// is measured() (the algorithms are not run: their times are the model's).
+template <Into kInto, class Perf>
+cudnnStatus_t find(ConvolutionArgs a, int requested, int* returned, Perf* results) {
+  constexpr dnn::Direction kDirection = directionOf(kInto);
+  if (requested < 1 || !returned || !results) return CUDNN_STATUS_BAD_PARAM;
+  Geometry g;
+  Call call;
+  const float one = 1.0f, zero = 0.0f;
+  a.alpha = &one;
+  a.beta = &zero;
+  if (cudnnStatus_t s = query(a.handle, a.xDesc, a.wDesc, a.convDesc, a.yDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
+  if (cudnnStatus_t s = checkOperands<kInto>(a, g, {a.workSpace, a.workSpaceBytes}, &call); s != CUDNN_STATUS_SUCCESS) {
+    return s;
+  }
+  const size_t count = (kInto == Into::kY ? g.y : kInto == Into::kX ? g.x : g.w).count();
+  auto* out = static_cast<float*>(a.out);
+  if (cudnnStatus_t s = run(call, [out, count] { std::fill_n(out, count, std::numeric_limits<float>::quiet_NaN()); });
+      s != CUDNN_STATUS_SUCCESS) {
+    return s;
+  }
+  if (cudaStreamSynchronize(call.settings.stream) != cudaSuccess) return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
+  dnn::measured(kDirection, g.sizes(), g.conv.math, a.workSpaceBytes, requested, returned, results);
+  return CUDNN_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -716,7 +436,8 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const
                                                      cudnnConvolutionFwdAlgoPerf_t* perfResults) {
   Geometry g;
   if (cudnnStatus_t s = query(handle, srcDesc, filterDesc, convDesc, destDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
-  return heuristics(kForwardAlgos, g, requestedAlgoCount, returnedAlgoCount, perfResults);
+  return dnn::heuristics(dnn::Direction::kForward, g.sizes(), g.conv.math, requestedAlgoCount, returnedAlgoCount,
+                         perfResults);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -726,7 +447,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
   Geometry g;
   if (cudnnStatus_t s = query(handle, gradDesc, filterDesc, convDesc, diffDesc, &g); s != CUDNN_STATUS_SUCCESS)
     return s;
-  return heuristics(kDataAlgos, g, requestedAlgoCount, returnedAlgoCount, perfResults);
+  return dnn::heuristics(dnn::Direction::kBackwardData, g.sizes(), g.conv.math, requestedAlgoCount, returnedAlgoCount,
+                         perfResults);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc,
@@ -737,7 +459,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle
                                                             cudnnConvolutionBwdFilterAlgoPerf_t* perfResults) {
   Geometry g;
   if (cudnnStatus_t s = query(handle, srcDesc, gradDesc, convDesc, diffDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
-  return heuristics(kFilterAlgos, g, requestedAlgoCount, returnedAlgoCount, perfResults);
+  return dnn::heuristics(dnn::Direction::kBackwardFilter, g.sizes(), g.conv.math, requestedAlgoCount, returnedAlgoCount,
+                         perfResults);
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
@@ -747,7 +470,7 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, cons
                                                       cudnnConvolutionFwdAlgo_t algo, size_t* sizeInBytes) {
   Geometry g;
   if (cudnnStatus_t s = query(handle, xDesc, wDesc, convDesc, yDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
-  return sizeInBytes ? algoWorkspace(kForwardAlgos, algo, g, sizeInBytes) : CUDNN_STATUS_BAD_PARAM;
+  return sizeInBytes ? algoWorkspace(dnn::Direction::kForward, algo, g, sizeInBytes) : CUDNN_STATUS_BAD_PARAM;
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc,
@@ -757,7 +480,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
                                                            cudnnConvolutionBwdDataAlgo_t algo, size_t* sizeInBytes) {
   Geometry g;
   if (cudnnStatus_t s = query(handle, dxDesc, wDesc, convDesc, dyDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
-  return sizeInBytes ? algoWorkspace(kDataAlgos, algo, g, sizeInBytes) : CUDNN_STATUS_BAD_PARAM;
+  return sizeInBytes ? algoWorkspace(dnn::Direction::kBackwardData, algo, g, sizeInBytes) : CUDNN_STATUS_BAD_PARAM;
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
@@ -768,7 +491,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handl
                                                              size_t* sizeInBytes) {
   Geometry g;
   if (cudnnStatus_t s = query(handle, xDesc, gradDesc, convDesc, dyDesc, &g); s != CUDNN_STATUS_SUCCESS) return s;
-  return sizeInBytes ? algoWorkspace(kFilterAlgos, algo, g, sizeInBytes) : CUDNN_STATUS_BAD_PARAM;
+  return sizeInBytes ? algoWorkspace(dnn::Direction::kBackwardFilter, algo, g, sizeInBytes) : CUDNN_STATUS_BAD_PARAM;
 }
 
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, const cudnnTensorDescriptor_t xDesc,
@@ -776,19 +499,19 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, c
                                       const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
                                       void* workSpace, size_t workSpaceSizeInBytes, const void* beta,
                                       const cudnnTensorDescriptor_t yDesc, void* y) {
-  return convolution<Into::kY>(kForwardAlgos, {.handle = handle,
-                                               .alpha = alpha,
-                                               .beta = beta,
-                                               .xDesc = xDesc,
-                                               .wDesc = wDesc,
-                                               .convDesc = convDesc,
-                                               .yDesc = yDesc,
-                                               .x = x,
-                                               .w = w,
-                                               .out = y,
-                                               .algo = algo,
-                                               .workSpace = workSpace,
-                                               .workSpaceBytes = workSpaceSizeInBytes});
+  return convolution<Into::kY>({.handle = handle,
+                                .alpha = alpha,
+                                .beta = beta,
+                                .xDesc = xDesc,
+                                .wDesc = wDesc,
+                                .convDesc = convDesc,
+                                .yDesc = yDesc,
+                                .x = x,
+                                .w = w,
+                                .out = y,
+                                .algo = algo,
+                                .workSpace = workSpace,
+                                .workSpaceBytes = workSpaceSizeInBytes});
 }
 
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alpha, const cudnnFilterDescriptor_t wDesc,
@@ -797,19 +520,19 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                                            cudnnConvolutionBwdDataAlgo_t algo, void* workSpace,
                                            size_t workSpaceSizeInBytes, const void* beta,
                                            const cudnnTensorDescriptor_t dxDesc, void* dx) {
-  return convolution<Into::kX>(kDataAlgos, {.handle = handle,
-                                            .alpha = alpha,
-                                            .beta = beta,
-                                            .xDesc = dxDesc,
-                                            .wDesc = wDesc,
-                                            .convDesc = convDesc,
-                                            .yDesc = dyDesc,
-                                            .w = w,
-                                            .y = dy,
-                                            .out = dx,
-                                            .algo = algo,
-                                            .workSpace = workSpace,
-                                            .workSpaceBytes = workSpaceSizeInBytes});
+  return convolution<Into::kX>({.handle = handle,
+                                .alpha = alpha,
+                                .beta = beta,
+                                .xDesc = dxDesc,
+                                .wDesc = wDesc,
+                                .convDesc = convDesc,
+                                .yDesc = dyDesc,
+                                .w = w,
+                                .y = dy,
+                                .out = dx,
+                                .algo = algo,
+                                .workSpace = workSpace,
+                                .workSpaceBytes = workSpaceSizeInBytes});
 }
 
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* alpha,
@@ -819,19 +542,79 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* workSpace,
                                              size_t workSpaceSizeInBytes, const void* beta,
                                              const cudnnFilterDescriptor_t dwDesc, void* dw) {
-  return convolution<Into::kW>(kFilterAlgos, {.handle = handle,
-                                              .alpha = alpha,
-                                              .beta = beta,
-                                              .xDesc = xDesc,
-                                              .wDesc = dwDesc,
-                                              .convDesc = convDesc,
-                                              .yDesc = dyDesc,
-                                              .x = x,
-                                              .y = dy,
-                                              .out = dw,
-                                              .algo = algo,
-                                              .workSpace = workSpace,
-                                              .workSpaceBytes = workSpaceSizeInBytes});
+  return convolution<Into::kW>({.handle = handle,
+                                .alpha = alpha,
+                                .beta = beta,
+                                .xDesc = xDesc,
+                                .wDesc = dwDesc,
+                                .convDesc = convDesc,
+                                .yDesc = dyDesc,
+                                .x = x,
+                                .y = dy,
+                                .out = dw,
+                                .algo = algo,
+                                .workSpace = workSpace,
+                                .workSpaceBytes = workSpaceSizeInBytes});
+}
+
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                     const void* x, const cudnnFilterDescriptor_t wDesc, const void* w,
+                                                     const cudnnConvolutionDescriptor_t convDesc,
+                                                     const cudnnTensorDescriptor_t yDesc, void* y,
+                                                     const int requestedAlgoCount, int* returnedAlgoCount,
+                                                     cudnnConvolutionFwdAlgoPerf_t* perfResults, void* workSpace,
+                                                     size_t workSpaceSizeInBytes) {
+  return find<Into::kY>({.handle = handle,
+                         .xDesc = xDesc,
+                         .wDesc = wDesc,
+                         .convDesc = convDesc,
+                         .yDesc = yDesc,
+                         .x = x,
+                         .w = w,
+                         .out = y,
+                         .workSpace = workSpace,
+                         .workSpaceBytes = workSpaceSizeInBytes},
+                        requestedAlgoCount, returnedAlgoCount, perfResults);
+}
+
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc,
+                                                          const void* w, const cudnnTensorDescriptor_t dyDesc,
+                                                          const void* dy, const cudnnConvolutionDescriptor_t convDesc,
+                                                          const cudnnTensorDescriptor_t dxDesc, void* dx,
+                                                          const int requestedAlgoCount, int* returnedAlgoCount,
+                                                          cudnnConvolutionBwdDataAlgoPerf_t* perfResults,
+                                                          void* workSpace, size_t workSpaceSizeInBytes) {
+  return find<Into::kX>({.handle = handle,
+                         .xDesc = dxDesc,
+                         .wDesc = wDesc,
+                         .convDesc = convDesc,
+                         .yDesc = dyDesc,
+                         .w = w,
+                         .y = dy,
+                         .out = dx,
+                         .workSpace = workSpace,
+                         .workSpaceBytes = workSpaceSizeInBytes},
+                        requestedAlgoCount, returnedAlgoCount, perfResults);
+}
+
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                            const void* x, const cudnnTensorDescriptor_t dyDesc,
+                                                            const void* y, const cudnnConvolutionDescriptor_t convDesc,
+                                                            const cudnnFilterDescriptor_t dwDesc, void* dw,
+                                                            const int requestedAlgoCount, int* returnedAlgoCount,
+                                                            cudnnConvolutionBwdFilterAlgoPerf_t* perfResults,
+                                                            void* workSpace, size_t workSpaceSizeInBytes) {
+  return find<Into::kW>({.handle = handle,
+                         .xDesc = xDesc,
+                         .wDesc = dwDesc,
+                         .convDesc = convDesc,
+                         .yDesc = dyDesc,
+                         .x = x,
+                         .y = y,
+                         .out = dw,
+                         .workSpace = workSpace,
+                         .workSpaceBytes = workSpaceSizeInBytes},
+                        requestedAlgoCount, returnedAlgoCount, perfResults);
 }
 
 cudnnStatus_t cudnnConvolutionBackwardBias(cudnnHandle_t handle, const void* alpha,

@@ -14,9 +14,13 @@
 // cudnnSetStream). Math: CUDNN_FMA_MATH is plain fp32; every other math type lets TF32 in, as on an
 // Ampere or later GPU, so inputs are rounded to TF32. Convolutions run as im2col and fp32 matrix
 // products (oneDNN's sgemm on the CPU), so results agree with other implementations to float rounding.
-// Algorithms: the emulation runs every algorithm it reports as supported the same way, but each
-// needs the workspace it reports, checked at the call. Thread safety: as cuDNN's, one thread at a
-// time per handle and descriptor.
+// Algorithms (cudnn_algorithms.h): the GEMM family runs every convolution; Winograd and FFT only
+// stride-1, undilated NCHW ones (and Winograd 3x3 or 5x5 kernels), and they round their operands to
+// fewer mantissa bits first, as their real transforms lose precision (errors of order 1e-4 relative).
+// Each needs the workspace it reports, checked at the call. cudnnFind*AlgorithmEx answers with
+// deterministic modelled times (a made-up device: only their order means anything) in which the
+// GEMM family wins small convolutions and Winograd or FFT large ones. Thread safety: as cuDNN's, one
+// thread at a time per handle and descriptor.
 //
 //   cudnnHandle_t handle;
 //   cudnnCreate(&handle);
@@ -115,8 +119,9 @@ typedef enum {
   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT = 7,
 } cudnnConvolutionBwdFilterAlgo_t;
 
-// One heuristic result: status is CUDNN_STATUS_NOT_SUPPORTED for an algorithm that cannot run this
-// convolution; memory is the workspace it needs; time is -1 (heuristics measure nothing).
+// One heuristic or measured result: status is CUDNN_STATUS_NOT_SUPPORTED for an algorithm that
+// cannot run this convolution; memory is the workspace it needs; time is -1 from the heuristics
+// (they measure nothing) and for an algorithm that did not run, else milliseconds.
 typedef struct cudnnConvolutionFwdAlgoPerfStruct {
   cudnnConvolutionFwdAlgo_t algo;
   cudnnStatus_t status;
@@ -178,7 +183,8 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t convD
                                               cudnnDataType_t computeType);
 cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t mathType);
 
-// Every algorithm of the kind, best first and the unsupported ones last, up to requestedAlgoCount.
+// Every algorithm of the kind, those that run this convolution first (the GEMM family before Winograd
+// and FFT) and the unsupported ones last, up to requestedAlgoCount.
 cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, const cudnnTensorDescriptor_t srcDesc,
                                                      const cudnnFilterDescriptor_t filterDesc,
                                                      const cudnnConvolutionDescriptor_t convDesc,
@@ -195,6 +201,30 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle
                                                             const cudnnFilterDescriptor_t gradDesc,
                                                             const int requestedAlgoCount, int* returnedAlgoCount,
                                                             cudnnConvolutionBwdFilterAlgoPerf_t* perfResults);
+
+// Measures every algorithm of the kind on the caller's buffers and workspace, as an operation of the
+// handle's stream, and returns once done: the algorithms that ran fastest first, then those that did
+// not, up to requestedAlgoCount. An algorithm needing more workspace than workSpaceSizeInBytes does
+// not run: CUDNN_STATUS_NOT_SUPPORTED with its memory figure (the real library documents no status
+// for this; callers check status and memory alike). The output (y, dx, dw) is left with arbitrary
+// values: the emulation writes NaN there. The inputs are only read.
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                     const void* x, const cudnnFilterDescriptor_t wDesc, const void* w,
+                                                     const cudnnConvolutionDescriptor_t convDesc,
+                                                     const cudnnTensorDescriptor_t yDesc, void* y,
+                                                     const int requestedAlgoCount, int* returnedAlgoCount,
+                                                     cudnnConvolutionFwdAlgoPerf_t* perfResults, void* workSpace,
+                                                     size_t workSpaceSizeInBytes);
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
+    cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc, const void* w, const cudnnTensorDescriptor_t dyDesc,
+    const void* dy, const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc, void* dx,
+    const int requestedAlgoCount, int* returnedAlgoCount, cudnnConvolutionBwdDataAlgoPerf_t* perfResults,
+    void* workSpace, size_t workSpaceSizeInBytes);
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const void* x, const cudnnTensorDescriptor_t dyDesc,
+    const void* y, const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t dwDesc, void* dw,
+    const int requestedAlgoCount, int* returnedAlgoCount, cudnnConvolutionBwdFilterAlgoPerf_t* perfResults,
+    void* workSpace, size_t workSpaceSizeInBytes);
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
                                                       const cudnnFilterDescriptor_t wDesc,
