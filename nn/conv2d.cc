@@ -314,7 +314,14 @@ const Tensor& Conv2d::forwardGpu(const Tensor& input, const Pass& pass) {
                                        .kernelW = kw_,
                                        .stride = options_.stride,
                                        .padding = options_.padding};
-  gpuConv_->prepare(gpu.dnn(), shape, gpu.allocator());
+  // The first batch of each shape measures the algorithms on this layer's own buffers (dnn.h).
+  gpuConv_->prepare(gpu.dnn(),
+                    {.shape = shape,
+                     .x = input.data(),
+                     .w = weight_.data(),
+                     .y = output_.data(),
+                     .policy = gpu.options().conv},
+                    gpu.allocator());
   gpuConv_->forward(gpu.dnn(), input.data(), weight_.data(), options_.bias ? bias_.data() : nullptr, output_.data());
   return output_;
 }

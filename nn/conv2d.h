@@ -24,8 +24,9 @@
 // end, so the result depends on T but not on the run. Tiles are then sized as for one thread. With
 // one thread the serial path is exactly as described above.
 // GPU (CUDA tensors): cuDNN's convolution, backward-data, backward-filter and bias kernels on the
-// pass's compute stream (runtime/cuda/dnn.h: plain fp32, algorithms from cuDNN's heuristics, chosen
-// once per batch shape). A build without cuDNN refuses CUDA input with InvalidArgument.
+// pass's compute stream (runtime/cuda/dnn.h: plain fp32; the algorithms measured on the layer's own
+// buffers at the first batch of each shape and chosen by the GpuContext's ConvPolicy, fastest or
+// exact). A build without cuDNN refuses CUDA input with InvalidArgument.
 // Buffers are sized per batch shape and reused: a steady loop allocates nothing.
 // Keeps a handle to its input for backward (no copy). Thread safety: as Module (the layer's own
 // pool is used only inside forward and backward).

@@ -16,7 +16,7 @@
 // products (oneDNN's sgemm on the CPU), so results agree with other implementations to float rounding.
 // Algorithms (cudnn_algorithms.h): the GEMM family runs every convolution; Winograd and FFT only
 // stride-1, undilated NCHW ones (and Winograd 3x3 or 5x5 kernels), and they round their operands to
-// fewer mantissa bits first, as their real transforms lose precision (errors of order 1e-4 relative).
+// fewer mantissa bits first, as their real transforms lose precision (errors of 1e-4 to 1e-3 relative).
 // Each needs the workspace it reports, checked at the call. cudnnFind*AlgorithmEx answers with
 // deterministic modelled times (a made-up device: only their order means anything) in which the
 // GEMM family wins small convolutions and Winograd or FFT large ones. Thread safety: as cuDNN's, one

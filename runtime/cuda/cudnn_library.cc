@@ -9,8 +9,8 @@ namespace cohort::runtime::cuda {
 
 CudnnLibrary::CudnnLibrary()
     : library(COHORT_OPEN_LIBRARY_TABLE({.what = "cuDNN",
-                                   .fileName = "libcudnn.so." + std::to_string(CUDNN_MAJOR),
-                                   .fallbackDir = COHORT_CUDNN_DIR})),
+                                         .fileName = "libcudnn.so." + std::to_string(CUDNN_MAJOR),
+                                         .fallbackDir = COHORT_CUDNN_DIR})),
       getVersion(COHORT_LIBRARY_FUNCTION(library, cudnnGetVersion)),
       getErrorString(COHORT_LIBRARY_FUNCTION(library, cudnnGetErrorString)),
       create(COHORT_LIBRARY_FUNCTION(library, cudnnCreate)),
@@ -26,11 +26,11 @@ CudnnLibrary::CudnnLibrary()
       destroyConvolutionDescriptor(COHORT_LIBRARY_FUNCTION(library, cudnnDestroyConvolutionDescriptor)),
       setConvolution2dDescriptor(COHORT_LIBRARY_FUNCTION(library, cudnnSetConvolution2dDescriptor)),
       setConvolutionMathType(COHORT_LIBRARY_FUNCTION(library, cudnnSetConvolutionMathType)),
-      getConvolutionForwardAlgorithm_v7(COHORT_LIBRARY_FUNCTION(library, cudnnGetConvolutionForwardAlgorithm_v7)),
-      getConvolutionBackwardDataAlgorithm_v7(
-          COHORT_LIBRARY_FUNCTION(library, cudnnGetConvolutionBackwardDataAlgorithm_v7)),
-      getConvolutionBackwardFilterAlgorithm_v7(
-          COHORT_LIBRARY_FUNCTION(library, cudnnGetConvolutionBackwardFilterAlgorithm_v7)),
+      findConvolutionForwardAlgorithmEx(COHORT_LIBRARY_FUNCTION(library, cudnnFindConvolutionForwardAlgorithmEx)),
+      findConvolutionBackwardDataAlgorithmEx(
+          COHORT_LIBRARY_FUNCTION(library, cudnnFindConvolutionBackwardDataAlgorithmEx)),
+      findConvolutionBackwardFilterAlgorithmEx(
+          COHORT_LIBRARY_FUNCTION(library, cudnnFindConvolutionBackwardFilterAlgorithmEx)),
       getConvolutionForwardWorkspaceSize(COHORT_LIBRARY_FUNCTION(library, cudnnGetConvolutionForwardWorkspaceSize)),
       getConvolutionBackwardDataWorkspaceSize(
           COHORT_LIBRARY_FUNCTION(library, cudnnGetConvolutionBackwardDataWorkspaceSize)),

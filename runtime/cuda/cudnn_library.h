@@ -34,9 +34,9 @@ struct CudnnLibrary {
   decltype(&::cudnnDestroyConvolutionDescriptor) const destroyConvolutionDescriptor;
   decltype(&::cudnnSetConvolution2dDescriptor) const setConvolution2dDescriptor;
   decltype(&::cudnnSetConvolutionMathType) const setConvolutionMathType;
-  decltype(&::cudnnGetConvolutionForwardAlgorithm_v7) const getConvolutionForwardAlgorithm_v7;
-  decltype(&::cudnnGetConvolutionBackwardDataAlgorithm_v7) const getConvolutionBackwardDataAlgorithm_v7;
-  decltype(&::cudnnGetConvolutionBackwardFilterAlgorithm_v7) const getConvolutionBackwardFilterAlgorithm_v7;
+  decltype(&::cudnnFindConvolutionForwardAlgorithmEx) const findConvolutionForwardAlgorithmEx;
+  decltype(&::cudnnFindConvolutionBackwardDataAlgorithmEx) const findConvolutionBackwardDataAlgorithmEx;
+  decltype(&::cudnnFindConvolutionBackwardFilterAlgorithmEx) const findConvolutionBackwardFilterAlgorithmEx;
   decltype(&::cudnnGetConvolutionForwardWorkspaceSize) const getConvolutionForwardWorkspaceSize;
   decltype(&::cudnnGetConvolutionBackwardDataWorkspaceSize) const getConvolutionBackwardDataWorkspaceSize;
   decltype(&::cudnnGetConvolutionBackwardFilterWorkspaceSize) const getConvolutionBackwardFilterWorkspaceSize;

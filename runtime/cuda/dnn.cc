@@ -44,23 +44,52 @@ int dim(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Tensor-core (TF32) variants are skipped: fp32 data stays fp32 (dnn.h).
+// Tensor-core (TF32) variants are never taken: fp32 data stays fp32 (dnn.h).
 bool plainMath(cudnnMathType_t math) { return math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH; }
 
-// The first heuristic result that cuDNN supports, in plain fp32, within the workspace limit.
+// Enough for every algorithm of a direction, twice over: cuDNN may list an algorithm once per math type.
+constexpr int kMaxTimings =
+    2 * std::max({int{CUDNN_CONVOLUTION_FWD_ALGO_COUNT}, int{CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT},
+                  int{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT}});
+
 template <class Perf>
-Perf pick(const std::vector<Perf>& results, int returned, const char* which, const ConvShape& s) {
+std::vector<ConvAlgoTiming> timingsOf(const Perf* perf, int returned) {
+  std::vector<ConvAlgoTiming> out;
   for (int i = 0; i < returned; ++i) {
-    const Perf& p = results[static_cast<size_t>(i)];
-    if (p.status == CUDNN_STATUS_SUCCESS && plainMath(p.mathType) && p.memory <= Convolution::kMaxWorkspaceBytes) {
-      return p;
-    }
+    out.push_back({.algo = static_cast<int>(perf[i].algo),
+                   .ran = perf[i].status == CUDNN_STATUS_SUCCESS,
+                   .plainMath = plainMath(perf[i].mathType),
+                   .ms = perf[i].time,
+                   .workspaceBytes = perf[i].memory});
   }
-  COHORT_THROW(Error) << "cuDNN offers no " << which << " convolution algorithm for input [" << s.batch << ", "
-                      << s.channels << ", " << s.height << ", " << s.width << "], " << s.out << " filters " << s.kernelH
-                      << "x" << s.kernelW << " stride " << s.stride << " padding " << s.padding << " within "
-                      << (Convolution::kMaxWorkspaceBytes >> 20) << " MiB of workspace";
+  return out;
 }
+
+const char* nameOf(ConvDirection d) {
+  switch (d) {
+    case ConvDirection::kForward:
+      return "forward";
+    case ConvDirection::kBackwardData:
+      return "backward-data";
+    case ConvDirection::kBackwardFilter:
+      break;
+  }
+  return "backward-filter";
+}
+
+// chooseConvAlgorithm's pick, or Error naming the shape and what the policy asked for.
+int chooseOrThrow(const std::vector<ConvAlgoTiming>& timings, ConvDirection d, const ConvPolicy& policy,
+                  const ConvShape& s) {
+  if (const ConvAlgoTiming* t = chooseConvAlgorithm(timings, d, policy)) return t->algo;
+  COHORT_THROW(Error) << "cuDNN offers no " << nameOf(d) << " convolution algorithm for input [" << s.batch << ", "
+                      << s.channels << ", " << s.height << ", " << s.width << "], " << s.out << " filters " << s.kernelH
+                      << "x" << s.kernelW << " stride " << s.stride << " padding " << s.padding
+                      << " that runs in plain fp32"
+                      << (policy.algorithms == ConvAlgorithms::kExact ? " with fp32 accumulation (exact)" : "")
+                      << " within " << (policy.maxWorkspaceBytes >> 20) << " MiB of workspace";
+}
+
+int64_t floatsFor(size_t bytes) { return static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)); }
 
 }  // namespace
 
@@ -91,6 +120,32 @@ std::string Dnn::version() {
   return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
+bool accumulatesInFp32(ConvDirection direction, int algo) {
+  switch (direction) {
+    case ConvDirection::kForward:
+      return algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+             algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM || algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM ||
+             algo == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+    case ConvDirection::kBackwardData:
+      return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    case ConvDirection::kBackwardFilter:
+      return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+             algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+  }
+  return false;
+}
+
+const ConvAlgoTiming* chooseConvAlgorithm(std::span<const ConvAlgoTiming> timings, ConvDirection direction,
+                                          const ConvPolicy& policy) {
+  const ConvAlgoTiming* best = nullptr;
+  for (const ConvAlgoTiming& t : timings) {
+    if (!t.ran || !t.plainMath || t.workspaceBytes > policy.maxWorkspaceBytes) continue;
+    if (policy.algorithms == ConvAlgorithms::kExact && !accumulatesInFp32(direction, t.algo)) continue;
+    if (!best || t.ms < best->ms) best = &t;
+  }
+  return best;
+}
+
 Convolution::Convolution() : cudnn_(std::make_unique<const CudnnLibrary>()) {
   const CudnnLibrary& cudnn = *cudnn_;
   cudnnTensorDescriptor_t x, y, b;
@@ -118,10 +173,8 @@ Convolution::~Convolution() {
   if (convDesc_) cudnn.destroyConvolutionDescriptor(static_cast<cudnnConvolutionDescriptor_t>(convDesc_));
 }
 
-void Convolution::prepare(const Dnn& dnn, const ConvShape& s, Allocator& allocator) {
+void Convolution::setDescriptors(const ConvShape& s) {
   const CudnnLibrary& cudnn = *cudnn_;
-  if (prepared_ && s == shape_) return;
-  prepared_ = false;
   const int n = dim(s.batch, "batch"), c = dim(s.channels, "channels"), h = dim(s.height, "height");
   const int w = dim(s.width, "width"), k = dim(s.out, "output channels"), kh = dim(s.kernelH, "kernel height");
   const int kw = dim(s.kernelW, "kernel width"), stride = dim(s.stride, "stride");
@@ -138,38 +191,107 @@ void Convolution::prepare(const Dnn& dnn, const ConvShape& s, Allocator& allocat
   COHORT_CUDNN_CHECK(cudnn, cudnn.setConvolution2dDescriptor(cd, pad, pad, stride, stride, 1, 1,
                                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   COHORT_CUDNN_CHECK(cudnn, cudnn.setConvolutionMathType(cd, CUDNN_FMA_MATH));
+}
 
-  CudaDeviceGuard guard(dnn.stream().device().index);
-  cudnnHandle_t handle = handleOf(dnn);
-  int returned = 0;
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionForwardAlgorithm_v7(handle, x, wd, cd, y, static_cast<int>(fwd.size()),
-                                                                    &returned, fwd.data()));
-  const auto f = pick(fwd, returned, "forward", s);
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> data(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardDataAlgorithm_v7(
-                                handle, wd, y, cd, x, static_cast<int>(data.size()), &returned, data.data()));
-  const auto d = pick(data, returned, "backward-data", s);
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> filter(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardFilterAlgorithm_v7(
-                                handle, x, y, cd, wd, static_cast<int>(filter.size()), &returned, filter.data()));
-  const auto g = pick(filter, returned, "backward-filter", s);
-
-  // The heuristics' memory figures are estimates; the workspace queries are what the calls check.
-  size_t fb = 0, db = 0, gb = 0;
-  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionForwardWorkspaceSize(handle, x, wd, cd, y, f.algo, &fb));
-  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardDataWorkspaceSize(handle, wd, y, cd, x, d.algo, &db));
-  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardFilterWorkspaceSize(handle, x, y, cd, wd, g.algo, &gb));
-  forwardAlgo_ = static_cast<int>(f.algo);
-  dataAlgo_ = static_cast<int>(d.algo);
-  filterAlgo_ = static_cast<int>(g.algo);
-  workspaceBytes_ = std::max({fb, db, gb});
-  const int64_t floats = static_cast<int64_t>((workspaceBytes_ + sizeof(float) - 1) / sizeof(float));
+void Convolution::prepare(const Dnn& dnn, const ConvPrepareOptions& o, Allocator& allocator) {
+  if (prepared_ && o.shape == shape_ && o.policy == policy_) return;
+  prepared_ = false;
+  setDescriptors(o.shape);
+  auto known = std::find_if(choices_.begin(), choices_.end(),
+                            [&](const Choice& c) { return c.shape == o.shape && c.policy == o.policy; });
+  if (known != choices_.end()) {
+    algorithms_ = known->algorithms;
+  } else {
+    algorithms_ = measure(dnn, o, allocator);
+    choices_.push_back({o.shape, o.policy, algorithms_});
+  }
+  const int64_t floats = floatsFor(algorithms_.workspaceBytes);
   if (floats > 0 && (!workspace_.defined() || workspace_.numel() < floats)) {
     workspace_ = Tensor::empty(Shape{floats}, allocator);
   }
-  shape_ = s;
+  shape_ = o.shape;
+  policy_ = o.policy;
   prepared_ = true;
+}
+
+size_t Convolution::measuringWorkspaceBytes(const Dnn& dnn, size_t limit) const {
+  const CudnnLibrary& cudnn = *cudnn_;
+  cudnnHandle_t handle = handleOf(dnn);
+  auto x = tensorDesc(xDesc_), y = tensorDesc(yDesc_);
+  auto w = static_cast<cudnnFilterDescriptor_t>(wDesc_);
+  auto c = static_cast<cudnnConvolutionDescriptor_t>(convDesc_);
+  size_t most = 0, bytes = 0;
+  // An algorithm that cannot run this convolution answers with a status, not a size: skipped.
+  auto consider = [&](cudnnStatus_t status) {
+    if (status == CUDNN_STATUS_SUCCESS && bytes <= limit) most = std::max(most, bytes);
+  };
+  for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; ++a) {
+    consider(cudnn.getConvolutionForwardWorkspaceSize(handle, x, w, c, y, static_cast<cudnnConvolutionFwdAlgo_t>(a),
+                                                      &bytes));
+  }
+  for (int a = 0; a < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT; ++a) {
+    consider(cudnn.getConvolutionBackwardDataWorkspaceSize(handle, w, y, c, x,
+                                                           static_cast<cudnnConvolutionBwdDataAlgo_t>(a), &bytes));
+  }
+  for (int a = 0; a < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT; ++a) {
+    consider(cudnn.getConvolutionBackwardFilterWorkspaceSize(handle, x, y, c, w,
+                                                             static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), &bytes));
+  }
+  return most;
+}
+
+ConvAlgorithmChoice Convolution::measure(const Dnn& dnn, const ConvPrepareOptions& o, Allocator& allocator) {
+  COHORT_CHECK(o.x && o.w && o.y) << "Convolution::prepare needs the layer's x, w and y to measure algorithms on";
+  const CudnnLibrary& cudnn = *cudnn_;
+  const ConvShape& s = o.shape;
+  CudaDeviceGuard guard(dnn.stream().device().index);
+  cudnnHandle_t handle = handleOf(dnn);
+  auto x = tensorDesc(xDesc_), y = tensorDesc(yDesc_);
+  auto w = static_cast<cudnnFilterDescriptor_t>(wDesc_);
+  auto c = static_cast<cudnnConvolutionDescriptor_t>(convDesc_);
+  // Scratch from the caching allocator, back in its cache afterwards: the gradients measuring writes
+  // (the layer's may hold accumulated values), and a workspace for every algorithm within the limit;
+  // without memory for that, measuring goes on without one (algorithms that need one do not run).
+  Tensor dx = Tensor::empty(Shape{s.batch, s.channels, s.height, s.width}, allocator);
+  Tensor dw = Tensor::empty(Shape{s.out, s.channels, s.kernelH, s.kernelW}, allocator);
+  Tensor ws;
+  try {
+    if (const int64_t floats = floatsFor(measuringWorkspaceBytes(dnn, o.policy.maxWorkspaceBytes)); floats > 0) {
+      ws = Tensor::empty(Shape{floats}, allocator);
+    }
+  } catch (const OutOfMemory&) {
+    ws = Tensor();
+  }
+  void* wsData = ws.defined() ? ws.data() : nullptr;
+  const size_t wsBytes = ws.defined() ? static_cast<size_t>(ws.numel()) * sizeof(float) : 0;
+  int returned = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[kMaxTimings];
+  COHORT_CUDNN_CHECK(cudnn, cudnn.findConvolutionForwardAlgorithmEx(handle, x, o.x, w, o.w, c, y, o.y, kMaxTimings,
+                                                                    &returned, fwd, wsData, wsBytes));
+  ConvAlgorithmChoice chosen;
+  chosen.forward = chooseOrThrow(timingsOf(fwd, returned), ConvDirection::kForward, o.policy, s);
+  // The backward directions read y, just written with arbitrary values, as their dy: times do not
+  // depend on the values.
+  cudnnConvolutionBwdDataAlgoPerf_t data[kMaxTimings];
+  COHORT_CUDNN_CHECK(cudnn,
+                     cudnn.findConvolutionBackwardDataAlgorithmEx(handle, w, o.w, y, o.y, c, x, dx.data(), kMaxTimings,
+                                                                  &returned, data, wsData, wsBytes));
+  chosen.data = chooseOrThrow(timingsOf(data, returned), ConvDirection::kBackwardData, o.policy, s);
+  cudnnConvolutionBwdFilterAlgoPerf_t filter[kMaxTimings];
+  COHORT_CUDNN_CHECK(
+      cudnn, cudnn.findConvolutionBackwardFilterAlgorithmEx(handle, x, o.x, y, o.y, c, w, dw.data(), kMaxTimings,
+                                                            &returned, filter, wsData, wsBytes));
+  chosen.filter = chooseOrThrow(timingsOf(filter, returned), ConvDirection::kBackwardFilter, o.policy, s);
+  // The measured memory figures are what each run used; the workspace queries are what the calls check.
+  size_t fb = 0, db = 0, gb = 0;
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionForwardWorkspaceSize(
+                                handle, x, w, c, y, static_cast<cudnnConvolutionFwdAlgo_t>(chosen.forward), &fb));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardDataWorkspaceSize(
+                                handle, w, y, c, x, static_cast<cudnnConvolutionBwdDataAlgo_t>(chosen.data), &db));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.getConvolutionBackwardFilterWorkspaceSize(
+                                handle, x, y, c, w, static_cast<cudnnConvolutionBwdFilterAlgo_t>(chosen.filter), &gb));
+  chosen.workspaceBytes = std::max({fb, db, gb});
+  return chosen;
 }
 
 void Convolution::forward(const Dnn& dnn, const float* x, const float* w, const float* bias, float* y) {
@@ -177,12 +299,12 @@ void Convolution::forward(const Dnn& dnn, const float* x, const float* w, const 
   COHORT_CHECK(prepared_) << "Convolution::forward before prepare()";
   CudaDeviceGuard guard(dnn.stream().device().index);
   const float one = 1.0f, zero = 0.0f;
-  void* ws = workspaceBytes_ ? workspace_.data() : nullptr;
+  void* ws = algorithms_.workspaceBytes ? workspace_.data() : nullptr;
   COHORT_CUDNN_CHECK(cudnn, cudnn.convolutionForward(handleOf(dnn), &one, tensorDesc(xDesc_), x,
                                                      static_cast<cudnnFilterDescriptor_t>(wDesc_), w,
                                                      static_cast<cudnnConvolutionDescriptor_t>(convDesc_),
-                                                     static_cast<cudnnConvolutionFwdAlgo_t>(forwardAlgo_), ws,
-                                                     workspaceBytes_, &zero, tensorDesc(yDesc_), y));
+                                                     static_cast<cudnnConvolutionFwdAlgo_t>(algorithms_.forward), ws,
+                                                     algorithms_.workspaceBytes, &zero, tensorDesc(yDesc_), y));
   if (bias)
     COHORT_CUDNN_CHECK(cudnn,
                        cudnn.addTensor(handleOf(dnn), &one, tensorDesc(biasDesc_), bias, &one, tensorDesc(yDesc_), y));
@@ -193,12 +315,12 @@ void Convolution::backwardFilter(const Dnn& dnn, const float* x, const float* dy
   COHORT_CHECK(prepared_) << "Convolution::backwardFilter before prepare()";
   CudaDeviceGuard guard(dnn.stream().device().index);
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  void* ws = workspaceBytes_ ? workspace_.data() : nullptr;
-  COHORT_CUDNN_CHECK(
-      cudnn, cudnn.convolutionBackwardFilter(handleOf(dnn), &one, tensorDesc(xDesc_), x, tensorDesc(yDesc_), dy,
-                                             static_cast<cudnnConvolutionDescriptor_t>(convDesc_),
-                                             static_cast<cudnnConvolutionBwdFilterAlgo_t>(filterAlgo_), ws,
-                                             workspaceBytes_, &beta, static_cast<cudnnFilterDescriptor_t>(wDesc_), dw));
+  void* ws = algorithms_.workspaceBytes ? workspace_.data() : nullptr;
+  COHORT_CUDNN_CHECK(cudnn, cudnn.convolutionBackwardFilter(
+                                handleOf(dnn), &one, tensorDesc(xDesc_), x, tensorDesc(yDesc_), dy,
+                                static_cast<cudnnConvolutionDescriptor_t>(convDesc_),
+                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(algorithms_.filter), ws,
+                                algorithms_.workspaceBytes, &beta, static_cast<cudnnFilterDescriptor_t>(wDesc_), dw));
 }
 
 void Convolution::backwardBias(const Dnn& dnn, const float* dy, float* db, bool accumulate) {
@@ -215,18 +337,23 @@ void Convolution::backwardData(const Dnn& dnn, const float* w, const float* dy, 
   COHORT_CHECK(prepared_) << "Convolution::backwardData before prepare()";
   CudaDeviceGuard guard(dnn.stream().device().index);
   const float one = 1.0f, zero = 0.0f;
-  void* ws = workspaceBytes_ ? workspace_.data() : nullptr;
+  void* ws = algorithms_.workspaceBytes ? workspace_.data() : nullptr;
   COHORT_CUDNN_CHECK(
       cudnn, cudnn.convolutionBackwardData(handleOf(dnn), &one, static_cast<cudnnFilterDescriptor_t>(wDesc_), w,
                                            tensorDesc(yDesc_), dy, static_cast<cudnnConvolutionDescriptor_t>(convDesc_),
-                                           static_cast<cudnnConvolutionBwdDataAlgo_t>(dataAlgo_), ws, workspaceBytes_,
-                                           &zero, tensorDesc(xDesc_), dx));
+                                           static_cast<cudnnConvolutionBwdDataAlgo_t>(algorithms_.data), ws,
+                                           algorithms_.workspaceBytes, &zero, tensorDesc(xDesc_), dx));
+}
+
+ConvAlgorithmChoice Convolution::chosen() const {
+  COHORT_CHECK(prepared_) << "Convolution::chosen before prepare()";
+  return algorithms_;
 }
 
 std::string Convolution::describe() const {
   if (!prepared_) return "not prepared";
-  return "forward " + std::to_string(forwardAlgo_) + ", data " + std::to_string(dataAlgo_) + ", filter " +
-         std::to_string(filterAlgo_) + ", workspace " + std::to_string(workspaceBytes_) + " B";
+  return "forward " + std::to_string(algorithms_.forward) + ", data " + std::to_string(algorithms_.data) + ", filter " +
+         std::to_string(algorithms_.filter) + ", workspace " + std::to_string(algorithms_.workspaceBytes) + " B";
 }
 
 }  // namespace cohort::runtime::cuda

@@ -22,8 +22,9 @@ void copyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, co
 
 }  // namespace
 
-GpuContext::GpuContext(Device device)
+GpuContext::GpuContext(Device device, const GpuOptions& options)
     : device_(checkedCuda(device)),
+      options_(options),
       stream_(device, StreamOptions{.name = "compute"}),
       allocator_(device),
       blas_(stream_) {}

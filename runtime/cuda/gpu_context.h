@@ -2,7 +2,8 @@
 // stream every kernel of a training step is enqueued on, the caching allocator every device buffer
 // comes from (statistics for --memory-report), a cuBLAS handle bound to that stream, and (when the
 // build found cuDNN) a cuDNN handle on it, created at the first dnn() call so that models without
-// convolutions never load cuDNN.
+// convolutions never load cuDNN. Its GpuOptions (runtime/gpu_options.h) say how it runs what it
+// runs: which convolution algorithms the layers may choose (ConvPolicy; dnn.h).
 //
 // Everything a step enqueues goes to the one compute stream, which is what makes the caching
 // allocator's immediate reuse of freed blocks safe (caching_allocator.h, single-stream contract).
@@ -11,7 +12,7 @@
 // Thread safety: as its members; one training thread uses it.
 // Only built when CUDA is compiled in (COHORT_HAVE_CUDA).
 //
-//   cuda::GpuContext gpu(Device::cuda(localRank));
+//   cuda::GpuContext gpu(Device::cuda(localRank), {.conv = {.algorithms = ConvAlgorithms::kExact}});
 //   Tensor y = Tensor::empty(Shape{64, 512}, gpu.allocator());
 //   gpu.blas().gemm({...}, x, w, y.data());
 #pragma once
@@ -20,6 +21,7 @@
 
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/kernels.h"
+#include "runtime/gpu_options.h"
 #include "runtime/stream.h"
 
 #ifdef COHORT_HAVE_CUDNN
@@ -31,11 +33,12 @@ namespace cohort::runtime::cuda {
 class GpuContext {
  public:
   // Throws InvalidArgument for a non-CUDA device; cohort::Error when the device cannot be used.
-  explicit GpuContext(Device device);
+  explicit GpuContext(Device device, const GpuOptions& options = {});
   GpuContext(const GpuContext&) = delete;
   GpuContext& operator=(const GpuContext&) = delete;
 
   Device device() const { return device_; }
+  const GpuOptions& options() const { return options_; }
   const Stream& stream() const { return stream_; }
   CudaCachingAllocator& allocator() { return allocator_; }
   const Blas& blas() const { return blas_; }
@@ -49,6 +52,7 @@ class GpuContext {
 
  private:
   Device device_;
+  GpuOptions options_;
   Stream stream_;
   CudaCachingAllocator allocator_;
   Blas blas_;

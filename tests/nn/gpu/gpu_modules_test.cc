@@ -58,10 +58,12 @@ class GpuModulesTest : public ::testing::TestWithParam<nn::OptimizerKind> {
 };
 
 // Five training steps of `spec` on the CPU and on the GPU from the same parameters and batches of
-// `data` (dropout masks drawn from equal seeds, which give equal masks on both devices).
+// `data` (dropout masks drawn from equal seeds, which give equal masks on both devices). Convolutions
+// run in exact mode (runtime/gpu_options.h), fp32 accumulation in another order than the CPU's; the
+// default mode's own bound is tests/nn/gpu:gpu_layers_test's.
 void expectStepsMatch(const std::string& spec, const runtime::data::Dataset& data, const nn::OptimizerOptions& opt,
                       double tolerance) {
-  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  runtime::cuda::GpuContext gpu(Device::cuda(0), {.conv = {.algorithms = runtime::ConvAlgorithms::kExact}});
   auto probe = nn::buildModel(spec);
   probe->params.allocate(runtime::cpuAllocator());
   runtime::Rng initRng(7);

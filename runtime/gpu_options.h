@@ -1,0 +1,40 @@
+// GpuOptions: how a cuda::GpuContext runs what it runs (runtime/cuda/gpu_context.h), as plain values
+// that every build has, so that train::JobOptions and the command line can carry them without CUDA.
+// Today one policy: which cuDNN convolution algorithms are acceptable (ConvPolicy, below;
+// runtime/cuda/dnn.h chooses by it; docs/gpu.md, "Convolution algorithms").
+//
+//   runtime::cuda::GpuContext gpu(Device::cuda(0), {.conv = {.algorithms = runtime::ConvAlgorithms::kExact}});
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace cohort::runtime {
+
+// Which of cuDNN's convolution algorithms a GpuContext accepts. Both measure every candidate once per
+// convolution shape (cudnnFind*AlgorithmEx, as PyTorch's cudnn.benchmark) and take the fastest; all
+// compute in plain fp32 (no TF32 tensor-op math) within ConvPolicy::maxWorkspaceBytes.
+//   kFastest  every algorithm (PyTorch's choice). Winograd and FFT algorithms compute in a transformed
+//             domain and can differ from fp32 accumulation by about 1e-3 relative (an H200's
+//             WINOGRAD_NONFUSED weight gradient: 8.3e-4).
+//   kExact    only the algorithms whose results match plain fp32 accumulation (within float rounding
+//             of another summation order): no Winograd, no FFT, in all three directions. Not the same
+//             as deterministic: some accumulate with atomics, whose order may change from run to run.
+enum class ConvAlgorithms { kFastest, kExact };
+// "fastest", "exact"; InvalidArgument naming the accepted ones otherwise.
+ConvAlgorithms parseConvAlgorithms(const std::string& name);
+const char* toString(ConvAlgorithms algorithms);
+
+struct ConvPolicy {
+  ConvAlgorithms algorithms = ConvAlgorithms::kFastest;
+  // The most workspace one convolution's algorithms may use (from the context's caching allocator);
+  // algorithms that need more are not considered.
+  size_t maxWorkspaceBytes = size_t{256} << 20;
+  bool operator==(const ConvPolicy&) const = default;
+};
+
+struct GpuOptions {
+  ConvPolicy conv;
+};
+
+}  // namespace cohort::runtime
