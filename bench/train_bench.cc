@@ -18,6 +18,7 @@
 #include "runtime/data/text.h"
 #include "runtime/device_query.h"
 #include "runtime/error.h"
+#include "runtime/gpu_options.h"
 #include "runtime/random.h"
 
 #ifdef COHORT_HAVE_CUDA
@@ -37,6 +38,9 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
   c.add_option("--threads", o.threads, "BLAS thread counts to measure")->delimiter(',')->capture_default_str();
   c.add_option("--repeats", o.repeats, "runs per thread count (median reported)")->capture_default_str();
   c.add_option("--batch-size", o.batchSize, "batch size")->capture_default_str();
+  c.add_option("--conv-algorithms", o.convAlgorithms,
+               "--device cuda: fastest | exact, the cuDNN algorithms allowed (as cohort train's)")
+      ->capture_default_str();
   c.add_option("--samples", o.samples, "training samples per run (default: 60000 for MNIST-shaped models, 5000 for "
                                        "cnn:rosetta, the peers' figures)");
 }
@@ -102,7 +106,8 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
 #ifdef COHORT_HAVE_CUDA
   std::unique_ptr<runtime::cuda::GpuContext> gpuOwner;
   if (device.isCuda()) {
-    gpuOwner = std::make_unique<runtime::cuda::GpuContext>(device);
+    gpuOwner = std::make_unique<runtime::cuda::GpuContext>(
+        device, runtime::GpuOptions{.conv = {.algorithms = runtime::parseConvAlgorithms(o.convAlgorithms)}});
     gpu = gpuOwner.get();
   }
 #endif
@@ -174,6 +179,7 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
 int runTrainBench(const TrainBenchOptions& options) {
   TrainBenchOptions o = options;
   if (o.repeats < 1 || o.batchSize < 1 || o.samples < 0) COHORT_THROW(InvalidArgument) << "bench train: counts must be positive";
+  runtime::parseConvAlgorithms(o.convAlgorithms);  // an unknown name fails before anything runs
   const runtime::Device device = runtime::selectDevice(o.device, 0);
   auto probe = nn::buildModel(o.model);
   const bool gpt = isGpt(o.model);
@@ -195,8 +201,9 @@ int runTrainBench(const TrainBenchOptions& options) {
   if (device.isCuda()) {
     std::vector<double> runs;
     for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device));
-    std::printf("RESULT bench=train model=%s device=%s batch=%lld samples_per_s=%.0f min=%.0f max=%.0f", o.model.c_str(),
-                device.str().c_str(), static_cast<long long>(o.batchSize), median(runs),
+    std::printf("RESULT bench=train model=%s device=%s batch=%lld conv_algorithms=%s samples_per_s=%.0f min=%.0f max=%.0f",
+                o.model.c_str(), device.str().c_str(), static_cast<long long>(o.batchSize), o.convAlgorithms.c_str(),
+                median(runs),
                 *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));
     if (gpt) std::printf(" tokens_per_s=%.0f", median(runs) * static_cast<double>(context));
     std::printf("\n");

@@ -7,7 +7,7 @@
 // Prints one line per figure:
 //   RESULT bench=sgemm shape=MxNxK trans=.. threads=1 gflops=..
 //   RESULT bench=train model=mlp:784,512,256,10 threads=T samples_per_s=.. gflops=.. sgemm_fraction=..
-//   RESULT bench=train model=… device=cuda:0 batch=B samples_per_s=..          (--device cuda)
+//   RESULT bench=train model=… device=cuda:0 batch=B conv_algorithms=A samples_per_s=..   (--device cuda)
 // A GPT (gpt:…, GPU only) trains with AdamW (lr 3e-3, weight decay 0.01, as bench-peers' gpu_torch.py)
 // on windows of random bytes, --samples windows (default 30 batches) after 20 warm-up steps, and its
 // line adds tokens_per_s. Every figure is the steady state: the warm-up steps, the data set's
@@ -30,6 +30,7 @@ struct TrainBenchOptions {
   int repeats = 5;
   int64_t batchSize = 64;
   int64_t samples = 0;  // per run; 0: one epoch of the synthetic set (60000 MNIST-shaped, 5000 CIFAR-shaped)
+  std::string convAlgorithms = "fastest";  // --device cuda: the cuDNN algorithms allowed (runtime/gpu_options.h)
 };
 
 void addTrainBenchFlags(CLI::App& command, TrainBenchOptions& options);

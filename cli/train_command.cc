@@ -26,6 +26,7 @@
 #include "runtime/data/dataset.h"      // --data specs
 #include "runtime/device_query.h"      // formatBytes
 #include "runtime/error.h"
+#include "runtime/gpu_options.h"       // --conv-algorithms
 #include "runtime/logging.h"
 #include "runtime/process_memory.h"    // --memory-report on the CPU
 #include "runtime/timeout.h"           // --timeout
@@ -126,6 +127,10 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
                "--mode hogwild across nodes: each node's first worker averages the node's parameter copy with the "
                "other nodes' every N of its steps, overlapped with training (and fully at every epoch's end); 0: the "
                "default, 16");
+  c.add_option("--conv-algorithms", f.convAlgorithms,
+               "--device cuda: fastest (default; the fastest cuDNN algorithm measured per layer shape, Winograd and "
+               "FFT included, about 1e-3 from fp32 accumulation) | exact (only algorithms that match plain fp32 "
+               "accumulation; docs/gpu.md)");
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
                  "wait about 100 years")
       ->capture_default_str();
@@ -179,6 +184,13 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   if (!onGpu && f.backend == "nccl") {
     COHORT_THROW(InvalidArgument) << "--backend nccl all-reduces GPU memory: add --device cuda (or use shm or mpi)";
+  }
+  if (!f.convAlgorithms.empty() && f.convAlgorithms != "fastest" && f.convAlgorithms != "exact") {
+    COHORT_THROW(InvalidArgument) << "unknown --conv-algorithms '" << f.convAlgorithms << "': expected fastest or exact";
+  }
+  if (!f.convAlgorithms.empty() && !onGpu) {
+    COHORT_THROW(InvalidArgument) << "--conv-algorithms applies to --device cuda (on the CPU convolutions are im2col "
+                                     "and GEMM, always fp32 accumulation)";
   }
   if (onGpu && (f.replicas || f.noReplicas)) {
     COHORT_THROW(InvalidArgument) << replicasFlag << " applies to CPU training (GPU all-reduce always replicates)";
@@ -400,7 +412,8 @@ int runTrain(const TrainFlags& f) {
                   .replicas = f.replicas || f.noReplicas ? std::optional<bool>(f.replicas) : std::nullopt,
                   .device = f.device,
                   .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout"),
-                  .averageEvery = f.averageEvery},
+                  .averageEvery = f.averageEvery,
+                  .convAlgorithms = runtime::parseConvAlgorithms(f.convAlgorithms.empty() ? "fastest" : f.convAlgorithms)},
                  world);
 
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);

@@ -65,6 +65,7 @@ struct TrainFlags {
   int64_t traceSpans = int64_t{1} << 16;
   bool stepReport = false;    // where each epoch's steps spent their time
   int64_t averageEvery = 0;   // hogwild across nodes: steps between averaging rounds; 0: the default (16)
+  std::string convAlgorithms;  // --device cuda: fastest | exact; empty: fastest
 };
 
 void addTrainFlags(CLI::App& command, TrainFlags& flags);

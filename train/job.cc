@@ -120,7 +120,10 @@ Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
   // One worker per GPU: "cuda" is the GPU of this worker's local rank.
   device_ = runtime::selectDevice(options_.device, world_.localRank);
 #ifdef COHORT_HAVE_CUDA
-  if (device_.isCuda()) gpu_ = std::make_unique<runtime::cuda::GpuContext>(device_);
+  if (device_.isCuda()) {
+    gpu_ = std::make_unique<runtime::cuda::GpuContext>(
+        device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms}});
+  }
 #endif
   // An unknown backend, or one this build or world lacks, fails here rather than at place().
   if (options_.mode == Mode::kAllReduce) backend_ = resolveBackend();
@@ -247,7 +250,8 @@ Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optim
                 {"betas", settingValue(opt.beta1) + "," + settingValue(opt.beta2)},
                 {"eps", settingValue(opt.eps)},
                 {"init", o.initialise ? "the program's own" : "seed " + std::to_string(o.seed)},
-                {"average_every", std::to_string(averageEvery())}};
+                {"average_every", std::to_string(averageEvery())},
+                {"conv_algorithms", runtime::toString(options_.convAlgorithms)}};
   s.insert(s.end(), o.settings.begin(), o.settings.end());
   return s;
 }

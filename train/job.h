@@ -65,6 +65,7 @@
 #include "runtime/allocator.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/device.h"
+#include "runtime/gpu_options.h"
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
 #include "train/settings.h"
@@ -103,6 +104,10 @@ struct JobOptions {
   // this many of its steps (and every collective averages fully); 0: kDefaultAverageEvery. No effect
   // on one node; other modes refuse a value > 0. Negative: InvalidArgument.
   int64_t averageEvery = 0;
+  // On a GPU, which cuDNN convolution algorithms the layers may choose (runtime/gpu_options.h):
+  // kFastest, the fastest measured (Winograd and FFT included, about 1e-3 from fp32 accumulation), or
+  // kExact, only those that match plain fp32 accumulation. No effect on the CPU.
+  runtime::ConvAlgorithms convAlgorithms = runtime::ConvAlgorithms::kFastest;
 };
 
 // JobOptions::averageEvery when 0: a round every 16 steps of a node's leader (with 2 workers a node,
@@ -157,7 +162,7 @@ class Job {
   // when the optimizer was made for another size or device, or the model is already bound.
   // First it checks that every rank has the same settings (agree()): the mode, backend, replicas,
   // device kind and world size; the model's name, parameter count and layout (names and shapes);
-  // the optimizer and its hyper-parameters; the seed; and options.settings. Another rank's
+  // the optimizer and its hyper-parameters; the seed; the convolution algorithms; and options.settings. Another rank's
   // different setting is an InvalidArgument on every rank, naming both ranks and both values.
   void place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& options = {});
   bool placed() const { return strategy_ != nullptr; }

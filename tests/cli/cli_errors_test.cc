@@ -160,6 +160,10 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError({"--lr-schedule", "cosine", "--warmup-steps", "20", "--decay-steps", "10"},
                    {"cosine schedule needs more steps (10", "--warmup-steps (20)"});
   expectInputError({"--optimizer", "adamw", "--betas", "0.9,1"}, {"--betas", "[0, 1)", "0.9,1"});
+  // The GPU's convolution policy: a known one, on a GPU.
+  expectInputError(withOutputs({"--conv-algorithms", "bogus"}), {"--conv-algorithms", "bogus", "fastest or exact"});
+  expectInputError(withOutputs({"--device", "cuda", "--conv-algorithms", "Exact"}), {"--conv-algorithms", "'Exact'"});
+  expectInputError({"--conv-algorithms", "exact"}, {"--conv-algorithms applies to --device cuda"});
 }
 
 // Errors found by the flag parser (CLI11) follow the same one-line contract.
