@@ -50,10 +50,10 @@ echo "# cohort: $("$cohort" --version 2>&1)" | tee -a "$raw"
 for c in "${cases[@]}" "${reference[@]}"; do
   IFS='|' read -r name args _ _ _ <<<"$c"
   # shellcheck disable=SC2086  # the arguments are words
-  line=$("$cohort" bench train --device cuda $args 2>>"$out/gpu_compare.err" | grep '^RESULT bench=train' || echo "RESULT bench=train failed")
+  line=$(timeout 150 "$cohort" bench train --device cuda $args 2>>"$out/gpu_compare.err" | grep '^RESULT bench=train' || echo "RESULT bench=train failed")
   echo "cohort|$name|$line" | tee -a "$raw"
 done
-"$python" "$torch_script" "$corpus" mlp,cnn,gpt,gpt2,amp 2>>"$out/gpu_compare.err" | sed 's/^/torch|/' | tee -a "$raw"
+timeout 300 "$python" "$torch_script" "$corpus" mlp,cnn,gpt,gpt2,amp 2>>"$out/gpu_compare.err" | sed 's/^/torch|/' | tee -a "$raw"
 
 echo
 echo "| case | precision | unit | Cohort | PyTorch | Cohort/PyTorch |"

@@ -14,7 +14,7 @@
 # Everything is logged under a folder packed at the end into gpu-logs.tar.gz in $OUT (the device
 # tool's folder) or gpu-bundle-results/, beside summary.txt (the lines printed here) and, with
 # --bench, gpu_compare.md (the table). Planned to end within 8 minutes on an H100/H200; each phase
-# is skipped with a line saying so when the run's deadline (RUN_SECONDS, default 460) is near.
+# is skipped with a line saying so when the run's deadline (RUN_SECONDS, default 470) is near.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 results=${OUT:-$here/../gpu-bundle-results}
@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 start=$SECONDS
-deadline=$((start + ${RUN_SECONDS:-460}))
+deadline=$((start + ${RUN_SECONDS:-470}))
 left() { echo $((deadline - SECONDS)); }
 
 # CUDA libraries: a Python environment's nvidia/*/lib (PyTorch's wheels), then the toolkit.
@@ -99,7 +99,7 @@ run_jobs() {
 binaries=("$here"/bin/*)
 # Seconds kept for the benchmarks at the end.
 reserve=0
-$bench && reserve=210
+$bench && reserve=240
 # 1. The tests.
 say "== gpu tests ($((SECONDS - start)) s)"
 for t in "${binaries[@]}"; do
@@ -131,7 +131,7 @@ if $sanitize; then
     done
     for t in "${binaries[@]}"; do
       case "$(basename "$t")" in
-        kernels_test|elementwise_test|gpu_layers_test|gpu_norm_test|gpu_embedding_test|gpu_modules_test)
+        kernels_test|elementwise_test|gpu_layers_test|gpu_norm_test|gpu_embedding_test|gpu_modules_test|gpu_attention_test)
           add_job "racecheck.$(basename "$t")" 200 $cs --tool racecheck "$t"
           add_job "synccheck.$(basename "$t")" 200 $cs --tool synccheck "$t" ;;
       esac
