@@ -23,10 +23,12 @@
 // buffer and, in backward, its own partial dW and db; these are added up in worker order at the
 // end, so the result depends on T but not on the run. Tiles are then sized as for one thread. With
 // one thread the serial path is exactly as described above.
-// GPU (CUDA tensors): cuDNN's convolution, backward-data, backward-filter and bias kernels on the
-// pass's compute stream (runtime/cuda/dnn.h: plain fp32; the algorithms measured on the layer's own
-// buffers at the first batch of each shape and chosen by the GpuContext's ConvPolicy, fastest or
-// exact). A build without cuDNN refuses CUDA input with InvalidArgument.
+// GPU (CUDA tensors): cuDNN's convolution, backward-data and backward-filter kernels on the pass's
+// compute stream (runtime/cuda/dnn.h: plain fp32; the algorithms measured on the layer's own buffers
+// at the first batch of each shape and chosen by the GpuContext's ConvPolicy, fastest or exact); the
+// bias gradient is runtime/cuda/reduce_kernels.h's channelSum (repeatable bit for bit; cuDNN's
+// backward bias was several times slower). A build without cuDNN refuses CUDA input with
+// InvalidArgument.
 // Buffers are sized per batch shape and reused: a steady loop allocates nothing.
 // Keeps a handle to its input for backward (no copy). Thread safety: as Module (the layer's own
 // pool is used only inside forward and backward).
@@ -139,6 +141,7 @@ class Conv2d final : public Module {
   std::vector<Scratch> scratch_;                    // one per worker; [0] serves the serial path
   std::unique_ptr<runtime::cpu::ThreadPool> pool_;  // while blasThreads() > 1
   std::unique_ptr<runtime::cuda::Convolution> gpuConv_;  // cuDNN state, from the first CUDA forward
+  Tensor biasScratch_;  // GPU only: the per-chunk partial sums of the bias gradient
 };
 
 }  // namespace cohort::nn

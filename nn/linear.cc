@@ -6,6 +6,10 @@
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/reduce_kernels.h"
+#endif
+
 namespace cohort::nn {
 
 using runtime::cpu::gemm;
@@ -90,7 +94,11 @@ const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
   if (onGpu(gradOutput)) {
     auto& gpu = gpuFor(pass, gradOutput, name());
     gpu.blas().gemm({.m = out, .n = in, .k = r, .transA = true, .beta = beta}, dy, input_.data(), weightGrad_.data());
-    if (options_.bias) runtime::cuda::sumRows(dy, biasGrad_.data(), rows, out, pass.accumulateGrads, gpu.stream());
+    if (options_.bias) {
+      const runtime::cuda::ChannelSumOptions sum{.outer = rows, .channels = options_.out, .accumulate = pass.accumulateGrads};
+      runtime::ensureShape(biasScratch_, Shape{runtime::cuda::channelSumScratchFloats(sum)}, gpu.allocator());
+      runtime::cuda::channelSum({.x = dy, .sums = biasGrad_.data(), .scratch = biasScratch_.data()}, sum, gpu.stream());
+    }
     if (!pass.needInputGrad) {
       gradInput_ = Tensor();
       return gradInput_;

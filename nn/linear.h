@@ -1,6 +1,7 @@
 // Linear: y = x · Wᵀ + b, with W of shape [out, in] and b of shape [out] (PyTorch's layout and
 // default initialisation: both uniform in ±1/sqrt(in)). Input [batch, in] (or any shape whose last
-// dimension is `in`, flattened over the leading ones). CPU through OpenBLAS GEMM.
+// dimension is `in`, flattened over the leading ones). CPU through OpenBLAS GEMM; on a GPU cuBLAS, with
+// the bias gradient from runtime/cuda/reduce_kernels.h (repeatable bit for bit).
 // Keeps a handle to its input for backward (no copy). Thread safety: as Module.
 #pragma once
 
@@ -38,6 +39,7 @@ class Linear final : public Module {
   Shape inputShape_;   // its shape as given
   Tensor output_;
   Tensor gradInput_;
+  Tensor biasScratch_;  // GPU only: the per-chunk partial sums of the bias gradient
 };
 
 }  // namespace cohort::nn

@@ -39,7 +39,6 @@ CudnnLibrary::CudnnLibrary()
       convolutionForward(COHORT_LIBRARY_FUNCTION(library, cudnnConvolutionForward)),
       convolutionBackwardData(COHORT_LIBRARY_FUNCTION(library, cudnnConvolutionBackwardData)),
       convolutionBackwardFilter(COHORT_LIBRARY_FUNCTION(library, cudnnConvolutionBackwardFilter)),
-      convolutionBackwardBias(COHORT_LIBRARY_FUNCTION(library, cudnnConvolutionBackwardBias)),
       addTensor(COHORT_LIBRARY_FUNCTION(library, cudnnAddTensor)) {}
 
 }  // namespace cohort::runtime::cuda

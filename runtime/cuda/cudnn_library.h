@@ -43,7 +43,6 @@ struct CudnnLibrary {
   decltype(&::cudnnConvolutionForward) const convolutionForward;
   decltype(&::cudnnConvolutionBackwardData) const convolutionBackwardData;
   decltype(&::cudnnConvolutionBackwardFilter) const convolutionBackwardFilter;
-  decltype(&::cudnnConvolutionBackwardBias) const convolutionBackwardBias;
   decltype(&::cudnnAddTensor) const addTensor;
 };
 

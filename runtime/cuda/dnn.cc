@@ -323,15 +323,6 @@ void Convolution::backwardFilter(const Dnn& dnn, const float* x, const float* dy
                                 algorithms_.workspaceBytes, &beta, static_cast<cudnnFilterDescriptor_t>(wDesc_), dw));
 }
 
-void Convolution::backwardBias(const Dnn& dnn, const float* dy, float* db, bool accumulate) {
-  const CudnnLibrary& cudnn = *cudnn_;
-  COHORT_CHECK(prepared_) << "Convolution::backwardBias before prepare()";
-  CudaDeviceGuard guard(dnn.stream().device().index);
-  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  COHORT_CUDNN_CHECK(cudnn, cudnn.convolutionBackwardBias(handleOf(dnn), &one, tensorDesc(yDesc_), dy, &beta,
-                                                          tensorDesc(biasDesc_), db));
-}
-
 void Convolution::backwardData(const Dnn& dnn, const float* w, const float* dy, float* dx) {
   const CudnnLibrary& cudnn = *cudnn_;
   COHORT_CHECK(prepared_) << "Convolution::backwardData before prepare()";

@@ -133,8 +133,6 @@ class Convolution {
   void forward(const Dnn& dnn, const float* x, const float* w, const float* bias, float* y);
   // dw = (or +=, with accumulate) the weight gradient from the input x and the output gradient dy.
   void backwardFilter(const Dnn& dnn, const float* x, const float* dy, float* dw, bool accumulate);
-  // db[o] = (or +=) the sum of dy over batch and positions of channel o.
-  void backwardBias(const Dnn& dnn, const float* dy, float* db, bool accumulate);
   // dx = the input gradient from w and dy (overwritten).
   void backwardData(const Dnn& dnn, const float* w, const float* dy, float* dx);
 

@@ -115,33 +115,6 @@ __global__ void activationBackwardKernel(ActivationOp op, const float* y, const 
   for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) dx[i] = activationGrad(op, y[i], dy[i]);
 }
 
-// ---- sumRows ----
-
-// Column sums of dy[rows, cols]. A block owns a tile of kWarpSize columns (threadIdx.x, so a warp
-// reads one contiguous stretch of a row); its kWarpsPerBlock thread rows (threadIdx.y) each sum
-// every kWarpsPerBlock-th row, and the partial sums meet in shared memory. No atomics, so the
-// result is deterministic. Sized for bias gradients, where rows is a batch.
-__global__ void sumRowsKernel(const float* __restrict__ dy, float* __restrict__ db, int64_t rows, int64_t cols,
-                              bool accumulate) {
-  __shared__ float partial[kWarpsPerBlock][kWarpSize];
-  for (int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarpSize; tile < cols;
-       tile += static_cast<int64_t>(gridDim.x) * kWarpSize) {
-    int64_t c = tile + threadIdx.x;
-    float sum = 0.0f;
-    if (c < cols) {
-      for (int64_t r = threadIdx.y; r < rows; r += kWarpsPerBlock) sum += dy[r * cols + c];
-    }
-    partial[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-      float total = accumulate ? db[c] : 0.0f;
-      for (unsigned k = 0; k < kWarpsPerBlock; ++k) total += partial[k][threadIdx.x];
-      db[c] = total;
-    }
-    __syncthreads();  // the next tile overwrites partial
-  }
-}
-
 // A row's maximum and the first column holding it (nn/loss.cc's argmax: the first maximum wins).
 struct ArgMax {
   float value;
@@ -447,17 +420,6 @@ void activationBackward(ActivationOp op, const float* y, const float* dy, float*
   CudaDeviceGuard guard(stream.device().index);
   COHORT_LAUNCH(activationBackwardKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
       op, y, dy, dx, count, vecCount);
-  COHORT_CUDA_CHECK(cudaGetLastError());
-}
-
-void sumRows(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate, const Stream& stream) {
-  checkCudaStream(stream);
-  checkMatrix(rows, cols);
-  // With no rows the sums are 0: the kernel still runs to write them unless it would add nothing.
-  if (cols == 0 || (rows == 0 && accumulate)) return;
-  CudaDeviceGuard guard(stream.device().index);
-  unsigned blocks = blocksFor(stream, static_cast<size_t>(cols), kWarpSize);
-  COHORT_LAUNCH(sumRowsKernel, blocks, dim3(kWarpSize, kWarpsPerBlock), 0, nativeStream(stream))(dy, db, rows, cols, accumulate);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

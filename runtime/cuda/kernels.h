@@ -66,9 +66,6 @@ void activationForward(ActivationOp op, const float* x, float* y, int64_t n, con
 // dx = dy · act'(x) expressed through the output y (ReLU: y > 0; Tanh: 1 − y²; Sigmoid: y(1 − y)).
 void activationBackward(ActivationOp op, const float* y, const float* dy, float* dx, int64_t n, const Stream& stream);
 
-// db[c] = Σ_r dy[r, c] (accumulate: db[c] += ...). With rows == 0 that is db = 0 (or db unchanged).
-void sumRows(const float* dy, float* db, int64_t rows, int64_t cols, bool accumulate, const Stream& stream);
-
 // Row-wise softmax (or log-softmax) of x into y, max-subtracted like the CPU code; `causal` as
 // nn::softmaxRows (row r sees columns 0..r mod cols; softmax only).
 void softmaxForward(const float* x, float* y, int64_t rows, int64_t cols, bool log, const Stream& stream,

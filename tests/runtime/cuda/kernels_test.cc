@@ -320,32 +320,6 @@ TEST_F(KernelsTest, BiasActivationMatchesLinearBiasThenActivation) {
   }
 }
 
-// ---- bias gradient ----
-
-TEST_F(KernelsTest, SumRowsMatchesLinearBiasGradient) {
-  struct Dims {
-    int64_t rows, cols;
-  };
-  const Dims kDims[] = {{0, 5}, {5, 0}, {1, 1}, {1, 10}, {3, 1000}, {64, 512}, {1000, 10}, {257, 33}};
-  for (const Dims& d : kDims) {
-    for (bool accumulate : {false, true}) {
-      std::string what =
-          "sumRows " + std::to_string(d.rows) + "x" + std::to_string(d.cols) + (accumulate ? " accumulate" : "");
-      size_t cols = static_cast<size_t>(d.cols);
-      Floats dy = randomFloats(static_cast<size_t>(d.rows) * cols, cols + 3);
-      // Without accumulate the old contents must be ignored, so they are garbage.
-      Floats db = accumulate ? randomFloats(cols, cols + 4) : Floats(cols, 12345.0f);
-      auto ddy = upload(dy), ddb = upload(db);
-      sumRows(ddy->data(), ddb->data(), d.rows, d.cols, accumulate, stream());
-      if (!accumulate) std::fill(db.begin(), db.end(), 0.0f);
-      for (int64_t r = 0; r < d.rows; ++r) {  // nn/linear.cc's loop
-        for (size_t c = 0; c < cols; ++c) db[c] += dy[static_cast<size_t>(r) * cols + c];
-      }
-      expectClose(download(*ddb), db, {1e-5, 1e-6 * static_cast<double>(d.rows + 1)}, what);
-    }
-  }
-}
-
 // ---- softmax ----
 
 struct RowDims {
@@ -591,8 +565,6 @@ TEST_F(KernelsTest, EmptyInputsEnqueueNothing) {
     activationForward(op, nullptr, nullptr, 0, stream());
     activationBackward(op, nullptr, nullptr, nullptr, 0, stream());
   }
-  sumRows(nullptr, nullptr, 5, 0, false, stream());
-  sumRows(nullptr, nullptr, 0, 5, true, stream());
   softmaxForward(nullptr, nullptr, 0, 10, false, stream());
   softmaxBackward(nullptr, nullptr, nullptr, 3, 0, true, stream());
   dropoutForward(nullptr, nullptr, nullptr, 0, 0.5f, 1, stream());
