@@ -131,7 +131,7 @@ if $sanitize; then
     done
     for t in "${binaries[@]}"; do
       case "$(basename "$t")" in
-        kernels_test|elementwise_test|gpu_layers_test|gpu_norm_test|gpu_embedding_test|gpu_modules_test|gpu_attention_test)
+        kernels_test|elementwise_test|gpu_layers_test|gpu_norm_test|gpu_embedding_test|gpu_modules_test|gpu_attention_test|reduce_kernels_test)
           add_job "racecheck.$(basename "$t")" 200 $cs --tool racecheck "$t"
           add_job "synccheck.$(basename "$t")" 200 $cs --tool synccheck "$t" ;;
       esac
