@@ -222,7 +222,7 @@ CUstream_st* newStream(int device, unsigned flags) {
 CUstream_st* resolve(cudaStream_t stream) {
   Registry& r = registry();
   std::lock_guard lock(r.m);
-  if (!stream) {
+  if (!stream || stream == cudaStreamLegacy) {
     CUstream_st*& d = r.defaults[tlsDevice];
     if (!d) d = newStream(tlsDevice, cudaStreamDefault);
     return d;

@@ -130,9 +130,13 @@ void Tensor::copyFrom(const Tensor& src) const {
 #ifdef COHORT_HAVE_CUDA
   // A blocking copy on the legacy default stream, which waits for work on every blocking stream but
   // not for Cohort's non-blocking ones: callers synchronise their streams first (checkpoints do).
+  // cudaMemcpy from pageable host memory returns once the data is staged, before it lands on the
+  // device, and Cohort's non-blocking streams do not wait for the legacy stream: wait for it here,
+  // or a kernel enqueued next may read the old contents (seen on an H200: gpu_norm_test read zeros).
   const Device gpu = device().isCuda() ? device() : src.device();
   cuda::CudaDeviceGuard guard(gpu.index);
   COHORT_CUDA_CHECK(cudaMemcpy(data_, src.data_, bytes(), cudaMemcpyDefault));
+  COHORT_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 #else
   COHORT_CHECK(false) << "copy from " << src.device().str() << " to " << device().str() << " without CUDA";
 #endif

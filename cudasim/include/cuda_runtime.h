@@ -37,6 +37,8 @@ typedef enum cudaError {
 } cudaError_t;
 
 typedef struct CUstream_st* cudaStream_t;
+// The legacy default stream by name, as CUDA defines it (the emulation's stream 0 of the device).
+#define cudaStreamLegacy ((cudaStream_t)0x1)
 typedef struct CUevent_st* cudaEvent_t;
 typedef void (*cudaHostFn_t)(void* userData);
 

@@ -79,7 +79,11 @@ class ReduceKernelsTest : public ::testing::Test {
     if (v.empty()) return nullptr;
     float* p = nullptr;
     COHORT_CUDA_CHECK(cudaMalloc(&p, v.size() * sizeof(float)));
-    COHORT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // On the test's stream, then waited for: a plain cudaMemcpy from pageable memory may return
+    // before its copy lands, unordered with a non-blocking stream (the first H200 run caught it).
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                      static_cast<cudaStream_t>(stream_->native())));
+    stream_->synchronize(kSyncTimeout);
     return p;
   }
 
