@@ -53,7 +53,11 @@ for c in "${cases[@]}" "${reference[@]}"; do
   line=$(timeout 150 "$cohort" bench train --device cuda $args 2>>"$out/gpu_compare.err" | grep '^RESULT bench=train' || echo "RESULT bench=train failed")
   echo "cohort|$name|$line" | tee -a "$raw"
 done
-timeout 300 "$python" "$torch_script" "$corpus" mlp,cnn,gpt,gpt2,amp 2>>"$out/gpu_compare.err" | sed 's/^/torch|/' | tee -a "$raw"
+# Two processes: gpu_torch.py's bf16 cases turn TF32 on for the rest of the process, which would
+# make fp32 cases after them TF32 ones (the first H200 run measured its fp32 GPT-2 at 180k tokens/s
+# after the bf16 cases, against 69k alone).
+timeout 200 "$python" "$torch_script" "$corpus" mlp,cnn,gpt,gpt2 2>>"$out/gpu_compare.err" | sed 's/^/torch|/' | tee -a "$raw"
+timeout 100 "$python" "$torch_script" "$corpus" amp 2>>"$out/gpu_compare.err" | sed 's/^/torch|/' | tee -a "$raw"
 
 echo
 echo "| case | precision | unit | Cohort | PyTorch | Cohort/PyTorch |"

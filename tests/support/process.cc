@@ -10,12 +10,21 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 extern char** environ;
 
 namespace cohort::testing {
+
+// COHORT_TEST_TIMEOUT_SCALE=K (a whole number >= 1) multiplies every timeout: a test run under a
+// tool that slows the program down (compute-sanitizer, scripts/gpu_run.sh) gives its children time.
+static int timeoutScale() {
+  const char* v = std::getenv("COHORT_TEST_TIMEOUT_SCALE");
+  const int k = v ? std::atoi(v) : 1;
+  return k >= 1 ? k : 1;
+}
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -122,7 +131,7 @@ CommandResult runCommand(const std::vector<std::string>& argv, const CommandOpti
   // A pidfd becomes readable when the child exits, so the wait for the exit is bounded by the same
   // deadline as the reads. Without pidfds (Linux < 5.3) the final waitpid blocks once the pipes close.
   int exitFd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  const auto deadline = Clock::now() + options.timeout;
+  const auto deadline = Clock::now() + options.timeout * timeoutScale();
   while (outFd >= 0 || errFd >= 0 || exitFd >= 0) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
@@ -153,7 +162,7 @@ CommandResult runCommand(const std::vector<std::string>& argv, const CommandOpti
   if (WIFEXITED(status)) result.exitCode = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
   if (result.timedOut) {
-    ADD_FAILURE() << "timed out after " << options.timeout.count() << " s and killed: " << result.commandLine;
+    ADD_FAILURE() << "timed out after " << options.timeout.count() * timeoutScale() << " s and killed: " << result.commandLine;
   }
   return result;
 }

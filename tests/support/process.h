@@ -22,7 +22,7 @@
 namespace cohort::testing {
 
 struct CommandOptions {
-  std::chrono::seconds timeout{120};
+  std::chrono::seconds timeout{120};  // times COHORT_TEST_TIMEOUT_SCALE when set (process.cc)
   std::string workingDirectory;  // empty: the caller's
   std::vector<std::string> extraEnvironment;  // "NAME=value" added to the child's environment
 };
