@@ -1,8 +1,9 @@
-// cuBLAS as cudasim emulates it (include/cublas_v2.h): handles, and SGEMM (one, or a strided batch)
-// and SSCAL as operations of the handle's stream, following the real argument conventions. SGEMM runs
-// on oneDNN's sgemm (fp32 accumulation, as on a GPU), so a result differs from a double-accumulating
-// reference by float rounding only; alpha, beta and the TF32 rounding of inputs are applied here,
-// around it. One SGEMM is a strided batch of one: both calls are the same code.
+// cuBLAS as cudasim emulates it (include/cublas_v2.h): handles, and GEMM (one, or a strided batch;
+// fp32, or bf16 inputs with fp32 accumulation) and SSCAL as operations of the handle's stream,
+// following the real argument conventions. A GEMM runs on oneDNN's sgemm (fp32 accumulation, as on
+// a GPU), so a result differs from a double-accumulating reference by float rounding only; alpha,
+// beta, the widening of bf16 inputs (exact), the rounding of a bf16 output and the TF32 rounding of
+// inputs are applied here, around it. Every GEMM is a strided batch: all calls are the same code.
 //
 // Every call checks what the real library checks (dimensions, leading dimensions, enums, null
 // scalars, batch counts) and, beyond it, that each matrix or vector it will touch lies inside one
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "cublas_v2.h"
+#include "cuda_bf16.h"
 #include "cudasim/sim.h"
 
 struct cublasContext {
@@ -97,22 +99,25 @@ bool readScalar(const cublasContext& settings, const float* p, Scalar* out) {
   return true;
 }
 
+size_t elementBytes(cudaDataType type) { return type == CUDA_R_16BF ? 2 : 4; }
+
 // Bytes from the first to one past the last element of a column-major rows x cols matrix with
-// leading dimension ld (0 for an empty one).
-size_t spanBytes(int64_t rows, int64_t cols, int64_t ld) {
+// leading dimension ld (0 for an empty one) of `element`-byte elements.
+size_t spanBytes(int64_t rows, int64_t cols, int64_t ld, size_t element = sizeof(float)) {
   if (rows <= 0 || cols <= 0) return 0;
-  return static_cast<size_t>((cols - 1) * ld + rows) * sizeof(float);
+  return static_cast<size_t>((cols - 1) * ld + rows) * element;
 }
 
 bool onDevice(const void* p, size_t bytes) { return bytes == 0 || (p && isDeviceRange(p, bytes)); }
 
-// Whether `count` matrices of `bytes` each, `stride` floats apart from p on, lie inside one live
-// device allocation: with the stride non-negative, the span from the first one's start to the last
-// one's end must. A negative stride is refused, stricter than cuBLAS, which would walk back from p:
-// Cohort never means one, so it is taken for a mistake. So is a span past any address space.
-bool batchOnDevice(const void* p, size_t bytes, int64_t stride, int count) {
+// Whether `count` matrices of `bytes` each, `stride` elements of `element` bytes apart from p on, lie
+// inside one live device allocation: with the stride non-negative, the span from the first one's
+// start to the last one's end must. A negative stride is refused, stricter than cuBLAS, which would
+// walk back from p: Cohort never means one, so it is taken for a mistake. So is a span past any
+// address space.
+bool batchOnDevice(const void* p, size_t bytes, int64_t stride, int count, size_t element) {
   int64_t span = 0;
-  if (stride < 0 || __builtin_mul_overflow(stride, (count - 1) * int64_t{sizeof(float)}, &span) ||
+  if (stride < 0 || __builtin_mul_overflow(stride, (count - 1) * static_cast<int64_t>(element), &span) ||
       __builtin_add_overflow(span, bytes, &span)) {
     return false;
   }
@@ -147,24 +152,30 @@ bool roundsToTf32(cublasMath_t mode) {
   return base == CUBLAS_TF32_TENSOR_OP_MATH || base == CUBLAS_TENSOR_OP_MATH;
 }
 
-// The operands of one SGEMM, captured at the call.
+// The operands of one GEMM, captured at the call. A and B are both fp32 or both bf16 (`bf16`); C is
+// fp32 or bf16 (`bf16C`).
 struct Gemm {
-  bool transA = false, transB = false, tf32 = false;
+  bool transA = false, transB = false, tf32 = false, bf16 = false, bf16C = false;
   int m = 0, n = 0, k = 0;
   Scalar alpha, beta;
-  const float* a = nullptr;
-  const float* b = nullptr;
-  float* c = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
   int lda = 0, ldb = 0, ldc = 0;
 };
 
-// A column-major rows x cols matrix with leading dimension ld, rounded to TF32 and packed (ld = rows).
-std::vector<float> packedTf32(const float* p, int64_t rows, int64_t cols, int64_t ld) {
-  std::vector<float> packed(static_cast<size_t>(rows * cols));
+// A column-major rows x cols matrix with leading dimension ld, as packed fp32 (ld = rows): bf16
+// widened (exact), fp32 rounded to TF32 (`tf32`) or copied.
+std::vector<float> packed(const void* p, bool bf16, bool tf32, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t j = 0; j < cols; ++j) {
-    for (int64_t i = 0; i < rows; ++i) packed[static_cast<size_t>(i + j * rows)] = toTf32(p[i + j * ld]);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t at = i + j * ld;
+      const float x = bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[at]) : static_cast<const float*>(p)[at];
+      out[static_cast<size_t>(i + j * rows)] = tf32 ? toTf32(x) : x;
+    }
   }
-  return packed;
+  return out;
 }
 
 // C = beta · C first (beta == 0: zeros written, C never read, so NaN there does not survive whatever
@@ -174,11 +185,11 @@ std::vector<float> packedTf32(const float* p, int64_t rows, int64_t cols, int64_
 // It runs on the stream's thread alone: an operation of a stream is one unit of work, as a kernel
 // is; a team per stream would oversubscribe the CPU that the other streams (and the host code
 // compared against) share, and the result would depend on the machine's core count.
-void runGemm(const Gemm& g) {
+void runFloatGemm(const Gemm& g, float* c, int64_t ldc) {
   const float alpha = g.alpha.get(), beta = g.beta.get();
   const bool product = alpha != 0.0f && g.k > 0;
   for (int64_t j = 0; j < g.n; ++j) {
-    float* column = g.c + j * g.ldc;
+    float* column = c + j * ldc;
     if (beta == 0.0f) {
       std::fill(column, column + g.m, 0.0f);
     } else if (!product) {
@@ -186,20 +197,20 @@ void runGemm(const Gemm& g) {
     }
   }
   if (!product) return;
-  const float* a = g.a;
-  const float* b = g.b;
+  auto* a = static_cast<const float*>(g.a);
+  auto* b = static_cast<const float*>(g.b);
   int64_t lda = g.lda, ldb = g.ldb;
-  std::vector<float> roundedA, roundedB;
-  if (g.tf32) {
+  std::vector<float> packedA, packedB;
+  if (g.tf32 || g.bf16) {
     lda = g.transA ? g.k : g.m;
     ldb = g.transB ? g.n : g.k;
-    roundedA = packedTf32(g.a, lda, g.transA ? g.m : g.k, g.lda);
-    roundedB = packedTf32(g.b, ldb, g.transB ? g.k : g.n, g.ldb);
-    a = roundedA.data(), b = roundedB.data();
+    packedA = packed(g.a, g.bf16, g.tf32, lda, g.transA ? g.m : g.k, g.lda);
+    packedB = packed(g.b, g.bf16, g.tf32, ldb, g.transB ? g.k : g.n, g.ldb);
+    a = packedA.data(), b = packedB.data();
   }
   omp_set_num_threads(1);  // this thread's setting, which oneDNN sizes its team by
   const dnnl_status_t status =
-      dnnl_sgemm(g.transB ? 'T' : 'N', g.transA ? 'T' : 'N', g.n, g.m, g.k, alpha, b, ldb, a, lda, beta, g.c, g.ldc);
+      dnnl_sgemm(g.transB ? 'T' : 'N', g.transA ? 'T' : 'N', g.n, g.m, g.k, alpha, b, ldb, a, lda, beta, c, ldc);
   if (status != dnnl_success) {  // the arguments were checked at the call: a bug here, not the caller's
     std::fprintf(stderr, "cudasim: dnnl_sgemm(%d x %d x %d) failed with status %d\n", g.m, g.n, g.k,
                  static_cast<int>(status));
@@ -207,7 +218,18 @@ void runGemm(const Gemm& g) {
   }
 }
 
-// A strided batch of SGEMMs: matrix i of each operand starts i · stride floats after its matrix 0,
+// A bf16 C is computed in fp32 (widened first where beta reads it) and rounded once at the end.
+void runGemm(const Gemm& g) {
+  if (!g.bf16C) return runFloatGemm(g, static_cast<float*>(g.c), g.ldc);
+  auto* c = static_cast<__nv_bfloat16*>(g.c);
+  std::vector<float> wide = packed(c, true, false, g.m, g.n, g.ldc);
+  runFloatGemm(g, wide.data(), g.m);
+  for (int64_t j = 0; j < g.n; ++j) {
+    for (int64_t i = 0; i < g.m; ++i) c[i + j * g.ldc] = __float2bfloat16_rn(wide[static_cast<size_t>(i + j * g.m)]);
+  }
+}
+
+// A strided batch of GEMMs: matrix i of each operand starts i · stride elements after its matrix 0,
 // which `first` holds.
 struct StridedBatch {
   Gemm first;
@@ -215,13 +237,14 @@ struct StridedBatch {
   int count = 0;
 };
 
-// The SGEMMs in batch order, as one operation of the stream (one kernel, on a GPU).
+// The GEMMs in batch order, as one operation of the stream (one kernel, on a GPU).
 void runBatch(const StridedBatch& batch) {
   Gemm g = batch.first;
+  const int64_t ab = g.bf16 ? 2 : 4, c = g.bf16C ? 2 : 4;
   for (int64_t i = 0; i < batch.count; ++i) {
-    g.a = batch.first.a + i * batch.strideA;
-    g.b = batch.first.b + i * batch.strideB;
-    g.c = batch.first.c + i * batch.strideC;
+    g.a = static_cast<const char*>(batch.first.a) + i * batch.strideA * ab;
+    g.b = static_cast<const char*>(batch.first.b) + i * batch.strideB * ab;
+    g.c = static_cast<char*>(batch.first.c) + i * batch.strideC * c;
     runGemm(g);
   }
 }
@@ -292,53 +315,61 @@ cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, c
   return cublasSgemmStridedBatched(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
 }
 
-// The checks of the reference BLAS's xerbla, in its order, with cuBLAS's batchCount >= 0; then the
-// quick returns; then the operands' memory: op(A) is m x k, so A is stored m x k (N) or k x m (T),
-// likewise B. A stride of 0 is legal for A and B: every batch reads the same matrix. C matrices that
-// share an element (a stride of 0 among them) make cuBLAS's result undefined, as its batches run
-// concurrently: the emulation refuses them, and negative strides (batchOnDevice).
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long int strideA, const float* B, int ldb, long long int strideB,
                                          const float* beta, float* C, int ldc, long long int strideC, int batchCount) {
+  return cublasGemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, CUDA_R_32F, lda, strideA, B, CUDA_R_32F,
+                                    ldb, strideB, beta, C, CUDA_R_32F, ldc, strideC, batchCount, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+}
+
+// The checks of the reference BLAS's xerbla, in its order, with cuBLAS's batchCount >= 0; then the
+// types; then the quick returns; then the operands' memory: op(A) is m x k, so A is stored m x k (N)
+// or k x m (T), likewise B. A stride of 0 is legal for A and B: every batch reads the same matrix. C
+// matrices that share an element (a stride of 0 among them) make cuBLAS's result undefined, as its
+// batches run concurrently: the emulation refuses them, and negative strides (batchOnDevice).
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
   cublasContext settings;
   if (cublasStatus_t s = usable(handle, &settings); s != CUBLAS_STATUS_SUCCESS) return s;
-  StridedBatch batch{.first = {.transA = transa != CUBLAS_OP_N,
-                               .transB = transb != CUBLAS_OP_N,
-                               .tf32 = roundsToTf32(settings.mathMode),
-                               .m = m,
-                               .n = n,
-                               .k = k,
-                               .alpha = {},
-                               .beta = {},
-                               .a = A,
-                               .b = B,
-                               .c = C,
-                               .lda = lda,
-                               .ldb = ldb,
-                               .ldc = ldc},
-                     .strideA = strideA,
-                     .strideB = strideB,
-                     .strideC = strideC,
-                     .count = batchCount};
+  const bool bf16 = Atype == CUDA_R_16BF;
+  const bool tf32 = !bf16 && (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ||
+                              (computeType == CUBLAS_COMPUTE_32F && roundsToTf32(settings.mathMode)));
+  StridedBatch batch{.first = {.transA = transa != CUBLAS_OP_N, .transB = transb != CUBLAS_OP_N, .tf32 = tf32,
+                               .bf16 = bf16, .bf16C = Ctype == CUDA_R_16BF, .m = m, .n = n, .k = k, .alpha = {},
+                               .beta = {}, .a = A, .b = B, .c = C, .lda = lda, .ldb = ldb, .ldc = ldc},
+                     .strideA = strideA, .strideB = strideB, .strideC = strideC, .count = batchCount};
   Gemm& g = batch.first;
   const int rowsA = g.transA ? k : m, rowsB = g.transB ? n : k;
   if (!validOp(transa) || !validOp(transb) || m < 0 || n < 0 || k < 0 || lda < std::max(1, rowsA) ||
       ldb < std::max(1, rowsB) || ldc < std::max(1, m) || batchCount < 0) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (!readScalar(settings, alpha, &g.alpha) || !readScalar(settings, beta, &g.beta)) {
+  const bool typesFit = Atype == Btype && (Atype == CUDA_R_32F ? Ctype == CUDA_R_32F
+                                                                : Atype == CUDA_R_16BF && (Ctype == CUDA_R_16BF || Ctype == CUDA_R_32F));
+  const bool computeFits = computeType == CUBLAS_COMPUTE_32F || computeType == CUBLAS_COMPUTE_32F_PEDANTIC ||
+                           (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 && !bf16);
+  if (!typesFit || !computeFits || algo != CUBLAS_GEMM_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!readScalar(settings, static_cast<const float*>(alpha), &g.alpha) ||
+      !readScalar(settings, static_cast<const float*>(beta), &g.beta)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (batchCount == 0 || m == 0 || n == 0 || ((k == 0 || g.alpha.knownZero()) && g.beta.knownOne())) {
     return CUBLAS_STATUS_SUCCESS;
   }
+  const size_t ab = elementBytes(Atype), c = elementBytes(Ctype);
   const bool readsAB = k > 0 && !g.alpha.knownZero();
-  if (readsAB && (!batchOnDevice(A, spanBytes(rowsA, g.transA ? m : k, lda), strideA, batchCount) ||
-                  !batchOnDevice(B, spanBytes(rowsB, g.transB ? k : n, ldb), strideB, batchCount))) {
+  if (readsAB && (!batchOnDevice(A, spanBytes(rowsA, g.transA ? m : k, lda, ab), strideA, batchCount, ab) ||
+                  !batchOnDevice(B, spanBytes(rowsB, g.transB ? k : n, ldb, ab), strideB, batchCount, ab))) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  if (!batchOnDevice(C, spanBytes(m, n, ldc), strideC, batchCount) || batchesOverlap(m, n, ldc, strideC, batchCount)) {
+  if (!batchOnDevice(C, spanBytes(m, n, ldc, c), strideC, batchCount, c) ||
+      batchesOverlap(m, n, ldc, strideC, batchCount)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   return run(settings, [batch] { runBatch(batch); });

@@ -1,7 +1,7 @@
 // GpuOptions: how a cuda::GpuContext runs what it runs (runtime/cuda/gpu_context.h), as plain values
 // that every build has, so that train::JobOptions and the command line can carry them without CUDA.
-// Today one policy: which cuDNN convolution algorithms are acceptable (ConvPolicy, below;
-// runtime/cuda/dnn.h chooses by it; docs/gpu.md, "Convolution algorithms").
+// Which cuDNN convolution algorithms are acceptable (ConvPolicy, below; runtime/cuda/dnn.h chooses
+// by it; docs/gpu.md, "Convolution algorithms"), and whether fp32 matrix products may use TF32.
 //
 //   runtime::cuda::GpuContext gpu(Device::cuda(0), {.conv = {.algorithms = runtime::ConvAlgorithms::kExact}});
 #pragma once
@@ -35,6 +35,10 @@ struct ConvPolicy {
 
 struct GpuOptions {
   ConvPolicy conv;
+  // TF32 tensor cores for fp32 matrix products (cuBLAS; --tf32): inputs rounded to 10 bits of
+  // mantissa, sums in fp32, several times plain fp32's rate. Off by default, so a plain fp32 run stays
+  // within fp32 rounding of the CPU. Convolutions are not affected (they stay plain fp32 math).
+  bool tf32 = false;
 };
 
 }  // namespace cohort::runtime

@@ -83,10 +83,14 @@ class SharedLibrary {
 // reference to the library.
 // How the tables open their library and take its functions: dlopen and dlsym, or, in the cudasim
 // build (COHORT_CUDASIM), the emulated library linked into the program.
+// COHORT_LIBRARY_OVERLOAD names the function's type, for a name the header overloads (C++ inline
+// wrappers beside the library's extern "C" function).
 #ifdef COHORT_CUDASIM
 #define COHORT_OPEN_LIBRARY_TABLE(...) ::cohort::runtime::SharedLibrary::linkedIn(__VA_ARGS__)
 #define COHORT_LIBRARY_FUNCTION(library, fn) (static_cast<void>(library), &::fn)
+#define COHORT_LIBRARY_OVERLOAD(library, fn, Type) (static_cast<void>(library), static_cast<Type*>(&::fn))
 #else
 #define COHORT_OPEN_LIBRARY_TABLE(...) ::cohort::runtime::SharedLibrary::open(__VA_ARGS__)
 #define COHORT_LIBRARY_FUNCTION(library, fn) (library).function<decltype(::fn)>(#fn)
+#define COHORT_LIBRARY_OVERLOAD(library, fn, Type) (library).function<Type>(#fn)
 #endif

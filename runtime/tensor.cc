@@ -1,6 +1,7 @@
 #include "runtime/tensor.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -53,11 +54,12 @@ Storage::~Storage() {
   if (allocator_ && data_) allocator_->deallocate(data_, bytes_);
 }
 
-Tensor Tensor::empty(const Shape& shape, Allocator& allocator) {
+Tensor Tensor::empty(const Shape& shape, Allocator& allocator, DType dtype) {
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(allocator, static_cast<size_t>(shape.numel()) * sizeof(float));
-  t.data_ = static_cast<float*>(t.storage_->data());
+  t.storage_ = std::make_shared<Storage>(allocator, static_cast<size_t>(shape.numel()) * sizeOf(dtype));
+  t.data_ = t.storage_->data();
   t.shape_ = shape;
+  t.dtype_ = dtype;
   return t;
 }
 
@@ -69,11 +71,28 @@ Tensor Tensor::zeros(const Shape& shape, Allocator& allocator) {
 }
 
 Tensor Tensor::view(float* data, const Shape& shape, Device device) {
+  return view(data, shape, DType::kF32, device);
+}
+
+Tensor Tensor::view(void* data, const Shape& shape, DType dtype, Device device) {
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(data, static_cast<size_t>(shape.numel()) * sizeof(float), device);
+  t.storage_ = std::make_shared<Storage>(data, static_cast<size_t>(shape.numel()) * sizeOf(dtype), device);
   t.data_ = data;
   t.shape_ = shape;
+  t.dtype_ = dtype;
   return t;
+}
+
+void Tensor::notFloat() const {
+  COHORT_CHECK(false) << "Tensor::data() reads fp32, but this " << shape_.str() << " tensor holds "
+                      << dtypeName(dtype_) << " (use data<T>() or raw(), or convert it to fp32 first)";
+  std::abort();
+}
+
+void Tensor::wrongSize(size_t size) const {
+  COHORT_CHECK(false) << "Tensor::data<T>() with a " << size << "-byte T on a " << dtypeName(dtype_) << " tensor of "
+                      << elementSize() << "-byte elements";
+  std::abort();
 }
 
 size_t Tensor::capacityBytes() const {
@@ -95,8 +114,8 @@ Tensor Tensor::narrowRows(int64_t start, int64_t count) const {
   COHORT_CHECK(rank() >= 1 && start >= 0 && count >= 0 && start + count <= dim(0))
       << "narrowRows(" << start << ", " << count << ") of " << shape_.str();
   Tensor t = *this;
-  int64_t rowElems = dim(0) ? numel() / dim(0) : 0;
-  t.data_ = data_ + start * rowElems;
+  const int64_t rowElems = dim(0) ? numel() / dim(0) : 0;
+  t.data_ = static_cast<char*>(data_) + static_cast<size_t>(start * rowElems) * elementSize();
   t.shape_[0] = count;
   return t;
 }
@@ -107,9 +126,10 @@ Tensor Tensor::withRows(int64_t rows) const {
   return resizedWithin(s);
 }
 
-Tensor Tensor::resizedWithin(const Shape& shape) const {
+Tensor Tensor::resizedWithin(const Shape& shape, DType dtype) const {
   Tensor t = *this;
   t.shape_ = shape;
+  t.dtype_ = dtype;
   COHORT_CHECK(t.bytes() <= capacityBytes()) << "resize to " << shape.str() << " exceeds capacity of "
                                              << shape_.str();
   return t;
@@ -117,11 +137,13 @@ Tensor Tensor::resizedWithin(const Shape& shape) const {
 
 void Tensor::fill(float value) const {
   COHORT_CHECK(device().isCpu()) << "fill is host-only";
-  std::fill(data_, data_ + numel(), value);
+  std::fill(data(), data() + numel(), value);
 }
 
 void Tensor::copyFrom(const Tensor& src) const {
   COHORT_CHECK(src.numel() == numel()) << src.shape().str() << " into " << shape_.str();
+  COHORT_CHECK(src.dtype() == dtype_) << "copy of " << dtypeName(src.dtype()) << " into " << dtypeName(dtype_)
+                                      << ": copyFrom does not convert";
   if (!numel()) return;
   if (device().isCpu() && src.device().isCpu()) {
     std::memcpy(data_, src.data_, bytes());
@@ -143,18 +165,18 @@ void Tensor::copyFrom(const Tensor& src) const {
 }
 
 Tensor Tensor::clone(Allocator& allocator) const {
-  Tensor t = empty(shape_, allocator);
+  Tensor t = empty(shape_, allocator, dtype_);
   t.copyFrom(*this);
   return t;
 }
 
-void ensureShape(Tensor& t, const Shape& shape, Allocator& allocator) {
-  size_t need = static_cast<size_t>(shape.numel()) * sizeof(float);
+void ensureShape(Tensor& t, const Shape& shape, Allocator& allocator, DType dtype) {
+  const size_t need = static_cast<size_t>(shape.numel()) * sizeOf(dtype);
   if (t.defined() && t.device() == allocator.device() && t.capacityBytes() >= need) {
-    if (t.shape() != shape) t = t.resizedWithin(shape);
+    if (t.shape() != shape || t.dtype() != dtype) t = t.resizedWithin(shape, dtype);
     return;
   }
-  t = Tensor::empty(shape, allocator);
+  t = Tensor::empty(shape, allocator, dtype);
 }
 
 }  // namespace cohort::runtime

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "cuda_runtime.h"
+#include "library_types.h"
 
 #define CUBLAS_VER_MAJOR 13
 #define CUBLAS_VER_MINOR 1
@@ -64,6 +65,19 @@ typedef enum {
   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16,
 } cublasMath_t;
 
+// How cublasGemmStridedBatchedEx multiplies: CUBLAS_COMPUTE_32F (fp32 accumulation; fp32 inputs
+// take the handle's math mode, bf16 inputs run on tensor cores), _PEDANTIC (fp32, never TF32),
+// _FAST_TF32 (fp32 inputs rounded to TF32).
+typedef enum {
+  CUBLAS_COMPUTE_32F = 68,
+  CUBLAS_COMPUTE_32F_PEDANTIC = 69,
+  CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+} cublasComputeType_t;
+
+typedef enum {
+  CUBLAS_GEMM_DEFAULT = -1,
+} cublasGemmAlgo_t;
+
 typedef struct cublasContext* cublasHandle_t;
 
 // CUBLAS_STATUS_NOT_INITIALIZED without a device.
@@ -87,6 +101,17 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long int strideA, const float* B, int ldb, long long int strideB,
                                          const float* beta, float* C, int ldc, long long int strideC, int batchCount);
+// The strided batch above with each matrix's element type: A and B both CUDA_R_32F (C CUDA_R_32F) or
+// both CUDA_R_16BF (C CUDA_R_16BF or CUDA_R_32F); alpha and beta are floats; strides count elements;
+// computeType as above. Products of bf16 inputs are exact in fp32 and summed in fp32, as on tensor
+// cores; a bf16 C is rounded once at the end (to nearest, ties to even). Any other combination of
+// types is CUBLAS_STATUS_NOT_SUPPORTED; algo must be CUBLAS_GEMM_DEFAULT.
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo);
 // x[i · incx] *= alpha for i < n; nothing for n <= 0 or incx <= 0.
 cublasStatus_t cublasSscal_v2_64(cublasHandle_t handle, int64_t n, const float* alpha, float* x, int64_t incx);
 

@@ -35,6 +35,8 @@ namespace {
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
+cudaDataType dataType(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
 }  // namespace
 
 Blas::Blas(const Stream& stream) : stream_(stream) {
@@ -104,6 +106,39 @@ void Blas::gemmBatched(const GemmOptions& o, const GemmBatch& batch, const float
                                                              op(o.transA), o.n, o.m, o.k, &o.alpha, b, ldb, batch.strideB,
                                                              a, lda, batch.strideA, &o.beta, c, o.n, batch.strideC,
                                                              batch.count));
+}
+
+void Blas::gemmEx(const GemmOptions& o, const GemmBatch& batch, DType ab, DType cType, const void* a, const void* b,
+                  void* c) const {
+  checkGemmBatch(o, batch);
+  if (ab == DType::kF32 && cType != DType::kF32) {
+    COHORT_THROW(InvalidArgument) << "gemmEx: fp32 inputs give an fp32 product, not " << dtypeName(cType);
+  }
+  if (o.m == 0 || o.n == 0 || batch.count == 0) return;
+  CudaDeviceGuard guard(stream_.device().index);
+  if (o.k == 0) {  // C = beta·C, for the two betas a layer uses
+    if (o.beta != 0.0f && o.beta != 1.0f) COHORT_THROW(InvalidArgument) << "gemmEx with k = 0 and beta " << o.beta;
+    if (o.beta == 1.0f) return;
+    const size_t bytes = static_cast<size_t>(o.m) * static_cast<size_t>(o.n) * sizeOf(cType);
+    for (int i = 0; i < batch.count; ++i) {
+      COHORT_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(c) + static_cast<size_t>(i * batch.strideC) * sizeOf(cType), 0,
+                                        bytes, static_cast<cudaStream_t>(stream_.native())));
+    }
+    return;
+  }
+  const int lda = o.transA ? o.m : o.k;
+  const int ldb = o.transB ? o.k : o.n;
+  COHORT_CUBLAS_CHECK(*cublas_, cublas_->gemmStridedBatchedEx(
+                                    static_cast<cublasHandle_t>(handle_), op(o.transB), op(o.transA), o.n, o.m, o.k,
+                                    &o.alpha, b, dataType(ab), ldb, batch.strideB, a, dataType(ab), lda, batch.strideA,
+                                    &o.beta, c, dataType(cType), o.n, batch.strideC, batch.count, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+}
+
+void Blas::setTf32(bool on) {
+  CudaDeviceGuard guard(stream_.device().index);
+  COHORT_CUBLAS_CHECK(*cublas_, cublas_->setMathMode(static_cast<cublasHandle_t>(handle_),
+                                                     on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
 }  // namespace cohort::runtime::cuda

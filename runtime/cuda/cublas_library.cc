@@ -18,6 +18,7 @@ CublasLibrary::CublasLibrary()
       setPointerMode(COHORT_LIBRARY_FUNCTION(library, cublasSetPointerMode_v2)),
       sgemm(COHORT_LIBRARY_FUNCTION(library, cublasSgemm_v2)),
       sgemmStridedBatched(COHORT_LIBRARY_FUNCTION(library, cublasSgemmStridedBatched)),
+      gemmStridedBatchedEx(COHORT_LIBRARY_OVERLOAD(library, cublasGemmStridedBatchedEx, GemmStridedBatchedEx)),
       sscal64(COHORT_LIBRARY_FUNCTION(library, cublasSscal_v2_64)),
       getStatusName(COHORT_LIBRARY_FUNCTION(library, cublasGetStatusName)),
       getStatusString(COHORT_LIBRARY_FUNCTION(library, cublasGetStatusString)) {}

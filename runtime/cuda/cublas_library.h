@@ -27,6 +27,13 @@ struct CublasLibrary {
   decltype(&::cublasSetPointerMode_v2) const setPointerMode;
   decltype(&::cublasSgemm_v2) const sgemm;
   decltype(&::cublasSgemmStridedBatched) const sgemmStridedBatched;
+  // The real header overloads this name (an inline form taking a cudaDataType compute type): the
+  // table names the library's own function's type.
+  using GemmStridedBatchedEx = cublasStatus_t(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                              const void*, const void*, cudaDataType, int, long long int, const void*,
+                                              cudaDataType, int, long long int, const void*, void*, cudaDataType, int,
+                                              long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
+  GemmStridedBatchedEx* const gemmStridedBatchedEx;
   decltype(&::cublasSscal_v2_64) const sscal64;
   decltype(&::cublasGetStatusName) const getStatusName;
   decltype(&::cublasGetStatusString) const getStatusString;

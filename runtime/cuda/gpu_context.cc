@@ -27,7 +27,9 @@ GpuContext::GpuContext(Device device, const GpuOptions& options)
       options_(options),
       stream_(device, StreamOptions{.name = "compute"}),
       allocator_(device),
-      blas_(stream_) {}
+      blas_(stream_) {
+  if (options.tf32) blas_.setTf32(true);
+}
 
 void copyToDevice(void* dst, const void* src, size_t bytes, const Stream& stream) {
   copyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "runtime/dtype.h"
 #include "runtime/gemm_options.h"
 #include "runtime/stream.h"
 
@@ -34,8 +35,8 @@ enum class ActivationOp { kIdentity, kRelu, kTanh, kSigmoid };
 // A cuBLAS handle bound to one stream. Owns the handle; not copyable. Creating one initialises
 // cuBLAS on the stream's device (milliseconds), and the first one in the process loads cuBLAS
 // (cublas_library.h; IoError when it cannot): make one per stream and keep it. It keeps a
-// reference to the stream, which must outlive it (and not be moved from). Math is plain fp32 (no
-// TF32). cuBLAS failures throw cohort::Error naming the call and status (OutOfMemory for
+// reference to the stream, which must outlive it (and not be moved from). fp32 math is plain fp32
+// unless setTf32(true). cuBLAS failures throw cohort::Error naming the call and status (OutOfMemory for
 // CUBLAS_STATUS_ALLOC_FAILED). Thread safety: one thread at a time per Blas.
 class Blas {
  public:
@@ -50,6 +51,14 @@ class Blas {
   // batch.count products of `options` in one cublasSgemmStridedBatched (runtime/gemm_options.h;
   // runtime::cpu::gemmBatched's contract).
   void gemmBatched(const GemmOptions& options, const GemmBatch& batch, const float* a, const float* b, float* c) const;
+  // Mixed precision (docs/gpu.md, "Precision"): the batch.count products of gemmBatched with A and B
+  // of type `ab` and C of type `cType`: bf16 and bf16 or fp32 (on tensor cores), or all fp32.
+  // Products accumulate in fp32 (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F); a bf16 C is rounded
+  // once. With k == 0, beta must be 0 or 1. Other types throw InvalidArgument.
+  void gemmEx(const GemmOptions& options, const GemmBatch& batch, DType ab, DType cType, const void* a, const void* b,
+              void* c) const;
+  // TF32 tensor cores for fp32 products (--tf32): inputs rounded to 10 bits of mantissa. Off at start.
+  void setTf32(bool on);
   const Stream& stream() const { return stream_; }
 
  private:

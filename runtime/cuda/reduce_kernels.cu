@@ -19,12 +19,14 @@
 //            t, t + 256, ... of the chunk (an element e is (o, i) = (e / inner, e % inner), stepped
 //            without division), then a fixed shared-memory tree adds the 256 threads.
 // Sums are float, as the CPU's bias gradients are.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/cuda/reduce_kernels.h"
 #include "runtime/error.h"
@@ -57,7 +59,9 @@ int64_t chunksFor(const ChannelSumOptions& o) {
 }
 
 // Stage 1, inner == 1: block (x, y) sums rows [y·chunkRows, ...) of channel tiles x, x + gridDim.x, ...
-__global__ void channelSumRowsKernel(const float* __restrict__ x, float* __restrict__ partial, int64_t rows,
+// T is float or __nv_bfloat16 (added as floats).
+template <class T>
+__global__ void channelSumRowsKernel(const T* __restrict__ x, float* __restrict__ partial, int64_t rows,
                                      int64_t channels, int64_t chunkRows) {
   __shared__ float shared[kWarpsPerBlock][kWarpSize];
   const int64_t first = static_cast<int64_t>(blockIdx.y) * chunkRows;
@@ -67,7 +71,7 @@ __global__ void channelSumRowsKernel(const float* __restrict__ x, float* __restr
     const int64_t c = tile + threadIdx.x;
     float sum = 0.0f;
     if (c < channels) {
-      for (int64_t r = first + threadIdx.y; r < end; r += kWarpsPerBlock) sum += x[r * channels + c];
+      for (int64_t r = first + threadIdx.y; r < end; r += kWarpsPerBlock) sum += elements::load(x[r * channels + c]);
     }
     shared[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
@@ -145,12 +149,19 @@ void channelSum(const ChannelSumBuffers& b, const ChannelSumOptions& o, const St
     if (o.inner == 1) {
       const int64_t tiles = (o.channels + kWarpSize - 1) / kWarpSize;
       const dim3 grid(static_cast<unsigned>(std::min(tiles, kMaxGridY)), static_cast<unsigned>(chunks));
-      COHORT_LAUNCH(channelSumRowsKernel, grid, dim3(kWarpSize, kWarpsPerBlock), 0, nativeStream(stream))(
-          b.x, b.scratch, o.outer, o.channels, chunkSizeFor(o));
+      const dim3 block(kWarpSize, kWarpsPerBlock);
+      if (b.xType == DType::kBF16) {
+        COHORT_LAUNCH(channelSumRowsKernel<__nv_bfloat16>, grid, block, 0, nativeStream(stream))(
+            static_cast<const __nv_bfloat16*>(b.x), b.scratch, o.outer, o.channels, chunkSizeFor(o));
+      } else {
+        COHORT_LAUNCH(channelSumRowsKernel<float>, grid, block, 0, nativeStream(stream))(
+            static_cast<const float*>(b.x), b.scratch, o.outer, o.channels, chunkSizeFor(o));
+      }
     } else {
+      COHORT_CHECK(b.xType == DType::kF32) << "channelSum over inner > 1 reads fp32 only";
       const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min(o.channels, kMaxGridY)));
       COHORT_LAUNCH(channelSumInnerKernel, grid, kThreads, 0, nativeStream(stream))(
-          b.x, b.scratch, o.outer, o.channels, o.inner, chunkSizeFor(o));
+          static_cast<const float*>(b.x), b.scratch, o.outer, o.channels, o.inner, chunkSizeFor(o));
     }
     COHORT_CUDA_CHECK(cudaGetLastError());
   }

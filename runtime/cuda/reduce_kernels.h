@@ -2,7 +2,8 @@
 // the bias gradient of nn::Linear (outer = rows, inner = 1) and of nn::Conv2d on NCHW (outer = N,
 // inner = H·W), over raw device pointers, enqueued on an explicit stream.
 //
-// Conventions are kernels.h's: pointers are float32 device memory on the stream's device, contiguous,
+// Conventions are kernels.h's: pointers are float32 (x may be bf16: a bias gradient in mixed
+// precision, summed in float all the same) device memory on the stream's device, contiguous,
 // alive until the stream has run the kernels; the call enqueues its kernels on `stream` (a CUDA
 // stream; a CPU stream fails a CHECK) and returns without waiting; launch errors throw cohort::Error.
 // The caller owns the scratch buffer (channelSumScratchFloats floats, from its allocator: nothing is
@@ -18,6 +19,7 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
 #include "runtime/stream.h"
 
 namespace cohort::runtime::cuda {
@@ -29,7 +31,8 @@ struct ChannelSumOptions {
 };
 
 struct ChannelSumBuffers {
-  const float* x = nullptr;  // [outer, channels, inner]
+  const void* x = nullptr;  // [outer, channels, inner] of xType: fp32, or bf16 when inner == 1
+  DType xType = DType::kF32;
   float* sums = nullptr;     // [channels]
   float* scratch = nullptr;  // channelSumScratchFloats(options) floats; not x or sums
 };

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
+#include <limits>
+
 #include "runtime/error.h"
 #include "runtime/random.h"
 
@@ -51,6 +55,54 @@ TEST(Tensor, ViewOfExternalMemoryDoesNotFree) {
     v.at(0) = 9.0f;
   }
   EXPECT_EQ(buf[0], 9.0f);
+}
+
+// bf16 tensors: two bytes per element, views and batch buffers by the element size, and data()
+// refusing to read them as floats (the mistake a user's fp32 layer would make).
+TEST(TensorDType, Bf16TensorsCountTwoBytesAndRefuseTheFloatAccessor) {
+  Tensor t = Tensor::empty(Shape{4, 3}, cpuAllocator(), DType::kBF16);
+  EXPECT_EQ(t.dtype(), DType::kBF16);
+  EXPECT_EQ(t.bytes(), 24u);
+  uint16_t* bits = t.data<uint16_t>();
+  for (int i = 0; i < 12; ++i) bits[i] = static_cast<uint16_t>(i);
+  EXPECT_EQ(t.narrowRows(2, 1).data<uint16_t>()[0], 6);
+  EXPECT_DEATH(t.data(), "reads fp32, but this \\[4, 3\\] tensor holds bf16");
+  EXPECT_DEATH(t.data<float>(), "4-byte T on a bf16 tensor");
+  Tensor f = Tensor::zeros(Shape{12});
+  EXPECT_DEATH(f.copyFrom(t), "copy of bf16 into fp32");
+  Tensor c = t.clone();
+  EXPECT_EQ(c.dtype(), DType::kBF16);
+  EXPECT_EQ(c.data<uint16_t>()[11], 11);
+}
+
+// ensureShape reuses a buffer for another element type when it fits, and grows it when it does not.
+TEST(TensorDType, EnsureShapeRetypesWithinTheCapacity) {
+  Tensor t;
+  ensureShape(t, Shape{8}, cpuAllocator(), DType::kF32);
+  void* first = t.raw();
+  ensureShape(t, Shape{16}, cpuAllocator(), DType::kBF16);
+  EXPECT_EQ(t.raw(), first);
+  EXPECT_EQ(t.dtype(), DType::kBF16);
+  ensureShape(t, Shape{8}, cpuAllocator(), DType::kF32);
+  EXPECT_EQ(t.raw(), first);
+  ensureShape(t, Shape{9}, cpuAllocator(), DType::kF32);
+  EXPECT_NE(t.raw(), first);
+}
+
+// The host's conversions round as the GPU does: to nearest, ties to even; NaN stays NaN; beyond
+// bf16's range is infinity; widening is exact.
+TEST(TensorDType, HostBf16RoundingIsNearestEven) {
+  EXPECT_EQ(toBf16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(toBf16(std::bit_cast<float>(0x3f808000u)).bits, 0x3f80);  // tie: stays even
+  EXPECT_EQ(toBf16(std::bit_cast<float>(0x3f818000u)).bits, 0x3f82);  // tie: up to even
+  EXPECT_EQ(toBf16(std::bit_cast<float>(0x3f808001u)).bits, 0x3f81);  // above the tie
+  EXPECT_TRUE(std::isnan(toFloat(toBf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(toFloat(toBf16(std::bit_cast<float>(0x7f800001u)))));  // not rounded into inf
+  EXPECT_EQ(toFloat(toBf16(std::numeric_limits<float>::max())), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(toFloat(toBf16(-std::numeric_limits<float>::infinity())), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(roundToBf16(0.1f), std::bit_cast<float>(0x3dcd0000u));
+  EXPECT_EQ(parseDType("bf16", "--precision"), DType::kBF16);
+  EXPECT_THROW(parseDType("fp16", "--precision"), InvalidArgument);
 }
 
 TEST(Random, MatchesTheDesignDefinition) {

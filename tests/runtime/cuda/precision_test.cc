@@ -1,0 +1,253 @@
+// Mixed precision on the GPU (tags = ["gpu"]): the fp32 <-> bf16 conversions of
+// runtime/cuda/precision_kernels.h against the host's runtime::toBf16, bit for bit; Blas::gemmEx
+// with bf16 inputs against cpu::gemm on the same (bf16-rounded) inputs; and Blas::setTf32.
+//
+// A product of two bf16 values is exact in fp32, so a bf16 GEMM with fp32 output differs from the
+// CPU's fp32 GEMM of the widened inputs by the order of fp32 additions only (the kernels_test
+// tolerance). A bf16 output is that result rounded once: within one bf16 unit in the last place of
+// the fp32 result (a sum near a rounding boundary may round either way).
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/runtime/cuda/gpu_test_util.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cpu/blas.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/precision_kernels.h"
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/random.h"
+#include "runtime/stream.h"
+
+namespace cohort::runtime::cuda {
+namespace {
+
+constexpr std::chrono::milliseconds kSyncTimeout{30000};
+using Floats = std::vector<float>;
+using Halves = std::vector<uint16_t>;
+
+Floats randomFloats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Rng rng(seed);
+  Floats v(n);
+  for (float& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+
+Floats roundedToBf16(Floats v) {
+  for (float& x : v) x = roundToBf16(x);
+  return v;
+}
+
+Halves bitsOf(const Floats& v) {
+  Halves h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = toBf16(v[i]).bits;
+  return h;
+}
+
+Floats widened(const Halves& h) {
+  Floats v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = toFloat(Bf16{h[i]});
+  return v;
+}
+
+// Device bytes `offset` bytes into a cudaMalloc block (offset 2 or 4 misaligns the pair paths).
+class DeviceBytes {
+ public:
+  DeviceBytes(size_t bytes, size_t offset) {
+    COHORT_CUDA_CHECK(cudaMalloc(&base_, bytes + offset + 1));
+    data_ = static_cast<char*>(base_) + offset;
+  }
+  ~DeviceBytes() { cudaFree(base_); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  void* base_ = nullptr;
+  void* data_ = nullptr;
+};
+
+class PrecisionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+    stream_ = std::make_unique<Stream>(Device::cuda(0), StreamOptions{.name = "precision"});
+  }
+  const Stream& stream() const { return *stream_; }
+  cudaStream_t native() const { return static_cast<cudaStream_t>(stream_->native()); }
+
+  template <class T>
+  std::unique_ptr<DeviceBytes> upload(const std::vector<T>& values, size_t offset = 0) {
+    auto d = std::make_unique<DeviceBytes>(values.size() * sizeof(T), offset);
+    if (!values.empty()) {
+      COHORT_CUDA_CHECK(
+          cudaMemcpyAsync(d->data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice, native()));
+    }
+    stream_->synchronize(kSyncTimeout);
+    return d;
+  }
+  template <class T>
+  std::vector<T> download(const DeviceBytes& d, size_t count) {
+    std::vector<T> values(count);
+    if (count) {
+      COHORT_CUDA_CHECK(cudaMemcpyAsync(values.data(), d.data(), count * sizeof(T), cudaMemcpyDeviceToHost, native()));
+    }
+    stream_->synchronize(kSyncTimeout);
+    return values;
+  }
+
+  std::unique_ptr<Stream> stream_;
+};
+
+// Ties, NaN, infinities, a value that rounds past bf16's largest to inf, the smallest normals and
+// subnormals, signed zeros, then random values of every magnitude.
+Floats conversionInputs(size_t n) {
+  Floats v = {0.0f,
+              -0.0f,
+              1.0f,
+              std::bit_cast<float>(0x3f808000u),  // 1 + 2^-8: a tie, rounds down to even 1
+              std::bit_cast<float>(0x3f818000u),  // a tie that rounds up to even
+              std::numeric_limits<float>::quiet_NaN(),
+              -std::numeric_limits<float>::quiet_NaN(),
+              std::bit_cast<float>(0x7f800001u),  // a signalling NaN: stays NaN
+              std::numeric_limits<float>::infinity(),
+              -std::numeric_limits<float>::infinity(),
+              std::numeric_limits<float>::max(),
+              std::numeric_limits<float>::min(),
+              std::numeric_limits<float>::denorm_min(),
+              -1e-40f};
+  Rng rng(7);
+  while (v.size() < n) v.push_back(std::ldexp(rng.uniform(-1.0f, 1.0f), static_cast<int>(rng.uniform(-130, 128))));
+  v.resize(n);
+  return v;
+}
+
+TEST_F(PrecisionTest, ConversionsMatchTheHostsRoundingBitForBit) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{14}, size_t{1001}, size_t{70000}}) {
+    for (size_t offset : {size_t{0}, size_t{4}}) {  // float pairs aligned, then misaligned
+      const std::string what = "n " + std::to_string(n) + " offset " + std::to_string(offset);
+      const Floats x = conversionInputs(n);
+      auto dx = upload(x, offset);
+      DeviceBytes d16(n * 2, offset / 2);
+      convertToBf16(static_cast<const float*>(dx->data()), d16.data(), static_cast<int64_t>(n), stream());
+      const Halves got = download<uint16_t>(d16, n);
+      const Halves want = bitsOf(x);
+      for (size_t i = 0; i < n; ++i) {
+        if (std::isnan(x[i])) {
+          EXPECT_TRUE(std::isnan(toFloat(Bf16{got[i]}))) << what << " at " << i;
+        } else {
+          ASSERT_EQ(got[i], want[i]) << what << " at " << i << ": " << x[i];
+        }
+      }
+      DeviceBytes back(n * 4, offset);
+      convertToFloat(d16.data(), static_cast<float*>(back.data()), static_cast<int64_t>(n), stream());
+      const Floats wide = download<float>(back, n);
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(wide[i]), static_cast<uint32_t>(got[i]) << 16) << what << " at " << i;
+      }
+    }
+  }
+}
+
+// |got - want| <= fp32 slack + `bf16Ulps` units of bf16 at |want|.
+void expectGemmClose(const Floats& got, const Floats& want, int k, double bf16Ulps, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  size_t wrong = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double allowed = 1e-6 * (k + 1) + 1e-5 * std::abs(want[i]) + bf16Ulps * std::abs(want[i]) / 128.0;
+    if (std::abs(static_cast<double>(got[i]) - want[i]) > allowed && wrong++ == 0) first = i;
+  }
+  EXPECT_EQ(wrong, 0u) << what << ": first mismatch at " << first << ": got " << got[first] << ", want " << want[first];
+}
+
+TEST_F(PrecisionTest, Bf16GemmMatchesCpuGemmOfTheRoundedInputs) {
+  Blas blas(stream());
+  struct Dims {
+    int m, n, k;
+  };
+  uint64_t seed = 1;
+  for (const Dims& d : {Dims{1, 1, 1}, Dims{3, 5, 7}, Dims{33, 17, 65}, Dims{64, 96, 256}}) {
+    for (int trans = 0; trans < 4; ++trans) {
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        const GemmOptions o{.m = d.m, .n = d.n, .k = d.k, .transA = (trans & 1) != 0, .transB = (trans & 2) != 0,
+                            .alpha = 0.75f, .beta = 0.5f};
+        const std::string what = std::to_string(d.m) + "x" + std::to_string(d.n) + "x" + std::to_string(d.k) + " trans " +
+                                 std::to_string(trans) + " out " + dtypeName(out);
+        const Floats a = roundedToBf16(randomFloats(static_cast<size_t>(d.m) * d.k, seed++));
+        const Floats b = roundedToBf16(randomFloats(static_cast<size_t>(d.k) * d.n, seed++));
+        const Floats c = roundedToBf16(randomFloats(static_cast<size_t>(d.m) * d.n, seed++));
+        auto da = upload(bitsOf(a)), db = upload(bitsOf(b));
+        Floats want = c;
+        cpu::gemm(o, a.data(), b.data(), want.data());
+        if (out == DType::kF32) {
+          auto dc = upload(c);
+          blas.gemmEx(o, {}, DType::kBF16, DType::kF32, da->data(), db->data(), dc->data());
+          expectGemmClose(download<float>(*dc, c.size()), want, d.k, 0, what);
+        } else {
+          auto dc = upload(bitsOf(c));
+          blas.gemmEx(o, {}, DType::kBF16, DType::kBF16, da->data(), db->data(), dc->data());
+          expectGemmClose(widened(download<uint16_t>(*dc, c.size())), want, d.k, 1, what);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(PrecisionTest, Bf16GemmBatchedMatchesCpuGemmBatched) {
+  Blas blas(stream());
+  const GemmOptions o{.m = 6, .n = 5, .k = 9, .transA = false, .transB = true, .alpha = 1.0f, .beta = 0.0f};
+  const GemmBatch batch{.count = 3, .strideA = 6 * 9 + 1, .strideB = 0, .strideC = 6 * 5 + 3};
+  const Floats a = roundedToBf16(randomFloats(3 * (6 * 9 + 1), 11)), b = roundedToBf16(randomFloats(5 * 9, 12));
+  Floats want(3 * (6 * 5 + 3), 0.0f);
+  cpu::gemmBatched(o, batch, a.data(), b.data(), want.data());
+  auto da = upload(bitsOf(a)), db = upload(bitsOf(b)), dc = upload(Halves(want.size(), 0));
+  blas.gemmEx(o, batch, DType::kBF16, DType::kBF16, da->data(), db->data(), dc->data());
+  expectGemmClose(widened(download<uint16_t>(*dc, want.size())), want, 9, 1, "batched bf16");
+  EXPECT_THROW(blas.gemmEx(o, batch, DType::kF32, DType::kBF16, da->data(), db->data(), dc->data()), InvalidArgument);
+}
+
+// TF32 rounds each input to 10 bits of mantissa: off by default (plain fp32 matches the CPU to fp32
+// rounding), on after setTf32(true) (within TF32's error, and measurably off plain fp32).
+TEST_F(PrecisionTest, Tf32IsOptIn) {
+  Blas blas(stream());
+  const GemmOptions o{.m = 32, .n = 32, .k = 256};
+  const Floats a = randomFloats(32 * 256, 21), b = randomFloats(256 * 32, 22);
+  Floats want(32 * 32, 0.0f);
+  cpu::gemm(o, a.data(), b.data(), want.data());
+  auto da = upload(a), db = upload(b), dc = upload(Floats(want.size(), 0.0f));
+  auto maxError = [&] {
+    const Floats got = download<float>(*dc, want.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]));
+    return worst;
+  };
+  blas.gemm(o, static_cast<float*>(da->data()), static_cast<float*>(db->data()), static_cast<float*>(dc->data()));
+  const double plain = maxError();
+  blas.setTf32(true);
+  blas.gemm(o, static_cast<float*>(da->data()), static_cast<float*>(db->data()), static_cast<float*>(dc->data()));
+  const double tf32 = maxError();
+  blas.setTf32(false);
+  EXPECT_LT(plain, 1e-4);
+  EXPECT_GT(tf32, 4 * plain);
+  EXPECT_LT(tf32, 256 * std::ldexp(1.0, -11));  // k products, each within 2^-11 relative of |a·b| <= 1
+}
+
+}  // namespace
+}  // namespace cohort::runtime::cuda
+
+#else
+TEST(PrecisionTest, NeedsCuda) { COHORT_SKIP_WITHOUT_CUDA_DEVICE(); }
+#endif  // COHORT_HAVE_CUDA
