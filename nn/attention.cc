@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "nn/precision.h"
 #include "nn/softmax.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
@@ -83,14 +84,14 @@ const Tensor& CausalSelfAttention::forward(const Tensor& input, const Pass& pass
   outputShape(input.shape());
   batch_ = input.dim(0);
   time_ = input.dim(1);
-  const Tensor& qkv = cAttn_.forward(input, pass);
+  const Tensor& qkv = precision::toFp32(cAttn_.forward(input, pass), qkvCast_, pass, *this);
   return cProj_.forward(attend(qkv, pass), pass);
 }
 
 const Tensor& CausalSelfAttention::backward(const Tensor& gradOutput, const Pass& pass) {
   Pass inner = pass;
   inner.needInputGrad = true;  // the core and c_attn need the gradients between the projections
-  const Tensor& gradY = cProj_.backward(gradOutput, inner);
+  const Tensor& gradY = precision::toFp32(cProj_.backward(gradOutput, inner), gradYCast_, pass, *this);
   const Tensor& gradQkv = attendBackward(gradY, pass);
   return cAttn_.backward(gradQkv, pass);
 }

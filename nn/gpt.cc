@@ -3,8 +3,13 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "nn/precision.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/precision_kernels.h"
+#endif
 
 namespace cohort::nn {
 
@@ -73,7 +78,7 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
   const Shape out = outputShape(input.shape());
   batch_ = input.dim(0);
   time_ = input.dim(1);
-  const int64_t B = batch_, T = time_, D = options_.dim, V = options_.vocab;
+  const int64_t B = batch_, T = time_, D = options_.dim;
   if (!positions_.defined() || positions_.numel() != T || positions_.device() != input.device()) {
     Tensor ids = Tensor::zeros(Shape{T});
     for (int64_t t = 0; t < T; ++t) ids.at(t) = static_cast<float>(t);
@@ -105,43 +110,77 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
   for (auto& block : blocks_) h = &block->forward(*h, pass);
   const Tensor& f = lnF_.forward(*h, pass);
   final_ = &f;
-  const runtime::GemmOptions head{.m = static_cast<int>(B * T), .n = static_cast<int>(V), .k = static_cast<int>(D), .transB = true};
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(input)) {
-    auto& gpu = gpuFor(pass, input, name());
-    runtime::ensureShape(logits_, out, gpu.allocator());
-    gpu.blas().gemm(head, f.data(), wte_.weight().data(), logits_.data());
-    return logits_;
+    runtime::ensureShape(logits_, out, gpuFor(pass, input, name()).allocator());
+  } else
+#endif
+  {
+    runtime::ensureShape(logits_, out);
+  }
+  headForward(f, logits_, pass);
+  return logits_;
+}
+
+// logits = x · wteᵀ: fp32, or on a GPU in a bf16 pass from x and wte rounded to bf16 (fp32 sums, fp32
+// logits).
+void Gpt::headForward(const Tensor& f, const Tensor& logits, const Pass& pass) {
+  const int64_t D = options_.dim, V = options_.vocab, rows = batch_ * time_;
+  const runtime::GemmOptions head{.m = static_cast<int>(rows), .n = static_cast<int>(V), .k = static_cast<int>(D), .transB = true};
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(f)) {
+    auto& gpu = gpuFor(pass, f, name());
+    if (pass.precision != runtime::DType::kBF16) return gpu.blas().gemm(head, f.data(), wte_.weight().data(), logits.data());
+    const runtime::DType bf16 = runtime::DType::kBF16;
+    runtime::ensureShape(final16_, f.shape(), gpu.allocator(), bf16);
+    runtime::ensureShape(wte16_, wte_.weight().shape(), gpu.allocator(), bf16);
+    runtime::cuda::convertToBf16(f.data(), final16_.raw(), f.numel(), gpu.stream());
+    runtime::cuda::convertToBf16(wte_.weight().data(), wte16_.raw(), wte_.weight().numel(), gpu.stream());
+    gpu.blas().gemmEx(head, {}, bf16, runtime::DType::kF32, final16_.raw(), wte16_.raw(), logits.data());
+    return;
   }
 #endif
-  runtime::ensureShape(logits_, out);
-  runtime::cpu::gemm(head, f.data(), wte_.weight().data(), logits_.data());  // logits = x · wteᵀ
-  return logits_;
+  precision::checkCpuPrecision(pass, *this);
+  runtime::cpu::gemm(head, f.data(), wte_.weight().data(), logits.data());
+}
+
+// dwte = dlogitsᵀ·x (written, or added), d(x) = dlogits·wte: as headForward computed.
+void Gpt::headBackward(const Tensor& gradLogits, const Pass& pass) {
+  const int64_t B = batch_, T = time_, D = options_.dim, V = options_.vocab;
+  const int rows = static_cast<int>(B * T), v = static_cast<int>(V), d = static_cast<int>(D);
+  const runtime::GemmOptions weightGrad{.m = v, .n = d, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f};
+  const runtime::GemmOptions inputGrad{.m = rows, .n = d, .k = v};
+  const float* dy = gradLogits.data();
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradLogits)) {
+    auto& gpu = gpuFor(pass, gradLogits, name());
+    runtime::ensureShape(gradFinal_, Shape{B, T, D}, gpu.allocator());
+    if (pass.precision != runtime::DType::kBF16) {
+      gpu.blas().gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
+      gpu.blas().gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
+      return;
+    }
+    const runtime::DType bf16 = runtime::DType::kBF16, fp32 = runtime::DType::kF32;
+    runtime::ensureShape(gradLogits16_, gradLogits.shape(), gpu.allocator(), bf16);
+    runtime::cuda::convertToBf16(dy, gradLogits16_.raw(), gradLogits.numel(), gpu.stream());
+    gpu.blas().gemmEx(weightGrad, {}, bf16, fp32, gradLogits16_.raw(), final16_.raw(), wte_.weightGrad().data());
+    gpu.blas().gemmEx(inputGrad, {}, bf16, fp32, gradLogits16_.raw(), wte16_.raw(), gradFinal_.data());
+    return;
+  }
+#endif
+  runtime::ensureShape(gradFinal_, Shape{B, T, D});
+  runtime::cpu::gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
+  runtime::cpu::gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
 }
 
 const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
   const int64_t B = batch_, T = time_, D = options_.dim, V = options_.vocab;
   COHORT_CHECK(final_ && gradOutput.numel() == B * T * V) << gradOutput.shape().str() << " after a forward of ["
                                                            << B << ", " << T << "]";
-  const float beta = pass.accumulateGrads ? 1.0f : 0.0f;
-  const int rows = static_cast<int>(B * T), v = static_cast<int>(V), d = static_cast<int>(D);
-  // The head: dwte = dlogitsᵀ·x (written, or added), d(x) = dlogits·wte.
-  const runtime::GemmOptions weightGrad{.m = v, .n = d, .k = rows, .transA = true, .beta = beta};
-  const runtime::GemmOptions inputGrad{.m = rows, .n = d, .k = v};
-  const float* dy = gradOutput.data();
+  headBackward(gradOutput, pass);
 #ifdef COHORT_HAVE_CUDA
   runtime::cuda::GpuContext* gpu = onGpu(gradOutput) ? &gpuFor(pass, gradOutput, name()) : nullptr;
-  if (gpu) {
-    runtime::ensureShape(gradFinal_, Shape{B, T, D}, gpu->allocator());
-    gpu->blas().gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
-    gpu->blas().gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
-  } else
 #endif
-  {
-    runtime::ensureShape(gradFinal_, Shape{B, T, D});
-    runtime::cpu::gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
-    runtime::cpu::gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
-  }
   Pass inner = pass;
   inner.needInputGrad = true;
   const Tensor* g = &lnF_.backward(gradFinal_, inner);

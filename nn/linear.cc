@@ -3,10 +3,12 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "nn/precision.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
 #ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/precision_kernels.h"
 #include "runtime/cuda/reduce_kernels.h"
 #endif
 
@@ -56,6 +58,7 @@ const Tensor& Linear::forward(const Tensor& input, const Pass& pass) {
   input_ = input.reshape(Shape{rows, options_.in});
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(input)) {
+    if (pass.precision == runtime::DType::kBF16) return forwardBf16(input_, outShape, pass);
     auto& gpu = gpuFor(pass, input, name());
     runtime::ensureShape(output_, outShape, gpu.allocator());
     gpu.blas().gemm({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out),
@@ -68,6 +71,7 @@ const Tensor& Linear::forward(const Tensor& input, const Pass& pass) {
     return output_;
   }
 #endif
+  precision::checkCpuPrecision(pass, *this);
   runtime::ensureShape(output_, outShape);
   float* y = output_.data();
   gemm({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out), .k = static_cast<int>(options_.in),
@@ -87,6 +91,9 @@ const Tensor& Linear::forward(const Tensor& input, const Pass& pass) {
 const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
   int64_t rows = input_.dim(0);
   COHORT_CHECK(gradOutput.numel() == rows * options_.out) << gradOutput.shape().str();
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(gradOutput) && pass.precision == runtime::DType::kBF16) return backwardBf16(gradOutput, pass);
+#endif
   const float* dy = gradOutput.data();
   int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out), r = static_cast<int>(rows);
   float beta = pass.accumulateGrads ? 1.0f : 0.0f;
@@ -127,5 +134,57 @@ const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
   gemm({.m = r, .n = in, .k = out}, dy, weight_.data(), gradInput_.data());
   return gradInput_;
 }
+
+#ifdef COHORT_HAVE_CUDA
+namespace {
+
+// `t` as bf16: itself, or converted into `buffer`.
+const Tensor& asBf16(const Tensor& t, Tensor& buffer, runtime::cuda::GpuContext& gpu) {
+  if (t.dtype() == runtime::DType::kBF16) return t;
+  runtime::ensureShape(buffer, t.shape(), gpu.allocator(), runtime::DType::kBF16);
+  runtime::cuda::convertToBf16(t.data(), buffer.raw(), t.numel(), gpu.stream());
+  return buffer;
+}
+
+}  // namespace
+
+// y = x · Wᵀ + b with x and W in bf16: the bias (rounded to bf16) is written first as the C that
+// the product adds to, so the output is rounded once more, at the end of the fp32 sums.
+const Tensor& Linear::forwardBf16(const Tensor& input2d, const Shape& outShape, const Pass& pass) {
+  auto& gpu = gpuFor(pass, input2d, name());
+  const int64_t rows = input2d.dim(0);
+  input_ = asBf16(input2d, inputCast_, gpu);
+  runtime::ensureShape(weight16_, weight_.shape(), gpu.allocator(), runtime::DType::kBF16);
+  runtime::cuda::convertToBf16(weight_.data(), weight16_.raw(), weight_.numel(), gpu.stream());
+  runtime::ensureShape(output_, outShape, gpu.allocator(), runtime::DType::kBF16);
+  if (options_.bias) runtime::cuda::broadcastToBf16(bias_.data(), output_.raw(), rows, options_.out, gpu.stream());
+  gpu.blas().gemmEx({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out), .k = static_cast<int>(options_.in),
+                     .transB = true, .beta = options_.bias ? 1.0f : 0.0f},
+                    {}, runtime::DType::kBF16, runtime::DType::kBF16, input_.raw(), weight16_.raw(), output_.raw());
+  return output_;
+}
+
+// dW (fp32) = dYᵀ · X and db (fp32) = Σ dY from the bf16 dY and X; dX (bf16) = dY · W.
+const Tensor& Linear::backwardBf16(const Tensor& gradOutput, const Pass& pass) {
+  auto& gpu = gpuFor(pass, gradOutput, name());
+  COHORT_CHECK(input_.dtype() == runtime::DType::kBF16) << name() << ": a bf16 backward after an fp32 forward";
+  const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
+  const int rows = static_cast<int>(input_.dim(0));
+  const Tensor& dy = asBf16(gradOutput, gradCast_, gpu);
+  const runtime::DType bf16 = runtime::DType::kBF16, fp32 = runtime::DType::kF32;
+  gpu.blas().gemmEx({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f}, {}, bf16,
+                    fp32, dy.raw(), input_.raw(), weightGrad_.data());
+  if (options_.bias) {
+    const runtime::cuda::ChannelSumOptions sum{.outer = rows, .channels = options_.out, .accumulate = pass.accumulateGrads};
+    runtime::ensureShape(biasScratch_, Shape{runtime::cuda::channelSumScratchFloats(sum)}, gpu.allocator());
+    runtime::cuda::channelSum({.x = dy.raw(), .xType = bf16, .sums = biasGrad_.data(), .scratch = biasScratch_.data()},
+                              sum, gpu.stream());
+  }
+  if (!pass.needInputGrad) return gradInput_ = Tensor();
+  runtime::ensureShape(gradInput_, inputShape_, gpu.allocator(), bf16);
+  gpu.blas().gemmEx({.m = rows, .n = in, .k = out}, {}, bf16, bf16, dy.raw(), weight16_.raw(), gradInput_.raw());
+  return gradInput_;
+}
+#endif
 
 }  // namespace cohort::nn

@@ -26,6 +26,10 @@ class Linear final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+  // bf16 passes on a GPU (docs/architecture.md): the weight converted to bf16 at each forward, the
+  // products on tensor cores with fp32 accumulation, the output and input gradient in bf16, the
+  // weight and bias gradients in fp32.
+  bool takesBf16() const override { return true; }
 
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
@@ -40,6 +44,12 @@ class Linear final : public Module {
   Tensor output_;
   Tensor gradInput_;
   Tensor biasScratch_;  // GPU only: the per-chunk partial sums of the bias gradient
+  // bf16 passes: the weight's bf16 copy (made at forward, used again by backward), and the bf16
+  // copies of an fp32 input or output gradient.
+  Tensor weight16_, inputCast_, gradCast_;
+
+  const Tensor& forwardBf16(const Tensor& input2d, const Shape& outShape, const Pass& pass);
+  const Tensor& backwardBf16(const Tensor& gradOutput, const Pass& pass);
 };
 
 }  // namespace cohort::nn

@@ -1,5 +1,6 @@
 #include "nn/model.h"
 
+#include "nn/precision.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -9,6 +10,10 @@ Model::Model(ModulePtr network, ModelInfo info)
   if (!net) COHORT_THROW(InvalidArgument) << "model '" << name << "' has no network";
   if (name.empty()) COHORT_THROW(InvalidArgument) << "a model needs a name (it identifies it in checkpoints)";
   net->registerParams(params, "");
+}
+
+const Tensor& Model::forward(const Tensor& input, const Pass& pass) {
+  return precision::toFp32(net->forward(input, pass), outputCast_, pass, *net);
 }
 
 }  // namespace cohort::nn

@@ -32,7 +32,9 @@ struct Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  const Tensor& forward(const Tensor& input, const Pass& pass) { return net->forward(input, pass); }
+  // The network's output, in fp32 whatever the pass computes in (a bf16 output is converted into a
+  // buffer the model owns), so that losses and metrics read fp32.
+  const Tensor& forward(const Tensor& input, const Pass& pass);
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) { return net->backward(gradOutput, pass); }
 
   std::string name;
@@ -40,6 +42,9 @@ struct Model {
   int64_t outputs = 0;
   ModulePtr net;
   ParamBuffer params;
+
+ private:
+  Tensor outputCast_;
 };
 
 }  // namespace cohort::nn

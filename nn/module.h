@@ -31,6 +31,11 @@
 // enqueue kernels (runtime/cuda/) on Pass::gpu's stream, allocate buffers from Pass::gpu's
 // allocator, and return without waiting. A layer with only a CPU path should throw
 // InvalidArgument for a CUDA tensor (input.device().isCuda()) rather than read device memory.
+// Element types (docs/architecture.md, "Element types"): tensors are fp32 unless a pass computes in
+// bf16 (Pass::precision, GPU only). A module that implements bf16 returns true from takesBf16(): in
+// a bf16 pass it takes fp32 or bf16 input and gradients and returns bf16. A module that does not
+// (every user layer unless it opts in) is only ever handed fp32: its composite converts at the
+// boundary (nn/precision.h). Parameters, gradients and optimizer state are fp32 always.
 // Check a layer with nn/grad_check.h (finite differences against backward).
 // Gradient-ready reporting: Pass::gradReady, when set, is told during backward which ParamBuffer
 // entries hold final gradients (data-parallel training starts their all-reduce while backward goes
@@ -105,6 +110,9 @@ struct Pass {
   // The GPU a pass on CUDA tensors runs on (its compute stream, allocator and cuBLAS handle); unused
   // for CPU tensors. A module given CUDA tensors without it throws InvalidArgument.
   runtime::cuda::GpuContext* gpu = nullptr;
+  // What matrix products compute in: fp32, or bf16 on tensor cores with fp32 accumulation (GPU
+  // only; a CPU layer given a bf16 pass throws InvalidArgument).
+  runtime::DType precision = runtime::DType::kF32;
 };
 
 class Module {
@@ -124,6 +132,9 @@ class Module {
 
   virtual const Tensor& forward(const Tensor& input, const Pass& pass) = 0;
   virtual const Tensor& backward(const Tensor& gradOutput, const Pass& pass) = 0;
+
+  // True when the module implements bf16 passes (above); the composites convert for the others.
+  virtual bool takesBf16() const { return false; }
 
   // True when backward() tells Pass::gradReady about this module's entries itself (a composite
   // reporting its children, e.g. Sequential, Residual); its container then does not report them.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "nn/precision.h"
+
 namespace cohort::nn {
 
 Sequential& Sequential::add(ModulePtr module, const std::string& name) {
@@ -32,7 +34,11 @@ Shape Sequential::outputShape(const Shape& input) const {
 
 const Tensor& Sequential::forward(const Tensor& input, const Pass& pass) {
   const Tensor* x = &input;
-  for (auto& m : modules_) x = &m->forward(*x, pass);
+  inputCasts_.resize(modules_.size());
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    const Module& m = *modules_[i];
+    x = &modules_[i]->forward(precision::forChild(m, *x, inputCasts_[i], pass), precision::passFor(m, pass));
+  }
   return *x;
 }
 
@@ -46,11 +52,12 @@ const Tensor& Sequential::backward(const Tensor& gradOutput, const Pass& pass) {
     }
   }
   const Tensor* g = &gradOutput;
+  gradCasts_.resize(modules_.size());
   const size_t last = pass.needInputGrad ? 0 : std::min(firstWithParams, modules_.size());
   for (size_t i = modules_.size(); i-- > last;) {
-    Pass p = pass;
+    Pass p = precision::passFor(*modules_[i], pass);
     p.needInputGrad = i > firstWithParams || pass.needInputGrad;
-    g = &modules_[i]->backward(*g, p);
+    g = &modules_[i]->backward(precision::forChild(*modules_[i], *g, gradCasts_[i], pass), p);
     // A composite child reports its own entries; the listener hears each range once.
     if (pass.gradReady && i < entries_.size() && entries_[i].first < entries_[i].second &&
         !modules_[i]->reportsGradsReady()) {

@@ -22,6 +22,8 @@ class Sequential final : public Module {
   }
 
   std::string name() const override { return "Sequential"; }
+  // It converts for its children (nn/precision.h), so it takes whatever its container hands it.
+  bool takesBf16() const override { return true; }
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
   void resetParams(runtime::Rng& rng) override;
   Shape outputShape(const Shape& input) const override;
@@ -39,6 +41,9 @@ class Sequential final : public Module {
   std::vector<ModulePtr> modules_;
   std::vector<std::string> names_;
   std::vector<std::pair<size_t, size_t>> entries_;  // each module's [first, end) ParamBuffer entries
+  // A bf16 pass: fp32 copies of the inputs and gradients handed to children that take fp32 only
+  // (nn/precision.h), one per child; a forward input stays alive until that child's backward.
+  std::vector<Tensor> inputCasts_, gradCasts_;
   Tensor empty_;
 };
 

@@ -1,5 +1,6 @@
 #include "nn/transformer_block.h"
 
+#include "nn/precision.h"
 #include "nn/residual.h"
 #include "runtime/error.h"
 
@@ -35,9 +36,11 @@ void TransformerBlock::resetParams(runtime::Rng& rng) {
 
 const Tensor& TransformerBlock::forward(const Tensor& input, const Pass& pass) {
   outputShape(input.shape());
-  addInto(h_, input, attn_.forward(ln1_.forward(input, pass), pass), pass);
-  const Tensor& m = mlpProj_.forward(gelu_.forward(fc_.forward(ln2_.forward(h_, pass), pass), pass), pass);
-  addInto(output_, h_, m, pass);
+  using precision::toFp32;
+  const Tensor& x = toFp32(input, inputCast_, pass, *this);
+  addInto(h_, x, toFp32(attn_.forward(ln1_.forward(x, pass), pass), attnCast_, pass, *this), pass);
+  const Tensor& u = toFp32(fc_.forward(ln2_.forward(h_, pass), pass), fcCast_, pass, *this);
+  addInto(output_, h_, toFp32(mlpProj_.forward(gelu_.forward(u, pass), pass), projCast_, pass, *this), pass);
   return output_;
 }
 
@@ -45,9 +48,12 @@ const Tensor& TransformerBlock::backward(const Tensor& gradOutput, const Pass& p
   COHORT_CHECK(gradOutput.shape() == output_.shape()) << gradOutput.shape().str() << " vs " << output_.shape().str();
   Pass inner = pass;
   inner.needInputGrad = true;  // every part but the first feeds a gradient on
-  const Tensor& gm = ln2_.backward(fc_.backward(gelu_.backward(mlpProj_.backward(gradOutput, inner), inner), inner), inner);
-  addInto(gradH_, gradOutput, gm, pass);
-  const Tensor& ga = ln1_.backward(attn_.backward(gradH_, inner), pass);
+  using precision::toFp32;
+  const Tensor& dy = toFp32(gradOutput, gradOutputCast_, pass, *this);
+  const Tensor& gu = gelu_.backward(toFp32(mlpProj_.backward(dy, inner), gradProjCast_, pass, *this), inner);
+  const Tensor& gm = ln2_.backward(toFp32(fc_.backward(gu, inner), gradFcCast_, pass, *this), inner);
+  addInto(gradH_, dy, gm, pass);
+  const Tensor& ga = ln1_.backward(toFp32(attn_.backward(gradH_, inner), gradAttnCast_, pass, *this), pass);
   if (!pass.needInputGrad) {
     gradInput_ = Tensor();
     return gradInput_;

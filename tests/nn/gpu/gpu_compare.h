@@ -5,9 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
+#include "nn/module.h"
+#include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/gpu_context.h"
+#include "runtime/random.h"
 #include "runtime/tensor.h"
 
 namespace cohort::testing {
@@ -34,5 +38,26 @@ inline void expectClose(const runtime::Tensor& cpu, const runtime::Tensor& gpuOn
   EXPECT_LE(worst, rel) << what << ": worst relative error at element " << at << ": cpu " << cpu.at(at) << " gpu "
                         << gpuOnHost.at(at);
 }
+
+// One module made twice, on the CPU and on `gpu`, with the same parameters: reset from `rng`, then
+// each moved by up to ±0.2 (off defaults such as BatchNorm's 1 and 0, and GPT's small normal
+// values) so that every parameter matters; the GPU's gradients zeroed.
+struct TwinModules {
+  nn::ModulePtr cpu, dev;
+  nn::ParamBuffer cpuParams, devParams;
+
+  TwinModules(const std::function<nn::ModulePtr()>& make, runtime::cuda::GpuContext& gpu, runtime::Rng& rng)
+      : cpu(make()), dev(make()) {
+    cpu->registerParams(cpuParams, "");
+    dev->registerParams(devParams, "");
+    cpuParams.allocate(runtime::cpuAllocator());
+    devParams.allocate(gpu.allocator());
+    cpu->resetParams(rng);
+    for (int64_t i = 0; i < cpuParams.values().numel(); ++i) cpuParams.values().at(i) += rng.uniform(-0.2f, 0.2f);
+    if (cpuParams.numel() == 0) return;
+    devParams.values().copyFrom(cpuParams.values());
+    runtime::cuda::fill({devParams.grads().data(), static_cast<size_t>(devParams.numel())}, 0.0f, gpu.stream());
+  }
+};
 
 }  // namespace cohort::testing

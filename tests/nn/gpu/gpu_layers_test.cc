@@ -62,20 +62,10 @@ class GpuLayersTest : public ::testing::TestWithParam<LayerCase> {
 // without an input gradient) and running statistics within `tolerance`.
 void expectTheCpusResults(const LayerCase& c, const runtime::GpuOptions& options, double tolerance) {
   runtime::cuda::GpuContext gpu(Device::cuda(0), options);
-  ModulePtr cpu = c.make(), dev = c.make();
-  nn::ParamBuffer cpuParams, devParams;
-  cpu->registerParams(cpuParams, "");
-  dev->registerParams(devParams, "");
-  cpuParams.allocate(runtime::cpuAllocator());
-  devParams.allocate(gpu.allocator());
   runtime::Rng rng(11);
-  cpu->resetParams(rng);
-  // Moved off their defaults (BatchNorm's 1 and 0) so that every parameter matters.
-  for (int64_t i = 0; i < cpuParams.values().numel(); ++i) cpuParams.values().at(i) += rng.uniform(-0.2f, 0.2f);
-  if (cpuParams.numel() > 0) {
-    devParams.values().copyFrom(cpuParams.values());
-    runtime::cuda::fill({devParams.grads().data(), static_cast<size_t>(devParams.numel())}, 0.0f, gpu.stream());
-  }
+  TwinModules twins(c.make, gpu, rng);
+  nn::Module &cpu = *twins.cpu, &dev = *twins.dev;
+  const nn::ParamBuffer &cpuParams = twins.cpuParams, &devParams = twins.devParams;
 
   Tensor x = Tensor::zeros(c.input);
   for (int64_t i = 0; i < x.numel(); ++i) {
@@ -86,8 +76,8 @@ void expectTheCpusResults(const LayerCase& c, const runtime::GpuOptions& options
   cpuPass.training = devPass.training = c.training;
   devPass.gpu = &gpu;
 
-  const Tensor& yc = cpu->forward(x, cpuPass);
-  const Tensor& yg = dev->forward(dx, devPass);
+  const Tensor& yc = cpu.forward(x, cpuPass);
+  const Tensor& yg = dev.forward(dx, devPass);
   ASSERT_TRUE(yg.device().isCuda());
   expectClose(yc, toHost(yg, gpu), tolerance, "output");
   if (cpuParams.numel() > 0)
@@ -100,8 +90,8 @@ void expectTheCpusResults(const LayerCase& c, const runtime::GpuOptions& options
   for (bool accumulate : {false, true}) {
     cpuPass.accumulateGrads = devPass.accumulateGrads = accumulate;
     const std::string when = accumulate ? " (accumulated)" : " (overwritten)";
-    const Tensor& gc = cpu->backward(dy, cpuPass);
-    const Tensor& gg = dev->backward(ddy, devPass);
+    const Tensor& gc = cpu.backward(dy, cpuPass);
+    const Tensor& gg = dev.backward(ddy, devPass);
     expectClose(gc, toHost(gg, gpu), tolerance, "input gradient" + when);
     if (cpuParams.numel() > 0)
       expectClose(cpuParams.grads(), toHost(devParams.grads(), gpu), tolerance, "parameter gradients" + when);
@@ -109,8 +99,8 @@ void expectTheCpusResults(const LayerCase& c, const runtime::GpuOptions& options
   // Without an input gradient the parameter gradients still come.
   cpuPass.needInputGrad = devPass.needInputGrad = false;
   cpuPass.accumulateGrads = devPass.accumulateGrads = false;
-  EXPECT_FALSE(dev->backward(ddy, devPass).defined());
-  cpu->backward(dy, cpuPass);
+  EXPECT_FALSE(dev.backward(ddy, devPass).defined());
+  cpu.backward(dy, cpuPass);
   if (cpuParams.numel() > 0)
     expectClose(cpuParams.grads(), toHost(devParams.grads(), gpu), tolerance,
                 "parameter gradients without input gradient");

@@ -1,0 +1,194 @@
+// Layers in a bf16 pass on a GPU against the same layers in fp32 on the CPU (tags = ["gpu"]; skips
+// with the reason when no CUDA device is usable), with identical parameters and input: the output,
+// the input gradient and the parameter gradients (overwritten and accumulated) must lie within
+// bf16's tolerance of the CPU's fp32 results, stated per layer below (docs/gpu.md, "Precision").
+// Layers that do not take bf16 (Activation here, standing for a user's fp32 layer) run in fp32
+// inside a bf16 Sequential: the Sequential converts at their boundaries (nn/precision.h). The
+// attention, the transformer block and the GPT run their projections in bf16 and the rest in fp32.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nn/activation.h"
+#include "nn/attention.h"
+#include "nn/gpt.h"
+#include "nn/linear.h"
+#include "nn/sequential.h"
+#include "nn/transformer_block.h"
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+#include "runtime/random.h"
+#include "tests/runtime/cuda/gpu_test_util.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
+#include "tests/nn/gpu/gpu_compare.h"
+#endif
+
+namespace cohort::testing {
+namespace {
+
+using nn::ModulePtr;
+using runtime::DType;
+using runtime::Shape;
+using runtime::Tensor;
+
+// A CPU Linear refuses a bf16 pass rather than computing it in fp32 unasked.
+TEST(Bf16Layers, TheCpuRefusesABf16Pass) {
+  nn::Linear fc(4, 3);
+  nn::ParamBuffer params;
+  fc.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  nn::Pass pass;
+  pass.precision = DType::kBF16;
+  try {
+    fc.forward(Tensor::zeros(Shape{2, 4}), pass);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("fp32 only"), std::string::npos) << e.what();
+  }
+}
+
+#ifdef COHORT_HAVE_CUDA
+using runtime::Device;
+
+struct Bf16Case {
+  std::string name;
+  std::function<ModulePtr()> make;
+  Shape input;
+  double tolerance;  // normwise (expectNormwiseClose)
+  bool ids = false;  // token ids 0..3 (a GPT's input) instead of values in [-2, 2)
+  bool fp32Output = false;  // a module whose output stays fp32 (the residual stream, a GPT's logits)
+};
+
+std::ostream& operator<<(std::ostream& os, const Bf16Case& c) { return os << c.name; }
+
+// `t` on the host in fp32, once `gpu` has run what it was given (bf16 widened exactly).
+Tensor floatOnHost(const Tensor& t, runtime::cuda::GpuContext& gpu) {
+  Tensor host = toHost(t, gpu);
+  if (host.dtype() == DType::kF32) return host;
+  Tensor wide = Tensor::zeros(host.shape());
+  const uint16_t* bits = host.data<uint16_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) wide.at(i) = runtime::toFloat(runtime::Bf16{bits[i]});
+  return wide;
+}
+
+// Normwise: the largest difference from the CPU's fp32 result, over the larger of 1 and the CPU
+// result's largest magnitude, at most `bound` (low-precision sums err in proportion to the size of
+// their terms, not of the result, so an elementwise relative bound would fail on any cancellation).
+// The measured figure is printed, so the bounds can be checked against it. Returns it.
+double expectNormwiseClose(const Tensor& cpu, const Tensor& gpuOnHost, double bound, const std::string& what) {
+  EXPECT_EQ(cpu.numel(), gpuOnHost.numel()) << what;
+  if (cpu.numel() != gpuOnHost.numel()) return INFINITY;
+  double worst = 0, scale = 1;
+  int64_t at = 0;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(cpu.at(i))));
+    const double err = std::abs(static_cast<double>(cpu.at(i)) - gpuOnHost.at(i));
+    if (!(err <= worst)) worst = err, at = i;  // a NaN is the worst
+  }
+  std::printf("%s: normwise error %.4f of bound %.4f\n", what.c_str(), worst / scale, bound);
+  EXPECT_LE(worst / scale, bound) << what << ": worst at element " << at << ": cpu " << cpu.at(at) << " gpu "
+                                  << gpuOnHost.at(at) << ", scale " << scale;
+  return worst / scale;
+}
+
+class Bf16LayersTest : public ::testing::TestWithParam<Bf16Case> {
+ protected:
+  void SetUp() override { COHORT_SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_P(Bf16LayersTest, StaysWithinBf16OfTheCpusFp32) {
+  const Bf16Case& c = GetParam();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  runtime::Rng rng(5);
+  TwinModules twins(c.make, gpu, rng);
+  nn::Module &cpu = *twins.cpu, &dev = *twins.dev;
+  const nn::ParamBuffer &cpuParams = twins.cpuParams, &devParams = twins.devParams;
+
+  Tensor x = Tensor::zeros(c.input);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.at(i) = c.ids ? static_cast<float>(static_cast<int>(rng.uniform(0.0f, 4.0f))) : rng.uniform(-2.0f, 2.0f);
+  }
+  Tensor dx = x.clone(gpu.allocator());
+  nn::Pass cpuPass, devPass;
+  devPass.gpu = &gpu;
+  devPass.precision = DType::kBF16;
+
+  const Tensor& yc = cpu.forward(x, cpuPass);
+  const Tensor& yg = dev.forward(dx, devPass);
+  EXPECT_EQ(yg.dtype(), c.fp32Output ? DType::kF32 : DType::kBF16);
+  // Above fp32's rounding by far: the products did run in bf16 (a pass left in fp32 errs by ~1e-6).
+  EXPECT_GT(expectNormwiseClose(yc, floatOnHost(yg, gpu), c.tolerance, "output"), std::ldexp(1.0, -12));
+
+  Tensor dy = Tensor::zeros(yc.shape());
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.at(i) = rng.uniform(-1.0f, 1.0f);
+  Tensor ddy = dy.clone(gpu.allocator());  // an fp32 gradient, as the loss hands it
+  for (bool accumulate : {false, true}) {
+    cpuPass.accumulateGrads = devPass.accumulateGrads = accumulate;
+    const std::string when = accumulate ? " (accumulated)" : " (overwritten)";
+    const Tensor& gc = cpu.backward(dy, cpuPass);
+    const Tensor& gg = dev.backward(ddy, devPass);
+    if (!c.ids) expectNormwiseClose(gc, floatOnHost(gg, gpu), c.tolerance, "input gradient" + when);
+    const Tensor grads = floatOnHost(devParams.grads(), gpu);
+    EXPECT_EQ(devParams.grads().dtype(), DType::kF32);
+    expectNormwiseClose(cpuParams.grads(), grads, c.tolerance, "parameter gradients" + when);
+  }
+}
+
+// Inputs in [-2, 2), parameters moved by up to ±0.2, gradients in [-1, 1). Each input and weight is
+// rounded to bf16 (relative error up to 2^-9), the products are exact and summed in fp32, and a bf16
+// result is rounded once more: errors of a few 2^-9 of the terms' size. Measured on the emulated
+// device (normwise): a Linear at most 0.0038 (output, input and parameter gradients), so the bound is
+// 1e-2 (2.6 · 2^-8). A layer reading bf16 bits as floats, or dropping or repeating a term, errs by
+// order 1; one left in fp32 fails the lower bound in the test.
+constexpr double kLinearTolerance = 1e-2;
+// Composites chain several bf16 products (attention: two projections around the fp32 core; a block:
+// four; a GPT: two blocks and the head): measured at most 0.0065 (a GPT's parameter gradients); bound 2e-2.
+constexpr double kCompositeTolerance = 2e-2;
+
+std::vector<Bf16Case> cases() {
+  auto linear = [](int64_t in, int64_t out, bool bias) {
+    return [=] { return ModulePtr(new nn::Linear({.in = in, .out = out, .bias = bias})); };
+  };
+  return {
+      {"linear", linear(64, 48, true), Shape{37, 64}, kLinearTolerance},
+      {"linear_no_bias_3d", linear(24, 40, false), Shape{3, 5, 24}, kLinearTolerance},
+      {"linear_one_row", linear(7, 5, true), Shape{1, 7}, kLinearTolerance},
+      // bf16 Linear, fp32 Tanh (converted in and out by the Sequential), bf16 Linear.
+      {"sequential_with_an_fp32_layer",
+       [] {
+         auto s = std::make_unique<nn::Sequential>();
+         s->add(std::make_unique<nn::Linear>(32, 24), "fc0")
+             .add(nn::tanhActivation(), "tanh")
+             .add(std::make_unique<nn::Linear>(24, 10), "fc1");
+         return ModulePtr(std::move(s));
+       },
+       Shape{16, 32}, kLinearTolerance},
+      // The projections in bf16, the core between them in fp32 (T = 1, odd T, several heads).
+      {"attention_t7_2heads", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 16, .heads = 2})); },
+       Shape{2, 7, 16}, kCompositeTolerance},
+      {"attention_t1", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 8, .heads = 2})); }, Shape{3, 1, 8},
+       kCompositeTolerance},
+      {"transformer_block", [] { return ModulePtr(new nn::TransformerBlock({.dim = 16, .heads = 2})); }, Shape{2, 9, 16},
+       kCompositeTolerance, false, true},
+      {"gpt_2_layers",
+       [] { return ModulePtr(new nn::Gpt({.vocab = 5, .layers = 2, .heads = 2, .dim = 16, .context = 7})); },
+       Shape{3, 6}, kCompositeTolerance, true, true},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, Bf16LayersTest, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Bf16Case>& info) { return info.param.name; });
+#else
+TEST(Bf16Layers, NeedCuda) { GTEST_SKIP() << "no CUDA device: CUDA support not compiled in"; }
+#endif
+
+}  // namespace
+}  // namespace cohort::testing
