@@ -41,6 +41,8 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
   c.add_option("--conv-algorithms", o.convAlgorithms,
                "--device cuda: fastest | exact, the cuDNN algorithms allowed (as cohort train's)")
       ->capture_default_str();
+  c.add_option("--precision", o.precision, "--device cuda: fp32 | bf16 (as cohort train's)")->capture_default_str();
+  c.add_flag("--tf32", o.tf32, "--device cuda: TF32 tensor cores for fp32 matrix products (as cohort train's)");
   c.add_option("--samples", o.samples, "training samples per run (default: 60000 for MNIST-shaped models, 5000 for "
                                        "cnn:rosetta, the peers' figures)");
 }
@@ -107,7 +109,7 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
   std::unique_ptr<runtime::cuda::GpuContext> gpuOwner;
   if (device.isCuda()) {
     gpuOwner = std::make_unique<runtime::cuda::GpuContext>(
-        device, runtime::GpuOptions{.conv = {.algorithms = runtime::parseConvAlgorithms(o.convAlgorithms)}});
+        device, runtime::GpuOptions{.conv = {.algorithms = runtime::parseConvAlgorithms(o.convAlgorithms)}, .tf32 = o.tf32});
     gpu = gpuOwner.get();
   }
 #endif
@@ -133,6 +135,7 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
   pass.needInputGrad = false;
   pass.rng = &dropoutRng;
   pass.gpu = gpu;
+  pass.precision = runtime::parseDType(o.precision, "--precision");
   std::function<void(int64_t)> startEpoch = [&](int64_t e) { loader.startEpoch(e); };
   std::function<bool(runtime::data::Batch&)> next = [&](runtime::data::Batch& b) { return loader.next(b); };
   std::function<void()> finish = [] {};
@@ -146,7 +149,7 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
   }
 #endif
   auto step = [&](const runtime::data::Batch& b) {
-    const Tensor& out = model->net->forward(b.inputs, pass);
+    const Tensor& out = model->forward(b.inputs, pass);  // fp32 whatever the pass computes in
 #ifdef COHORT_HAVE_CUDA
     if (gpu) {
       loss.forwardGpu(out, b.targets, *gpu);
@@ -180,8 +183,15 @@ int runTrainBench(const TrainBenchOptions& options) {
   TrainBenchOptions o = options;
   if (o.repeats < 1 || o.batchSize < 1 || o.samples < 0) COHORT_THROW(InvalidArgument) << "bench train: counts must be positive";
   runtime::parseConvAlgorithms(o.convAlgorithms);  // an unknown name fails before anything runs
+  const runtime::DType precision = runtime::parseDType(o.precision, "--precision");
   const runtime::Device device = runtime::selectDevice(o.device, 0);
   auto probe = nn::buildModel(o.model);
+  if ((precision != runtime::DType::kF32 || o.tf32) && !device.isCuda()) {
+    COHORT_THROW(InvalidArgument) << "bench train: --precision bf16 and --tf32 apply to --device cuda";
+  }
+  if (precision != runtime::DType::kF32 && !probe->net->takesBf16()) {
+    COHORT_THROW(InvalidArgument) << "bench train: model " << o.model << " does not implement bf16 passes yet";
+  }
   const bool gpt = isGpt(o.model);
   if (gpt && !device.isCuda()) {
     COHORT_THROW(InvalidArgument) << "bench train: a GPT is measured on a GPU here (--device cuda); on the CPU use "
@@ -201,9 +211,10 @@ int runTrainBench(const TrainBenchOptions& options) {
   if (device.isCuda()) {
     std::vector<double> runs;
     for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device));
-    std::printf("RESULT bench=train model=%s device=%s batch=%lld conv_algorithms=%s samples_per_s=%.0f min=%.0f max=%.0f",
+    std::printf("RESULT bench=train model=%s device=%s batch=%lld conv_algorithms=%s precision=%s tf32=%s "
+                "samples_per_s=%.0f min=%.0f max=%.0f",
                 o.model.c_str(), device.str().c_str(), static_cast<long long>(o.batchSize), o.convAlgorithms.c_str(),
-                median(runs),
+                o.precision.c_str(), o.tf32 ? "yes" : "no", median(runs),
                 *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));
     if (gpt) std::printf(" tokens_per_s=%.0f", median(runs) * static_cast<double>(context));
     std::printf("\n");

@@ -31,6 +31,8 @@ struct TrainBenchOptions {
   int64_t batchSize = 64;
   int64_t samples = 0;  // per run; 0: one epoch of the synthetic set (60000 MNIST-shaped, 5000 CIFAR-shaped)
   std::string convAlgorithms = "fastest";  // --device cuda: the cuDNN algorithms allowed (runtime/gpu_options.h)
+  std::string precision = "fp32";          // --device cuda: fp32 | bf16 (as cohort train's --precision)
+  bool tf32 = false;                       // --device cuda: TF32 for fp32 matrix products
 };
 
 void addTrainBenchFlags(CLI::App& command, TrainBenchOptions& options);

@@ -25,6 +25,7 @@
 #include "runtime/cpu/blas.h"          // --threads
 #include "runtime/data/dataset.h"      // --data specs
 #include "runtime/device_query.h"      // formatBytes
+#include "runtime/dtype.h"             // --precision
 #include "runtime/error.h"
 #include "runtime/gpu_options.h"       // --conv-algorithms
 #include "runtime/logging.h"
@@ -131,6 +132,13 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
                "--device cuda: fastest (default; the fastest cuDNN algorithm measured per layer shape, Winograd and "
                "FFT included, about 1e-3 from fp32 accumulation) | exact (only algorithms that match plain fp32 "
                "accumulation; docs/gpu.md)");
+  c.add_option("--precision", f.precision,
+               "fp32 (default) | bf16: --device cuda, matrix products in bf16 on tensor cores with fp32 sums and fp32 "
+               "master weights, optimizer state and checkpoints (docs/gpu.md, \"Precision\", lists the models)")
+      ->capture_default_str();
+  c.add_flag("--tf32", f.tf32,
+             "--device cuda: let fp32 matrix products use TF32 tensor cores (inputs rounded to 10 bits of mantissa); "
+             "off by default, so plain fp32 stays comparable to the CPU");
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
                  "wait about 100 years")
       ->capture_default_str();
@@ -191,6 +199,14 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (!f.convAlgorithms.empty() && !onGpu) {
     COHORT_THROW(InvalidArgument) << "--conv-algorithms applies to --device cuda (on the CPU convolutions are im2col "
                                      "and GEMM, always fp32 accumulation)";
+  }
+  const runtime::DType precision = runtime::parseDType(f.precision, "--precision");
+  if (precision != runtime::DType::kF32 && !onGpu) {
+    COHORT_THROW(InvalidArgument) << "--precision " << f.precision << " needs --device cuda (on the CPU every pass computes "
+                                  << "in fp32)";
+  }
+  if (f.tf32 && !onGpu) {
+    COHORT_THROW(InvalidArgument) << "--tf32 applies to --device cuda (the CPU's matrix products are plain fp32)";
   }
   if (onGpu && (f.replicas || f.noReplicas)) {
     COHORT_THROW(InvalidArgument) << replicasFlag << " applies to CPU training (GPU all-reduce always replicates)";
@@ -413,7 +429,9 @@ int runTrain(const TrainFlags& f) {
                   .device = f.device,
                   .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout"),
                   .averageEvery = f.averageEvery,
-                  .convAlgorithms = runtime::parseConvAlgorithms(f.convAlgorithms.empty() ? "fastest" : f.convAlgorithms)},
+                  .convAlgorithms = runtime::parseConvAlgorithms(f.convAlgorithms.empty() ? "fastest" : f.convAlgorithms),
+                  .tf32 = f.tf32,
+                  .precision = runtime::parseDType(f.precision, "--precision")},
                  world);
 
   std::unique_ptr<nn::Model> model = nn::buildModel(f.model);

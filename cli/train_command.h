@@ -66,6 +66,8 @@ struct TrainFlags {
   bool stepReport = false;    // where each epoch's steps spent their time
   int64_t averageEvery = 0;   // hogwild across nodes: steps between averaging rounds; 0: the default (16)
   std::string convAlgorithms;  // --device cuda: fastest | exact; empty: fastest
+  std::string precision = "fp32";  // fp32 | bf16 (--device cuda, a model that takes bf16)
+  bool tf32 = false;               // --device cuda: TF32 tensor cores for fp32 matrix products
 };
 
 void addTrainFlags(CLI::App& command, TrainFlags& flags);

@@ -102,6 +102,11 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
     COHORT_THROW(InvalidArgument) << "backend nccl all-reduces GPU memory: train on device cuda (or use shm, mpi or hierarchical)";
   }
   if (onGpu && o.replicas.has_value()) COHORT_THROW(InvalidArgument) << "replicas apply to CPU training (GPU all-reduce always replicates)";
+  if (!onGpu && o.tf32) COHORT_THROW(InvalidArgument) << "tf32 applies to GPUs (the CPU's matrix products are plain fp32)";
+  if (!onGpu && o.precision != runtime::DType::kF32) {
+    COHORT_THROW(InvalidArgument) << "precision " << runtime::dtypeName(o.precision)
+                                  << " needs a GPU (on the CPU every pass computes in fp32): train on device cuda";
+  }
   if (onGpu && o.mode == Mode::kHogwild && world.spansNodes()) {
     COHORT_THROW(InvalidArgument) << "mode hogwild across nodes averages the nodes' copies on the CPU, but this job has "
                                   << world.worldSize << " ranks with " << world.localWorldSize
@@ -122,7 +127,7 @@ Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
 #ifdef COHORT_HAVE_CUDA
   if (device_.isCuda()) {
     gpu_ = std::make_unique<runtime::cuda::GpuContext>(
-        device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms}});
+        device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms}, .tf32 = options_.tf32});
   }
 #endif
   // An unknown backend, or one this build or world lacks, fails here rather than at place().
@@ -174,6 +179,11 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
     COHORT_THROW(InvalidArgument) << "the optimizer keeps its state on " << optimizer.device().str()
                                   << " but the job trains on " << device_.str()
                                   << ": make it with makeOptimizer(options, numel, job.gpu())";
+  }
+  if (options_.precision != runtime::DType::kF32 && !model.net->takesBf16()) {
+    COHORT_THROW(InvalidArgument) << "model '" << model.name << "' does not implement "
+                                  << runtime::dtypeName(options_.precision) << " passes yet (its layers compute in fp32 only): "
+                                  << "train it in fp32 (docs/gpu.md, \"Precision\", lists the models that take bf16)";
   }
   agree(builtInSettings(model, optimizer, o));
   model.params.allocate(runtime::cpuAllocator());
@@ -251,7 +261,9 @@ Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optim
                 {"eps", settingValue(opt.eps)},
                 {"init", o.initialise ? "the program's own" : "seed " + std::to_string(o.seed)},
                 {"average_every", std::to_string(averageEvery())},
-                {"conv_algorithms", runtime::toString(options_.convAlgorithms)}};
+                {"conv_algorithms", runtime::toString(options_.convAlgorithms)},
+                {"tf32", options_.tf32 ? "yes" : "no"},
+                {"precision", runtime::dtypeName(options_.precision)}};
   s.insert(s.end(), o.settings.begin(), o.settings.end());
   return s;
 }
@@ -291,6 +303,7 @@ nn::Pass Job::pass(const PassOptions& o) {
   pass.rng = o.rng;
   pass.gradReady = last ? strategy_->gradReady() : nullptr;
   pass.gpu = gpu_.get();
+  pass.precision = options_.precision;
   if (last) microBatches_ = o.microBatches;
   readyToStep_ = last;
   return pass;
@@ -301,6 +314,7 @@ nn::Pass Job::evalPass() const {
   pass.training = false;
   pass.needInputGrad = false;
   pass.gpu = gpu_.get();
+  pass.precision = options_.precision;
   return pass;
 }
 

@@ -108,6 +108,13 @@ struct JobOptions {
   // kFastest, the fastest measured (Winograd and FFT included, about 1e-3 from fp32 accumulation), or
   // kExact, only those that match plain fp32 accumulation. No effect on the CPU.
   runtime::ConvAlgorithms convAlgorithms = runtime::ConvAlgorithms::kFastest;
+  // On a GPU, whether fp32 matrix products may use TF32 tensor cores (runtime/gpu_options.h).
+  // InvalidArgument on the CPU.
+  bool tf32 = false;
+  // What the model's passes compute in (nn::Pass::precision; docs/architecture.md): fp32, or bf16
+  // on a GPU. bf16 on the CPU is InvalidArgument, and so is a model that does not take bf16
+  // (Module::takesBf16) at place().
+  runtime::DType precision = runtime::DType::kF32;
 };
 
 // JobOptions::averageEvery when 0: a round every 16 steps of a node's leader (with 2 workers a node,

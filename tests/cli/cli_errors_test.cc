@@ -164,6 +164,10 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError(withOutputs({"--conv-algorithms", "bogus"}), {"--conv-algorithms", "bogus", "fastest or exact"});
   expectInputError(withOutputs({"--device", "cuda", "--conv-algorithms", "Exact"}), {"--conv-algorithms", "'Exact'"});
   expectInputError({"--conv-algorithms", "exact"}, {"--conv-algorithms applies to --device cuda"});
+  // Precision: a known type, and bf16 and TF32 only where tensor cores are.
+  expectInputError(withOutputs({"--device", "cuda", "--precision", "fp16"}), {"--precision", "fp32 or bf16", "'fp16'"});
+  expectInputError({"--precision", "bf16"}, {"--precision bf16 needs --device cuda"});
+  expectInputError({"--tf32"}, {"--tf32 applies to --device cuda"});
 }
 
 // Errors found by the flag parser (CLI11) follow the same one-line contract.
