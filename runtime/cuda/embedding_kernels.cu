@@ -81,11 +81,16 @@ __global__ void embeddingTileCountKernel(const float* __restrict__ ids, uint32_t
   }
 }
 
-// One thread per id: before[b, id] becomes the count of id in tiles 0..b-1 (an exclusive scan
-// down the column) and total[id] its count in all tiles.
-__global__ void embeddingTileScanKernel(uint32_t* __restrict__ before, uint32_t* __restrict__ total, int64_t vocab,
-                                        int64_t tiles) {
-  for (size_t r = firstIndex(); r < static_cast<size_t>(vocab); r += gridStride()) {
+// Block k covers ids [k·kThreads, (k+1)·kThreads), one thread each: before[b, id] becomes the
+// count of id in tiles 0..b-1 (an exclusive scan down the column), counts[id] its count in all
+// tiles and blockCounts[k] the block's sum of them.
+__global__ void embeddingTileScanKernel(uint32_t* __restrict__ before, uint32_t* __restrict__ counts,
+                                        uint32_t* __restrict__ blockCounts, int64_t vocab, int64_t tiles) {
+  __shared__ uint32_t blockCount;
+  if (threadIdx.x == 0) blockCount = 0u;
+  __syncthreads();
+  const size_t r = firstIndex();
+  if (r < static_cast<size_t>(vocab)) {
     uint32_t running = 0u;
     for (int64_t b = 0; b < tiles; ++b) {
       uint32_t& cell = before[static_cast<size_t>(b) * static_cast<size_t>(vocab) + r];
@@ -93,35 +98,37 @@ __global__ void embeddingTileScanKernel(uint32_t* __restrict__ before, uint32_t*
       cell = running;
       running += here;
     }
-    total[r] = running;
+    counts[r] = running;
+    atomicAdd(&blockCount, running);  // integer: the same sum in any order
   }
+  __syncthreads();
+  if (threadIdx.x == 0) blockCounts[blockIdx.x] = blockCount;
 }
 
-// One block: offsets[0..vocab) turns from counts into their exclusive prefix sums, and
-// offsets[vocab] = the number of good positions. Thread t sums a contiguous run of ids, a
-// Hillis-Steele scan in shared memory gives each run's start, then each thread writes its run.
-__global__ void embeddingOffsetScanKernel(uint32_t* __restrict__ offsets, int64_t vocab) {
-  __shared__ uint32_t runEnd[kThreads];
-  const int64_t per = (vocab + kThreads - 1) / kThreads;
-  const int64_t first = static_cast<int64_t>(threadIdx.x) * per < vocab ? threadIdx.x * per : vocab;
-  const int64_t end = first + per < vocab ? first + per : vocab;
-  uint32_t sum = 0u;
-  for (int64_t r = first; r < end; ++r) sum += offsets[r];
-  runEnd[threadIdx.x] = sum;
+// Same blocks: counts[id] becomes offsets[id], the good positions with a smaller id (the block's
+// base, from the earlier blocks' counts, plus a Hillis-Steele scan within the block), and
+// offsets[vocab] the number of good positions. Reads only its own block's ids, so it runs in place.
+__global__ void embeddingOffsetScanKernel(uint32_t* __restrict__ offsets, const uint32_t* __restrict__ blockCounts,
+                                          int64_t vocab) {
+  __shared__ uint32_t base;
+  __shared__ uint32_t upTo[kThreads];
+  if (threadIdx.x == 0) base = 0u;
+  __syncthreads();
+  uint32_t earlier = 0u;
+  for (unsigned k = threadIdx.x; k < blockIdx.x; k += kThreads) earlier += blockCounts[k];
+  atomicAdd(&base, earlier);
+  const size_t r = firstIndex();
+  const uint32_t count = r < static_cast<size_t>(vocab) ? offsets[r] : 0u;
+  upTo[threadIdx.x] = count;
   __syncthreads();
   for (unsigned offset = 1; offset < kThreads; offset *= 2) {
-    const uint32_t add = threadIdx.x >= offset ? runEnd[threadIdx.x - offset] : 0u;
+    const uint32_t add = threadIdx.x >= offset ? upTo[threadIdx.x - offset] : 0u;
     __syncthreads();
-    runEnd[threadIdx.x] += add;
+    upTo[threadIdx.x] += add;
     __syncthreads();
   }
-  uint32_t running = runEnd[threadIdx.x] - sum;
-  for (int64_t r = first; r < end; ++r) {
-    const uint32_t count = offsets[r];
-    offsets[r] = running;
-    running += count;
-  }
-  if (threadIdx.x == kThreads - 1) offsets[vocab] = runEnd[kThreads - 1];
+  if (r < static_cast<size_t>(vocab)) offsets[r] = base + upTo[threadIdx.x] - count;
+  if (r + 1 == static_cast<size_t>(vocab)) offsets[vocab] = base + upTo[threadIdx.x];
 }
 
 // Block b walks tile b a chunk at a time. A good position i with row r goes to
@@ -187,6 +194,9 @@ __global__ void embeddingRowSumKernel(const uint32_t* __restrict__ sorted, const
 // only (the sorted order, and so the result, depends on nothing).
 constexpr int64_t kBeforeWords = int64_t{1} << 21;
 
+// Blocks of the tile and offset scans: one thread per id.
+int64_t idBlocksFor(int64_t vocab) { return (vocab + kThreads - 1) / kThreads; }
+
 struct TilePlan {
   int64_t tiles = 0, chunksPerTile = 1;
 };
@@ -225,7 +235,7 @@ void embeddingForward(const EmbeddingArgs& a, const Stream& stream) {
 
 int64_t embeddingBackwardScratchWords(int64_t n, int64_t vocab) {
   COHORT_CHECK(n >= 0 && vocab > 0) << n << " ids, vocabulary " << vocab;
-  return vocab + 1 + n + tilePlan(n, vocab).tiles * vocab;
+  return vocab + 1 + n + idBlocksFor(vocab) + tilePlan(n, vocab).tiles * vocab;
 }
 
 void embeddingBackward(const EmbeddingArgs& a, const Stream& stream) {
@@ -239,16 +249,19 @@ void embeddingBackward(const EmbeddingArgs& a, const Stream& stream) {
   const TilePlan plan = tilePlan(a.n, a.vocab);
   uint32_t* offsets = a.scratch;             // [vocab + 1]
   uint32_t* sorted = offsets + a.vocab + 1;  // [n]
-  uint32_t* before = sorted + a.n;           // [tiles, vocab]
+  uint32_t* blockCounts = sorted + a.n;      // [idBlocks]
+  uint32_t* before = blockCounts + idBlocksFor(a.vocab);  // [tiles, vocab]
   const auto tiles = static_cast<unsigned>(plan.tiles);
   const int64_t tilePositions = plan.chunksPerTile * kThreads;
   if (tiles > 0) {
     COHORT_LAUNCH(embeddingTileCountKernel, tiles, kThreads, 0, native)(a.ids, before, a.n, a.vocab, tilePositions);
   }
   const auto vocab = static_cast<size_t>(a.vocab);
-  const unsigned idBlocks = launch::blocksFor(stream, vocab);
-  COHORT_LAUNCH(embeddingTileScanKernel, idBlocks, kThreads, 0, native)(before, offsets, a.vocab, plan.tiles);
-  COHORT_LAUNCH(embeddingOffsetScanKernel, 1, kThreads, 0, native)(offsets, a.vocab);
+  // One thread per id, not grid-strided: the offset scan's blocks need the whole grid's block counts.
+  const auto idBlocks = static_cast<unsigned>(idBlocksFor(a.vocab));
+  COHORT_LAUNCH(embeddingTileScanKernel, idBlocks, kThreads, 0, native)(before, offsets, blockCounts, a.vocab,
+                                                                        plan.tiles);
+  COHORT_LAUNCH(embeddingOffsetScanKernel, idBlocks, kThreads, 0, native)(offsets, blockCounts, a.vocab);
   if (tiles > 0) {
     COHORT_LAUNCH(embeddingPlaceKernel, tiles, kThreads, 0, native)(a.ids, offsets, before, sorted, a.n, a.vocab,
                                                                     plan.chunksPerTile);

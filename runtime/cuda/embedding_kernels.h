@@ -35,8 +35,8 @@ struct EmbeddingArgs {
   uint32_t* scratch = nullptr;
 };
 
-// The 4-byte words of scratch embeddingBackward needs: vocab + 1 + n + tiles·vocab, where the
-// tiles' table is capped near 2²¹ words (a vocabulary of more than 2²¹ ids gets one tile).
+// The 4-byte words of scratch embeddingBackward needs: vocab + 1 + n + ⌈vocab/256⌉ + tiles·vocab,
+// where the tiles' table is capped near 2²¹ words (a vocabulary of more than 2²¹ ids gets one tile).
 int64_t embeddingBackwardScratchWords(int64_t n, int64_t vocab);
 
 // out[i, :] = weight[ids[i], :]; a bad id's row is NaN and adds 1 to *badCount. One grid-stride
@@ -51,8 +51,9 @@ void embeddingForward(const EmbeddingArgs& args, const Stream& stream);
 //      [tiles, vocab] table would pass its cap); block b counts tile b's ids into row b of the table
 //      (integer atomics: the counts do not depend on the order).
 //   2. scan: down each id's column, the table becomes "positions of this id in earlier tiles" and
-//      the column's total the id's count; one block scans the counts over the vocabulary into
-//      offsets[id] (offsets[vocab] = good positions).
+//      the column's total the id's count; a scan of the counts over the vocabulary (blocks of 256
+//      ids: a block's base is the sum of the earlier blocks' counts) gives offsets[id], and
+//      offsets[vocab] = good positions.
 //   3. place: position i of tile b with row r goes to sorted[offsets[r] + table[b, r] + (positions
 //      of r earlier in its chunk)]: each id's run lists its positions in increasing order.
 //   4. sum: one thread per element (four columns with float4 when dim % 4 == 0 and the buffers are
