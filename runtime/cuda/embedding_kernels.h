@@ -54,12 +54,13 @@ void embeddingForward(const EmbeddingArgs& args, const Stream& stream);
 //      the column's total the id's count; a scan of the counts over the vocabulary (blocks of 256
 //      ids: a block's base is the sum of the earlier blocks' counts) gives offsets[id], and
 //      offsets[vocab] = good positions.
-//   3. place: position i of tile b with row r goes to sorted[offsets[r] + table[b, r] + (positions
-//      of r earlier in its chunk)]: each id's run lists its positions in increasing order.
+//   3. place: block b walks tile b a chunk at a time; position i with row r goes to
+//      sorted[offsets[r] + table[b, r] + (positions of r earlier in its chunk)], and table[b, r]
+//      then grows by the chunk's count of r: each id's run lists its positions in increasing order.
 //   4. sum: one thread per element (four columns with float4 when dim % 4 == 0 and the buffers are
 //      16-byte aligned) adds its row's run in order, from 0 or, accumulating, from the element.
-// Work: O(n + tiles·vocab) integers for 1-3 (plus up to 256 comparisons per position), and the
-// n·dim reads and vocab·dim writes of 4. Positions sharing one id are summed one after another by
+// Work: O(n + tiles·vocab + (vocab/256)²/2) integers for 1-3 (plus up to 256 comparisons per
+// position), and the n·dim reads and vocab·dim writes of 4. Five kernels, all on `stream`. Positions sharing one id are summed one after another by
 // one thread per column: a batch dominated by one id is as serial on the GPU as on the CPU.
 void embeddingBackward(const EmbeddingArgs& args, const Stream& stream);
 
