@@ -103,13 +103,17 @@ const Tensor& Embedding::backward(const Tensor& gradOutput, const Pass& pass) {
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(gradOutput)) {
     auto& gpu = gpuFor(pass, gradOutput, name());
+    // Same shape every step: the caching allocator's block is reused, nothing is allocated.
+    runtime::ensureShape(backwardScratch_, Shape{runtime::cuda::embeddingBackwardScratchWords(n, options_.vocab)},
+                         gpu.allocator());
     runtime::cuda::embeddingBackward({.ids = input_.data(),
                                       .n = n,
                                       .vocab = options_.vocab,
                                       .dim = dim,
                                       .gradOut = gradOutput.data(),
                                       .gradWeight = weightGrad_.data(),
-                                      .accumulate = pass.accumulateGrads},
+                                      .accumulate = pass.accumulateGrads,
+                                      .scratch = reinterpret_cast<uint32_t*>(backwardScratch_.data())},
                                      gpu.stream());
     if (!pass.needInputGrad) return gradInput_ = Tensor();
     runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator());

@@ -23,11 +23,12 @@
 //     zero); call it where a synchronisation is acceptable (tests, evaluation, the first step).
 //
 // GPU cost (runtime/cuda/embedding_kernels.h): forward is one gather, n·dim reads and writes.
-// Backward gives each block a contiguous range of vocabulary rows; every block reads all n ids
-// (about 8·SMs blocks, so ~32·SMs·n bytes from L2) and adds the rows of the positions in its range
-// in increasing position, so it also writes (overwriting) or reads and writes (accumulating) the
-// whole vocab·dim gradient once. Positions sharing one id are summed one after another by one
-// thread per column: a batch dominated by one id is as serial on the GPU as on the CPU.
+// Backward sorts the positions by id, stably, with integer counts and scans (O(n + vocab) integer
+// work, scratch from the GPU context's allocator, kept between steps), then one thread per column
+// of each row adds that row's positions in increasing order: it reads dout once and writes the
+// vocab·dim gradient once (accumulating: reads and writes only the rows of ids that occur). Positions sharing
+// one id are summed one after another: a batch dominated by one id is as serial on the GPU as on
+// the CPU.
 //
 // Keeps a handle to its input for backward (no copy). Thread safety: as Module.
 //
@@ -77,6 +78,7 @@ class Embedding final : public Module {
   Tensor input_;               // last forward's ids
   std::vector<int64_t> rows_;  // CPU: their rows, checked once in forward
   Tensor badIds_;              // GPU: one device counter (as uint32) of the last forward's bad ids
+  Tensor backwardScratch_;     // GPU: embeddingBackward's scratch words (as uint32)
   Tensor output_;
   Tensor gradInput_;
 };

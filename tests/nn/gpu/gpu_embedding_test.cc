@@ -2,6 +2,8 @@
 // when no CUDA device is usable). The gather copies and the gradient adds positions in the same
 // order on both devices, so everything is compared bit for bit: the output, the weight gradient
 // overwritten (over a NaN-filled buffer) and accumulated, and the gradient of a second GPU run.
+// The cases reach backward's sort with ids repeated within and across its tiles and chunks, n far
+// above and far below vocab, and dim with and without float4 sums.
 // Bad ids give NaN rows, are skipped by backward and are named by checkIds. The CPU layer is
 // checked on its own in tests/nn/embedding_test.cc.
 #include <gtest/gtest.h>
@@ -124,6 +126,14 @@ std::vector<EmbeddingCase> cases() {
       {"wide_rows", 40, 300, Shape{70}, 40},
       {"scalar_ids", 9, 4, Shape{}, 9},
       {"no_ids", 7, 4, Shape{0, 5}, 7},
+      // Backward's sort: n far above vocab, every id in each of 12 one-chunk tiles hundreds of
+      // times; n not a multiple of the 256-position chunk; dim 7 takes the scalar sum.
+      {"repeated_ids_across_tiles", 4, 7, Shape{3, 1000}, 4},
+      {"repeated_ids_across_tiles_float4", 5, 12, Shape{2, 777}, 5},
+      // vocab far above n (most rows absent); 2^20 rows leave room for two tiles of two chunks
+      // each, so a few ids repeat across chunks of one tile and across tiles. (About 10 s on the
+      // emulated device, for its 2^20 emulated threads per kernel.)
+      {"huge_vocab_few_ids", 1 << 20, 4, Shape{1000}, 6},
   };
 }
 
@@ -169,6 +179,39 @@ TEST(GpuEmbedding, BadIdsGiveNanRowsAreSkippedAndNamedByCheckIds) {
       if (row == 5) want = dy.at(1 * 4 + d);
       EXPECT_EQ(g.at(row * 4 + d), want) << "row " << row << ", column " << d;
     }
+  }
+}
+// Many positions with a bad id every few (out of range, negative, fractional, NaN) across tiles
+// and chunks: backward adds the good ones in position order, as the host does here, and gives
+// absent rows 0 (or leaves them, accumulating).
+TEST(GpuEmbedding, BackwardSkipsBadIdsAcrossTiles) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  const int64_t vocab = 9, dim = 6, n = 900;
+  Pair p({.vocab = vocab, .dim = dim}, gpu);
+  const std::vector<float> bad = {-1.0f, 9.0f, 2.5f, std::numeric_limits<float>::quiet_NaN(), 1e30f};
+  runtime::Rng rng(23);
+  Tensor ids = Tensor::zeros(Shape{n});
+  for (int64_t i = 0; i < n; ++i) {
+    ids.at(i) = i % 7 == 3 ? bad[static_cast<size_t>(i / 7) % bad.size()] : std::floor(rng.uniform(0.0f, 7.0f));
+  }
+  Tensor dy = Tensor::zeros(Shape{n, dim});
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.at(i) = rng.uniform(-1.0f, 1.0f);
+  nn::Pass pass;
+  pass.gpu = &gpu;
+  pass.needInputGrad = false;
+  p.dev.forward(ids.clone(gpu.allocator()), pass);
+  const Tensor devDy = dy.clone(gpu.allocator());
+  Tensor want = Tensor::zeros(Shape{vocab, dim});  // rows 7 and 8 never occur
+  for (bool accumulate : {false, true}) {
+    pass.accumulateGrads = accumulate;
+    p.dev.backward(devDy, pass);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i % 7 == 3) continue;
+      const auto row = static_cast<int64_t>(ids.at(i));
+      for (int64_t d = 0; d < dim; ++d) want.at(row * dim + d) += dy.at(i * dim + d);
+    }
+    EXPECT_TRUE(sameBits(want, toHost(p.devParams.grads(), gpu))) << (accumulate ? "accumulated" : "overwritten");
   }
 }
 #else
