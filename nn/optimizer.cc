@@ -14,6 +14,18 @@ namespace {
 
 using runtime::Shape;
 
+#ifdef COHORT_HAVE_CUDA
+// A deferred step's two candidate kernel options: `options(steps, lr)` for the settled count and
+// for one more.
+template <class Options, class MakeOptions>
+runtime::cuda::Guarded<Options> candidates(const Optimizer::DeferredStep& step, int64_t steps, MakeOptions options) {
+  return {.control = step.control,
+          .settledSteps = steps,
+          .ifSettled = options(steps, step.lrIfSettled),
+          .ifOneMore = options(steps + 1, step.lrIfOneMore)};
+}
+#endif
+
 class Sgd final : public Optimizer {
  public:
   Sgd(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) : Optimizer(o, numel, gpu) {
@@ -38,14 +50,27 @@ class Sgd final : public Optimizer {
     }
   }
 
+#ifdef COHORT_HAVE_CUDA
+  runtime::cuda::SgdStepOptions gpuOptions(int64_t steps, float lr) const {
+    return {.lr = lr, .momentum = options_.momentum, .weightDecay = options_.weightDecay,
+            .nesterov = options_.nesterov, .firstStep = steps == 0};
+  }
+  runtime::cuda::SgdBuffers gpuBuffers(const Tensor& params, const Tensor& grads) {
+    const size_t n = static_cast<size_t>(params.numel());
+    return {.param = {params.data(), n},
+            .grad = {grads.data(), n},
+            .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data(), n) : std::span<float>()};
+  }
+#endif
   void stepGpu(const Tensor& params, const Tensor& grads) override {
 #ifdef COHORT_HAVE_CUDA
-    const size_t n = static_cast<size_t>(params.numel());
-    runtime::cuda::sgdStep({.param = {params.data(), n},
-                            .grad = {grads.data(), n},
-                            .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data(), n) : std::span<float>()},
-                           {.lr = options_.lr, .momentum = options_.momentum, .weightDecay = options_.weightDecay,
-                            .nesterov = options_.nesterov, .firstStep = steps_ == 0},
+    runtime::cuda::sgdStep(gpuBuffers(params, grads), gpuOptions(steps_, options_.lr), gpu_->stream());
+#endif
+  }
+  void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) override {
+#ifdef COHORT_HAVE_CUDA
+    const auto options = [this](int64_t steps, float lr) { return gpuOptions(steps, lr); };
+    runtime::cuda::sgdStep(gpuBuffers(params, grads), candidates<runtime::cuda::SgdStepOptions>(step, steps_, options),
                            gpu_->stream());
 #endif
   }
@@ -71,11 +96,15 @@ class Adam final : public Optimizer {
   }
   std::string name() const override { return decoupled_ ? "adamw" : "adam"; }
 
-  void beginStep() override {
-    const double t = static_cast<double>(steps_ + 1);
-    stepSize_ = static_cast<float>(options_.lr / (1.0 - std::pow(static_cast<double>(options_.beta1), t)));
-    bc2Sqrt_ = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)));
+  // The bias corrections of the step after `steps` applied ones, at learning rate `lr`, in double
+  // as PyTorch computes them, rounded to float once.
+  void biasCorrections(int64_t steps, float lr, float& stepSize, float& bc2Sqrt) const {
+    const double t = static_cast<double>(steps + 1);
+    stepSize = static_cast<float>(lr / (1.0 - std::pow(static_cast<double>(options_.beta1), t)));
+    bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)));
   }
+
+  void beginStep() override { biasCorrections(steps_, options_.lr, stepSize_, bc2Sqrt_); }
 
   void stepRange(float* __restrict p, const float* __restrict g, int64_t begin, int64_t end) override {
     float* __restrict m = expAvg_.data();
@@ -96,14 +125,29 @@ class Adam final : public Optimizer {
     }
   }
 
+#ifdef COHORT_HAVE_CUDA
+  runtime::cuda::AdamStepOptions gpuOptions(int64_t steps, float lr) const {
+    const float wd = options_.weightDecay;
+    runtime::cuda::AdamStepOptions o{.beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
+                                     .decay = decoupled_ ? 1.0f - lr * wd : 1.0f,
+                                     .coupledWeightDecay = decoupled_ ? 0.0f : wd};
+    biasCorrections(steps, lr, o.stepSize, o.bc2Sqrt);
+    return o;
+  }
+  runtime::cuda::AdamBuffers gpuBuffers(const Tensor& params, const Tensor& grads) {
+    return {params.data(), grads.data(), expAvg_.data(), expAvgSq_.data(), params.numel()};
+  }
+#endif
   void stepGpu(const Tensor& params, const Tensor& grads) override {
 #ifdef COHORT_HAVE_CUDA
-    const float lr = options_.lr, wd = options_.weightDecay;
-    runtime::cuda::adamStep(params.data(), grads.data(), expAvg_.data(), expAvgSq_.data(), params.numel(),
-                            {.beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
-                             .decay = decoupled_ ? 1.0f - lr * wd : 1.0f,
-                             .coupledWeightDecay = decoupled_ ? 0.0f : wd,
-                             .stepSize = stepSize_, .bc2Sqrt = bc2Sqrt_},
+    const runtime::cuda::AdamBuffers b = gpuBuffers(params, grads);
+    runtime::cuda::adamStep(b.param, b.grad, b.expAvg, b.expAvgSq, b.n, gpuOptions(steps_, options_.lr), gpu_->stream());
+#endif
+  }
+  void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) override {
+#ifdef COHORT_HAVE_CUDA
+    const auto options = [this](int64_t steps, float lr) { return gpuOptions(steps, lr); };
+    runtime::cuda::adamStep(gpuBuffers(params, grads), candidates<runtime::cuda::AdamStepOptions>(step, steps_, options),
                             gpu_->stream());
 #endif
   }
@@ -130,18 +174,28 @@ Tensor Optimizer::zeroState(size_t numel) const {
   return Tensor::zeros(shape);
 }
 
+void Optimizer::requireGpuBuffers(const Tensor& params, const Tensor& grads) const {
+#ifdef COHORT_HAVE_CUDA
+  const bool sameDevice = gpu_ && params.device() == gpu_->device() && grads.device() == params.device();
+#else
+  const bool sameDevice = false;
+#endif
+  if (!sameDevice) {
+    COHORT_THROW(InvalidArgument) << name() << " steps buffers on " << params.device().str() << " and "
+                                  << grads.device().str() << " but its state is on " << (gpu_ ? "a GPU" : "the CPU")
+                                  << "; make the optimizer for that device";
+  }
+}
+
+void Optimizer::stepDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) {
+  COHORT_CHECK(step.control) << "a deferred step without its StepControl";
+  requireGpuBuffers(params, grads);
+  stepGpuDeferred(params, grads, step);
+}
+
 void Optimizer::step(const Tensor& params, const Tensor& grads) {
   if (onGpu(params) || gpu_) {
-#ifdef COHORT_HAVE_CUDA
-    const bool sameDevice = gpu_ && params.device() == gpu_->device() && grads.device() == params.device();
-#else
-    const bool sameDevice = false;
-#endif
-    if (!sameDevice) {
-      COHORT_THROW(InvalidArgument) << name() << " steps buffers on " << params.device().str() << " and "
-                                    << grads.device().str() << " but its state is on "
-                                    << (gpu_ ? "a GPU" : "the CPU") << "; make the optimizer for that device";
-    }
+    requireGpuBuffers(params, grads);
     beginStep();
     stepGpu(params, grads);
     ++steps_;

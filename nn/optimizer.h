@@ -10,6 +10,8 @@
 // may run against shared parameters (Hogwild): it reads and writes each parameter element once.
 // GPU (CUDA builds): made with a GpuContext, the state lives on that GPU and step() enqueues one
 // fused kernel over the flat buffers on its stream (runtime/cuda/elementwise.h, kernels.h).
+// stepDeferred() is the same kernel for a step the device decides (train/step_guard.h): applied or
+// not, the gradient's multiplier and the step count are device values the host learns later.
 // Thread safety: one thread at a time per optimizer.
 #pragma once
 
@@ -22,6 +24,7 @@
 
 namespace cohort::runtime::cuda {
 class GpuContext;
+struct StepControl;
 }
 
 namespace cohort::nn {
@@ -50,6 +53,18 @@ class Optimizer {
   virtual std::string name() const = 0;
   // One update of `params` from `grads` (both flat, numel() elements).
   void step(const Tensor& params, const Tensor& grads);
+  // GPU only: one update that `step.control` (device memory, runtime/cuda/step_guard.h) decides:
+  // nothing unless it applies, the gradient multiplied by its multiplier, the step count
+  // control->appliedBefore. steps() is the count the host has settled, and control->appliedBefore
+  // is it or one more (a step still unread): each has its learning rate. steps() and lr are left as
+  // they are: the caller sets them once it reads the step's record. Bit for bit step() after
+  // scaling the gradient, with the same count and learning rate.
+  struct DeferredStep {
+    const runtime::cuda::StepControl* control = nullptr;
+    float lrIfSettled = 0;  // control->appliedBefore == steps()
+    float lrIfOneMore = 0;  // control->appliedBefore == steps() + 1
+  };
+  void stepDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step);
   virtual std::vector<StateTensor> state() const = 0;
 
   // One step over elements [begin, end) only (CPU): a worker that owns that shard of the parameters
@@ -94,6 +109,9 @@ class Optimizer {
   virtual std::vector<Tensor*> stateTensors() = 0;
   // The whole update on the GPU (params and grads are device buffers of gpu_'s device).
   virtual void stepGpu(const Tensor& params, const Tensor& grads) = 0;
+  virtual void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) = 0;
+  // Throws InvalidArgument unless params and grads are on this optimizer's GPU.
+  void requireGpuBuffers(const Tensor& params, const Tensor& grads) const;
   OptimizerOptions options_;
   size_t numel_ = 0;
   int64_t steps_ = 0;

@@ -19,7 +19,6 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
 
 HogwildStrategy::HogwildStrategy(const StrategyContext& c, const HogwildOptions& o)
     : SegmentStrategy(c, c.optimizer.stateFloats(), NodeScope::kEachNode),
-      squares_(c.gpu),
       rank_(c.world.rank),
       worldSize_(c.world.worldSize) {
   if (c.gpu && c.world.spansNodes()) {
@@ -81,7 +80,7 @@ void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
 StepResult HogwildStrategy::step(const StepPlan& plan) {
   if (deviceShare_) deviceShare_->throwIfOwnerLost();
   StepResult result =
-      stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, squares_, gpu_, timeline_);
+      stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, gpu_, timeline_);
   if (averaging_) averaging_->afterStep();
   return result;
 }

@@ -77,7 +77,6 @@ class HogwildStrategy final : public SegmentStrategy {
   std::unique_ptr<ipc::DeviceShare> deviceShare_;
   std::unique_ptr<NodeAveraging> averaging_;  // across nodes
   std::vector<float> gatheredStates_;          // across nodes: every rank's optimizer state, for saveState
-  GradientSquares squares_;
   int rank_;
   int worldSize_;
 };

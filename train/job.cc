@@ -17,6 +17,7 @@
 #include "train/replica_strategy.h"
 #include "train/settings_agreement.h"
 #include "train/sharded_strategy.h"
+#include "train/step_guard.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -137,6 +138,7 @@ Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
 Job::~Job() {
   // The strategy (segments, communicator, device share) goes before the GPU context it may use.
   checkpointer_.reset();
+  guard_.reset();
   strategy_.reset();
   gpu_.reset();
 }
@@ -229,6 +231,7 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
   }
   model_ = &model;
   optimizer_ = &optimizer;
+  guard_ = std::make_unique<StepGuard>(gpu_.get(), options_.timeout);
   checkpointer_ = std::make_unique<Checkpointer>(Checkpointer::Context{.strategy = *strategy_,
                                                                         .model = model,
                                                                         .optimizer = optimizer,
@@ -277,6 +280,13 @@ void Job::agree(const Settings& settings) {
 
 void Job::requirePlaced(const char* what) const {
   if (!strategy_) COHORT_THROW(InvalidArgument) << what << " needs the model placed first: call Job::place()";
+}
+
+void Job::requireSettled(const char* what) const {
+  if (pendingSteps() > 0) {
+    COHORT_THROW(InvalidArgument) << what << " with " << pendingSteps()
+                                  << " deferred step result(s) pending: take them with settleStep() first";
+  }
 }
 
 nn::Model& Job::model() const {
@@ -339,16 +349,60 @@ StepResult Job::step(const StepOptions& options) {
     COHORT_THROW(InvalidArgument) << "clipGradNorm must be a finite number >= 0 (0: no clipping), got "
                                   << options.clipGradNorm;
   }
+  const bool defer = options.deferResult && gpu_;
+  if (pendingSteps() > (options.deferResult ? 1u : 0u)) {
+    COHORT_THROW(InvalidArgument) << "Job::step() with " << pendingSteps() << " deferred result(s) pending: take them "
+                                  << "with settleStep() first (a deferred step may follow at most one, a "
+                                     "synchronous step none)";
+  }
   readyToStep_ = false;
+  // The learning rate for either outcome of the step still pending (a deferred step only).
+  const int64_t settled = optimizer_->steps();
+  float lrIfSettled = optimizer_->options().lr, lrIfOneMore = lrIfSettled;
+  if (options.lrAt) {
+    lrIfSettled = options.lrAt(settled);
+    lrIfOneMore = defer ? options.lrAt(settled + 1) : lrIfSettled;
+    if (!defer) optimizer_->setLr(lrIfSettled);
+  }
   Timeline::Scope span(timeline_, SpanKind::kStep);
   timeline_.addStep();
-  return failingTogether([&] {
+  StepResult result = failingTogether([&] {
     return strategy_->step({.gradScale = 1.0f / static_cast<float>(microBatches_),
                             .clipGradNorm = options.clipGradNorm,
                             .lossFinite = !options.loss || std::isfinite(*options.loss),
-                            .exchangeLoss = options.loss.has_value() && world_.worldSize > 1});
+                            .exchangeLoss = options.loss.has_value() && world_.worldSize > 1,
+                            .guard = guard_.get(),
+                            .defer = defer,
+                            .skipsLeft = options.skipNonFinite,
+                            .lrIfSettled = lrIfSettled,
+                            .lrIfOneMore = lrIfOneMore});
   });
+  if (defer) {
+    deferredLrs_.push_back({.settledSteps = settled, .ifSettled = lrIfSettled, .ifOneMore = lrIfOneMore});
+  } else if (options.deferResult) {
+    readyResults_.push_back(result);
+    result = StepResult{.pending = true};
+  }
+  return result;
 }
+
+std::optional<StepResult> Job::settleStep() {
+  requirePlaced("Job::settleStep()");
+  if (!readyResults_.empty()) {
+    const StepResult result = readyResults_.front();
+    readyResults_.pop_front();
+    return result;
+  }
+  if (deferredLrs_.empty()) return std::nullopt;
+  const StepGuard::Settled settled = failingTogether([&] { return guard_->settle(); });
+  const DeferredLr lr = deferredLrs_.front();
+  deferredLrs_.pop_front();
+  optimizer_->setSteps(settled.appliedSteps);
+  optimizer_->setLr(settled.appliedBefore == lr.settledSteps ? lr.ifSettled : lr.ifOneMore);
+  return settled.result;
+}
+
+size_t Job::pendingSteps() const { return readyResults_.size() + deferredLrs_.size(); }
 
 bool Job::lockstep() const {
   requirePlaced("Job::lockstep()");
@@ -384,11 +438,13 @@ bool Job::any(bool mine) {
 
 void Job::save(const std::string& path, const nn::Metadata& extra) {
   requirePlaced("Job::save()");
+  requireSettled("Job::save()");
   checkpointer_->save(path, extra);
 }
 
 std::optional<nn::Metadata> Job::load(const std::string& path, const nn::Metadata& mustMatch) {
   requirePlaced("Job::load()");
+  requireSettled("Job::load()");
   return checkpointer_->load(path, mustMatch);
 }
 

@@ -30,6 +30,13 @@
 // all-reduces). step() then averages: it scales the summed gradients by 1/K, so K micro-batches of
 // b samples give the step of one batch of K·b (PyTorch's loss / K, done for you).
 //
+// Deferred results (GPU, train/step.h "When results arrive"): step({.deferResult = true}) queues the
+// step and returns a pending result; settleStep() returns the results in step order. A loop that
+// overlaps queues step n + 1, then settles step n:
+//   job.step({.deferResult = true, .lrAt = schedule});   // step n + 1
+//   while (job.pendingSteps() > 1) use(*job.settleStep());   // step n
+// and drains (settleStep() until nullopt) before it saves, evaluates or stops.
+//
 // Ownership: the Job owns everything it creates — the GPU context, segments, communicators, the
 // device share — and releases it when destroyed (segment names are removed once every rank has
 // attached). It borrows the model and the optimizer given to place() for its use, and its
@@ -51,6 +58,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -80,6 +88,7 @@ namespace cohort::train {
 
 class Strategy;
 class Checkpointer;
+class StepGuard;
 
 enum class Mode { kLocal, kHogwild, kAllReduce };
 // "local", "hogwild", "allreduce"; InvalidArgument naming the accepted ones otherwise.
@@ -186,8 +195,17 @@ class Job {
   // and applies the optimizer (clipped as `options` say), unless the loss or the gradient is
   // non-finite: then nothing is updated and the result says which (train/step.h). Call it after the
   // backward of the last micro-batch (InvalidArgument otherwise, and for a negative or non-finite
-  // clipGradNorm).
+  // clipGradNorm). With options.deferResult the result is pending (train/step.h) and comes from
+  // settleStep(); a deferred step may follow at most one pending one, and a synchronous step none
+  // (InvalidArgument otherwise).
   StepResult step(const StepOptions& options = {});
+  // The oldest deferred step's result, waiting for that step's decision only (bounded by the job's
+  // timeout, TimeoutError); nullopt when none is pending. It sets the optimizer's step count and
+  // learning rate to what the device applied. Not collective: every rank that steps together
+  // settles the same results.
+  std::optional<StepResult> settleStep();
+  // Deferred steps whose result settleStep() has not returned yet.
+  size_t pendingSteps() const;
   // Whether ranks step together (false for Hogwild, whose workers meet only at barriers).
   bool lockstep() const;
   // Whether the ranks of a node share one copy of the parameters (Hogwild; allreduce on the CPU
@@ -214,7 +232,8 @@ class Job {
   // Checkpoints of the whole job (collective): parameters, model buffers, optimizer state and
   // `extra` metadata (the loop's position, strings). load() returns the metadata, or nullopt when
   // there is no file at `path`; it refuses (InvalidArgument) a checkpoint of another model,
-  // optimizer or world size, or whose `mustMatch` values differ.
+  // optimizer or world size, or whose `mustMatch` values differ. Both refuse (InvalidArgument)
+  // while deferred results are pending.
   void save(const std::string& path, const nn::Metadata& extra = {});
   std::optional<nn::Metadata> load(const std::string& path, const nn::Metadata& mustMatch = {});
 
@@ -237,6 +256,7 @@ class Job {
  private:
   struct Token;
   void requirePlaced(const char* what) const;
+  void requireSettled(const char* what) const;  // InvalidArgument while deferred results are pending
   // Runs `f`; when it throws, the strategy tells the ranks waiting for this one why first, and MPI
   // will not be finalised (collectives::markProcessFailing).
   template <class F>
@@ -256,6 +276,14 @@ class Job {
   nn::Optimizer* optimizer_ = nullptr;
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<StepGuard> guard_;  // measures and (GPU, deferred) judges the steps
+  // The learning rates a deferred GPU step was queued with, oldest first (settleStep picks one).
+  struct DeferredLr {
+    int64_t settledSteps = 0;
+    float ifSettled = 0, ifOneMore = 0;
+  };
+  std::deque<DeferredLr> deferredLrs_;
+  std::deque<StepResult> readyResults_;  // deferred steps on the CPU, already done
   int agreements_ = 0;      // agree() calls so far: each has a segment of its own
   int microBatches_ = 1;    // of the pass that synchronised last
   bool readyToStep_ = false;

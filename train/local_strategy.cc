@@ -3,13 +3,13 @@
 namespace cohort::train {
 
 LocalStrategy::LocalStrategy(const StrategyContext& c)
-    : params_(c.params), optimizer_(c.optimizer), gpu_(c.gpu), squares_(c.gpu), timeline_(c.timeline) {
+    : params_(c.params), optimizer_(c.optimizer), gpu_(c.gpu), timeline_(c.timeline) {
   c.initialise();
   moveToGpu(params_, gpu_);
 }
 
 StepResult LocalStrategy::step(const StepPlan& plan) {
-  return stepWholeGradient(plan, plan.lossFinite ? -1 : 0, 0, params_, optimizer_, squares_, gpu_, timeline_);
+  return stepWholeGradient(plan, plan.lossFinite ? -1 : 0, 0, params_, optimizer_, gpu_, timeline_);
 }
 
 void LocalStrategy::loadState(const CheckpointReader& reader) {

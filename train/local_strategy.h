@@ -21,7 +21,6 @@ class LocalStrategy final : public Strategy {
   nn::ParamBuffer& params_;
   nn::Optimizer& optimizer_;
   runtime::cuda::GpuContext* gpu_;
-  GradientSquares squares_;
   Timeline& timeline_;
 };
 

@@ -26,7 +26,6 @@ ReplicaStrategy::ReplicaStrategy(const StrategyContext& c, const std::string& ba
       gpu_(c.gpu),
       timeout_(c.timeout),
       timeline_(c.timeline),
-      squares_(c.gpu),
       rank_(c.world.rank),
       worldSize_(c.world.worldSize) {
   // On a GPU the gradient buckets are all-reduced over NCCL, ordered after backward's kernels by events.
@@ -64,7 +63,7 @@ StepResult ReplicaStrategy::step(const StepPlan& plan) {
       if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
     }
   }
-  return stepWholeGradient(plan, lossRank, -1, params_, optimizer_, squares_, gpu_, timeline_);
+  return stepWholeGradient(plan, lossRank, -1, params_, optimizer_, gpu_, timeline_);
 }
 
 void ReplicaStrategy::barrier(const std::string&) {

@@ -41,7 +41,6 @@ class ReplicaStrategy final : public Strategy {
   std::unique_ptr<collectives::Communicator> comm_;
   collectives::BufferPtr grads_;  // the gradients, on the CPU
   std::unique_ptr<GradSync> gradSync_;
-  GradientSquares squares_;
   int rank_, worldSize_;
   float lossFlag_ = 0;  // this step's loss flag, all-reduced in place
 };

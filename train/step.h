@@ -6,8 +6,20 @@
 // rank's, where ranks step together) or gradient is never applied: the parameters, the optimizer
 // state and its step count stay as they were, and the result says which value was non-finite; the
 // loop decides whether to stop or skip (the Trainer stops with train::Diverged unless told to skip).
+//
+// When results arrive. By default Job::step returns the step's result: on a GPU it waits for the
+// gradient's norm. A deferred step (StepOptions::deferResult, GPU) waits for nothing: the check,
+// the clip coefficient and the decision to apply or skip are made on the device
+// (train/step_guard.h), and Job::step returns a result with `pending` set. Job::settleStep()
+// returns the results in step order, waiting only for the one it returns; a loop calls it after
+// queueing the next step, so the GPU runs step n while the host queues step n + 1, and drains the
+// rest before it reads the parameters (checkpoints, evaluation, the end). A deferred non-finite step
+// beyond StepOptions::skipNonFinite halts the device: no step after it is applied either, until
+// every pending result has been taken.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -24,6 +36,16 @@ struct StepOptions {
   // none (with it, ranks that step together exchange one flag per step). Unset: only the gradient
   // is checked.
   std::optional<double> loss;
+  // The learning rate of the optimizer's step after `steps` applied ones (a schedule): set, the step
+  // uses lrAt(optimizer.steps()) instead of the optimizer's lr, and leaves it set to that. A deferred
+  // step needs it as a function: the host does not know yet whether the step before it applied.
+  std::function<float(int64_t steps)> lrAt;
+  // GPU: queue the step and return at once with a pending result (see "When results arrive"); on
+  // the CPU the step runs as usual and its result is kept for settleStep().
+  bool deferResult = false;
+  // Deferred steps: how many more non-finite steps may be skipped, counted after the results already
+  // taken; the next one halts the device's guard.
+  int64_t skipNonFinite = 0;
 };
 
 enum class NonFinite { kNone, kLoss, kGradient };
@@ -38,6 +60,12 @@ struct StepResult {
   // kLoss: the lowest rank whose loss was non-finite. kGradient: this rank in local and Hogwild
   // (its own gradient), -1 in allreduce (the average over the ranks was).
   int rank = -1;
+  // A deferred step whose outcome is not known yet (Job::settleStep returns it); the other fields
+  // mean nothing.
+  bool pending = false;
+  // Deferred: the device's guard is halted, by this step (non-finite beyond skipNonFinite) or an
+  // earlier one; nothing was applied.
+  bool halted = false;
   // "the loss is nan on rank 1", "the gradient is non-finite (norm inf, averaged over the ranks)".
   std::string describe() const;
 };

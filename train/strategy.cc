@@ -56,24 +56,6 @@ void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::G
   for (int64_t i = 0, n = g.numel(); i < n; ++i) data[i] *= scale;
 }
 
-double GradientSquares::operator()(const runtime::Tensor& grads) {
-#ifdef COHORT_HAVE_CUDA
-  if (grads.device().isCuda()) {
-    COHORT_CHECK(gpu_) << "gradients on " << grads.device().str() << " without a GPU context";
-    // Doubles in a float tensor: two floats each.
-    runtime::ensureShape(scratch_, runtime::Shape{static_cast<int64_t>(2 * runtime::cuda::kSumOfSquaresScratch)},
-                         gpu_->allocator());
-    auto* scratch = reinterpret_cast<double*>(scratch_.data());
-    runtime::cuda::sumOfSquares({grads.data(), static_cast<size_t>(grads.numel())}, scratch, gpu_->stream());
-    double sum = 0;
-    runtime::cuda::copyToHost(&sum, scratch, sizeof sum, gpu_->stream());
-    gpu_->stream().synchronize();
-    return sum;
-  }
-#endif
-  return nn::sumOfSquares({grads.data(), static_cast<size_t>(grads.numel())});
-}
-
 StepResult judgeStep(double gradNorm, int lossRank, int gradientRank) {
   StepResult r{.gradNorm = gradNorm};
   if (lossRank >= 0) {
@@ -88,10 +70,21 @@ StepResult judgeStep(double gradNorm, int lossRank, int gradientRank) {
 }
 
 StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
-                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu,
-                             Timeline& timeline) {
+                             nn::Optimizer& optimizer, runtime::cuda::GpuContext* gpu, Timeline& timeline) {
+  COHORT_CHECK(plan.guard) << "a step without the job's StepGuard";
   Timeline::Scope span(timeline, SpanKind::kOptimizer);
-  const double norm = static_cast<double>(plan.gradScale) * std::sqrt(squares(params.grads()));
+  if (plan.defer) {
+    const runtime::cuda::StepControl* control = plan.guard->judge(params.grads(), {.gradScale = plan.gradScale,
+                                                                                    .clipGradNorm = plan.clipGradNorm,
+                                                                                    .lossRank = lossRank,
+                                                                                    .gradientRank = gradientRank,
+                                                                                    .skipsLeft = plan.skipsLeft,
+                                                                                    .settledSteps = optimizer.steps()});
+    optimizer.stepDeferred(params.values(), params.grads(),
+                           {.control = control, .lrIfSettled = plan.lrIfSettled, .lrIfOneMore = plan.lrIfOneMore});
+    return StepResult{.pending = true};
+  }
+  const double norm = static_cast<double>(plan.gradScale) * std::sqrt(plan.guard->sumOfSquares(params.grads()));
   StepResult result = judgeStep(norm, lossRank, gradientRank);
   if (!result.applied) return result;
   const float clip = plan.clipGradNorm > 0 ? nn::clipCoefficient(norm, plan.clipGradNorm) : 1.0f;

@@ -32,6 +32,7 @@
 #include "runtime/tensor.h"
 #include "runtime/world_info.h"
 #include "train/step.h"
+#include "train/step_guard.h"
 #include "train/timeline.h"
 
 namespace cohort::train {
@@ -61,6 +62,12 @@ struct StepPlan {
   float clipGradNorm = 0;     // StepOptions::clipGradNorm
   bool lossFinite = true;     // this rank's loss
   bool exchangeLoss = false;  // ranks that step together agree on lossFinite (the same on every rank)
+  StepGuard* guard = nullptr;  // the job's: measures the gradient, and judges a deferred step
+  // GPU: judge and apply on the device and return a pending result (StepGuard::settle has it);
+  // the learning rates are those of Optimizer::DeferredStep.
+  bool defer = false;
+  int64_t skipsLeft = 0;  // StepOptions::skipNonFinite
+  float lrIfSettled = 0, lrIfOneMore = 0;
 };
 
 // What a strategy adds to a checkpoint: the optimizer state tensors and step counts.
@@ -128,29 +135,17 @@ void moveToGpu(nn::ParamBuffer& params, runtime::cuda::GpuContext* gpu);
 // Multiplies the gradients by `scale` (nothing when it is 1): on the CPU, or on `gpu`'s stream.
 void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::GpuContext* gpu);
 
-// The sum of squares of a whole flat gradient (nn::sumOfSquares), on the CPU or on `gpu`, where it
-// waits for the stream to read the result (the step must know it before updating).
-class GradientSquares {
- public:
-  explicit GradientSquares(runtime::cuda::GpuContext* gpu) : gpu_(gpu) {}
-  double operator()(const runtime::Tensor& grads);
-
- private:
-  runtime::cuda::GpuContext* gpu_;
-  runtime::Tensor scratch_;  // GPU: the kernel's partial sums
-};
-
 // The step's verdict from the gradient's norm and the lowest rank whose loss was non-finite (-1:
 // none): the loss first, then the gradient (named by `gradientRank`, -1 for an average).
 StepResult judgeStep(double gradNorm, int lossRank, int gradientRank);
 
 // A step where this rank holds the whole gradient the optimizer applies (local, Hogwild, and
-// replicas once averaged): its norm is plan.gradScale times the buffer's; unless judged non-finite,
-// the gradient is scaled once (gradScale times the clip coefficient) and the optimizer steps (a
-// kOptimizer span of `timeline`).
+// replicas once averaged): its norm is plan.gradScale times the buffer's (plan.guard measures it);
+// unless judged non-finite, the gradient is scaled once (gradScale times the clip coefficient) and
+// the optimizer steps (a kOptimizer span of `timeline`). Deferred (plan.defer), the device judges
+// and the optimizer's kernel applies the scale; the gradient buffer is left unscaled.
 StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
-                             nn::Optimizer& optimizer, GradientSquares& squares, runtime::cuda::GpuContext* gpu,
-                             Timeline& timeline);
+                             nn::Optimizer& optimizer, runtime::cuda::GpuContext* gpu, Timeline& timeline);
 // The optimizer state of a job with one state (local, replicas, sharded): "optimizer.<state>" and
 // the step count "optimizer_steps".
 SavedState singleOptimizerState(const nn::Optimizer& optimizer);

@@ -274,6 +274,11 @@ TrainResult Trainer::run() {
     Timeline::Scope span(timeline_, SpanKind::kData);
     return nextBatch(b);
   };
+  // The schedule is a pure function of the optimizer's step count, which checkpoints hold: a resumed
+  // run continues it exactly.
+  std::function<float(int64_t)> lrAt;
+  if (schedule_) lrAt = [this](int64_t steps) { return schedule_->lrAt(steps); };
+  const bool deferSteps = gpu && !options_.synchronousSteps;
   for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = pos.seen = 0) {
     const auto epochStart = Clock::now();
     const int64_t samplesBefore = pos.samples;
@@ -316,43 +321,36 @@ TrainResult Trainer::run() {
         if (slowRank_ == job_.world().rank) std::this_thread::sleep_for(std::chrono::milliseconds(slowBackwardMs_));
       }
       if (micro + 1 < group) continue;  // more micro-batches before this step
-      // A pure function of the optimizer's step count, which checkpoints hold: a resumed run
-      // continues the schedule exactly.
-      if (schedule_) job_.optimizer().setLr(schedule_->lrAt(job_.optimizer().steps()));
+      // On a GPU the losses stay on the device: the step checks the gradient only. There, unless
+      // told otherwise, the step is deferred: its result is handled after the next step is queued.
       const double stepLoss = groupLoss / static_cast<double>(groupSamples);
-      // On a GPU the losses stay on the device: the step checks the gradient only.
       const StepResult stepped = job_.step({.clipGradNorm = options_.clipGradNorm,
-                                            .loss = gpu ? std::nullopt : std::optional<double>(stepLoss)});
+                                            .loss = gpu ? std::nullopt : std::optional<double>(stepLoss),
+                                            .lrAt = lrAt,
+                                            .deferResult = deferSteps,
+                                            .skipNonFinite = options_.skipNonFinite - pos.skipped});
       ++pos.step;
       pos.batch = batch.index + 1;
       pos.seen = loader_.samplesSeenAfter(batch.index);
       timeline_.setStep(pos.step + 1);
-      if (stepped.applied) {
-        if (!gpu) pos.lossSum += groupLoss;
-        pos.correct += groupCorrect;
-        pos.samples += groupSamples;
-        pos.gradNormSum += stepped.gradNorm;
-        pos.gradNormMax = std::max(pos.gradNormMax, stepped.gradNorm);
-        ++pos.gradNormSteps;
-        window.samples += groupSamples;
-        window.lossSum += groupLoss;
-        window.gradNormSum += stepped.gradNorm;
-        ++window.steps;
-      } else {
-        nonFiniteStep(pos, stepped, stepLoss);
-      }
-      if (callbacks_.onStepEnd &&
-          callbacks_.onStepEnd({.epoch = pos.epoch, .batch = batch.index, .step = pos.step, .samples = groupSamples,
-                                .loss = stepLoss, .gradNorm = stepped.gradNorm, .applied = stepped.applied}) == Next::kStop) {
-        userStop_ = true;
-      }
-      logSteps(pos, window);
-      if (progress_) progress_->step((pos.batch + k - 1) / k, groupSamples, stepLoss);
+      const QueuedStep queued{.epoch = pos.epoch, .step = pos.step, .firstBatch = first, .batch = batch.index, .nextBatch = pos.batch,
+                              .samples = groupSamples, .correct = groupCorrect, .groupLoss = groupLoss, .loss = stepLoss};
       groupSamples = 0;
       groupCorrect = 0;
       groupLoss = 0;
+      if (stepped.pending) {
+        queued_.push_back(queued);
+        settleSteps(pos, window, 1);
+      } else {
+        afterStep(pos, window, queued, stepped);
+      }
       const bool midEpoch = pos.batch < batches;
+      const bool maxStepsDue = options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch;
+      const bool checkpointDue = options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch;
+      // Whatever reads the parameters or the step's figures waits for the queued steps first.
+      if (maxStepsDue || checkpointDue || stopVoteDue(pos.step)) settleSteps(pos, window, 0);
       if (stopAgreed(pos.step, false) && midEpoch) {
+        settleSteps(pos, window, 0);
         if (progress_) progress_->clearLine();
         log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): checkpointing at step "
                    << pos.step << " and stopping";
@@ -362,18 +360,19 @@ TrainResult Trainer::run() {
         result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
         break;
       }
-      if (options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch) {
+      if (maxStepsDue) {
         collectGpuSums(pos);
         saveCheckpoint(pos);
         result.stoppedEarly = true;
         result.stopReason = StopReason::kMaxSteps;
         break;
       }
-      if (options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch) {
+      if (checkpointDue) {
         collectGpuSums(pos);
         saveCheckpoint(pos);
       }
     }
+    settleSteps(pos, window, 0);
     collectGpuSums(pos);  // also waits for the epoch's last step, so the time below includes it
     if (progress_) progress_->endEpoch();
     finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
@@ -408,36 +407,6 @@ TrainResult Trainer::run() {
   return result;
 }
 
-void Trainer::nonFiniteStep(Position& pos, const StepResult& step, double loss) {
-  // A GPU cannot refuse bad input where the CPU's forward does (an Embedding's ids): it makes the
-  // step non-finite, and this names the input instead (InvalidArgument, exit 2).
-  if (job_.gpu()) model_.net->checkInputs(job_.evalPass());
-  std::ostringstream what;
-  what << "step " << pos.step << " (epoch " << pos.epoch + 1 << ", batch " << pos.batch << "): " << step.describe();
-  if (step.nonFinite == NonFinite::kLoss && step.rank == job_.world().rank) {
-    what << " (" << (std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf") << ")";
-  }
-  if (pos.skipped < options_.skipNonFinite) {
-    ++pos.skipped;
-    ++pos.skippedInEpoch;
-    // Lockstep ranks skip together: rank 0 says so; Hogwild workers each for themselves.
-    if (!job_.lockstep() || job_.world().rank == 0) {
-      if (progress_) progress_->clearLine();
-      job_.log().warn() << what.str() << ": skipped, nothing applied (" << pos.skipped << " of the "
-                        << options_.skipNonFinite << " skips allowed)";
-    }
-    return;
-  }
-  what << ": training diverged; nothing of this step was applied";
-  if (!options_.checkpointPath.empty()) what << " and " << options_.checkpointPath << " holds the last checkpoint before it";
-  if (options_.skipNonFinite > 0) {
-    what << " (the " << options_.skipNonFinite << " skips allowed are used up)";
-  } else {
-    what << " (lower the learning rate, clip the gradient, or skip such steps: --skip-nonfinite N)";
-  }
-  throw Diverged(what.str());
-}
-
 void Trainer::collectGpuSums(Position& pos) {
   if (!job_.gpu()) return;
   nn::LossSums sums = loss_.takeGpuSums(*job_.gpu());
@@ -448,10 +417,7 @@ void Trainer::collectGpuSums(Position& pos) {
 bool Trainer::stopAgreed(int64_t step, bool epochEnd) {
   const bool mine = userStop_ || (options_.stopRequested && options_.stopRequested->load(std::memory_order_relaxed));
   if (job_.world().isSingle()) return mine;
-  // Agreeing costs a small collective: every 16 steps (the same steps on every rank) is plenty for a
-  // signal sent minutes before a time limit. Workers that do not step together agree at epoch ends.
-  constexpr int64_t kAgreeEvery = 16;
-  if (!epochEnd && (!job_.lockstep() || step % kAgreeEvery != 0)) return false;
+  if (!epochEnd && !stopVoteDue(step)) return false;
   return job_.any(mine);
 }
 
@@ -617,22 +583,6 @@ void Trainer::evaluateChunks(const runtime::data::Dataset& data, int64_t chunk, 
   }
 #endif
   train::evaluateChunks(model_, loss_, data, chunk, first, last, sums);
-}
-
-void Trainer::logSteps(const Position& pos, StepWindow& window) {
-  if (options_.logEverySteps <= 0 || pos.step % options_.logEverySteps != 0) return;
-  if (metrics_) {
-    const double seconds = secondsSince(window.start);
-    StepFigures f{.epoch = pos.epoch + 1,
-                  .step = pos.step,
-                  .lr = job_.optimizer().options().lr,
-                  .samplesPerSec = seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0};
-    if (window.steps > 0) f.gradNorm = window.gradNormSum / static_cast<double>(window.steps);
-    // On a GPU the losses stay on the device until the epoch's end.
-    if (!job_.gpu() && window.samples > 0) f.trainLoss = window.lossSum / static_cast<double>(window.samples);
-    metrics_->steps(f);
-  }
-  window = StepWindow{};
 }
 
 }  // namespace cohort::train

@@ -39,6 +39,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -106,6 +107,11 @@ struct TrainerOptions {
   // The time report at each epoch's end (train/step_times.h): logged by rank 0, in the metrics and
   // EpochReport::times. On with tracePath.
   bool stepReport = false;
+  // GPU: wait inside each step for its decision (the finite check, the clip coefficient), as before
+  // issue 31. Off (the default), a step's outcome is handled after the next step is queued (train/step.h,
+  // "When results arrive"), with the same parameters bit for bit; onStepEnd then runs for step n
+  // after step n + 1 was queued, so a stop it asks for in a one-rank run comes a step later.
+  bool synchronousSteps = false;
 };
 
 enum class Next { kContinue, kStop };
@@ -240,8 +246,29 @@ class Trainer {
   // Every rank calls this at an epoch's end; the ranks evaluate (evaluateTest), rank 0 logs and
   // checkpoints.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
+  // A step queued, whose result (deferred on a GPU) is handled by afterStep.
+  struct QueuedStep {
+    int64_t epoch = 0;
+    int64_t step = 0;       // optimizer steps so far, this one included
+    int64_t firstBatch = 0;  // its first micro-batch
+    int64_t batch = 0;      // its last batch
+    int64_t nextBatch = 0;  // the position after it (Position::batch)
+    int64_t samples = 0, correct = 0;
+    double groupLoss = 0, loss = 0;  // the sum over its samples and their mean (NaN on a GPU)
+  };
+  struct StepWindow;
+  // What follows a step once its result is known: the epoch's figures, skip or Diverged,
+  // onStepEnd, the step log and the progress line.
+  void afterStep(Position& pos, StepWindow& window, const QueuedStep& queued, const StepResult& result);
+  // Takes the deferred results (Job::settleStep) until at most `keep` steps are queued.
+  void settleSteps(Position& pos, StepWindow& window, size_t keep);
+  // Whether step `step` is one where lockstep ranks vote on stopping (stopAgreed's collective).
+  bool stopVoteDue(int64_t step) const;
   // A step that was not applied: counts it against skipNonFinite, or throws Diverged.
-  void nonFiniteStep(Position& pos, const StepResult& step, double loss);
+  void nonFiniteStep(Position& pos, const QueuedStep& queued, const StepResult& step);
+  // GPU: forwards the step's batches again without training, so that input the device could not
+  // refuse (an Embedding's ids) is named by the model's checkInputs (InvalidArgument).
+  void checkStepInputs(const QueuedStep& queued);
   // GPU: adds the loss sums accumulated on the device to `pos` (waits for the compute stream).
   void collectGpuSums(Position& pos);
   // --log-every-steps: rank 0's loss and throughput over the last N steps.
@@ -252,7 +279,7 @@ class Trainer {
     int64_t steps = 0;  // applied
     Clock::time_point start = Clock::now();
   };
-  void logSteps(const Position& pos, StepWindow& window);
+  void logSteps(const QueuedStep& queued, StepWindow& window);
   bool timed() const { return options_.stepReport || !options_.tracePath.empty(); }
 
   Job& job_;
@@ -278,6 +305,7 @@ class Trainer {
   int slowRank_ = -1;
   int slowBackwardMs_ = 0;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> sampleLog_{nullptr, &std::fclose};
+  std::deque<QueuedStep> queued_;  // deferred steps whose results are not handled yet, oldest first
 };
 
 }  // namespace cohort::train

@@ -15,6 +15,7 @@
 
 #include <span>
 
+#include "runtime/cuda/step_guard.h"
 #include "runtime/stream.h"
 
 namespace cohort::runtime::cuda {
@@ -43,6 +44,10 @@ struct SgdBuffers {
 //     d   = nesterov ? d + momentum * buf : buf
 //   param = param - lr * d
 void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream);
+// The same update decided on the device (step_guard.h): nothing unless step.control->apply, the
+// gradient multiplied by control->gradMultiplier, with the options of whichever candidate holds.
+// Bit for bit sgdStep after scale(grad, multiplier) (the multiplier 1 is not a pass of its own).
+void sgdStep(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, const Stream& stream);
 
 // data[i] = value.
 void fill(std::span<float> data, float value, const Stream& stream);

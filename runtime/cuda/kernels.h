@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "runtime/cuda/step_guard.h"
 #include "runtime/dtype.h"
 #include "runtime/gemm_options.h"
 #include "runtime/stream.h"
@@ -118,6 +119,15 @@ struct AdamStepOptions {
 };
 void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
               const AdamStepOptions& options, const Stream& stream);
+struct AdamBuffers {
+  float* param;
+  const float* grad;
+  float* expAvg;
+  float* expAvgSq;
+  int64_t n;
+};
+// The same update decided on the device (step_guard.h; as the guarded sgdStep in elementwise.h).
+void adamStep(const AdamBuffers& buffers, const Guarded<AdamStepOptions>& step, const Stream& stream);
 
 // ---- images (NCHW; image_kernels.cu) ----
 

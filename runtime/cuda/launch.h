@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/step_guard.h"
 #include "runtime/error.h"
 #include "runtime/stream.h"
 
@@ -67,6 +68,22 @@ __device__ inline double blockSum(double v) {
   const double total = partial[0];
   __syncthreads();  // before the next call overwrites partial
   return total;
+}
+
+// ---- guarded optimizer steps (step_guard.h) ----
+
+// A guarded kernel's first reads: false when the step applies nothing; else `mult` is the
+// gradient's multiplier and `args` the candidate for the step count the device holds. Unguarded
+// (control null): true, multiplier 1, `args` as given.
+template <class Args>
+__device__ __forceinline__ bool guardedArgs(const StepControl* control, long long settledSteps, const Args& ifOneMore,
+                                            Args& args, float& mult) {
+  mult = 1.0f;
+  if (control == nullptr) return true;
+  if (!control->apply) return false;
+  mult = control->gradMultiplier;
+  if (control->appliedBefore != settledSteps) args = ifOneMore;
+  return true;
 }
 
 // ---- row groups (row-wise kernels: softmax, losses, LayerNorm) ----

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -194,19 +195,31 @@ TEST_F(JobTest, RanksClipTheAveragedGradientLikeOneRankWithTheCombinedBatch) {
   EXPECT_EQ(worstDifference(path("clipped.st"), path("hogwild.st")), 0.0);
 }
 
+// y = w·x + b (mlp:2,1) from zeros, placed on `job` with SGD at lr 1, and the sample x = (1, 2),
+// target 5: steps small enough to follow by hand.
+struct Line {
+  std::unique_ptr<nn::Model> model = nn::buildModel("mlp:2,1");
+  std::unique_ptr<nn::Optimizer> optimizer;
+  Tensor x = Tensor::zeros(Shape{1, 2}), t = Tensor::zeros(Shape{1, 1});
+
+  explicit Line(Job& job) {
+    optimizer = nn::makeOptimizer({.lr = 1.0f}, model->params.numel());
+    job.place(*model, *optimizer, {.initialise = [](nn::Model& m) { m.params.values().fill(0.0f); }});
+    x.at(0) = 1;
+    x.at(1) = 2;
+    t.at(0) = 5;
+  }
+};
+
 // clip_grad_norm_ by hand: y = w·x + b from zeros, x = (1, 2), target 5, squared error: dL/dy = -10,
 // so the gradient is (-10, -20) for w and -10 for b, norm sqrt(600); clipped to 1 and applied with
 // lr 1, the parameters become 10c, 20c and 10c for c = 1 / (sqrt(600) + 1e-6).
 TEST_F(JobTest, ClippingByHand) {
   runRanks(1, [&](const runtime::WorldInfo& world) {
-    auto model = nn::buildModel("mlp:2,1");
     Job job({}, world);
-    auto optimizer = nn::makeOptimizer({.lr = 1.0f}, model->params.numel());
-    job.place(*model, *optimizer, {.initialise = [](nn::Model& m) { m.params.values().fill(0.0f); }});
-    Tensor x = Tensor::zeros(Shape{1, 2}), t = Tensor::zeros(Shape{1, 1});
-    x.at(0) = 1;
-    x.at(1) = 2;
-    t.at(0) = 5;
+    Line line(job);
+    nn::Model* model = line.model.get();
+    const Tensor &x = line.x, &t = line.t;
     nn::MeanSquaredError loss;
     nn::Pass pass = job.pass();
     const double l = loss.forward(model->forward(x, pass), t);
@@ -364,6 +377,40 @@ std::string invalidArgument(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// The deferred form on the CPU: the step runs at once, its result waits for settleStep() in step
+// order, the schedule's learning rate is the one for the optimizer's count; a synchronous step, a
+// third deferred one and save() are refused while results are pending.
+TEST_F(JobTest, DeferredResultsComeInStepOrderFromSettleStep) {
+  runRanks(1, [&](const runtime::WorldInfo& world) {
+    Job job({}, world);
+    Line line(job);
+    nn::Optimizer* optimizer = line.optimizer.get();
+    nn::MeanSquaredError loss;
+    auto backward = [&](float x1) {
+      line.x.at(1) = x1;
+      nn::Pass pass = job.pass();
+      loss.forward(line.model->forward(line.x, pass), line.t);
+      line.model->backward(loss.backward(), pass);
+    };
+    const auto lrAt = [](int64_t steps) { return 0.25f / static_cast<float>(steps + 1); };
+    backward(2);
+    if (!job.step({.lrAt = lrAt, .deferResult = true}).pending || job.pendingSteps() != 1) return 30;
+    if (optimizer->options().lr != 0.25f) return 31;
+    backward(NAN);
+    if (!job.step({.lrAt = lrAt, .deferResult = true}).pending || job.pendingSteps() != 2) return 32;
+    backward(2);
+    if (invalidArgument([&] { job.step({.deferResult = true}); }).find("pending") == std::string::npos) return 33;
+    if (invalidArgument([&] { job.step(); }).find("settleStep") == std::string::npos) return 34;
+    if (invalidArgument([&] { job.save(path("pending.st")); }).find("pending") == std::string::npos) return 35;
+    const std::optional<StepResult> first = job.settleStep(), second = job.settleStep();
+    if (!first || !first->applied || first->pending) return 36;
+    if (!second || second->applied || second->nonFinite != NonFinite::kGradient) return 37;
+    if (job.settleStep() || job.pendingSteps() != 0 || optimizer->steps() != 1) return 38;
+    if (!job.step({.lrAt = lrAt}).applied || optimizer->options().lr != 0.125f) return 39;
+    return 0;
+  });
 }
 
 // Misuse, one process. Runs in a child so that no GEMM thread pool exists in the test process when

@@ -1,17 +1,27 @@
 // train::Trainer on a GPU (tags = ["gpu"]; skips with the reason when no CUDA device is usable):
 // token ids a GPU Embedding cannot refuse in forward (it gives NaN rows) are named as the CPU names
 // them, InvalidArgument with the position and value, not reported as a diverged step, both in
-// training and in the evaluation.
+// training and in the evaluation. The sync-free step (issue 31): a NaN gradient at step k stops the
+// run naming step k with nothing of steps k and k + 1 applied, and runs that skip it, clip, and
+// follow a learning-rate schedule end bit for bit where the synchronous step ends.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
 #include "runtime/data/dataset.h"
 #include "runtime/error.h"
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/gpu_context.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
+#include "tests/train/ranks.h"
 #include "train/job.h"
 #include "train/trainer.h"
 
@@ -57,6 +67,155 @@ TEST(TrainerGpu, BadTokenIdsAreNamedInTrainingAndEvaluation) {
   const std::string inEvaluation = trainAndReport(good, &badTest);
   EXPECT_NE(inEvaluation.find("position 46 "), std::string::npos) << inEvaluation;  // window 11, position 2
   EXPECT_NE(inEvaluation.find("is 9"), std::string::npos) << inEvaluation;
+}
+
+// Cross-entropy whose gradient is NaN in the `nanStep`-th training forward (from 1): the step's
+// gradient is non-finite, its loss stays on the device. Evaluation never runs in these tests.
+class NanGradientAt final : public nn::Loss {
+ public:
+  explicit NanGradientAt(std::vector<int64_t> nanSteps) : nanSteps_(std::move(nanSteps)) {}
+  std::string name() const override { return "nan-gradient-at"; }
+  float forward(const Tensor& out, const Tensor& targets) override { return inner_.forward(out, targets); }
+  void forwardGpu(const Tensor& out, const Tensor& targets, runtime::cuda::GpuContext& gpu) override {
+    inner_.forwardGpu(out, targets, gpu);
+    if (std::find(nanSteps_.begin(), nanSteps_.end(), ++calls_) == nanSteps_.end()) return;
+    const Tensor& g = inner_.backward();
+    runtime::cuda::fill({g.data(), static_cast<size_t>(g.numel())}, std::numeric_limits<float>::quiet_NaN(), gpu.stream());
+  }
+  const Tensor& backward() override { return inner_.backward(); }
+  int64_t correct() const override { return inner_.correct(); }
+
+ private:
+  nn::SoftmaxCrossEntropy inner_;
+  std::vector<int64_t> nanSteps_;
+  int64_t calls_ = 0;
+};
+
+struct RunOptions {
+  nn::OptimizerOptions optimizer;
+  TrainerOptions trainer;
+  std::vector<int64_t> nanSteps;
+};
+
+// The parameters and optimizer state at the end of a run on the GPU (on the host), the error it
+// stopped with ("" for none), and the optimizer's step count.
+struct RunEnd {
+  std::vector<float> values;
+  std::string error;
+  int64_t steps = 0;
+  int64_t skipped = 0;
+};
+
+std::vector<float> toHost(const Tensor& t) {
+  Tensor host = Tensor::zeros(t.shape());
+  host.copyFrom(t);
+  return std::vector<float>(host.data(), host.data() + host.numel());
+}
+
+RunEnd train(const RunOptions& o) {
+  Job job({.device = "cuda"}, runtime::WorldInfo{});
+  auto data = testing::teacherData(192);
+  auto model = nn::buildModel("mlp:20,16,3");
+  auto optimizer = nn::makeOptimizer(o.optimizer, model->params.numel(), job.gpu());
+  job.place(*model, *optimizer, {.seed = 1});
+  NanGradientAt loss(o.nanSteps);
+  Trainer trainer(job, loss, *data, nullptr, o.trainer);
+  RunEnd end;
+  try {
+    end.skipped = trainer.run().skippedSteps;
+  } catch (const Diverged& e) {
+    end.error = e.what();
+  }
+  end.values = toHost(model->params.values());
+  for (const auto& s : optimizer->state()) {
+    const std::vector<float> state = toHost(s.tensor);
+    end.values.insert(end.values.end(), state.begin(), state.end());
+  }
+  end.steps = optimizer->steps();
+  return end;
+}
+
+// Bit for bit, NaN for NaN.
+void expectSameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u) << "of " << a.size() << " values";
+}
+
+TrainerOptions trainerOptions(bool synchronous) {
+  return {.epochs = 2, .batchSize = 16, .seed = 2, .progressEverySeconds = 0, .synchronousSteps = synchronous};
+}
+
+// 12 steps an epoch. Step 5's gradient is NaN: the run stops there naming step 5, and the
+// parameters and momentum are those after step 4, as the synchronous step leaves them (which reads
+// the norm before it applies anything) and as a run stopped after 4 steps leaves them: step 6,
+// queued before the host read step 5's record, did nothing either.
+TEST(TrainerGpu, ANanGradientStopsTheSyncFreeRunAtItsStepWithNothingApplied) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  RunOptions o{.optimizer = {.lr = 0.05f, .momentum = 0.9f}, .trainer = trainerOptions(false), .nanSteps = {5}};
+  const RunEnd deferred = train(o);
+  EXPECT_NE(deferred.error.find("step 5 (epoch 1, batch 5): the gradient is non-finite"), std::string::npos)
+      << deferred.error;
+  EXPECT_NE(deferred.error.find("training diverged"), std::string::npos) << deferred.error;
+  EXPECT_EQ(deferred.steps, 4);
+  o.trainer.synchronousSteps = true;
+  const RunEnd synchronous = train(o);
+  EXPECT_EQ(synchronous.error, deferred.error);
+  expectSameBits(deferred.values, synchronous.values);
+  o = {.optimizer = o.optimizer, .trainer = trainerOptions(false)};
+  o.trainer.maxSteps = 4;
+  const RunEnd fourSteps = train(o);
+  EXPECT_EQ(fourSteps.error, "");
+  expectSameBits(deferred.values, fourSteps.values);
+}
+
+// With a skip allowed, step 5 is skipped and the schedule does not advance for it: the sync-free
+// run ends bit for bit where the synchronous one does (parameters and optimizer state), for SGD
+// with momentum and clipping, and for AdamW under a warmup and cosine schedule (whose learning
+// rate for the step after 5 depends on step 5's outcome, which the host did not know yet), with
+// the gradient clipped on the device exactly as the host formula clips it.
+TEST(TrainerGpu, SkippingANanGradientEndsBitForBitLikeTheSynchronousStep) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<nn::OptimizerOptions> optimizers = {
+      {.lr = 0.05f, .momentum = 0.9f, .nesterov = true, .weightDecay = 1e-3f},
+      {.kind = nn::OptimizerKind::kAdamW, .lr = 0.01f, .weightDecay = 0.01f}};
+  for (const nn::OptimizerOptions& optimizer : optimizers) {
+    for (const float clip : {0.0f, 0.5f}) {
+      SCOPED_TRACE(::testing::Message() << "optimizer " << static_cast<int>(optimizer.kind) << ", clip " << clip);
+      RunOptions o{.optimizer = optimizer, .trainer = trainerOptions(false), .nanSteps = {5}};
+      o.trainer.skipNonFinite = 1;
+      o.trainer.clipGradNorm = clip;
+      o.trainer.lrSchedule = nn::LrScheduleOptions{.kind = nn::LrScheduleKind::kCosine, .baseLr = optimizer.lr,
+                                                   .warmupSteps = 3, .minLr = 1e-4};
+      const RunEnd deferred = train(o);
+      o.trainer.synchronousSteps = true;
+      const RunEnd synchronous = train(o);
+      EXPECT_EQ(deferred.error, "");
+      EXPECT_EQ(synchronous.error, "");
+      EXPECT_EQ(deferred.skipped, 1);
+      EXPECT_EQ(deferred.steps, 23);  // 24 steps, one skipped
+      EXPECT_EQ(deferred.steps, synchronous.steps);
+      expectSameBits(deferred.values, synchronous.values);
+    }
+  }
+}
+
+// A second NaN beyond the one skip allowed stops the run there (step 9), after the skip of step 5,
+// with what the synchronous step leaves.
+TEST(TrainerGpu, TheNonFiniteStepAfterTheLastSkipStopsTheSyncFreeRun) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  RunOptions o{.optimizer = {.lr = 0.05f, .momentum = 0.9f}, .trainer = trainerOptions(false), .nanSteps = {5, 9}};
+  o.trainer.skipNonFinite = 1;
+  const RunEnd deferred = train(o);
+  EXPECT_NE(deferred.error.find("step 9 (epoch 1, batch 9): the gradient is non-finite"), std::string::npos)
+      << deferred.error;
+  EXPECT_NE(deferred.error.find("the 1 skips allowed are used up"), std::string::npos) << deferred.error;
+  EXPECT_EQ(deferred.steps, 7);
+  o.trainer.synchronousSteps = true;
+  const RunEnd synchronous = train(o);
+  EXPECT_EQ(synchronous.error, deferred.error);
+  expectSameBits(deferred.values, synchronous.values);
 }
 
 }  // namespace

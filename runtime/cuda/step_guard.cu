@@ -1,0 +1,64 @@
+// judgeStep (step_guard.h): one thread turns a step's sum of squares into its decision.
+//
+// The roundings are the host's (train/strategy.cc, nn/grad_norm.cc), in its order: the norm in
+// double, gradScale x sqrt(sum); the clip coefficient in float, maxNorm / (float(norm) + 1e-6),
+// at most 1; the multiplier gradScale x coefficient in float. __fmul_rn/__fadd_rn keep nvcc from
+// fusing any of them into a multiply-add the host does not do.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/launch.h"
+#include "runtime/cuda/step_guard.h"
+#include "runtime/error.h"
+
+namespace cohort::runtime::cuda {
+namespace {
+
+__global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, StepGuardState* __restrict__ state,
+                                StepRecord* __restrict__ record, JudgeOptions o) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (o.seed) {
+    state->applied = o.seedApplied;
+    state->nonFinite = 0;
+    state->halted = 0;
+  }
+  const double norm = static_cast<double>(o.gradScale) * sqrt(*sumOfSquares);
+  // False for NaN and for +inf (a norm is never negative).
+  const bool finiteNorm = norm <= DBL_MAX;
+  const int nonFinite = o.lossNonFinite ? 1 : finiteNorm ? 0 : 2;
+  if (nonFinite != 0) {
+    state->nonFinite += 1;
+    if (state->nonFinite > o.nonFiniteLimit) state->halted = 1;
+  }
+  const int apply = nonFinite == 0 && !state->halted;
+  float clip = 1.0f;
+  if (o.clipGradNorm > 0.0f && apply) {
+    const float coefficient = o.clipGradNorm / __fadd_rn(static_cast<float>(norm), 1e-6f);
+    clip = 1.0f < coefficient ? 1.0f : coefficient;  // std::min(coefficient, 1.0f)
+  }
+  state->control.apply = apply;
+  state->control.gradMultiplier = __fmul_rn(o.gradScale, clip);
+  state->control.appliedBefore = state->applied;
+  if (apply) state->applied += 1;
+  record->gradNorm = norm;
+  record->appliedSteps = state->applied;
+  record->nonFiniteSteps = state->nonFinite;
+  record->applied = apply;
+  record->nonFinite = nonFinite;
+  record->halted = state->halted;
+  record->pad = 0;
+}
+
+}  // namespace
+
+void judgeStep(const double* sumOfSquares, StepGuardState* state, StepRecord* record, const JudgeOptions& options,
+               const Stream& stream) {
+  launch::checkCudaStream(stream);
+  CudaDeviceGuard guard(stream.device().index);
+  COHORT_LAUNCH(judgeStepKernel, 1, 1, 0, launch::nativeStream(stream))(sumOfSquares, state, record, options);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace cohort::runtime::cuda

@@ -1,0 +1,80 @@
+// The device side of a step that never waits for the host (train/step_guard.h): one tiny kernel
+// that judges a step from its gradient's sum of squares, and the values the optimizer kernels read
+// to apply it or not.
+//
+// The step's decision lives in device memory (StepGuardState). Per step, on the compute stream and
+// without a host wait:
+//   sumOfSquares (elementwise.h) -> judgeStep (here, one thread) -> the optimizer kernel, which
+//   reads StepControl: `apply`, the gradient multiplier and how many steps were applied before it
+//   -> an asynchronous copy of the StepRecord to pinned host memory, read a step later.
+// judgeStep computes what train::judgeStep and nn::clipCoefficient compute on the host, with the
+// same roundings (double norm, float coefficient), so the guarded update is bit for bit the one the
+// host would have ordered. A non-finite step counts against `nonFiniteLimit`; the first one beyond
+// it latches `halted`, and a halted guard applies nothing until the host seeds it again (which it
+// does only once it has read every record, so it has seen the halt).
+// Thread safety: as the stream's ordering; one guard state per stream.
+// Only built when CUDA is compiled in (COHORT_HAVE_CUDA).
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/stream.h"
+
+namespace cohort::runtime::cuda {
+
+// What the optimizer kernels read (device memory, written by judgeStep).
+struct StepControl {
+  int apply = 0;               // 1: update; 0: a non-finite step, or the guard is halted
+  float gradMultiplier = 1;    // gradScale x the clip coefficient, applied to every gradient element
+  long long appliedBefore = 0;  // optimizer steps applied before this one (Adam's t - 1; SGD's first step)
+};
+
+// What the host learns of one step.
+struct StepRecord {
+  double gradNorm = 0;          // gradScale x sqrt(sum of squares): before clipping
+  long long appliedSteps = 0;   // after this step
+  long long nonFiniteSteps = 0;  // since the last seed, this step included
+  int applied = 0;
+  int nonFinite = 0;  // 0 none, 1 the loss (lossRank), 2 the gradient
+  int halted = 0;     // the guard is halted (this step or an earlier one used up the skips)
+  int pad = 0;
+};
+
+// The guard's device memory: one per stream that steps.
+struct StepGuardState {
+  StepControl control;
+  long long applied = 0;
+  long long nonFinite = 0;
+  int halted = 0;
+  int pad = 0;
+};
+
+struct JudgeOptions {
+  float gradScale = 1;     // the norm is gradScale x sqrt(sum); the gradient is multiplied by it
+  float clipGradNorm = 0;  // > 0: clip to this norm (nn::clipCoefficient)
+  int lossNonFinite = 0;   // 1: the host already knows the loss is non-finite
+  // The guard halts at the first non-finite step that makes nonFinite exceed this.
+  long long nonFiniteLimit = 0;
+  // 1: first reset the state to `seedApplied` applied steps, no non-finite step, not halted (the
+  // host does so when it has read every record, so its counts are the truth).
+  int seed = 0;
+  long long seedApplied = 0;
+};
+
+// Judges one step from `sumOfSquares` (device, one double: elementwise.h's scratch[0]) into
+// state->control and *record (both device memory). One thread; enqueued on `stream`.
+void judgeStep(const double* sumOfSquares, StepGuardState* state, StepRecord* record, const JudgeOptions& options,
+               const Stream& stream);
+
+// An optimizer step whose hyper-parameters depend on whether the step still unknown to the host
+// applied: `ifSettled` when control->appliedBefore == settledSteps, else `ifOneMore` (the host reads
+// a step's record only after queueing the next one, so there is at most one such step).
+template <class Options>
+struct Guarded {
+  const StepControl* control = nullptr;
+  long long settledSteps = 0;
+  Options ifSettled;
+  Options ifOneMore;
+};
+
+}  // namespace cohort::runtime::cuda

@@ -1,0 +1,141 @@
+// The Trainer's handling of a step's result (train/trainer.h): at once on the CPU and where steps are
+// synchronous, a step later on a GPU (the result is deferred: train/step.h, "When results arrive").
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+#include <sstream>
+
+#include "runtime/error.h"
+#include "train/metrics_sink.h"
+#include "train/progress.h"
+#include "train/trainer.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/gpu_context.h"
+#endif
+
+namespace cohort::train {
+
+using runtime::Tensor;
+
+bool Trainer::stopVoteDue(int64_t step) const {
+  // Agreeing costs a small collective: every 16 steps (the same steps on every rank) is plenty for a
+  // signal sent minutes before a time limit. Workers that do not step together agree at epoch ends.
+  constexpr int64_t kAgreeEvery = 16;
+  return !job_.world().isSingle() && job_.lockstep() && step % kAgreeEvery == 0;
+}
+
+void Trainer::settleSteps(Position& pos, StepWindow& window, size_t keep) {
+  while (queued_.size() > keep) {
+    const std::optional<StepResult> result = job_.settleStep();
+    COHORT_CHECK(result) << queued_.size() << " steps queued and none pending in the job";
+    const QueuedStep queued = queued_.front();
+    queued_.pop_front();
+    afterStep(pos, window, queued, *result);
+  }
+}
+
+void Trainer::afterStep(Position& pos, StepWindow& window, const QueuedStep& queued, const StepResult& result) {
+  if (result.applied) {
+    if (!job_.gpu()) pos.lossSum += queued.groupLoss;
+    pos.correct += queued.correct;
+    pos.samples += queued.samples;
+    pos.gradNormSum += result.gradNorm;
+    pos.gradNormMax = std::max(pos.gradNormMax, result.gradNorm);
+    ++pos.gradNormSteps;
+    window.samples += queued.samples;
+    window.lossSum += queued.groupLoss;
+    window.gradNormSum += result.gradNorm;
+    ++window.steps;
+  } else {
+    nonFiniteStep(pos, queued, result);
+  }
+  if (callbacks_.onStepEnd &&
+      callbacks_.onStepEnd({.epoch = queued.epoch, .batch = queued.batch, .step = queued.step, .samples = queued.samples,
+                            .loss = queued.loss, .gradNorm = result.gradNorm, .applied = result.applied}) == Next::kStop) {
+    userStop_ = true;
+  }
+  logSteps(queued, window);
+  const int64_t k = options_.accumulateSteps;
+  if (progress_) progress_->step((queued.nextBatch + k - 1) / k, queued.samples, queued.loss);
+}
+
+void Trainer::nonFiniteStep(Position& pos, const QueuedStep& queued, const StepResult& step) {
+  // A deferred step after the one that halted the device's guard: that one threw already.
+  COHORT_CHECK(step.nonFinite != NonFinite::kNone) << "step " << queued.step << " was not applied but is finite";
+  // A GPU cannot refuse bad input where the CPU's forward does (an Embedding's ids): it makes the
+  // step non-finite, and this names the input instead (InvalidArgument, exit 2).
+  if (job_.gpu()) checkStepInputs(queued);
+  std::ostringstream what;
+  what << "step " << queued.step << " (epoch " << queued.epoch + 1 << ", batch " << queued.nextBatch
+       << "): " << step.describe();
+  if (step.nonFinite == NonFinite::kLoss && step.rank == job_.world().rank) {
+    what << " (" << (std::isnan(queued.loss) ? "nan" : queued.loss > 0 ? "inf" : "-inf") << ")";
+  }
+  if (pos.skipped < options_.skipNonFinite) {
+    ++pos.skipped;
+    ++pos.skippedInEpoch;
+    // Lockstep ranks skip together: rank 0 says so; Hogwild workers each for themselves.
+    if (!job_.lockstep() || job_.world().rank == 0) {
+      if (progress_) progress_->clearLine();
+      job_.log().warn() << what.str() << ": skipped, nothing applied (" << pos.skipped << " of the "
+                        << options_.skipNonFinite << " skips allowed)";
+    }
+    return;
+  }
+  what << ": training diverged; nothing of this step was applied";
+  if (!options_.checkpointPath.empty()) what << " and " << options_.checkpointPath << " holds the last checkpoint before it";
+  if (options_.skipNonFinite > 0) {
+    what << " (the " << options_.skipNonFinite << " skips allowed are used up)";
+  } else {
+    what << " (lower the learning rate, clip the gradient, or skip such steps: --skip-nonfinite N)";
+  }
+  throw Diverged(what.str());
+}
+
+// The step's batches are gathered from the dataset again: their device buffers were reused by the
+// steps queued since (a deferred step is judged a step later). Evaluation mode trains nothing.
+void Trainer::checkStepInputs(const QueuedStep& queued) {
+#ifdef COHORT_HAVE_CUDA
+  runtime::cuda::GpuContext& gpu = *job_.gpu();
+  const nn::Pass pass = job_.evalPass();
+  const Tensor& all = loader_.dataset().inputs();
+  const auto rowFloats = static_cast<size_t>(all.numel() / all.shape()[0]);
+  for (int64_t b = queued.firstBatch; b <= queued.batch; ++b) {
+    const std::span<const int64_t> samples = loader_.batchSamples(b);
+    runtime::Shape shape = all.shape();
+    shape[0] = static_cast<int64_t>(samples.size());
+    Tensor host = Tensor::empty(shape, runtime::cpuAllocator());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      std::memcpy(host.data() + i * rowFloats, all.data() + static_cast<size_t>(samples[i]) * rowFloats,
+                  rowFloats * sizeof(float));
+    }
+    Tensor inputs = Tensor::empty(shape, gpu.allocator());
+    runtime::cuda::copyToDevice(inputs.data(), host.data(), host.bytes(), gpu.stream());
+    model_.forward(inputs, pass);
+    // Freed device buffers are reused in stream order; `host` was staged by the copy.
+    model_.net->checkInputs(pass);
+  }
+#else
+  (void)queued;
+#endif
+}
+
+void Trainer::logSteps(const QueuedStep& queued, StepWindow& window) {
+  if (options_.logEverySteps <= 0 || queued.step % options_.logEverySteps != 0) return;
+  if (metrics_) {
+    const double seconds = secondsSince(window.start);
+    StepFigures f{.epoch = queued.epoch + 1,
+                  .step = queued.step,
+                  .lr = job_.optimizer().options().lr,
+                  .samplesPerSec = seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0};
+    if (window.steps > 0) f.gradNorm = window.gradNormSum / static_cast<double>(window.steps);
+    // On a GPU the losses stay on the device until the epoch's end.
+    if (!job_.gpu() && window.samples > 0) f.trainLoss = window.lossSum / static_cast<double>(window.samples);
+    metrics_->steps(f);
+  }
+  window = StepWindow{};
+}
+
+}  // namespace cohort::train
