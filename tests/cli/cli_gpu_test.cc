@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cmath>
 #include <sstream>
@@ -111,15 +112,23 @@ TEST_F(CliGpuTest, GptOnTextStepsAsOnTheCpu) {
 
 // Mixed precision learns what fp32 learns (issue 31): a 4-layer GPT trained 200 steps with
 // --precision bf16 reaches a test loss within 2% of the fp32 run's from the same seed (bf16's
-// rounding changes the path, not where it leads). 32 wide rather than the issue's 128: on the
-// emulated device a 128-wide run takes minutes (about 1.2 steps/s on two cores).
+// rounding changes the path, not where it leads; measured 2.369 against 2.356). The text is words
+// drawn at random (a fixed LCG), so the loss falls smoothly: on a few repeated sentences it drops in
+// steps whose timing any rounding moves, and two runs 200 steps in can stand 30% apart. 32 wide
+// rather than the issue's 128: on the emulated device a 128-wide run takes minutes.
 TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
+  const char* const words[] = {"the", "cat",   "sees",  "a",   "dog",   "bird", "finds", "door", "red", "blue",
+                               "runs", "under", "over", "small", "big", "house", "tree", "and",  "with", "near"};
   std::string text;
-  for (int i = 0; text.size() < 20000; ++i) text += (i % 3 ? "the cat sees a dog. " : "a bird finds the door. ");
-  writeFile(dir_ + "/text.txt", text);
+  for (uint64_t x = 12345; text.size() < 20000;) {
+    x = (x * 1103515245 + 12345) % (uint64_t{1} << 31);
+    text += words[(x >> 16) % 20];
+    text += (x >> 8) % 7 ? " " : ". ";
+  }
+  writeFile(dir_ + "/words.txt", text);
   auto run = [&](const std::string& precision) {
     return runCohort({"train", "--device", "cuda", "--model", "gpt:layers=4,heads=2,dim=32,ctx=16", "--data",
-                      "text:" + dir_ + "/text.txt", "--optimizer", "adamw", "--lr", "0.01", "--batch-size", "8",
+                      "text:" + dir_ + "/words.txt", "--optimizer", "adamw", "--lr", "0.01", "--batch-size", "8",
                       "--max-steps", "200", "--epochs", "100", "--progress-every", "0", "--precision", precision});
   };
   CommandResult fp32 = run("fp32");
@@ -128,7 +137,7 @@ TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
   ASSERT_EQ(bf16.exitCode, 0) << bf16.describe();
   const double want = parseResultLine(fp32.stdoutText).number("test_loss");
   const double got = parseResultLine(bf16.stdoutText).number("test_loss");
-  EXPECT_LT(want, 3.0) << "the fp32 run did not learn: " << fp32.describe();  // log(vocab 256) = 5.5 untrained
+  EXPECT_LT(want, 2.6) << "the fp32 run did not learn: " << fp32.describe();  // log(vocab 256) = 5.5 untrained
   EXPECT_NEAR(got, want, 0.02 * want) << bf16.describe();
 }
 

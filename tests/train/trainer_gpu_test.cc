@@ -3,12 +3,15 @@
 // them, InvalidArgument with the position and value, not reported as a diverged step, both in
 // training and in the evaluation. The sync-free step (issue 31): a NaN gradient at step k stops the
 // run naming step k with nothing of steps k and k + 1 applied, and runs that skip it, clip, and
-// follow a learning-rate schedule end bit for bit where the synchronous step ends.
+// follow a learning-rate schedule end bit for bit where the synchronous step ends. Two NCCL ranks in
+// bf16 end bit for bit alike.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -20,6 +23,8 @@
 #include "runtime/error.h"
 #include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/gpu_context.h"
+#include "runtime/device_query.h"
+#include "runtime/dtype.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
 #include "tests/train/ranks.h"
 #include "train/job.h"
@@ -216,6 +221,63 @@ TEST(TrainerGpu, TheNonFiniteStepAfterTheLastSkipStopsTheSyncFreeRun) {
   const RunEnd synchronous = train(o);
   EXPECT_EQ(synchronous.error, deferred.error);
   expectSameBits(deferred.values, synchronous.values);
+}
+
+// Exit code of a rank that found fewer than two CUDA devices (the parent then skips).
+constexpr int kTooFewDevices = 77;
+
+// One rank of a two-GPU all-reduce job in bf16: 24 AdamW steps, then its parameters and optimizer
+// state into `dir`/rank<r>.bin.
+int trainBf16Rank(const runtime::WorldInfo& world, const std::string& dir) {
+  if (runtime::cudaDevices().size() < 2) return kTooFewDevices;
+  Job job({.mode = Mode::kAllReduce, .device = "cuda", .precision = runtime::DType::kBF16}, world);
+  auto data = testing::teacherData(384);
+  auto model = nn::buildModel("mlp:20,32,3");
+  auto optimizer = nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 0.01f}, model->params.numel(), job.gpu());
+  job.place(*model, *optimizer, {.seed = 1});
+  nn::SoftmaxCrossEntropy loss;
+  Trainer trainer(job, loss, *data, nullptr, {.epochs = 2, .batchSize = 16, .seed = 2, .progressEverySeconds = 0});
+  trainer.run();
+  std::vector<float> values = toHost(model->params.values());
+  for (const auto& s : optimizer->state()) {
+    const std::vector<float> state = toHost(s.tensor);
+    values.insert(values.end(), state.begin(), state.end());
+  }
+  std::ofstream out(dir + "/rank" + std::to_string(world.rank) + ".bin", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+  return out.good() ? 0 : 1;
+}
+
+std::vector<float> readFloats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> values(bytes.size() / sizeof(float));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+  return values;
+}
+
+// Two replicas all-reducing over NCCL in bf16 (issue 31) end bit for bit alike: both average the
+// same fp32 gradients and take the same device decisions, and bf16's rounding is deterministic. The
+// parent never touches CUDA (a process that forks after initialising CUDA leaves its children
+// unable to use it): the ranks look for the devices themselves.
+TEST(TrainerGpu, TwoNcclRanksStayBitIdenticalInBf16) {
+  ipc::testing::ScopedShmDir shm;
+  const std::string dir = shm.path();
+  const std::string jobId = ipc::testing::freshJobId();
+  std::vector<pid_t> children;
+  for (int r = 0; r < 2; ++r) {
+    const runtime::WorldInfo world{.rank = r, .worldSize = 2, .localRank = r, .localWorldSize = 2, .jobId = jobId,
+                                   .source = "test"};
+    children.push_back(ipc::testing::forkChild([=] { return trainBf16Rank(world, dir); }));
+  }
+  std::vector<int> codes;
+  for (pid_t child : children) codes.push_back(ipc::testing::waitChild(child, std::chrono::seconds(240)));
+  if (codes[0] == kTooFewDevices) GTEST_SKIP() << "needs 2 CUDA devices";
+  ASSERT_EQ(codes[0], 0);
+  ASSERT_EQ(codes[1], 0);
+  const std::vector<float> a = readFloats(dir + "/rank0.bin"), b = readFloats(dir + "/rank1.bin");
+  ASSERT_GT(a.size(), 0u);
+  expectSameBits(a, b);
 }
 
 }  // namespace
