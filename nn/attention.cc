@@ -84,15 +84,13 @@ const Tensor& CausalSelfAttention::forward(const Tensor& input, const Pass& pass
   outputShape(input.shape());
   batch_ = input.dim(0);
   time_ = input.dim(1);
-  const Tensor& qkv = precision::toFp32(cAttn_.forward(input, pass), qkvCast_, pass, *this);
-  return cProj_.forward(attend(qkv, pass), pass);
+  return cProj_.forward(attend(cAttn_.forward(input, pass), pass), pass);
 }
 
 const Tensor& CausalSelfAttention::backward(const Tensor& gradOutput, const Pass& pass) {
   Pass inner = pass;
   inner.needInputGrad = true;  // the core and c_attn need the gradients between the projections
-  const Tensor& gradY = precision::toFp32(cProj_.backward(gradOutput, inner), gradYCast_, pass, *this);
-  const Tensor& gradQkv = attendBackward(gradY, pass);
+  const Tensor& gradQkv = attendBackward(cProj_.backward(gradOutput, inner), pass);
   return cAttn_.backward(gradQkv, pass);
 }
 
@@ -215,15 +213,16 @@ runtime::cuda::AttentionShape attentionShape(int64_t batch, int64_t time, const 
 }  // namespace
 
 // The fused kernels (runtime/cuda/attention_kernels.h) read q, k and v in c_attn's output and write
-// y side by side: no permutes, no T×T buffer. Kept for backward: that output, y (O) and L.
+// y side by side: no permutes, no T×T buffer. Kept for backward: that output, y (O) and L. y has
+// qkv's type (bf16 after a bf16 c_attn), and so has the gradient backward writes.
 const Tensor& CausalSelfAttention::attendOnGpu(const Tensor& qkv, const Pass& pass) {
   auto& gpu = gpuFor(pass, qkv, name());
   const int64_t B = batch_, T = time_, H = options_.heads;
-  runtime::ensureShape(y_, Shape{B, T, options_.dim}, gpu.allocator());
+  runtime::ensureShape(y_, Shape{B, T, options_.dim}, gpu.allocator(), qkv.dtype());
   runtime::ensureShape(lse_, Shape{B, H, T}, gpu.allocator());
   probs_ = Tensor();  // not formed here: probabilities() must not return an older forward's
   qkv_ = qkv;
-  runtime::cuda::attentionForward({.qkv = qkv.data(), .y = y_.data(), .lse = lse_.data()},
+  runtime::cuda::attentionForward({.qkv = qkv.raw(), .y = y_.raw(), .lse = lse_.data(), .type = qkv.dtype()},
                                   attentionShape(batch_, time_, options_), gpu.stream());
   return y_;
 }
@@ -231,14 +230,17 @@ const Tensor& CausalSelfAttention::attendOnGpu(const Tensor& qkv, const Pass& pa
 const Tensor& CausalSelfAttention::attendBackwardOnGpu(const Tensor& gradY, const Pass& pass) {
   auto& gpu = gpuFor(pass, gradY, name());
   COHORT_CHECK(qkv_.defined() && onGpu(qkv_)) << name() << ": a GPU backward without a GPU forward";
+  const runtime::DType type = qkv_.dtype();
+  const Tensor& dy = precision::toType(gradY, type, gradYCast_, pass, *this);
   runtime::ensureShape(rowDot_, lse_.shape(), gpu.allocator());
-  runtime::ensureShape(gradQkv_, qkv_.shape(), gpu.allocator());
-  runtime::cuda::attentionBackward({.qkv = qkv_.data(),
-                                    .y = y_.data(),
+  runtime::ensureShape(gradQkv_, qkv_.shape(), gpu.allocator(), type);
+  runtime::cuda::attentionBackward({.qkv = qkv_.raw(),
+                                    .y = y_.raw(),
                                     .lse = lse_.data(),
-                                    .dy = gradY.data(),
-                                    .dqkv = gradQkv_.data(),
-                                    .rowDot = rowDot_.data()},
+                                    .dy = dy.raw(),
+                                    .dqkv = gradQkv_.raw(),
+                                    .rowDot = rowDot_.data(),
+                                    .type = type},
                                    attentionShape(batch_, time_, options_), gpu.stream());
   return gradQkv_;
 }

@@ -51,8 +51,8 @@ class CausalSelfAttention final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
-  // In a bf16 pass the projections compute in bf16 and the core between them in fp32 (c_attn's output
-  // and c_proj's input gradient converted); the output is c_proj's, in bf16.
+  // In a bf16 pass (GPU) the projections compute in bf16, and the fused core between them reads and
+  // writes bf16 (its softmax and sums in fp32); the output is c_proj's, in bf16.
   bool takesBf16() const override { return true; }
 
   Linear& cAttn() { return cAttn_; }
@@ -80,7 +80,7 @@ class CausalSelfAttention final : public Module {
   Tensor gradHeadsOut_;  // dy per head: [B, H, T, hd]
   Tensor gradScores_;    // dP, then dS: [B, H, T, T]
   Tensor gradHeads_;     // dq, dk, dv: [B, 3H, T, hd]
-  Tensor qkvCast_, gradYCast_;  // bf16 passes: the core's fp32 input and incoming gradient
+  Tensor gradYCast_;  // the core's incoming gradient in qkv's type, where c_proj gave another
   // GPU only:
   Tensor qkv_;     // c_attn's output [B, T, 3D] (a handle on it), for backward
   Tensor lse_;     // L = m + log l per row: [B, H, T]

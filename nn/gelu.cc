@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "nn/precision.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/cpu/vector_math.h"
 #include "runtime/error.h"
@@ -25,11 +26,12 @@ const Tensor& Gelu::forward(const Tensor& input, const Pass& pass) {
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(input)) {
     auto& gpu = gpuFor(pass, input, name());
-    runtime::ensureShape(output_, input.shape(), gpu.allocator());
-    runtime::cuda::geluForward(input.data(), output_.data(), input.numel(), gpu.stream());
+    runtime::ensureShape(output_, input.shape(), gpu.allocator(), input.dtype());
+    runtime::cuda::geluForward(input.raw(), output_.raw(), input.numel(), gpu.stream(), input.dtype());
     return output_;
   }
 #endif
+  precision::checkCpuPrecision(pass, *this);
   runtime::ensureShape(output_, input.shape());
   geluForward(input.data(), output_.data(), input.numel());
   return output_;
@@ -54,8 +56,9 @@ const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(gradOutput)) {
     auto& gpu = gpuFor(pass, gradOutput, name());
-    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator());
-    runtime::cuda::geluBackward(input_.data(), gradOutput.data(), gradInput_.data(), input_.numel(), gpu.stream());
+    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator(), input_.dtype());
+    runtime::cuda::geluBackward(input_.raw(), gradOutput.raw(), gradInput_.raw(), input_.numel(), gpu.stream(),
+                                input_.dtype(), gradOutput.dtype());
     return gradInput_;
   }
 #endif

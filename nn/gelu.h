@@ -8,7 +8,9 @@
 // recovered from the output, so forward keeps a handle to its input (no copy; the caller keeps it
 // alive and unchanged until backward, as module.h says). CUDA tensors run runtime/cuda/norm_kernels.h's
 // geluForward/geluBackward on the pass's stream (agreement with the CPU to float32 rounding: both
-// compute in float, with their own tanh). Buffers are sized per batch shape and reused.
+// compute in float, with their own tanh). In a bf16 pass on a GPU (takesBf16) the output has the
+// input's type (bf16 after a bf16 projection, as in GPT's MLP) and so has the input gradient; the
+// arithmetic is fp32. Buffers are sized per batch shape and reused.
 // Thread safety: as Module.
 //
 //   nn::Sequential mlp;
@@ -25,6 +27,7 @@ class Gelu final : public Module {
   Shape outputShape(const Shape& input) const override { return input; }
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+  bool takesBf16() const override { return true; }
 
  private:
   Tensor input_;  // a handle to the last forward's input

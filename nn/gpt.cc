@@ -132,9 +132,8 @@ void Gpt::headForward(const Tensor& f, const Tensor& logits, const Pass& pass) {
     auto& gpu = gpuFor(pass, f, name());
     if (pass.precision != runtime::DType::kBF16) return gpu.blas().gemm(head, f.data(), wte_.weight().data(), logits.data());
     const runtime::DType bf16 = runtime::DType::kBF16;
-    runtime::ensureShape(final16_, f.shape(), gpu.allocator(), bf16);
+    final16_ = precision::toType(f, bf16, finalCast_, pass, *this);  // ln_f writes bf16 in a bf16 pass
     runtime::ensureShape(wte16_, wte_.weight().shape(), gpu.allocator(), bf16);
-    runtime::cuda::convertToBf16(f.data(), final16_.raw(), f.numel(), gpu.stream());
     runtime::cuda::convertToBf16(wte_.weight().data(), wte16_.raw(), wte_.weight().numel(), gpu.stream());
     gpu.blas().gemmEx(head, {}, bf16, runtime::DType::kF32, final16_.raw(), wte16_.raw(), logits.data());
     return;

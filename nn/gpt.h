@@ -44,8 +44,9 @@ class Gpt final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
-  // In a bf16 pass the blocks' projections and the head's product compute in bf16 (the head's logits
-  // come out in fp32 for the loss); the embeddings, LayerNorms and the residual stream stay fp32.
+  // In a bf16 pass the blocks run in bf16 (TransformerBlock) and ln_f writes bf16 for the head, whose
+  // product computes in bf16 with fp32 logits for the loss; the embeddings and the residual stream
+  // stay fp32.
   bool takesBf16() const override { return true; }
 
   // The token ids' check (Embedding::checkIds; the positions are the model's own).
@@ -66,7 +67,9 @@ class Gpt final : public Module {
   Tensor gradPositions_;  // Σ over the batch of d(x), [T, D]
   const Tensor* final_ = nullptr;  // ln_f's output of the last forward (its own buffer)
   // bf16 passes: ln_f's output, wte and the logits' gradient in bf16, for the head's products.
-  Tensor final16_, wte16_, gradLogits16_;
+  Tensor final16_;    // a handle on ln_f's bf16 output (or on finalCast_)
+  Tensor finalCast_;  // ln_f's output in bf16, where it gave fp32
+  Tensor wte16_, gradLogits16_;
 
   void headForward(const Tensor& f, const Tensor& logits, const Pass& pass);
   void headBackward(const Tensor& gradLogits, const Pass& pass);

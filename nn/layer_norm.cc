@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nn/gpu_dispatch.h"
+#include "nn/precision.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
@@ -43,6 +44,7 @@ const Tensor& LayerNorm::forward(const Tensor& input, const Pass& pass) {
   input_ = input;
   rows_ = input.numel() / features_;
   if (onGpu(input)) return forwardGpu(pass);
+  precision::checkCpuPrecision(pass, *this);
   runtime::ensureShape(output_, input.shape());
   runtime::ensureShape(mean_, Shape{rows_});
   runtime::ensureShape(rstd_, Shape{rows_});
@@ -165,15 +167,17 @@ const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
 
 const Tensor& LayerNorm::forwardGpu(const Pass& pass) {
   auto& gpu = gpuFor(pass, input_, name());
-  runtime::ensureShape(output_, input_.shape(), gpu.allocator());
+  runtime::ensureShape(output_, input_.shape(), gpu.allocator(), pass.precision);
   runtime::ensureShape(mean_, Shape{rows_}, gpu.allocator());
   runtime::ensureShape(rstd_, Shape{rows_}, gpu.allocator());
-  runtime::cuda::layerNormForward({.x = input_.data(),
+  runtime::cuda::layerNormForward({.x = input_.raw(),
                                    .weight = weight_.data(),
                                    .bias = bias_.data(),
-                                   .y = output_.data(),
+                                   .y = output_.raw(),
                                    .mean = mean_.data(),
-                                   .rstd = rstd_.data()},
+                                   .rstd = rstd_.data(),
+                                   .xType = input_.dtype(),
+                                   .yType = output_.dtype()},
                                   {.rows = rows_, .cols = features_, .eps = eps_}, gpu.stream());
   return output_;
 }
@@ -181,20 +185,22 @@ const Tensor& LayerNorm::forwardGpu(const Pass& pass) {
 const Tensor& LayerNorm::backwardGpu(const Tensor& gradOutput, const Pass& pass) {
   auto& gpu = gpuFor(pass, gradOutput, name());
   if (pass.needInputGrad) {
-    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator());
+    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator(), input_.dtype());
   } else {
     gradInput_ = Tensor();
   }
   runtime::ensureShape(scratch_, Shape{runtime::cuda::layerNormScratchFloats(rows_, features_)}, gpu.allocator());
-  runtime::cuda::layerNormBackward({.dy = gradOutput.data(),
-                                    .x = input_.data(),
+  runtime::cuda::layerNormBackward({.dy = gradOutput.raw(),
+                                    .x = input_.raw(),
                                     .weight = weight_.data(),
                                     .mean = mean_.data(),
                                     .rstd = rstd_.data(),
                                     .dweight = weightGrad_.data(),
                                     .dbias = biasGrad_.data(),
-                                    .dx = pass.needInputGrad ? gradInput_.data() : nullptr,
-                                    .scratch = scratch_.data()},
+                                    .dx = pass.needInputGrad ? gradInput_.raw() : nullptr,
+                                    .scratch = scratch_.data(),
+                                    .dyType = gradOutput.dtype(),
+                                    .xType = input_.dtype()},
                                    {.rows = rows_, .cols = features_, .accumulate = pass.accumulateGrads},
                                    gpu.stream());
   return gradInput_;

@@ -15,7 +15,9 @@
 //   dx = rstd · (g − mean(g) − xhat · mean(g · xhat)),   g = dy · weight.
 // CUDA tensors run runtime/cuda/norm_kernels.h's kernels on the pass's stream (agreement with the CPU
 // to float32 rounding; the parameter gradients are reduced in a fixed order, so repeated runs give
-// the same bits). Buffers, including the GPU's reduction scratch, are sized per batch shape and
+// the same bits). In a bf16 pass on a GPU (takesBf16) the input may be fp32 or bf16 and the output
+// is bf16, ready for the projection that reads it; statistics, parameters and their gradients stay
+// fp32, and the input gradient has the input's type (fp32 for GPT's residual stream). Buffers, including the GPU's reduction scratch, are sized per batch shape and
 // reused: a steady loop allocates nothing. Thread safety: as Module.
 //
 //   nn::LayerNorm ln(768);   // ln.registerParams(params, "ln_1."), bind, resetParams, then:
@@ -47,6 +49,7 @@ class LayerNorm final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+  bool takesBf16() const override { return true; }
 
   int64_t features() const { return features_; }
   const Tensor& weight() const { return weight_; }

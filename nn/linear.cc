@@ -136,24 +136,12 @@ const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
 }
 
 #ifdef COHORT_HAVE_CUDA
-namespace {
-
-// `t` as bf16: itself, or converted into `buffer`.
-const Tensor& asBf16(const Tensor& t, Tensor& buffer, runtime::cuda::GpuContext& gpu) {
-  if (t.dtype() == runtime::DType::kBF16) return t;
-  runtime::ensureShape(buffer, t.shape(), gpu.allocator(), runtime::DType::kBF16);
-  runtime::cuda::convertToBf16(t.data(), buffer.raw(), t.numel(), gpu.stream());
-  return buffer;
-}
-
-}  // namespace
-
 // y = x · Wᵀ + b with x and W in bf16: the bias (rounded to bf16) is written first as the C that
 // the product adds to, so the output is rounded once more, at the end of the fp32 sums.
 const Tensor& Linear::forwardBf16(const Tensor& input2d, const Shape& outShape, const Pass& pass) {
   auto& gpu = gpuFor(pass, input2d, name());
   const int64_t rows = input2d.dim(0);
-  input_ = asBf16(input2d, inputCast_, gpu);
+  input_ = precision::toType(input2d, runtime::DType::kBF16, inputCast_, pass, *this);
   runtime::ensureShape(weight16_, weight_.shape(), gpu.allocator(), runtime::DType::kBF16);
   runtime::cuda::convertToBf16(weight_.data(), weight16_.raw(), weight_.numel(), gpu.stream());
   runtime::ensureShape(output_, outShape, gpu.allocator(), runtime::DType::kBF16);
@@ -170,7 +158,7 @@ const Tensor& Linear::backwardBf16(const Tensor& gradOutput, const Pass& pass) {
   COHORT_CHECK(input_.dtype() == runtime::DType::kBF16) << name() << ": a bf16 backward after an fp32 forward";
   const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
   const int rows = static_cast<int>(input_.dim(0));
-  const Tensor& dy = asBf16(gradOutput, gradCast_, gpu);
+  const Tensor& dy = precision::toType(gradOutput, runtime::DType::kBF16, gradCast_, pass, *this);
   const runtime::DType bf16 = runtime::DType::kBF16, fp32 = runtime::DType::kF32;
   gpu.blas().gemmEx({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f}, {}, bf16,
                     fp32, dy.raw(), input_.raw(), weightGrad_.data());

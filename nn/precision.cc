@@ -9,15 +9,29 @@
 
 namespace cohort::nn::precision {
 
-const Tensor& toFp32(const Tensor& t, Tensor& buffer, const Pass& pass, const Module& reader) {
-  if (t.dtype() == runtime::DType::kF32) return t;
+const Tensor& toType(const Tensor& t, runtime::DType type, Tensor& buffer, const Pass& pass, const Module& reader) {
+  if (t.dtype() == type) return t;
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(t)) {
     auto& gpu = gpuFor(pass, t, reader.name());
-    runtime::ensureShape(buffer, t.shape(), gpu.allocator());
-    runtime::cuda::convertToFloat(t.raw(), buffer.data(), t.numel(), gpu.stream());
+    runtime::ensureShape(buffer, t.shape(), gpu.allocator(), type);
+    if (type == runtime::DType::kF32) {
+      runtime::cuda::convertToFloat(t.raw(), buffer.data(), t.numel(), gpu.stream());
+    } else {
+      runtime::cuda::convertToBf16(t.data(), buffer.raw(), t.numel(), gpu.stream());
+    }
     return buffer;
   }
+#endif
+  COHORT_CHECK(type == runtime::DType::kF32) << reader.name() << ": bf16 is for tensors on a GPU, got "
+                                             << t.shape().str() << " on " << t.device().str();
+  return toFp32(t, buffer, pass, reader);
+}
+
+const Tensor& toFp32(const Tensor& t, Tensor& buffer, const Pass& pass, const Module& reader) {
+  if (t.dtype() == runtime::DType::kF32) return t;
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(t)) return toType(t, runtime::DType::kF32, buffer, pass, reader);
 #endif
   (void)pass;
   runtime::ensureShape(buffer, t.shape());

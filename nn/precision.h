@@ -15,6 +15,10 @@ namespace cohort::nn::precision {
 // module that will read it, is named in errors.
 const Tensor& toFp32(const Tensor& t, Tensor& buffer, const Pass& pass, const Module& reader);
 
+// `t` itself when it already holds `type`, else `t` converted to it in `buffer`, as toFp32 (to bf16:
+// on a GPU only; the CPU holds fp32 alone).
+const Tensor& toType(const Tensor& t, runtime::DType type, Tensor& buffer, const Pass& pass, const Module& reader);
+
 // `t` itself, unless it is bf16 and `child` does not take bf16: then toFp32(t, buffer, pass, child).
 const Tensor& forChild(const Module& child, const Tensor& t, Tensor& buffer, const Pass& pass);
 

@@ -6,6 +6,10 @@
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/precision_kernels.h"
+#endif
+
 namespace cohort::nn {
 
 void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass) {
@@ -13,9 +17,7 @@ void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass) {
   if (onGpu(a)) {
     auto& gpu = gpuFor(pass, a, "Residual");
     runtime::ensureShape(out, a.shape(), gpu.allocator());
-    const auto n = static_cast<size_t>(a.numel());
-    runtime::cuda::copyOnDevice(out.data(), a.data(), a.bytes(), gpu.stream());
-    runtime::cuda::axpy(1.0f, {b.data(), n}, {out.data(), n}, gpu.stream());
+    runtime::cuda::addMixed(a.data(), b.raw(), b.dtype(), out.data(), a.numel(), gpu.stream());
     return;
   }
 #endif

@@ -25,7 +25,8 @@
 namespace cohort::nn {
 
 // out = a + b, element-wise, sized to a's shape on a's device (b has the same shape and device; on a
-// GPU on Pass::gpu's stream): the addition of a skip connection, shared with TransformerBlock.
+// GPU on Pass::gpu's stream, one kernel): the addition of a skip connection, shared with
+// TransformerBlock. a and out are fp32; on a GPU b may be bf16 (a bf16 branch's output), widened.
 void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass);
 
 class Residual final : public Module {

@@ -34,13 +34,15 @@ void TransformerBlock::resetParams(runtime::Rng& rng) {
   mlpProj_.resetParams(rng);
 }
 
+// In a bf16 pass the residual stream (x, h, the output and their gradients) stays fp32 and everything
+// the branches pass between their layers is bf16: each LayerNorm writes bf16 for the projection after
+// it, GELU and the attention core read and write bf16, and addInto widens a branch's bf16 output as
+// it adds it to the stream.
 const Tensor& TransformerBlock::forward(const Tensor& input, const Pass& pass) {
   outputShape(input.shape());
-  using precision::toFp32;
-  const Tensor& x = toFp32(input, inputCast_, pass, *this);
-  addInto(h_, x, toFp32(attn_.forward(ln1_.forward(x, pass), pass), attnCast_, pass, *this), pass);
-  const Tensor& u = toFp32(fc_.forward(ln2_.forward(h_, pass), pass), fcCast_, pass, *this);
-  addInto(output_, h_, toFp32(mlpProj_.forward(gelu_.forward(u, pass), pass), projCast_, pass, *this), pass);
+  const Tensor& x = precision::toFp32(input, inputCast_, pass, *this);
+  addInto(h_, x, attn_.forward(ln1_.forward(x, pass), pass), pass);
+  addInto(output_, h_, mlpProj_.forward(gelu_.forward(fc_.forward(ln2_.forward(h_, pass), pass), pass), pass), pass);
   return output_;
 }
 
@@ -48,12 +50,10 @@ const Tensor& TransformerBlock::backward(const Tensor& gradOutput, const Pass& p
   COHORT_CHECK(gradOutput.shape() == output_.shape()) << gradOutput.shape().str() << " vs " << output_.shape().str();
   Pass inner = pass;
   inner.needInputGrad = true;  // every part but the first feeds a gradient on
-  using precision::toFp32;
-  const Tensor& dy = toFp32(gradOutput, gradOutputCast_, pass, *this);
-  const Tensor& gu = gelu_.backward(toFp32(mlpProj_.backward(dy, inner), gradProjCast_, pass, *this), inner);
-  const Tensor& gm = ln2_.backward(toFp32(fc_.backward(gu, inner), gradFcCast_, pass, *this), inner);
-  addInto(gradH_, dy, gm, pass);
-  const Tensor& ga = ln1_.backward(toFp32(attn_.backward(gradH_, inner), gradAttnCast_, pass, *this), pass);
+  const Tensor& dy = precision::toFp32(gradOutput, gradOutputCast_, pass, *this);
+  const Tensor& gu = gelu_.backward(mlpProj_.backward(dy, inner), inner);
+  addInto(gradH_, dy, ln2_.backward(fc_.backward(gu, inner), inner), pass);
+  const Tensor& ga = ln1_.backward(attn_.backward(gradH_, inner), pass);
   if (!pass.needInputGrad) {
     gradInput_ = Tensor();
     return gradInput_;

@@ -34,9 +34,10 @@ class TransformerBlock final : public Module {
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
 
   CausalSelfAttention& attn() { return attn_; }
-  // In a bf16 pass the four projections compute in bf16; LayerNorm, GELU, the attention core and the
-  // residual stream stay fp32 (their inputs converted), as PyTorch's autocast runs a GPT. Input and
-  // output are fp32.
+  // In a bf16 pass (GPU) the four projections compute in bf16, and the activations between the
+  // block's layers are bf16 (LayerNorm's and GELU's outputs, the attention core's input and output);
+  // the residual stream stays fp32, as do LayerNorm's statistics and every sum inside the kernels.
+  // Input and output are fp32.
   bool takesBf16() const override { return true; }
   Linear& mlpFc() { return fc_; }
   Linear& mlpProjection() { return mlpProj_; }
@@ -50,9 +51,8 @@ class TransformerBlock final : public Module {
   Gelu gelu_;
   Linear mlpProj_;
   Tensor h_, output_, gradH_, gradInput_;
-  // bf16 passes: fp32 copies of the block's input and of the projections' outputs and input
-  // gradients (each kept until the backward that reads it).
-  Tensor inputCast_, attnCast_, fcCast_, projCast_, gradOutputCast_, gradProjCast_, gradFcCast_, gradAttnCast_;
+  // bf16 passes: fp32 copies of a bf16 input or output gradient (from a bf16 layer around the block).
+  Tensor inputCast_, gradOutputCast_;
 };
 
 }  // namespace cohort::nn

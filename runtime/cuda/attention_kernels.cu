@@ -35,8 +35,8 @@
 //       dQ_i += dS·K_j                                 (then dQ_i · scale)
 //   Each sum runs in tile order and, within a tile, in row order: fixed by the shape alone.
 //
-// Storage is a template parameter (float only for now) and every load and store goes through
-// toFloat / fromFloat, so a bf16 variant needs only those and its instantiations; the math is fp32.
+// Storage (of qkv, y, dy and dqkv) is fp32 or bf16; every load widens to float and every store rounds
+// once (elements.h), so the math, the tiles in shared memory, L and D are fp32 either way.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -45,6 +45,7 @@
 
 #include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/error.h"
 
@@ -81,8 +82,8 @@ struct Geometry {
   float scale;
 };
 
-__device__ __forceinline__ float toFloat(float v) { return v; }
-__device__ __forceinline__ float fromFloat(float v, float*) { return v; }
+using elements::load;
+using elements::store;
 
 // Rows first.. of one head (its first column at `head`, rows `rowStride` apart) into tile, zeros
 // for rows past T and columns past hd.
@@ -91,7 +92,7 @@ __device__ void loadTile(float (*tile)[C::kStride], const Storage* head, int64_t
                          const Geometry& g) {
   for (int i = threadIdx.x; i < C::kRows * C::kHd; i += kThreads) {
     const int r = i / C::kHd, d = i % C::kHd, t = first + r;
-    tile[r][d] = t < g.time && d < g.headSize ? toFloat(head[t * rowStride + d]) : 0.0f;
+    tile[r][d] = t < g.time && d < g.headSize ? load(head[t * rowStride + d]) : 0.0f;
   }
 }
 
@@ -166,7 +167,7 @@ __global__ void attentionForwardKernel(const Storage* __restrict__ qkv, Storage*
   COHORT_UNROLL
   for (int j = 0; j < C::kCols; ++j) {
     const int d = lane + C::kLanes * j;
-    if (d < g.headSize) out[d] = fromFloat(acc[j] * inv, out);
+    if (d < g.headSize) out[d] = store<Storage>(acc[j] * inv);
   }
   if (lane == 0) lse[static_cast<int64_t>(blockIdx.x) * g.time + t] = m + logf(l);
 }
@@ -180,7 +181,7 @@ __global__ void attentionRowDotKernel(const Storage* __restrict__ y, const Stora
     const int64_t bh = r / g.time, t = r % g.time, b = bh / g.heads, h = bh % g.heads;
     const int64_t at = (b * g.time + t) * g.dim + h * g.headSize;
     float sum = 0.0f;
-    for (int d = G::lane(); d < g.headSize; d += kWarpSize) sum += toFloat(dy[at + d]) * toFloat(y[at + d]);
+    for (int d = G::lane(); d < g.headSize; d += kWarpSize) sum += load(dy[at + d]) * load(y[at + d]);
     sum = groupReduce<kWarpSize>(sum, SumOp{});
     if (G::lane() == 0) rowDot[r] = sum;
   }
@@ -252,8 +253,8 @@ __global__ void attentionKeyGradKernel(const Storage* __restrict__ qkv, const St
   for (int j = 0; j < C::kCols; ++j) {
     const int d = lane + C::kLanes * j;
     if (d >= g.headSize) continue;
-    out[g.dim + d] = fromFloat(dk[j] * g.scale, out);
-    out[2 * g.dim + d] = fromFloat(dv[j], out);
+    out[g.dim + d] = store<Storage>(dk[j] * g.scale);
+    out[2 * g.dim + d] = store<Storage>(dv[j]);
   }
 }
 
@@ -304,7 +305,7 @@ __global__ void attentionQueryGradKernel(const Storage* __restrict__ qkv, const 
   COHORT_UNROLL
   for (int j = 0; j < C::kCols; ++j) {
     const int d = lane + C::kLanes * j;
-    if (d < g.headSize) out[d] = fromFloat(dq[j] * g.scale, out);
+    if (d < g.headSize) out[d] = store<Storage>(dq[j] * g.scale);
   }
 }
 
@@ -351,9 +352,13 @@ void attentionForward(const AttentionForwardBuffers& b, const AttentionShape& s,
   if (s.batch == 0) return;
   CudaDeviceGuard guard(stream.device().index);
   const cudaStream_t native = nativeStream(stream);
-  forBucket(g.headSize, [&](auto bucket) {
-    constexpr int kHd = decltype(bucket)::value;
-    COHORT_LAUNCH((attentionForwardKernel<float, kHd>), tileGrid<kHd>(s), kThreads, 0, native)(b.qkv, b.y, b.lse, g);
+  elements::dispatch(b.type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    forBucket(g.headSize, [&](auto bucket) {
+      constexpr int kHd = decltype(bucket)::value;
+      COHORT_LAUNCH((attentionForwardKernel<T, kHd>), tileGrid<kHd>(s), kThreads, 0, native)(
+          static_cast<const T*>(b.qkv), static_cast<T*>(b.y), b.lse, g);
+    });
   });
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
@@ -366,14 +371,19 @@ void attentionBackward(const AttentionBackwardBuffers& b, const AttentionShape& 
   const cudaStream_t native = nativeStream(stream);
   const int64_t rows = s.batch * s.heads * s.time;
   const unsigned dotBlocks = blocksFor(stream, static_cast<size_t>(rows), kWarpsPerBlock);
-  COHORT_LAUNCH(attentionRowDotKernel<float>, dotBlocks, kThreads, 0, native)(b.y, b.dy, b.rowDot, g, rows);
-  forBucket(g.headSize, [&](auto bucket) {
-    constexpr int kHd = decltype(bucket)::value;
-    const dim3 grid = tileGrid<kHd>(s);
-    COHORT_LAUNCH((attentionKeyGradKernel<float, kHd>), grid, kThreads, 0, native)(
-        b.qkv, b.dy, b.lse, b.rowDot, b.dqkv, g);
-    COHORT_LAUNCH((attentionQueryGradKernel<float, kHd>), grid, kThreads, 0, native)(
-        b.qkv, b.dy, b.lse, b.rowDot, b.dqkv, g);
+  elements::dispatch(b.type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto* qkv = static_cast<const T*>(b.qkv);
+    const auto* dy = static_cast<const T*>(b.dy);
+    auto* dqkv = static_cast<T*>(b.dqkv);
+    COHORT_LAUNCH(attentionRowDotKernel<T>, dotBlocks, kThreads, 0, native)(static_cast<const T*>(b.y), dy, b.rowDot,
+                                                                             g, rows);
+    forBucket(g.headSize, [&](auto bucket) {
+      constexpr int kHd = decltype(bucket)::value;
+      const dim3 grid = tileGrid<kHd>(s);
+      COHORT_LAUNCH((attentionKeyGradKernel<T, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
+      COHORT_LAUNCH((attentionQueryGradKernel<T, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
+    });
   });
   COHORT_CUDA_CHECK(cudaGetLastError());
 }

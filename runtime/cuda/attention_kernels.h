@@ -8,10 +8,11 @@
 // 2D + h·hd of each row), y goes to [B, T, D] (head h at columns h·hd..), and the backward reads
 // dy [B, T, D] and writes dqkv [B, T, 3D]. Head sizes 1..128 (InvalidArgument above); any T ≥ 1.
 //
-// Conventions are kernels.h's: pointers are float32 device memory on the stream's device, alive
-// until the stream has run the kernels; each call enqueues its kernels on `stream` (a CUDA stream; a
+// Conventions are kernels.h's: pointers are device memory on the stream's device, alive until the
+// stream has run the kernels; qkv, y, dy and dqkv hold `type` (fp32, or bf16 in a bf16 pass: read
+// widened, written rounded once; the arithmetic, L and D are fp32 either way), lse and rowDot fp32; each call enqueues its kernels on `stream` (a CUDA stream; a
 // CPU stream fails a CHECK) and returns without waiting; launch errors throw cohort::Error. Results
-// match the CPU code (nn/attention.cc) to float32 rounding; tests/nn/gpu/gpu_attention_test.cc
+// match the CPU code (nn/attention.cc) to float32 rounding (in fp32); tests/nn/gpu/gpu_attention_test.cc
 // compares the two. No atomics: every sum runs in an order fixed by the shape alone, so the same
 // inputs give the same bits on every run. Thread safety: no state; ordering is the stream's.
 // Only built when CUDA is compiled in.
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
 #include "runtime/stream.h"
 
 namespace cohort::runtime::cuda {
@@ -35,21 +37,23 @@ struct AttentionShape {
 constexpr int64_t kAttentionMaxHeadSize = 128;
 
 struct AttentionForwardBuffers {
-  const float* qkv = nullptr;  // [B, T, 3D]: q, k, v side by side (c_attn's output)
-  float* y = nullptr;          // [B, T, D]: every head's output side by side; not qkv
-  float* lse = nullptr;        // [B, H, T]: L = m + log l per row, for attentionBackward
+  const void* qkv = nullptr;  // [B, T, 3D]: q, k, v side by side (c_attn's output)
+  void* y = nullptr;          // [B, T, D]: every head's output side by side; not qkv
+  float* lse = nullptr;       // [B, H, T]: L = m + log l per row, for attentionBackward
+  DType type = DType::kF32;   // of qkv and y
 };
 
 // y = softmax(q·kᵀ/√hd with the causal mask)·v per sample and head; saves L per row.
 void attentionForward(const AttentionForwardBuffers& buffers, const AttentionShape& shape, const Stream& stream);
 
 struct AttentionBackwardBuffers {
-  const float* qkv = nullptr;  // the forward's input
-  const float* y = nullptr;    // the forward's output O
+  const void* qkv = nullptr;   // the forward's input
+  const void* y = nullptr;     // the forward's output O
   const float* lse = nullptr;  // the forward's L
-  const float* dy = nullptr;   // [B, T, D]
-  float* dqkv = nullptr;       // [B, T, 3D]: dq, dk, dv, every element written; not an input
+  const void* dy = nullptr;    // [B, T, D]
+  void* dqkv = nullptr;        // [B, T, 3D]: dq, dk, dv, every element written; not an input
   float* rowDot = nullptr;     // [B, H, T] scratch: D = rowsum(dy ⊙ y) per row
+  DType type = DType::kF32;    // of qkv, y, dy and dqkv
 };
 
 // dq, dk, dv of attentionForward for the upstream gradient dy (three kernels: D, then dK and dV per

@@ -1,8 +1,9 @@
 // CUDA kernels of the transformer layers nn::Gelu and nn::LayerNorm (nn/gelu.h, nn/layer_norm.h),
 // over raw device pointers, enqueued on an explicit stream.
 //
-// Conventions are kernels.h's: pointers are float32 device memory on the stream's device, row-major
-// and contiguous, alive until the stream has run the kernels; each call enqueues its kernels on
+// Conventions are kernels.h's: pointers are device memory on the stream's device, row-major and
+// contiguous, float32 unless a DType says bf16 (activations of a bf16 pass: read widened to float,
+// written rounded once; the arithmetic is float32 either way), alive until the stream has run the kernels; each call enqueues its kernels on
 // `stream` (a CUDA stream; a CPU stream fails a CHECK) and returns without waiting; launch errors
 // throw cohort::Error. Results match the CPU code in nn/ to float32 rounding (nvcc contracts a·b + c
 // into FMAs, and tanhf is not std::tanh); tests/nn/gpu/gpu_norm_test.cc compares the two.
@@ -17,14 +18,17 @@
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
 #include "runtime/stream.h"
 
 namespace cohort::runtime::cuda {
 
-// y = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) over n elements (nn::Gelu). x may equal y.
-void geluForward(const float* x, float* y, int64_t n, const Stream& stream);
-// dx = dy · gelu'(x), from the forward's input x. dy may equal dx.
-void geluBackward(const float* x, const float* dy, float* dx, int64_t n, const Stream& stream);
+// y = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) over n elements (nn::Gelu); x and y of
+// `type`. x may equal y.
+void geluForward(const void* x, void* y, int64_t n, const Stream& stream, DType type = DType::kF32);
+// dx = dy · gelu'(x), from the forward's input x; dx has x's type. dy may equal dx (same type).
+void geluBackward(const void* x, const void* dy, void* dx, int64_t n, const Stream& stream, DType xType = DType::kF32,
+                  DType dyType = DType::kF32);
 
 // The matrix a LayerNorm normalises: `rows` rows of `cols` features, each row on its own.
 struct LayerNormOptions {
@@ -34,12 +38,13 @@ struct LayerNormOptions {
 };
 
 struct LayerNormForwardBuffers {
-  const float* x = nullptr;       // [rows, cols]
+  const void* x = nullptr;        // [rows, cols] of xType
   const float* weight = nullptr;  // [cols]
   const float* bias = nullptr;    // [cols]
-  float* y = nullptr;             // [rows, cols]; not x
+  void* y = nullptr;              // [rows, cols] of yType; not x
   float* mean = nullptr;          // [rows], for backward
   float* rstd = nullptr;          // [rows]: 1 / sqrt(var + eps), for backward
+  DType xType = DType::kF32, yType = DType::kF32;
 };
 
 // Per row, nn::LayerNorm's arithmetic: mean and biased variance summed in double (two passes),
@@ -48,15 +53,16 @@ struct LayerNormForwardBuffers {
 void layerNormForward(const LayerNormForwardBuffers& buffers, const LayerNormOptions& options, const Stream& stream);
 
 struct LayerNormBackwardBuffers {
-  const float* dy = nullptr;      // [rows, cols]
-  const float* x = nullptr;       // the forward's input
+  const void* dy = nullptr;       // [rows, cols] of dyType
+  const void* x = nullptr;        // the forward's input, of xType
   const float* weight = nullptr;  // [cols]
   const float* mean = nullptr;    // [rows], from layerNormForward
   const float* rstd = nullptr;    // [rows], from layerNormForward
   float* dweight = nullptr;       // [cols]
   float* dbias = nullptr;         // [cols]
-  float* dx = nullptr;            // [rows, cols], or null: no input gradient; not dy or x
+  void* dx = nullptr;             // [rows, cols] of xType, or null: no input gradient; not dy or x
   float* scratch = nullptr;       // layerNormScratchFloats(rows, cols) floats
+  DType dyType = DType::kF32, xType = DType::kF32;
 };
 
 // Floats of device scratch layerNormBackward needs for a [rows, cols] input (0 for no rows).

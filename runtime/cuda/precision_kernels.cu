@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/cuda/precision_kernels.h"
 
@@ -31,6 +32,16 @@ __global__ void toFloatKernel(const __nv_bfloat16* __restrict__ in, float* __res
 __global__ void broadcastToBf16Kernel(const float* __restrict__ bias, __nv_bfloat16* __restrict__ out, size_t n,
                                       size_t cols) {
   for (size_t i = firstIndex(); i < n; i += gridStride()) out[i] = __float2bfloat16_rn(bias[i % cols]);
+}
+
+// Four elements per access where every buffer allows it (quads), the rest one by one.
+template <class T>
+__global__ void addMixedKernel(const float* a, const T* b, float* out, size_t n, size_t quads) {
+  for (size_t i = firstIndex(); i < quads; i += gridStride()) {
+    const float4 x = elements::loadQuad(a, i), y = elements::loadQuad(b, i);
+    elements::storeQuad(out, i, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+  }
+  for (size_t i = 4 * quads + firstIndex(); i < n; i += gridStride()) out[i] = a[i] + elements::load(b[i]);
 }
 
 // Pairs when the float side is 8-byte and the bf16 side 4-byte aligned.
@@ -69,6 +80,23 @@ void broadcastToBf16(const float* bias, void* out, int64_t rows, int64_t cols, c
   CudaDeviceGuard guard(stream.device().index);
   COHORT_LAUNCH(broadcastToBf16Kernel, launch::blocksFor(stream, n), launch::kThreads, 0, launch::nativeStream(stream))(
       bias, static_cast<__nv_bfloat16*>(out), n, static_cast<size_t>(cols));
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void addMixed(const float* a, const void* b, DType bType, float* out, int64_t n, const Stream& stream) {
+  launch::checkCudaStream(stream);
+  if (n <= 0) return;
+  const size_t count = static_cast<size_t>(n);
+  const bool aligned = elements::quadAligned(a, DType::kF32) && elements::quadAligned(b, bType) &&
+                       elements::quadAligned(out, DType::kF32);
+  const size_t quads = aligned ? count / 4 : 0;
+  CudaDeviceGuard guard(stream.device().index);
+  const unsigned blocks = launch::blocksFor(stream, quads > 0 ? quads + count % 4 : count);
+  elements::dispatch(bType, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    COHORT_LAUNCH(addMixedKernel<T>, blocks, launch::kThreads, 0, launch::nativeStream(stream))(
+        a, static_cast<const T*>(b), out, count, quads);
+  });
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

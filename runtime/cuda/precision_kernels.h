@@ -9,10 +9,12 @@
 //
 //   convertToBf16(x, x16, n, stream);     // x: n floats; x16: n bf16 (2 bytes each)
 //   convertToFloat(dy16, dy, n, stream);
+//   addMixed(x, attn16, DType::kBF16, h, n, stream);  // h = x + attn
 #pragma once
 
 #include <cstdint>
 
+#include "runtime/dtype.h"
 #include "runtime/stream.h"
 
 namespace cohort::runtime::cuda {
@@ -24,5 +26,8 @@ void convertToFloat(const void* in, float* out, int64_t n, const Stream& stream)
 // out[r, c] = bf16(bias[c]) over [rows, cols]: a bf16 layer's bias, rounded as PyTorch's autocast
 // rounds it, as the C that the layer's product then adds to (beta = 1: one more rounding in all).
 void broadcastToBf16(const float* bias, void* out, int64_t rows, int64_t cols, const Stream& stream);
+// out[i] = a[i] + float(b[i]) over n elements, b of bType (fp32, or bf16 widened exactly): the
+// residual stream (fp32) plus a branch's output or gradient, in one pass. out may equal a.
+void addMixed(const float* a, const void* b, DType bType, float* out, int64_t n, const Stream& stream);
 
 }  // namespace cohort::runtime::cuda

@@ -4,7 +4,8 @@
 // bf16's tolerance of the CPU's fp32 results, stated per layer below (docs/gpu.md, "Precision").
 // Layers that do not take bf16 (Activation here, standing for a user's fp32 layer) run in fp32
 // inside a bf16 Sequential: the Sequential converts at their boundaries (nn/precision.h). The
-// attention, the transformer block and the GPT run their projections in bf16 and the rest in fp32.
+// LayerNorm, GELU, the attention, the transformer block and the GPT keep their activations in bf16
+// (the residual stream and every sum inside the kernels stay fp32).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +17,9 @@
 
 #include "nn/activation.h"
 #include "nn/attention.h"
+#include "nn/gelu.h"
 #include "nn/gpt.h"
+#include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "nn/sequential.h"
 #include "nn/transformer_block.h"
@@ -145,12 +148,13 @@ TEST_P(Bf16LayersTest, StaysWithinBf16OfTheCpusFp32) {
 // Inputs in [-2, 2), parameters moved by up to ±0.2, gradients in [-1, 1). Each input and weight is
 // rounded to bf16 (relative error up to 2^-9), the products are exact and summed in fp32, and a bf16
 // result is rounded once more: errors of a few 2^-9 of the terms' size. Measured on the emulated
-// device (normwise): a Linear at most 0.0038 (output, input and parameter gradients), so the bound is
-// 1e-2 (2.6 · 2^-8). A layer reading bf16 bits as floats, or dropping or repeating a term, errs by
-// order 1; one left in fp32 fails the lower bound in the test.
+// device (normwise): a Linear at most 0.0038 (output, input and parameter gradients), a LayerNorm's
+// bf16 output 0.0022, so the bound is 1e-2 (2.6 · 2^-8). A layer reading bf16 bits as floats, or
+// dropping or repeating a term, errs by order 1; one left in fp32 fails the lower bound in the test.
 constexpr double kLinearTolerance = 1e-2;
-// Composites chain several bf16 products (attention: two projections around the fp32 core; a block:
-// four; a GPT: two blocks and the head): measured at most 0.0065 (a GPT's parameter gradients); bound 2e-2.
+// Composites chain several bf16 products and bf16 activations (attention: two projections around
+// the bf16 core; a block: four, with LayerNorm and GELU between them; a GPT: two blocks and the
+// head): measured at most 0.0065 (a GPT's and a block's parameter gradients); bound 2e-2.
 constexpr double kCompositeTolerance = 2e-2;
 
 std::vector<Bf16Case> cases() {
@@ -171,7 +175,21 @@ std::vector<Bf16Case> cases() {
          return ModulePtr(std::move(s));
        },
        Shape{16, 32}, kLinearTolerance},
-      // The projections in bf16, the core between them in fp32 (T = 1, odd T, several heads).
+      // bf16 from end to end: LayerNorm and GELU read and write bf16 between the bf16 Linears, and
+      // their backward reads bf16 gradients.
+      {"linear_layer_norm_gelu_linear",
+       [] {
+         auto s = std::make_unique<nn::Sequential>();
+         s->add(std::make_unique<nn::Linear>(32, 48), "fc0")
+             .add(std::make_unique<nn::LayerNorm>(48), "ln")
+             .add(nn::gelu(), "gelu")
+             .add(std::make_unique<nn::Linear>(48, 16), "fc1");
+         return ModulePtr(std::move(s));
+       },
+       Shape{2, 9, 32}, kCompositeTolerance},
+      // An fp32 input: the output rounded to bf16 for the projection after it, the input gradient fp32.
+      {"layer_norm", [] { return ModulePtr(new nn::LayerNorm(40)); }, Shape{11, 40}, kLinearTolerance},
+      // The projections and the fused core between them in bf16 (T = 1, odd T, several heads).
       {"attention_t7_2heads", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 16, .heads = 2})); },
        Shape{2, 7, 16}, kCompositeTolerance},
       {"attention_t1", [] { return ModulePtr(new nn::CausalSelfAttention({.dim = 8, .heads = 2})); }, Shape{3, 1, 8},

@@ -162,6 +162,37 @@ TEST_F(PrecisionTest, ConversionsMatchTheHostsRoundingBitForBit) {
   }
 }
 
+// The residual add: out = a + widened b, exactly the host's float sum, for bf16 and fp32 b, with the
+// quad path on and off (offsets 0, then 4 bytes) and in place (out = a).
+TEST_F(PrecisionTest, AddMixedIsTheHostsFloatSum) {
+  for (size_t n : {size_t{1}, size_t{3}, size_t{4}, size_t{7}, size_t{1030}}) {
+    for (size_t offset : {size_t{0}, size_t{4}}) {
+      for (bool inPlace : {false, true}) {
+        const std::string what = "n " + std::to_string(n) + " offset " + std::to_string(offset) +
+                                 (inPlace ? " in place" : "");
+        const Floats a = randomFloats(n, 3, -4.0f, 4.0f), b = randomFloats(n, 4);
+        const Halves b16 = bitsOf(b);
+        const Floats bWide = widened(b16);
+        auto da = upload(a, offset), db32 = upload(b, offset), db16 = upload(b16, offset / 2);
+        DeviceBytes out(n * 4, offset);
+        float* o = inPlace ? static_cast<float*>(da->data()) : static_cast<float*>(out.data());
+        addMixed(static_cast<const float*>(da->data()), db16->data(), DType::kBF16, o, static_cast<int64_t>(n),
+                 stream());
+        Floats got = inPlace ? download<float>(*da, n) : download<float>(out, n);
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], a[i] + bWide[i]) << what << " (bf16 b) at " << i;
+        if (inPlace) {
+          da = upload(a, offset);
+          o = static_cast<float*>(da->data());
+        }
+        addMixed(static_cast<const float*>(da->data()), db32->data(), DType::kF32, o, static_cast<int64_t>(n),
+                 stream());
+        got = inPlace ? download<float>(*da, n) : download<float>(out, n);
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], a[i] + b[i]) << what << " (fp32 b) at " << i;
+      }
+    }
+  }
+}
+
 // |got - want| <= fp32 slack + `bf16Ulps` units of bf16 at |want|.
 void expectGemmClose(const Floats& got, const Floats& want, int k, double bf16Ulps, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
