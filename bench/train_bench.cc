@@ -109,7 +109,8 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
   std::unique_ptr<runtime::cuda::GpuContext> gpuOwner;
   if (device.isCuda()) {
     gpuOwner = std::make_unique<runtime::cuda::GpuContext>(
-        device, runtime::GpuOptions{.conv = {.algorithms = runtime::parseConvAlgorithms(o.convAlgorithms)}, .tf32 = o.tf32});
+        device, runtime::GpuOptions{.conv = {.algorithms = runtime::parseConvAlgorithms(o.convAlgorithms), .tf32 = o.tf32},
+                            .tf32 = o.tf32});
     gpu = gpuOwner.get();
   }
 #endif

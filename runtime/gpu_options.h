@@ -30,6 +30,10 @@ struct ConvPolicy {
   // The most workspace one convolution's algorithms may use (from the context's caching allocator);
   // algorithms that need more are not considered.
   size_t maxWorkspaceBytes = size_t{256} << 20;
+  // TF32 tensor cores for fp32 convolutions (--tf32): the descriptors ask for CUDNN_DEFAULT_MATH, so
+  // the algorithms that round inputs to TF32 are measured and may be chosen. Off: CUDNN_FMA_MATH, plain
+  // fp32. Algorithms that convert fp32 data to fp16 or bf16 are never taken.
+  bool tf32 = false;
   bool operator==(const ConvPolicy&) const = default;
 };
 
@@ -37,7 +41,7 @@ struct GpuOptions {
   ConvPolicy conv;
   // TF32 tensor cores for fp32 matrix products (cuBLAS; --tf32): inputs rounded to 10 bits of
   // mantissa, sums in fp32, several times plain fp32's rate. Off by default, so a plain fp32 run stays
-  // within fp32 rounding of the CPU. Convolutions are not affected (they stay plain fp32 math).
+  // within fp32 rounding of the CPU. Convolutions follow conv.tf32 (a job sets both from --tf32).
   bool tf32 = false;
 };
 

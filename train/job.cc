@@ -128,7 +128,7 @@ Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
 #ifdef COHORT_HAVE_CUDA
   if (device_.isCuda()) {
     gpu_ = std::make_unique<runtime::cuda::GpuContext>(
-        device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms}, .tf32 = options_.tf32});
+        device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms, .tf32 = options_.tf32}, .tf32 = options_.tf32});
   }
 #endif
   // An unknown backend, or one this build or world lacks, fails here rather than at place().

@@ -44,8 +44,9 @@ int dim(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Tensor-core (TF32) variants are never taken: fp32 data stays fp32 (dnn.h).
-bool plainMath(cudnnMathType_t math) { return math == CUDNN_FMA_MATH || math == CUDNN_DEFAULT_MATH; }
+// Plain fp32 math: FMA kernels only. CUDNN_DEFAULT_MATH lets Ampere and later GPUs round inputs to
+// TF32, and CUDNN_TENSOR_OP_MATH runs tensor cores (dnn.h).
+bool plainMath(cudnnMathType_t math) { return math == CUDNN_FMA_MATH; }
 
 // Enough for every algorithm of a direction, twice over: cuDNN may list an algorithm once per math type.
 constexpr int kMaxTimings =
@@ -59,6 +60,7 @@ std::vector<ConvAlgoTiming> timingsOf(const Perf* perf, int returned) {
     out.push_back({.algo = static_cast<int>(perf[i].algo),
                    .ran = perf[i].status == CUDNN_STATUS_SUCCESS,
                    .plainMath = plainMath(perf[i].mathType),
+                   .convertsInputs = perf[i].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
                    .ms = perf[i].time,
                    .workspaceBytes = perf[i].memory});
   }
@@ -139,7 +141,9 @@ const ConvAlgoTiming* chooseConvAlgorithm(std::span<const ConvAlgoTiming> timing
                                           const ConvPolicy& policy) {
   const ConvAlgoTiming* best = nullptr;
   for (const ConvAlgoTiming& t : timings) {
-    if (!t.ran || !t.plainMath || t.workspaceBytes > policy.maxWorkspaceBytes) continue;
+    if (!t.ran || t.convertsInputs || (!t.plainMath && !policy.tf32) || t.workspaceBytes > policy.maxWorkspaceBytes) {
+      continue;
+    }
     if (policy.algorithms == ConvAlgorithms::kExact && !accumulatesInFp32(direction, t.algo)) continue;
     if (!best || t.ms < best->ms) best = &t;
   }
@@ -173,7 +177,7 @@ Convolution::~Convolution() {
   if (convDesc_) cudnn.destroyConvolutionDescriptor(static_cast<cudnnConvolutionDescriptor_t>(convDesc_));
 }
 
-void Convolution::setDescriptors(const ConvShape& s) {
+void Convolution::setDescriptors(const ConvShape& s, bool tf32) {
   const CudnnLibrary& cudnn = *cudnn_;
   const int n = dim(s.batch, "batch"), c = dim(s.channels, "channels"), h = dim(s.height, "height");
   const int w = dim(s.width, "width"), k = dim(s.out, "output channels"), kh = dim(s.kernelH, "kernel height");
@@ -190,13 +194,13 @@ void Convolution::setDescriptors(const ConvShape& s) {
   COHORT_CUDNN_CHECK(cudnn, cudnn.setFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, kh, kw));
   COHORT_CUDNN_CHECK(cudnn, cudnn.setConvolution2dDescriptor(cd, pad, pad, stride, stride, 1, 1,
                                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  COHORT_CUDNN_CHECK(cudnn, cudnn.setConvolutionMathType(cd, CUDNN_FMA_MATH));
+  COHORT_CUDNN_CHECK(cudnn, cudnn.setConvolutionMathType(cd, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
 }
 
 void Convolution::prepare(const Dnn& dnn, const ConvPrepareOptions& o, Allocator& allocator) {
   if (prepared_ && o.shape == shape_ && o.policy == policy_) return;
   prepared_ = false;
-  setDescriptors(o.shape);
+  setDescriptors(o.shape, o.policy.tf32);
   auto known = std::find_if(choices_.begin(), choices_.end(),
                             [&](const Choice& c) { return c.shape == o.shape && c.policy == o.policy; });
   if (known != choices_.end()) {

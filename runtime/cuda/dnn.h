@@ -3,14 +3,15 @@
 //
 // Convolution uses cuDNN's descriptor API (cudnnConvolutionForward and its backward counterparts),
 // which cuDNN 9 marks deprecated but still ships; moving to the graph API is separate work.
-// Math is plain fp32 (CUDNN_FMA_MATH: never TF32), as for cuBLAS (kernels.h).
+// Math is plain fp32 (CUDNN_FMA_MATH: never TF32), as for cuBLAS (kernels.h), unless the policy asks
+// for TF32 (ConvPolicy::tf32, --tf32: CUDNN_DEFAULT_MATH, TF32 tensor cores allowed).
 //
 // Algorithms are chosen by measuring (docs/gpu.md, "Convolution algorithms"). The first prepare() of
 // a shape runs cudnnFind*AlgorithmEx for the forward, backward-data and backward-filter directions
 // (what PyTorch does with cudnn.benchmark on) on the layer's own x, w and y, a scratch dx and dw and
 // a scratch workspace from prepare()'s allocator, as large as the largest any algorithm within the
 // policy's workspace limit asks for; then takes, per direction, the fastest measured algorithm that
-// ran, in plain fp32 math, within the limit, and that the ConvPolicy (runtime/gpu_options.h)
+// ran, in plain fp32 math (or TF32, with policy.tf32), within the limit, and that the ConvPolicy (runtime/gpu_options.h)
 // accepts: kFastest any, kExact only those that match plain fp32 accumulation (no Winograd, no FFT:
 // accumulatesInFp32()). The choice is kept per shape and policy, so the steady loop, and the smaller
 // last batch of every epoch after the first, measure nothing. Measuring synchronises the stream (the
@@ -85,7 +86,8 @@ enum class ConvDirection { kForward, kBackwardData, kBackwardFilter };
 struct ConvAlgoTiming {
   int algo = 0;               // the direction's cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
   bool ran = false;           // its status was CUDNN_STATUS_SUCCESS
-  bool plainMath = false;     // fp32 FMA math (CUDNN_FMA_MATH or CUDNN_DEFAULT_MATH), not tensor-op TF32
+  bool plainMath = false;       // fp32 FMA math (CUDNN_FMA_MATH), not TF32 or other tensor-core math
+  bool convertsInputs = false;  // CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: fp32 data rounded to fp16/bf16
   float ms = -1;              // its time
   size_t workspaceBytes = 0;  // what it needs
 };
@@ -94,7 +96,8 @@ struct ConvAlgoTiming {
 // accumulation within float rounding: the GEMM-like algorithms (IMPLICIT_GEMM, IMPLICIT_PRECOMP_GEMM,
 // GEMM, DIRECT; backward ALGO_0, ALGO_1 and filter ALGO_3), not Winograd or FFT.
 bool accumulatesInFp32(ConvDirection direction, int algo);
-// The fastest of `timings` that ran, in plain math, within policy.maxWorkspaceBytes and, for kExact,
+// The fastest of `timings` that ran, in plain math (or TF32 with policy.tf32; never converting inputs
+// to 16 bits), within policy.maxWorkspaceBytes and, for kExact,
 // accumulatesInFp32 (the first of equal times); nullptr when none qualifies.
 const ConvAlgoTiming* chooseConvAlgorithm(std::span<const ConvAlgoTiming> timings, ConvDirection direction,
                                           const ConvPolicy& policy);
@@ -149,7 +152,7 @@ class Convolution {
     ConvPolicy policy;
     ConvAlgorithmChoice algorithms;
   };
-  void setDescriptors(const ConvShape& shape);
+  void setDescriptors(const ConvShape& shape, bool tf32);
   // Runs the three Find calls on `options`' buffers and chooses by its policy.
   ConvAlgorithmChoice measure(const Dnn& dnn, const ConvPrepareOptions& options, Allocator& allocator);
   // The largest workspace any algorithm of any direction asks for, up to `limit`.

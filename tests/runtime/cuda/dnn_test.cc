@@ -5,15 +5,20 @@
 // shape and policy once and keeps the choice; exact mode picks only fp32-accumulating algorithms; a
 // workspace limit of 0 leaves only algorithms that need none. On the emulated device, whose times are
 // known (cudasim/cudnn_algorithms.h), fastest mode takes WINOGRAD_NONFUSED for cnn:rosetta's 3x3 layer
-// in all three directions, and exact mode the fastest GEMM-family algorithms.
+// in all three directions, and exact mode the fastest GEMM-family algorithms; the TF32 policy reaches
+// the descriptors' math type.
 #include "runtime/cuda/dnn.h"
 
 #include <cudnn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "runtime/cuda/gpu_context.h"
+#include "runtime/random.h"
 #include "runtime/tensor.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
 
@@ -84,6 +89,19 @@ TEST(ChooseConvAlgorithm, ExactModeNeverTakesWinogradOrFft) {
       {.algo = CUDNN_CONVOLUTION_FWD_ALGO_FFT, .ran = true, .plainMath = true, .ms = 2.0f}};
   EXPECT_EQ(chooseConvAlgorithm(transformedOnly, ConvDirection::kForward, kExact), nullptr);
   EXPECT_NE(chooseConvAlgorithm(transformedOnly, ConvDirection::kForward, kFastest), nullptr);
+}
+
+// TF32 (tensor-core) timings only with policy.tf32 (--tf32); those that convert fp32 data to 16 bits never.
+TEST(ChooseConvAlgorithm, TakesTf32AlgorithmsOnlyWhenAskedAndNeverConvertingOnes) {
+  const std::vector<ConvAlgoTiming> timings = {
+      {.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, .ran = true, .plainMath = true, .ms = 3.0f},
+      {.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, .ran = true, .plainMath = false, .ms = 1.0f},
+      {.algo = CUDNN_CONVOLUTION_FWD_ALGO_GEMM, .ran = true, .convertsInputs = true, .ms = 0.5f}};
+  EXPECT_EQ(chooseConvAlgorithm(timings, ConvDirection::kForward, kFastest)->algo,
+            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+  const ConvPolicy tf32{.tf32 = true};
+  EXPECT_EQ(chooseConvAlgorithm(timings, ConvDirection::kForward, tf32)->algo,
+            CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
 }
 
 // cnn:rosetta's second layer (tests/nn/gpu:gpu_layers_test's conv_rosetta_layer).
@@ -184,6 +202,41 @@ TEST_F(ConvolutionTest, AlgorithmsThatFailOrNeedMoreWorkspaceThanTheLimitAreSkip
   EXPECT_TRUE(accumulatesInFp32(ConvDirection::kForward, conv2.chosen().forward)) << conv2.describe();
   EXPECT_TRUE(accumulatesInFp32(ConvDirection::kBackwardData, conv2.chosen().data)) << conv2.describe();
   EXPECT_TRUE(accumulatesInFp32(ConvDirection::kBackwardFilter, conv2.chosen().filter)) << conv2.describe();
+#endif
+}
+
+// --tf32 reaches the convolution: its descriptors ask for CUDNN_DEFAULT_MATH, whose TF32 kernels
+// round the inputs to 10 bits of mantissa. Against the same layer in plain FMA math, the output stays
+// within TF32's tolerance (normwise 1e-2: 450 products of inputs each rounded by up to 2^-11); on the
+// emulated device, which rounds operands to TF32 in default math, it must also differ (the math type
+// did change). A GPU may still pick an FMA kernel when it is faster, so there only the bound holds.
+TEST_F(ConvolutionTest, Tf32PolicyLetsConvolutionsRoundToTf32) {
+  GpuContext gpu(Device::cuda(0));
+  LayerBuffers b(kRosetta, gpu);
+  Tensor xHost = Tensor::zeros(b.x.shape()), wHost = Tensor::zeros(b.w.shape());
+  Rng rng(3);
+  for (int64_t i = 0; i < xHost.numel(); ++i) xHost.at(i) = rng.uniform(-1.0f, 1.0f);
+  for (int64_t i = 0; i < wHost.numel(); ++i) wHost.at(i) = rng.uniform(-0.1f, 0.1f);
+  auto outputWith = [&](const ConvPolicy& policy) {
+    Convolution conv;
+    conv.prepare(gpu.dnn(), b.options(kRosetta, policy), gpu.allocator());
+    b.x.copyFrom(xHost);  // after measuring, which writes the layer's buffers
+    b.w.copyFrom(wHost);
+    conv.forward(gpu.dnn(), b.x.data(), b.w.data(), nullptr, b.y.data());
+    gpu.stream().synchronize();
+    return b.y.clone();
+  };
+  const Tensor plain = outputWith({.algorithms = ConvAlgorithms::kExact});
+  const Tensor tf32 = outputWith({.algorithms = ConvAlgorithms::kExact, .tf32 = true});
+  double scale = 1, worst = 0;
+  for (int64_t i = 0; i < plain.numel(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(plain.at(i))));
+    worst = std::max(worst, std::abs(static_cast<double>(plain.at(i)) - tf32.at(i)));
+  }
+  std::printf("TF32 against plain fp32: normwise difference %.2e\n", worst / scale);
+  EXPECT_LE(worst / scale, 1e-2);
+#ifdef COHORT_CUDASIM
+  EXPECT_GT(worst / scale, 1e-5) << "the TF32 policy computed in plain fp32";
 #endif
 }
 
