@@ -137,6 +137,7 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
   pass.rng = &dropoutRng;
   pass.gpu = gpu;
   pass.precision = runtime::parseDType(o.precision, "--precision");
+  loss.setGradType(pass.precision);
   std::function<void(int64_t)> startEpoch = [&](int64_t e) { loader.startEpoch(e); };
   std::function<bool(runtime::data::Batch&)> next = [&](runtime::data::Batch& b) { return loader.next(b); };
   std::function<void()> finish = [] {};

@@ -149,27 +149,26 @@ void Gpt::headBackward(const Tensor& gradLogits, const Pass& pass) {
   const int rows = static_cast<int>(B * T), v = static_cast<int>(V), d = static_cast<int>(D);
   const runtime::GemmOptions weightGrad{.m = v, .n = d, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f};
   const runtime::GemmOptions inputGrad{.m = rows, .n = d, .k = v};
-  const float* dy = gradLogits.data();
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(gradLogits)) {
     auto& gpu = gpuFor(pass, gradLogits, name());
     runtime::ensureShape(gradFinal_, Shape{B, T, D}, gpu.allocator());
     if (pass.precision != runtime::DType::kBF16) {
-      gpu.blas().gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
-      gpu.blas().gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
+      gpu.blas().gemm(weightGrad, gradLogits.data(), final_->data(), wte_.weightGrad().data());
+      gpu.blas().gemm(inputGrad, gradLogits.data(), wte_.weight().data(), gradFinal_.data());
       return;
     }
+    // The loss writes bf16 in a bf16 pass (Loss::setGradType): then nothing is converted.
     const runtime::DType bf16 = runtime::DType::kBF16, fp32 = runtime::DType::kF32;
-    runtime::ensureShape(gradLogits16_, gradLogits.shape(), gpu.allocator(), bf16);
-    runtime::cuda::convertToBf16(dy, gradLogits16_.raw(), gradLogits.numel(), gpu.stream());
-    gpu.blas().gemmEx(weightGrad, {}, bf16, fp32, gradLogits16_.raw(), final16_.raw(), wte_.weightGrad().data());
-    gpu.blas().gemmEx(inputGrad, {}, bf16, fp32, gradLogits16_.raw(), wte16_.raw(), gradFinal_.data());
+    const Tensor& dy = precision::toType(gradLogits, bf16, gradLogits16_, pass, *this);
+    gpu.blas().gemmEx(weightGrad, {}, bf16, fp32, dy.raw(), final16_.raw(), wte_.weightGrad().data());
+    gpu.blas().gemmEx(inputGrad, {}, bf16, fp32, dy.raw(), wte16_.raw(), gradFinal_.data());
     return;
   }
 #endif
   runtime::ensureShape(gradFinal_, Shape{B, T, D});
-  runtime::cpu::gemm(weightGrad, dy, final_->data(), wte_.weightGrad().data());
-  runtime::cpu::gemm(inputGrad, dy, wte_.weight().data(), gradFinal_.data());
+  runtime::cpu::gemm(weightGrad, gradLogits.data(), final_->data(), wte_.weightGrad().data());
+  runtime::cpu::gemm(inputGrad, gradLogits.data(), wte_.weight().data(), gradFinal_.data());
 }
 
 const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {

@@ -54,6 +54,11 @@ class Loss {
   virtual void forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu);
   // Throws InvalidArgument when a target since the last read was not a class index.
   LossSums takeGpuSums(runtime::cuda::GpuContext& gpu);
+  // The type forwardGpu's gradient may be written in: bf16 in a bf16 pass (a training loop sets it
+  // from Pass::precision), which the model's bf16 layers read as it is, saving an fp32 copy of the
+  // size of the output (1.6 GB for GPT-2's logits at batch 8). A loss that writes fp32 only ignores
+  // it (the model takes either); the CPU's forward() always writes fp32.
+  virtual void setGradType(runtime::DType type) { (void)type; }
 
  protected:
   // [loss sum, correct, bad targets] on the device, zeroed on first use and by every read.
@@ -71,9 +76,12 @@ class SoftmaxCrossEntropy final : public Loss {
   int64_t correct() const override { return correct_; }
   int64_t positions() const override { return positions_; }
   void forwardGpu(const Tensor& logits, const Tensor& targets, runtime::cuda::GpuContext& gpu) override;
+  // bf16: forwardGpu writes (softmax − one-hot)/predictions rounded once to bf16.
+  void setGradType(runtime::DType type) override { gradType_ = type; }
 
  private:
   Tensor grad_;
+  runtime::DType gradType_ = runtime::DType::kF32;
   int64_t correct_ = 0;
   int64_t positions_ = 1;
   std::vector<double> chunkLoss_;      // per chunk of rows (runtime::cpu::parallelRange), kept to

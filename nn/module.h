@@ -33,7 +33,8 @@
 // InvalidArgument for a CUDA tensor (input.device().isCuda()) rather than read device memory.
 // Element types (docs/architecture.md, "Element types"): tensors are fp32 unless a pass computes in
 // bf16 (Pass::precision, GPU only). A module that implements bf16 returns true from takesBf16(): in
-// a bf16 pass it takes fp32 or bf16 input and gradients and returns bf16. A module that does not
+// a bf16 pass it takes fp32 or bf16 input and gradients, and returns bf16 or fp32 as its reader is
+// best served (docs/architecture.md, "The layer contract"). A module that does not
 // (every user layer unless it opts in) is only ever handed fp32: its composite converts at the
 // boundary (nn/precision.h). Parameters, gradients and optimizer state are fp32 always.
 // Check a layer with nn/grad_check.h (finite differences against backward).

@@ -145,6 +145,7 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
       rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)),
       timeline_(job.timeline()) {
   openSampleLog();
+  loss_.setGradType(job_.options().precision);  // bf16 passes: the gradient the model's bf16 head reads
   if (const char* slow = std::getenv("COHORT_TEST_SLOW_BACKWARD")) {
     if (std::sscanf(slow, "%d:%d", &slowRank_, &slowBackwardMs_) != 2) {
       COHORT_THROW(InvalidArgument) << "COHORT_TEST_SLOW_BACKWARD must be RANK:MS, got '" << slow << "'";

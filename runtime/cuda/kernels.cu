@@ -19,6 +19,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
+#include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/dropout_mask.h"
 #include "runtime/error.h"
@@ -201,20 +202,20 @@ __global__ void softmaxBackwardKernel(const float* y, const float* dy, float* dx
 // As nn::SoftmaxCrossEntropy::forward, with bad targets counted instead of thrown. Each group's
 // first thread keeps its rows' loss and counts; they meet per block in shared memory, and the block
 // adds them to the device scalars with one atomicAdd each.
-template <unsigned kWidth>
+template <unsigned kWidth, class TG>
 __global__ void softmaxCrossEntropyKernel(const float* __restrict__ logits, const float* __restrict__ targets,
-                                          float* __restrict__ grad, int64_t rows, int64_t cols, float invRows,
+                                          TG* __restrict__ grad, int64_t rows, int64_t cols, float invRows,
                                           float* lossSum, float* correct, float* badTargets) {
   using G = RowGroup<kWidth>;
   double loss = 0.0;
   float hits = 0.0f, bad = 0.0f;
   for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
     const float* x = logits + r * cols;
-    float* g = grad + r * cols;
+    TG* g = grad + r * cols;
     const float t = targets[r];
     // The same for the whole group, so `continue` keeps the group together.
     if (!(t >= 0.0f && t < static_cast<float>(cols) && truncf(t) == t)) {
-      for (int64_t c = G::lane(); c < cols; c += kWidth) g[c] = 0.0f;
+      for (int64_t c = G::lane(); c < cols; c += kWidth) g[c] = elements::store<TG>(0.0f);
       if (G::lane() == 0) bad += 1.0f;
       continue;
     }
@@ -230,7 +231,7 @@ __global__ void softmaxCrossEntropyKernel(const float* __restrict__ logits, cons
     const float scale = invRows / sum;
     for (int64_t c = G::lane(); c < cols; c += kWidth) {
       float p = expf(x[c] - mx) * scale;
-      g[c] = c == label ? p - invRows : p;
+      g[c] = elements::store<TG>(c == label ? p - invRows : p);
     }
     if (G::lane() == 0) {
       loss += static_cast<double>(logf(sum) + mx - x[label]);
@@ -501,8 +502,8 @@ void multiply(const float* a, const float* b, float* out, int64_t n, const Strea
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void softmaxCrossEntropy(const float* logits, const float* targets, float* grad, int64_t rows, int64_t cols,
-                         float* lossSum, float* correct, float* badTargets, const Stream& stream) {
+void softmaxCrossEntropy(const float* logits, const float* targets, void* grad, int64_t rows, int64_t cols,
+                         float* lossSum, float* correct, float* badTargets, const Stream& stream, DType gradType) {
   checkCudaStream(stream);
   checkMatrix(rows, cols);
   if (rows == 0) return;
@@ -510,13 +511,17 @@ void softmaxCrossEntropy(const float* logits, const float* targets, float* grad,
   const float invRows = 1.0f / static_cast<float>(rows);  // as nn/loss.cc
   CudaDeviceGuard guard(stream.device().index);
   unsigned blocks = rowBlocks(stream, rows, cols);
-  if (warpPerRow(cols)) {
-    COHORT_LAUNCH(softmaxCrossEntropyKernel<kWarpSize>, blocks, kThreads, 0, nativeStream(stream))(
-        logits, targets, grad, rows, cols, invRows, lossSum, correct, badTargets);
-  } else {
-    COHORT_LAUNCH(softmaxCrossEntropyKernel<kThreads>, blocks, kThreads, 0, nativeStream(stream))(
-        logits, targets, grad, rows, cols, invRows, lossSum, correct, badTargets);
-  }
+  elements::dispatch(gradType, [&](auto tag) {
+    using TG = typename decltype(tag)::type;
+    auto* g = static_cast<TG*>(grad);
+    if (warpPerRow(cols)) {
+      COHORT_LAUNCH((softmaxCrossEntropyKernel<kWarpSize, TG>), blocks, kThreads, 0, nativeStream(stream))(
+          logits, targets, g, rows, cols, invRows, lossSum, correct, badTargets);
+    } else {
+      COHORT_LAUNCH((softmaxCrossEntropyKernel<kThreads, TG>), blocks, kThreads, 0, nativeStream(stream))(
+          logits, targets, g, rows, cols, invRows, lossSum, correct, badTargets);
+    }
+  });
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -99,9 +99,11 @@ void multiply(const float* a, const float* b, float* out, int64_t n, const Strea
 // (logsumexp − logit[target]), *correct += rows whose first argmax equals the target, and
 // *badTargets += rows whose target is not an integer in [0, cols) (their loss and gradient are 0;
 // the caller checks badTargets when it reads the sums and throws InvalidArgument). The caller zeroes
-// the scalars before the first call it wants summed. cols must be positive when rows is.
-void softmaxCrossEntropy(const float* logits, const float* targets, float* grad, int64_t rows, int64_t cols,
-                         float* lossSum, float* correct, float* badTargets, const Stream& stream);
+// the scalars before the first call it wants summed. cols must be positive when rows is. grad holds
+// gradType: fp32, or bf16 (a bf16 pass: the gradient its head's product reads, rounded once).
+void softmaxCrossEntropy(const float* logits, const float* targets, void* grad, int64_t rows, int64_t cols,
+                         float* lossSum, float* correct, float* badTargets, const Stream& stream,
+                         DType gradType = DType::kF32);
 // Mean squared error over n elements: grad = 2 (out − target) / n, and
 // *lossSum += lossScale · Σ (out − target)² (lossScale = rows / n sums the batch mean per sample).
 void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale,

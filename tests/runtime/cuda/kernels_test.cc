@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -37,6 +38,7 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/dropout_mask.h"
+#include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
 #include "runtime/stream.h"
@@ -399,6 +401,33 @@ TEST_F(KernelsTest, SoftmaxCrossEntropyMatchesNn) {
       // The CPU sums the exps one by one in float: a relative error of a few 1e-6 over 3000 columns.
       expectClose(grad, Floats(want.data(), want.data() + want.numel()), {3e-5, 1e-6 / rows}, what + " gradient");
     }
+  }
+}
+
+// A bf16 pass's gradient (Loss::setGradType): the fp32 kernel's gradient rounded once to bf16, bit
+// for bit (a bad row's zeros included), with the same sums.
+TEST_F(KernelsTest, SoftmaxCrossEntropyWritesABf16GradientRoundedOnce) {
+  for (const RowDims& d : {RowDims{33, 37}, RowDims{5, 3000}}) {
+    const auto n = static_cast<size_t>(d.rows * d.cols);
+    const std::string what = "bf16 cross-entropy " + std::to_string(d.rows) + "x" + std::to_string(d.cols);
+    Floats logits = logitsFor(n, n + 3, false), targets(static_cast<size_t>(d.rows));
+    Rng rng(n + 4);
+    for (float& t : targets) t = static_cast<float>(rng.below(static_cast<uint64_t>(d.cols)));
+    targets[1] = -1.0f;
+    Floats want;
+    const CeSums wide = crossEntropy(logits, targets, d.rows, d.cols, want);
+    auto dlogits = upload(logits), dtargets = upload(targets);
+    auto dgrad = upload(Floats((n + 1) / 2, 7.0f)), dsums = upload({0.0f, 0.0f, 0.0f});
+    float* s = dsums->data();
+    softmaxCrossEntropy(dlogits->data(), dtargets->data(), dgrad->data(), d.rows, d.cols, s, s + 1, s + 2, stream(),
+                        DType::kBF16);
+    const Floats raw = download(*dgrad), sums = download(*dsums);
+    std::vector<uint16_t> bits(n);
+    std::memcpy(bits.data(), raw.data(), n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], toBf16(want[i]).bits) << what << " at " << i;
+    EXPECT_EQ(sums[0], wide.loss) << what;
+    EXPECT_EQ(sums[1], wide.correct) << what;
+    EXPECT_EQ(sums[2], 1.0f) << what;
   }
 }
 
