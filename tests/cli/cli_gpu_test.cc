@@ -12,9 +12,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
-#include <cstdlib>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -110,26 +111,27 @@ TEST_F(CliGpuTest, GptOnTextStepsAsOnTheCpu) {
   EXPECT_GT(expectSameParameters(dir_ + "/cpu.st", dir_ + "/cuda.st", 1e-3, "GPU against CPU"), 10);
 }
 
-// Mixed precision learns what fp32 learns (issue 31): a 4-layer GPT trained 200 steps with
+// Mixed precision learns what fp32 learns (issue 31): a 4×128 GPT trained 200 steps with
 // --precision bf16 reaches a test loss within 2% of the fp32 run's from the same seed (bf16's
-// rounding changes the path, not where it leads; measured 2.369 against 2.356). The text is words
-// drawn at random (a fixed LCG), so the loss falls smoothly: on a few repeated sentences it drops in
-// steps whose timing any rounding moves, and two runs 200 steps in can stand 30% apart. 32 wide
-// rather than the issue's 128: on the emulated device a 128-wide run takes minutes.
+// rounding changes the path, not where it leads). The text is six words drawn at random (a fixed
+// LCG) and the rate warms up and decays (cosine), so both runs end near the same floor: measured on
+// the emulated device 0.615 against 0.607 (seed 0) and 0.626 against 0.631 (seed 1). Mid-descent
+// the comparison is noise, not precision: with twenty words and a constant rate, the fp32 and bf16
+// runs of one seed ended 3-4% apart either way, as far as two fp32 runs of different seeds.
 TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
-  const char* const words[] = {"the", "cat",   "sees",  "a",   "dog",   "bird", "finds", "door", "red", "blue",
-                               "runs", "under", "over", "small", "big", "house", "tree", "and",  "with", "near"};
+  const char* const words[] = {"the", "cat", "sees", "a", "dog", "bird"};
   std::string text;
   for (uint64_t x = 12345; text.size() < 20000;) {
     x = (x * 1103515245 + 12345) % (uint64_t{1} << 31);
-    text += words[(x >> 16) % 20];
+    text += words[(x >> 16) % 6];
     text += (x >> 8) % 7 ? " " : ". ";
   }
   writeFile(dir_ + "/words.txt", text);
   auto run = [&](const std::string& precision) {
-    return runCohort({"train", "--device", "cuda", "--model", "gpt:layers=4,heads=2,dim=32,ctx=16", "--data",
-                      "text:" + dir_ + "/words.txt", "--optimizer", "adamw", "--lr", "0.01", "--batch-size", "8",
-                      "--max-steps", "200", "--epochs", "100", "--progress-every", "0", "--precision", precision});
+    return runCohort({"train", "--device", "cuda", "--model", "gpt:layers=4,heads=2,dim=128,ctx=16", "--data",
+                      "text:" + dir_ + "/words.txt", "--optimizer", "adamw", "--lr", "0.002", "--warmup-steps", "20",
+                      "--lr-schedule", "cosine", "--clip-grad-norm", "1", "--batch-size", "8", "--max-steps", "200",
+                      "--epochs", "100", "--progress-every", "0", "--precision", precision});
   };
   CommandResult fp32 = run("fp32");
   ASSERT_EQ(fp32.exitCode, 0) << fp32.describe();
@@ -137,8 +139,9 @@ TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
   ASSERT_EQ(bf16.exitCode, 0) << bf16.describe();
   const double want = parseResultLine(fp32.stdoutText).number("test_loss");
   const double got = parseResultLine(bf16.stdoutText).number("test_loss");
-  EXPECT_LT(want, 2.6) << "the fp32 run did not learn: " << fp32.describe();  // log(vocab 256) = 5.5 untrained
+  EXPECT_LT(want, 1.0) << "the fp32 run did not learn: " << fp32.describe();  // log(vocab 256) = 5.5 untrained
   EXPECT_NEAR(got, want, 0.02 * want) << bf16.describe();
+  std::printf("test loss: fp32 %.4f, bf16 %.4f\n", want, got);
 }
 
 TEST_F(CliGpuTest, LenetWithBatchNormLearnsOnTheGpu) {
