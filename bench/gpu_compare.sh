@@ -79,5 +79,7 @@ row() {  # row SPEC PRECISION
 for c in "${cases[@]}"; do row "$c" "fp32, TF32 off"; done
 for c in "${bf16[@]}"; do row "$c" "bf16 (fp32 master weights)"; done
 peak=$(grep -F "torch|RESULT torch-bf16 gpt:layers=12,heads=12,dim=768,ctx=1024 vocab=50304 batch=8 " "$raw" | head -n1)
+ours=$(grep -F "cohort|GPT-2 124M bf16, ctx 1024, batch 8, vocab 50304|" "$raw" | head -n1)
 echo
-echo "PyTorch bf16 GPT-2 124M batch 8: peak memory $(field "$peak" peak_mem_gib) GiB"
+echo "GPT-2 124M bf16, batch 8, vocab 50304, peak GPU memory allocated: Cohort $(field "$ours" peak_mem_gib) GiB," \
+  "PyTorch $(field "$peak" peak_mem_gib) GiB (target: Cohort's no more than PyTorch's)"

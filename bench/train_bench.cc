@@ -100,9 +100,18 @@ double timeGemm(const runtime::cpu::GemmOptions& o) {
   return median(t);
 }
 
-// One epoch of training (SGD lr 0.01 momentum 0.9, dropout active); returns samples/s. On a GPU the
-// batches come through the DeviceLoader and the clock stops when the compute stream is done.
-double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data, uint64_t seed, runtime::Device device) {
+// What one run measured: its speed and, on a GPU, the most memory its context's caching allocator had
+// handed out at once (parameters, gradients, optimizer state, activations, workspaces: PyTorch's
+// torch.cuda.max_memory_allocated).
+struct TrainRun {
+  double samplesPerSecond = 0;
+  double peakAllocatedGib = 0;
+};
+
+// One epoch of training (SGD lr 0.01 momentum 0.9, dropout active). On a GPU the batches come through
+// the DeviceLoader and the clock stops when the compute stream is done.
+TrainRun trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data, uint64_t seed,
+                   runtime::Device device) {
   // The context first: the model's device tensors come from its allocator, which must outlive them.
   runtime::cuda::GpuContext* gpu = nullptr;
 #ifdef COHORT_HAVE_CUDA
@@ -176,7 +185,11 @@ double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data,
     done += b.size;
   }
   finish();
-  return static_cast<double>(done) / seconds(start, Clock::now());
+  TrainRun run{.samplesPerSecond = static_cast<double>(done) / seconds(start, Clock::now())};
+#ifdef COHORT_HAVE_CUDA
+  if (gpu) run.peakAllocatedGib = static_cast<double>(gpu->allocator().stats().peakAllocatedBytes) / (1u << 30);
+#endif
+  return run;
 }
 
 }  // namespace
@@ -212,12 +225,17 @@ int runTrainBench(const TrainBenchOptions& options) {
   }
   if (device.isCuda()) {
     std::vector<double> runs;
-    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device));
+    double peakGib = 0;
+    for (int r = 0; r < o.repeats; ++r) {
+      const TrainRun run = trainOnce(o, *data, static_cast<uint64_t>(r), device);
+      runs.push_back(run.samplesPerSecond);
+      peakGib = std::max(peakGib, run.peakAllocatedGib);
+    }
     std::printf("RESULT bench=train model=%s device=%s batch=%lld conv_algorithms=%s precision=%s tf32=%s "
-                "samples_per_s=%.0f min=%.0f max=%.0f",
+                "samples_per_s=%.0f min=%.0f max=%.0f peak_mem_gib=%.3f",
                 o.model.c_str(), device.str().c_str(), static_cast<long long>(o.batchSize), o.convAlgorithms.c_str(),
                 o.precision.c_str(), o.tf32 ? "yes" : "no", median(runs),
-                *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));
+                *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()), peakGib);
     if (gpt) std::printf(" tokens_per_s=%.0f", median(runs) * static_cast<double>(context));
     std::printf("\n");
     return 0;
@@ -254,7 +272,7 @@ int runTrainBench(const TrainBenchOptions& options) {
   for (int threads : o.threads) {
     runtime::cpu::setBlasThreads(threads);
     std::vector<double> runs;
-    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device));
+    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device).samplesPerSecond);
     double sps = median(runs);
     std::printf("RESULT bench=train model=%s threads=%d samples_per_s=%.0f min=%.0f max=%.0f", o.model.c_str(), threads, sps,
                 *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));

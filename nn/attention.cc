@@ -58,6 +58,17 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
   }
 }
 
+void CausalSelfAttention::shareBackwardBuffers(const CausalSelfAttention& peer) {
+  cAttn_.shareBackwardBuffers(peer.cAttn_);
+  cProj_.shareBackwardBuffers(peer.cProj_);
+  gradHeadsOut_ = peer.gradHeadsOut_;
+  gradScores_ = peer.gradScores_;
+  gradHeads_ = peer.gradHeads_;
+  gradYCast_ = peer.gradYCast_;
+  rowDot_ = peer.rowDot_;
+  gradQkv_ = peer.gradQkv_;
+}
+
 std::string CausalSelfAttention::name() const {
   return "CausalSelfAttention(" + std::to_string(options_.dim) + ", " + std::to_string(options_.heads) + " heads)";
 }

@@ -55,6 +55,12 @@ class CausalSelfAttention final : public Module {
   // writes bf16 (its softmax and sums in fp32); the output is c_proj's, in bf16.
   bool takesBf16() const override { return true; }
 
+  // Aliases this layer's backward-only buffers (the projections', the core's gradients and scratch) to `peer`'s, so that the two hold
+  // one set. Only for layers that run backward one after the other and whose input gradient is dead
+  // once the next one has run: TransformerBlock::shareBackwardBuffers, which a GPT calls for its
+  // blocks. A buffer that must grow is reallocated for this layer alone until it shares again.
+  void shareBackwardBuffers(const CausalSelfAttention& peer);
+
   Linear& cAttn() { return cAttn_; }
   Linear& cProj() { return cProj_; }
   // The last forward's attention probabilities, [B, H, T, T] (row t: the weights over positions).

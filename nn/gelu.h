@@ -28,6 +28,11 @@ class Gelu final : public Module {
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
   bool takesBf16() const override { return true; }
+  // Aliases this layer's backward-only buffers (the input gradient) to `peer`'s, so that the two hold
+  // one set. Only for layers that run backward one after the other and whose input gradient is dead
+  // once the next one has run: TransformerBlock::shareBackwardBuffers, which a GPT calls for its
+  // blocks. A buffer that must grow is reallocated for this layer alone until it shares again.
+  void shareBackwardBuffers(const Gelu& peer) { gradInput_ = peer.gradInput_; }
 
  private:
   Tensor input_;  // a handle to the last forward's input

@@ -182,7 +182,12 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
   Pass inner = pass;
   inner.needInputGrad = true;
   const Tensor* g = &lnF_.backward(gradFinal_, inner);
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = &(*it)->backward(*g, inner);
+  const TransformerBlock* later = nullptr;  // the block whose backward ran last
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    if (later) (*it)->shareBackwardBuffers(*later);  // one set of gradient buffers for every block
+    g = &(*it)->backward(*g, inner);
+    later = it->get();
+  }
   // The position embedding's gradient: d(x) summed over the batch.
 #ifdef COHORT_HAVE_CUDA
   if (gpu) {

@@ -52,6 +52,15 @@ class LayerNorm final : public Module {
   bool takesBf16() const override { return true; }
 
   int64_t features() const { return features_; }
+  // Aliases this layer's backward-only buffers (the input gradient, the parameter reduction's scratch) to `peer`'s, so that the two hold
+  // one set. Only for layers that run backward one after the other and whose input gradient is dead
+  // once the next one has run: TransformerBlock::shareBackwardBuffers, which a GPT calls for its
+  // blocks. A buffer that must grow is reallocated for this layer alone until it shares again.
+  void shareBackwardBuffers(const LayerNorm& peer) {
+    gradInput_ = peer.gradInput_;
+    scratch_ = peer.scratch_;
+  }
+
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   // Per row of the last forward: [rows] (rows = input.numel() / features).

@@ -22,6 +22,12 @@ Linear::Linear(const LinearOptions& options) : options_(options) {
   }
 }
 
+void Linear::shareBackwardBuffers(const Linear& peer) {
+  gradInput_ = peer.gradInput_;
+  gradCast_ = peer.gradCast_;
+  biasScratch_ = peer.biasScratch_;
+}
+
 std::string Linear::name() const {
   return "Linear(" + std::to_string(options_.in) + " -> " + std::to_string(options_.out) +
          (options_.bias ? ")" : ", no bias)");

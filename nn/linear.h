@@ -31,6 +31,12 @@ class Linear final : public Module {
   // weight and bias gradients in fp32.
   bool takesBf16() const override { return true; }
 
+  // Aliases this layer's backward-only buffers (the input gradient, the incoming gradient's bf16 copy, the bias reduction's scratch) to `peer`'s, so that the two hold
+  // one set. Only for layers that run backward one after the other and whose input gradient is dead
+  // once the next one has run: TransformerBlock::shareBackwardBuffers, which a GPT calls for its
+  // blocks. A buffer that must grow is reallocated for this layer alone until it shares again.
+  void shareBackwardBuffers(const Linear& peer);
+
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
   const Tensor& weightGrad() const { return weightGrad_; }

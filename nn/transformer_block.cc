@@ -14,6 +14,18 @@ TransformerBlock::TransformerBlock(const AttentionOptions& o)
       fc_(LinearOptions{.in = o.dim, .out = 4 * o.dim}),
       mlpProj_(LinearOptions{.in = 4 * o.dim, .out = o.dim}) {}
 
+void TransformerBlock::shareBackwardBuffers(const TransformerBlock& peer) {
+  ln1_.shareBackwardBuffers(peer.ln1_);
+  attn_.shareBackwardBuffers(peer.attn_);
+  ln2_.shareBackwardBuffers(peer.ln2_);
+  fc_.shareBackwardBuffers(peer.fc_);
+  gelu_.shareBackwardBuffers(peer.gelu_);
+  mlpProj_.shareBackwardBuffers(peer.mlpProj_);
+  gradH_ = peer.gradH_;
+  gradInput_ = peer.gradInput_;
+  gradOutputCast_ = peer.gradOutputCast_;
+}
+
 std::string TransformerBlock::name() const {
   return "TransformerBlock(" + std::to_string(options_.dim) + ", " + std::to_string(options_.heads) + " heads)";
 }

@@ -34,6 +34,13 @@ class TransformerBlock final : public Module {
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
 
   CausalSelfAttention& attn() { return attn_; }
+  // Aliases every backward-only buffer of the block and its layers to `peer`'s (a block of the same
+  // shape), input gradient included: a GPT runs its blocks' backward one after another, and block
+  // i's input gradient, which block i − 1 reads as its output gradient, is dead before that block
+  // writes its own (the last thing its backward does). So the blocks of a GPT hold one set of
+  // gradient buffers between them instead of one each (about 48 bytes per activation and layer in
+  // bf16). Handles only: nothing is allocated or copied.
+  void shareBackwardBuffers(const TransformerBlock& peer);
   // In a bf16 pass (GPU) the four projections compute in bf16, and the activations between the
   // block's layers are bf16 (LayerNorm's and GELU's outputs, the attention core's input and output);
   // the residual stream stays fp32, as do LayerNorm's statistics and every sum inside the kernels.

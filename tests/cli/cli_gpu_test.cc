@@ -175,6 +175,8 @@ TEST_F(CliGpuTest, BenchTrainPrintsItsResult) {
                                 "precision=fp32 tf32=no samples_per_s="),
               std::string::npos)
         << r.describe();
+    // The caching allocator's peak: at least the parameters, their gradients and momentum.
+    EXPECT_GT(parseResultLine(r.stdoutText).number("peak_mem_gib"), 0.0) << r.describe();
   }
 }
 

@@ -28,9 +28,12 @@ Tensor tokens(int64_t batch, int64_t time, int64_t vocab, uint64_t seed) {
   return t;
 }
 
+// Three blocks: their backward passes share one set of gradient buffers (the input gradient of each
+// written where the next one's lay; TransformerBlock::shareBackwardBuffers), which a wrong alias
+// would show here.
 TEST(Gpt, GradientsMatchFiniteDifferences) {
   for (const auto& [time, heads] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 2}}) {
-    Gpt m({.vocab = 7, .layers = 2, .heads = heads, .dim = 8, .context = 6});
+    Gpt m({.vocab = 7, .layers = 3, .heads = heads, .dim = 8, .context = 6});
     ParamBuffer params;
     bindParams(m, params, 21);
     // GPT-2's initial embeddings (std 0.02) are small next to the check's step of 0.01, and

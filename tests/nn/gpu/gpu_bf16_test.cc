@@ -202,6 +202,44 @@ std::vector<Bf16Case> cases() {
   };
 }
 
+// The blocks of a GPT hold one set of gradient buffers between them
+// (TransformerBlock::shareBackwardBuffers). After two bf16 steps, each block beyond the first adds to
+// the peak its parameters (values, gradients and bf16 copies: 10 bytes each) and what its forward
+// keeps for backward (about 40 bytes per activation element: LayerNorms' outputs, qkv, y, the MLP's
+// two 4D activations in bf16, the fp32 residual stream), bounded here by 64 bytes per element; a
+// block with gradient buffers of its own would add about 48 bytes per element more.
+TEST(Bf16Layers, GptBlocksShareOneSetOfGradientBuffers) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  const int64_t batch = 4, time = 32, dim = 64;
+  auto peakBytes = [&](int64_t layers) {
+    runtime::cuda::GpuContext gpu(Device::cuda(0));
+    runtime::Rng rng(1);
+    TwinModules twins(
+        [&] { return ModulePtr(new nn::Gpt({.vocab = 16, .layers = layers, .heads = 2, .dim = dim, .context = time})); },
+        gpu, rng);
+    Tensor ids = Tensor::zeros(Shape{batch, time});
+    for (int64_t i = 0; i < ids.numel(); ++i) ids.at(i) = static_cast<float>(i % 16);
+    const Tensor dids = ids.clone(gpu.allocator());
+    nn::Pass pass;
+    pass.gpu = &gpu;
+    pass.precision = DType::kBF16;
+    for (int step = 0; step < 2; ++step) {
+      const Tensor& logits = twins.dev->forward(dids, pass);
+      const Tensor dy = Tensor::empty(logits.shape(), gpu.allocator());
+      runtime::cuda::fill({dy.data(), static_cast<size_t>(dy.numel())}, 0.0f, gpu.stream());
+      twins.dev->backward(dy, pass);
+    }
+    gpu.stream().synchronize();
+    return static_cast<double>(gpu.allocator().stats().peakAllocatedBytes);
+  };
+  const double perBlock = (peakBytes(3) - peakBytes(1)) / 2;
+  const double params = 12.0 * dim * dim + 13.0 * dim, elements = static_cast<double>(batch * time * dim);
+  const double bytesPerElement = (perBlock - 10 * params) / elements;
+  std::printf("each block adds %.0f bytes: 10 per parameter and %.1f per activation element\n", perBlock,
+              bytesPerElement);
+  EXPECT_LT(bytesPerElement, 64.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layers, Bf16LayersTest, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Bf16Case>& info) { return info.param.name; });
 #else
