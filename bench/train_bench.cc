@@ -42,7 +42,7 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
                "--device cuda: fastest | exact, the cuDNN algorithms allowed (as cohort train's)")
       ->capture_default_str();
   c.add_option("--precision", o.precision, "--device cuda: fp32 | bf16 (as cohort train's)")->capture_default_str();
-  c.add_flag("--tf32", o.tf32, "--device cuda: TF32 tensor cores for fp32 matrix products (as cohort train's)");
+  c.add_flag("--tf32", o.tf32, "--device cuda: TF32 tensor cores for fp32 matrix products and convolutions (as cohort train's)");
   c.add_option("--samples", o.samples, "training samples per run (default: 60000 for MNIST-shaped models, 5000 for "
                                        "cnn:rosetta, the peers' figures)");
 }

@@ -137,7 +137,8 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
                "master weights, optimizer state and checkpoints (docs/gpu.md, \"Precision\", lists the models)")
       ->capture_default_str();
   c.add_flag("--tf32", f.tf32,
-             "--device cuda: let fp32 matrix products use TF32 tensor cores (inputs rounded to 10 bits of mantissa); "
+             "--device cuda: let fp32 matrix products and convolutions use TF32 tensor cores (inputs rounded to 10 "
+             "bits of mantissa); "
              "off by default, so plain fp32 stays comparable to the CPU");
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
                  "wait about 100 years")
