@@ -8,7 +8,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "runtime/dtype.h"
 #include "runtime/error.h"
@@ -51,11 +54,32 @@ inline bool quadAligned(const void* p, DType type) {
   return reinterpret_cast<uintptr_t>(p) % (4 * static_cast<uintptr_t>(sizeOf(type))) == 0;
 }
 
+// How many leading quads of `count` elements a kernel may move four at a time: count / 4 when every
+// buffer is aligned to its quads, else 0 (every element one by one).
+inline size_t quadsFor(size_t count, std::initializer_list<std::pair<const void*, DType>> buffers) {
+  for (const auto& [p, type] : buffers) {
+    if (!quadAligned(p, type)) return 0;
+  }
+  return count / 4;
+}
+
 // The C++ type a DType is stored as on the device, as a tag: TypeTag<T>::type.
 template <class T>
 struct TypeTag {
   using type = T;
 };
+
+// The DType a device type stores.
+template <class T>
+constexpr DType dtypeOf();
+template <>
+constexpr DType dtypeOf<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtypeOf<__nv_bfloat16>() {
+  return DType::kBF16;
+}
 
 // f(TypeTag<float>{}) or f(TypeTag<__nv_bfloat16>{}) for `type` (host code: picks a kernel).
 template <class F>

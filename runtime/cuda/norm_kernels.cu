@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
-#include <utility>
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/elements.h"
@@ -45,6 +43,7 @@ __device__ __forceinline__ float geluGrad(float x, float dy) {
 
 using elements::load;
 using elements::loadQuad;
+using elements::quadsFor;
 using elements::store;
 using elements::storeQuad;
 
@@ -198,14 +197,6 @@ __global__ void layerNormParamReduceKernel(const float* __restrict__ partialW, c
 
 void checkShape(const LayerNormOptions& o) {
   COHORT_CHECK(o.rows >= 0 && o.cols >= 1) << "LayerNorm of " << o.rows << " x " << o.cols;
-}
-
-// Four at a time when every buffer is aligned to its quads (0 quads: one by one).
-size_t quadsFor(size_t count, std::initializer_list<std::pair<const void*, DType>> buffers) {
-  for (const auto& [p, type] : buffers) {
-    if (!elements::quadAligned(p, type)) return 0;
-  }
-  return count / 4;
 }
 
 }  // namespace
