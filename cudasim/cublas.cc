@@ -26,6 +26,7 @@
 #include <set>
 #include <vector>
 
+#include "cublas_gemm.h"
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cudasim/sim.h"
@@ -78,16 +79,6 @@ cublasStatus_t usable(cublasHandle_t handle, cublasContext* settings) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// A scalar argument: its value at the call (host pointer mode), or the device address it is read
-// from when the operation runs (device pointer mode).
-struct Scalar {
-  float value = 0;
-  const float* device = nullptr;
-  float get() const { return device ? *device : value; }
-  bool knownZero() const { return !device && value == 0.0f; }
-  bool knownOne() const { return !device && value == 1.0f; }
-};
-
 bool readScalar(const cublasContext& settings, const float* p, Scalar* out) {
   if (!p) return false;
   if (settings.pointerMode == CUBLAS_POINTER_MODE_DEVICE) {
@@ -98,17 +89,6 @@ bool readScalar(const cublasContext& settings, const float* p, Scalar* out) {
   }
   return true;
 }
-
-size_t elementBytes(cudaDataType type) { return type == CUDA_R_16BF ? 2 : 4; }
-
-// Bytes from the first to one past the last element of a column-major rows x cols matrix with
-// leading dimension ld (0 for an empty one) of `element`-byte elements.
-size_t spanBytes(int64_t rows, int64_t cols, int64_t ld, size_t element = sizeof(float)) {
-  if (rows <= 0 || cols <= 0) return 0;
-  return static_cast<size_t>((cols - 1) * ld + rows) * element;
-}
-
-bool onDevice(const void* p, size_t bytes) { return bytes == 0 || (p && isDeviceRange(p, bytes)); }
 
 // Whether `count` matrices of `bytes` each, `stride` elements of `element` bytes apart from p on, lie
 // inside one live device allocation: with the stride non-negative, the span from the first one's
@@ -152,20 +132,18 @@ bool roundsToTf32(cublasMath_t mode) {
   return base == CUBLAS_TF32_TENSOR_OP_MATH || base == CUBLAS_TENSOR_OP_MATH;
 }
 
-// The operands of one GEMM, captured at the call. A and B are both fp32 or both bf16 (`bf16`); C is
-// fp32 or bf16 (`bf16C`).
-struct Gemm {
-  bool transA = false, transB = false, tf32 = false, bf16 = false, bf16C = false;
-  int m = 0, n = 0, k = 0;
-  Scalar alpha, beta;
-  const void* a = nullptr;
-  const void* b = nullptr;
-  void* c = nullptr;
-  int lda = 0, ldb = 0, ldc = 0;
-};
+}  // namespace
 
-// A column-major rows x cols matrix with leading dimension ld, as packed fp32 (ld = rows): bf16
-// widened (exact), fp32 rounded to TF32 (`tf32`) or copied.
+// The shared pieces (cublas_gemm.h).
+size_t elementBytes(cudaDataType type) { return type == CUDA_R_16BF ? 2 : 4; }
+
+size_t spanBytes(int64_t rows, int64_t cols, int64_t ld, size_t element) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<size_t>((cols - 1) * ld + rows) * element;
+}
+
+bool onDevice(const void* p, size_t bytes) { return bytes == 0 || (p && isDeviceRange(p, bytes)); }
+
 std::vector<float> packed(const void* p, bool bf16, bool tf32, int64_t rows, int64_t cols, int64_t ld) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t j = 0; j < cols; ++j) {
@@ -228,6 +206,8 @@ void runGemm(const Gemm& g) {
     for (int64_t i = 0; i < g.m; ++i) c[i + j * g.ldc] = __float2bfloat16_rn(wide[static_cast<size_t>(i + j * g.m)]);
   }
 }
+
+namespace {
 
 // A strided batch of GEMMs: matrix i of each operand starts i · stride elements after its matrix 0,
 // which `first` holds.

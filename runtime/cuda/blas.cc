@@ -3,8 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <sstream>
 
+#include "runtime/cuda/blas_lt.h"
 #include "runtime/cuda/cublas_library.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
@@ -13,15 +13,9 @@
 namespace cohort::runtime::cuda {
 namespace {
 
-// Like throwCudaError: the call's text, the status name and string, and file:line.
 [[noreturn]] void throwCublasError(const CublasLibrary& cublas, cublasStatus_t status, const char* call,
                                    const char* file, int line) {
-  cudaGetLastError();  // a failed launch inside cuBLAS must not be reported again by the next check
-  std::ostringstream os;
-  os << "cuBLAS error " << cublas.getStatusName(status) << " (" << cublas.getStatusString(status) << ") from " << call
-     << " at " << file << ":" << line;
-  if (status == CUBLAS_STATUS_ALLOC_FAILED) throw OutOfMemory(os.str());
-  throw Error(os.str());
+  throwBlasError("cuBLAS", cublas.getStatusName(status), cublas.getStatusString(status), status, call, file, line);
 }
 
 // `cublas` is the CublasLibrary whose function `expr` calls.
@@ -60,6 +54,7 @@ Blas::Blas(const Stream& stream) : stream_(stream) {
 }
 
 Blas::~Blas() {
+  lt_.reset();
   // The handle's device must be current; a destructor must not throw, so failures are ignored.
   QuietDeviceGuard guard(stream_.device().index);
   cublas_->destroy(static_cast<cublasHandle_t>(handle_));
@@ -136,9 +131,21 @@ void Blas::gemmEx(const GemmOptions& o, const GemmBatch& batch, DType ab, DType 
 }
 
 void Blas::setTf32(bool on) {
+  tf32_ = on;
   CudaDeviceGuard guard(stream_.device().index);
   COHORT_CUBLAS_CHECK(*cublas_, cublas_->setMathMode(static_cast<cublasHandle_t>(handle_),
                                                      on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+bool Blas::gemmFused(const GemmOptions& o, GemmEpilogue epilogue, DType type, const void* a, const void* b, void* c,
+                     const EpilogueOperands& operands) const {
+  if (o.m <= 0 || o.n <= 0 || o.k <= 0 || o.beta != 0.0f) {
+    COHORT_THROW(InvalidArgument) << "gemmFused of " << o.m << " x " << o.n << " x " << o.k << " with beta " << o.beta
+                                  << ": it needs positive sizes and adds no C";
+  }
+  CudaDeviceGuard guard(stream_.device().index);
+  if (!lt_) lt_ = std::make_unique<LtMatmul>(stream_);
+  return lt_->run({.options = o, .epilogue = epilogue, .type = type, .tf32 = tf32_}, a, b, c, operands);
 }
 
 }  // namespace cohort::runtime::cuda

@@ -30,6 +30,20 @@
 namespace cohort::runtime::cuda {
 
 struct CublasLibrary;  // cublas_library.h
+class LtMatmul;       // blas_lt.h
+
+// What a fused product (Blas::gemmFused) does to it before storing C, on the row-major C[m, n]:
+//   kBias:     C = A·B + bias[col]
+//   kBiasGelu: pre = A·B + bias[col] written to `aux`, C = GELU(pre) (the tanh approximation)
+//   kGeluGrad: C = (A·B) · GELU'(aux), elementwise (the gradient through GELU of its input `aux`)
+enum class GemmEpilogue { kBias, kBiasGelu, kGeluGrad };
+
+// The vectors and matrices an epilogue reads or writes: bias [n] and aux [m, n] (row-major, packed),
+// both of the product's element type.
+struct EpilogueOperands {
+  const void* bias = nullptr;
+  void* aux = nullptr;
+};
 
 enum class ActivationOp { kIdentity, kRelu, kTanh, kSigmoid };
 
@@ -58,6 +72,15 @@ class Blas {
   // once. With k == 0, beta must be 0 or 1. Other types throw InvalidArgument.
   void gemmEx(const GemmOptions& options, const GemmBatch& batch, DType ab, DType cType, const void* a, const void* b,
               void* c) const;
+  // One product C = op(A) · op(B) (options.alpha; InvalidArgument for a beta other than 0 or a size
+  // of 0) with its epilogue fused
+  // into the product's kernel (cuBLASLt, opened at the first call): A, B, C and the epilogue's
+  // operands all of type `type` (fp32, or bf16 on tensor cores; fp32 accumulation either way, TF32
+  // for fp32 under setTf32(true)). Returns false, having done nothing, where cuBLASLt has no
+  // algorithm for it (among others: aux with n not a multiple of 8): the caller runs the unfused
+  // steps. The answer is kept per shape, type and operand alignment, so asking again costs a lookup.
+  bool gemmFused(const GemmOptions& options, GemmEpilogue epilogue, DType type, const void* a, const void* b, void* c,
+                 const EpilogueOperands& operands) const;
   // TF32 tensor cores for fp32 products (--tf32): inputs rounded to 10 bits of mantissa. Off at start.
   void setTf32(bool on);
   const Stream& stream() const { return stream_; }
@@ -66,6 +89,8 @@ class Blas {
   const Stream& stream_;
   std::unique_ptr<const CublasLibrary> cublas_;
   void* handle_ = nullptr;  // cublasHandle_t
+  bool tf32_ = false;
+  mutable std::unique_ptr<LtMatmul> lt_;  // made at the first gemmFused
 };
 
 // y[r, c] = act(y[r, c] + bias[c]); bias may be nullptr (activation only).

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "runtime/cuda/cublas_library.h"
+#include "runtime/cuda/cublaslt_library.h"
 #include "runtime/cuda/cudnn_library.h"
 #include "runtime/cuda/dnn.h"
 
@@ -50,6 +51,21 @@ TEST(OpenedLibraries, CublasLibraryLoadsCublasAndResolvesItsFunctions) {
   const CublasLibrary again;  // already loaded: the same library
   EXPECT_EQ(again.library.path(), cublas.library.path());
   EXPECT_EQ(again.sgemm, cublas.sgemm);
+}
+
+TEST(OpenedLibraries, CublasLtLibraryLoadsCublasLtAndResolvesItsFunctions) {
+  const CublasLtLibrary lt;
+  EXPECT_TRUE(loaded(kCublasLt));
+  EXPECT_TRUE(std::filesystem::path(lt.library.path()).is_absolute()) << lt.library.path();
+  for (const void* f :
+       {(const void*)lt.create, (const void*)lt.destroy, (const void*)lt.matmulDescCreate,
+        (const void*)lt.matmulDescDestroy, (const void*)lt.matmulDescSetAttribute, (const void*)lt.matrixLayoutCreate,
+        (const void*)lt.matrixLayoutDestroy, (const void*)lt.matmulPreferenceCreate,
+        (const void*)lt.matmulPreferenceDestroy, (const void*)lt.matmulPreferenceSetAttribute,
+        (const void*)lt.matmulAlgoGetHeuristic, (const void*)lt.matmul}) {
+    EXPECT_NE(f, nullptr);
+  }
+  EXPECT_STREQ(lt.getStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
 }
 
 TEST(OpenedLibraries, CudnnLibraryLoadsCudnnAndResolvesItsFunctions) {

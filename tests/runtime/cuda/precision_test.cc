@@ -1,6 +1,7 @@
 // Mixed precision on the GPU (tags = ["gpu"]): the fp32 <-> bf16 conversions of
 // runtime/cuda/precision_kernels.h against the host's runtime::toBf16, bit for bit; Blas::gemmEx
-// with bf16 inputs against cpu::gemm on the same (bf16-rounded) inputs; and Blas::setTf32.
+// with bf16 inputs against cpu::gemm on the same (bf16-rounded) inputs; Blas::setTf32; and
+// Blas::gemmFused's epilogues (cuBLASLt) against cpu::gemm followed by the epilogue on the host.
 //
 // A product of two bf16 values is exact in fp32, so a bf16 GEMM with fp32 output differs from the
 // CPU's fp32 GEMM of the widened inputs by the order of fp32 additions only (the kernels_test
@@ -274,6 +275,95 @@ TEST_F(PrecisionTest, Tf32IsOptIn) {
   EXPECT_LT(plain, 1e-4);
   EXPECT_GT(tf32, 4 * plain);
   EXPECT_LT(tf32, 256 * std::ldexp(1.0, -11));  // k products, each within 2^-11 relative of |a·b| <= 1
+}
+
+// GPT-2's GELU (tanh approximation) and its derivative, in double.
+double hostGelu(double v) { return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }
+double hostGeluGrad(double v) {
+  const double t = std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v));
+  return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * v * v);
+}
+
+// What gemmFused should give for C[m, n] = product (already alpha · op(A) · op(B)): C, and for
+// kBiasGelu the pre-activation written to aux.
+struct FusedWant {
+  Floats c, aux;
+};
+
+FusedWant fusedOnHost(GemmEpilogue e, const Floats& product, const Floats& bias, const Floats& aux, int n) {
+  FusedWant want{product, aux};
+  for (size_t i = 0; i < product.size(); ++i) {
+    const float biased = product[i] + bias[i % n];
+    switch (e) {
+      case GemmEpilogue::kBias:
+        want.c[i] = biased;
+        break;
+      case GemmEpilogue::kBiasGelu:
+        want.aux[i] = biased;
+        want.c[i] = static_cast<float>(hostGelu(biased));
+        break;
+      case GemmEpilogue::kGeluGrad:
+        want.c[i] = static_cast<float>(product[i] * hostGeluGrad(aux[i]));
+        break;
+    }
+  }
+  return want;
+}
+
+// Each epilogue, fp32 and bf16, every transpose, on sizes cuBLASLt runs on any GPU (multiples of 8):
+// the result is the host's product and epilogue to fp32 rounding (fp32), or that rounded once to
+// bf16 (one unit in the last place), and so is the pre-activation written to aux.
+TEST_F(PrecisionTest, FusedEpiloguesMatchTheHostsSteps) {
+  Blas blas(stream());
+  const int m = 24, n = 40, k = 56;
+  uint64_t seed = 100;
+  for (DType type : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = type == DType::kBF16;
+    auto inType = [&](Floats v) { return bf16 ? roundedToBf16(std::move(v)) : v; };
+    auto put = [&](const Floats& v) { return bf16 ? upload(bitsOf(v)) : upload(v); };
+    auto get = [&](const DeviceBytes& d, size_t count) {
+      return bf16 ? widened(download<uint16_t>(d, count)) : download<float>(d, count);
+    };
+    for (GemmEpilogue e : {GemmEpilogue::kBias, GemmEpilogue::kBiasGelu, GemmEpilogue::kGeluGrad}) {
+      for (int trans = 0; trans < 4; ++trans) {
+        const GemmOptions o{.m = m, .n = n, .k = k, .transA = (trans & 1) != 0, .transB = (trans & 2) != 0,
+                            .alpha = 0.5f};
+        const std::string what = std::string(dtypeName(type)) + " epilogue " + std::to_string(static_cast<int>(e)) +
+                                 " trans " + std::to_string(trans);
+        const Floats a = inType(randomFloats(m * k, seed++)), b = inType(randomFloats(k * n, seed++));
+        const Floats bias = inType(randomFloats(n, seed++)), aux = inType(randomFloats(m * n, seed++, -3.0f, 3.0f));
+        Floats product(m * n, 0.0f);
+        cpu::gemm(o, a.data(), b.data(), product.data());
+        const FusedWant want = fusedOnHost(e, product, bias, aux, n);
+        auto da = put(a), db = put(b), dbias = put(bias), daux = put(aux), dc = put(Floats(m * n, 7.0f));
+        ASSERT_TRUE(blas.gemmFused(o, e, type, da->data(), db->data(), dc->data(),
+                                   {.bias = dbias->data(), .aux = daux->data()}))
+            << what;
+        expectGemmClose(get(*dc, m * n), want.c, k, bf16 ? 1 : 0, what + ": C");
+        expectGemmClose(get(*daux, m * n), want.aux, k, bf16 ? 1 : 0, what + ": aux");
+      }
+    }
+  }
+}
+
+// cuBLASLt's rule for the aux matrix: its leading dimension (n here) a multiple of 8. Otherwise
+// gemmFused declines, touching nothing, and the caller runs the unfused steps. It adds no C.
+TEST_F(PrecisionTest, FusedEpilogueDeclinesAnAuxMatrixCublasLtCannotRun) {
+  Blas blas(stream());
+  const GemmOptions o{.m = 5, .n = 12, .k = 9};
+  auto da = upload(randomFloats(5 * 9, 1)), db = upload(randomFloats(9 * 12, 2)), dbias = upload(randomFloats(12, 3));
+  auto dc = upload(Floats(60, 7.0f)), daux = upload(Floats(60, 7.0f));
+  for (GemmEpilogue e : {GemmEpilogue::kBiasGelu, GemmEpilogue::kGeluGrad}) {
+    EXPECT_FALSE(blas.gemmFused(o, e, DType::kF32, da->data(), db->data(), dc->data(),
+                                {.bias = dbias->data(), .aux = daux->data()}));
+  }
+  EXPECT_EQ(download<float>(*dc, 60), Floats(60, 7.0f));
+  EXPECT_EQ(download<float>(*daux, 60), Floats(60, 7.0f));
+  GemmOptions withC = o;
+  withC.beta = 1.0f;
+  EXPECT_THROW(blas.gemmFused(withC, GemmEpilogue::kBias, DType::kF32, da->data(), db->data(), dc->data(),
+                                  {.bias = dbias->data()}),
+               InvalidArgument);
 }
 
 }  // namespace
