@@ -63,10 +63,12 @@ const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {
   }
 #endif
   runtime::ensureShape(gradInput_, input_.shape());
-  const float* x = input_.data();
-  const float* dy = gradOutput.data();
-  float* dx = gradInput_.data();
-  runtime::cpu::parallelRange(input_.numel(), runtime::cpu::kParallelGrain, [&](int64_t first, int64_t last, int) {
+  geluBackward(input_.data(), gradOutput.data(), gradInput_.data(), input_.numel());
+  return gradInput_;
+}
+
+void geluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  runtime::cpu::parallelRange(n, runtime::cpu::kParallelGrain, [&](int64_t first, int64_t last, int) {
     for (int64_t i = first; i < last; ++i) {
       const float v = x[i];
       const float t = runtime::cpu::tanhVectorised(kSqrt2OverPi * (v + kCubic * v * v * v));
@@ -74,7 +76,6 @@ const Tensor& Gelu::backward(const Tensor& gradOutput, const Pass& pass) {
       dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
     }
   });
-  return gradInput_;
 }
 
 }  // namespace cohort::nn

@@ -45,5 +45,8 @@ inline ModulePtr gelu() { return std::make_unique<Gelu>(); }
 // The CPU forward of n values: y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), vectorised;
 // y may be x (in place). Gelu::forward and nn::GptSampler run it.
 void geluForward(const float* x, float* y, int64_t n);
+// The CPU backward of n values: dx = dy · GELU'(x); dx may be dy. Gelu::backward and a Linear with
+// a GELU (linear.h) run it.
+void geluBackward(const float* x, const float* dy, float* dx, int64_t n);
 
 }  // namespace cohort::nn

@@ -2,12 +2,15 @@
 
 #include <cmath>
 
+#include "nn/gelu.h"
 #include "nn/gpu_dispatch.h"
 #include "nn/precision.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
 #ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/norm_kernels.h"
 #include "runtime/cuda/precision_kernels.h"
 #include "runtime/cuda/reduce_kernels.h"
 #endif
@@ -26,11 +29,12 @@ void Linear::shareBackwardBuffers(const Linear& peer) {
   gradInput_ = peer.gradInput_;
   gradCast_ = peer.gradCast_;
   biasScratch_ = peer.biasScratch_;
+  gradPreActivation_ = peer.gradPreActivation_;
 }
 
 std::string Linear::name() const {
   return "Linear(" + std::to_string(options_.in) + " -> " + std::to_string(options_.out) +
-         (options_.bias ? ")" : ", no bias)");
+         (options_.bias ? "" : ", no bias") + (options_.gelu ? ", GELU)" : ")");
 }
 
 void Linear::registerParams(ParamBuffer& params, const std::string& prefix) {
@@ -63,66 +67,81 @@ const Tensor& Linear::forward(const Tensor& input, const Pass& pass) {
   inputShape_ = input.shape();
   input_ = input.reshape(Shape{rows, options_.in});
 #ifdef COHORT_HAVE_CUDA
-  if (onGpu(input)) {
-    if (pass.precision == runtime::DType::kBF16) return forwardBf16(input_, outShape, pass);
-    auto& gpu = gpuFor(pass, input, name());
-    runtime::ensureShape(output_, outShape, gpu.allocator());
-    gpu.blas().gemm({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out),
-                     .k = static_cast<int>(options_.in), .transB = true},
-                    input_.data(), weight_.data(), output_.data());
-    if (options_.bias) {
-      runtime::cuda::biasActivation(runtime::cuda::ActivationOp::kIdentity, output_.data(), bias_.data(), rows,
-                                    options_.out, gpu.stream());
-    }
-    return output_;
-  }
+  if (onGpu(input)) return forwardGpu(input_, outShape, pass);
 #endif
   precision::checkCpuPrecision(pass, *this);
-  runtime::ensureShape(output_, outShape);
-  float* y = output_.data();
-  gemm({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out), .k = static_cast<int>(options_.in),
-        .transB = true},
-       input_.data(), weight_.data(), y);
-  if (options_.bias) {
-    const float* b = bias_.data();
-    int64_t out = options_.out;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = y + r * out;
-      for (int64_t j = 0; j < out; ++j) row[j] += b[j];
-    }
-  }
+  forwardCpu(outShape);
   return output_;
 }
 
+void Linear::forwardCpu(const Shape& outShape) {
+  const int64_t rows = input_.dim(0), out = options_.out;
+  Tensor& y = options_.gelu ? preActivation_ : output_;
+  runtime::ensureShape(y, outShape);
+  gemm({.m = static_cast<int>(rows), .n = static_cast<int>(out), .k = static_cast<int>(options_.in), .transB = true},
+       input_.data(), weight_.data(), y.data());
+  if (options_.bias) {
+    const float* b = bias_.data();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = y.data() + r * out;
+      for (int64_t j = 0; j < out; ++j) row[j] += b[j];
+    }
+  }
+  if (options_.gelu) {
+    runtime::ensureShape(output_, outShape);
+    geluForward(y.data(), output_.data(), y.numel());
+  }
+}
+
 const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
+  if (!options_.gelu) return backwardFromPreActivation(gradOutput, pass);
+  COHORT_CHECK(gradOutput.numel() == preActivation_.numel()) << gradOutput.shape().str();
+  return backwardFromPreActivation(geluBackward(gradOutput, preActivation_, pass), pass);
+}
+
+// dU = dY · GELU'(u) into gradPreActivation_, in u's type.
+const Tensor& Linear::geluBackward(const Tensor& gradOutput, const Tensor& u, const Pass& pass) {
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(u)) {
+    auto& gpu = gpuFor(pass, u, name());
+    runtime::ensureShape(gradPreActivation_, u.shape(), gpu.allocator(), u.dtype());
+    runtime::cuda::geluBackward(u.raw(), gradOutput.raw(), gradPreActivation_.raw(), u.numel(), gpu.stream(), u.dtype(),
+                                gradOutput.dtype());
+    return gradPreActivation_;
+  }
+#endif
+  static_cast<void>(pass);
+  runtime::ensureShape(gradPreActivation_, u.shape());
+  nn::geluBackward(u.data(), gradOutput.data(), gradPreActivation_.data(), u.numel());
+  return gradPreActivation_;
+}
+
+const Tensor& Linear::backwardThroughGelu(const Tensor& gradOutput, const Pass& pass, const Tensor& geluInput) {
+  COHORT_CHECK(geluInput.numel() == input_.numel()) << name() << ": GELU input " << geluInput.shape().str()
+                                                    << " for an input of " << inputShape_.str();
+  return backwardWith(gradOutput, pass, &geluInput);
+}
+
+const Tensor& Linear::backwardFromPreActivation(const Tensor& gradOutput, const Pass& pass) {
+  return backwardWith(gradOutput, pass, nullptr);
+}
+
+// The parameter gradients from dY, and the input gradient dY · W (through GELU's derivative at
+// *geluInput, when given).
+const Tensor& Linear::backwardWith(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput) {
   int64_t rows = input_.dim(0);
   COHORT_CHECK(gradOutput.numel() == rows * options_.out) << gradOutput.shape().str();
 #ifdef COHORT_HAVE_CUDA
-  if (onGpu(gradOutput) && pass.precision == runtime::DType::kBF16) return backwardBf16(gradOutput, pass);
+  if (onGpu(gradOutput)) {
+    return pass.precision == runtime::DType::kBF16 ? backwardBf16(gradOutput, pass, geluInput)
+                                                    : backwardFp32(gradOutput, pass, geluInput);
+  }
 #endif
   const float* dy = gradOutput.data();
   int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out), r = static_cast<int>(rows);
-  float beta = pass.accumulateGrads ? 1.0f : 0.0f;
-#ifdef COHORT_HAVE_CUDA
-  if (onGpu(gradOutput)) {
-    auto& gpu = gpuFor(pass, gradOutput, name());
-    gpu.blas().gemm({.m = out, .n = in, .k = r, .transA = true, .beta = beta}, dy, input_.data(), weightGrad_.data());
-    if (options_.bias) {
-      const runtime::cuda::ChannelSumOptions sum{.outer = rows, .channels = options_.out, .accumulate = pass.accumulateGrads};
-      runtime::ensureShape(biasScratch_, Shape{runtime::cuda::channelSumScratchFloats(sum)}, gpu.allocator());
-      runtime::cuda::channelSum({.x = dy, .sums = biasGrad_.data(), .scratch = biasScratch_.data()}, sum, gpu.stream());
-    }
-    if (!pass.needInputGrad) {
-      gradInput_ = Tensor();
-      return gradInput_;
-    }
-    runtime::ensureShape(gradInput_, inputShape_, gpu.allocator());
-    gpu.blas().gemm({.m = r, .n = in, .k = out}, dy, weight_.data(), gradInput_.data());
-    return gradInput_;
-  }
-#endif
   // dW[out, in] = dYᵀ[out, rows] · X[rows, in]
-  gemm({.m = out, .n = in, .k = r, .transA = true, .beta = beta}, dy, input_.data(), weightGrad_.data());
+  gemm({.m = out, .n = in, .k = r, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f}, dy, input_.data(),
+       weightGrad_.data());
   if (options_.bias) {
     float* db = biasGrad_.data();
     if (!pass.accumulateGrads) biasGrad_.fill(0.0f);
@@ -131,52 +150,125 @@ const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
       for (int j = 0; j < out; ++j) db[j] += row[j];
     }
   }
-  if (!pass.needInputGrad) {
-    gradInput_ = Tensor();
-    return gradInput_;
-  }
+  if (!pass.needInputGrad) return gradInput_ = Tensor();
   // dX[rows, in] = dY[rows, out] · W[out, in]
   runtime::ensureShape(gradInput_, inputShape_);
   gemm({.m = r, .n = in, .k = out}, dy, weight_.data(), gradInput_.data());
+  if (geluInput) nn::geluBackward(geluInput->data(), gradInput_.data(), gradInput_.data(), gradInput_.numel());
   return gradInput_;
 }
 
 #ifdef COHORT_HAVE_CUDA
-// y = x · Wᵀ + b with x and W in bf16: the bias (rounded to bf16) is written first as the C that
-// the product adds to, so the output is rounded once more, at the end of the fp32 sums.
-const Tensor& Linear::forwardBf16(const Tensor& input2d, const Shape& outShape, const Pass& pass) {
+// y = x · Wᵀ + b (then GELU) in the pass's precision: fp32, or bf16 with x and W rounded to bf16,
+// fp32 sums and the output rounded once. The bias and GELU run in the product's epilogue where
+// cuBLASLt has an algorithm for the shape (the bias rounded to bf16 in a bf16 pass); otherwise the
+// bias is written first as the C that the product adds to (bf16) or added after it (fp32), and the
+// GELU is a kernel of its own.
+const Tensor& Linear::forwardGpu(const Tensor& input2d, const Shape& outShape, const Pass& pass) {
   auto& gpu = gpuFor(pass, input2d, name());
-  const int64_t rows = input2d.dim(0);
-  input_ = precision::toType(input2d, runtime::DType::kBF16, inputCast_, pass, *this);
-  runtime::ensureShape(weight16_, weight_.shape(), gpu.allocator(), runtime::DType::kBF16);
-  runtime::cuda::convertToBf16(weight_.data(), weight16_.raw(), weight_.numel(), gpu.stream());
-  runtime::ensureShape(output_, outShape, gpu.allocator(), runtime::DType::kBF16);
-  if (options_.bias) runtime::cuda::broadcastToBf16(bias_.data(), output_.raw(), rows, options_.out, gpu.stream());
-  gpu.blas().gemmEx({.m = static_cast<int>(rows), .n = static_cast<int>(options_.out), .k = static_cast<int>(options_.in),
-                     .transB = true, .beta = options_.bias ? 1.0f : 0.0f},
-                    {}, runtime::DType::kBF16, runtime::DType::kBF16, input_.raw(), weight16_.raw(), output_.raw());
+  using runtime::DType;
+  const DType type = pass.precision == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  const int64_t rows = input2d.dim(0), out = options_.out;
+  const void* w = weight_.data();
+  const void* bias = options_.bias ? bias_.data() : nullptr;
+  if (type == DType::kBF16) {
+    input_ = precision::toType(input2d, DType::kBF16, inputCast_, pass, *this);
+    runtime::ensureShape(weight16_, weight_.shape(), gpu.allocator(), DType::kBF16);
+    runtime::cuda::convertToBf16(weight_.data(), weight16_.raw(), weight_.numel(), gpu.stream());
+    w = weight16_.raw();
+    if (bias) {
+      runtime::ensureShape(bias16_, bias_.shape(), gpu.allocator(), DType::kBF16);
+      runtime::cuda::convertToBf16(bias_.data(), bias16_.raw(), out, gpu.stream());
+      bias = bias16_.raw();
+    }
+  }
+  runtime::ensureShape(output_, outShape, gpu.allocator(), type);
+  if (options_.gelu) runtime::ensureShape(preActivation_, outShape, gpu.allocator(), type);
+  const runtime::GemmOptions o{.m = static_cast<int>(rows), .n = static_cast<int>(out),
+                               .k = static_cast<int>(options_.in), .transB = true};
+  const auto epilogue = options_.gelu ? runtime::cuda::GemmEpilogue::kBiasGelu : runtime::cuda::GemmEpilogue::kBias;
+  if (bias && gpu.blas().gemmFused(o, epilogue, type, input_.raw(), w, output_.raw(),
+                                   {.bias = bias, .aux = options_.gelu ? preActivation_.raw() : nullptr})) {
+    return output_;
+  }
+  Tensor& y = options_.gelu ? preActivation_ : output_;
+  if (type == DType::kBF16) {
+    if (bias) runtime::cuda::broadcastToBf16(bias_.data(), y.raw(), rows, out, gpu.stream());
+    runtime::GemmOptions withBias = o;
+    withBias.beta = bias ? 1.0f : 0.0f;
+    gpu.blas().gemmEx(withBias, {}, DType::kBF16, DType::kBF16, input_.raw(), w, y.raw());
+  } else {
+    gpu.blas().gemm(o, input_.data(), weight_.data(), y.data());
+    if (bias) {
+      runtime::cuda::biasActivation(runtime::cuda::ActivationOp::kIdentity, y.data(), bias_.data(), rows, out,
+                                    gpu.stream());
+    }
+  }
+  if (options_.gelu) runtime::cuda::geluForward(y.raw(), output_.raw(), y.numel(), gpu.stream(), type);
   return output_;
 }
 
+// dX = dY · W of `type` into gradInput_, through GELU's derivative at *geluInput when given: fused
+// into the product where cuBLASLt can, else the product then the GELU backward in place.
+void Linear::inputGradGpu(const Tensor& dy, const void* w, runtime::DType type, const Tensor* geluInput,
+                          const Pass& pass) {
+  auto& gpu = gpuFor(pass, dy, name());
+  runtime::ensureShape(gradInput_, inputShape_, gpu.allocator(), type);
+  const runtime::GemmOptions o{.m = static_cast<int>(input_.dim(0)), .n = static_cast<int>(options_.in),
+                               .k = static_cast<int>(options_.out)};
+  if (geluInput) {
+    COHORT_CHECK(geluInput->dtype() == type) << name() << ": a " << runtime::dtypeName(geluInput->dtype())
+                                             << " GELU input in a " << runtime::dtypeName(type) << " backward";
+    if (gpu.blas().gemmFused(o, runtime::cuda::GemmEpilogue::kGeluGrad, type, dy.raw(), w, gradInput_.raw(),
+                             {.aux = const_cast<void*>(geluInput->raw())})) {
+      return;
+    }
+  }
+  if (type == runtime::DType::kBF16) {
+    gpu.blas().gemmEx(o, {}, type, type, dy.raw(), w, gradInput_.raw());
+  } else {
+    gpu.blas().gemm(o, dy.data(), weight_.data(), gradInput_.data());
+  }
+  if (geluInput) {
+    runtime::cuda::geluBackward(geluInput->raw(), gradInput_.raw(), gradInput_.raw(), gradInput_.numel(), gpu.stream(),
+                                type, type);
+  }
+}
+
+// The bias gradient Σ dY over rows (fp32), by the fixed-order reduction.
+void Linear::biasGradGpu(const Tensor& dy, const Pass& pass) {
+  auto& gpu = gpuFor(pass, dy, name());
+  const runtime::cuda::ChannelSumOptions sum{.outer = input_.dim(0), .channels = options_.out,
+                                             .accumulate = pass.accumulateGrads};
+  runtime::ensureShape(biasScratch_, Shape{runtime::cuda::channelSumScratchFloats(sum)}, gpu.allocator());
+  runtime::cuda::channelSum({.x = dy.raw(), .xType = dy.dtype(), .sums = biasGrad_.data(), .scratch = biasScratch_.data()},
+                            sum, gpu.stream());
+}
+
+const Tensor& Linear::backwardFp32(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput) {
+  auto& gpu = gpuFor(pass, gradOutput, name());
+  const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
+  const int rows = static_cast<int>(input_.dim(0));
+  gpu.blas().gemm({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f},
+                  gradOutput.data(), input_.data(), weightGrad_.data());
+  if (options_.bias) biasGradGpu(gradOutput, pass);
+  if (!pass.needInputGrad) return gradInput_ = Tensor();
+  inputGradGpu(gradOutput, weight_.data(), runtime::DType::kF32, geluInput, pass);
+  return gradInput_;
+}
+
 // dW (fp32) = dYᵀ · X and db (fp32) = Σ dY from the bf16 dY and X; dX (bf16) = dY · W.
-const Tensor& Linear::backwardBf16(const Tensor& gradOutput, const Pass& pass) {
+const Tensor& Linear::backwardBf16(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput) {
   auto& gpu = gpuFor(pass, gradOutput, name());
   COHORT_CHECK(input_.dtype() == runtime::DType::kBF16) << name() << ": a bf16 backward after an fp32 forward";
   const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
   const int rows = static_cast<int>(input_.dim(0));
   const Tensor& dy = precision::toType(gradOutput, runtime::DType::kBF16, gradCast_, pass, *this);
-  const runtime::DType bf16 = runtime::DType::kBF16, fp32 = runtime::DType::kF32;
-  gpu.blas().gemmEx({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f}, {}, bf16,
-                    fp32, dy.raw(), input_.raw(), weightGrad_.data());
-  if (options_.bias) {
-    const runtime::cuda::ChannelSumOptions sum{.outer = rows, .channels = options_.out, .accumulate = pass.accumulateGrads};
-    runtime::ensureShape(biasScratch_, Shape{runtime::cuda::channelSumScratchFloats(sum)}, gpu.allocator());
-    runtime::cuda::channelSum({.x = dy.raw(), .xType = bf16, .sums = biasGrad_.data(), .scratch = biasScratch_.data()},
-                              sum, gpu.stream());
-  }
+  gpu.blas().gemmEx({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f}, {},
+                    runtime::DType::kBF16, runtime::DType::kF32, dy.raw(), input_.raw(), weightGrad_.data());
+  if (options_.bias) biasGradGpu(dy, pass);
   if (!pass.needInputGrad) return gradInput_ = Tensor();
-  runtime::ensureShape(gradInput_, inputShape_, gpu.allocator(), bf16);
-  gpu.blas().gemmEx({.m = rows, .n = in, .k = out}, {}, bf16, bf16, dy.raw(), weight16_.raw(), gradInput_.raw());
+  inputGradGpu(dy, weight16_.raw(), runtime::DType::kBF16, geluInput, pass);
   return gradInput_;
 }
 #endif

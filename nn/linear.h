@@ -1,7 +1,14 @@
 // Linear: y = x · Wᵀ + b, with W of shape [out, in] and b of shape [out] (PyTorch's layout and
 // default initialisation: both uniform in ±1/sqrt(in)). Input [batch, in] (or any shape whose last
 // dimension is `in`, flattened over the leading ones). CPU through OpenBLAS GEMM; on a GPU cuBLAS, with
-// the bias gradient from runtime/cuda/reduce_kernels.h (repeatable bit for bit).
+// the bias gradient from runtime/cuda/reduce_kernels.h (repeatable bit for bit). On a GPU the bias
+// (and, with `gelu`, the GELU) is applied inside the product's kernel by a cuBLASLt epilogue
+// (Blas::gemmFused), or by a kernel of its own after it where cuBLASLt has no algorithm for the shape.
+//
+// With options.gelu the layer is Linear then GELU (nn::Gelu's tanh approximation) as one:
+// y = GELU(x · Wᵀ + b), keeping the pre-activation x · Wᵀ + b for backward; GPT's MLP uses it, so
+// its first projection and the GELU are one kernel, and its second projection's backward can apply
+// GELU's derivative in its own epilogue (backwardThroughGelu, backwardFromPreActivation).
 // Keeps a handle to its input for backward (no copy). Thread safety: as Module.
 #pragma once
 
@@ -13,6 +20,7 @@ struct LinearOptions {
   int64_t in = 0;
   int64_t out = 0;
   bool bias = true;
+  bool gelu = false;  // y = GELU(x · Wᵀ + b)
 };
 
 class Linear final : public Module {
@@ -26,6 +34,15 @@ class Linear final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+  // For a layer whose input is GELU(u) with u a GELU Linear's preActivation(): backward, with the
+  // input gradient taken through that GELU, dU = (dY · W) · GELU'(u), fused into the product on a
+  // GPU where cuBLASLt can. The GELU Linear then takes dU through backwardFromPreActivation.
+  const Tensor& backwardThroughGelu(const Tensor& gradOutput, const Pass& pass, const Tensor& geluInput);
+  // A GELU Linear's backward from the gradient with respect to its pre-activation (the GELU's
+  // derivative already applied, by backwardThroughGelu).
+  const Tensor& backwardFromPreActivation(const Tensor& gradPreActivation, const Pass& pass);
+  // A GELU Linear's last forward's x · Wᵀ + b (empty for the others).
+  const Tensor& preActivation() const { return preActivation_; }
   // bf16 passes on a GPU (docs/architecture.md): the weight converted to bf16 at each forward, the
   // products on tensor cores with fp32 accumulation, the output and input gradient in bf16, the
   // weight and bias gradients in fp32.
@@ -48,14 +65,22 @@ class Linear final : public Module {
   Tensor input_;       // last forward's input, viewed as [rows, in]
   Shape inputShape_;   // its shape as given
   Tensor output_;
+  Tensor preActivation_;  // GELU Linear: x · Wᵀ + b, the GELU's input
   Tensor gradInput_;
+  Tensor gradPreActivation_;  // GELU Linear: the gradient through the GELU
   Tensor biasScratch_;  // GPU only: the per-chunk partial sums of the bias gradient
   // bf16 passes: the weight's bf16 copy (made at forward, used again by backward), and the bf16
   // copies of an fp32 input or output gradient.
-  Tensor weight16_, inputCast_, gradCast_;
+  Tensor weight16_, inputCast_, gradCast_, bias16_;
 
-  const Tensor& forwardBf16(const Tensor& input2d, const Shape& outShape, const Pass& pass);
-  const Tensor& backwardBf16(const Tensor& gradOutput, const Pass& pass);
+  void forwardCpu(const Shape& outShape);
+  const Tensor& forwardGpu(const Tensor& input2d, const Shape& outShape, const Pass& pass);
+  const Tensor& backwardWith(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput);
+  const Tensor& geluBackward(const Tensor& gradOutput, const Tensor& geluInput, const Pass& pass);
+  const Tensor& backwardBf16(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput);
+  const Tensor& backwardFp32(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput);
+  void inputGradGpu(const Tensor& dy, const void* w, runtime::DType type, const Tensor* geluInput, const Pass& pass);
+  void biasGradGpu(const Tensor& dy, const Pass& pass);
 };
 
 }  // namespace cohort::nn

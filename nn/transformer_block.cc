@@ -11,7 +11,7 @@ TransformerBlock::TransformerBlock(const AttentionOptions& o)
       ln1_(o.dim > 0 ? o.dim : 1),
       attn_(o),
       ln2_(o.dim),
-      fc_(LinearOptions{.in = o.dim, .out = 4 * o.dim}),
+      fc_(LinearOptions{.in = o.dim, .out = 4 * o.dim, .gelu = true}),
       mlpProj_(LinearOptions{.in = 4 * o.dim, .out = o.dim}) {}
 
 void TransformerBlock::shareBackwardBuffers(const TransformerBlock& peer) {
@@ -19,7 +19,6 @@ void TransformerBlock::shareBackwardBuffers(const TransformerBlock& peer) {
   attn_.shareBackwardBuffers(peer.attn_);
   ln2_.shareBackwardBuffers(peer.ln2_);
   fc_.shareBackwardBuffers(peer.fc_);
-  gelu_.shareBackwardBuffers(peer.gelu_);
   mlpProj_.shareBackwardBuffers(peer.mlpProj_);
   gradH_ = peer.gradH_;
   gradInput_ = peer.gradInput_;
@@ -48,13 +47,14 @@ void TransformerBlock::resetParams(runtime::Rng& rng) {
 
 // In a bf16 pass the residual stream (x, h, the output and their gradients) stays fp32 and everything
 // the branches pass between their layers is bf16: each LayerNorm writes bf16 for the projection after
-// it, GELU and the attention core read and write bf16, and addInto widens a branch's bf16 output as
-// it adds it to the stream.
+// it, the MLP's GELU and the attention core read and write bf16, and addInto widens a branch's bf16
+// output as it adds it to the stream. The MLP's GELU is c_fc's (a GELU Linear): on a GPU its forward
+// is the product's epilogue, and its derivative is applied in c_proj's input-gradient product.
 const Tensor& TransformerBlock::forward(const Tensor& input, const Pass& pass) {
   outputShape(input.shape());
   const Tensor& x = precision::toFp32(input, inputCast_, pass, *this);
   addInto(h_, x, attn_.forward(ln1_.forward(x, pass), pass), pass);
-  addInto(output_, h_, mlpProj_.forward(gelu_.forward(fc_.forward(ln2_.forward(h_, pass), pass), pass), pass), pass);
+  addInto(output_, h_, mlpProj_.forward(fc_.forward(ln2_.forward(h_, pass), pass), pass), pass);
   return output_;
 }
 
@@ -63,8 +63,8 @@ const Tensor& TransformerBlock::backward(const Tensor& gradOutput, const Pass& p
   Pass inner = pass;
   inner.needInputGrad = true;  // every part but the first feeds a gradient on
   const Tensor& dy = precision::toFp32(gradOutput, gradOutputCast_, pass, *this);
-  const Tensor& gu = gelu_.backward(mlpProj_.backward(dy, inner), inner);
-  addInto(gradH_, dy, ln2_.backward(fc_.backward(gu, inner), inner), pass);
+  const Tensor& gu = mlpProj_.backwardThroughGelu(dy, inner, fc_.preActivation());
+  addInto(gradH_, dy, ln2_.backward(fc_.backwardFromPreActivation(gu, inner), inner), pass);
   const Tensor& ga = ln1_.backward(attn_.backward(gradH_, inner), pass);
   if (!pass.needInputGrad) {
     gradInput_ = Tensor();

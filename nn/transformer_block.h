@@ -14,7 +14,6 @@
 #pragma once
 
 #include "nn/attention.h"
-#include "nn/gelu.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -54,8 +53,7 @@ class TransformerBlock final : public Module {
   LayerNorm ln1_;
   CausalSelfAttention attn_;
   LayerNorm ln2_;
-  Linear fc_;
-  Gelu gelu_;
+  Linear fc_;  // with the GELU
   Linear mlpProj_;
   Tensor h_, output_, gradH_, gradInput_;
   // bf16 passes: fp32 copies of a bf16 input or output gradient (from a bf16 layer around the block).

@@ -148,7 +148,7 @@ TEST_P(Bf16LayersTest, StaysWithinBf16OfTheCpusFp32) {
 // Inputs in [-2, 2), parameters moved by up to ±0.2, gradients in [-1, 1). Each input and weight is
 // rounded to bf16 (relative error up to 2^-9), the products are exact and summed in fp32, and a bf16
 // result is rounded once more: errors of a few 2^-9 of the terms' size. Measured on the emulated
-// device (normwise): a Linear at most 0.0038 (output, input and parameter gradients), a LayerNorm's
+// device (normwise): a Linear at most 0.0040 (output, input and parameter gradients; with GELU), a LayerNorm's
 // bf16 output 0.0022, so the bound is 1e-2 (2.6 · 2^-8). A layer reading bf16 bits as floats, or
 // dropping or repeating a term, errs by order 1; one left in fp32 fails the lower bound in the test.
 constexpr double kLinearTolerance = 1e-2;
@@ -165,6 +165,11 @@ std::vector<Bf16Case> cases() {
       {"linear", linear(64, 48, true), Shape{37, 64}, kLinearTolerance},
       {"linear_no_bias_3d", linear(24, 40, false), Shape{3, 5, 24}, kLinearTolerance},
       {"linear_one_row", linear(7, 5, true), Shape{1, 7}, kLinearTolerance},
+      // The bias and GELU in the product's epilogue (48 columns), and without it (12 columns).
+      {"linear_gelu", [] { return ModulePtr(new nn::Linear({.in = 32, .out = 48, .gelu = true})); }, Shape{2, 9, 32},
+       kLinearTolerance},
+      {"linear_gelu_unfused", [] { return ModulePtr(new nn::Linear({.in = 9, .out = 12, .gelu = true})); },
+       Shape{11, 9}, kLinearTolerance},
       // bf16 Linear, fp32 Tanh (converted in and out by the Sequential), bf16 Linear.
       {"sequential_with_an_fp32_layer",
        [] {
@@ -196,6 +201,8 @@ std::vector<Bf16Case> cases() {
        kCompositeTolerance},
       {"transformer_block", [] { return ModulePtr(new nn::TransformerBlock({.dim = 16, .heads = 2})); }, Shape{2, 9, 16},
        kCompositeTolerance, false, true},
+      {"transformer_block_unfused_gelu", [] { return ModulePtr(new nn::TransformerBlock({.dim = 5, .heads = 1})); },
+       Shape{2, 6, 5}, kCompositeTolerance, false, true},
       {"gpt_2_layers",
        [] { return ModulePtr(new nn::Gpt({.vocab = 5, .layers = 2, .heads = 2, .dim = 16, .context = 7})); },
        Shape{3, 6}, kCompositeTolerance, true, true},

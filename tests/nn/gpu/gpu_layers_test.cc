@@ -154,6 +154,17 @@ std::vector<LayerCase> cases() {
        Shape{2, 40, 12}, true, false, kNormTolerance},
       {"transformer_block", [] { return ModulePtr(new nn::TransformerBlock({.dim = 8, .heads = 2})); }, Shape{2, 9, 8},
        true, false, kNormTolerance},
+      // c_fc 5 -> 20: no cuBLASLt GELU epilogue for 20 columns (a multiple of 8), so the unfused steps.
+      {"transformer_block_unfused_gelu", [] { return ModulePtr(new nn::TransformerBlock({.dim = 5, .heads = 1})); },
+       Shape{2, 6, 5}, true, false, kNormTolerance},
+      // The bias and GELU in the product's epilogue (48 columns), and without it (12).
+      {"linear_gelu", [] { return ModulePtr(new nn::Linear({.in = 20, .out = 48, .gelu = true})); }, Shape{3, 7, 20},
+       true, false, kNormTolerance},
+      {"linear_gelu_unfused", [] { return ModulePtr(new nn::Linear({.in = 9, .out = 12, .gelu = true})); },
+       Shape{11, 9}, true, false, kNormTolerance},
+      {"linear_gelu_no_bias",
+       [] { return ModulePtr(new nn::Linear({.in = 16, .out = 24, .bias = false, .gelu = true})); }, Shape{5, 16}, true,
+       false, kNormTolerance},
       // Token ids 0..3 (the small-integer inputs of `ties`).
       {"gpt_2_layers",
        [] { return ModulePtr(new nn::Gpt({.vocab = 5, .layers = 2, .heads = 2, .dim = 8, .context = 7})); },
