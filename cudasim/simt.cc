@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -246,6 +247,17 @@ uint64_t exchangeInWarp(unsigned mask, uint64_t mine, int source) {
   const uint64_t theirs = slots[source & 31];
   block.wait(State::kAtWarpBarrier, mask);
   return theirs;
+}
+
+void gatherInWarp(unsigned mask, uint64_t mine, uint64_t* all) {
+  if (!tlsBlock || !tlsThread) outsideKernel("a warp matrix operation");
+  if (tlsBlock->direct()) barrierInDirectRun();
+  Block& block = *tlsBlock;
+  uint64_t* slots = block.warpSlots(tlsThread->warp);
+  slots[tlsThread->lane] = mine;
+  block.wait(State::kAtWarpBarrier, mask);
+  std::memcpy(all, slots, 32 * sizeof(uint64_t));
+  block.wait(State::kAtWarpBarrier, mask);
 }
 
 void runGrid(const LaunchConfig& c, const std::function<void()>& body, uint64_t seed) {

@@ -28,6 +28,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
+#define __launch_bounds__(...)
 #define __shared__ static thread_local
 #define __constant__ static
 
@@ -65,6 +66,9 @@ void syncthreads();
 // waits for them, returns lane `source`'s deposit, waits again (so no lane overwrites its slot
 // before every lane has read).
 uint64_t exchangeInWarp(unsigned mask, uint64_t mine, int source);
+// Every lane of `mask` deposits `mine`; each gets all 32 slots of its warp in `all` (the slots of
+// lanes outside the mask are unspecified). Two warp barriers, as exchangeInWarp.
+void gatherInWarp(unsigned mask, uint64_t mine, uint64_t* all);
 int laneId();
 
 struct LaunchConfig {
@@ -130,6 +134,12 @@ T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize)
   T result;
   std::memcpy(&result, &bits, sizeof(T));
   return result;
+}
+
+// A warp barrier: what each lane of `mask` wrote before it is seen by every other after it.
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  uint64_t all[32];
+  ::cudasim::gatherInWarp(mask, 0, all);
 }
 
 // Warp votes: every lane of `mask` deposits its predicate; each gets the ballot of them all.
