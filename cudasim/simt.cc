@@ -260,6 +260,12 @@ void gatherInWarp(unsigned mask, uint64_t mine, uint64_t* all) {
   block.wait(State::kAtWarpBarrier, mask);
 }
 
+void syncWarp(unsigned mask) {
+  if (!tlsBlock || !tlsThread) outsideKernel("__syncwarp");
+  if (tlsBlock->direct()) barrierInDirectRun();
+  tlsBlock->wait(State::kAtWarpBarrier, mask);
+}
+
 void runGrid(const LaunchConfig& c, const std::function<void()>& body, uint64_t seed) {
   Random rng(seed);
   static thread_local ctx::pooled_fixedsize_stack stacks(128 * 1024);

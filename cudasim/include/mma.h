@@ -7,8 +7,8 @@
 // A: 16x16, B: 16x16, C: 16x16), so code that assumes some other mapping (reading a fragment's x[]
 // as rows, say) computes garbage and fails its tests. Elementwise work on x[] (scaling, fill) is
 // valid under any mapping, as it is on hardware. Every function is warp-collective: all 32 lanes
-// must call it with the same arguments. mma_sync exchanges the fragments through two warp barriers
-// (cudasim::gatherInWarp) and sums each output element's 16 products in fp32, in k order, on top
+// must call it with the same arguments. mma_sync exchanges the fragments through three warp barriers
+// (cudasim::gatherInWarp, then syncWarp before D is written) and sums each output element's 16 products in fp32, in k order, on top
 // of C's element (bf16 products are exact in fp32); D may be C. The memory rules are the real
 // ones, checked, with a message and abort on a violation: the pointer of a load or store 32-byte
 // aligned (256 bits), ldm a multiple of 8 elements for bf16 and 4 for float.
@@ -138,7 +138,7 @@ void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a,
     out[e] = sum;
   }
   // Every lane has read every operand before any writes D (which may be another lane's C).
-  ::cudasim::gatherInWarp(0xffffffffu, 0, all);
+  ::cudasim::syncWarp(0xffffffffu);
   for (int e = 0; e < C::num_elements; ++e) d.x[e] = out[e];
 }
 

@@ -69,6 +69,8 @@ uint64_t exchangeInWarp(unsigned mask, uint64_t mine, int source);
 // Every lane of `mask` deposits `mine`; each gets all 32 slots of its warp in `all` (the slots of
 // lanes outside the mask are unspecified). Two warp barriers, as exchangeInWarp.
 void gatherInWarp(unsigned mask, uint64_t mine, uint64_t* all);
+// One warp barrier over the lanes of `mask` (__syncwarp).
+void syncWarp(unsigned mask);
 int laneId();
 
 struct LaunchConfig {
@@ -137,18 +139,15 @@ T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize)
 }
 
 // A warp barrier: what each lane of `mask` wrote before it is seen by every other after it.
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  uint64_t all[32];
-  ::cudasim::gatherInWarp(mask, 0, all);
-}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::cudasim::syncWarp(mask); }
 
 // Warp votes: every lane of `mask` deposits its predicate; each gets the ballot of them all.
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  uint64_t all[warpSize];
+  ::cudasim::gatherInWarp(mask, predicate != 0 ? 1u : 0u, all);
   unsigned ballot = 0;
   for (int source = 0; source < warpSize; ++source) {
-    if (!(mask >> source & 1u)) continue;
-    const uint64_t theirs = ::cudasim::exchangeInWarp(mask, predicate != 0 ? 1u : 0u, source);
-    ballot |= static_cast<unsigned>(theirs) << source;
+    if (mask >> source & 1u) ballot |= static_cast<unsigned>(all[source] & 1u) << source;
   }
   return ballot;
 }
