@@ -167,26 +167,32 @@ TEST_P(GpuAttentionTest, Bf16KernelsRoundTheFp32Results) {
     return r;
   };
   Run wide = run(runtime::DType::kF32), narrow = run(runtime::DType::kBF16);
-  const Tensor y32 = toHost(wide.y, gpu), y16 = widenedOnHost(narrow.y, gpu);
-  int64_t mismatches = 0;
-  for (int64_t i = 0; i < y32.numel(); ++i) mismatches += runtime::roundToBf16(y32.at(i)) != y16.at(i);
-  EXPECT_EQ(mismatches, 0) << "of " << y32.numel() << " outputs differ from the fp32 kernel's rounded to bf16";
-  EXPECT_TRUE(sameBits(toHost(wide.lse, gpu), toHost(narrow.lse, gpu))) << "L";
+  // The forward's products run on tensor cores from the same bf16 q, k, v, with P rounded to bf16
+  // before P·V (as FlashAttention does): y within bf16's rounding of the fp32 kernel's, L (from the
+  // fp32 scores and sums) within fp32 rounding.
+  const double yErr = relativeError(toHost(wide.y, gpu), widenedOnHost(narrow.y, gpu));
+  const double lseErr = relativeError(toHost(wide.lse, gpu), toHost(narrow.lse, gpu));
   const double dErr = relativeError(toHost(wide.dqkv, gpu), widenedOnHost(narrow.dqkv, gpu));
-  std::cout << c.name << ": bf16 dqkv within " << dErr << " of the fp32 kernels'\n";
+  std::cout << c.name << ": bf16 y within " << yErr << ", L within " << lseErr << ", dqkv within " << dErr
+            << " of the fp32 kernels'\n";
+  EXPECT_LE(yErr, 1e-2);
+  EXPECT_LE(lseErr, 1e-6);
   EXPECT_LE(dErr, 1e-2);
   // At T = 1 dq = dk = 0 and dv = dy, which bf16 holds exactly; past it the bf16 results are rounded.
   if (c.time > 1) EXPECT_GT(dErr, 0.0) << "the bf16 gradients were not rounded";
 }
 
-// Tiles: 32 positions for head sizes up to 64, 16 for 65..128.
+// Tiles: 32 positions for head sizes up to 64, 16 for 65..128; the bf16 forward (tensor cores) takes
+// 64 queries per block and 64 keys per tile up to 64, 32 above (t100_hd128: warps whose queries
+// precede a whole key tile).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuAttentionTest,
     ::testing::Values(AttentionCase{"t1_hd8", 3, 1, 2, 16}, AttentionCase{"t7_hd8", 2, 7, 2, 16},
                       AttentionCase{"t37_hd8_4heads", 3, 37, 4, 32}, AttentionCase{"t35_hd64", 2, 35, 1, 64},
                       AttentionCase{"t37_hd64_2heads", 2, 37, 2, 128}, AttentionCase{"t70_hd40_3heads", 2, 70, 3, 120},
                       AttentionCase{"t1_hd128", 2, 1, 1, 128}, AttentionCase{"t19_hd128_2heads", 2, 19, 2, 256},
-                      AttentionCase{"t37_hd128", 2, 37, 1, 128}, AttentionCase{"t21_hd100", 2, 21, 1, 100}),
+                      AttentionCase{"t37_hd128", 2, 37, 1, 128}, AttentionCase{"t21_hd100", 2, 21, 1, 100},
+                      AttentionCase{"t100_hd128", 1, 100, 1, 128}),
     [](const ::testing::TestParamInfo<AttentionCase>& info) { return info.param.name; });
 
 // The same inputs give the same bits: no atomics, fixed summation orders.
