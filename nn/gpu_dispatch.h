@@ -28,6 +28,13 @@ inline runtime::cuda::GpuContext& gpuFor(const Pass& pass, const Tensor& t, cons
   }
   return *pass.gpu;
 }
+
+// The same, naming `who` only when it throws: no string is built on the way (a layer calls this
+// on every forward and backward).
+inline runtime::cuda::GpuContext& gpuFor(const Pass& pass, const Tensor& t, const Module& who) {
+  if (pass.gpu && pass.gpu->device() == t.device()) return *pass.gpu;
+  return gpuFor(pass, t, who.name());
+}
 #endif
 
 }  // namespace cohort::nn

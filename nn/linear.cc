@@ -103,7 +103,7 @@ const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
 const Tensor& Linear::geluBackward(const Tensor& gradOutput, const Tensor& u, const Pass& pass) {
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(u)) {
-    auto& gpu = gpuFor(pass, u, name());
+    auto& gpu = gpuFor(pass, u, *this);
     runtime::ensureShape(gradPreActivation_, u.shape(), gpu.allocator(), u.dtype());
     runtime::cuda::geluBackward(u.raw(), gradOutput.raw(), gradPreActivation_.raw(), u.numel(), gpu.stream(), u.dtype(),
                                 gradOutput.dtype());
@@ -165,7 +165,7 @@ const Tensor& Linear::backwardWith(const Tensor& gradOutput, const Pass& pass, c
 // bias is written first as the C that the product adds to (bf16) or added after it (fp32), and the
 // GELU is a kernel of its own.
 const Tensor& Linear::forwardGpu(const Tensor& input2d, const Shape& outShape, const Pass& pass) {
-  auto& gpu = gpuFor(pass, input2d, name());
+  auto& gpu = gpuFor(pass, input2d, *this);
   using runtime::DType;
   const DType type = pass.precision == DType::kBF16 ? DType::kBF16 : DType::kF32;
   const int64_t rows = input2d.dim(0), out = options_.out;
@@ -210,9 +210,8 @@ const Tensor& Linear::forwardGpu(const Tensor& input2d, const Shape& outShape, c
 
 // dX = dY · W of `type` into gradInput_, through GELU's derivative at *geluInput when given: fused
 // into the product where cuBLASLt can, else the product then the GELU backward in place.
-void Linear::inputGradGpu(const Tensor& dy, const void* w, runtime::DType type, const Tensor* geluInput,
-                          const Pass& pass) {
-  auto& gpu = gpuFor(pass, dy, name());
+void Linear::inputGradGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const void* w, runtime::DType type,
+                          const Tensor* geluInput) {
   runtime::ensureShape(gradInput_, inputShape_, gpu.allocator(), type);
   const runtime::GemmOptions o{.m = static_cast<int>(input_.dim(0)), .n = static_cast<int>(options_.in),
                                .k = static_cast<int>(options_.out)};
@@ -236,8 +235,7 @@ void Linear::inputGradGpu(const Tensor& dy, const void* w, runtime::DType type, 
 }
 
 // The bias gradient Σ dY over rows (fp32), by the fixed-order reduction.
-void Linear::biasGradGpu(const Tensor& dy, const Pass& pass) {
-  auto& gpu = gpuFor(pass, dy, name());
+void Linear::biasGradGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const Pass& pass) {
   const runtime::cuda::ChannelSumOptions sum{.outer = input_.dim(0), .channels = options_.out,
                                              .accumulate = pass.accumulateGrads};
   runtime::ensureShape(biasScratch_, Shape{runtime::cuda::channelSumScratchFloats(sum)}, gpu.allocator());
@@ -246,29 +244,29 @@ void Linear::biasGradGpu(const Tensor& dy, const Pass& pass) {
 }
 
 const Tensor& Linear::backwardFp32(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput) {
-  auto& gpu = gpuFor(pass, gradOutput, name());
+  auto& gpu = gpuFor(pass, gradOutput, *this);
   const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
   const int rows = static_cast<int>(input_.dim(0));
   gpu.blas().gemm({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f},
                   gradOutput.data(), input_.data(), weightGrad_.data());
-  if (options_.bias) biasGradGpu(gradOutput, pass);
+  if (options_.bias) biasGradGpu(gpu, gradOutput, pass);
   if (!pass.needInputGrad) return gradInput_ = Tensor();
-  inputGradGpu(gradOutput, weight_.data(), runtime::DType::kF32, geluInput, pass);
+  inputGradGpu(gpu, gradOutput, weight_.data(), runtime::DType::kF32, geluInput);
   return gradInput_;
 }
 
 // dW (fp32) = dYᵀ · X and db (fp32) = Σ dY from the bf16 dY and X; dX (bf16) = dY · W.
 const Tensor& Linear::backwardBf16(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput) {
-  auto& gpu = gpuFor(pass, gradOutput, name());
+  auto& gpu = gpuFor(pass, gradOutput, *this);
   COHORT_CHECK(input_.dtype() == runtime::DType::kBF16) << name() << ": a bf16 backward after an fp32 forward";
   const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
   const int rows = static_cast<int>(input_.dim(0));
   const Tensor& dy = precision::toType(gradOutput, runtime::DType::kBF16, gradCast_, pass, *this);
   gpu.blas().gemmEx({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f}, {},
                     runtime::DType::kBF16, runtime::DType::kF32, dy.raw(), input_.raw(), weightGrad_.data());
-  if (options_.bias) biasGradGpu(dy, pass);
+  if (options_.bias) biasGradGpu(gpu, dy, pass);
   if (!pass.needInputGrad) return gradInput_ = Tensor();
-  inputGradGpu(dy, weight16_.raw(), runtime::DType::kBF16, geluInput, pass);
+  inputGradGpu(gpu, dy, weight16_.raw(), runtime::DType::kBF16, geluInput);
   return gradInput_;
 }
 #endif

@@ -14,6 +14,10 @@
 
 #include "nn/module.h"
 
+namespace cohort::runtime::cuda {
+class GpuContext;  // runtime/cuda/gpu_context.h
+}  // namespace cohort::runtime::cuda
+
 namespace cohort::nn {
 
 struct LinearOptions {
@@ -79,8 +83,9 @@ class Linear final : public Module {
   const Tensor& geluBackward(const Tensor& gradOutput, const Tensor& geluInput, const Pass& pass);
   const Tensor& backwardBf16(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput);
   const Tensor& backwardFp32(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput);
-  void inputGradGpu(const Tensor& dy, const void* w, runtime::DType type, const Tensor* geluInput, const Pass& pass);
-  void biasGradGpu(const Tensor& dy, const Pass& pass);
+  void inputGradGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const void* w, runtime::DType type,
+                    const Tensor* geluInput);
+  void biasGradGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const Pass& pass);
 };
 
 }  // namespace cohort::nn

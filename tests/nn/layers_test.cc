@@ -5,6 +5,7 @@
 
 #include "nn/activation.h"
 #include "nn/dropout.h"
+#include "nn/gelu.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/sequential.h"
@@ -39,6 +40,52 @@ TEST(Linear, WithoutBiasInitialisesAndMatchesFiniteDifferences) {
   runtime::Rng rng(1);
   fc.resetParams(rng);
   checkModuleGradients(fc, params, randomTensor(Shape{4, 5}, 2));
+}
+
+// A GELU Linear is Linear then Gelu, bit for bit on the CPU (the same GEMM, bias loop and GELU
+// code), and its gradients match finite differences.
+TEST(Linear, WithGeluIsLinearThenGelu) {
+  Linear fused(LinearOptions{.in = 6, .out = 4, .gelu = true});
+  Sequential plain;
+  plain.add(std::make_unique<Linear>(6, 4), "fc").add(gelu(), "gelu");
+  ParamBuffer fusedParams, plainParams;
+  fused.registerParams(fusedParams, "fc.");
+  plain.registerParams(plainParams, "");
+  fusedParams.allocate(runtime::cpuAllocator());
+  plainParams.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(3);
+  fused.resetParams(rng);
+  plainParams.values().copyFrom(fusedParams.values());
+  const Tensor x = randomTensor(Shape{5, 6}, 4, -2.0f, 2.0f), dy = randomTensor(Shape{5, 4}, 5);
+  const Tensor& yf = fused.forward(x, Pass{});
+  const Tensor& yp = plain.forward(x, Pass{});
+  const Tensor& gf = fused.backward(dy, Pass{});
+  const Tensor& gp = plain.backward(dy, Pass{});
+  for (int64_t i = 0; i < yf.numel(); ++i) EXPECT_EQ(yf.at(i), yp.at(i)) << i;
+  for (int64_t i = 0; i < gf.numel(); ++i) EXPECT_EQ(gf.at(i), gp.at(i)) << i;
+  for (int64_t i = 0; i < fusedParams.numel(); ++i) EXPECT_EQ(fusedParams.grads().at(i), plainParams.grads().at(i)) << i;
+  EXPECT_EQ(fused.name(), "Linear(6 -> 4, GELU)");
+  checkModuleGradients(fused, fusedParams, randomTensor(Shape{3, 6}, 6));
+}
+
+// The next layer's backwardThroughGelu and the GELU Linear's backwardFromPreActivation (the fused
+// path GPT's MLP takes) give what the two backward passes give.
+TEST(Linear, BackwardThroughGeluEqualsTheTwoBackwards) {
+  Linear fc(LinearOptions{.in = 5, .out = 8, .gelu = true}), proj(8, 3);
+  ParamBuffer params;
+  fc.registerParams(params, "fc.");
+  proj.registerParams(params, "proj.");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(7);
+  fc.resetParams(rng);
+  proj.resetParams(rng);
+  const Tensor x = randomTensor(Shape{4, 5}, 8, -2.0f, 2.0f), dy = randomTensor(Shape{4, 3}, 9);
+  proj.forward(fc.forward(x, Pass{}), Pass{});
+  const Tensor separate = fc.backward(proj.backward(dy, Pass{}), Pass{}).clone();
+  const Tensor separateGrads = params.grads().clone();
+  const Tensor& fused = fc.backwardFromPreActivation(proj.backwardThroughGelu(dy, Pass{}, fc.preActivation()), Pass{});
+  for (int64_t i = 0; i < fused.numel(); ++i) EXPECT_EQ(fused.at(i), separate.at(i)) << i;
+  for (int64_t i = 0; i < params.numel(); ++i) EXPECT_EQ(params.grads().at(i), separateGrads.at(i)) << i;
 }
 
 TEST(Linear, ForwardMatchesHandComputation) {
