@@ -1,6 +1,6 @@
 // Fused causal attention (runtime/cuda/attention_kernels.h): FlashAttention-2's forward and
-// backward in fp32 on CUDA cores, and a bf16 forward on tensor cores (attentionForwardMmaKernel,
-// below), never storing the T×T scores.
+// backward on CUDA cores, never storing the T×T scores. For bf16 data the forward and dQ run on
+// tensor cores instead (attention_mma.cu); dK and dV stay here for both types.
 //
 // Launch: every kernel but the row dot runs blocks of kThreads = 256 threads on a grid of
 // (B·H, tiles): blockIdx.x picks the sample and head, blockIdx.y a tile of kRows queries (forward,
@@ -39,13 +39,13 @@
 // Storage (of qkv, y, dy and dqkv) is fp32 or bf16; every load widens to float and every store rounds
 // once (elements.h), so the math, the tiles in shared memory, L and D are fp32 either way.
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "runtime/cuda/attention_kernels.h"
+#include "runtime/cuda/attention_mma.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
@@ -78,11 +78,7 @@ struct Tiles {
   static_assert(kLanes <= kWarpSize && kWarpSize % kLanes == 0 && kCols >= 1 && kPerLane >= 1);
 };
 
-// What every kernel needs of the shape (ints: T, D and H of a model fit easily).
-struct Geometry {
-  int time, heads, headSize, dim;
-  float scale;
-};
+using attention::Geometry;
 
 using elements::load;
 using elements::store;
@@ -172,137 +168,6 @@ __global__ void attentionForwardKernel(const Storage* __restrict__ qkv, Storage*
     if (d < g.headSize) out[d] = store<Storage>(acc[j] * inv);
   }
   if (lane == 0) lse[static_cast<int64_t>(blockIdx.x) * g.time + t] = m + logf(l);
-}
-
-// The bf16 forward on tensor cores (warp matrix functions, m16n16k16, fp32 accumulation). A block
-// of 4 warps takes 64 queries, 16 per warp, and walks the key tiles of kKeys keys up to the block's
-// last query. Per tile, each warp computes its S = Q·Kᵀ (16 x kKeys) into fragments and stores it to
-// its scratch rows; two lanes per row apply the scale and the causal mask, update the row's running
-// max and sum (fp32, from the unrounded p) and write p rounded to bf16; O (16 x kHd, in fragments)
-// is rescaled by the row's alpha through the same scratch (skipped where no row's max moved) and
-// gets P·V. Fragments hold their elements in an order CUDA leaves unspecified, so every per-row step
-// goes through shared memory. Shared memory per block (kHd 32 / 64 / 128): 36.9 / 45.0 / 40.4 KiB.
-template <int kHdBucket>
-struct MmaTiles {
-  static constexpr int kHd = kHdBucket;
-  static constexpr int kWarps = 4, kThreads = kWarps * kWarpSize, kQueries = kWarps * 16;
-  static constexpr int kKeys = kHd > 64 ? 32 : 64;  // keys per tile
-  static constexpr int kLd = kHd + 8;               // bf16 row stride of the Q, K and V tiles
-  static constexpr int kSLd = kKeys + 4;            // float row stride of a warp's scratch
-  static constexpr int kPLd = kKeys + 8;            // bf16 row stride of a warp's P
-  static constexpr int kFrags = kHd / 16;           // fragments across a head's columns
-};
-
-namespace wmma = nvcuda::wmma;
-using Bf16 = __nv_bfloat16;
-using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// Rows first.. (rows of them) of one head into tile, bf16 as stored, zeros past T and hd.
-template <class M>
-__device__ void loadBf16Tile(Bf16 (*tile)[M::kLd], const Bf16* head, int64_t rowStride, int first, int rows,
-                             const Geometry& g) {
-  for (int i = threadIdx.x; i < rows * M::kHd; i += M::kThreads) {
-    const int r = i / M::kHd, d = i % M::kHd, t = first + r;
-    tile[r][d] = t < g.time && d < g.headSize ? head[t * rowStride + d] : __float2bfloat16_rn(0.0f);
-  }
-}
-
-// o *= scale[row] for each of the warp's 16 rows, through the warp's scratch (16 x 16 floats at
-// `scratch`); lane 2r and 2r + 1 own row r and hold its scale.
-template <class M>
-__device__ void scaleRows(AccFrag& o, float* scratch, float scale) {
-  const int lane = threadIdx.x % kWarpSize, row = lane / 2, half = lane % 2;
-  __syncwarp();
-  wmma::store_matrix_sync(scratch, o, M::kSLd, wmma::mem_row_major);
-  __syncwarp();
-  for (int c = half * 8; c < half * 8 + 8; ++c) scratch[row * M::kSLd + c] *= scale;
-  __syncwarp();
-  wmma::load_matrix_sync(o, scratch, M::kSLd, wmma::mem_row_major);
-}
-
-template <int kHd>
-__global__ void __launch_bounds__(MmaTiles<kHd>::kThreads)
-    attentionForwardMmaKernel(const Bf16* __restrict__ qkv, Bf16* __restrict__ y, float* __restrict__ lse, Geometry g) {
-  using M = MmaTiles<kHd>;
-  alignas(32) __shared__ Bf16 kTile[M::kQueries][M::kLd];  // Q on the way to its fragments, then Kj
-  alignas(32) __shared__ Bf16 vTile[M::kKeys][M::kLd];
-  alignas(32) __shared__ float sTile[M::kWarps][16][M::kSLd];
-  alignas(32) __shared__ Bf16 pTile[M::kWarps][16][M::kPLd];
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, row = lane / 2, half = lane % 2;
-  const int h = blockIdx.x % g.heads, first = (gridDim.y - 1 - blockIdx.y) * M::kQueries;
-  const int t = first + warp * 16 + row;
-  const int64_t stride = 3 * static_cast<int64_t>(g.dim);
-  const Bf16* sample = qkv + static_cast<int64_t>(blockIdx.x / g.heads) * g.time * stride + h * g.headSize;
-  loadBf16Tile<M>(kTile, sample, stride, first, M::kQueries, g);
-  __syncthreads();
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> q[M::kFrags];
-  AccFrag o[M::kFrags];
-  for (int f = 0; f < M::kFrags; ++f) {
-    wmma::load_matrix_sync(q[f], &kTile[warp * 16][f * 16], M::kLd);
-    wmma::fill_fragment(o[f], 0.0f);
-  }
-  float* sRow = sTile[warp][row];
-  Bf16* pRow = pTile[warp][row];
-  float m = -INFINITY, l = 0.0f;
-  const int keyTiles = (min(first + M::kQueries, g.time) - 1) / M::kKeys + 1;
-  for (int j = 0; j < keyTiles; ++j) {
-    const int keyFirst = j * M::kKeys;
-    __syncthreads();  // Q's fragments loaded; the previous Kj, Vj and scratch read
-    loadBf16Tile<M>(kTile, sample + g.dim, stride, keyFirst, M::kKeys, g);
-    loadBf16Tile<M>(vTile, sample + 2 * g.dim, stride, keyFirst, M::kKeys, g);
-    __syncthreads();
-    for (int n = 0; n < M::kKeys / 16; ++n) {
-      AccFrag s;
-      wmma::fill_fragment(s, 0.0f);
-      for (int f = 0; f < M::kFrags; ++f) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> k;  // Kᵀ
-        wmma::load_matrix_sync(k, &kTile[n * 16][f * 16], M::kLd);
-        wmma::mma_sync(s, q[f], k, s);
-      }
-      wmma::store_matrix_sync(&sTile[warp][0][n * 16], s, M::kSLd, wmma::mem_row_major);
-    }
-    __syncwarp();
-    float tileMax = -INFINITY;
-    for (int c = half * (M::kKeys / 2); c < (half + 1) * (M::kKeys / 2); ++c) {
-      sRow[c] = keyFirst + c <= t ? sRow[c] * g.scale : -INFINITY;
-      tileMax = MaxOp{}(tileMax, sRow[c]);
-    }
-    const float mNew = MaxOp{}(m, MaxOp{}(tileMax, __shfl_xor_sync(kFullMask, tileMax, 1)));  // finite: key 0
-    const float alpha = expf(m - mNew);                                                           // 0 at the first tile
-    float pSum = 0.0f;
-    for (int c = half * (M::kKeys / 2); c < (half + 1) * (M::kKeys / 2); ++c) {
-      const float p = expf(sRow[c] - mNew);  // 0 where masked
-      pRow[c] = __float2bfloat16_rn(p);
-      pSum += p;
-    }
-    l = alpha * l + pSum + __shfl_xor_sync(kFullMask, pSum, 1);
-    m = mNew;
-    if (!__all_sync(kFullMask, alpha == 1.0f)) {
-      for (int f = 0; f < M::kFrags; ++f) scaleRows<M>(o[f], &sTile[warp][0][0], alpha);
-    }
-    __syncwarp();  // P written
-    for (int kk = 0; kk < M::kKeys / 16; ++kk) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> p;
-      wmma::load_matrix_sync(p, &pTile[warp][0][kk * 16], M::kPLd);
-      for (int f = 0; f < M::kFrags; ++f) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major> v;
-        wmma::load_matrix_sync(v, &vTile[kk * 16][f * 16], M::kLd);
-        wmma::mma_sync(o[f], p, v, o[f]);
-      }
-    }
-  }
-  const float inv = 1.0f / l;
-  Bf16* out = y + (static_cast<int64_t>(blockIdx.x / g.heads) * g.time + t) * g.dim + h * g.headSize;
-  for (int f = 0; f < M::kFrags; ++f) {
-    __syncwarp();
-    wmma::store_matrix_sync(&sTile[warp][0][0], o[f], M::kSLd, wmma::mem_row_major);
-    __syncwarp();
-    for (int c = half * 8; c < half * 8 + 8; ++c) {
-      const int d = f * 16 + c;
-      if (t < g.time && d < g.headSize) out[d] = __float2bfloat16_rn(sRow[c] * inv);
-    }
-  }
-  if (half == 0 && t < g.time) lse[static_cast<int64_t>(blockIdx.x) * g.time + t] = m + logf(l);
 }
 
 // D = rowsum(dO ⊙ O) per (sample, head, position), in L's [B, H, T] order; a warp per row.
@@ -465,18 +330,6 @@ dim3 tileGrid(const AttentionShape& s) {
   return dim3(static_cast<unsigned>(s.batch * s.heads), static_cast<unsigned>(tiles));
 }
 
-// launch(std::integral_constant<int, kHd>{}) with the bucket kHd of the head size.
-template <class Launch>
-void forBucket(int headSize, Launch launch) {
-  if (headSize <= 32) {
-    launch(std::integral_constant<int, 32>{});
-  } else if (headSize <= 64) {
-    launch(std::integral_constant<int, 64>{});
-  } else {
-    launch(std::integral_constant<int, 128>{});
-  }
-}
-
 }  // namespace
 
 void attentionForward(const AttentionForwardBuffers& b, const AttentionShape& s, const Stream& stream) {
@@ -486,19 +339,13 @@ void attentionForward(const AttentionForwardBuffers& b, const AttentionShape& s,
   CudaDeviceGuard guard(stream.device().index);
   const cudaStream_t native = nativeStream(stream);
   if (b.type == DType::kBF16) {  // tensor cores
-    forBucket(g.headSize, [&](auto bucket) {
-      constexpr int kHd = decltype(bucket)::value;
-      using M = MmaTiles<kHd>;
-      const dim3 grid(static_cast<unsigned>(s.batch * s.heads), static_cast<unsigned>((s.time + M::kQueries - 1) / M::kQueries));
-      COHORT_LAUNCH((attentionForwardMmaKernel<kHd>), grid, M::kThreads, 0, native)(
-          static_cast<const Bf16*>(b.qkv), static_cast<Bf16*>(b.y), b.lse, g);
-    });
+    attention::forwardMma(b.qkv, b.y, b.lse, g, s.batch, native);
     COHORT_CUDA_CHECK(cudaGetLastError());
     return;
   }
   elements::dispatch(b.type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    forBucket(g.headSize, [&](auto bucket) {
+    attention::forBucket(g.headSize, [&](auto bucket) {
       constexpr int kHd = decltype(bucket)::value;
       COHORT_LAUNCH((attentionForwardKernel<T, kHd>), tileGrid<kHd>(s), kThreads, 0, native)(
           static_cast<const T*>(b.qkv), static_cast<T*>(b.y), b.lse, g);
@@ -522,12 +369,17 @@ void attentionBackward(const AttentionBackwardBuffers& b, const AttentionShape& 
     auto* dqkv = static_cast<T*>(b.dqkv);
     COHORT_LAUNCH(attentionRowDotKernel<T>, dotBlocks, kThreads, 0, native)(static_cast<const T*>(b.y), dy, b.rowDot,
                                                                              g, rows);
-    forBucket(g.headSize, [&](auto bucket) {
+    attention::forBucket(g.headSize, [&](auto bucket) {
       constexpr int kHd = decltype(bucket)::value;
       const dim3 grid = tileGrid<kHd>(s);
       COHORT_LAUNCH((attentionKeyGradKernel<T, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
-      COHORT_LAUNCH((attentionQueryGradKernel<T, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
+      if constexpr (std::is_same_v<T, float>) {
+        COHORT_LAUNCH((attentionQueryGradKernel<T, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
+      }
     });
+    if constexpr (!std::is_same_v<T, float>) {  // dQ on tensor cores
+      attention::queryGradMma({.qkv = qkv, .dy = dy, .lse = b.lse, .rowDot = b.rowDot, .dqkv = dqkv}, g, s.batch, native);
+    }
   });
   COHORT_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,0 +1,263 @@
+// Fused causal attention on tensor cores for bf16 data (runtime/cuda/attention_mma.h): the forward
+// and dQ, with the warp matrix functions (wmma, m16n16k16, bf16 inputs, fp32 accumulation). The
+// fp32 kernels and the bf16 dK and dV (CUDA cores) are attention_kernels.cu's, whose opening comment
+// gives the algorithm.
+#include "runtime/cuda/attention_mma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/cuda/launch.h"
+
+namespace cohort::runtime::cuda::attention {
+namespace {
+
+using namespace launch;  // kWarpSize, kFullMask, MaxOp (launch.h)
+
+// The bf16 forward on tensor cores (warp matrix functions, m16n16k16, fp32 accumulation). A block
+// of 4 warps takes 64 queries, 16 per warp, and walks the key tiles of kKeys keys up to the block's
+// last query. Per tile, each warp computes its S = Q·Kᵀ (16 x kKeys) into fragments and stores it to
+// its scratch rows; two lanes per row apply the scale and the causal mask, update the row's running
+// max and sum (fp32, from the unrounded p) and write p rounded to bf16; O (16 x kHd, in fragments)
+// is rescaled by the row's alpha through the same scratch (skipped where no row's max moved) and
+// gets P·V. Fragments hold their elements in an order CUDA leaves unspecified, so every per-row step
+// goes through shared memory. Shared memory per block (kHd 32 / 64 / 128): 36.9 / 45.0 / 40.4 KiB.
+template <int kHdBucket>
+struct MmaTiles {
+  static constexpr int kHd = kHdBucket;
+  static constexpr int kWarps = 4, kThreads = kWarps * kWarpSize, kQueries = kWarps * 16;
+  static constexpr int kKeys = kHd > 64 ? 32 : 64;  // keys per tile
+  static constexpr int kLd = kHd + 8;               // bf16 row stride of the Q, K and V tiles
+  static constexpr int kSLd = kKeys + 4;            // float row stride of a warp's scratch
+  static constexpr int kPLd = kKeys + 8;            // bf16 row stride of a warp's P
+  static constexpr int kFrags = kHd / 16;           // fragments across a head's columns
+};
+
+namespace wmma = nvcuda::wmma;
+using Bf16 = __nv_bfloat16;
+using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// Rows first.. (rows of them) of one head into tile, bf16 as stored, zeros past T and hd.
+template <class M>
+__device__ void loadBf16Tile(Bf16 (*tile)[M::kLd], const Bf16* head, int64_t rowStride, int first, int rows,
+                             const Geometry& g) {
+  for (int i = threadIdx.x; i < rows * M::kHd; i += M::kThreads) {
+    const int r = i / M::kHd, d = i % M::kHd, t = first + r;
+    tile[r][d] = t < g.time && d < g.headSize ? head[t * rowStride + d] : __float2bfloat16_rn(0.0f);
+  }
+}
+
+// o *= scale[row] for each of the warp's 16 rows, through the warp's scratch (16 x 16 floats at
+// `scratch`); lane 2r and 2r + 1 own row r and hold its scale.
+template <class M>
+__device__ void scaleRows(AccFrag& o, float* scratch, float scale) {
+  const int lane = threadIdx.x % kWarpSize, row = lane / 2, half = lane % 2;
+  __syncwarp();
+  wmma::store_matrix_sync(scratch, o, M::kSLd, wmma::mem_row_major);
+  __syncwarp();
+  for (int c = half * 8; c < half * 8 + 8; ++c) scratch[row * M::kSLd + c] *= scale;
+  __syncwarp();
+  wmma::load_matrix_sync(o, scratch, M::kSLd, wmma::mem_row_major);
+}
+
+// The warp's 16 x kKeys product A·Bᵀ, A its 16 rows in fragments (a[f]: columns 16f..), B the
+// tile's kKeys rows (bTile[key][d]), into the warp's scratch (row-major, M::kSLd).
+template <class M>
+__device__ void productToScratch(const wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major>* a,
+                                 const Bf16 (*bTile)[M::kLd], float* scratch) {
+  for (int n = 0; n < M::kKeys / 16; ++n) {
+    AccFrag s;
+    wmma::fill_fragment(s, 0.0f);
+    for (int f = 0; f < M::kFrags; ++f) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> bt;  // Bᵀ
+      wmma::load_matrix_sync(bt, &bTile[n * 16][f * 16], M::kLd);
+      wmma::mma_sync(s, a[f], bt, s);
+    }
+    wmma::store_matrix_sync(scratch + n * 16, s, M::kSLd, wmma::mem_row_major);
+  }
+}
+
+template <int kHd>
+__global__ void __launch_bounds__(MmaTiles<kHd>::kThreads)
+    attentionForwardMmaKernel(const Bf16* __restrict__ qkv, Bf16* __restrict__ y, float* __restrict__ lse, Geometry g) {
+  using M = MmaTiles<kHd>;
+  alignas(32) __shared__ Bf16 kTile[M::kQueries][M::kLd];  // Q on the way to its fragments, then Kj
+  alignas(32) __shared__ Bf16 vTile[M::kKeys][M::kLd];
+  alignas(32) __shared__ float sTile[M::kWarps][16][M::kSLd];
+  alignas(32) __shared__ Bf16 pTile[M::kWarps][16][M::kPLd];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, row = lane / 2, half = lane % 2;
+  const int h = blockIdx.x % g.heads, first = (gridDim.y - 1 - blockIdx.y) * M::kQueries;
+  const int t = first + warp * 16 + row;
+  const int64_t stride = 3 * static_cast<int64_t>(g.dim);
+  const Bf16* sample = qkv + static_cast<int64_t>(blockIdx.x / g.heads) * g.time * stride + h * g.headSize;
+  loadBf16Tile<M>(kTile, sample, stride, first, M::kQueries, g);
+  __syncthreads();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> q[M::kFrags];
+  AccFrag o[M::kFrags];
+  for (int f = 0; f < M::kFrags; ++f) {
+    wmma::load_matrix_sync(q[f], &kTile[warp * 16][f * 16], M::kLd);
+    wmma::fill_fragment(o[f], 0.0f);
+  }
+  float* sRow = sTile[warp][row];
+  Bf16* pRow = pTile[warp][row];
+  float m = -INFINITY, l = 0.0f;
+  const int keyTiles = (min(first + M::kQueries, g.time) - 1) / M::kKeys + 1;
+  for (int j = 0; j < keyTiles; ++j) {
+    const int keyFirst = j * M::kKeys;
+    __syncthreads();  // Q's fragments loaded; the previous Kj, Vj and scratch read
+    loadBf16Tile<M>(kTile, sample + g.dim, stride, keyFirst, M::kKeys, g);
+    loadBf16Tile<M>(vTile, sample + 2 * g.dim, stride, keyFirst, M::kKeys, g);
+    __syncthreads();
+    productToScratch<M>(q, kTile, &sTile[warp][0][0]);  // S = Q·Kᵀ
+    __syncwarp();
+    float tileMax = -INFINITY;
+    for (int c = half * (M::kKeys / 2); c < (half + 1) * (M::kKeys / 2); ++c) {
+      sRow[c] = keyFirst + c <= t ? sRow[c] * g.scale : -INFINITY;
+      tileMax = MaxOp{}(tileMax, sRow[c]);
+    }
+    const float mNew = MaxOp{}(m, MaxOp{}(tileMax, __shfl_xor_sync(kFullMask, tileMax, 1)));  // finite: key 0
+    const float alpha = expf(m - mNew);                                                           // 0 at the first tile
+    float pSum = 0.0f;
+    for (int c = half * (M::kKeys / 2); c < (half + 1) * (M::kKeys / 2); ++c) {
+      const float p = expf(sRow[c] - mNew);  // 0 where masked
+      pRow[c] = __float2bfloat16_rn(p);
+      pSum += p;
+    }
+    l = alpha * l + pSum + __shfl_xor_sync(kFullMask, pSum, 1);
+    m = mNew;
+    if (!__all_sync(kFullMask, alpha == 1.0f)) {
+      for (int f = 0; f < M::kFrags; ++f) scaleRows<M>(o[f], &sTile[warp][0][0], alpha);
+    }
+    __syncwarp();  // P written
+    for (int kk = 0; kk < M::kKeys / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> p;
+      wmma::load_matrix_sync(p, &pTile[warp][0][kk * 16], M::kPLd);
+      for (int f = 0; f < M::kFrags; ++f) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major> v;
+        wmma::load_matrix_sync(v, &vTile[kk * 16][f * 16], M::kLd);
+        wmma::mma_sync(o[f], p, v, o[f]);
+      }
+    }
+  }
+  const float inv = 1.0f / l;
+  Bf16* out = y + (static_cast<int64_t>(blockIdx.x / g.heads) * g.time + t) * g.dim + h * g.headSize;
+  for (int f = 0; f < M::kFrags; ++f) {
+    __syncwarp();
+    wmma::store_matrix_sync(&sTile[warp][0][0], o[f], M::kSLd, wmma::mem_row_major);
+    __syncwarp();
+    for (int c = half * 8; c < half * 8 + 8; ++c) {
+      const int d = f * 16 + c;
+      if (t < g.time && d < g.headSize) out[d] = __float2bfloat16_rn(sRow[c] * inv);
+    }
+  }
+  if (half == 0 && t < g.time) lse[static_cast<int64_t>(blockIdx.x) * g.time + t] = m + logf(l);
+}
+
+
+// dQ of 64 queries (16 per warp) on tensor cores, over the key tiles up to the block's last query:
+// per tile, S = Q·Kᵀ and dP = dO·Vᵀ as fragment products through the warp's scratch, P = exp(S·scale
+// − L) kept in registers (two lanes per row, half a tile each), dS = P ⊙ (dP − D) written in bf16,
+// and dQ += dS·K in fragments; finally dQ · scale. Q and dO stay in fragments for the whole walk.
+template <int kHd>
+__global__ void __launch_bounds__(MmaTiles<kHd>::kThreads)
+    attentionQueryGradMmaKernel(const Bf16* __restrict__ qkv, const Bf16* __restrict__ dy, const float* __restrict__ lse,
+                                const float* __restrict__ rowDot, Bf16* __restrict__ dqkv, Geometry g) {
+  using M = MmaTiles<kHd>;
+  using RowFrag = wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major>;
+  alignas(32) __shared__ Bf16 kTile[M::kQueries][M::kLd];  // Q and dO on the way to their fragments, then Kj
+  alignas(32) __shared__ Bf16 vTile[M::kKeys][M::kLd];
+  alignas(32) __shared__ float sTile[M::kWarps][16][M::kSLd];
+  alignas(32) __shared__ Bf16 dsTile[M::kWarps][16][M::kPLd];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, row = lane / 2, half = lane % 2;
+  const int b = blockIdx.x / g.heads, h = blockIdx.x % g.heads, first = (gridDim.y - 1 - blockIdx.y) * M::kQueries;
+  const int t = first + warp * 16 + row;
+  const int64_t stride = 3 * static_cast<int64_t>(g.dim), sampleRow = static_cast<int64_t>(b) * g.time;
+  const Bf16* sample = qkv + sampleRow * stride + h * g.headSize;
+  RowFrag q[M::kFrags], dout[M::kFrags];
+  AccFrag dq[M::kFrags];
+  loadBf16Tile<M>(kTile, sample, stride, first, M::kQueries, g);
+  __syncthreads();
+  for (int f = 0; f < M::kFrags; ++f) wmma::load_matrix_sync(q[f], &kTile[warp * 16][f * 16], M::kLd);
+  __syncthreads();
+  loadBf16Tile<M>(kTile, dy + sampleRow * g.dim + h * g.headSize, g.dim, first, M::kQueries, g);
+  __syncthreads();
+  for (int f = 0; f < M::kFrags; ++f) {
+    wmma::load_matrix_sync(dout[f], &kTile[warp * 16][f * 16], M::kLd);
+    wmma::fill_fragment(dq[f], 0.0f);
+  }
+  const int64_t statAt = static_cast<int64_t>(blockIdx.x) * g.time + t;
+  const float rowLse = t < g.time ? lse[statAt] : 0.0f, rowD = t < g.time ? rowDot[statAt] : 0.0f;
+  float* sRow = sTile[warp][row];
+  Bf16* dsRow = dsTile[warp][row];
+  constexpr int kHalf = M::kKeys / 2;
+  const int keyTiles = (min(first + M::kQueries, g.time) - 1) / M::kKeys + 1;
+  for (int j = 0; j < keyTiles; ++j) {
+    const int keyFirst = j * M::kKeys, c0 = half * kHalf;
+    __syncthreads();  // the fragments loaded; the previous Kj, Vj and scratch read
+    loadBf16Tile<M>(kTile, sample + g.dim, stride, keyFirst, M::kKeys, g);
+    loadBf16Tile<M>(vTile, sample + 2 * g.dim, stride, keyFirst, M::kKeys, g);
+    __syncthreads();
+    productToScratch<M>(q, kTile, &sTile[warp][0][0]);  // S = Q·Kᵀ
+    __syncwarp();
+    float p[kHalf];
+    for (int i = 0; i < kHalf; ++i) {
+      const int key = keyFirst + c0 + i;
+      p[i] = key <= t && t < g.time ? expf(sRow[c0 + i] * g.scale - rowLse) : 0.0f;
+    }
+    __syncwarp();  // S read before dP overwrites it
+    productToScratch<M>(dout, vTile, &sTile[warp][0][0]);  // dP = dO·Vᵀ
+    __syncwarp();
+    for (int i = 0; i < kHalf; ++i) dsRow[c0 + i] = __float2bfloat16_rn(p[i] * (sRow[c0 + i] - rowD));
+    __syncwarp();  // dS written
+    for (int kk = 0; kk < M::kKeys / 16; ++kk) {
+      RowFrag ds;
+      wmma::load_matrix_sync(ds, &dsTile[warp][0][kk * 16], M::kPLd);
+      for (int f = 0; f < M::kFrags; ++f) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major> k;
+        wmma::load_matrix_sync(k, &kTile[kk * 16][f * 16], M::kLd);
+        wmma::mma_sync(dq[f], ds, k, dq[f]);
+      }
+    }
+  }
+  Bf16* out = dqkv + (sampleRow + t) * stride + h * g.headSize;
+  for (int f = 0; f < M::kFrags; ++f) {
+    __syncwarp();
+    wmma::store_matrix_sync(&sTile[warp][0][0], dq[f], M::kSLd, wmma::mem_row_major);
+    __syncwarp();
+    for (int c = half * 8; c < half * 8 + 8; ++c) {
+      const int d = f * 16 + c;
+      if (t < g.time && d < g.headSize) out[d] = __float2bfloat16_rn(sRow[c] * g.scale);
+    }
+  }
+}
+
+template <int kHd>
+dim3 mmaGrid(int64_t batch, const Geometry& g) {
+  constexpr int kQueries = MmaTiles<kHd>::kQueries;
+  return dim3(static_cast<unsigned>(batch * g.heads), static_cast<unsigned>((g.time + kQueries - 1) / kQueries));
+}
+
+}  // namespace
+
+void forwardMma(const void* qkv, void* y, float* lse, const Geometry& g, int64_t batch, cudaStream_t stream) {
+  forBucket(g.headSize, [&](auto bucket) {
+    constexpr int kHd = decltype(bucket)::value;
+    COHORT_LAUNCH((attentionForwardMmaKernel<kHd>), mmaGrid<kHd>(batch, g), MmaTiles<kHd>::kThreads, 0, stream)(
+        static_cast<const Bf16*>(qkv), static_cast<Bf16*>(y), lse, g);
+  });
+}
+
+void queryGradMma(const QueryGradBuffers& b, const Geometry& g, int64_t batch, cudaStream_t stream) {
+  forBucket(g.headSize, [&](auto bucket) {
+    constexpr int kHd = decltype(bucket)::value;
+    COHORT_LAUNCH((attentionQueryGradMmaKernel<kHd>), mmaGrid<kHd>(batch, g), MmaTiles<kHd>::kThreads, 0, stream)(
+        static_cast<const Bf16*>(b.qkv), static_cast<const Bf16*>(b.dy), b.lse, b.rowDot, static_cast<Bf16*>(b.dqkv),
+        g);
+  });
+}
+
+}  // namespace cohort::runtime::cuda::attention
