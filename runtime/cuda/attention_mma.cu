@@ -81,6 +81,23 @@ __device__ void productToScratch(const wmma::fragment<wmma::matrix_a, 16, 16, 16
   }
 }
 
+// The warp's 16 rows of `frags` (columns 16f.. in frags[f]) times `scale`, rounded to bf16, to
+// `out` (this lane's row, its first headSize columns) where `valid`: through the warp's scratch,
+// lanes 2r and 2r + 1 writing row r's halves.
+template <class M>
+__device__ void writeRows(const AccFrag* frags, float* scratch, Bf16* out, float scale, bool valid, int headSize) {
+  const int lane = threadIdx.x % kWarpSize, row = lane / 2, half = lane % 2;
+  for (int f = 0; f < M::kFrags; ++f) {
+    __syncwarp();
+    wmma::store_matrix_sync(scratch, frags[f], M::kSLd, wmma::mem_row_major);
+    __syncwarp();
+    for (int c = half * 8; c < half * 8 + 8; ++c) {
+      const int d = f * 16 + c;
+      if (valid && d < headSize) out[d] = __float2bfloat16_rn(scratch[row * M::kSLd + c] * scale);
+    }
+  }
+}
+
 template <int kHd>
 __global__ void __launch_bounds__(MmaTiles<kHd>::kThreads)
     attentionForwardMmaKernel(const Bf16* __restrict__ qkv, Bf16* __restrict__ y, float* __restrict__ lse, Geometry g) {
@@ -143,17 +160,8 @@ __global__ void __launch_bounds__(MmaTiles<kHd>::kThreads)
       }
     }
   }
-  const float inv = 1.0f / l;
-  Bf16* out = y + (static_cast<int64_t>(blockIdx.x / g.heads) * g.time + t) * g.dim + h * g.headSize;
-  for (int f = 0; f < M::kFrags; ++f) {
-    __syncwarp();
-    wmma::store_matrix_sync(&sTile[warp][0][0], o[f], M::kSLd, wmma::mem_row_major);
-    __syncwarp();
-    for (int c = half * 8; c < half * 8 + 8; ++c) {
-      const int d = f * 16 + c;
-      if (t < g.time && d < g.headSize) out[d] = __float2bfloat16_rn(sRow[c] * inv);
-    }
-  }
+  writeRows<M>(o, &sTile[warp][0][0], y + (static_cast<int64_t>(blockIdx.x / g.heads) * g.time + t) * g.dim + h * g.headSize,
+               1.0f / l, t < g.time, g.headSize);
   if (half == 0 && t < g.time) lse[static_cast<int64_t>(blockIdx.x) * g.time + t] = m + logf(l);
 }
 
@@ -223,16 +231,8 @@ __global__ void __launch_bounds__(MmaTiles<kHd>::kThreads)
       }
     }
   }
-  Bf16* out = dqkv + (sampleRow + t) * stride + h * g.headSize;
-  for (int f = 0; f < M::kFrags; ++f) {
-    __syncwarp();
-    wmma::store_matrix_sync(&sTile[warp][0][0], dq[f], M::kSLd, wmma::mem_row_major);
-    __syncwarp();
-    for (int c = half * 8; c < half * 8 + 8; ++c) {
-      const int d = f * 16 + c;
-      if (t < g.time && d < g.headSize) out[d] = __float2bfloat16_rn(sRow[c] * g.scale);
-    }
-  }
+  writeRows<M>(dq, &sTile[warp][0][0], dqkv + (sampleRow + t) * stride + h * g.headSize, g.scale, t < g.time,
+               g.headSize);
 }
 
 template <int kHd>
