@@ -1,6 +1,6 @@
 // Fused causal attention (runtime/cuda/attention_kernels.h): FlashAttention-2's forward and
-// backward on CUDA cores, never storing the T×T scores. For bf16 data the forward and dQ run on
-// tensor cores instead (attention_mma.cu); dK and dV stay here for both types.
+// backward on CUDA cores for fp32 data, never storing the T×T scores. bf16 data runs the same
+// algorithm on tensor cores (attention_mma.cu); the row dot D below serves both types.
 //
 // Launch: every kernel but the row dot runs blocks of kThreads = 256 threads on a grid of
 // (B·H, tiles): blockIdx.x picks the sample and head, blockIdx.y a tile of kRows queries (forward,
@@ -36,8 +36,8 @@
 //       dQ_i += dS·K_j                                 (then dQ_i · scale)
 //   Each sum runs in tile order and, within a tile, in row order: fixed by the shape alone.
 //
-// Storage (of qkv, y, dy and dqkv) is fp32 or bf16; every load widens to float and every store rounds
-// once (elements.h), so the math, the tiles in shared memory, L and D are fp32 either way.
+// The kernels read and write through elements.h (fp32 storage here; the row dot D also serves bf16,
+// widening every load), so the math, the tiles in shared memory, L and D are fp32.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -340,17 +340,14 @@ void attentionForward(const AttentionForwardBuffers& b, const AttentionShape& s,
   const cudaStream_t native = nativeStream(stream);
   if (b.type == DType::kBF16) {  // tensor cores
     attention::forwardMma(b.qkv, b.y, b.lse, g, s.batch, native);
-    COHORT_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  elements::dispatch(b.type, [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  } else {
+    COHORT_CHECK(b.type == DType::kF32);
     attention::forBucket(g.headSize, [&](auto bucket) {
       constexpr int kHd = decltype(bucket)::value;
-      COHORT_LAUNCH((attentionForwardKernel<T, kHd>), tileGrid<kHd>(s), kThreads, 0, native)(
-          static_cast<const T*>(b.qkv), static_cast<T*>(b.y), b.lse, g);
+      COHORT_LAUNCH((attentionForwardKernel<float, kHd>), tileGrid<kHd>(s), kThreads, 0, native)(
+          static_cast<const float*>(b.qkv), static_cast<float*>(b.y), b.lse, g);
     });
-  });
+  }
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -364,23 +361,25 @@ void attentionBackward(const AttentionBackwardBuffers& b, const AttentionShape& 
   const unsigned dotBlocks = blocksFor(stream, static_cast<size_t>(rows), kWarpsPerBlock);
   elements::dispatch(b.type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const auto* qkv = static_cast<const T*>(b.qkv);
-    const auto* dy = static_cast<const T*>(b.dy);
-    auto* dqkv = static_cast<T*>(b.dqkv);
-    COHORT_LAUNCH(attentionRowDotKernel<T>, dotBlocks, kThreads, 0, native)(static_cast<const T*>(b.y), dy, b.rowDot,
-                                                                             g, rows);
+    COHORT_LAUNCH(attentionRowDotKernel<T>, dotBlocks, kThreads, 0, native)(
+        static_cast<const T*>(b.y), static_cast<const T*>(b.dy), b.rowDot, g, rows);
+  });
+  if (b.type == DType::kBF16) {  // tensor cores
+    const attention::GradBuffers buffers{.qkv = b.qkv, .dy = b.dy, .lse = b.lse, .rowDot = b.rowDot, .dqkv = b.dqkv};
+    attention::keyGradMma(buffers, g, s.batch, native);
+    attention::queryGradMma(buffers, g, s.batch, native);
+  } else {
+    const auto* qkv = static_cast<const float*>(b.qkv);
+    const auto* dy = static_cast<const float*>(b.dy);
+    auto* dqkv = static_cast<float*>(b.dqkv);
     attention::forBucket(g.headSize, [&](auto bucket) {
       constexpr int kHd = decltype(bucket)::value;
       const dim3 grid = tileGrid<kHd>(s);
-      COHORT_LAUNCH((attentionKeyGradKernel<T, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
-      if constexpr (std::is_same_v<T, float>) {
-        COHORT_LAUNCH((attentionQueryGradKernel<T, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
-      }
+      COHORT_LAUNCH((attentionKeyGradKernel<float, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv, g);
+      COHORT_LAUNCH((attentionQueryGradKernel<float, kHd>), grid, kThreads, 0, native)(qkv, dy, b.lse, b.rowDot, dqkv,
+                                                                                      g);
     });
-    if constexpr (!std::is_same_v<T, float>) {  // dQ on tensor cores
-      attention::queryGradMma({.qkv = qkv, .dy = dy, .lse = b.lse, .rowDot = b.rowDot, .dqkv = dqkv}, g, s.batch, native);
-    }
-  });
+  }
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

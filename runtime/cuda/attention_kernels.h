@@ -10,8 +10,8 @@
 //
 // Conventions are kernels.h's: pointers are device memory on the stream's device, alive until the
 // stream has run the kernels; qkv, y, dy and dqkv hold `type` (fp32, or bf16 in a bf16 pass: read
-// widened, written rounded once; the arithmetic, L and D are fp32 either way; in bf16 the forward's
-// and dQ's products run on tensor cores, P and dS rounded to bf16 for them), lse and rowDot fp32; each call enqueues its kernels on `stream` (a CUDA stream; a
+// widened, written rounded once; the arithmetic, L and D are fp32 either way; in bf16 every product of
+// the forward and backward runs on tensor cores, P and dS rounded to bf16 for them), lse and rowDot fp32; each call enqueues its kernels on `stream` (a CUDA stream; a
 // CPU stream fails a CHECK) and returns without waiting; launch errors throw cohort::Error. Results
 // match the CPU code (nn/attention.cc) to float32 rounding (in fp32); tests/nn/gpu/gpu_attention_test.cc
 // compares the two. No atomics: every sum runs in an order fixed by the shape alone, so the same

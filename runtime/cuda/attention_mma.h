@@ -32,15 +32,19 @@ void forBucket(int headSize, Launch launch) {
 // The bf16 forward: y and L from qkv (all [B, ...] as attentionForward's, bf16 data).
 void forwardMma(const void* qkv, void* y, float* lse, const Geometry& g, int64_t batch, cudaStream_t stream);
 
-struct QueryGradBuffers {
+// What the backward kernels read and write.
+struct GradBuffers {
   const void* qkv;
   const void* dy;
   const float* lse;
   const float* rowDot;  // D, already computed
-  void* dqkv;           // its dq columns written
+  void* dqkv;           // its dq columns (queryGradMma) or dk and dv columns (keyGradMma) written
 };
 
 // The bf16 dQ of attentionBackward, from qkv, dy, L and D.
-void queryGradMma(const QueryGradBuffers& buffers, const Geometry& g, int64_t batch, cudaStream_t stream);
+void queryGradMma(const GradBuffers& buffers, const Geometry& g, int64_t batch, cudaStream_t stream);
+
+// The bf16 dK and dV of attentionBackward, from the same.
+void keyGradMma(const GradBuffers& buffers, const Geometry& g, int64_t batch, cudaStream_t stream);
 
 }  // namespace cohort::runtime::cuda::attention
