@@ -111,8 +111,8 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
   const Tensor& f = lnF_.forward(*h, pass);
   final_ = &f;
 #ifdef COHORT_HAVE_CUDA
-  if (onGpu(input)) {
-    runtime::ensureShape(logits_, out, gpuFor(pass, input, name()).allocator());
+  if (onGpu(input)) {  // bf16 logits in a bf16 pass
+    runtime::ensureShape(logits_, out, gpuFor(pass, input, name()).allocator(), pass.precision);
   } else
 #endif
   {
@@ -122,8 +122,8 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
   return logits_;
 }
 
-// logits = x · wteᵀ: fp32, or on a GPU in a bf16 pass from x and wte rounded to bf16 (fp32 sums, fp32
-// logits).
+// logits = x · wteᵀ: fp32, or on a GPU in a bf16 pass from x and wte rounded to bf16 (fp32 sums,
+// logits rounded once to bf16, as autocast and llm.c write them).
 void Gpt::headForward(const Tensor& f, const Tensor& logits, const Pass& pass) {
   const int64_t D = options_.dim, V = options_.vocab, rows = batch_ * time_;
   const runtime::GemmOptions head{.m = static_cast<int>(rows), .n = static_cast<int>(V), .k = static_cast<int>(D), .transB = true};
@@ -135,7 +135,7 @@ void Gpt::headForward(const Tensor& f, const Tensor& logits, const Pass& pass) {
     final16_ = precision::toType(f, bf16, finalCast_, pass, *this);  // ln_f writes bf16 in a bf16 pass
     runtime::ensureShape(wte16_, wte_.weight().shape(), gpu.allocator(), bf16);
     runtime::cuda::convertToBf16(wte_.weight().data(), wte16_.raw(), wte_.weight().numel(), gpu.stream());
-    gpu.blas().gemmEx(head, {}, bf16, runtime::DType::kF32, final16_.raw(), wte16_.raw(), logits.data());
+    gpu.blas().gemmEx(head, {}, bf16, bf16, final16_.raw(), wte16_.raw(), logits.raw());
     return;
   }
 #endif

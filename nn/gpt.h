@@ -45,8 +45,8 @@ class Gpt final : public Module {
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
   // In a bf16 pass the blocks run in bf16 (TransformerBlock) and ln_f writes bf16 for the head, whose
-  // product computes in bf16 with fp32 logits for the loss; the embeddings and the residual stream
-  // stay fp32.
+  // product computes in bf16 with fp32 sums and writes bf16 logits (Model::forward widens them unless
+  // the loss reads bf16); the embeddings and the residual stream stay fp32.
   bool takesBf16() const override { return true; }
 
   // The token ids' check (Embedding::checkIds; the positions are the model's own).

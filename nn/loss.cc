@@ -131,9 +131,13 @@ void SoftmaxCrossEntropy::forwardGpu(const Tensor& logits, const Tensor& targets
   const int64_t cols = logits.dim(logits.rank() - 1), rows = logits.numel() / std::max<int64_t>(cols, 1);
   positions_ = logits.dim(0) ? rows / logits.dim(0) : 1;
   runtime::ensureShape(grad_, logits.shape(), gpu.allocator(), gradType_);
-  float* sums = gpuSums(gpu);
-  runtime::cuda::softmaxCrossEntropy(logits.data(), targets.data(), grad_.raw(), rows, cols, sums, sums + 1, sums + 2,
-                                     gpu.stream(), gradType_);
+  runtime::cuda::softmaxCrossEntropy({.logits = logits.raw(),
+                                      .targets = targets.data(),
+                                      .grad = grad_.raw(),
+                                      .sums = gpuSums(gpu),
+                                      .logitsType = logits.dtype(),
+                                      .gradType = gradType_},
+                                     rows, cols, gpu.stream());
 }
 
 void MeanSquaredError::forwardGpu(const Tensor& output, const Tensor& targets, runtime::cuda::GpuContext& gpu) {

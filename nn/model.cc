@@ -12,8 +12,9 @@ Model::Model(ModulePtr network, ModelInfo info)
   net->registerParams(params, "");
 }
 
-const Tensor& Model::forward(const Tensor& input, const Pass& pass) {
-  return precision::toFp32(net->forward(input, pass), outputCast_, pass, *net);
+const Tensor& Model::forward(const Tensor& input, const Pass& pass, bool keepBf16) {
+  const Tensor& out = net->forward(input, pass);
+  return keepBf16 ? out : precision::toFp32(out, outputCast_, pass, *net);
 }
 
 }  // namespace cohort::nn

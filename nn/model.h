@@ -33,8 +33,9 @@ struct Model {
   Model& operator=(const Model&) = delete;
 
   // The network's output, in fp32 whatever the pass computes in (a bf16 output is converted into a
-  // buffer the model owns), so that losses and metrics read fp32.
-  const Tensor& forward(const Tensor& input, const Pass& pass);
+  // buffer the model owns), so that losses and metrics read fp32; with keepBf16, a bf16 output as it
+  // is, for a reader that takes bf16 (a loss whose readsBf16() is true).
+  const Tensor& forward(const Tensor& input, const Pass& pass, bool keepBf16 = false);
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) { return net->backward(gradOutput, pass); }
 
   std::string name;

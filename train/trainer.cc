@@ -306,7 +306,7 @@ TrainResult Trainer::run() {
       double batchLoss = std::numeric_limits<double>::quiet_NaN();
       {
         Timeline::Scope span(timeline_, SpanKind::kForward);
-        const Tensor& out = model_.forward(batch.inputs, pass);
+        const Tensor& out = model_.forward(batch.inputs, pass, gpu && loss_.readsBf16());
         if (gpu) {
           loss_.forwardGpu(out, batch.targets, *gpu);
         } else {
@@ -574,7 +574,7 @@ void Trainer::evaluateChunks(const runtime::data::Dataset& data, int64_t chunk, 
       runtime::ensureShape(targets, hostTgt.shape(), gpu.allocator());
       runtime::cuda::copyToDevice(inputs.data(), hostIn.data(), hostIn.bytes(), gpu.stream());
       runtime::cuda::copyToDevice(targets.data(), hostTgt.data(), hostTgt.bytes(), gpu.stream());
-      loss_.forwardGpu(model_.forward(inputs, pass), targets, gpu);
+      loss_.forwardGpu(model_.forward(inputs, pass, loss_.readsBf16()), targets, gpu);
       model_.net->checkInputs(pass);  // bad ids are NaN rows on a GPU: refused here as on the CPU
       const nn::LossSums s = loss_.takeGpuSums(gpu);  // waits for the chunk's kernels
       sums[static_cast<size_t>(2 * c)] = s.loss;

@@ -202,15 +202,15 @@ __global__ void softmaxBackwardKernel(const float* y, const float* dy, float* dx
 // As nn::SoftmaxCrossEntropy::forward, with bad targets counted instead of thrown. Each group's
 // first thread keeps its rows' loss and counts; they meet per block in shared memory, and the block
 // adds them to the device scalars with one atomicAdd each.
-template <unsigned kWidth, class TG>
-__global__ void softmaxCrossEntropyKernel(const float* __restrict__ logits, const float* __restrict__ targets,
+template <unsigned kWidth, class TX, class TG>
+__global__ void softmaxCrossEntropyKernel(const TX* __restrict__ logits, const float* __restrict__ targets,
                                           TG* __restrict__ grad, int64_t rows, int64_t cols, float invRows,
-                                          float* lossSum, float* correct, float* badTargets) {
+                                          float* sums) {
   using G = RowGroup<kWidth>;
   double loss = 0.0;
   float hits = 0.0f, bad = 0.0f;
   for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
-    const float* x = logits + r * cols;
+    const TX* x = logits + r * cols;
     TG* g = grad + r * cols;
     const float t = targets[r];
     // The same for the whole group, so `continue` keeps the group together.
@@ -221,20 +221,20 @@ __global__ void softmaxCrossEntropyKernel(const float* __restrict__ logits, cons
     }
     const int64_t label = static_cast<int64_t>(t);
     ArgMax best{-INFINITY, INT64_MAX};  // a lane without columns never wins
-    if (G::lane() < cols) best = {x[G::lane()], G::lane()};
-    for (int64_t c = G::lane() + kWidth; c < cols; c += kWidth) best = better(best, {x[c], c});
+    if (G::lane() < cols) best = {elements::load(x[G::lane()]), G::lane()};
+    for (int64_t c = G::lane() + kWidth; c < cols; c += kWidth) best = better(best, {elements::load(x[c]), c});
     best = groupArgMax<kWidth>(best);
     const float mx = best.value;
     float sum = 0.0f;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) sum += expf(x[c] - mx);
+    for (int64_t c = G::lane(); c < cols; c += kWidth) sum += expf(elements::load(x[c]) - mx);
     sum = groupReduce<kWidth>(sum, SumOp{});
     const float scale = invRows / sum;
     for (int64_t c = G::lane(); c < cols; c += kWidth) {
-      float p = expf(x[c] - mx) * scale;
+      float p = expf(elements::load(x[c]) - mx) * scale;
       g[c] = elements::store<TG>(c == label ? p - invRows : p);
     }
     if (G::lane() == 0) {
-      loss += static_cast<double>(logf(sum) + mx - x[label]);
+      loss += static_cast<double>(logf(sum) + mx - elements::load(x[label]));
       hits += best.index == label ? 1.0f : 0.0f;
     }
   }
@@ -252,9 +252,9 @@ __global__ void softmaxCrossEntropyKernel(const float* __restrict__ logits, cons
       hits += groupHits[k];
       bad += groupBad[k];
     }
-    if (loss != 0.0) atomicAdd(lossSum, static_cast<float>(loss));
-    if (hits != 0.0f) atomicAdd(correct, hits);
-    if (bad != 0.0f) atomicAdd(badTargets, bad);
+    if (loss != 0.0) atomicAdd(&sums[0], static_cast<float>(loss));
+    if (hits != 0.0f) atomicAdd(&sums[1], hits);
+    if (bad != 0.0f) atomicAdd(&sums[2], bad);
   }
 }
 
@@ -502,8 +502,7 @@ void multiply(const float* a, const float* b, float* out, int64_t n, const Strea
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void softmaxCrossEntropy(const float* logits, const float* targets, void* grad, int64_t rows, int64_t cols,
-                         float* lossSum, float* correct, float* badTargets, const Stream& stream, DType gradType) {
+void softmaxCrossEntropy(const CrossEntropyBuffers& b, int64_t rows, int64_t cols, const Stream& stream) {
   checkCudaStream(stream);
   checkMatrix(rows, cols);
   if (rows == 0) return;
@@ -511,16 +510,20 @@ void softmaxCrossEntropy(const float* logits, const float* targets, void* grad, 
   const float invRows = 1.0f / static_cast<float>(rows);  // as nn/loss.cc
   CudaDeviceGuard guard(stream.device().index);
   unsigned blocks = rowBlocks(stream, rows, cols);
-  elements::dispatch(gradType, [&](auto tag) {
-    using TG = typename decltype(tag)::type;
-    auto* g = static_cast<TG*>(grad);
-    if (warpPerRow(cols)) {
-      COHORT_LAUNCH((softmaxCrossEntropyKernel<kWarpSize, TG>), blocks, kThreads, 0, nativeStream(stream))(
-          logits, targets, g, rows, cols, invRows, lossSum, correct, badTargets);
-    } else {
-      COHORT_LAUNCH((softmaxCrossEntropyKernel<kThreads, TG>), blocks, kThreads, 0, nativeStream(stream))(
-          logits, targets, g, rows, cols, invRows, lossSum, correct, badTargets);
-    }
+  elements::dispatch(b.logitsType, [&](auto logitsTag) {
+    using TX = typename decltype(logitsTag)::type;
+    elements::dispatch(b.gradType, [&](auto gradTag) {
+      using TG = typename decltype(gradTag)::type;
+      const auto* x = static_cast<const TX*>(b.logits);
+      auto* g = static_cast<TG*>(b.grad);
+      if (warpPerRow(cols)) {
+        COHORT_LAUNCH((softmaxCrossEntropyKernel<kWarpSize, TX, TG>), blocks, kThreads, 0, nativeStream(stream))(
+            x, b.targets, g, rows, cols, invRows, b.sums);
+      } else {
+        COHORT_LAUNCH((softmaxCrossEntropyKernel<kThreads, TX, TG>), blocks, kThreads, 0, nativeStream(stream))(
+            x, b.targets, g, rows, cols, invRows, b.sums);
+      }
+    });
   });
   COHORT_CUDA_CHECK(cudaGetLastError());
 }

@@ -120,15 +120,21 @@ void permute0213(const float* x, float* y, int64_t a, int64_t b, int64_t c, int6
 void multiply(const float* a, const float* b, float* out, int64_t n, const Stream& stream);
 
 // Fused softmax cross-entropy over logits [rows, cols] with targets [rows] holding class indices
-// as floats: grad = (softmax − onehot) / rows, and adds to three device scalars: *lossSum += Σ_r
-// (logsumexp − logit[target]), *correct += rows whose first argmax equals the target, and
-// *badTargets += rows whose target is not an integer in [0, cols) (their loss and gradient are 0;
-// the caller checks badTargets when it reads the sums and throws InvalidArgument). The caller zeroes
-// the scalars before the first call it wants summed. cols must be positive when rows is. grad holds
-// gradType: fp32, or bf16 (a bf16 pass: the gradient its head's product reads, rounded once).
-void softmaxCrossEntropy(const float* logits, const float* targets, void* grad, int64_t rows, int64_t cols,
-                         float* lossSum, float* correct, float* badTargets, const Stream& stream,
-                         DType gradType = DType::kF32);
+// as floats: grad = (softmax − onehot) / rows, and adds to the three device scalars at `sums`:
+// sums[0] += Σ_r (logsumexp − logit[target]), sums[1] += rows whose first argmax equals the target,
+// and sums[2] += rows whose target is not an integer in [0, cols) (their loss and gradient are 0;
+// the caller checks sums[2] when it reads them and throws InvalidArgument). The caller zeroes the
+// scalars before the first call it wants summed. cols must be positive when rows is. The logits are
+// fp32, or bf16 (a bf16 pass's head writes them so: read widened, the arithmetic fp32 either way);
+// the gradient fp32, or bf16 (what a bf16 head's product reads, rounded once).
+struct CrossEntropyBuffers {
+  const void* logits = nullptr;  // [rows, cols] of logitsType
+  const float* targets = nullptr;
+  void* grad = nullptr;  // [rows, cols] of gradType
+  float* sums = nullptr;
+  DType logitsType = DType::kF32, gradType = DType::kF32;
+};
+void softmaxCrossEntropy(const CrossEntropyBuffers& buffers, int64_t rows, int64_t cols, const Stream& stream);
 // Mean squared error over n elements: grad = 2 (out − target) / n, and
 // *lossSum += lossScale · Σ (out − target)² (lossScale = rows / n sums the batch mean per sample).
 void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale,

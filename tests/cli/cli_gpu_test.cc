@@ -115,10 +115,11 @@ TEST_F(CliGpuTest, GptOnTextStepsAsOnTheCpu) {
 // --precision bf16 reaches a test loss within 2% of the fp32 run's from the same seed (bf16's
 // rounding changes the path, not where it leads). The text is six words drawn at random (a fixed
 // LCG) and the rate warms up and decays to 0 at step 200 (cosine), so both runs settle at the same
-// floor: measured on the emulated device 0.5744 (fp32) against 0.5733 (bf16) for seed 0 and 0.5757
-// against 0.5758 for seed 1 (before dQ moved to tensor cores). Mid-descent the comparison is noise, not precision: with the rate
-// still high at step 200 (no --decay-steps) the two runs ended 1-4% apart either way, as far as
-// two fp32 runs of different seeds, or as one fp32 run is from itself after a change in rounding.
+// floor: measured on the emulated device 0.5744 (fp32) against 0.5739 (bf16) for seed 0 and 0.5757
+// against 0.5758 for seed 1 (before the attention's backward moved to tensor cores). Mid-descent
+// the comparison is noise, not precision: with the rate still high at step 200 (no --decay-steps)
+// the two runs ended 1-4% apart either way, as far as two fp32 runs of different seeds, or as one
+// fp32 run is from itself after a change in rounding.
 TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
   const char* const words[] = {"the", "cat", "sees", "a", "dog", "bird"};
   std::string text;

@@ -21,6 +21,8 @@
 #include "nn/gpt.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/model.h"
 #include "nn/sequential.h"
 #include "nn/transformer_block.h"
 #include "runtime/dtype.h"
@@ -67,7 +69,7 @@ struct Bf16Case {
   Shape input;
   double tolerance;  // normwise (expectNormwiseClose)
   bool ids = false;  // token ids 0..3 (a GPT's input) instead of values in [-2, 2)
-  bool fp32Output = false;  // a module whose output stays fp32 (the residual stream, a GPT's logits)
+  bool fp32Output = false;  // a module whose output stays fp32 (the residual stream)
 };
 
 std::ostream& operator<<(std::ostream& os, const Bf16Case& c) { return os << c.name; }
@@ -206,7 +208,7 @@ std::vector<Bf16Case> cases() {
        Shape{2, 6, 5}, kCompositeTolerance, false, true},
       {"gpt_2_layers",
        [] { return ModulePtr(new nn::Gpt({.vocab = 5, .layers = 2, .heads = 2, .dim = 16, .context = 7})); },
-       Shape{3, 6}, kCompositeTolerance, true, true},
+       Shape{3, 6}, kCompositeTolerance, true, false},
   };
 }
 
@@ -246,6 +248,49 @@ TEST(Bf16Layers, GptBlocksShareOneSetOfGradientBuffers) {
   std::printf("each block adds %.0f bytes: 10 per parameter and %.1f per activation element\n", perBlock,
               bytesPerElement);
   EXPECT_LT(bytesPerElement, 64.0);
+}
+
+// A bf16 pass's GPT writes bf16 logits. Model::forward hands them as they are to a loss that reads
+// bf16 (keepBf16) and widens them otherwise; the loss of either is the same, and the bf16 gradient
+// the loss writes goes back through the model. An fp32 pass keeps fp32 whatever is asked.
+TEST(Bf16Layers, GptHandsTheLossBf16Logits) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  const auto make = [] {
+    return ModulePtr(new nn::Gpt({.vocab = 16, .layers = 1, .heads = 2, .dim = 32, .context = 8}));
+  };
+  nn::Model host(make(), {.name = "gpt"}), dev(make(), {.name = "gpt"});
+  host.params.allocate(runtime::cpuAllocator());
+  dev.params.allocate(gpu.allocator());
+  runtime::Rng rng(3);
+  host.net->resetParams(rng);
+  dev.params.values().copyFrom(host.params.values());
+  Tensor ids = Tensor::zeros(Shape{2, 8}), targets = Tensor::zeros(Shape{2, 8});
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    ids.at(i) = static_cast<float>((i * 5) % 16);
+    targets.at(i) = static_cast<float>((i * 5 + 1) % 16);
+  }
+  const Tensor dids = ids.clone(gpu.allocator()), dtargets = targets.clone(gpu.allocator());
+  nn::Pass pass;
+  pass.gpu = &gpu;
+  pass.precision = DType::kBF16;
+  nn::SoftmaxCrossEntropy loss;
+  loss.setGradType(DType::kBF16);
+  ASSERT_TRUE(loss.readsBf16());
+  const Tensor& kept = dev.forward(dids, pass, loss.readsBf16());
+  EXPECT_EQ(kept.dtype(), DType::kBF16);
+  loss.forwardGpu(kept, dtargets, gpu);
+  const double fromBf16 = loss.takeGpuSums(gpu).loss;
+  EXPECT_EQ(loss.backward().dtype(), DType::kBF16);
+  dev.backward(loss.backward(), pass);
+  const Tensor& widened = dev.forward(dids, pass);
+  EXPECT_EQ(widened.dtype(), DType::kF32);
+  loss.forwardGpu(widened, dtargets, gpu);
+  const double fromWidened = loss.takeGpuSums(gpu).loss;
+  EXPECT_GT(fromBf16, 1.0);
+  EXPECT_NEAR(fromWidened, fromBf16, 1e-6 * fromBf16);
+  pass.precision = DType::kF32;
+  EXPECT_EQ(dev.forward(dids, pass, true).dtype(), DType::kF32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, Bf16LayersTest, ::testing::ValuesIn(cases()),

@@ -1,7 +1,8 @@
 // Mixed precision on the GPU (tags = ["gpu"]): the fp32 <-> bf16 conversions of
 // runtime/cuda/precision_kernels.h against the host's runtime::toBf16, bit for bit; Blas::gemmEx
 // with bf16 inputs against cpu::gemm on the same (bf16-rounded) inputs; Blas::setTf32; and
-// Blas::gemmFused's epilogues (cuBLASLt) against cpu::gemm followed by the epilogue on the host.
+// Blas::gemmFused's epilogues (cuBLASLt) against cpu::gemm followed by the epilogue on the host;
+// the cross-entropy's bf16 logits and gradient against its fp32 kernel.
 //
 // A product of two bf16 values is exact in fp32, so a bf16 GEMM with fp32 output differs from the
 // CPU's fp32 GEMM of the widened inputs by the order of fp32 additions only (the kernels_test
@@ -9,14 +10,17 @@
 // the fp32 result (a sum near a rounding boundary may round either way).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/runtime/cuda/gpu_test_util.h"
@@ -364,6 +368,58 @@ TEST_F(PrecisionTest, FusedEpilogueDeclinesAnAuxMatrixCublasLtCannotRun) {
   EXPECT_THROW(blas.gemmFused(withC, GemmEpilogue::kBias, DType::kF32, da->data(), db->data(), dc->data(),
                                   {.bias = dbias->data()}),
                InvalidArgument);
+}
+
+// A bf16 pass's loss (Loss::readsBf16, Loss::setGradType): bf16 logits are read widened and the
+// arithmetic is fp32 either way, so every combination gives the fp32 kernel's sums on the same
+// (rounded) logits (the loss to the order of the blocks' atomic adds) and its gradient bit for bit,
+// rounded once where it is written in bf16 (a bad row's zeros included).
+TEST_F(PrecisionTest, CrossEntropyReadsAndWritesBf16) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{33, 37}, {5, 3000}}) {
+    const auto n = static_cast<size_t>(rows * cols);
+    const Floats logits = roundedToBf16(randomFloats(n, n + 3, -6.0f, 6.0f));
+    Floats targets(static_cast<size_t>(rows));
+    Rng rng(n + 4);
+    for (float& t : targets) t = static_cast<float>(rng.below(static_cast<uint64_t>(cols)));
+    for (size_t r = 0; r < targets.size(); r += 2) {  // every other row predicted right
+      const auto row = logits.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(cols));
+      targets[r] = static_cast<float>(std::max_element(row, row + cols) - row);
+    }
+    targets[1] = -1.0f;
+    auto d32 = upload(logits), d16 = upload(bitsOf(logits)), dtargets = upload(targets);
+    const auto run = [&](DType logitsType, DType gradType, std::unique_ptr<DeviceBytes>& grad) {
+      grad = upload(Floats(n, 7.0f));
+      auto sums = upload(Floats{0.0f, 0.0f, 0.0f});
+      softmaxCrossEntropy({.logits = (logitsType == DType::kBF16 ? d16 : d32)->data(),
+                           .targets = static_cast<const float*>(dtargets->data()),
+                           .grad = grad->data(),
+                           .sums = static_cast<float*>(sums->data()),
+                           .logitsType = logitsType,
+                           .gradType = gradType},
+                          rows, cols, stream());
+      return download<float>(*sums, 3);
+    };
+    std::unique_ptr<DeviceBytes> grad;
+    const Floats wantSums = run(DType::kF32, DType::kF32, grad);
+    const Floats want = download<float>(*grad, n);
+    ASSERT_EQ(wantSums[1], static_cast<float>((rows + 1) / 2));
+    ASSERT_EQ(wantSums[2], 1.0f);
+    for (DType logitsType : {DType::kF32, DType::kBF16}) {
+      for (DType gradType : {DType::kF32, DType::kBF16}) {
+        const std::string what = std::string("logits ") + dtypeName(logitsType) + ", gradient " + dtypeName(gradType) +
+                                 ", " + std::to_string(rows) + "x" + std::to_string(cols);
+        const Floats sums = run(logitsType, gradType, grad);
+        EXPECT_NEAR(sums[0], wantSums[0], 1e-6 * wantSums[0]) << what;  // blocks add it in any order
+        EXPECT_EQ(sums[1], wantSums[1]) << what;
+        EXPECT_EQ(sums[2], wantSums[2]) << what;
+        if (gradType == DType::kBF16) {
+          EXPECT_EQ(download<uint16_t>(*grad, n), bitsOf(want)) << what;
+        } else {
+          EXPECT_EQ(download<float>(*grad, n), want) << what;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
