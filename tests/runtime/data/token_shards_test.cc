@@ -1,0 +1,152 @@
+// TokenShards (runtime/data/token_shards.h): llm.c's and nanoGPT's token files, written here from
+// their published layouts, mapped and read back; every malformed file refused with one line naming
+// it; a 100 GB sparse shard opened and read from without its pages becoming resident.
+#include "runtime/data/token_shards.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/process_memory.h"
+#include "tests/runtime/data/test_util.h"
+
+namespace cohort::runtime::data {
+namespace {
+
+using testing::freshTempDir;
+using testing::messageOf;
+using testing::writeFile;
+
+std::string tokenBytes(const std::vector<uint16_t>& tokens) {
+  std::string bytes(tokens.size() * 2, '\0');
+  std::memcpy(bytes.data(), tokens.data(), bytes.size());
+  return bytes;
+}
+
+// llm.c's layout: 256 int32 (magic, version, count, zeros), then the tokens.
+std::string llmcShard(const std::vector<uint16_t>& tokens, int32_t magic = 20240520, int32_t version = 1,
+                      int64_t count = -1) {
+  int32_t header[256] = {};
+  header[0] = magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(count < 0 ? static_cast<int64_t>(tokens.size()) : count);
+  std::string bytes(sizeof(header), '\0');
+  std::memcpy(bytes.data(), header, sizeof(header));
+  return bytes + tokenBytes(tokens);
+}
+
+std::vector<uint16_t> ramp(size_t n, uint16_t first) {
+  std::vector<uint16_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(first + i);
+  return v;
+}
+
+class TokenShardsTest : public ::testing::Test {
+ protected:
+  std::string dir_ = freshTempDir();
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+};
+
+TEST_F(TokenShardsTest, ReadsBothLayoutsAndTellsThemApart) {
+  writeFile(path("a.bin"), llmcShard(ramp(300, 7)));
+  writeFile(path("b.bin"), tokenBytes(ramp(5, 40000)));
+  const TokenShards llmc = TokenShards::open(path("a.bin"));
+  ASSERT_EQ(llmc.shards().size(), 1u);
+  EXPECT_EQ(llmc.shards()[0].layout, ShardLayout::kLlmc);
+  EXPECT_EQ(llmc.shards()[0].count, 300);
+  std::vector<float> window(4);
+  llmc.copy(0, 296, 4, window.data());
+  EXPECT_EQ(window, (std::vector<float>{303, 304, 305, 306}));
+  const TokenShards nano = TokenShards::open(path("b.bin"));
+  EXPECT_EQ(nano.shards()[0].layout, ShardLayout::kNanoGpt);
+  EXPECT_EQ(nano.totalTokens(), 5);
+  nano.copy(0, 0, 2, window.data());
+  EXPECT_EQ(window[0], 40000.0f);
+  EXPECT_EQ(window[1], 40001.0f);
+  // Named, nanoGPT's layout reads even a file with llm.c's magic as tokens.
+  const TokenShards forced = TokenShards::open(path("a.bin"), ShardLayout::kNanoGpt);
+  EXPECT_EQ(forced.shards()[0].count, 512 + 300);
+}
+
+TEST_F(TokenShardsTest, AGlobTakesItsShardsInNameOrder) {
+  writeFile(path("train_002.bin"), llmcShard(ramp(3, 200)));
+  writeFile(path("train_000.bin"), llmcShard(ramp(4, 0)));
+  writeFile(path("train_001.bin"), tokenBytes(ramp(5, 100)));
+  writeFile(path("val_000.bin"), llmcShard(ramp(9, 0)));
+  const TokenShards shards = TokenShards::open(path("train_*.bin"));
+  ASSERT_EQ(shards.shards().size(), 3u);
+  EXPECT_EQ(shards.shards()[0].path, path("train_000.bin"));
+  EXPECT_EQ(shards.shards()[1].path, path("train_001.bin"));
+  EXPECT_EQ(shards.shards()[2].path, path("train_002.bin"));
+  EXPECT_EQ(shards.totalTokens(), 12);
+  float first = -1;
+  shards.copy(2, 0, 1, &first);
+  EXPECT_EQ(first, 200.0f);
+}
+
+TEST_F(TokenShardsTest, RefusesEveryMalformedFileWithOneLineNamingIt) {
+  const auto refusal = [&](const std::string& name, const std::string& bytes, ShardLayout layout = ShardLayout::kAuto) {
+    writeFile(path(name), bytes);
+    return messageOf<InvalidArgument>([&] { TokenShards::open(path(name), layout); });
+  };
+  EXPECT_NE(refusal("version.bin", llmcShard(ramp(4, 0), 20240520, 2)).find("version 2, expected 1"), std::string::npos);
+  EXPECT_NE(refusal("count.bin", llmcShard(ramp(4, 0), 20240520, 1, 5)).find("counts 5 tokens, but its 1032 bytes hold 4"),
+            std::string::npos);
+  EXPECT_NE(refusal("odd.bin", tokenBytes(ramp(3, 0)) + "x").find("odd size"), std::string::npos);
+  EXPECT_NE(refusal("empty.bin", "").find("holds no tokens"), std::string::npos);
+  EXPECT_NE(refusal("header_only.bin", llmcShard({})).find("holds no tokens"), std::string::npos);
+  EXPECT_NE(refusal("magic.bin", tokenBytes(ramp(600, 0)), ShardLayout::kLlmc).find("not an llm.c token shard"),
+            std::string::npos);
+  const std::string none = messageOf<InvalidArgument>([&] { TokenShards::open(path("nothing_*.bin")); });
+  EXPECT_NE(none.find("nothing_*.bin matches no file"), std::string::npos) << none;
+  for (const char* name : {"version.bin", "count.bin", "odd.bin", "empty.bin", "magic.bin"}) {
+    const std::string m = messageOf<InvalidArgument>([&] {
+      TokenShards::open(path(name), std::string(name) == "magic.bin" ? ShardLayout::kLlmc : ShardLayout::kAuto);
+    });
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_NE(m.find(path(name)), std::string::npos) << m;
+  }
+}
+
+TEST_F(TokenShardsTest, ATokenPastTheVocabularyIsNamedByFileAndPosition) {
+  std::vector<uint16_t> tokens = ramp(10, 0);
+  tokens[7] = 50257;
+  writeFile(path("a.bin"), llmcShard(ramp(10, 0)));
+  writeFile(path("b.bin"), llmcShard(tokens));
+  const TokenShards shards = TokenShards::open(path("*.bin"));
+  shards.checkVocabulary(50304);
+  const std::string m = messageOf<InvalidArgument>([&] { shards.checkVocabulary(50257); });
+  EXPECT_NE(m.find(path("b.bin") + ": token 50257 at position 7 is not below the model's vocabulary of 50257"),
+            std::string::npos)
+      << m;
+  float out[2];
+  EXPECT_NE(messageOf<InvalidArgument>([&] { shards.copy(0, 9, 2, out); }).find("tokens [9, 11) are not inside its 10"),
+            std::string::npos);
+}
+
+// A 100 GB shard (sparse: nothing is written) opens and serves windows from its far end while the
+// process's resident memory grows by at most a few pages: the shard is mapped, not read.
+TEST_F(TokenShardsTest, AHundredGigabyteShardIsMappedNotRead) {
+  const int64_t bytes = int64_t{100} << 30;
+  writeFile(path("big.bin"), llmcShard(ramp(1, 0), 20240520, 1, 0));
+  std::filesystem::resize_file(path("big.bin"), static_cast<uintmax_t>(bytes));
+  const size_t before = processMemory().residentBytes;
+  // The header's count (0) no longer matches: read it headerless, as nanoGPT's layout.
+  const TokenShards shards = TokenShards::open(path("big.bin"), ShardLayout::kNanoGpt);
+  EXPECT_EQ(shards.totalTokens(), bytes / 2);
+  std::vector<float> window(1025);
+  for (int64_t at = bytes / 2 - 1025; at > 0; at -= bytes / 20) shards.copy(0, at, 1025, window.data());
+  const size_t grown = processMemory().residentBytes - before;
+  std::printf("100 GB shard: resident memory grew by %.1f MB\n", static_cast<double>(grown) / 1e6);
+  EXPECT_LT(grown, size_t{50} << 20);
+  std::filesystem::remove(path("big.bin"));
+}
+
+}  // namespace
+}  // namespace cohort::runtime::data
