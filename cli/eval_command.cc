@@ -114,7 +114,7 @@ int runPredict(const EvalFlags& f) {
     const int64_t n = a.data->size(), chunk = train::evaluationChunk(*a.model, f.batchSize);
     for (int64_t first = 0; first < n; first += chunk) {
       const int64_t count = std::min(chunk, n - first);
-      const runtime::Tensor& y = a.model->forward(a.data->inputs().narrowRows(first, count), pass);
+      const runtime::Tensor& y = a.model->forward(a.data->rows(first, count).inputs, pass);
       for (int64_t i = 0; i < count; ++i) {
         const float* row = y.data() + i * k;
         if (!a.classification) {

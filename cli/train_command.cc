@@ -248,7 +248,9 @@ std::unique_ptr<data::Dataset> openTestSet(const TrainFlags& f, const data::Data
     bool csv = f.testData.rfind("csv:", 0) == 0;
     return data::openDataset(f.testData, csv ? data::Split::kTrain : data::Split::kTest, hints);
   }
-  if (f.data.rfind("csv:", 0) == 0) return nullptr;
+  // Neither a CSV file nor token shards have a test split of their own (llm.c's and nanoGPT's
+  // corpora come with validation shards): without --test-data, no test set.
+  if (f.data.rfind("csv:", 0) == 0 || f.data.rfind("tokens:", 0) == 0) return nullptr;
   return data::openDataset(f.data, data::Split::kTest, hints);
 }
 

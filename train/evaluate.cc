@@ -30,9 +30,9 @@ void evaluateChunks(nn::Model& model, nn::Loss& loss, const runtime::data::Datas
   const int64_t n = data.size();
   for (int64_t c = first; c < last; ++c) {
     const int64_t begin = c * batchSize, count = std::min(batchSize, n - begin);
-    const Tensor& out = model.forward(data.inputs().narrowRows(begin, count), pass);
-    sums[static_cast<size_t>(2 * c)] =
-        static_cast<double>(loss.forward(out, data.targets().narrowRows(begin, count))) * static_cast<double>(count);
+    const runtime::data::Dataset::Rows rows = data.rows(begin, count);
+    const Tensor& out = model.forward(rows.inputs, pass);
+    sums[static_cast<size_t>(2 * c)] = static_cast<double>(loss.forward(out, rows.targets)) * static_cast<double>(count);
     sums[static_cast<size_t>(2 * c + 1)] = static_cast<double>(loss.correct());
   }
 }
@@ -64,7 +64,9 @@ std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std
 
 runtime::data::DatasetHints datasetHints(const nn::Model& model, uint64_t seed) {
   const bool languageModel = model.name.rfind("gpt:", 0) == 0;
-  return {.context = languageModel ? model.sampleShape.numel() : 0, .seed = seed};
+  return {.context = languageModel ? model.sampleShape.numel() : 0,
+          .seed = seed,
+          .vocabulary = languageModel ? model.outputs : 0};
 }
 
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path) {

@@ -11,7 +11,9 @@
 #include <functional>
 #include <limits>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/digest.h"
 #include "runtime/error.h"
@@ -39,10 +41,17 @@ runtime::data::DataLoaderOptions loaderOptions(const Job& job, const TrainerOpti
 // spread over the set. Two ranks reading different files of one name and size differ here.
 std::string sampledDigest(const runtime::data::Dataset& d) {
   runtime::Digest digest;
-  digest.add(d.targets().data(), static_cast<size_t>(d.targets().numel()) * sizeof(float));
-  const int64_t n = d.size(), per = d.sampleShape().numel();
+  const int64_t n = d.size(), per = d.sampleShape().numel(), perTarget = d.targetShape().numel();
+  std::vector<float> input(static_cast<size_t>(per)), target(static_cast<size_t>(perTarget));
+  if (d.held()) {
+    digest.add(d.targets().data(), static_cast<size_t>(d.targets().numel()) * sizeof(float));
+  } else {  // made on demand (token shards): the names and sizes, and the 64 samples' targets below
+    digest.add(d.name() + "/" + std::to_string(n));
+  }
   for (int64_t k = 0; k < 64 && n > 0; ++k) {
-    digest.add(d.inputs().data() + (k * n / 64) * per, static_cast<size_t>(per) * sizeof(float));
+    d.read(k * n / 64, input.data(), target.data());
+    digest.add(input.data(), input.size() * sizeof(float));
+    if (!d.held()) digest.add(target.data(), target.size() * sizeof(float));
   }
   return digest.hex();
 }
@@ -569,7 +578,8 @@ void Trainer::evaluateChunks(const runtime::data::Dataset& data, int64_t chunk, 
     Tensor inputs, targets;
     for (int64_t c = first; c < last; ++c) {
       const int64_t begin = c * chunk, count = std::min(chunk, n - begin);
-      Tensor hostIn = data.inputs().narrowRows(begin, count), hostTgt = data.targets().narrowRows(begin, count);
+      const runtime::data::Dataset::Rows rows = data.rows(begin, count);
+      const Tensor &hostIn = rows.inputs, &hostTgt = rows.targets;
       runtime::ensureShape(inputs, hostIn.shape(), gpu.allocator());
       runtime::ensureShape(targets, hostTgt.shape(), gpu.allocator());
       runtime::cuda::copyToDevice(inputs.data(), hostIn.data(), hostIn.bytes(), gpu.stream());

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <span>
 #include <sstream>
+#include <vector>
 
 #include "runtime/error.h"
 #include "train/metrics_sink.h"
@@ -100,17 +101,15 @@ void Trainer::checkStepInputs(const QueuedStep& queued) {
 #ifdef COHORT_HAVE_CUDA
   runtime::cuda::GpuContext& gpu = *job_.gpu();
   const nn::Pass pass = job_.evalPass();
-  const Tensor& all = loader_.dataset().inputs();
-  const auto rowFloats = static_cast<size_t>(all.numel() / all.shape()[0]);
+  const runtime::data::Dataset& data = loader_.dataset();
+  const auto rowFloats = static_cast<size_t>(data.sampleShape().numel());
+  std::vector<float> target(static_cast<size_t>(data.targetShape().numel()));
   for (int64_t b = queued.firstBatch; b <= queued.batch; ++b) {
     const std::span<const int64_t> samples = loader_.batchSamples(b);
-    runtime::Shape shape = all.shape();
-    shape[0] = static_cast<int64_t>(samples.size());
+    runtime::Shape shape{static_cast<int64_t>(samples.size())};
+    for (int i = 0; i < data.sampleShape().rank(); ++i) shape.push(data.sampleShape()[i]);
     Tensor host = Tensor::empty(shape, runtime::cpuAllocator());
-    for (size_t i = 0; i < samples.size(); ++i) {
-      std::memcpy(host.data() + i * rowFloats, all.data() + static_cast<size_t>(samples[i]) * rowFloats,
-                  rowFloats * sizeof(float));
-    }
+    for (size_t i = 0; i < samples.size(); ++i) data.read(samples[i], host.data() + i * rowFloats, target.data());
     Tensor inputs = Tensor::empty(shape, gpu.allocator());
     runtime::cuda::copyToDevice(inputs.data(), host.data(), host.bytes(), gpu.stream());
     model_.forward(inputs, pass);

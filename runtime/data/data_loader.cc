@@ -196,10 +196,18 @@ std::span<const int64_t> DataLoader::batchSamples(int64_t batchIndex) const {
 void DataLoader::gather(int64_t batchIndex, Slot& slot) const {
   const std::span<const int64_t> samples = batchSamples(batchIndex);
   const auto size = static_cast<int64_t>(samples.size());
-  const float* x = dataset_.inputs().data();
-  const float* y = dataset_.targets().data();
   float* xOut = slot.inputs.data();
   float* yOut = slot.targets.data();
+  if (!dataset_.held()) {  // made on demand (token shards: windows, which Augmenter refuses)
+    for (int64_t s = 0; s < size; ++s) {
+      dataset_.read(samples[static_cast<size_t>(s)], xOut + s * sampleElems_, yOut + s * targetElems_);
+    }
+    slot.index = batchIndex;
+    slot.size = size;
+    return;
+  }
+  const float* x = dataset_.inputs().data();
+  const float* y = dataset_.targets().data();
   size_t xBytes = static_cast<size_t>(sampleElems_) * sizeof(float);
   size_t yBytes = static_cast<size_t>(targetElems_) * sizeof(float);
   for (int64_t s = 0; s < size; ++s) {

@@ -11,6 +11,7 @@
 #include "runtime/data/mnist.h"
 #include "runtime/data/synthetic.h"
 #include "runtime/data/text.h"
+#include "runtime/data/tokens.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::data {
@@ -18,7 +19,7 @@ namespace {
 
 constexpr const char* kAcceptedSpecs =
     "accepted forms: 'synthetic', 'synthetic-cifar', 'synthetic-cifar:N', 'mnist:DIR', "
-    "'cifar10:DIR', 'csv:FILE', 'text:FILE'";
+    "'cifar10:DIR', 'csv:FILE', 'text:FILE', 'tokens:PATTERN'";
 // Bounds N in synthetic-cifar:N well below where N x 3072 floats could overflow a size.
 constexpr int64_t kMaxSyntheticCifarSize = int64_t{1} << 32;
 
@@ -128,22 +129,82 @@ int64_t arraySampleCount(const ArrayData& data) {
   return n;
 }
 
+// tokens:PATTERN, tokens:llmc:PATTERN or tokens:nanogpt:PATTERN (tokens.h).
+std::unique_ptr<Dataset> openTokenSpec(const std::string& spec, Split split, const DatasetHints& hints) {
+  if (hints.context < 1 || hints.vocabulary < 1) {
+    COHORT_THROW(InvalidArgument) << "dataset '" << spec
+                                  << "' is token shards for a language model: train it with --model "
+                                     "gpt:layers=L,heads=H,dim=D,ctx=T,vocab=V";
+  }
+  std::string pattern = specArgument(spec, "tokens:");
+  ShardLayout layout = ShardLayout::kAuto;
+  for (ShardLayout named : {ShardLayout::kLlmc, ShardLayout::kNanoGpt}) {
+    const std::string prefix = std::string(shardLayoutName(named)) + ":";
+    if (startsWith(pattern, prefix)) {
+      layout = named;
+      pattern = specArgument(spec, "tokens:" + prefix);
+    }
+  }
+  return openTokens(
+      {.pattern = pattern, .layout = layout, .context = hints.context, .vocabulary = hints.vocabulary, .seed = hints.seed},
+      split);
+}
+
 }  // namespace
 
 Dataset::Dataset(DatasetContents contents) : contents_(std::move(contents)) {
+  COHORT_CHECK(contents_.numClasses >= 0) << contents_.numClasses;
   const Tensor& x = contents_.inputs;
   const Tensor& y = contents_.targets;
+  if (contents_.source) {
+    COHORT_CHECK(!x.defined() && !y.defined()) << contents_.name << ": both a source and tensors";
+    return;
+  }
   COHORT_CHECK(x.rank() >= 1 && y.rank() >= 1)
       << contents_.name << ": inputs " << x.shape().str() << ", targets " << y.shape().str();
   COHORT_CHECK(x.dim(0) == y.dim(0))
       << contents_.name << ": inputs " << x.shape().str() << " vs targets " << y.shape().str();
   COHORT_CHECK(x.device().isCpu() && y.device().isCpu()) << contents_.name << ": not on the CPU";
-  COHORT_CHECK(contents_.numClasses >= 0) << contents_.numClasses;
 }
 
-Shape Dataset::sampleShape() const { return dropFirst(contents_.inputs.shape()); }
+const Tensor& Dataset::inputs() const {
+  COHORT_CHECK(held()) << contents_.name << " makes its samples on demand: read them with read() or rows()";
+  return contents_.inputs;
+}
 
-Shape Dataset::targetShape() const { return dropFirst(contents_.targets.shape()); }
+const Tensor& Dataset::targets() const {
+  COHORT_CHECK(held()) << contents_.name << " makes its samples on demand: read them with read() or rows()";
+  return contents_.targets;
+}
+
+int64_t Dataset::size() const { return held() ? contents_.inputs.dim(0) : contents_.source->size(); }
+
+Shape Dataset::sampleShape() const {
+  return held() ? dropFirst(contents_.inputs.shape()) : contents_.source->sampleShape();
+}
+
+Shape Dataset::targetShape() const {
+  return held() ? dropFirst(contents_.targets.shape()) : contents_.source->targetShape();
+}
+
+void Dataset::read(int64_t index, float* input, float* target) const {
+  COHORT_CHECK(index >= 0 && index < size()) << contents_.name << ": sample " << index << " of " << size();
+  if (!held()) return contents_.source->read(index, input, target);
+  const int64_t x = sampleShape().numel(), y = targetShape().numel();
+  std::memcpy(input, contents_.inputs.data() + index * x, static_cast<size_t>(x) * sizeof(float));
+  std::memcpy(target, contents_.targets.data() + index * y, static_cast<size_t>(y) * sizeof(float));
+}
+
+Dataset::Rows Dataset::rows(int64_t first, int64_t count) const {
+  if (held()) return {contents_.inputs.narrowRows(first, count), contents_.targets.narrowRows(first, count)};
+  COHORT_CHECK(first >= 0 && count >= 0 && first + count <= size()) << contents_.name << ": rows [" << first << ", "
+                                                                     << first + count << ") of " << size();
+  Rows r{Tensor::empty(withLeading(count, sampleShape()), cpuAllocator()),
+         Tensor::empty(withLeading(count, targetShape()), cpuAllocator())};
+  const int64_t x = sampleShape().numel(), y = targetShape().numel();
+  for (int64_t i = 0; i < count; ++i) contents_.source->read(first + i, r.inputs.data() + i * x, r.targets.data() + i * y);
+  return r;
+}
 
 std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split, const DatasetHints& hints) {
   if (startsWith(spec, "text:")) {
@@ -153,6 +214,7 @@ std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split, const
     }
     return readText({.path = specArgument(spec, "text:"), .context = hints.context, .seed = hints.seed}, split);
   }
+  if (startsWith(spec, "tokens:")) return openTokenSpec(spec, split, hints);
   if (spec == "synthetic") return syntheticMnist(split);
   if (spec == "synthetic-cifar") return syntheticCifar(kSyntheticCifarTrainSize, split);
   if (startsWith(spec, "synthetic-cifar:")) {

@@ -34,28 +34,53 @@ namespace cohort::runtime::data {
 
 enum class Split { kTrain, kTest };
 
-// Everything a Dataset is made of; producers fill one and hand it over.
+// The samples of a dataset too large to hold (token shards: tokens.h), made on demand. Thread
+// safety: read() may be called from any number of threads at once.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t size() const = 0;
+  virtual Shape sampleShape() const = 0;
+  virtual Shape targetShape() const = 0;
+  // Writes sample `index`'s input (sampleShape().numel() floats) and target (targetShape().numel()).
+  virtual void read(int64_t index, float* input, float* target) const = 0;
+};
+
+// Everything a Dataset is made of; producers fill one and hand it over: the tensors, or a source.
 struct DatasetContents {
   std::string name;        // e.g. "synthetic/train", "csv:/tmp/x.csv"
   Tensor inputs;           // [N, ...sampleShape], CPU float32
   Tensor targets;          // [N] class indices or [N, T] regression values, CPU float32
   int64_t numClasses = 0;  // 0: regression or unknown
+  std::shared_ptr<const SampleSource> source;  // instead of inputs and targets: samples made on demand
 };
 
 class Dataset {
  public:
-  // Checks that inputs and targets are CPU tensors with the same (non-zero rank) first dimension.
+  // Checks that inputs and targets are CPU tensors with the same (non-zero rank) first dimension,
+  // or that there is a source and no tensors.
   explicit Dataset(DatasetContents contents);
 
   const std::string& name() const { return contents_.name; }
-  const Tensor& inputs() const { return contents_.inputs; }
-  const Tensor& targets() const { return contents_.targets; }
-  int64_t size() const { return contents_.inputs.dim(0); }
+  // Whether the samples are held (inputs() and targets() may be called) or made on demand.
+  bool held() const { return !contents_.source; }
+  // The held samples (a failed check for a dataset made on demand: use read() or rows()).
+  const Tensor& inputs() const;
+  const Tensor& targets() const;
+  int64_t size() const;
   // The shape of one sample: inputs().shape() without its first dimension.
   Shape sampleShape() const;
   // The shape of one target: [] for class indices, [T] for regression.
   Shape targetShape() const;
   int64_t numClasses() const { return contents_.numClasses; }
+  // Sample `index`'s input and target into the caller's buffers, whichever way the samples live.
+  void read(int64_t index, float* input, float* target) const;
+  // Samples [first, first + count) as [count, ...] tensors: views of the held ones, or new CPU
+  // tensors filled by the source.
+  struct Rows {
+    Tensor inputs, targets;
+  };
+  Rows rows(int64_t first, int64_t count) const;
 
  private:
   DatasetContents contents_;
@@ -77,9 +102,12 @@ class Dataset {
 // Throws InvalidArgument for an unknown spec (listing the accepted forms) and IoError for files
 // that are missing or malformed.
 //   text:FILE          byte-level text for a language model (see text.h): needs hints.context
+//   tokens:PATTERN     token shards for a language model (see tokens.h): needs hints.context and
+//                      hints.vocabulary; tokens:llmc:PATTERN and tokens:nanogpt:PATTERN name the layout
 struct DatasetHints {
-  int64_t context = 0;  // text: tokens per sample (the model's context); 0: not a language model
-  uint64_t seed = 0;    // text: the train windows' offsets
+  int64_t context = 0;     // text, tokens: tokens per sample (the model's context); 0: not a language model
+  uint64_t seed = 0;       // text, tokens: the train windows' offsets
+  int64_t vocabulary = 0;  // tokens: the model's vocabulary (every id must be below it)
 };
 std::unique_ptr<Dataset> openDataset(const std::string& spec, Split split, const DatasetHints& hints = {});
 

@@ -1,4 +1,5 @@
-// `cohort train --model gpt:... --data text:FILE` end to end (issue 20): a small GPT learns a text
+// `cohort train --model gpt:... --data text:FILE` end to end (issue 20), and the same corpus as
+// token shards (`--data tokens:PATTERN`, issue 32): a small GPT learns a text
 // and reports its loss per token with the perplexity and tokens/s; two workers step as one with their
 // combined batch; allreduce (one shared copy, and
 // replicas) and Hogwild runs stopped with --max-steps and resumed end bit for bit where the
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,11 +44,12 @@ class GptCliTest : public ShmDirTest {
     ShmDirTest::SetUp();
     corpus_ = dir_ + "/corpus.txt";
     writeFile(corpus_, sentences());
+    data_ = {"--data", "text:" + corpus_};
   }
   std::vector<std::string> train(const std::vector<std::string>& extra) const {
-    std::vector<std::string> a = {cohortBinary(), "train", "--data", "text:" + corpus_, "--model",
-                                  "gpt:layers=1,heads=2,dim=32,ctx=16", "--seed", "4", "--threads", "1",
-                                  "--progress-every", "0"};
+    std::vector<std::string> a = {cohortBinary(), "train", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16",
+                                  "--seed", "4", "--threads", "1", "--progress-every", "0"};
+    a.insert(a.end(), data_.begin(), data_.end());
     a.insert(a.end(), extra.begin(), extra.end());
     // The recipe's flags, unless `extra` gives them: AdamW, lr 0.01, batch 16.
     for (const auto& [flag, value] : {std::pair<std::string, std::string>{"--optimizer", "adamw"},
@@ -81,21 +84,91 @@ class GptCliTest : public ShmDirTest {
     expectIdenticalCheckpoints(whole, split);
     EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
   }
+  // Two workers × batch 8 step as one worker × batch 16 (the same windows, the gradient averaged):
+  // after 20 steps every parameter within 1e-5, one shared copy and replicas alike. SGD with
+  // momentum: Adam turns the rounding of a gradient that is exactly zero (c_attn's key bias) into
+  // steps of lr.
+  void expectTwoWorkersEqualOne() {
+    const std::vector<std::string> steps = {"--max-steps", "20", "--epochs", "1", "--optimizer", "sgd", "--lr", "0.05",
+                                            "--momentum", "0.9"};
+    auto with = [&](std::vector<std::string> a, const std::string& batch, const std::string& checkpoint) {
+      a.insert(a.end(), steps.begin(), steps.end());
+      for (const std::string& s :
+           {std::string("--batch-size"), batch, std::string("--checkpoint"), dir_ + "/" + checkpoint}) {
+        a.push_back(s);
+      }
+      return train(a);
+    };
+    CommandResult r = runCommand(with({}, "16", "one.st"), {.timeout = std::chrono::seconds(120)});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    ASSERT_EQ((r = cohortrun(2, with({"--mode", "allreduce"}, "8", "shared.st"))).exitCode, 0) << r.describe();
+    ASSERT_EQ((r = cohortrun(2, with({"--mode", "allreduce", "--replicas"}, "8", "replicas.st"))).exitCode, 0)
+        << r.describe();
+    EXPECT_GT(expectSameParameters(dir_ + "/one.st", dir_ + "/shared.st", 1e-5, "one shared copy"), 10);
+    EXPECT_GT(expectSameParameters(dir_ + "/one.st", dir_ + "/replicas.st", 1e-5, "replicas"), 10);
+  }
+  // Trains 150 steps and checks what the model learned on the test set.
+  void expectLearns() {
+    CommandResult r = runCommand(train({"--epochs", "1", "--max-steps", "150"}), {.timeout = std::chrono::seconds(120)});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    ResultLine result = parseResultLine(r.stdoutText);
+    ASSERT_EQ(result.count, 1) << r.stdoutText;
+    // From ln 256 = 5.55 nats per byte (a uniform guess) to well under the 2.9 nats of the text's
+    // byte frequencies alone.
+    const double testLoss = result.number("test_loss");
+    EXPECT_LT(testLoss, 2.0) << r.stdoutText;
+    EXPECT_NEAR(result.number("test_ppl"), std::exp(testLoss), 1e-3 * std::exp(testLoss)) << r.stdoutText;
+    EXPECT_GT(result.number("test_acc"), 0.3) << "the share of bytes predicted right: " << r.stdoutText;
+    EXPECT_NEAR(result.number("tokens_per_s"), 16 * result.number("samples_per_s"), 16) << r.stdoutText;
+  }
   std::string corpus_;
+  std::vector<std::string> data_;  // --data (and --test-data) flags
 };
 
-TEST_F(GptCliTest, ASmallGptLearnsTheTextAndReportsLossPerTokenWithPerplexity) {
-  CommandResult r = runCommand(train({"--epochs", "1", "--max-steps", "150"}), {.timeout = std::chrono::seconds(120)});
+// The same corpus as token shards (issue 32): its bytes as uint16 ids, the first 90% in two train
+// shards (one in llm.c's layout, one in nanoGPT's) and the rest in an llm.c validation shard.
+class GptTokensCliTest : public GptCliTest {
+ protected:
+  void SetUp() override {
+    GptCliTest::SetUp();
+    const std::string text = sentences();
+    const size_t train = text.size() - text.size() / 10, half = train / 2;
+    writeFile(dir_ + "/train_000.bin", shard(text.substr(0, half), true));
+    writeFile(dir_ + "/train_001.bin", shard(text.substr(half, train - half), false));
+    writeFile(dir_ + "/val_000.bin", shard(text.substr(train), true));
+    data_ = {"--data", "tokens:" + dir_ + "/train_*.bin", "--test-data", "tokens:" + dir_ + "/val_*.bin"};
+  }
+  static std::string shard(const std::string& bytes, bool llmc) {
+    std::string out;
+    if (llmc) {
+      int32_t header[256] = {20240520, 1, static_cast<int32_t>(bytes.size())};
+      out.assign(reinterpret_cast<const char*>(header), sizeof(header));
+    }
+    for (unsigned char c : bytes) {
+      const uint16_t id = c;
+      out.append(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+    return out;
+  }
+};
+
+TEST_F(GptCliTest, ASmallGptLearnsTheTextAndReportsLossPerTokenWithPerplexity) { expectLearns(); }
+
+TEST_F(GptTokensCliTest, ASmallGptLearnsFromTokenShards) { expectLearns(); }
+
+// `cohort eval` reads the same validation shards and reports the run's own test figures.
+TEST_F(GptTokensCliTest, EvalOfTheCheckpointGivesTheRunsTestFigures) {
+  const std::string checkpoint = dir_ + "/run.st";
+  CommandResult r = runCommand(train({"--epochs", "1", "--max-steps", "20", "--checkpoint", checkpoint}),
+                               {.timeout = std::chrono::seconds(120)});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
-  ResultLine result = parseResultLine(r.stdoutText);
-  ASSERT_EQ(result.count, 1) << r.stdoutText;
-  // From ln 256 = 5.55 nats per byte (a uniform guess) to well under the 2.9 nats of the text's
-  // byte frequencies alone.
-  const double testLoss = result.number("test_loss");
-  EXPECT_LT(testLoss, 2.0) << r.stdoutText;
-  EXPECT_NEAR(result.number("test_ppl"), std::exp(testLoss), 1e-3 * std::exp(testLoss)) << r.stdoutText;
-  EXPECT_GT(result.number("test_acc"), 0.3) << "the share of bytes predicted right: " << r.stdoutText;
-  EXPECT_NEAR(result.number("tokens_per_s"), 16 * result.number("samples_per_s"), 16) << r.stdoutText;
+  ResultLine trained = parseResultLine(r.stdoutText);
+  CommandResult e = runCommand({cohortBinary(), "eval", "--checkpoint", checkpoint, "--data", data_[3]});
+  ASSERT_EQ(e.exitCode, 0) << e.describe();
+  ResultLine eval = parseResultLine(e.stdoutText);
+  ASSERT_FALSE(trained.fields["test_loss"].empty()) << r.stdoutText;
+  EXPECT_EQ(eval.fields["test_loss"], trained.fields["test_loss"]) << e.stdoutText << r.stdoutText;
+  EXPECT_EQ(eval.fields["test_acc"], trained.fields["test_acc"]) << e.stdoutText;
 }
 
 TEST_F(GptCliTest, ANonLanguageModelOnTextIsRefused) {
@@ -104,26 +177,12 @@ TEST_F(GptCliTest, ANonLanguageModelOnTextIsRefused) {
   EXPECT_NE(r.stderrText.find("--model gpt:"), std::string::npos) << r.describe();
 }
 
-// Two workers × batch 8 step as one worker × batch 16 (the same windows, the gradient averaged):
-// after 20 steps every parameter within 1e-5, one shared copy and replicas alike. SGD with momentum:
-// Adam turns the rounding of a gradient that is exactly zero (c_attn's key bias) into steps of lr.
-TEST_F(GptCliTest, TwoWorkersEqualOneWorkerWithTheCombinedBatch) {
-  const std::vector<std::string> steps = {"--max-steps", "20", "--epochs", "1", "--optimizer", "sgd", "--lr", "0.05",
-                                          "--momentum", "0.9"};
-  auto with = [&](std::vector<std::string> a, const std::string& batch, const std::string& checkpoint) {
-    a.insert(a.end(), steps.begin(), steps.end());
-    for (const std::string& s : {std::string("--batch-size"), batch, std::string("--checkpoint"), dir_ + "/" + checkpoint}) {
-      a.push_back(s);
-    }
-    return train(a);
-  };
-  CommandResult r = runCommand(with({}, "16", "one.st"), {.timeout = std::chrono::seconds(120)});
-  ASSERT_EQ(r.exitCode, 0) << r.describe();
-  ASSERT_EQ((r = cohortrun(2, with({"--mode", "allreduce"}, "8", "shared.st"))).exitCode, 0) << r.describe();
-  ASSERT_EQ((r = cohortrun(2, with({"--mode", "allreduce", "--replicas"}, "8", "replicas.st"))).exitCode, 0)
-      << r.describe();
-  EXPECT_GT(expectSameParameters(dir_ + "/one.st", dir_ + "/shared.st", 1e-5, "one shared copy"), 10);
-  EXPECT_GT(expectSameParameters(dir_ + "/one.st", dir_ + "/replicas.st", 1e-5, "replicas"), 10);
+TEST_F(GptCliTest, TwoWorkersEqualOneWorkerWithTheCombinedBatch) { expectTwoWorkersEqualOne(); }
+
+TEST_F(GptTokensCliTest, TwoWorkersEqualOneWorkerWithTheCombinedBatch) { expectTwoWorkersEqualOne(); }
+
+TEST_F(GptTokensCliTest, AllreduceResumesBitForBit) {
+  expectResumesBitForBit(2, {"--mode", "allreduce", "--backend", "shm", "--epochs", "1"});
 }
 
 TEST_F(GptCliTest, AllreduceWithOneSharedCopyResumesBitForBit) {

@@ -1,0 +1,144 @@
+// Token-shard datasets (runtime/data/tokens.h) through openDataset("tokens:..."): windows inside one
+// shard with targets shifted by one, the same windows for the same seed, the test split's
+// consecutive windows, rows() and a DataLoader over samples made on demand, and the refusals.
+#include "runtime/data/tokens.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/data/data_loader.h"
+#include "runtime/data/dataset.h"
+#include "runtime/error.h"
+#include "tests/runtime/data/test_util.h"
+
+namespace cohort::runtime::data {
+namespace {
+
+using testing::freshTempDir;
+using testing::messageOf;
+using testing::writeFile;
+
+// A shard whose token at position i is base + i (mod 1000), so a window's shard and place show.
+std::string shardOf(int64_t count, int base, bool llmc) {
+  std::vector<uint16_t> tokens(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) tokens[static_cast<size_t>(i)] = static_cast<uint16_t>(base + i % 1000);
+  std::string bytes(tokens.size() * 2, '\0');
+  std::memcpy(bytes.data(), tokens.data(), bytes.size());
+  if (!llmc) return bytes;
+  int32_t header[256] = {20240520, 1, static_cast<int32_t>(count)};
+  return std::string(reinterpret_cast<const char*>(header), sizeof(header)) + bytes;
+}
+
+class TokensTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    writeFile(dir_ + "/train_000.bin", shardOf(500, 1000, true));
+    writeFile(dir_ + "/train_001.bin", shardOf(301, 3000, false));
+  }
+  std::unique_ptr<Dataset> open(Split split, uint64_t seed = 5, const std::string& spec = "") const {
+    return openDataset(spec.empty() ? "tokens:" + dir_ + "/train_*.bin" : spec, split,
+                       {.context = 10, .seed = seed, .vocabulary = 5000});
+  }
+  std::string dir_ = freshTempDir();
+};
+
+std::vector<float> sample(const Dataset& d, int64_t i, std::vector<float>* target = nullptr) {
+  std::vector<float> x(10), y(10);
+  d.read(i, x.data(), y.data());
+  if (target) *target = y;
+  return x;
+}
+
+TEST_F(TokensTest, TrainWindowsLieInsideOneShardWithTheTargetsShiftedByOne) {
+  const auto d = open(Split::kTrain);
+  EXPECT_FALSE(d->held());
+  EXPECT_EQ(d->size(), 499 / 10 + 300 / 10);
+  EXPECT_EQ(d->sampleShape(), Shape{10});
+  EXPECT_EQ(d->targetShape(), Shape{10});
+  EXPECT_EQ(d->numClasses(), 5000);
+  std::set<float> starts;
+  for (int64_t i = 0; i < d->size(); ++i) {
+    std::vector<float> y;
+    const std::vector<float> x = sample(*d, i, &y);
+    const float shardBase = x[0] >= 3000 ? 3000 : 1000, last = shardBase == 3000 ? 3300 : 1499;
+    for (int t = 0; t < 10; ++t) {
+      ASSERT_EQ(x[t], x[0] + t) << "window " << i << " crosses a shard's end";
+      ASSERT_EQ(y[t], x[0] + t + 1) << "window " << i;
+    }
+    ASSERT_LE(y[9], last) << "window " << i;
+    starts.insert(x[0]);
+  }
+  EXPECT_GT(starts.size(), 60u) << "the offsets are spread";
+  const auto same = open(Split::kTrain), other = open(Split::kTrain, 6);
+  int differ = 0;
+  for (int64_t i = 0; i < d->size(); ++i) {
+    EXPECT_EQ(sample(*same, i), sample(*d, i));
+    differ += sample(*other, i) != sample(*d, i);
+  }
+  EXPECT_GT(differ, d->size() / 2);
+}
+
+TEST_F(TokensTest, TheTestSplitTakesEveryShardsConsecutiveWindows) {
+  const auto d = open(Split::kTest);
+  ASSERT_EQ(d->size(), 49 + 30);
+  EXPECT_EQ(sample(*d, 0)[0], 1000);
+  EXPECT_EQ(sample(*d, 48)[0], 1480);
+  EXPECT_EQ(sample(*d, 49)[0], 3000);
+  std::vector<float> y;
+  EXPECT_EQ(sample(*d, 78, &y)[0], 3290);
+  EXPECT_EQ(y[9], 3300);
+  const Dataset::Rows rows = d->rows(47, 3);
+  ASSERT_EQ(rows.inputs.shape(), (Shape{3, 10}));
+  EXPECT_EQ(rows.inputs.at(20), 3000);
+  EXPECT_EQ(rows.targets.at(29), 3010);
+}
+
+TEST_F(TokensTest, ADataLoaderGathersSamplesMadeOnDemand) {
+  const auto d = open(Split::kTrain);
+  DataLoader loader(*d, {.batchSize = 8, .seed = 3});
+  loader.startEpoch(0);
+  Batch b;
+  ASSERT_TRUE(loader.next(b));
+  ASSERT_EQ(b.size, 8);
+  const std::span<const int64_t> samples = loader.batchSamples(b.index);
+  for (int64_t s = 0; s < b.size; ++s) {
+    std::vector<float> y;
+    const std::vector<float> x = sample(*d, samples[static_cast<size_t>(s)], &y);
+    for (int t = 0; t < 10; ++t) {
+      ASSERT_EQ(b.inputs.at(s * 10 + t), x[static_cast<size_t>(t)]);
+      ASSERT_EQ(b.targets.at(s * 10 + t), y[static_cast<size_t>(t)]);
+    }
+  }
+}
+
+TEST_F(TokensTest, RefusesWhatCannotBeTrainedWithOneLine) {
+  writeFile(dir_ + "/short.bin", shardOf(10, 0, true));
+  std::string m = messageOf<InvalidArgument>([&] { open(Split::kTrain, 5, "tokens:" + dir_ + "/short.bin"); });
+  EXPECT_NE(m.find(dir_ + "/short.bin: 10 tokens, shorter than one window of context + 1 = 11"), std::string::npos) << m;
+  m = messageOf<InvalidArgument>([&] {
+    openDataset("tokens:" + dir_ + "/train_*.bin", Split::kTrain, {.context = 10, .seed = 1, .vocabulary = 3100});
+  });
+  EXPECT_NE(m.find(dir_ + "/train_001.bin: token 3100 at position 100 is not below the model's vocabulary of 3100"),
+            std::string::npos)
+      << m;
+  m = messageOf<InvalidArgument>([&] { openDataset("tokens:" + dir_ + "/train_*.bin", Split::kTrain, {}); });
+  EXPECT_NE(m.find("--model gpt:"), std::string::npos) << m;
+  // A named layout: llm.c's refuses the headerless shard, nanoGPT's reads the other's header as tokens.
+  m = messageOf<InvalidArgument>([&] { open(Split::kTrain, 5, "tokens:llmc:" + dir_ + "/train_001.bin"); });
+  EXPECT_NE(m.find("not an llm.c token shard"), std::string::npos) << m;
+  EXPECT_EQ(openDataset("tokens:nanogpt:" + dir_ + "/train_000.bin", Split::kTest,
+                        {.context = 10, .seed = 1, .vocabulary = 65536})
+                ->size(),
+            (512 + 500 - 1) / 10);
+  m = messageOf<InvalidArgument>([&] { open(Split::kTrain, 5, "tokens:" + dir_ + "/none_*.bin"); });
+  EXPECT_NE(m.find("matches no file"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace cohort::runtime::data
