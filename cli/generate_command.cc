@@ -1,15 +1,19 @@
 #include "cli/generate_command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "nn/checkpoint.h"   // the checkpoint file
 #include "nn/gpt.h"          // the model generate needs
 #include "nn/gpt_sampler.h"  // KV-cache sampling
+#include "nn/tokenizer.h"    // llm.c's tokenizer file
 #include "runtime/error.h"
 #include "train/evaluate.h"  // loadModel
 
@@ -17,8 +21,9 @@ namespace cohort::cli {
 
 void addGenerateFlags(CLI::App& c, GenerateFlags& f) {
   c.add_option("--checkpoint", f.checkpoint, "a checkpoint of a gpt: model written by cohort train")->required();
-  c.add_option("--prompt", f.prompt, "the text to continue (its bytes are the first tokens; at most the context)")
-      ->required();
+  c.add_option("--prompt", f.prompt, "the text to continue (its bytes are the first tokens; at most the context)");
+  c.add_option("--prompt-tokens", f.promptTokens, "the prompt as token ids, e.g. 15496,995 (a vocabulary past bytes)");
+  c.add_option("--tokenizer", f.tokenizer, "llm.c's tokenizer file (gpt2_tokenizer.bin): print tokens as text");
   c.add_option("--tokens", f.tokens, "how many tokens (bytes) to generate after the prompt, > 0")->required();
   c.add_option("--temperature", f.temperature, "logits are divided by it before the softmax, > 0")
       ->capture_default_str();
@@ -35,8 +40,63 @@ void checkFlags(const GenerateFlags& f) {
     COHORT_THROW(InvalidArgument) << "--temperature must be positive and finite, got " << f.temperature;
   }
   if (f.topK < 0) COHORT_THROW(InvalidArgument) << "--top-k must be 0 (all tokens) or positive, got " << f.topK;
-  if (f.prompt.empty())
-    COHORT_THROW(InvalidArgument) << "--prompt is empty: generate needs at least one byte to continue";
+  if (!f.prompt.empty() && !f.promptTokens.empty()) {
+    COHORT_THROW(InvalidArgument) << "give the prompt as --prompt TEXT or as --prompt-tokens IDS, not both";
+  }
+  if (f.prompt.empty() && f.promptTokens.empty()) {
+    COHORT_THROW(InvalidArgument) << "--prompt is empty: generate needs at least one byte to continue (or --prompt-tokens)";
+  }
+}
+
+// "1,2,3" as ids, each below the model's vocabulary, at most the context of them.
+std::vector<int64_t> parsePromptTokens(const std::string& list, const nn::Model& model, const nn::GptOptions& o) {
+  std::vector<int64_t> ids;
+  for (size_t begin = 0; begin <= list.size();) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    int64_t id = -1;
+    const char* first = list.data() + begin;
+    const auto [ptr, ec] = std::from_chars(first, list.data() + end, id);
+    if (ec != std::errc() || ptr != list.data() + end || id < 0 || id >= o.vocab) {
+      COHORT_THROW(InvalidArgument) << "--prompt-tokens: '" << list.substr(begin, end - begin)
+                                    << "' is not a token id of model " << model.name << " (0.." << o.vocab - 1 << ")";
+    }
+    ids.push_back(id);
+    begin = end + 1;
+  }
+  if (static_cast<int64_t>(ids.size()) > o.context) {
+    COHORT_THROW(InvalidArgument) << "--prompt-tokens holds " << ids.size() << " tokens, more than the context of model "
+                                  << model.name << " (" << o.context << " tokens)";
+  }
+  return ids;
+}
+
+// The tokenizer named by --tokenizer, which must cover the model's vocabulary (or all of it but a
+// padding of fewer than 128 ids, as llm.c pads GPT-2's 50257 to 50304).
+nn::Tokenizer readTokenizer(const std::string& path, const nn::Model& model, const nn::GptOptions& o) {
+  nn::Tokenizer t = nn::Tokenizer::read(path);
+  if (t.size() > o.vocab || o.vocab - t.size() >= 128) {
+    COHORT_THROW(InvalidArgument) << path << " is a tokenizer of " << t.size() << " tokens, but model " << model.name
+                                  << " has a vocabulary of " << o.vocab;
+  }
+  return t;
+}
+
+// What stdout gets: the prompt and the generated tokens as text (a tokenizer's pieces, or bytes for
+// a byte model prompted with text), or else their ids, comma-separated; then a newline.
+std::string render(const GenerateFlags& f, const std::vector<int64_t>& prompt, const std::vector<int64_t>& generated,
+                   const nn::Model& model, const nn::GptOptions& o) {
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), generated.begin(), generated.end());
+  std::string text;
+  if (!f.tokenizer.empty()) {
+    const nn::Tokenizer t = readTokenizer(f.tokenizer, model, o);
+    for (int64_t id : all) text += t.decode(id);
+  } else if (!f.prompt.empty()) {
+    for (int64_t id : all) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+  } else {
+    for (size_t i = 0; i < all.size(); ++i) text += (i ? "," : "") + std::to_string(all[i]);
+  }
+  return text + '\n';
 }
 
 // The checkpoint's model, bound on the CPU with its weights.
@@ -54,7 +114,8 @@ std::unique_ptr<nn::Model> loadModel(const std::string& path) {
 std::vector<int64_t> encodePrompt(const std::string& prompt, const nn::Model& model, const nn::GptOptions& o) {
   if (o.vocab > 256) {
     COHORT_THROW(InvalidArgument) << "model " << model.name << " has a vocabulary of " << o.vocab
-                                  << " tokens, but generate writes bytes (a vocabulary of at most 256)";
+                                  << " tokens, not bytes: give the prompt as ids with --prompt-tokens (generate "
+                                     "cannot encode text into them)";
   }
   if (static_cast<int64_t>(prompt.size()) > o.context) {
     COHORT_THROW(InvalidArgument) << "--prompt is " << prompt.size() << " bytes, longer than the context of model "
@@ -80,13 +141,13 @@ int runGenerate(const GenerateFlags& f) {
   const std::unique_ptr<nn::Model> model = loadModel(f.checkpoint);
   const auto& gpt = dynamic_cast<const nn::Gpt&>(*model->net);
   const nn::GptOptions& o = gpt.options();
-  const std::vector<int64_t> prompt = encodePrompt(f.prompt, *model, o);
+  const std::vector<int64_t> prompt =
+      f.prompt.empty() ? parsePromptTokens(f.promptTokens, *model, o) : encodePrompt(f.prompt, *model, o);
+  if (!f.tokenizer.empty()) readTokenizer(f.tokenizer, *model, o);  // refused before the sampling
   nn::GptSampler sampler(gpt, model->params);
   const std::vector<int64_t> generated =
       sampler.generate(prompt, f.tokens, {.temperature = f.temperature, .topK = f.topK, .seed = f.seed});
-  std::string text = f.prompt;
-  for (int64_t id : generated) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
-  text.push_back('\n');
+  const std::string text = render(f, prompt, generated, *model, o);
   if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
     COHORT_THROW(IoError) << "stdout: write failed";
   }

@@ -1,6 +1,7 @@
 // `cohort generate`: text from a trained GPT checkpoint (issue 20).
 //
 //   cohort generate --checkpoint F --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
+//   cohort generate --checkpoint F --prompt-tokens 15496,995 --tokens N [--tokenizer gpt2_tokenizer.bin]
 //
 // Reads the checkpoint, builds the model its metadata names (a gpt: spec), loads its weights on the
 // CPU and continues the prompt with nn::GptSampler (nn/gpt_sampler.h: a KV cache, one row through the
@@ -9,12 +10,20 @@
 // token is drawn from softmax(logits / T) among the K largest logits (0: all; 1: greedy), with
 // runtime::Rng seeded by S: the same checkpoint, flags and seed give the same bytes.
 //
+// A vocabulary past bytes (a GPT trained on `--data tokens:…`, issue 32) takes its prompt as ids
+// (--prompt-tokens) and prints the prompt's and the new tokens' ids, comma-separated, or with
+// --tokenizer (llm.c's file, nn/tokenizer.h) their text. A tokenizer must cover the model's
+// vocabulary but for a padding of fewer than 128 ids (GPT-2's 50257 in llm.c's 50304), whose ids
+// print as "<|id|>".
+//
 // Any --tokens: past the model's context the window slides (nn::GptSampler::generate: the cache
 // restarts from the text's last context/2 tokens), as nanoGPT crops its input to the context.
 // Exit 2 with one line naming the problem (InvalidArgument, or IoError from the checkpoint reader) for
 // --tokens <= 0, --temperature <= 0 (or not finite), --top-k < 0, an empty prompt, a prompt longer than
-// the context (both lengths named) or holding a byte outside the model's vocabulary, a checkpoint of
-// another model than a gpt (its spec named), and a missing or corrupt checkpoint file.
+// the context (both lengths named) or holding a byte outside the model's vocabulary, a text prompt
+// for a vocabulary past bytes, both prompt flags, an id that is not a number below the vocabulary, a
+// tokenizer of another vocabulary or not in llm.c's format, a checkpoint of another model than a gpt
+// (its spec named), and a missing or corrupt checkpoint file.
 // Thread safety: runGenerate runs on the calling thread only; the CPU GEMM uses one thread.
 #pragma once
 
@@ -30,6 +39,8 @@ namespace cohort::cli {
 struct GenerateFlags {
   std::string checkpoint;
   std::string prompt;
+  std::string promptTokens;  // "1,2,3": the prompt as ids, instead of --prompt
+  std::string tokenizer;     // llm.c's tokenizer file: print the tokens as its text
   int64_t tokens = 0;        // required; > 0
   float temperature = 1.0f;  // > 0
   int64_t topK = 0;          // 0: every token of the vocabulary

@@ -1,7 +1,9 @@
 // `cohort generate` (issue 20) on a tiny gpt checkpoint trained once for the suite: the same seed
 // gives the same bytes, other seeds other text, stdout is the prompt then exactly N bytes and a
 // newline, greedy decoding (--top-k 1) ignores the seed, a run past the context writes what fits with
-// a note, and every bad input exits 2 with one stderr line naming the problem.
+// a note, and every bad input exits 2 with one stderr line naming the problem. A second checkpoint,
+// trained on token shards with a 300-token vocabulary, takes its prompt as ids and prints ids or, with
+// an llm.c tokenizer file written here, their text (issue 32).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -36,6 +38,16 @@ class GenerateCliTest : public ::testing::Test {
                                    "--optimizer", "adamw", "--lr", "0.003", "--batch-size", "8", "--max-steps", "20",
                                    "--epochs", "1", "--checkpoint", path("gpt.ckpt")});
     EXPECT_EQ(gpt.exitCode, 0) << gpt.describe();
+    // The same text as token ids of a 300-token vocabulary (issue 32): a shard of its bytes.
+    std::string shard;
+    for (unsigned char c : text) shard.append({static_cast<char>(c), '\0'});
+    writeFile(path("text.bin"), shard);
+    CommandResult ids = runCohort({"train", "--threads", "1", "--data", "tokens:" + path("text.bin"), "--model",
+                                   std::string(kSpec) + ",vocab=300", "--max-steps", "5", "--epochs", "1",
+                                   "--checkpoint", path("gpt300.ckpt")});
+    EXPECT_EQ(ids.exitCode, 0) << ids.describe();
+    writeFile(path("tokenizer300.bin"), tokenizer(300, 1));
+    writeFile(path("tokenizer100.bin"), tokenizer(100, 2));
     CommandResult mlp = runCohort({"train", "--threads", "1", "--data", "synthetic", "--model", "mlp:784,16,10",
                                    "--max-steps", "2", "--checkpoint", path("mlp.ckpt")});
     EXPECT_EQ(mlp.exitCode, 0) << mlp.describe();
@@ -47,6 +59,18 @@ class GenerateCliTest : public ::testing::Test {
   void SetUp() override { ASSERT_TRUE(fileExists(path("gpt.ckpt"))) << "the suite's training run failed"; }
 
   static std::string path(const std::string& name) { return *dir_ + "/" + name; }
+
+  // llm.c's tokenizer layout for `size` tokens: token i < 256 is byte i, the others "<i>".
+  static std::string tokenizer(uint32_t size, uint32_t version) {
+    uint32_t header[256] = {20240328, version, size};
+    std::string out(reinterpret_cast<const char*>(header), sizeof(header));
+    for (uint32_t i = 0; i < size; ++i) {
+      const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : "<" + std::to_string(i) + ">";
+      out += static_cast<char>(piece.size());
+      out += piece;
+    }
+    return out;
+  }
 
   // `cohort generate` on the suite's gpt checkpoint with `args` after it.
   static CommandResult generate(const std::vector<std::string>& args) {
@@ -114,6 +138,33 @@ TEST_F(GenerateCliTest, PastTheContextTheWindowSlides) {
   EXPECT_EQ(filled.stdoutText.compare(0, full.size(), full), 0) << filled.describe();
 }
 
+// A vocabulary past bytes: the prompt as ids, the output as ids, or as text through a tokenizer;
+// the same seed gives the same tokens either way.
+TEST_F(GenerateCliTest, AVocabularyPastBytesTakesIdsAndPrintsIdsOrATokenizersText) {
+  const std::vector<std::string> base = {"generate", "--checkpoint", path("gpt300.ckpt"), "--prompt-tokens",
+                                         "116,104,101", "--tokens", "6", "--seed", "3"};
+  CommandResult r = runCohort(base);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  ASSERT_EQ(r.stdoutText.rfind("116,104,101,", 0), 0u) << r.stdoutText;
+  std::vector<int64_t> ids;
+  for (size_t at = 0; at < r.stdoutText.size();) {
+    size_t end = r.stdoutText.find_first_of(",\n", at);
+    ids.push_back(std::stoll(r.stdoutText.substr(at, end - at)));
+    at = end + 1;
+  }
+  ASSERT_EQ(ids.size(), 9u) << r.stdoutText;
+  std::string want;
+  for (int64_t id : ids) {
+    ASSERT_TRUE(id >= 0 && id < 300) << r.stdoutText;
+    want += id < 256 ? std::string(1, static_cast<char>(id)) : "<" + std::to_string(id) + ">";
+  }
+  std::vector<std::string> withTokenizer = base;
+  withTokenizer.insert(withTokenizer.end(), {"--tokenizer", path("tokenizer300.bin")});
+  CommandResult t = runCohort(withTokenizer);
+  ASSERT_EQ(t.exitCode, 0) << t.describe();
+  EXPECT_EQ(t.stdoutText, want + "\n");
+}
+
 TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
   struct Case {
     std::vector<std::string> args;  // after "generate"
@@ -136,6 +187,17 @@ TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
        "--top-k must be 0 (all tokens) or positive, got -1"},
       {{"--checkpoint", path("none.ckpt"), "--prompt", "hi", "--tokens", "3"}, path("none.ckpt") + ": cannot open"},
       {{"--checkpoint", gpt, "--prompt", "hi"}, "--tokens is required"},
+      {{"--checkpoint", gpt, "--prompt", "hi", "--prompt-tokens", "1", "--tokens", "3"}, "not both"},
+      {{"--checkpoint", path("gpt300.ckpt"), "--prompt", "hi", "--tokens", "3"},
+       "has a vocabulary of 300 tokens, not bytes: give the prompt as ids with --prompt-tokens"},
+      {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "1,x", "--tokens", "3"},
+       "--prompt-tokens: 'x' is not a token id of model"},
+      {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "300", "--tokens", "3"}, "'300' is not a token id"},
+      {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "1", "--tokens", "3", "--tokenizer",
+        path("tokenizer100.bin")},
+       "is a tokenizer of 100 tokens, but model"},
+      {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "1", "--tokens", "3", "--tokenizer", path("text.txt")},
+       "not an llm.c tokenizer"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {"generate"};
