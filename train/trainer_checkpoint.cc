@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "runtime/error.h"
 #include "train/checkpointer.h"
@@ -122,7 +123,9 @@ void Trainer::openSampleLog() {
 }
 
 void Trainer::logSamples(int64_t epoch, int64_t batchIndex) {
-  for (int64_t sample : loader_.batchSamples(batchIndex)) {
+  std::vector<int64_t> samples;
+  loader_.batchSamples(batchIndex, samples);
+  for (int64_t sample : samples) {
     std::fprintf(sampleLog_.get(), "%lld %lld\n", static_cast<long long>(epoch), static_cast<long long>(sample));
   }
   std::fflush(sampleLog_.get());

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <span>
 #include <sstream>
 #include <vector>
 
@@ -104,8 +103,9 @@ void Trainer::checkStepInputs(const QueuedStep& queued) {
   const runtime::data::Dataset& data = loader_.dataset();
   const auto rowFloats = static_cast<size_t>(data.sampleShape().numel());
   std::vector<float> target(static_cast<size_t>(data.targetShape().numel()));
+  std::vector<int64_t> samples;
   for (int64_t b = queued.firstBatch; b <= queued.batch; ++b) {
-    const std::span<const int64_t> samples = loader_.batchSamples(b);
+    loader_.batchSamples(b, samples);
     runtime::Shape shape{static_cast<int64_t>(samples.size())};
     for (int i = 0; i < data.sampleShape().rank(); ++i) shape.push(data.sampleShape()[i]);
     Tensor host = Tensor::empty(shape, runtime::cpuAllocator());

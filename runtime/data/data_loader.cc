@@ -97,6 +97,31 @@ std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& 
   return shardOfRest(epochOrder(datasetSize, options, epoch), options, 0);
 }
 
+KeyedOrder::KeyedOrder(int64_t n, uint64_t key, bool shuffle) : n_(n), key_(key), shuffle_(shuffle) {
+  while (halfBits_ < 31 && (uint64_t{1} << (2 * halfBits_)) < static_cast<uint64_t>(n)) ++halfBits_;
+}
+
+uint64_t KeyedOrder::permute(uint64_t x) const {
+  const uint64_t mask = (uint64_t{1} << halfBits_) - 1;
+  uint64_t left = x >> halfBits_, right = x & mask;
+  for (uint64_t round = 0; round < 4; ++round) {
+    const uint64_t mixed = left ^ (mix(key_ + round, right) & mask);
+    left = right;
+    right = mixed;
+  }
+  return (left << halfBits_) | right;
+}
+
+int64_t KeyedOrder::at(int64_t position) const {
+  COHORT_CHECK(position >= 0 && position < n_) << "position " << position << " of " << n_;
+  if (!shuffle_) return position;
+  auto x = static_cast<uint64_t>(position);
+  do {
+    x = permute(x);
+  } while (x >= static_cast<uint64_t>(n_));
+  return static_cast<int64_t>(x);
+}
+
 DataLoader::DataLoader(const Dataset& dataset, const DataLoaderOptions& options)
     : dataset_(dataset), options_(options) {
   validate(options_);
@@ -118,6 +143,7 @@ DataLoader::DataLoader(const Dataset& dataset, const DataLoaderOptions& options)
   for (Slot& slot : slots_) {
     slot.inputs = Tensor::empty(withLeading(slotRows, dataset_.sampleShape()), cpuAllocator());
     slot.targets = Tensor::empty(withLeading(slotRows, dataset_.targetShape()), cpuAllocator());
+    slot.samples.reserve(static_cast<size_t>(b));
   }
 }
 
@@ -144,32 +170,57 @@ void DataLoader::startEpoch(int64_t epoch, int64_t firstBatch) {
     COHORT_THROW(InvalidArgument) << "data loader: first batch " << firstBatch << " is outside [0, "
                                   << batchesPerEpoch_ << "] for " << dataset_.name();
   }
-  std::vector<int64_t> indices = shardIndices(dataset_.size(), options_, epoch);  // validates epoch
-  indices.resize(static_cast<size_t>(samplesPerEpoch_));                          // dropLast
-  begin(epoch, std::move(indices), 0);
+  if (dataset_.held()) {
+    std::vector<int64_t> indices = shardIndices(dataset_.size(), options_, epoch);  // validates epoch
+    indices.resize(static_cast<size_t>(samplesPerEpoch_));                          // dropLast
+    begin(epoch, std::move(indices), samplesPerEpoch_, 0);
+  } else {
+    if (epoch < 0) COHORT_THROW(InvalidArgument) << "data loader: epoch must be >= 0, got " << epoch;
+    begin(epoch, {}, samplesPerEpoch_, 0);
+  }
   firstBatch_ = firstBatch;
   run();
 }
 
 void DataLoader::startEpochAfter(int64_t epoch, int64_t samplesSeen) {
-  std::vector<int64_t> indices =
-      shardOfRest(epochOrder(dataset_.size(), options_, epoch), options_, samplesSeen);  // validates both
-  const auto count = static_cast<int64_t>(indices.size()), b = options_.batchSize;
-  if (options_.dropLast) indices.resize(static_cast<size_t>(count / b * b));
-  begin(epoch, std::move(indices), samplesSeen);
+  const int64_t n = dataset_.size(), b = options_.batchSize;
+  std::vector<int64_t> indices;
+  int64_t count = 0;
+  if (dataset_.held()) {
+    indices = shardOfRest(epochOrder(n, options_, epoch), options_, samplesSeen);  // validates both
+    count = static_cast<int64_t>(indices.size());
+  } else {
+    if (epoch < 0) COHORT_THROW(InvalidArgument) << "data loader: epoch must be >= 0, got " << epoch;
+    if (samplesSeen < 0 || samplesSeen > n) {
+      COHORT_THROW(InvalidArgument) << "data loader: " << samplesSeen << " samples seen is outside [0, " << n
+                                    << "], the epoch's samples";
+    }
+    count = shardSize(n - samplesSeen, options_);
+  }
+  if (options_.dropLast) count = count / b * b;
+  indices.resize(dataset_.held() ? static_cast<size_t>(count) : 0);
+  begin(epoch, std::move(indices), count, samplesSeen);
   run();
 }
 
 // The epoch's samples from position samplesSeen of its order; batches numbered as if every step
 // before had been W full batches.
-void DataLoader::begin(int64_t epoch, std::vector<int64_t> indices, int64_t samplesSeen) {
+void DataLoader::begin(int64_t epoch, std::vector<int64_t> indices, int64_t count, int64_t samplesSeen) {
   stopWorker();
-  const auto b = options_.batchSize, count = static_cast<int64_t>(indices.size());
+  const auto b = options_.batchSize;
   indices_ = std::move(indices);
+  count_ = count;
+  if (!dataset_.held()) order_ = KeyedOrder(dataset_.size(), mix(options_.seed, static_cast<uint64_t>(epoch)), options_.shuffle);
   epoch_ = epoch;
   startSample_ = samplesSeen;
   baseBatch_ = firstBatch_ = samplesSeen / (options_.worldSize * b);
   endBatch_ = baseBatch_ + (count + b - 1) / b;
+}
+
+int64_t DataLoader::sampleAt(int64_t i) const {
+  if (dataset_.held()) return indices_[static_cast<size_t>(i)];
+  // Position p of the padded order is order[p mod N], as shardOfRest takes it.
+  return order_.at((startSample_ + options_.rank + i * options_.worldSize) % dataset_.size());
 }
 
 void DataLoader::run() {
@@ -180,21 +231,22 @@ void DataLoader::run() {
 int64_t DataLoader::samplesSeenAfter(int64_t batchIndex) const {
   COHORT_CHECK(epoch_ >= 0 && batchIndex >= baseBatch_ - 1 && batchIndex < endBatch_)
       << "batch " << batchIndex << " of an epoch of batches [" << baseBatch_ << ", " << endBatch_ << ")";
-  const int64_t taken = std::min((batchIndex + 1 - baseBatch_) * options_.batchSize,
-                                 static_cast<int64_t>(indices_.size()));
+  const int64_t taken = std::min((batchIndex + 1 - baseBatch_) * options_.batchSize, count_);
   return startSample_ + taken * options_.worldSize;
 }
 
-std::span<const int64_t> DataLoader::batchSamples(int64_t batchIndex) const {
+void DataLoader::batchSamples(int64_t batchIndex, std::vector<int64_t>& out) const {
   COHORT_CHECK(epoch_ >= 0 && batchIndex >= baseBatch_ && batchIndex < endBatch_)
       << "batch " << batchIndex << " of an epoch of batches [" << baseBatch_ << ", " << endBatch_ << ")";
   const int64_t begin = (batchIndex - baseBatch_) * options_.batchSize;
-  const int64_t size = std::min(options_.batchSize, static_cast<int64_t>(indices_.size()) - begin);
-  return {indices_.data() + begin, static_cast<size_t>(size)};
+  const int64_t size = std::min(options_.batchSize, count_ - begin);
+  out.resize(static_cast<size_t>(size));
+  for (int64_t s = 0; s < size; ++s) out[static_cast<size_t>(s)] = sampleAt(begin + s);
 }
 
 void DataLoader::gather(int64_t batchIndex, Slot& slot) const {
-  const std::span<const int64_t> samples = batchSamples(batchIndex);
+  batchSamples(batchIndex, slot.samples);
+  const std::vector<int64_t>& samples = slot.samples;
   const auto size = static_cast<int64_t>(samples.size());
   float* xOut = slot.inputs.data();
   float* yOut = slot.targets.data();

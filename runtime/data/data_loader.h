@@ -16,6 +16,10 @@
 // With `augment` enabled, each gathered sample is randomly cropped and/or flipped (augment.h) by
 // choices that are a pure function of (seed, epoch, sample index), so batches stay reproducible.
 // Disabled (the default), samples are copied unchanged. Use it for training loaders only.
+// A dataset that makes its samples on demand (Dataset::held() false: token shards) may hold far more
+// samples than fit a table of them, so its epoch order in step 1 is KeyedOrder instead: a keyed
+// permutation of 0..N-1 (key mix(seed, epoch); the identity without `shuffle`) computed per position,
+// and the loader keeps no table of indices; steps 2 and 3 are the same.
 // startEpoch(e, k) starts epoch e at batch k (a resumed run continues mid-epoch); next() returns
 // batches k, k+1, ... and then false. After startEpochAfter(e, S) batches are numbered from
 // firstBatch() = S / (W*batchSize) (rounded down) up to endBatch().
@@ -43,7 +47,6 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
-#include <span>
 #include <thread>
 #include <vector>
 
@@ -88,6 +91,23 @@ std::vector<int64_t> shardOfRest(const std::vector<int64_t>& order, const DataLo
 std::vector<int64_t> shardIndices(int64_t datasetSize, const DataLoaderOptions& options,
                                   int64_t epoch);
 
+// A permutation of 0..n-1 computed per position, for orders too long to tabulate: a 4-round Feistel
+// network keyed by `key` over the smallest power of 4 that holds n, walked along its cycle until the
+// value falls below n (fewer than 4 steps in expectation). The identity when !shuffle. Cheap to copy.
+class KeyedOrder {
+ public:
+  KeyedOrder() = default;
+  KeyedOrder(int64_t n, uint64_t key, bool shuffle);
+  int64_t at(int64_t position) const;  // position in [0, n)
+
+ private:
+  uint64_t permute(uint64_t x) const;
+  int64_t n_ = 0;
+  uint64_t key_ = 0;
+  int halfBits_ = 0;
+  bool shuffle_ = false;
+};
+
 class DataLoader {
  public:
   // Throws InvalidArgument for invalid options (including augmentation of samples that are not
@@ -116,9 +136,9 @@ class DataLoader {
   // epoch's batches up to and including `batchIndex` (padding counted): what startEpochAfter()
   // continues from. samplesSeenAfter(firstBatch() - 1) is where the epoch started.
   int64_t samplesSeenAfter(int64_t batchIndex) const;
-  // The dataset indices of batch `batchIndex` of the current epoch, on this rank (valid until the
-  // next startEpoch()).
-  std::span<const int64_t> batchSamples(int64_t batchIndex) const;
+  // The dataset indices of batch `batchIndex` of the current epoch, on this rank, into `out` (resized
+  // to the batch: nothing is allocated once it has held a batch). Any thread.
+  void batchSamples(int64_t batchIndex, std::vector<int64_t>& out) const;
 
   int64_t batchesPerEpoch() const { return batchesPerEpoch_; }
   int64_t samplesPerEpoch() const { return samplesPerEpoch_; }  // this rank, after dropLast
@@ -132,12 +152,14 @@ class DataLoader {
   struct Slot {
     Tensor inputs;   // [batchSize, ...sampleShape]
     Tensor targets;  // [batchSize, ...targetShape]
+    std::vector<int64_t> samples;  // the batch's dataset indices
     int64_t index = 0;
     int64_t size = 0;
   };
 
   void stopWorker();
-  void begin(int64_t epoch, std::vector<int64_t> indices, int64_t samplesSeen);
+  void begin(int64_t epoch, std::vector<int64_t> indices, int64_t count, int64_t samplesSeen);
+  int64_t sampleAt(int64_t i) const;  // this rank's i-th sample of the current epoch
   void run();  // starts the worker for batches [firstBatch_, endBatch_)
   void workerLoop();
   void gather(int64_t batchIndex, Slot& slot) const;
@@ -154,9 +176,12 @@ class DataLoader {
   int64_t prefetchDepth_ = 0;  // slots_.size() - 1
 
   std::vector<Slot> slots_;
-  // The current epoch: this rank's samples from position startSample_ of the order on (cut to whole
-  // batches with dropLast), indices_[0] opening batch baseBatch_.
+  // The current epoch: this rank's count_ samples from position startSample_ of the order on (cut
+  // to whole batches with dropLast), the first opening batch baseBatch_: indices_, or for a dataset
+  // made on demand order_ at positions startSample_ + rank + i·W (mod N).
   std::vector<int64_t> indices_;
+  KeyedOrder order_;
+  int64_t count_ = 0;
   int64_t epoch_ = -1;
   int64_t startSample_ = 0;
   int64_t baseBatch_ = 0;

@@ -1,6 +1,7 @@
 // Token-shard datasets (runtime/data/tokens.h) through openDataset("tokens:..."): windows inside one
 // shard with targets shifted by one, the same windows for the same seed, the test split's
-// consecutive windows, rows() and a DataLoader over samples made on demand, and the refusals.
+// consecutive windows, rows() and a DataLoader over samples made on demand, and the refusals; the
+// loader's KeyedOrder for such datasets, which it computes per position instead of tabulating.
 #include "runtime/data/tokens.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/data/dataset.h"
 #include "runtime/error.h"
+#include "runtime/process_memory.h"
 #include "tests/runtime/data/test_util.h"
 
 namespace cohort::runtime::data {
@@ -106,7 +108,8 @@ TEST_F(TokensTest, ADataLoaderGathersSamplesMadeOnDemand) {
   Batch b;
   ASSERT_TRUE(loader.next(b));
   ASSERT_EQ(b.size, 8);
-  const std::span<const int64_t> samples = loader.batchSamples(b.index);
+  std::vector<int64_t> samples;
+  loader.batchSamples(b.index, samples);
   for (int64_t s = 0; s < b.size; ++s) {
     std::vector<float> y;
     const std::vector<float> x = sample(*d, samples[static_cast<size_t>(s)], &y);
@@ -115,6 +118,117 @@ TEST_F(TokensTest, ADataLoaderGathersSamplesMadeOnDemand) {
       ASSERT_EQ(b.targets.at(s * 10 + t), y[static_cast<size_t>(t)]);
     }
   }
+}
+
+TEST(KeyedOrder, IsAPermutationThatTheKeyChanges) {
+  for (int64_t n : {1, 2, 3, 17, 1000, 4097}) {
+    std::vector<int> seen(static_cast<size_t>(n));
+    const KeyedOrder order(n, 11, true), other(n, 12, true), identity(n, 11, false);
+    int moved = 0, differ = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      const int64_t i = order.at(p);
+      ASSERT_TRUE(i >= 0 && i < n) << n;
+      ++seen[static_cast<size_t>(i)];
+      moved += i != p;
+      differ += other.at(p) != i;
+      ASSERT_EQ(identity.at(p), p);
+    }
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)], 1) << "n " << n << ", index " << i;
+    if (n >= 1000) {
+      EXPECT_GT(moved, n * 9 / 10) << n;
+      EXPECT_GT(differ, n * 9 / 10) << n;
+    }
+  }
+}
+
+// Samples made on demand: sample i's input is i (as a float pair: high and low 24 bits).
+class CountingSource final : public SampleSource {
+ public:
+  explicit CountingSource(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  Shape sampleShape() const override { return Shape{2}; }
+  Shape targetShape() const override { return Shape{}; }
+  void read(int64_t index, float* input, float* target) const override {
+    input[0] = static_cast<float>(index >> 24);
+    input[1] = static_cast<float>(index & 0xffffff);
+    *target = 0.0f;
+  }
+
+ private:
+  int64_t n_;
+};
+
+Dataset onDemand(int64_t n) {
+  DatasetContents c;
+  c.name = "counting";
+  c.source = std::make_shared<CountingSource>(n);
+  return Dataset(std::move(c));
+}
+
+// A trillion samples: the loader keeps no table (its resident memory barely moves), two ranks take
+// the positions one rank takes, and a resume on another world size continues the same order.
+TEST(OnDemandLoader, KeepsNoTableAndShardsOneOrderOverAnyWorldSize) {
+  const Dataset data = onDemand(int64_t{1} << 40);
+  const size_t before = processMemory().residentBytes;
+  const auto firstBatches = [&](int rank, int world, int64_t seen, int batches) {
+    DataLoader loader(data, {.batchSize = 4, .seed = 9, .rank = rank, .worldSize = world, .prefetch = 0});
+    if (seen == 0) {
+      loader.startEpoch(3);
+    } else {
+      loader.startEpochAfter(3, seen);
+    }
+    std::vector<std::vector<int64_t>> out;
+    Batch b;
+    for (int k = 0; k < batches && loader.next(b); ++k) {
+      std::vector<int64_t> samples;
+      loader.batchSamples(b.index, samples);
+      for (int64_t s = 0; s < b.size; ++s) {
+        EXPECT_EQ((static_cast<int64_t>(b.inputs.at(2 * s)) << 24) + static_cast<int64_t>(b.inputs.at(2 * s + 1)),
+                  samples[static_cast<size_t>(s)]);
+      }
+      out.push_back(samples);
+    }
+    return out;
+  };
+  const auto one = firstBatches(0, 1, 0, 4);                                        // positions 0..15
+  const auto r0 = firstBatches(0, 2, 0, 2), r1 = firstBatches(1, 2, 0, 2);          // 0, 2, .. and 1, 3, ..
+  const auto resumed = firstBatches(0, 1, 8, 2);                                    // positions 8..15
+  std::vector<int64_t> ones, twos, after;
+  for (const auto& batch : one) ones.insert(ones.end(), batch.begin(), batch.end());
+  for (size_t k = 0; k < 2; ++k) {
+    for (size_t i = 0; i < 4; ++i) {
+      twos.push_back(r0[k][i]);
+      twos.push_back(r1[k][i]);
+    }
+  }
+  for (const auto& batch : resumed) after.insert(after.end(), batch.begin(), batch.end());
+  EXPECT_EQ(twos, std::vector<int64_t>(ones.begin(), ones.begin() + 16));
+  EXPECT_EQ(after, std::vector<int64_t>(ones.begin() + 8, ones.end()));
+  EXPECT_EQ(std::set<int64_t>(ones.begin(), ones.end()).size(), ones.size());
+  const size_t grown = processMemory().residentBytes - before;
+  EXPECT_LT(grown, size_t{50} << 20) << "the loader tabulated its order";
+}
+
+// A small dataset made on demand: an epoch over 3 ranks takes every sample (and pads as the table does).
+TEST(OnDemandLoader, AnEpochTakesEverySample) {
+  const Dataset data = onDemand(37);
+  std::vector<int> seen(37);
+  for (int rank = 0; rank < 3; ++rank) {
+    DataLoader loader(data, {.batchSize = 5, .seed = 2, .rank = rank, .worldSize = 3});
+    loader.startEpoch(0);
+    EXPECT_EQ(loader.samplesPerEpoch(), 13);
+    for (Batch b; loader.next(b);) {
+      std::vector<int64_t> samples;
+      loader.batchSamples(b.index, samples);
+      for (int64_t s : samples) ++seen[static_cast<size_t>(s)];
+    }
+  }
+  int total = 0;
+  for (int count : seen) {
+    EXPECT_GE(count, 1);
+    total += count;
+  }
+  EXPECT_EQ(total, 39);  // 37 and the 2 of padding
 }
 
 TEST_F(TokensTest, RefusesWhatCannotBeTrainedWithOneLine) {
