@@ -1,9 +1,13 @@
 #include "runtime/data/token_shards.h"
 
 #include <glob.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <boost/interprocess/file_mapping.hpp>
 #include <boost/interprocess/mapped_region.hpp>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -115,14 +119,29 @@ int64_t TokenShards::totalTokens() const {
 }
 
 void TokenShards::checkVocabulary(int64_t vocabulary) const {
-  for (const Shard& s : shards_) {
-    for (int64_t i = 0; i < s.count; ++i) {
-      if (s.tokens[i] >= vocabulary) {
-        COHORT_THROW(InvalidArgument) << s.path << ": token " << s.tokens[i] << " at position " << i
-                                      << " is not below the model's vocabulary of " << vocabulary;
+  constexpr int64_t kChunk = int64_t{4} << 20;  // tokens read before their pages are released
+  for (size_t shard = 0; shard < shards_.size(); ++shard) {
+    const Shard& s = shards_[shard];
+    for (int64_t first = 0; first < s.count; first += kChunk) {
+      const int64_t end = std::min(s.count, first + kChunk);
+      for (int64_t i = first; i < end; ++i) {
+        if (s.tokens[i] >= vocabulary) {
+          COHORT_THROW(InvalidArgument) << s.path << ": token " << s.tokens[i] << " at position " << i
+                                        << " is not below the model's vocabulary of " << vocabulary;
+        }
       }
+      release(shard, first, end - first);
     }
   }
+}
+
+void TokenShards::release(size_t shard, int64_t at, int64_t count) const {
+  static const auto kPage = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const Shard& s = shards_[shard];
+  const auto begin = reinterpret_cast<uintptr_t>(s.tokens + at) / kPage * kPage;
+  const auto end = (reinterpret_cast<uintptr_t>(s.tokens + at + count) + kPage - 1) / kPage * kPage;
+  // Advice only: a failure leaves the pages mapped, which costs memory, not correctness.
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 void TokenShards::copy(size_t shard, int64_t at, int64_t count, float* out) const {

@@ -11,8 +11,8 @@
 //
 // TokenShards::open maps every file a pattern matches: a path, or a glob (glob(3): `*`, `?`,
 // `[...]`) over shards, in name order. The mappings are read-only and shared with the page cache,
-// so a process's resident memory grows with the pages it touches, not with the shards' size, and
-// workers reading the same shards share their pages.
+// so a process's resident memory grows with the pages it touches and has not released (release()),
+// not with the shards' size, and workers reading the same shards share their pages.
 //
 // Errors, each one line naming the file: IoError for a file that cannot be opened or mapped;
 // InvalidArgument for a pattern that matches nothing, a bad magic (a named llm.c layout), version,
@@ -63,6 +63,12 @@ class TokenShards {
   // Tokens [at, at + count) of shard `shard` into out[0, count) as whole-number floats (what a
   // Dataset holds); InvalidArgument when the range is not inside the shard.
   void copy(size_t shard, int64_t at, int64_t count, float* out) const;
+
+  // Unmaps from this process the pages that hold tokens [at, at + count) of shard `shard` (inside
+  // the shard), which stay in the page cache and fault back in when read again: a reader that
+  // releases what it has read keeps its resident memory flat however much of a corpus it reads.
+  // checkVocabulary releases as it goes.
+  void release(size_t shard, int64_t at, int64_t count) const;
 
  private:
   struct Mappings;

@@ -36,6 +36,7 @@ class TokenWindows final : public SampleSource {
     const int64_t at = train_ ? local : local * context_;
     shards_.copy(shard, at, context_, input);
     shards_.copy(shard, at + 1, context_, target);
+    shards_.release(shard, at, context_ + 1);  // the corpus stays out of the resident set
   }
 
  private:
