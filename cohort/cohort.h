@@ -52,6 +52,7 @@
 #include "nn/residual.h"    // nn::Residual: y = x + f(x)
 #include "nn/sequential.h"  // nn::Sequential: modules in order
 #include "nn/softmax.h"     // nn::Softmax, nn::logSoftmax()
+#include "nn/tokenizer.h"   // nn::Tokenizer: llm.c's tokenizer file, token ids -> text
 #include "nn/transformer_block.h"  // nn::TransformerBlock: GPT-2's pre-norm residual block
 
 // Training: losses, optimizers, checkpoints, gradient checks.
@@ -72,3 +73,4 @@
 // Data.
 #include "runtime/data/data_loader.h"  // runtime::data::DataLoader: this rank's shard in batches
 #include "runtime/data/dataset.h"      // runtime::data::Dataset, openDataset(spec), datasetFromArrays(...)
+#include "runtime/data/tokens.h"       // runtime::data::openTokens, TokenShards: llm.c / nanoGPT token shards
