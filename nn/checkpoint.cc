@@ -15,33 +15,27 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <sstream>
 #include <system_error>
 #include <utility>
 
+#include "nn/checkpoint_format.h"
 #include "runtime/error.h"
 #include "runtime/unique_fd.h"
 
 namespace cohort::nn {
+
+using namespace detail;
+
 namespace {
-
-// ordered_json keeps the header's key order, so tensors of zero bytes (which share an offset with
-// their neighbour) come back in the order they were written.
-using Json = nlohmann::ordered_json;
-
-constexpr size_t kMaxSyscallBytes = size_t{1} << 30;  // also ISA-L's limit: its length is an int
-constexpr size_t kReadChunkBytes = size_t{8} << 20;   // CRC each chunk while it is still in cache
-constexpr char kMetadataKey[] = "__metadata__";
-constexpr char kFormatKey[] = "format";
-constexpr char kCrcPrefix[] = "crc32c.";
-constexpr char kHeaderCrcKey[] = "header_crc32c";
-
-using TensorShapes = std::vector<std::pair<std::string, runtime::Shape>>;
 
 std::string errnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-// Escapes everything but printable ASCII and caps the length, so a message stays one readable line
-// whatever a corrupt file holds (nlohmann quotes the offending token, which may be megabytes).
+}  // namespace
+
+namespace detail {
+
 std::string oneLine(const std::string& text) {
   constexpr size_t kMaxChars = 1000;
   std::string out;
@@ -61,24 +55,7 @@ std::string oneLine(const std::string& text) {
   return out;
 }
 
-// Collects "<path>: <problem>" with operator<< and throws it as a one-line IoError at the end of
-// the full expression:  Refusal(path) << "header length " << n << " is absurd";
-class Refusal {
- public:
-  explicit Refusal(const std::string& path) { os_ << path << ": "; }
-  template <class T>
-  Refusal& operator<<(const T& v) {
-    os_ << v;
-    return *this;
-  }
-  [[noreturn]] ~Refusal() noexcept(false) { throw IoError(oneLine(os_.str())); }
-
- private:
-  std::ostringstream os_;
-};
-
-// Throws "<path>: <what>: <errno text>", reading errno before anything can clobber it.
-[[noreturn]] void refuseWithErrno(const std::string& path, const std::string& what) {
+void refuseWithErrno(const std::string& path, const std::string& what) {
   int err = errno;
   Refusal(path) << what << ": " << errnoText(err);
   __builtin_unreachable();
@@ -90,10 +67,32 @@ std::string hex8(uint32_t v) {
   return buf;
 }
 
-// [begin, end) as "bytes begin..end".
 std::string byteRange(uint64_t begin, uint64_t end) {
   return "bytes " + std::to_string(begin) + ".." + std::to_string(end);
 }
+
+bool isReservedKey(const std::string& key) {
+  return key == kFormatKey || key == kHeaderCrcKey || key.rfind(kCrcPrefix, 0) == 0;
+}
+
+uint32_t headerCrc(const TensorShapes& shapes, const Metadata& metadata) {
+  nlohmann::json canonical = {{"metadata", nlohmann::json::object()},
+                              {"tensors", nlohmann::json::object()}};
+  for (const auto& [key, value] : metadata) {
+    if (key != kHeaderCrcKey) canonical["metadata"][key] = value;
+  }
+  for (const auto& [name, shape] : shapes) {
+    nlohmann::json dims = nlohmann::json::array();
+    for (int i = 0; i < shape.rank(); ++i) dims.push_back(shape[i]);
+    canonical["tensors"][name] = {{"dtype", "F32"}, {"shape", std::move(dims)}};
+  }
+  std::string text = canonical.dump();
+  return crc32c(text.data(), text.size());
+}
+
+}  // namespace detail
+
+namespace {
 
 // The directory and file name of a checkpoint path; InvalidArgument for a path that names a directory.
 std::pair<std::string, std::string> splitCheckpointPath(const std::string& path) {
@@ -152,8 +151,9 @@ class TempFileGuard {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
+// cohort: a Cohort checkpoint, whose reserved metadata keys the caller may not use.
 void validateForWrite(const std::string& path, const std::vector<NamedTensor>& tensors,
-                      const Metadata& metadata) {
+                      const Metadata& metadata, bool cohort) {
   std::set<std::string> names;
   for (const NamedTensor& t : tensors) {
     if (t.name.empty() || t.name == kMetadataKey) {
@@ -167,34 +167,12 @@ void validateForWrite(const std::string& path, const std::vector<NamedTensor>& t
     }
   }
   for (const auto& [key, value] : metadata) {
-    if (key == kFormatKey || key == kHeaderCrcKey || key.rfind(kCrcPrefix, 0) == 0) {
-      COHORT_THROW(InvalidArgument) << path << ": metadata key '" << key << "' is reserved";
-    }
+    if (cohort && isReservedKey(key)) COHORT_THROW(InvalidArgument) << path << ": metadata key '" << key << "' is reserved";
   }
 }
 
-// CRC32C of the header's meaning, independent of key order, whitespace and data layout: the
-// compact, key-sorted JSON
-//   {"metadata":{every key but header_crc32c},"tensors":{name:{"dtype":"F32","shape":[...]}}}
-// that Python's json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=False) produces.
-// Throws nlohmann's type_error for strings that are not UTF-8.
-uint32_t headerCrc(const TensorShapes& shapes, const Metadata& metadata) {
-  nlohmann::json canonical = {{"metadata", nlohmann::json::object()},
-                              {"tensors", nlohmann::json::object()}};
-  for (const auto& [key, value] : metadata) {
-    if (key != kHeaderCrcKey) canonical["metadata"][key] = value;
-  }
-  for (const auto& [name, shape] : shapes) {
-    nlohmann::json dims = nlohmann::json::array();
-    for (int i = 0; i < shape.rank(); ++i) dims.push_back(shape[i]);
-    canonical["tensors"][name] = {{"dtype", "F32"}, {"shape", std::move(dims)}};
-  }
-  std::string text = canonical.dump();
-  return crc32c(text.data(), text.size());
-}
-
-// The 8-byte length followed by the JSON header, space-padded to a multiple of 8 bytes.
-std::string encodeHeader(const std::vector<NamedTensor>& tensors, const Metadata& callerMetadata) {
+// A Cohort checkpoint's metadata: the caller's, its format and the CRCs.
+Metadata withCrcs(const std::vector<NamedTensor>& tensors, const Metadata& callerMetadata) {
   Metadata metadata = callerMetadata;
   metadata[kFormatKey] = kCheckpointFormat;
   TensorShapes shapes;
@@ -202,13 +180,19 @@ std::string encodeHeader(const std::vector<NamedTensor>& tensors, const Metadata
     metadata[kCrcPrefix + t.name] = hex8(crc32c(t.tensor.data(), t.tensor.bytes()));
     shapes.emplace_back(t.name, t.tensor.shape());
   }
-  Json header = Json::object();
   try {
     metadata[kHeaderCrcKey] = hex8(headerCrc(shapes, metadata));
   } catch (const nlohmann::json::type_error& e) {
     COHORT_THROW(InvalidArgument) << "checkpoint names and metadata must be UTF-8: " << e.what();
   }
-  header[kMetadataKey] = Json(metadata);
+  return metadata;
+}
+
+// The 8-byte length followed by the JSON header, space-padded to a multiple of 8 bytes (no
+// "__metadata__" when there is none).
+std::string encodeHeader(const std::vector<NamedTensor>& tensors, const Metadata& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header[kMetadataKey] = Json(metadata);
   uint64_t offset = 0;
   for (const NamedTensor& t : tensors) {
     Json shape = Json::array();
@@ -218,7 +202,12 @@ std::string encodeHeader(const std::vector<NamedTensor>& tensors, const Metadata
         {"dtype", "F32"}, {"shape", std::move(shape)}, {"data_offsets", {offset, end}}};
     offset = end;
   }
-  std::string json = header.dump();
+  std::string json;
+  try {
+    json = header.dump();
+  } catch (const nlohmann::json::type_error& e) {
+    COHORT_THROW(InvalidArgument) << "safetensors names and metadata must be UTF-8: " << e.what();
+  }
   json.append((8 - json.size() % 8) % 8, ' ');
   std::string out(8, '\0');
   uint64_t n = json.size();
@@ -264,20 +253,9 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t previous) {
   return ~state;
 }
 
-void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors,
-                     const Metadata& metadata) {
-  if (std::any_of(tensors.begin(), tensors.end(), [](const NamedTensor& t) { return t.tensor.device().isCuda(); })) {
-    // GPU tensors are written from host copies (the caller has synchronised the stream that wrote them).
-    std::vector<NamedTensor> host;
-    for (const NamedTensor& t : tensors) host.push_back({t.name, t.tensor.device().isCuda() ? t.tensor.clone() : t.tensor});
-    writeCheckpoint(path, host, metadata);
-    return;
-  }
-  validateForWrite(path, tensors, metadata);
+void writeFileAtomically(const std::string& path, const std::vector<std::span<const std::byte>>& parts) {
   const auto [dir, base] = splitCheckpointPath(path);
   removeStaleTemporaries(dir, base);
-  const std::string header = encodeHeader(tensors, metadata);
-
   const std::string tmp = temporaryPath(dir, base, ::getpid());
   runtime::UniqueFd fd(
       ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
@@ -291,10 +269,7 @@ void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& te
   if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     refuseWithErrno(path, "cannot lock temporary file " + tmp);
   }
-  writeAll(fd.get(), header.data(), header.size(), path, tmp);
-  for (const NamedTensor& t : tensors) {
-    writeAll(fd.get(), t.tensor.data(), t.tensor.bytes(), path, tmp);
-  }
+  for (std::span<const std::byte> part : parts) writeAll(fd.get(), part.data(), part.size(), path, tmp);
   if (::fsync(fd.get()) != 0) {
     refuseWithErrno(path, "cannot fsync temporary file " + tmp);
   }
@@ -306,6 +281,37 @@ void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& te
   }
   guard.disarm();
   fsyncDirectory(dir, path);
+}
+
+namespace {
+
+// Writes a safetensors file atomically (see writeCheckpoint); cohort: with the format and the CRCs.
+void writeFile(const std::string& path, const std::vector<NamedTensor>& tensors, const Metadata& metadata,
+               bool cohort) {
+  if (std::any_of(tensors.begin(), tensors.end(), [](const NamedTensor& t) { return t.tensor.device().isCuda(); })) {
+    // GPU tensors are written from host copies (the caller has synchronised the stream that wrote them).
+    std::vector<NamedTensor> host;
+    for (const NamedTensor& t : tensors) host.push_back({t.name, t.tensor.device().isCuda() ? t.tensor.clone() : t.tensor});
+    writeFile(path, host, metadata, cohort);
+    return;
+  }
+  validateForWrite(path, tensors, metadata, cohort);
+  const std::string header = encodeHeader(tensors, cohort ? withCrcs(tensors, metadata) : metadata);
+  std::vector<std::span<const std::byte>> parts{std::as_bytes(std::span(header))};
+  for (const NamedTensor& t : tensors) parts.push_back(std::as_bytes(std::span(t.tensor.data(), t.tensor.numel())));
+  writeFileAtomically(path, parts);
+}
+
+}  // namespace
+
+void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors,
+                     const Metadata& metadata) {
+  writeFile(path, tensors, metadata, true);
+}
+
+void writeSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const Metadata& metadata) {
+  writeFile(path, tensors, metadata, false);
 }
 
 size_t prepareCheckpointDestination(const std::string& path) {
@@ -329,330 +335,5 @@ const runtime::Tensor* Checkpoint::find(const std::string& name) const {
   }
   return nullptr;
 }
-
-// ---------------------------------------------------------------------------------------------
-// Reading
-
-namespace {
-
-// One tensor's header entry. Offsets are relative to the byte buffer.
-struct Entry {
-  std::string name;
-  runtime::Shape shape;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-  uint64_t numel = 0;
-  uint32_t crc = 0;
-};
-
-class CheckpointReader {
- public:
-  explicit CheckpointReader(const std::string& path);
-  Checkpoint read();
-
- private:
-  Json parseHeader(uint64_t headerBytes);
-  Metadata parseMetadata(const Json& meta);
-  Entry parseEntry(const std::string& name, const Json& value);
-  runtime::Shape parseShape(const std::string& name, const Json& shape, uint64_t* numel);
-  uint32_t parseCrc(const std::string& what, const std::string& text);
-  void attachCrcs(std::vector<Entry>& entries, const Metadata& metadata);
-  void checkHeaderCrc(const std::vector<Entry>& entries, const Metadata& metadata);
-  void checkLayout(std::vector<Entry>& entries, uint64_t bufferBytes);
-  runtime::Tensor load(const Entry& e);
-  void preadAll(void* dst, size_t bytes, uint64_t offset);
-
-  std::string path_;
-  runtime::UniqueFd fd_;
-  uint64_t fileBytes_ = 0;
-  uint64_t dataStart_ = 0;  // file offset of the byte buffer
-};
-
-CheckpointReader::CheckpointReader(const std::string& path)
-    : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-  if (!fd_) refuseWithErrno(path_, "cannot open checkpoint");
-  struct stat st {};
-  if (::fstat(fd_.get(), &st) != 0) refuseWithErrno(path_, "cannot stat");
-  if (!S_ISREG(st.st_mode)) Refusal(path_) << "not a regular file";
-  fileBytes_ = static_cast<uint64_t>(st.st_size);
-}
-
-void CheckpointReader::preadAll(void* dst, size_t bytes, uint64_t offset) {
-  char* p = static_cast<char*>(dst);
-  while (bytes > 0) {
-    ssize_t n =
-        ::pread(fd_.get(), p, std::min(bytes, kMaxSyscallBytes), static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) refuseWithErrno(path_, "read failed at byte " + std::to_string(offset));
-    if (n == 0) Refusal(path_) << "unexpected end of file at byte " << offset << " (file shrank?)";
-    p += n;
-    offset += static_cast<uint64_t>(n);
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
-Json CheckpointReader::parseHeader(uint64_t headerBytes) {
-  std::string text(headerBytes, '\0');
-  preadAll(text.data(), text.size(), 8);
-  // nlohmann keeps the last of duplicate keys silently; watch the parse to refuse them instead.
-  std::vector<std::set<std::string>> openObjects;
-  std::string duplicate;
-  bool duplicateIsTensor = false;
-  auto watch = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) openObjects.emplace_back();
-    if (event == Json::parse_event_t::object_end) openObjects.pop_back();
-    if (event == Json::parse_event_t::key && duplicate.empty() &&
-        !openObjects.back().insert(parsed.get<std::string>()).second) {
-      duplicate = parsed.get<std::string>();
-      duplicateIsTensor = openObjects.size() == 1;
-    }
-    return true;
-  };
-  Json header;
-  try {
-    header = Json::parse(text.begin(), text.end(), watch);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.byte counts from 1 within the header; the header starts at file byte 8.
-    Refusal(path_) << "header is not valid JSON (near byte " << 7 + std::max<size_t>(e.byte, 1)
-                   << "): " << e.what();
-  } catch (const nlohmann::json::exception& e) {
-    Refusal(path_) << "header is not valid JSON: " << e.what();
-  }
-  if (!duplicate.empty()) {
-    Refusal(path_) << "duplicate " << (duplicateIsTensor ? "tensor name" : "key") << " '"
-                   << duplicate << "' in the header";
-  }
-  if (!header.is_object()) Refusal(path_) << "header is not a JSON object";
-  return header;
-}
-
-Metadata CheckpointReader::parseMetadata(const Json& meta) {
-  if (!meta.is_object()) Refusal(path_) << "\"" << kMetadataKey << "\" is not a JSON object";
-  Metadata out;
-  for (const auto& [key, value] : meta.items()) {
-    if (!value.is_string()) Refusal(path_) << "metadata value for '" << key << "' is not a string";
-    out[key] = value.get<std::string>();
-  }
-  auto format = out.find(kFormatKey);
-  if (format == out.end()) Refusal(path_) << "not a Cohort checkpoint: metadata has no \"format\"";
-  if (format->second != kCheckpointFormat) {
-    Refusal(path_) << "unsupported checkpoint format '" << format->second << "' (expected "
-                   << kCheckpointFormat << ")";
-  }
-  return out;
-}
-
-runtime::Shape CheckpointReader::parseShape(const std::string& name, const Json& shape,
-                                            uint64_t* numel) {
-  if (!shape.is_array()) Refusal(path_) << "tensor '" << name << "': shape is not an array";
-  if (shape.size() > static_cast<size_t>(runtime::kMaxDims)) {
-    Refusal(path_) << "tensor '" << name << "': rank " << shape.size() << " above the supported "
-                   << runtime::kMaxDims;
-  }
-  runtime::Shape out;
-  bool hasZero = false;
-  uint64_t product = 1;
-  bool overflow = false;
-  for (const Json& d : shape) {
-    if (d.is_number_integer() && !d.is_number_unsigned()) {
-      Refusal(path_) << "tensor '" << name << "': negative dimension " << d.dump();
-    }
-    if (!d.is_number_unsigned()) {
-      Refusal(path_) << "tensor '" << name << "': dimension " << d.dump() << " is not an integer";
-    }
-    uint64_t v = d.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      Refusal(path_) << "tensor '" << name << "': dimension " << v << " too large";
-    }
-    hasZero = hasZero || v == 0;
-    overflow = overflow || __builtin_mul_overflow(product, v, &product);
-    out.push(static_cast<int64_t>(v));
-  }
-  if (overflow && !hasZero) Refusal(path_) << "tensor '" << name << "': too many elements";
-  *numel = hasZero ? 0 : product;
-  return out;
-}
-
-Entry CheckpointReader::parseEntry(const std::string& name, const Json& value) {
-  if (!value.is_object()) Refusal(path_) << "entry for tensor '" << name << "' is not an object";
-  for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!value.contains(key)) Refusal(path_) << "tensor '" << name << "' has no \"" << key << "\"";
-  }
-  const Json& dtype = value["dtype"];
-  if (!dtype.is_string()) Refusal(path_) << "tensor '" << name << "': dtype is not a string";
-  if (dtype.get<std::string>() != "F32") {
-    Refusal(path_) << "tensor '" << name << "': unsupported dtype '" << dtype.get<std::string>()
-                   << "' (only F32)";
-  }
-  Entry e;
-  e.name = name;
-  e.shape = parseShape(name, value["shape"], &e.numel);
-  const Json& offsets = value["data_offsets"];
-  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-      !offsets[1].is_number_unsigned()) {
-    Refusal(path_) << "tensor '" << name << "': data_offsets " << offsets.dump()
-                   << " is not a pair of non-negative integers";
-  }
-  e.begin = offsets[0].get<uint64_t>();
-  e.end = offsets[1].get<uint64_t>();
-  if (e.end < e.begin) {
-    Refusal(path_) << "tensor '" << name << "': data_offsets " << offsets.dump()
-                   << " end before they begin";
-  }
-  if (e.numel > (e.end - e.begin) / sizeof(float) || e.numel * sizeof(float) != e.end - e.begin) {
-    Refusal(path_) << "tensor '" << name << "': shape " << e.shape.str() << " needs " << e.numel
-                   << " x 4 bytes but data_offsets " << offsets.dump() << " span "
-                   << e.end - e.begin;
-  }
-  return e;
-}
-
-// Moves each tensor's "crc32c.<name>" out of the metadata into its entry.
-uint32_t CheckpointReader::parseCrc(const std::string& what, const std::string& text) {
-  bool ok = text.size() == 8 && std::all_of(text.begin(), text.end(), [](char c) {
-              return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-            });
-  if (!ok) Refusal(path_) << what << " is '" << text << "', not 8 lowercase hex digits";
-  return static_cast<uint32_t>(std::stoul(text, nullptr, 16));
-}
-
-// Copies each tensor's "crc32c.<name>" into its entry; refuses CRCs of tensors that do not exist.
-void CheckpointReader::attachCrcs(std::vector<Entry>& entries, const Metadata& metadata) {
-  std::set<std::string> names;
-  for (Entry& e : entries) {
-    auto it = metadata.find(kCrcPrefix + e.name);
-    if (it == metadata.end()) Refusal(path_) << "missing crc32c for tensor '" << e.name << "'";
-    e.crc = parseCrc("crc32c for tensor '" + e.name + "'", it->second);
-    names.insert(e.name);
-  }
-  const std::string prefix = kCrcPrefix;
-  for (auto it = metadata.lower_bound(prefix); it != metadata.end(); ++it) {
-    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-    if (names.count(it->first.substr(prefix.size())) == 0) {
-      Refusal(path_) << "metadata has " << it->first << " but no such tensor";
-    }
-  }
-}
-
-// Catches what no tensor CRC covers: altered names, shapes and metadata.
-void CheckpointReader::checkHeaderCrc(const std::vector<Entry>& entries, const Metadata& metadata) {
-  auto it = metadata.find(kHeaderCrcKey);
-  if (it == metadata.end()) Refusal(path_) << "missing " << kHeaderCrcKey << " in metadata";
-  uint32_t stored = parseCrc(kHeaderCrcKey, it->second);
-  TensorShapes shapes;
-  for (const Entry& e : entries) shapes.emplace_back(e.name, e.shape);
-  uint32_t computed = headerCrc(shapes, metadata);
-  if (stored != computed) {
-    Refusal(path_) << kHeaderCrcKey << " mismatch (header " << byteRange(8, dataStart_)
-                   << "): stored " << hex8(stored) << ", computed " << hex8(computed)
-                   << "; tensor names, shapes or metadata were altered";
-  }
-}
-
-// The caller's metadata: everything but the reserved keys.
-Metadata withoutReservedKeys(Metadata metadata) {
-  for (auto it = metadata.begin(); it != metadata.end();) {
-    const std::string& key = it->first;
-    bool reserved = key == kFormatKey || key == kHeaderCrcKey || key.rfind(kCrcPrefix, 0) == 0;
-    it = reserved ? metadata.erase(it) : std::next(it);
-  }
-  return metadata;
-}
-
-// Sorts entries into file order and checks that they tile the byte buffer exactly.
-void CheckpointReader::checkLayout(std::vector<Entry>& entries, uint64_t bufferBytes) {
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t covered = 0;
-  const Entry* previous = nullptr;
-  for (const Entry& e : entries) {
-    if (e.end > bufferBytes) {
-      Refusal(path_) << "tensor '" << e.name << "' ("
-                     << byteRange(dataStart_ + e.begin, dataStart_ + e.end)
-                     << ") runs past the end of the file (" << fileBytes_ << " bytes)";
-    }
-    if (e.begin < covered) {
-      Refusal(path_) << "tensor '" << e.name << "' ("
-                     << byteRange(dataStart_ + e.begin, dataStart_ + e.end) << ") overlaps tensor '"
-                     << previous->name << "' ("
-                     << byteRange(dataStart_ + previous->begin, dataStart_ + previous->end) << ")";
-    }
-    if (e.begin > covered) {
-      Refusal(path_) << byteRange(dataStart_ + covered, dataStart_ + e.begin)
-                     << " are not covered by any tensor";
-    }
-    covered = e.end;
-    previous = &e;
-  }
-  if (covered != bufferBytes) {
-    Refusal(path_) << byteRange(dataStart_ + covered, fileBytes_)
-                   << " at the end are not covered by any tensor";
-  }
-}
-
-runtime::Tensor CheckpointReader::load(const Entry& e) {
-  runtime::Tensor t = runtime::Tensor::empty(e.shape, runtime::cpuAllocator());
-  char* dst = reinterpret_cast<char*>(t.data());
-  uint32_t crc = 0;
-  for (uint64_t done = 0; done < e.end - e.begin;) {
-    size_t chunk = static_cast<size_t>(std::min<uint64_t>(e.end - e.begin - done, kReadChunkBytes));
-    preadAll(dst + done, chunk, dataStart_ + e.begin + done);
-    crc = crc32c(dst + done, chunk, crc);
-    done += chunk;
-  }
-  if (crc != e.crc) {
-    Refusal(path_) << "crc32c mismatch for tensor '" << e.name << "' ("
-                   << byteRange(dataStart_ + e.begin, dataStart_ + e.end) << "): stored "
-                   << hex8(e.crc) << ", computed " << hex8(crc);
-  }
-  return t;
-}
-
-Checkpoint CheckpointReader::read() {
-  if (fileBytes_ < 8) {
-    Refusal(path_) << "file is " << fileBytes_ << " bytes, shorter than the 8-byte header length";
-  }
-  unsigned char lengthBytes[8];
-  preadAll(lengthBytes, 8, 0);
-  uint64_t headerBytes = 0;
-  for (int i = 7; i >= 0; --i) headerBytes = (headerBytes << 8) | lengthBytes[i];
-  if (headerBytes > kMaxCheckpointHeaderBytes) {
-    Refusal(path_) << "header length " << headerBytes << " at byte 0 is absurd (limit "
-                   << kMaxCheckpointHeaderBytes << ")";
-  }
-  if (headerBytes > fileBytes_ - 8) {
-    Refusal(path_) << "header length " << headerBytes
-                   << " at byte 0 runs past the end of the file (" << fileBytes_ << " bytes)";
-  }
-  dataStart_ = 8 + headerBytes;
-  Json header = parseHeader(headerBytes);
-
-  Metadata metadata;
-  bool sawMetadata = false;
-  std::vector<Entry> entries;
-  for (const auto& [key, value] : header.items()) {
-    if (key == kMetadataKey) {
-      metadata = parseMetadata(value);
-      sawMetadata = true;
-    } else {
-      entries.push_back(parseEntry(key, value));
-    }
-  }
-  if (!sawMetadata) Refusal(path_) << "not a Cohort checkpoint: header has no \"__metadata__\"";
-  attachCrcs(entries, metadata);
-  checkLayout(entries, fileBytes_ - dataStart_);
-  checkHeaderCrc(entries, metadata);
-
-  Checkpoint out;
-  out.tensors.reserve(entries.size());
-  for (const Entry& e : entries) out.tensors.push_back({e.name, load(e)});
-  out.metadata = withoutReservedKeys(std::move(metadata));
-  return out;
-}
-
-}  // namespace
-
-Checkpoint readCheckpoint(const std::string& path) { return CheckpointReader(path).read(); }
 
 }  // namespace cohort::nn

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,11 @@ struct Checkpoint {
 void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors,
                      const Metadata& metadata = {});
 
+// Writes `parts`, one after the other, to `path` atomically as writeCheckpoint writes (the same
+// temporary file, lock, fsyncs and rename; the same errors): for other files that must never be
+// seen half-written, e.g. an llm.c model file (nn/gpt_files.h).
+void writeFileAtomically(const std::string& path, const std::vector<std::span<const std::byte>>& parts);
+
 // Before a run trains: checks that checkpoints can be written at `path` (its directory exists and a
 // file can be created there; IoError naming the path and the reason otherwise) and removes the
 // temporary files of `path` that earlier writers left behind when they were killed mid-write
@@ -86,6 +92,18 @@ size_t prepareCheckpointDestination(const std::string& path);
 
 // Reads and validates the checkpoint at `path`. Throws IoError for anything missing or corrupt.
 Checkpoint readCheckpoint(const std::string& path);
+
+// Any safetensors file, e.g. HuggingFace's model.safetensors: tensors of dtype F32, F16 or BF16
+// (widened to float32), with or without metadata, returned as given. The layout is validated as
+// readCheckpoint validates it; the CRCs are checked where the file is a Cohort checkpoint (its
+// metadata says so), and then the CRC keys are removed (its "format", kCheckpointFormat, is kept).
+Checkpoint readSafetensors(const std::string& path);
+
+// Writes plain safetensors, atomically as writeCheckpoint writes: float32 tensors and `metadata`
+// as given (no format key, no CRCs; none of the keys is reserved), e.g. {"format": "pt"} for
+// HuggingFace's loaders, which insist on it.
+void writeSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const Metadata& metadata = {});
 
 // CRC32C (Castagnoli; check value crc32c("123456789") == 0xE3069283). Chains: crc32c(b, nb,
 // crc32c(a, na)) is the CRC of a followed by b.

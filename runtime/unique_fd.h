@@ -16,6 +16,9 @@
 
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
 #include <utility>
 
 namespace cohort::runtime {
@@ -54,5 +57,10 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// Reads exactly `bytes` from `fd` at file offset `offset` (pread: short reads and EINTR retried, the
+// file position untouched). IoError "<path>: read failed at byte N: <errno text>", or "<path>:
+// unexpected end of file at byte N (file shrank?)" where the file ends first.
+void readFullyAt(int fd, void* into, size_t bytes, uint64_t offset, const std::string& path);
 
 }  // namespace cohort::runtime
