@@ -10,12 +10,11 @@
 #include <system_error>
 #include <vector>
 
-#include "nn/checkpoint.h"   // the checkpoint file
-#include "nn/gpt.h"          // the model generate needs
-#include "nn/gpt_sampler.h"  // KV-cache sampling
-#include "nn/tokenizer.h"    // llm.c's tokenizer file
+#include "nn/gpt.h"            // the model generate needs
+#include "nn/gpt_sampler.h"    // KV-cache sampling
+#include "nn/model_weights.h"  // --checkpoint: Cohort's, HuggingFace's or llm.c's
+#include "nn/tokenizer.h"      // llm.c's tokenizer file
 #include "runtime/error.h"
-#include "train/evaluate.h"  // loadModel
 
 namespace cohort::cli {
 
@@ -99,9 +98,9 @@ std::string render(const GenerateFlags& f, const std::vector<int64_t>& prompt, c
   return text + '\n';
 }
 
-// The checkpoint's model, bound on the CPU with its weights.
+// The checkpoint's model (or a HuggingFace or llm.c GPT-2's), bound on the CPU with its weights.
 std::unique_ptr<nn::Model> loadModel(const std::string& path) {
-  std::unique_ptr<nn::Model> model = train::loadModel(nn::readCheckpoint(path), path);
+  std::unique_ptr<nn::Model> model = nn::modelOf(nn::readModelWeights(path));
   if (dynamic_cast<const nn::Gpt*>(model->net.get()) == nullptr) {
     COHORT_THROW(InvalidArgument) << path << " holds model " << model->name
                                   << ", but generate needs a gpt: model (trained with --model gpt:...)";

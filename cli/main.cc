@@ -2,6 +2,7 @@
 //   train    train a model (cli/train_command.h)
 //   eval     a checkpoint's loss and accuracy on data; predict: its predictions (cli/eval_command.h)
 //   generate text from a gpt checkpoint (cli/generate_command.h)
+//   export   a gpt's weights for HuggingFace or llm.c (cli/export_command.h)
 //   devices  list the CPU and CUDA devices of this machine
 //   plot     draw loss and accuracy curves from metrics files (cli/plot_command.h)
 //   bench    benchmarks (bench/)
@@ -17,6 +18,7 @@
 #include "bench/allreduce_bench.h"   // cohort bench allreduce
 #include "bench/train_bench.h"       // cohort bench train
 #include "cli/eval_command.h"        // cohort eval, cohort predict
+#include "cli/export_command.h"      // cohort export
 #include "cli/generate_command.h"    // cohort generate
 #include "cli/plot_command.h"        // cohort plot
 #include "cli/train_command.h"       // cohort train
@@ -43,6 +45,9 @@ int run(int argc, char** argv) {
   cli::GenerateFlags generateFlags;
   CLI::App* generate = app.add_subcommand("generate", "text from a gpt checkpoint, continuing a prompt");
   cli::addGenerateFlags(*generate, generateFlags);
+  cli::ExportFlags exportFlags;
+  CLI::App* exportCommand = app.add_subcommand("export", "a gpt's weights as HuggingFace's GPT-2 or llm.c's model file");
+  cli::addExportFlags(*exportCommand, exportFlags);
   CLI::App* devices = app.add_subcommand("devices", "list CPU and CUDA devices");
   cli::PlotFlags plotFlags;
   CLI::App* plot = app.add_subcommand("plot", "draw loss and accuracy curves from metrics files");
@@ -67,6 +72,7 @@ int run(int argc, char** argv) {
   if (predict->parsed()) return cli::runPredict(predictFlags);
   if (generate->parsed()) return cli::runGenerate(generateFlags);
   if (plot->parsed()) return cli::runPlot(plotFlags);
+  if (exportCommand->parsed()) return cli::runExport(exportFlags);
   if (devices->parsed()) {
     std::string whyNone;
     auto cuda = runtime::cudaDevices(&whyNone);

@@ -21,6 +21,7 @@
 #include "nn/loss.h"                   // losses
 #include "nn/lr_schedule.h"            // --lr-schedule
 #include "nn/model_spec.h"             // --model specs
+#include "nn/model_weights.h"          // --init-from
 #include "nn/optimizer.h"              // --optimizer
 #include "runtime/cpu/blas.h"          // --threads
 #include "runtime/data/dataset.h"      // --data specs
@@ -40,7 +41,12 @@ namespace cohort::cli {
 namespace data = runtime::data;
 
 void addTrainFlags(CLI::App& c, TrainFlags& f) {
-  c.add_option("--model", f.model, "model spec: mlp:IN,HIDDEN...,OUT | cnn:lenet | cnn:lenet-bn | cnn:rosetta")->capture_default_str();
+  c.add_option("--model", f.model,
+               "model spec: mlp:IN,HIDDEN...,OUT | cnn:lenet | cnn:lenet-bn | cnn:rosetta | gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] "
+               "(default: --init-from's model, else " + std::string(kDefaultModel) + ")");
+  c.add_option("--init-from", f.initFrom,
+               "start from these weights (the optimizer starts fresh): a Cohort checkpoint, a HuggingFace GPT-2 "
+               "(model.safetensors or its directory) or an llm.c model file (gpt2_124M.bin); --model, if given, must fit them");
   c.add_option("--data", f.data, "training data: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE")
       ->capture_default_str();
   c.add_flag("--augment", f.augment, "random crop (padding 4) and horizontal flip of image samples [C,H,W] while training");
@@ -386,6 +392,17 @@ void reportMemory(const runtime::Logger& log, const runtime::Device& device,
              << " file-backed (program and libraries), " << runtime::formatBytes(m.sharedMemoryBytes) << " shared memory";
 }
 
+// --model, else the model of --init-from's weights, else the default.
+std::string modelSpec(const TrainFlags& f, const nn::ModelWeights* init) {
+  if (!f.model.empty()) return f.model;
+  if (!init) return kDefaultModel;
+  if (init->spec.empty()) {
+    COHORT_THROW(InvalidArgument) << f.initFrom << " (" << init->format << ") does not say how many heads its GPT has (no "
+                                  << "config.json beside it, and its width is no multiple of 64): give --model gpt:...";
+  }
+  return init->spec;
+}
+
 // The RESULT line of DESIGN.md §4.
 // tokensPerSample: a language model's context (its losses are per token), else 1.
 std::string resultLine(const train::Job& job, const train::TrainResult& r, bool classification, int64_t tokensPerSample) {
@@ -437,7 +454,11 @@ int runTrain(const TrainFlags& f) {
                   .precision = runtime::parseDType(f.precision, "--precision")},
                  world);
 
-  std::unique_ptr<nn::Model> model = nn::buildModel(f.model);
+  std::optional<nn::ModelWeights> init;
+  if (!f.initFrom.empty()) init = nn::readModelWeights(f.initFrom);
+  const std::string spec = modelSpec(f, init ? &*init : nullptr);
+  std::unique_ptr<nn::Model> model = nn::buildModel(spec);
+  if (init) nn::checkWeightsFit(*model, *init);
   const double lr = scaledLr(f, world);
   auto optimizer = nn::makeOptimizer(optimizerOptions(f, lr), model->params.numel(), job.gpu());
   const data::DatasetHints hints = train::datasetHints(*model, f.seed);
@@ -446,7 +467,15 @@ int runTrain(const TrainFlags& f) {
   std::unique_ptr<data::Dataset> testSet = openTestSet(f, hints);
   checkFits(*model, *trainSet, classification);
   if (testSet) checkFits(*model, *testSet, classification);
-  job.place(*model, *optimizer, {.seed = f.seed, .settings = {{"loss", f.loss}}});
+  job.place(*model, *optimizer,
+            {.seed = f.seed,
+             .initialise = init ? std::function<void(nn::Model&)>([&](nn::Model& m) { nn::copyWeights(m, *init); }) : nullptr,
+             .settings = {{"loss", f.loss}, {"init_from", f.initFrom}}});
+  if (init) {
+    log.info() << "started from " << f.initFrom << " (" << init->format << (init->spec.empty() ? "" : ", " + init->spec)
+               << (init->headsAssumed ? ", heads taken as width / 64: no config.json beside it" : "") << "): weights only";
+  }
+  init.reset();  // placed: the copy is no longer needed
   // --plot draws from the metrics: without --metrics they go to a file beside the image, removed after.
   const std::string metricsPath =
       !f.metrics.empty() || f.plot.empty() || world.rank != 0 ? f.metrics : f.plot + ".metrics.jsonl";
@@ -476,7 +505,7 @@ int runTrain(const TrainFlags& f) {
                           .traceSpans = static_cast<size_t>(f.traceSpans),
                           .stepReport = f.stepReport});
   const bool shared = job.sharedParams() && world.worldSize > 1;
-  log.info() << "cohort train: " << f.model << " (" << model->params.numel() << " parameters"
+  log.info() << "cohort train: " << spec << " (" << model->params.numel() << " parameters"
              << (shared && !world.spansNodes() ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string())
              << (shared && world.spansNodes() ? ", one copy per node" : std::string()) << ") on "
              << trainSet->name() << " (" << trainer.loader().samplesPerEpoch() << " samples per epoch"
@@ -508,7 +537,7 @@ int runTrain(const TrainFlags& f) {
   if (job.device().isCuda()) log.info() << "input wait on " << job.device().str() << ": " << result.inputWaitMs << " ms in all";
   if (f.memoryReport) reportMemory(log, job.device(), job.deviceMemoryStats());
   if (!f.plot.empty() && world.rank == 0) {
-    cli::PlotSummary drawn = cli::writePlot({{.metricsPath = metricsPath, .label = f.model}}, {.outputPath = f.plot});
+    cli::PlotSummary drawn = cli::writePlot({{.metricsPath = metricsPath, .label = spec}}, {.outputPath = f.plot});
     if (f.metrics.empty()) std::remove(metricsPath.c_str());
     log.info() << "plot of " << drawn.points << " points written to " << f.plot;
   }

@@ -18,8 +18,11 @@ class App;
 
 namespace cohort::cli {
 
+inline constexpr char kDefaultModel[] = "mlp:784,512,256,10";
+
 struct TrainFlags {
-  std::string model = "mlp:784,512,256,10";
+  std::string model;     // empty: --init-from's model, else kDefaultModel
+  std::string initFrom;  // weights to start from: a Cohort checkpoint, HuggingFace GPT-2 or llm.c model file
   std::string data = "synthetic";
   std::string testData;
   bool augment = false;

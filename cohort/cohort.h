@@ -40,11 +40,13 @@
 #include "nn/embedding.h"   // nn::Embedding: token ids -> vectors
 #include "nn/gelu.h"        // nn::Gelu (GPT-2's tanh form), nn::gelu()
 #include "nn/gpt.h"         // nn::Gpt: GPT-2 (nanoGPT's names and initialisation)
+#include "nn/gpt_files.h"   // nn::readHuggingFaceGpt, readLlmcGpt, writeHuggingFaceGpt, writeLlmcGpt: GPT-2 files
 #include "nn/gpt_sampler.h"  // nn::GptSampler: text from a Gpt with a cache of keys and values
 #include "nn/layer_norm.h"  // nn::LayerNorm
 #include "nn/linear.h"      // nn::Linear
 #include "nn/model.h"       // nn::Model: a network, its ParamBuffer and a name
 #include "nn/model_spec.h"  // nn::buildModel("mlp:784,256,10" | "cnn:lenet" | ...)
+#include "nn/model_weights.h"  // nn::readModelWeights, copyWeights, modelOf: weights to start from (--init-from)
 #include "nn/module.h"      // nn::Module (the contract your layers implement), nn::Pass
 #include "nn/pool.h"        // nn::MaxPool2d, nn::AvgPool2d
 #include "nn/precision.h"   // nn::precision::forChild, toFp32: bf16 passes in composites you write
@@ -56,7 +58,7 @@
 #include "nn/transformer_block.h"  // nn::TransformerBlock: GPT-2's pre-norm residual block
 
 // Training: losses, optimizers, checkpoints, gradient checks.
-#include "nn/checkpoint.h"  // nn::writeCheckpoint, nn::readCheckpoint: safetensors files (Job::save/load: whole jobs)
+#include "nn/checkpoint.h"  // nn::writeCheckpoint, readCheckpoint, readSafetensors, writeSafetensors (Job::save/load: whole jobs)
 #include "nn/grad_check.h"  // nn::checkGradients: your layer's backward against finite differences
 #include "nn/loss.h"        // nn::SoftmaxCrossEntropy, nn::MeanSquaredError, nn::makeLoss
 #include "nn/optimizer.h"   // nn::makeOptimizer: SGD, Adam, AdamW over the flat buffers

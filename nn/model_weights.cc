@@ -1,0 +1,116 @@
+#include "nn/model_weights.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+
+#include "nn/gpt.h"
+#include "nn/gpt_files.h"
+#include "nn/model_spec.h"
+#include "runtime/error.h"
+
+namespace cohort::nn {
+
+namespace {
+
+using runtime::Shape;
+using runtime::Tensor;
+
+ModelWeights fromGptFile(GptFile file, const std::string& path) {
+  return {.path = path,
+          .format = file.format,
+          .spec = file.options.heads > 0 ? gptSpec(file.options) : std::string(),
+          .headsAssumed = file.headsAssumed,
+          .vocabulary = file.options.vocab,
+          .tensors = std::move(file.tensors)};
+}
+
+const Gpt* gptOf(const Model& model) { return dynamic_cast<const Gpt*>(model.net.get()); }
+
+const Tensor* find(const ModelWeights& w, const std::string& name) {
+  for (const NamedTensor& t : w.tensors) {
+    if (t.name == name) return &t.tensor;
+  }
+  return nullptr;
+}
+
+// Whether `model` may take the leading rows of `have` as its `want`-shaped `name` (see the header).
+bool takesLeadingRows(const ModelWeights& w, const std::string& name, const Shape& want, const Shape& have, bool gpt) {
+  if (!gpt || want.rank() != 2 || have.rank() != 2 || want[1] != have[1] || want[0] > have[0]) return false;
+  if (name == "transformer.wpe.weight") return true;
+  return name == "transformer.wte.weight" && want[0] >= w.vocabulary;
+}
+
+// The weights' tensor for each of the model's, by name (nullptr: a mistake checkWeightsFit names).
+template <class Visit>
+void forEachEntry(const Model& model, Visit&& visit) {
+  const ParamBuffer& p = model.params;
+  for (size_t i = 0; i < p.entries().size(); ++i) visit(p.entries()[i], [&] { return p.value(i); });
+  for (size_t i = 0; i < p.bufferEntries().size(); ++i) visit(p.bufferEntries()[i], [&] { return p.buffer(i); });
+}
+
+}  // namespace
+
+ModelWeights readModelWeights(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) COHORT_THROW(IoError) << path << ": cannot open: " << std::strerror(errno);
+  // llm.c's files by their magic, or by their name (then a bad magic is named as such).
+  if (S_ISREG(st.st_mode) && (isLlmcModelFile(path) || path.ends_with(".bin"))) return fromGptFile(readLlmcGpt(path), path);
+  const std::string file = S_ISDIR(st.st_mode) ? path + "/model.safetensors" : path;
+  Checkpoint contents = readSafetensors(file);
+  auto format = contents.metadata.find("format");
+  if (format == contents.metadata.end() || format->second != kCheckpointFormat) {
+    return fromGptFile(huggingFaceGpt(contents, file), path);
+  }
+  auto spec = contents.metadata.find("model");
+  if (spec == contents.metadata.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks 'model'";
+  ModelWeights w{.path = path, .format = "Cohort checkpoint", .spec = spec->second, .tensors = std::move(contents.tensors)};
+  auto model = buildModel(w.spec);
+  if (const Gpt* gpt = gptOf(*model)) w.vocabulary = gpt->options().vocab;
+  return w;
+}
+
+void checkWeightsFit(const Model& model, const ModelWeights& w) {
+  const Gpt* gpt = gptOf(model);
+  forEachEntry(model, [&](const ParamBuffer::Entry& e, auto) {
+    const Tensor* t = find(w, e.name);
+    if (!t) {
+      COHORT_THROW(InvalidArgument) << w.path << " (" << w.format << ") has no tensor '" << e.name << "' for model " << model.name;
+    }
+    if (t->shape() != e.shape && !takesLeadingRows(w, e.name, e.shape, t->shape(), gpt != nullptr)) {
+      COHORT_THROW(InvalidArgument) << "model " << model.name << " does not fit " << w.path << " (" << w.format << ", "
+                                    << (w.spec.empty() ? "a GPT" : w.spec) << "): '" << e.name << "' is " << e.shape.str()
+                                    << " in the model and " << t->shape().str() << " in the file";
+    }
+  });
+  if (!gpt || w.headsAssumed || w.spec.empty()) return;
+  const auto file = buildModel(w.spec);
+  const Gpt* theirs = gptOf(*file);
+  if (theirs && theirs->options().heads != gpt->options().heads) {
+    COHORT_THROW(InvalidArgument) << "model " << model.name << " has " << gpt->options().heads << " heads, but " << w.path
+                                  << " (" << w.format << ") is a GPT of " << theirs->options().heads;
+  }
+}
+
+void copyWeights(Model& model, const ModelWeights& w) {
+  checkWeightsFit(model, w);
+  forEachEntry(model, [&](const ParamBuffer::Entry& e, auto into) {
+    const Tensor& from = *find(w, e.name);
+    const Tensor to = into();
+    if (from.shape() == e.shape) return to.copyFrom(from);
+    std::memcpy(to.data(), from.data(), static_cast<size_t>(to.numel()) * sizeof(float));  // the leading rows
+  });
+}
+
+std::unique_ptr<Model> modelOf(const ModelWeights& w) {
+  if (w.spec.empty()) {
+    COHORT_THROW(InvalidArgument) << w.path << " (" << w.format << ") does not say how many heads its GPT has: put "
+                                  << "HuggingFace's config.json beside it";
+  }
+  std::unique_ptr<Model> model = buildModel(w.spec);
+  model->params.allocate(runtime::cpuAllocator());
+  copyWeights(*model, w);
+  return model;
+}
+
+}  // namespace cohort::nn
