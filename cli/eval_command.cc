@@ -11,10 +11,11 @@
 
 #include "nn/checkpoint.h"      // the checkpoint file
 #include "nn/loss.h"            // losses
+#include "nn/model_weights.h"   // --checkpoint: Cohort's, HuggingFace's or llm.c's
 #include "runtime/cpu/blas.h"   // --threads
 #include "runtime/data/dataset.h"
 #include "runtime/error.h"
-#include "train/evaluate.h"     // evaluate, loadModel
+#include "train/evaluate.h"     // evaluate
 
 namespace cohort::cli {
 
@@ -44,9 +45,9 @@ struct Applied {
 };
 
 // The seed that placed a text dataset's train windows (the loader's); 0 for checkpoints without one.
-uint64_t loaderSeed(const nn::Checkpoint& ckpt) {
-  auto seed = ckpt.metadata.find("loader_seed");
-  return seed == ckpt.metadata.end() ? 0 : std::stoull(seed->second);
+uint64_t loaderSeed(const nn::Metadata& metadata) {
+  auto seed = metadata.find("loader_seed");
+  return seed == metadata.end() ? 0 : std::stoull(seed->second);
 }
 
 Applied open(const EvalFlags& f) {
@@ -55,15 +56,17 @@ Applied open(const EvalFlags& f) {
   }
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
   runtime::cpu::setBlasThreads(f.threads);
-  const nn::Checkpoint ckpt = nn::readCheckpoint(f.checkpoint);
+  // A Cohort checkpoint, or another tool's GPT-2 (nn/model_weights.h): GPT-2 on your data.
+  const nn::ModelWeights weights = nn::readModelWeights(f.checkpoint);
+  const nn::Metadata& metadata = weights.metadata;
   Applied a;
-  a.model = train::loadModel(ckpt, f.checkpoint);
+  a.model = nn::modelOf(weights);
   const bool csv = f.data.rfind("csv:", 0) == 0;
   a.data = data::openDataset(f.data, csv || f.split == "train" ? data::Split::kTrain : data::Split::kTest,
-                             train::datasetHints(*a.model, loaderSeed(ckpt)));
+                             train::datasetHints(*a.model, loaderSeed(metadata)));
   // Checkpoints from before the task was recorded: classification when the data has classes.
-  auto task = ckpt.metadata.find("task");
-  a.classification = task != ckpt.metadata.end() ? task->second == "classification" : a.data->numClasses() > 0;
+  auto task = metadata.find("task");
+  a.classification = task != metadata.end() ? task->second == "classification" : a.data->numClasses() > 0;
   const nn::Model& m = *a.model;
   if (a.data->sampleShape().numel() != m.sampleShape.numel()) {
     COHORT_THROW(InvalidArgument) << "model " << m.name << " (from " << f.checkpoint << ") takes samples of "

@@ -7,7 +7,8 @@
 //   cohort predict --checkpoint F --data SPEC --output FILE.csv [--split test|train]
 //     writes one CSV row per sample: the class probabilities (softmax of the outputs) and the
 //     predicted class, or the regression outputs; written to a temporary file and renamed.
-// The model spec and the task (classification or regression) are read from the checkpoint; data of
+// The model spec and the task (classification or regression) are read from the checkpoint (or it is
+// another tool's GPT-2, as --init-from reads them: nn/model_weights.h; a language model); data of
 // another shape than the model takes, or a checkpoint of another model, is exit 2 naming both.
 #pragma once
 

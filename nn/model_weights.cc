@@ -62,9 +62,11 @@ ModelWeights readModelWeights(const std::string& path) {
   if (format == contents.metadata.end() || format->second != kCheckpointFormat) {
     return fromGptFile(huggingFaceGpt(contents, file), path);
   }
-  auto spec = contents.metadata.find("model");
+  const auto spec = contents.metadata.find("model");
   if (spec == contents.metadata.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks 'model'";
   ModelWeights w{.path = path, .format = "Cohort checkpoint", .spec = spec->second, .tensors = std::move(contents.tensors)};
+  contents.metadata.erase(format);
+  w.metadata = std::move(contents.metadata);
   auto model = buildModel(w.spec);
   if (const Gpt* gpt = gptOf(*model)) w.vocabulary = gpt->options().vocab;
   return w;

@@ -18,6 +18,7 @@ Must hold:
     file written here (fp32 and bf16), `--format hf` holds the same tensors bit for bit;
   - `cohort train --init-from` from the checkpoint, the HuggingFace files and the llm.c file ends
     with the same weights bit for bit;
+  - `cohort eval` of the llm.c and HuggingFace files on a token shard gives the reference's loss;
   - every malformed file and mismatching --model is refused with one line and exit 2.
 
 usage: gpt2_weights.py COHORT WORKER WORK_DIR     (exit 1: a check failed)
@@ -198,6 +199,23 @@ def check_init_from(cohort, work, sources):
 
 
 
+def check_eval(cohort, work, w, files):
+    """`cohort eval` of GPT-2's files on a token shard: the reference's mean cross-entropy over the
+    shard's consecutive windows of T + 1 tokens (the test split of tokens: data)."""
+    windows = 6
+    ids = torch.randint(0, V, (windows * T + 1,), generator=torch.Generator().manual_seed(11))
+    shard = os.path.join(work, "shard.bin")
+    write(shard, struct.pack("<256i", 20240520, 1, len(ids), *[0] * 253) + ids.to(torch.int16).numpy().tobytes())
+    x = torch.stack([ids[i * T: i * T + T] for i in range(windows)])
+    y = torch.stack([ids[i * T + 1: i * T + T + 1] for i in range(windows)])
+    want = torch.nn.functional.cross_entropy(reference_logits(w, x).reshape(-1, V), y.reshape(-1)).item()
+    for source in (files["llmc"], files["hf"]):
+        r = run([cohort, "eval", "--checkpoint", source, "--data", f"tokens:{shard}"])
+        got = [float(f.split("=")[1]) for f in r.stdout.split() if f.startswith("test_loss=")]
+        ok = r.returncode == 0 and len(got) == 1 and abs(got[0] - want) <= 1e-5 * abs(want)
+        check(ok, f"cohort eval --checkpoint {os.path.basename(source)} on a token shard: {got} against the reference's {want:.6f} {r.stderr.strip()}")
+
+
 def check_refusals(cohort, work, w, files):
     text = os.path.join(work, "text.txt")
     bad = lambda name: os.path.join(work, name)
@@ -253,6 +271,7 @@ def main():
     check_logits(worker, work, w, files)
     ckpt, hf_out, llmc_out = check_export(cohort, worker, work, w, files)
     check_init_from(cohort, work, [ckpt, files["hf"], files["llmc"], hf_out, llmc_out])
+    check_eval(cohort, work, w, files)
     check_refusals(cohort, work, w, files)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
