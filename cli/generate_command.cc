@@ -10,6 +10,7 @@
 #include <system_error>
 #include <vector>
 
+#include "cli/flag_values.h"   // --seed
 #include "nn/gpt.h"            // the model generate needs
 #include "nn/gpt_sampler.h"    // KV-cache sampling
 #include "nn/model_weights.h"  // --checkpoint: Cohort's, HuggingFace's or llm.c's
@@ -27,7 +28,7 @@ void addGenerateFlags(CLI::App& c, GenerateFlags& f) {
   c.add_option("--temperature", f.temperature, "logits are divided by it before the softmax, > 0")
       ->capture_default_str();
   c.add_option("--top-k", f.topK, "sample among the K most likely tokens; 0: all, 1: greedy")->capture_default_str();
-  c.add_option("--seed", f.seed, "the sampler's seed: the same seed gives the same text")->capture_default_str();
+  addSeedOption(c, f.seed, "the sampler's seed (0 to 2^64-1): the same seed gives the same text");
 }
 
 namespace {

@@ -19,6 +19,7 @@
 #include "bench/train_bench.h"       // cohort bench train
 #include "cli/eval_command.h"        // cohort eval, cohort predict
 #include "cli/export_command.h"      // cohort export
+#include "cli/flag_values.h"         // describeParseError
 #include "cli/generate_command.h"    // cohort generate
 #include "cli/plot_command.h"        // cohort plot
 #include "cli/train_command.h"       // cohort train
@@ -65,7 +66,7 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help: usage on stdout, exit 0
     // Bad flags are bad usage like any other: one line, exit code 2.
-    throw InvalidArgument(std::string(e.what()) + " (run with --help for usage)");
+    throw InvalidArgument(cli::describeParseError(e.what()) + " (run with --help for usage)");
   }
   if (train->parsed()) return cli::runTrain(trainFlags);
   if (eval->parsed()) return cli::runEval(evalFlags);

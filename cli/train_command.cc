@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/flag_values.h"           // --seed
 #include "cli/plot.h"                  // --plot
 #include "nn/loss.h"                   // losses
 #include "nn/lr_schedule.h"            // --lr-schedule
@@ -100,9 +101,7 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--weight-decay", f.weightDecay, "L2 penalty (sgd, adam) or decoupled decay (adamw; default 0.01)");
   c.add_option("--loss", f.loss, "ce (softmax cross-entropy) | mse")->capture_default_str();
   c.add_option("--threads", f.threads, "BLAS threads per worker")->capture_default_str();
-  c.add_option("--seed", f.seed, "seed for initialisation, shuffling and dropout (0 to 2^64-1)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  addSeedOption(c, f.seed, "seed for initialisation, shuffling and dropout (0 to 2^64-1)");
   c.add_option("--prefetch", f.prefetch,
                "batches the data loader gathers ahead (capped at the batches per epoch and 256 MiB of batches)")
       ->capture_default_str();
@@ -155,6 +154,7 @@ namespace {
 
 // More BLAS threads than any machine we run on has cores: a typo, not a setting.
 constexpr int kMaxThreads = 1024;
+constexpr int64_t kMaxAccumulateSteps = int64_t{1} << 20;  // with 2^40 samples a batch: no product overflows
 
 // The CPUs this process may run on (its affinity mask: cohortrun --bind, taskset, a SLURM cgroup).
 int allowedCpus() {
@@ -223,8 +223,14 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
+  if (f.batchSize > data::kMaxBatchSize) {
+    COHORT_THROW(InvalidArgument) << "--batch-size " << f.batchSize << " is above the largest supported, " << data::kMaxBatchSize
+                                  << " (2^40); a batch as large as the data set takes all of it";
+  }
   if (f.logEverySteps < 0) COHORT_THROW(InvalidArgument) << "--log-every-steps must be >= 0, got " << f.logEverySteps;
-  if (f.accumulateSteps < 1) COHORT_THROW(InvalidArgument) << "--accumulate-steps must be at least 1, got " << f.accumulateSteps;
+  if (f.accumulateSteps < 1 || f.accumulateSteps > kMaxAccumulateSteps) {
+    COHORT_THROW(InvalidArgument) << "--accumulate-steps must be 1.." << kMaxAccumulateSteps << ", got " << f.accumulateSteps;
+  }
   if (f.prefetch < 0) COHORT_THROW(InvalidArgument) << "--prefetch must be >= 0, got " << f.prefetch;
   if (!(f.clipGradNorm >= 0) || !std::isfinite(f.clipGradNorm) || f.clipGradNorm > std::numeric_limits<float>::max()) {
     COHORT_THROW(InvalidArgument) << "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got " << f.clipGradNorm;

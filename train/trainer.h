@@ -295,6 +295,7 @@ class Trainer {
   runtime::Rng rng_;
   std::optional<nn::LrSchedule> schedule_;
   bool userStop_ = false;     // a callback asked to stop
+  bool checkpointHeld_ = false;  // checkpointPath holds this run's state (written, or resumed from)
   double trainSeconds_ = 0;   // this rank's, over the epochs run in this process
   int64_t trainedSamples_ = 0;
   Timeline& timeline_;        // the job's

@@ -51,6 +51,7 @@ void Trainer::saveCheckpoint(const Position& pos) {
                                          {"epoch_skipped_steps", std::to_string(pos.skippedInEpoch)},
                                          {"skipped_steps", std::to_string(pos.skipped)},
                                      });
+  checkpointHeld_ = true;
 }
 
 bool Trainer::loadCheckpoint(Position& pos) {
@@ -64,6 +65,7 @@ bool Trainer::loadCheckpoint(Position& pos) {
     job_.log().info() << "no checkpoint at " << path << " yet: starting from scratch";
     return false;
   }
+  checkpointHeld_ = true;
   const nn::Metadata& m = *meta;
   loadPosition(m, pos);
   pos.step = metadataCount(m, "step", path);

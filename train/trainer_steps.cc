@@ -85,7 +85,11 @@ void Trainer::nonFiniteStep(Position& pos, const QueuedStep& queued, const StepR
     return;
   }
   what << ": training diverged; nothing of this step was applied";
-  if (!options_.checkpointPath.empty()) what << " and " << options_.checkpointPath << " holds the last checkpoint before it";
+  if (checkpointHeld_) {
+    what << " and " << options_.checkpointPath << " holds the last checkpoint before it";
+  } else if (!options_.checkpointPath.empty()) {
+    what << "; nothing was checkpointed before it (" << options_.checkpointPath << " was not written)";
+  }
   if (options_.skipNonFinite > 0) {
     what << " (the " << options_.skipNonFinite << " skips allowed are used up)";
   } else {

@@ -12,8 +12,8 @@ namespace cohort::runtime::data {
 namespace {
 
 void validate(const DataLoaderOptions& o) {
-  if (o.batchSize <= 0) {
-    COHORT_THROW(InvalidArgument) << "data loader: batch size must be > 0, got " << o.batchSize;
+  if (o.batchSize <= 0 || o.batchSize > kMaxBatchSize) {
+    COHORT_THROW(InvalidArgument) << "data loader: batch size must be 1.." << kMaxBatchSize << " (2^40), got " << o.batchSize;
   }
   if (o.worldSize < 1) {
     COHORT_THROW(InvalidArgument) << "data loader: world size must be >= 1, got " << o.worldSize;

@@ -60,8 +60,12 @@ namespace cohort::runtime::data {
 // than a few batches of any model here need, small next to a machine's memory.
 constexpr size_t kDefaultPrefetchMemoryBytes = size_t{256} << 20;  // 256 MiB
 
+// The largest batch: every count the loader forms from it (batches, samples seen by W ranks) fits
+// an int64_t, and a batch larger than the data set takes all of it anyway.
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 40;
+
 struct DataLoaderOptions {
-  int64_t batchSize = 0;  // > 0
+  int64_t batchSize = 0;  // 1..kMaxBatchSize
   bool shuffle = true;
   uint64_t seed = 0;
   int rank = 0;       // in [0, worldSize)

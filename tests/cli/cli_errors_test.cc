@@ -88,11 +88,20 @@ TEST_F(CliErrorsTest, BadNumbers) {
   expectInputError(withOutputs({"--batch-size", "0"}), {"--batch-size", "0"});
   expectInputError(withOutputs({"--batch-size", "-3"}), {"--batch-size", "-3"});
   expectInputError(withOutputs({"--epochs", "0"}), {"--epochs", "0"});
+  // Issue 33: a batch whose counts overflow used to train nothing and exit 0.
+  expectInputError(withOutputs({"--batch-size", "9223372036854775807"}), {"--batch-size 9223372036854775807", "2^40"});
+  expectInputError(withOutputs({"--accumulate-steps", "9223372036854775807"}), {"--accumulate-steps", "1..1048576"});
+  // A flag given twice is named as such (CLI11 said "At Most 1 required but received 2").
+  expectInputError(withOutputs({"--lr", "0.1", "--lr", "0.2"}), {"--lr is given 2 times; give it once"});
 }
 
 // Issue 15: a negative seed, absurd thread counts and timeouts that are not positive numbers.
 TEST_F(CliErrorsTest, OutOfRangeSeedThreadsAndTimeout) {
-  expectInputError(withOutputs({"--seed", "-1"}), {"--seed", "-1"});
+  // Issue 33: one short line (CLI11 printed a 309-digit range), and 2^64 is refused, not wrapped to 0.
+  for (const char* seed : {"-1", "18446744073709551616", "1e3", ""}) {
+    expectInputError(withOutputs({"--seed", seed}),
+                     {std::string("--seed must be a whole number 0..18446744073709551615, got '") + seed + "'"});
+  }
   // expectInputError passes --threads 1 itself: these run alone.
   for (const char* threads : {"0", "100000"}) {
     CommandResult r = runCohort({"train", "--threads", threads, "--epochs", "1"});

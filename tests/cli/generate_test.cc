@@ -187,6 +187,9 @@ TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
        "--top-k must be 0 (all tokens) or positive, got -1"},
       {{"--checkpoint", path("none.ckpt"), "--prompt", "hi", "--tokens", "3"}, path("none.ckpt") + ": cannot open"},
       {{"--checkpoint", gpt, "--prompt", "hi"}, "--tokens is required"},
+      // Issue 33: a negative seed used to wrap silently.
+      {{"--checkpoint", gpt, "--prompt", "hi", "--tokens", "3", "--seed", "-1"},
+       "--seed must be a whole number 0..18446744073709551615, got '-1'"},
       {{"--checkpoint", gpt, "--prompt", "hi", "--prompt-tokens", "1", "--tokens", "3"}, "not both"},
       {{"--checkpoint", path("gpt300.ckpt"), "--prompt", "hi", "--tokens", "3"},
        "has a vocabulary of 300 tokens, not bytes: give the prompt as ids with --prompt-tokens"},

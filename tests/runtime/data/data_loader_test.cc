@@ -301,7 +301,9 @@ TEST(DataLoader, InvalidOptions) {
     }
     return std::string("no InvalidArgument");
   };
-  EXPECT_NE(message({.batchSize = 0}).find("batch size must be > 0, got 0"), std::string::npos);
+  EXPECT_NE(message({.batchSize = 0}).find("batch size must be 1..1099511627776 (2^40), got 0"), std::string::npos);
+  // Issue 33: a batch so large that the counts formed from it overflow (it used to train nothing, exit 0).
+  EXPECT_NE(message({.batchSize = INT64_MAX}).find("got 9223372036854775807"), std::string::npos);
   EXPECT_NE(message({.batchSize = -3}).find("batch size"), std::string::npos);
   EXPECT_NE(message({.batchSize = 1, .worldSize = 0}).find("world size must be >= 1"),
             std::string::npos);

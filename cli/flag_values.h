@@ -1,0 +1,26 @@
+// Flag values that the cohort subcommands share and that CLI11 does not check or word the way our
+// users need: a seed is a whole number 0..2^64-1, said so in one short line (CLI11's own range check
+// prints 309 digits and wraps 2^64 to 0), and a flag given twice is named as such.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace cohort::cli {
+
+// "--seed" on `command`, stored in `seed` (whose value is the default shown by --help).
+CLI::Option* addSeedOption(CLI::App& command, uint64_t& seed, const std::string& help);
+
+// `text` as a seed; InvalidArgument "--seed must be a whole number 0..18446744073709551615, got '-1'".
+uint64_t parseSeed(const std::string& text);
+
+// CLI11's message for a parse error, in our words where CLI11's are cryptic: "--lr: At Most 1 required
+// but received 2" becomes "--lr is given 2 times; give it once".
+std::string describeParseError(const std::string& message);
+
+}  // namespace cohort::cli
