@@ -19,6 +19,7 @@
 
 #include "cli/flag_values.h"           // --seed
 #include "cli/plot.h"                  // --plot
+#include "nn/checkpoint.h"             // checkOutputFile
 #include "nn/loss.h"                   // losses
 #include "nn/lr_schedule.h"            // --lr-schedule
 #include "nn/model_spec.h"             // --model specs
@@ -398,6 +399,13 @@ void reportMemory(const runtime::Logger& log, const runtime::Device& device,
              << " file-backed (program and libraries), " << runtime::formatBytes(m.sharedMemoryBytes) << " shared memory";
 }
 
+// Where the metrics of a run with --plot and without --metrics go: a file of this process in
+// $TMPDIR (else /tmp), never beside the image, where a file the user never named could fail the run.
+std::string plotMetricsPath() {
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/cohort-plot-" + std::to_string(::getpid()) + ".metrics.jsonl";
+}
+
 // --model, else the model of --init-from's weights, else the default.
 std::string modelSpec(const TrainFlags& f, const nn::ModelWeights* init) {
   if (!f.model.empty()) return f.model;
@@ -448,6 +456,9 @@ int runTrain(const TrainFlags& f) {
     log.warn() << "--threads " << f.threads << " is more than the " << allowedCpus()
                << " CPU(s) this worker may use: the BLAS threads will take turns (slower, not faster)";
   }
+  // Every output path is checked before anything runs, the same way (nn::checkOutputFile): the
+  // Trainer checks --checkpoint, --metrics, --trace and --tensorboard on rank 0, this the image.
+  if (!f.plot.empty() && world.rank == 0) nn::checkOutputFile(f.plot, "the plot");
   const bool classification = f.loss == "ce";
   train::Job job({.mode = train::parseMode(f.mode),
                   .backend = f.backend,
@@ -482,9 +493,8 @@ int runTrain(const TrainFlags& f) {
                << (init->headsAssumed ? ", heads taken as width / 64: no config.json beside it" : "") << "): weights only";
   }
   init.reset();  // placed: the copy is no longer needed
-  // --plot draws from the metrics: without --metrics they go to a file beside the image, removed after.
-  const std::string metricsPath =
-      !f.metrics.empty() || f.plot.empty() || world.rank != 0 ? f.metrics : f.plot + ".metrics.jsonl";
+  // --plot draws from the metrics: without --metrics they go to a temporary file, removed after.
+  const std::string metricsPath = !f.metrics.empty() || f.plot.empty() || world.rank != 0 ? f.metrics : plotMetricsPath();
   if (metricsPath != f.metrics) std::remove(metricsPath.c_str());
   auto loss = nn::makeLoss(classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
   train::Trainer trainer(job, *loss, *trainSet, testSet.get(),

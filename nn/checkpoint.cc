@@ -99,7 +99,7 @@ std::pair<std::string, std::string> splitCheckpointPath(const std::string& path)
   const size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (base.empty()) COHORT_THROW(InvalidArgument) << path << ": checkpoint path names a directory";
+  if (base.empty()) COHORT_THROW(InvalidArgument) << path << ": the path names a directory (it ends in '/'): give a file name";
   return {dir, base};
 }
 
@@ -314,18 +314,26 @@ void writeSafetensors(const std::string& path, const std::vector<NamedTensor>& t
   writeFile(path, tensors, metadata, false);
 }
 
-size_t prepareCheckpointDestination(const std::string& path) {
+void checkOutputFile(const std::string& path, const std::string& what) {
   const auto [dir, base] = splitCheckpointPath(path);
   struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) refuseWithErrno(path, "cannot write checkpoints into directory " + dir);
-  if (!S_ISDIR(st.st_mode)) Refusal(path) << "cannot write checkpoints into " << dir << ": not a directory";
-  // The proof that the writer will be able to create its temporary file: create one (exclusively,
-  // under another name than any writer uses) and remove it.
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    Refusal(path) << "is a directory; " << what << " need a file name (e.g. " << path << "/" << (what == "checkpoints" ? "run.st" : "out") << ")";
+  }
+  if (::stat(dir.c_str(), &st) != 0) refuseWithErrno(path, "cannot write " + what + " into directory " + dir);
+  if (!S_ISDIR(st.st_mode)) Refusal(path) << "cannot write " << what << " into " << dir << ": not a directory";
+  // The proof that a writer will be able to create its file: create one (exclusively, under another
+  // name than any writer uses) and remove it.
   const std::string probe = dir + "/." + base + ".probe." + std::to_string(::getpid());
   runtime::UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!fd) refuseWithErrno(path, "cannot write checkpoints into directory " + dir);
+  if (!fd) refuseWithErrno(path, "cannot write " + what + " into directory " + dir);
   fd.close();
   ::unlink(probe.c_str());
+}
+
+size_t prepareCheckpointDestination(const std::string& path) {
+  checkOutputFile(path, "checkpoints");
+  const auto [dir, base] = splitCheckpointPath(path);
   return removeStaleTemporaries(dir, base);
 }
 

@@ -83,8 +83,13 @@ void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& te
 // seen half-written, e.g. an llm.c model file (nn/gpt_files.h).
 void writeFileAtomically(const std::string& path, const std::vector<std::span<const std::byte>>& parts);
 
-// Before a run trains: checks that checkpoints can be written at `path` (its directory exists and a
-// file can be created there; IoError naming the path and the reason otherwise) and removes the
+// Before a run writes `path` (a checkpoint, metrics, a trace, a plot): IoError "<path>: <why>"
+// unless the path is no directory, the directory it is in exists (nothing is created) and a file can
+// be created there (a probe file, created exclusively and removed). `what` names the output in the
+// message ("checkpoints", "metrics"). InvalidArgument for a path ending in '/'.
+void checkOutputFile(const std::string& path, const std::string& what);
+
+// Before a run trains: checks that checkpoints can be written at `path` (checkOutputFile) and removes the
 // temporary files of `path` that earlier writers left behind when they were killed mid-write
 // (".<name>.tmp.<pid>" whose writer is gone; never one a live process is writing). writeCheckpoint
 // removes them too. Returns how many it removed.

@@ -94,9 +94,11 @@ std::string hostName() {
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   if (dir.empty()) COHORT_THROW(InvalidArgument) << "TensorBoard directory is empty";
+  // As every output path: the directory itself is created, the ones above it must exist.
   std::error_code error;
-  std::filesystem::create_directories(dir, error);
+  std::filesystem::create_directory(dir, error);
   if (error) COHORT_THROW(IoError) << dir << ": cannot create the TensorBoard directory: " << error.message();
+  if (!std::filesystem::is_directory(dir, error)) COHORT_THROW(IoError) << dir << ": not a directory (TensorBoard writes its events into one)";
 
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%010lld",

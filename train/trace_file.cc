@@ -5,10 +5,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "nn/checkpoint.h"  // writeFileAtomically
 #include "runtime/error.h"
 
 namespace cohort::train {
@@ -61,17 +63,8 @@ std::pair<double, double> clockOffset(const RankTrace& zero, const RankTrace& r)
 }
 
 void writeJson(const nlohmann::json& trace, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) COHORT_THROW(IoError) << path << ": cannot write the trace (" << tmp << " cannot be created)";
-    out << trace.dump() << "\n";
-    if (!out.flush()) COHORT_THROW(IoError) << tmp << ": cannot write the trace";
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    COHORT_THROW(IoError) << path << ": cannot rename " << tmp << " to it";
-  }
+  const std::string text = trace.dump() + "\n";
+  nn::writeFileAtomically(path, {std::as_bytes(std::span(text))});
 }
 
 nlohmann::json mergedTrace(const std::vector<RankTrace>& ranks) {

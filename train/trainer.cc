@@ -216,23 +216,17 @@ void Trainer::prepareOutputs() {
         },
         "checkpoints to " + options_.checkpointPath);
   }
+  // Every output file the same way (nn::checkOutputFile): its directory must exist, nothing is created.
   if (!options_.tracePath.empty()) {
-    prepareOnRankZero(
-        [&] {
-          const std::string tmp = options_.tracePath + ".tmp";
-          std::FILE* f = std::fopen(tmp.c_str(), "w");
-          if (!f) {
-            COHORT_THROW(IoError) << options_.tracePath << ": cannot write the trace here (" << tmp << ": "
-                                  << std::strerror(errno) << ")";
-          }
-          std::fclose(f);
-          std::remove(tmp.c_str());
-        },
-        "the trace to " + options_.tracePath);
+    prepareOnRankZero([&] { nn::checkOutputFile(options_.tracePath, "the trace"); }, "the trace to " + options_.tracePath);
   }
   if (!options_.metricsPath.empty() || !options_.tensorboardDir.empty()) {
-    prepareOnRankZero([&] { metrics_ = std::make_unique<MetricsSink>(options_.metricsPath, options_.tensorboardDir); },
-                      "metrics to " + (options_.tensorboardDir.empty() ? options_.metricsPath : options_.tensorboardDir));
+    prepareOnRankZero(
+        [&] {
+          if (!options_.metricsPath.empty()) nn::checkOutputFile(options_.metricsPath, "metrics");
+          metrics_ = std::make_unique<MetricsSink>(options_.metricsPath, options_.tensorboardDir);
+        },
+        "metrics to " + (options_.tensorboardDir.empty() ? options_.metricsPath : options_.tensorboardDir));
   }
 }
 

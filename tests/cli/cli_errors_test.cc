@@ -129,6 +129,32 @@ TEST_F(CliErrorsTest, AnUnwritableCheckpointDestinationFailsBeforeTraining) {
   }
 }
 
+// Issue 33, item 14: every output path is checked before the first step, the same way: a path that
+// is a directory, or whose directory is missing (nothing is created) or cannot be written, is exit 2
+// naming the flag's path. --metrics used to fail after epoch 1 (losing it), --checkpoint and --trace
+// on an existing directory after training, --plot on a side file the user never named, and
+// --trace, --plot and --tensorboard created missing directories.
+TEST_F(CliErrorsTest, EveryOutputPathIsCheckedBeforeTheFirstStep) {
+  writeTinyCsv();
+  const std::string missing = dir_ + "/no/such";
+  ::mkdir((dir_ + "/adir").c_str(), 0755);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--metrics", missing + "/m.jsonl"},  {"--metrics", dir_ + "/adir"},     {"--checkpoint", dir_ + "/adir"},
+      {"--trace", dir_ + "/adir"},          {"--trace", missing + "/t.json"},  {"--plot", missing + "/p.png"},
+      {"--plot", "/proc/p.png"},             {"--tensorboard", missing + "/tb"},
+  };
+  for (const auto& [flag, path] : cases) {
+    std::vector<std::string> argv = {"train", "--threads", "1", "--data", "csv:" + dir_ + "/tiny.csv", "--model", "mlp:3,3",
+                                     "--epochs", "1", "--batch-size", "16", "--progress-every", "0", flag, path};
+    CommandResult r = runCohort(argv);
+    EXPECT_EQ(r.exitCode, 2) << flag << " " << path << "\n" << r.describe();
+    EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
+    EXPECT_NE(r.stderrText.find(path + ":"), std::string::npos) << "the message names the path\n" << r.describe();
+    EXPECT_EQ(r.stdoutText.find("epoch 1"), std::string::npos) << "trained before checking\n" << r.describe();
+  }
+  EXPECT_FALSE(fileExists(dir_ + "/no")) << "a missing directory was created";
+}
+
 // Issue 15: temporary files of writers killed mid-write are removed by the next run that writes
 // that checkpoint; a live writer's never.
 TEST_F(CliErrorsTest, ARunRemovesTheTemporaryCheckpointsOfKilledWriters) {

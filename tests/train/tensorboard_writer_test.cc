@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -122,7 +123,11 @@ TEST(TensorBoardWriterTest, ReaderSelfTest) {
 
 // Every scalar comes back with its tag, step and value; the first record is the file version.
 TEST(TensorBoardWriterTest, ScalarsRoundTripThroughTheIndependentReader) {
-  const std::string dir = freshTempDir() + "/runs/a/b";  // missing parents are created
+  const std::string base = freshTempDir();
+  // As every output path (issue 33): the directory itself is created, missing ones above it are refused.
+  EXPECT_THROW(TensorBoardWriter(base + "/runs/a/b"), IoError);
+  EXPECT_FALSE(std::filesystem::exists(base + "/runs"));
+  const std::string dir = base + "/runs";
   const int64_t big = int64_t{1} << 40;
   const std::vector<Written> scalars = {
       {"train/loss", 0, 0.25},
