@@ -106,6 +106,9 @@ TokenShards TokenShards::open(const std::string& pattern, ShardLayout layout) {
     } catch (const bip::interprocess_exception& e) {
       COHORT_THROW(IoError) << path << ": cannot map it: " << e.what();
     }
+    // Windows are read at random positions: no read-ahead (which would pull megabytes from disk per
+    // window); checkVocabulary asks for its sequential chunks itself.
+    (void)region.advise(bip::mapped_region::advice_random);
     result.shards_.push_back(parse(path, static_cast<const char*>(region.get_address()), bytes, layout));
     result.mappings_->regions.push_back(std::move(region));
   }
@@ -119,11 +122,13 @@ int64_t TokenShards::totalTokens() const {
 }
 
 void TokenShards::checkVocabulary(int64_t vocabulary) const {
+  if (vocabulary > UINT16_MAX) return;  // every id a shard can hold is below it
   constexpr int64_t kChunk = int64_t{4} << 20;  // tokens read before their pages are released
   for (size_t shard = 0; shard < shards_.size(); ++shard) {
     const Shard& s = shards_[shard];
     for (int64_t first = 0; first < s.count; first += kChunk) {
       const int64_t end = std::min(s.count, first + kChunk);
+      advise(shard, first, end - first, MADV_WILLNEED);  // read ahead what the scan reads next
       for (int64_t i = first; i < end; ++i) {
         if (s.tokens[i] >= vocabulary) {
           COHORT_THROW(InvalidArgument) << s.path << ": token " << s.tokens[i] << " at position " << i
@@ -135,13 +140,26 @@ void TokenShards::checkVocabulary(int64_t vocabulary) const {
   }
 }
 
-void TokenShards::release(size_t shard, int64_t at, int64_t count) const {
+// A fault maps more than the page it reads: fault-around maps the page cache's pages in the aligned
+// block around it (fault_around_bytes, 64 KB by default) and a large folio may be mapped whole, so
+// releasing only the tokens' pages left about 60 KB mapped per window read (a run's resident
+// memory grew with its steps). Neither crosses the span of one page table (512 pages: 2 MB) or the
+// mapping, so releasing the 2 MB blocks that hold the tokens, clipped to the mapping, unmaps all of
+// it; a page another reader still needs faults back in from the page cache.
+void TokenShards::release(size_t shard, int64_t at, int64_t count) const { advise(shard, at, count, MADV_DONTNEED); }
+
+// madvise over the 2 MB blocks that hold tokens [at, at + count) of the shard, clipped to its mapping.
+void TokenShards::advise(size_t shard, int64_t at, int64_t count, int advice) const {
   static const auto kPage = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  static const uintptr_t kSpan = kPage * (kPage / sizeof(uint64_t));  // what one page table maps
   const Shard& s = shards_[shard];
-  const auto begin = reinterpret_cast<uintptr_t>(s.tokens + at) / kPage * kPage;
-  const auto end = (reinterpret_cast<uintptr_t>(s.tokens + at + count) + kPage - 1) / kPage * kPage;
-  // Advice only: a failure leaves the pages mapped, which costs memory, not correctness.
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  const bip::mapped_region& region = mappings_->regions[shard];
+  const auto first = reinterpret_cast<uintptr_t>(region.get_address());
+  const uintptr_t last = first + (region.get_size() + kPage - 1) / kPage * kPage;
+  const auto begin = std::max(first, reinterpret_cast<uintptr_t>(s.tokens + at) / kSpan * kSpan);
+  const auto end = std::min(last, (reinterpret_cast<uintptr_t>(s.tokens + at + count) + kSpan - 1) / kSpan * kSpan);
+  // Advice only: a failure costs memory or time, not correctness.
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
 }
 
 void TokenShards::copy(size_t shard, int64_t at, int64_t count, float* out) const {

@@ -57,7 +57,8 @@ class TokenShards {
   int64_t totalTokens() const;
 
   // Reads every shard once; throws InvalidArgument naming the file and the position of the first
-  // id ≥ vocabulary.
+  // id ≥ vocabulary. A vocabulary of 65536 or more holds every uint16 id, so then nothing is read
+  // (a 100 GB corpus would otherwise be read whole before the first step).
   void checkVocabulary(int64_t vocabulary) const;
 
   // Tokens [at, at + count) of shard `shard` into out[0, count) as whole-number floats (what a
@@ -65,7 +66,8 @@ class TokenShards {
   void copy(size_t shard, int64_t at, int64_t count, float* out) const;
 
   // Unmaps from this process the pages that hold tokens [at, at + count) of shard `shard` (inside
-  // the shard), which stay in the page cache and fault back in when read again: a reader that
+  // the shard), and with them the rest of the 2 MB blocks they lie in (what the kernel maps around
+  // a read); the pages stay in the page cache and fault back in when read again: a reader that
   // releases what it has read keeps its resident memory flat however much of a corpus it reads.
   // checkVocabulary releases as it goes.
   void release(size_t shard, int64_t at, int64_t count) const;
@@ -73,6 +75,9 @@ class TokenShards {
  private:
   struct Mappings;
   TokenShards();
+  // madvise(advice) over the 2 MB blocks holding tokens [at, at + count) of the shard. The mappings
+  // are advised MADV_RANDOM (windows are read at random: no read-ahead of megabytes per window).
+  void advise(size_t shard, int64_t at, int64_t count, int advice) const;
 
   std::vector<Shard> shards_;
   std::unique_ptr<Mappings> mappings_;

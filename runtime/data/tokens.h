@@ -6,7 +6,7 @@
 // A sample is a window of context + 1 consecutive tokens inside one shard (windows never cross a
 // shard's end, as in llm.c's loader): inputs [context] its first context tokens, targets [context]
 // the same shifted by one, both as whole-number floats; numClasses() is the model's vocabulary,
-// and every id is checked against it once, when the shards are opened.
+// and every id is checked against it once, when the shards are opened (none where it is 65536 or more).
 //   train: about one pass over the tokens per epoch, Σ_shards (count − 1) / context windows, window
 //          w at start position mix(seed, w) mod (the shards' Σ (count − context) start positions):
 //          the same seed gives the same windows in any process, on any rank and after a resume,
