@@ -2,6 +2,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <optional>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -81,23 +85,41 @@ nn::Tokenizer readTokenizer(const std::string& path, const nn::Model& model, con
   return t;
 }
 
-// What stdout gets: the prompt and the generated tokens as text (a tokenizer's pieces, or bytes for
-// a byte model prompted with text), or else their ids, comma-separated; then a newline.
-std::string render(const GenerateFlags& f, const std::vector<int64_t>& prompt, const std::vector<int64_t>& generated,
-                   const nn::Model& model, const nn::GptOptions& o) {
-  std::vector<int64_t> all = prompt;
-  all.insert(all.end(), generated.begin(), generated.end());
-  std::string text;
-  if (!f.tokenizer.empty()) {
-    const nn::Tokenizer t = readTokenizer(f.tokenizer, model, o);
-    for (int64_t id : all) text += t.decode(id);
-  } else if (!f.prompt.empty()) {
-    for (int64_t id : all) text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
-  } else {
-    for (size_t i = 0; i < all.size(); ++i) text += (i ? "," : "") + std::to_string(all[i]);
+// stdout, written as the tokens come: the prompt and each generated token as text (a tokenizer's
+// pieces, or bytes for a byte model prompted with text), or else their ids, comma-separated; then a
+// newline. A reader that has gone (a closed pipe: `| head`) ends the generation, quietly.
+class TextOut {
+ public:
+  TextOut(const GenerateFlags& f, const nn::Model& model, const nn::GptOptions& o) : asBytes_(!f.prompt.empty()) {
+    if (!f.tokenizer.empty()) tokenizer_ = readTokenizer(f.tokenizer, model, o);
   }
-  return text + '\n';
-}
+
+  // False once the reader is gone.
+  bool token(int64_t id) {
+    std::string piece;
+    if (tokenizer_) {
+      piece = tokenizer_->decode(id);
+    } else if (asBytes_) {
+      piece.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+    } else {
+      piece = (first_ ? "" : ",") + std::to_string(id);
+    }
+    first_ = false;
+    return write(piece);
+  }
+  bool end() { return write("\n"); }
+
+ private:
+  bool write(const std::string& text) {
+    if (std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0) return true;
+    if (errno == EPIPE) return false;
+    COHORT_THROW(IoError) << "stdout: write failed: " << std::strerror(errno);
+  }
+
+  std::optional<nn::Tokenizer> tokenizer_;
+  bool asBytes_;
+  bool first_ = true;
+};
 
 // The checkpoint's model (or a HuggingFace or llm.c GPT-2's), bound on the CPU with its weights.
 std::unique_ptr<nn::Model> loadModel(const std::string& path) {
@@ -143,14 +165,16 @@ int runGenerate(const GenerateFlags& f) {
   const nn::GptOptions& o = gpt.options();
   const std::vector<int64_t> prompt =
       f.prompt.empty() ? parsePromptTokens(f.promptTokens, *model, o) : encodePrompt(f.prompt, *model, o);
-  if (!f.tokenizer.empty()) readTokenizer(f.tokenizer, *model, o);  // refused before the sampling
+  TextOut out(f, *model, o);  // a bad tokenizer is refused before the sampling
   nn::GptSampler sampler(gpt, model->params);
-  const std::vector<int64_t> generated =
-      sampler.generate(prompt, f.tokens, {.temperature = f.temperature, .topK = f.topK, .seed = f.seed});
-  const std::string text = render(f, prompt, generated, *model, o);
-  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
-    COHORT_THROW(IoError) << "stdout: write failed";
+  ::signal(SIGPIPE, SIG_IGN);  // a closed pipe is EPIPE from the write, which ends the generation
+  for (int64_t id : prompt) {
+    if (!out.token(id)) return 0;
   }
+  bool open = true;
+  sampler.generate(prompt, f.tokens,
+                   {.temperature = f.temperature, .topK = f.topK, .seed = f.seed, .onToken = [&](int64_t id) { return open = out.token(id); }});
+  if (open) out.end();
   return 0;
 }
 

@@ -16,6 +16,9 @@
 // vocabulary but for a padding of fewer than 128 ids (GPT-2's 50257 in llm.c's 50304), whose ids
 // print as "<|id|>".
 //
+// stdout gets the text as it is made, one token at a time, so a long generation can be read as it
+// runs; a reader that goes away (a closed pipe: `cohort generate … | head`) ends the generation at
+// once, with exit code 0.
 // Any --tokens: past the model's context the window slides (nn::GptSampler::generate: the cache
 // restarts from the text's last context/2 tokens), as nanoGPT crops its input to the context.
 // Exit 2 with one line naming the problem (InvalidArgument, or IoError from the checkpoint reader) for

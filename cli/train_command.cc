@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "cli/flag_values.h"           // --seed
+#include "cli/memory_estimate.h"       // a floor of what the run needs, before it allocates
 #include "cli/plot.h"                  // --plot
 #include "nn/checkpoint.h"             // checkOutputFile
 #include "nn/loss.h"                   // losses
@@ -477,13 +478,17 @@ int runTrain(const TrainFlags& f) {
   std::unique_ptr<nn::Model> model = nn::buildModel(spec);
   if (init) nn::checkWeightsFit(*model, *init);
   const double lr = scaledLr(f, world);
-  auto optimizer = nn::makeOptimizer(optimizerOptions(f, lr), model->params.numel(), job.gpu());
   const data::DatasetHints hints = train::datasetHints(*model, f.seed);
   std::unique_ptr<data::Dataset> trainSet = data::openDataset(f.data, data::Split::kTrain, hints);
   // Every rank holds the test set: the ranks evaluate a share each (Trainer::evaluateTest).
   std::unique_ptr<data::Dataset> testSet = openTestSet(f, hints);
   checkFits(*model, *trainSet, classification);
   if (testSet) checkFits(*model, *testSet, classification);
+  // Before the optimizer's state or the parameters are allocated.
+  checkMemoryEstimate({.model = *model, .optimizer = optimizerOptions(f, lr), .data = *trainSet, .batchSize = f.batchSize,
+                       .context = hints.context, .onGpu = job.device().isCuda()},
+                      world, log);
+  auto optimizer = nn::makeOptimizer(optimizerOptions(f, lr), model->params.numel(), job.gpu());
   job.place(*model, *optimizer,
             {.seed = f.seed,
              .initialise = init ? std::function<void(nn::Model&)>([&](nn::Model& m) { nn::copyWeights(m, *init); }) : nullptr,

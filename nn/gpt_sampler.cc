@@ -214,6 +214,7 @@ std::vector<int64_t> GptSampler::generate(std::span<const int64_t> prompt, int64
   while (static_cast<int64_t>(text.size()) - promptTokens < count) {
     const int64_t token = sample(options, rng);
     text.push_back(token);
+    if (options.onToken && !options.onToken(token)) break;
     if (length_ == options_.context) {
       // The window slides: the cache restarts from the text's last context/2 tokens, this one included.
       const int64_t keep = std::max<int64_t>(1, options_.context / 2);

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -42,6 +43,9 @@ struct SampleOptions {
   float temperature = 1.0f;  // > 0; logits are divided by it before the softmax
   int64_t topK = 0;          // sample among the topK largest logits; 0 (or >= vocab): all of them
   uint64_t seed = 0;         // runtime::Rng's seed: the same seed gives the same tokens
+  // Called with each new token as soon as it is drawn (e.g. to print it); returning false stops the
+  // generation there, and generate() returns the tokens drawn so far.
+  std::function<bool(int64_t token)> onToken;
 };
 
 class GptSampler {

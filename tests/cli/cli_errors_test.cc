@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -153,6 +154,31 @@ TEST_F(CliErrorsTest, EveryOutputPathIsCheckedBeforeTheFirstStep) {
     EXPECT_EQ(r.stdoutText.find("epoch 1"), std::string::npos) << "trained before checking\n" << r.describe();
   }
   EXPECT_FALSE(fileExists(dir_ + "/no")) << "a missing directory was created";
+}
+
+// Issue 33, item 20: a vocabulary far past what the data holds used to allocate 18 GB without a word.
+// The run says what it needs at least before it allocates: more than the machine has is exit 5 at
+// once (the logits of one step alone are 305 GiB here), and a vocabulary the data cannot fill warns.
+TEST_F(CliErrorsTest, AModelTooLargeForTheMachineIsRefusedBeforeItAllocates) {
+  writeFile(dir_ + "/text.txt", std::string(20000, 'a'));
+  const std::vector<std::string> base = {"train", "--threads", "1", "--data", "text:" + dir_ + "/text.txt", "--progress-every", "0"};
+  std::vector<std::string> huge = base;
+  for (const char* a : {"--model", "gpt:layers=1,heads=1,dim=64,ctx=64,vocab=10000000", "--checkpoint"}) huge.push_back(a);
+  huge.push_back(dir_ + "/huge.st");
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult r = runCohort(huge);
+  EXPECT_EQ(r.exitCode, 5) << r.describe();
+  EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
+  EXPECT_NE(r.stderrText.find("needs at least"), std::string::npos) << r.describe();
+  EXPECT_NE(r.stderrText.find("the logits of a step and their gradient 305.2 GiB"), std::string::npos) << r.describe();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0) << "allocated first?";
+  EXPECT_FALSE(fileExists(dir_ + "/huge.st"));
+  std::vector<std::string> wide = base;
+  for (const char* a : {"--model", "gpt:layers=1,heads=1,dim=8,ctx=16,vocab=1000", "--max-steps", "1"}) wide.push_back(a);
+  CommandResult w = runCohort(wide);
+  EXPECT_EQ(w.exitCode, 0) << w.describe();
+  EXPECT_NE(w.stdoutText.find("has a vocabulary of 1000 tokens, but text:"), std::string::npos) << w.describe();
+  EXPECT_NE(w.stdoutText.find("holds ids below 256: the other 744 are never a target"), std::string::npos) << w.describe();
 }
 
 // Issue 15: temporary files of writers killed mid-write are removed by the next run that writes

@@ -6,6 +6,7 @@
 // an llm.c tokenizer file written here, their text (issue 32).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -136,6 +137,23 @@ TEST_F(GenerateCliTest, PastTheContextTheWindowSlides) {
   ASSERT_EQ(filled.exitCode, 0) << filled.describe();
   EXPECT_EQ(filled.stdoutText.size(), full.size() + 3u + 1u) << filled.describe();
   EXPECT_EQ(filled.stdoutText.compare(0, full.size(), full), 0) << filled.describe();
+}
+
+// Issue 33: the text is written as it is made, and a reader that goes away ends the generation. Ten
+// million tokens (about half an hour of sampling) into `head -c 20`: the pipeline ends at once, with
+// the prompt and the first tokens read. Before, nothing was printed until the end and a closed pipe
+// went unnoticed, so the shell waited for the whole run.
+TEST_F(GenerateCliTest, TheTextStreamsAndAClosedPipeEndsTheGeneration) {
+  const std::string command = cohortBinary() + " generate --checkpoint '" + path("gpt.ckpt") +
+                              "' --prompt 'the cat' --tokens 10000000 | head -c 20; echo \" status ${PIPESTATUS[0]}\"";
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult r = runCommand({"/bin/bash", "-c", command}, {.timeout = std::chrono::seconds(60)});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(r.stdoutText.substr(0, 7), "the cat") << r.describe();
+  EXPECT_NE(r.stdoutText.find(" status 0"), std::string::npos) << "generate ends quietly on EPIPE\n" << r.describe();
+  EXPECT_LT(seconds, 30.0) << r.describe();
+  EXPECT_EQ(r.stderrText, "") << r.describe();
 }
 
 // A vocabulary past bytes: the prompt as ids, the output as ids, or as text through a tokenizer;

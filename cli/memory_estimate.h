@@ -1,0 +1,43 @@
+// What a `cohort train` run will need at least, said before anything large is allocated (issue 33,
+// item 20): `--model gpt:…,vocab=1000000` on byte text used to allocate 18 GB without a word.
+//
+// The estimate per worker is a floor, not a forecast: the parameters, their gradients and the
+// optimizer's state, and for a language model the logits of one step and their gradient (batch ×
+// context × vocabulary floats each, where the model spends most of its activation memory once the
+// vocabulary is large); the other activations come on top. On the CPU a floor beyond what the
+// node's workers can have (MemAvailable shared by its local workers) is refused with OutOfMemory
+// (exit 5) naming both; a floor of 1 GiB or more is logged on rank 0. A language model whose
+// vocabulary is larger than the ids its data can hold (256 for text:, 65536 for tokens:) gets a
+// warning: those rows of wte and columns of the logits are never a target.
+#pragma once
+
+#include <cstdint>
+
+namespace cohort {
+namespace nn {
+struct Model;
+struct OptimizerOptions;
+}  // namespace nn
+namespace runtime {
+class Logger;
+struct WorldInfo;
+namespace data {
+class Dataset;
+}
+}  // namespace runtime
+}  // namespace cohort
+
+namespace cohort::cli {
+
+struct MemoryEstimateInputs {
+  const nn::Model& model;
+  const nn::OptimizerOptions& optimizer;  // the state it will keep per parameter
+  const runtime::data::Dataset& data;
+  int64_t batchSize = 0;  // per worker and micro-batch
+  int64_t context = 0;    // a language model's (0: not one)
+  bool onGpu = false;
+};
+
+void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInfo& world, const runtime::Logger& log);
+
+}  // namespace cohort::cli
