@@ -1,7 +1,5 @@
 #include "cli/plot.h"
 
-#include <cairo/cairo-svg.h>
-#include <cairo/cairo.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "cli/metrics_file.h"  // the files' lines
-#include "cli/plot_canvas.h"   // nice ticks, text, the legend
+#include "cli/cairo_library.h"  // cairo, opened when a plot is drawn
+#include "cli/metrics_file.h"   // the files' lines
+#include "cli/plot_canvas.h"    // nice ticks, text, the legend
 #include "runtime/error.h"
 
 namespace cohort::cli {
@@ -181,12 +180,13 @@ Colour runColour(int run) { return kRunColours[run % std::size(kRunColours)]; }
 
 // How each style is stroked: epoch curves solid (train) or dashed (test), step curves thin and light.
 void setStroke(const Canvas& canvas, Style style, const Colour& c) {
+  const CairoLibrary& cairo = canvas.cairo();
   cairo_t* cr = canvas.cr();
   const double s = canvas.scale(), dash[] = {6 * s, 4 * s};
-  cairo_set_source_rgba(cr, c.r, c.g, c.b, style == Style::kTrainSteps ? 0.5 : 1);
-  cairo_set_line_width(cr, (style == Style::kTrainSteps ? 1 : 2) * s);
-  cairo_set_dash(cr, dash, style == Style::kTest ? 2 : 0, 0);
-  cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
+  cairo.setSourceRgba(cr, c.r, c.g, c.b, style == Style::kTrainSteps ? 0.5 : 1);
+  cairo.setLineWidth(cr, (style == Style::kTrainSteps ? 1 : 2) * s);
+  cairo.setDash(cr, dash, style == Style::kTest ? 2 : 0, 0);
+  cairo.setLineJoin(cr, CAIRO_LINE_JOIN_ROUND);
 }
 
 // A panel's plotting area and its axes.
@@ -203,26 +203,27 @@ struct Frame {
 constexpr size_t kMostMarkedPoints = 40;
 
 void drawSeries(const Canvas& canvas, const Series& series, const Frame& frame) {
+  const CairoLibrary& cairo = canvas.cairo();
   cairo_t* cr = canvas.cr();
   const Colour c = runColour(series.run);
   setStroke(canvas, series.style, c);
-  cairo_new_path(cr);
+  cairo.newPath(cr);
   for (const Point& p : series.points) {
     const Point q = frame.at(p);
-    cairo_line_to(cr, q.x, q.y);
+    cairo.lineTo(cr, q.x, q.y);
   }
-  cairo_stroke(cr);
+  cairo.stroke(cr);
   if (series.style == Style::kTrainSteps || series.points.size() > kMostMarkedPoints) return;
-  cairo_set_dash(cr, nullptr, 0, 0);
-  cairo_set_line_width(cr, 1.5 * canvas.scale());
+  cairo.setDash(cr, nullptr, 0, 0);
+  cairo.setLineWidth(cr, 1.5 * canvas.scale());
   for (const Point& p : series.points) {
     const Point q = frame.at(p);
-    cairo_new_path(cr);
-    cairo_arc(cr, q.x, q.y, 3 * canvas.scale(), 0, 2 * M_PI);
-    if (series.style == Style::kTest) cairo_set_source_rgb(cr, 1, 1, 1);
-    cairo_fill_preserve(cr);
-    cairo_set_source_rgb(cr, c.r, c.g, c.b);
-    cairo_stroke(cr);
+    cairo.newPath(cr);
+    cairo.arc(cr, q.x, q.y, 3 * canvas.scale(), 0, 2 * M_PI);
+    if (series.style == Style::kTest) cairo.setSourceRgb(cr, 1, 1, 1);
+    cairo.fillPreserve(cr);
+    cairo.setSourceRgb(cr, c.r, c.g, c.b);
+    cairo.stroke(cr);
   }
 }
 
@@ -242,31 +243,33 @@ AxisOptions valueRange(const Panel& panel) {
 
 // Grid lines and tick labels for both axes, and the horizontal axis's name.
 void drawGrid(Canvas& canvas, const Frame& f, const std::string& xName) {
+  const CairoLibrary& cairo = canvas.cairo();
   cairo_t* cr = canvas.cr();
   const double s = canvas.scale(), lineH = canvas.lineHeight();
-  cairo_set_source_rgb(cr, kGrid.r, kGrid.g, kGrid.b);
-  cairo_set_line_width(cr, 1);
-  cairo_set_dash(cr, nullptr, 0, 0);
+  cairo.setSourceRgb(cr, kGrid.r, kGrid.g, kGrid.b);
+  cairo.setLineWidth(cr, 1);
+  cairo.setDash(cr, nullptr, 0, 0);
   for (double v : f.y.ticks()) {
     const double py = crisp(f.at({f.x.lo, v}).y);
-    cairo_set_source_rgb(cr, kGrid.r, kGrid.g, kGrid.b);
-    cairo_move_to(cr, f.area.x, py);
-    cairo_line_to(cr, f.area.x + f.area.w, py);
-    cairo_stroke(cr);
+    cairo.setSourceRgb(cr, kGrid.r, kGrid.g, kGrid.b);
+    cairo.moveTo(cr, f.area.x, py);
+    cairo.lineTo(cr, f.area.x + f.area.w, py);
+    cairo.stroke(cr);
     canvas.text(f.area.x - 5 * s, py, f.y.label(v), kInk, {.h = 1});
   }
   for (double v : f.x.ticks()) {
     const double px = crisp(f.at({v, f.y.lo}).x);
-    cairo_set_source_rgb(cr, kGrid.r, kGrid.g, kGrid.b);
-    cairo_move_to(cr, px, f.area.y);
-    cairo_line_to(cr, px, f.area.y + f.area.h);
-    cairo_stroke(cr);
+    cairo.setSourceRgb(cr, kGrid.r, kGrid.g, kGrid.b);
+    cairo.moveTo(cr, px, f.area.y);
+    cairo.lineTo(cr, px, f.area.y + f.area.h);
+    cairo.stroke(cr);
     canvas.text(px, f.area.y + f.area.h + 0.8 * lineH, f.x.label(v), kInk, {.h = 0.5});
   }
   canvas.text(f.area.x + f.area.w / 2, f.area.y + f.area.h + 1.9 * lineH, xName, kKeyInk, {.h = 0.5});
 }
 
 void drawPanel(Canvas& canvas, const Figure& figure, const Panel& panel, const Rect& box) {
+  const CairoLibrary& cairo = canvas.cairo();
   cairo_t* cr = canvas.cr();
   const double s = canvas.scale();
   canvas.setFont(13, Canvas::Weight::kBold);
@@ -285,22 +288,22 @@ void drawPanel(Canvas& canvas, const Figure& figure, const Panel& panel, const R
 
   // Step curves beneath, then test, then train on top; clipped a little outside the frame so that
   // markers on it stay whole.
-  cairo_save(cr);
+  cairo.save(cr);
   const double slack = 4 * s;
-  cairo_rectangle(cr, f.area.x - slack, f.area.y - slack, f.area.w + 2 * slack, f.area.h + 2 * slack);
-  cairo_clip(cr);
+  cairo.rectangle(cr, f.area.x - slack, f.area.y - slack, f.area.w + 2 * slack, f.area.h + 2 * slack);
+  cairo.clip(cr);
   for (Style style : {Style::kTrainSteps, Style::kTest, Style::kTrain}) {
     for (const Series& series : panel.series) {
       if (series.style == style) drawSeries(canvas, series, f);
     }
   }
-  cairo_restore(cr);
+  cairo.restore(cr);
 
-  cairo_set_source_rgb(cr, kKeyInk.r, kKeyInk.g, kKeyInk.b);
-  cairo_set_line_width(cr, 1);
-  cairo_set_dash(cr, nullptr, 0, 0);
-  cairo_rectangle(cr, crisp(f.area.x), crisp(f.area.y), std::round(f.area.w), std::round(f.area.h));
-  cairo_stroke(cr);
+  cairo.setSourceRgb(cr, kKeyInk.r, kKeyInk.g, kKeyInk.b);
+  cairo.setLineWidth(cr, 1);
+  cairo.setDash(cr, nullptr, 0, 0);
+  cairo.rectangle(cr, crisp(f.area.x), crisp(f.area.y), std::round(f.area.w), std::round(f.area.h));
+  cairo.stroke(cr);
 }
 
 // The legend: a colour per run, then the line styles present. Returns the height it took.
@@ -314,11 +317,12 @@ double drawLegend(Canvas& canvas, const Figure& figure, const Rect& box) {
   }
   auto key = [&canvas](Style style, Colour colour, double width) {
     return [&canvas, style, colour, width](double x, double y, double w) {
+      const CairoLibrary& cairo = canvas.cairo();
       setStroke(canvas, style, colour);
-      cairo_set_line_width(canvas.cr(), width * canvas.scale());
-      cairo_move_to(canvas.cr(), x, y);
-      cairo_line_to(canvas.cr(), x + w, y);
-      cairo_stroke(canvas.cr());
+      cairo.setLineWidth(canvas.cr(), width * canvas.scale());
+      cairo.moveTo(canvas.cr(), x, y);
+      cairo.lineTo(canvas.cr(), x + w, y);
+      cairo.stroke(canvas.cr());
     };
   };
   std::vector<Canvas::LegendEntry> entries;
@@ -333,10 +337,11 @@ double drawLegend(Canvas& canvas, const Figure& figure, const Rect& box) {
 
 // The title, the legend beneath it, and the panels side by side (stacked in a tall image).
 void draw(Canvas& canvas, const Figure& figure, const PlotOptions& options) {
+  const CairoLibrary& cairo = canvas.cairo();
   cairo_t* cr = canvas.cr();
   const double s = canvas.scale(), w = options.width, h = options.height, margin = 12 * s;
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
+  cairo.setSourceRgb(cr, 1, 1, 1);
+  cairo.paint(cr);
   canvas.setFont(17, Canvas::Weight::kBold);
   canvas.text(w / 2, margin + 8 * s, canvas.fitText(figure.title, w - 2 * margin), kInk, {.h = 0.5});
   canvas.setFont(11, Canvas::Weight::kNormal);
@@ -374,6 +379,7 @@ PlotSummary writePlot(const std::vector<PlotRun>& runs, const PlotOptions& optio
                                   << " pixels: the width must be 240 to 16384 and the height 180 to 16384";
   }
   if (runs.empty()) COHORT_THROW(InvalidArgument) << "no metrics files to plot";
+  const CairoLibrary cairo;  // loaded here, not at start (cli/cairo_library.h)
   std::vector<MetricsFile> files;
   PlotSummary summary;
   for (const PlotRun& run : runs) {
@@ -394,25 +400,25 @@ PlotSummary writePlot(const std::vector<PlotRun>& runs, const PlotOptions& optio
                                         : "Training curves: " + std::to_string(runs.size()) + " runs";
 
   TempFile tmp{options.outputPath + ".tmp." + std::to_string(::getpid())};
-  std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> surface(
-      format == Format::kSvg ? cairo_svg_surface_create(tmp.path.c_str(), options.width, options.height)
-                             : cairo_image_surface_create(CAIRO_FORMAT_RGB24, options.width, options.height),
-      &cairo_surface_destroy);
+  std::unique_ptr<cairo_surface_t, void (*)(cairo_surface_t*)> surface(
+      format == Format::kSvg ? cairo.svgSurfaceCreate(tmp.path.c_str(), options.width, options.height)
+                             : cairo.imageSurfaceCreate(CAIRO_FORMAT_RGB24, options.width, options.height),
+      cairo.surfaceDestroy);
   auto check = [&](cairo_status_t status, const char* what) {
     if (status != CAIRO_STATUS_SUCCESS) {
-      COHORT_THROW(IoError) << options.outputPath << ": cannot " << what << ": " << cairo_status_to_string(status);
+      COHORT_THROW(IoError) << options.outputPath << ": cannot " << what << ": " << cairo.statusToString(status);
     }
   };
-  check(cairo_surface_status(surface.get()), "create the image");
-  if (format == Format::kSvg) cairo_svg_surface_set_document_unit(surface.get(), CAIRO_SVG_UNIT_PX);
+  check(cairo.surfaceStatus(surface.get()), "create the image");
+  if (format == Format::kSvg) cairo.svgSurfaceSetDocumentUnit(surface.get(), CAIRO_SVG_UNIT_PX);
   {
-    Canvas canvas(surface.get(), options.width, options.height);
+    Canvas canvas(cairo, surface.get(), {.width = options.width, .height = options.height});
     draw(canvas, figure, options);
-    check(cairo_status(canvas.cr()), "draw the plot");
+    check(cairo.status(canvas.cr()), "draw the plot");
   }
-  if (format == Format::kPng) check(cairo_surface_write_to_png(surface.get(), tmp.path.c_str()), "write the PNG");
-  cairo_surface_finish(surface.get());  // the SVG is written now
-  check(cairo_surface_status(surface.get()), "write the SVG");
+  if (format == Format::kPng) check(cairo.surfaceWriteToPng(surface.get(), tmp.path.c_str()), "write the PNG");
+  cairo.surfaceFinish(surface.get());  // the SVG is written now
+  check(cairo.surfaceStatus(surface.get()), "write the SVG");
   if (std::rename(tmp.path.c_str(), options.outputPath.c_str()) != 0) {
     COHORT_THROW(IoError) << options.outputPath << ": cannot rename " << tmp.path << " over it";
   }

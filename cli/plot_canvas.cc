@@ -57,27 +57,28 @@ std::string Axis::label(double v) const {
   return buffer;
 }
 
-Canvas::Canvas(cairo_surface_t* surface, int width, int height)
-    : cr_(cairo_create(surface)),
-      scale_(std::clamp(std::sqrt(width * static_cast<double>(height) / (960 * 540)), 0.7, 4.0)) {}
+Canvas::Canvas(const CairoLibrary& cairo, cairo_surface_t* surface, Size size)
+    : library_(cairo),
+      cr_(cairo.create(surface)),
+      scale_(std::clamp(std::sqrt(size.width * static_cast<double>(size.height) / (960 * 540)), 0.7, 4.0)) {}
 
-Canvas::~Canvas() { cairo_destroy(cr_); }
+Canvas::~Canvas() { library_.destroy(cr_); }
 
 void Canvas::setFont(double size, Weight weight) {
-  cairo_select_font_face(cr_, "DejaVu Sans", CAIRO_FONT_SLANT_NORMAL,
-                         weight == Weight::kBold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
-  cairo_set_font_size(cr_, size * scale_);
+  library_.selectFontFace(cr_, "DejaVu Sans", CAIRO_FONT_SLANT_NORMAL,
+                          weight == Weight::kBold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
+  library_.setFontSize(cr_, size * scale_);
 }
 
 double Canvas::lineHeight() const {
   cairo_font_extents_t e;
-  cairo_font_extents(cr_, &e);
+  library_.fontExtents(cr_, &e);
   return e.height;
 }
 
 double Canvas::textWidth(const std::string& text) const {
   cairo_text_extents_t e;
-  cairo_text_extents(cr_, text.c_str(), &e);
+  library_.textExtents(cr_, text.c_str(), &e);
   return e.x_advance;
 }
 
@@ -94,11 +95,11 @@ std::string Canvas::fitText(const std::string& text, double width) const {
 
 void Canvas::text(double x, double y, const std::string& text, const Colour& colour, Align align) {
   cairo_font_extents_t f;
-  cairo_font_extents(cr_, &f);
-  cairo_set_source_rgb(cr_, colour.r, colour.g, colour.b);
-  cairo_move_to(cr_, x - align.h * textWidth(text), y + (f.ascent - f.descent) / 2);
-  cairo_show_text(cr_, text.c_str());
-  cairo_new_path(cr_);
+  library_.fontExtents(cr_, &f);
+  library_.setSourceRgb(cr_, colour.r, colour.g, colour.b);
+  library_.moveTo(cr_, x - align.h * textWidth(text), y + (f.ascent - f.descent) / 2);
+  library_.showText(cr_, text.c_str());
+  library_.newPath(cr_);
 }
 
 double Canvas::legend(const std::vector<LegendEntry>& entries, const Rect& box) {
@@ -122,9 +123,9 @@ double Canvas::legend(const std::vector<LegendEntry>& entries, const Rect& box) 
     double x = box.x + (box.w - rowW[r]) / 2;
     const double y = box.y + (r + 0.5) * rowH;
     for (const Placed& p : rows[r]) {
-      cairo_save(cr_);
+      library_.save(cr_);
       p.entry->key(x, y, keyW);
-      cairo_restore(cr_);
+      library_.restore(cr_);
       text(x + keyW + keyGap, y, p.label, {0.15, 0.15, 0.15}, {.h = 0});
       x += p.w + entryGap;
     }

@@ -1,5 +1,6 @@
 // The drawing vocabulary of cli/plot.h: an Axis with "nice" ticks, and a Canvas (a cairo context on
-// a surface, with text and a legend in units that grow with the image).
+// a surface, with text and a legend in units that grow with the image). cairo is called through a
+// CairoLibrary (cli/cairo_library.h), opened when a plot is drawn: nothing here links it.
 //
 // Ticks are 1, 2 or 5 times a power of ten, and an axis's range is widened to whole ticks, so every
 // label is short and round (0, 0.5, 1, 1.5; 0, 2k, 4k). Sizes given to a Canvas (fonts, gaps) are
@@ -7,18 +8,19 @@
 // tall image is not scaled by its width alone): a large image is not all margin, a small one not all
 // text. Text uses cairo's toy API with DejaVu Sans (Debian's fonts-dejavu-core; fontconfig substitutes
 // another sans-serif face where it is missing).
-// Ownership: a Canvas owns its cairo context, not the surface, which must outlive it.
+// Ownership: a Canvas owns its cairo context, not the surface or the CairoLibrary, which must
+// outlive it.
 // Thread safety: none; one Canvas per thread.
 //
 //   Axis y = niceAxis({.lo = 0.12, .hi = 2.31, .ticks = 6});   // 0 to 2.5 by 0.5
 //   for (double v : y.ticks()) canvas.text(x, top + (1 - y.fraction(v)) * h, y.label(v), ink, {.h = 1});
 #pragma once
 
-#include <cairo/cairo.h>
-
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "cli/cairo_library.h"
 
 namespace cohort::cli {
 
@@ -28,6 +30,10 @@ struct Point {
 
 struct Rect {
   double x = 0, y = 0, w = 0, h = 0;
+};
+
+struct Size {
+  int width = 0, height = 0;  // pixels
 };
 
 struct Colour {
@@ -58,11 +64,13 @@ Axis niceAxis(const AxisOptions& options);
 // Deletes copy: it owns a cairo context.
 class Canvas {
  public:
-  Canvas(cairo_surface_t* surface, int width, int height);
+  Canvas(const CairoLibrary& cairo, cairo_surface_t* surface, Size size);
   ~Canvas();
   Canvas(const Canvas&) = delete;
   Canvas& operator=(const Canvas&) = delete;
 
+  // The functions to draw on cr() with.
+  const CairoLibrary& cairo() const { return library_; }
   cairo_t* cr() const { return cr_; }
   double scale() const { return scale_; }
 
@@ -88,6 +96,7 @@ class Canvas {
   double legend(const std::vector<LegendEntry>& entries, const Rect& box);
 
  private:
+  const CairoLibrary& library_;
   cairo_t* cr_;
   double scale_;
 };

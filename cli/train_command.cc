@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/cairo_library.h"         // --plot: cairo is there before the run
 #include "cli/flag_values.h"           // --seed
 #include "cli/memory_estimate.h"       // a floor of what the run needs, before it allocates
 #include "cli/plot.h"                  // --plot
@@ -459,7 +460,10 @@ int runTrain(const TrainFlags& f) {
   }
   // Every output path is checked before anything runs, the same way (nn::checkOutputFile): the
   // Trainer checks --checkpoint, --metrics, --trace and --tensorboard on rank 0, this the image.
-  if (!f.plot.empty() && world.rank == 0) nn::checkOutputFile(f.plot, "the plot");
+  if (!f.plot.empty() && world.rank == 0) {
+    nn::checkOutputFile(f.plot, "the plot");
+    CairoLibrary{};  // a missing cairo fails here (exit 2), not after the run
+  }
   const bool classification = f.loss == "ce";
   train::Job job({.mode = train::parseMode(f.mode),
                   .backend = f.backend,
