@@ -2,11 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -16,10 +19,26 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Python's json module writes non-finite floats as bare NaN, Infinity and -Infinity, which are not
-// JSON. Replaces those tokens outside strings with null; returns false when there were none.
-bool nullForNonFiniteLiterals(std::string& line) {
-  static const char* const kTokens[] = {"-Infinity", "Infinity", "NaN"};
+// At line[i], outside a string: the length of a token that stands for a non-finite value, else 0.
+// Python's json module writes bare NaN, Infinity and -Infinity, which are not JSON; a number beyond a
+// double's range (1e999) is JSON, but nlohmann refuses it. `span` receives how many bytes to copy
+// unchanged when it is none of those: a finite number whole, so that no tail of it is read alone.
+size_t nonFiniteToken(const std::string& line, size_t i, size_t& span) {
+  span = 1;
+  for (const char* token : {"-Infinity", "Infinity", "NaN"}) {
+    if (line.compare(i, std::strlen(token), token) == 0) return std::strlen(token);
+  }
+  if (line[i] != '-' && !std::isdigit(static_cast<unsigned char>(line[i]))) return 0;
+  const std::string number = line.substr(i, line.find_first_not_of("0123456789+-.eE", i) - i);
+  if (std::isinf(std::strtod(number.c_str(), nullptr))) return number.size();
+  span = number.size();  // finite, or not a number at all: the parser judges it
+  return 0;
+}
+
+// Rewrites every non-finite token (above) outside strings to null, padded with spaces to the
+// token's length so that the columns after it stay put; only NaN (3 bytes) grows, and `grownAt`
+// receives the place in the rewritten line of each byte so added. False when nothing was rewritten.
+bool nullForNonFinite(std::string& line, std::vector<size_t>& grownAt) {
   std::string out;
   bool inString = false, replaced = false;
   for (size_t i = 0; i < line.size();) {
@@ -33,22 +52,19 @@ bool nullForNonFiniteLiterals(std::string& line) {
       ++i;
       continue;
     }
-    if (c == '"') inString = true;
-    const char* match = nullptr;
-    for (const char* token : kTokens) {
-      if (line.compare(i, std::strlen(token), token) == 0) {
-        match = token;
-        break;
-      }
+    inString = c == '"';
+    size_t span = 1;
+    const size_t length = inString ? 0 : nonFiniteToken(line, i, span);
+    if (length == 0) {
+      out.append(line, i, span);
+      i += span;
+      continue;
     }
-    if (match) {
-      out += "null";
-      i += std::strlen(match);
-      replaced = true;
-    } else {
-      out += c;
-      ++i;
-    }
+    if (length < 4) grownAt.push_back(out.size() + length);
+    out += "null";
+    out.append(length > 4 ? length - 4 : 0, ' ');
+    i += length;
+    replaced = true;
   }
   if (replaced) line = out;
   return replaced;
@@ -56,6 +72,7 @@ bool nullForNonFiniteLiterals(std::string& line) {
 
 // What a value is, for messages; long values are cut short.
 std::string describeValue(const Json& v) {
+  if (v.is_null()) return "null";  // not "null null"
   std::string text = v.dump();
   if (text.size() > 40) text = text.substr(0, 37) + "...";
   return std::string(v.type_name()) + " " + text;
@@ -68,21 +85,39 @@ struct Place {
 };
 std::ostream& operator<<(std::ostream& os, const Place& p) { return os << p.path << ":" << p.line; }
 
+const char* fileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO or pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a file";
+}
+
 Json parseLine(const std::string& text, const Place& at) {
+  size_t column = 0;
   try {
     return Json::parse(text);
-  } catch (const Json::parse_error& first) {
-    std::string lenient = text;
-    if (nullForNonFiniteLiterals(lenient)) {
-      try {
-        return Json::parse(lenient);
-      } catch (const Json::parse_error&) {
-      }
-    }
-    // nlohmann's own message quotes the offending token, which may be a whole binary file.
-    COHORT_THROW(InvalidArgument) << at << ": not JSON (syntax error at column " << first.byte
-                                  << "); a metrics file holds one JSON object per line";
+  } catch (const Json::parse_error& e) {
+    column = e.byte;
+  } catch (const Json::out_of_range&) {  // 406: a number beyond a double's range, handled below
   }
+  std::string lenient = text;
+  std::vector<size_t> grownAt;
+  if (nullForNonFinite(lenient, grownAt)) {
+    try {
+      return Json::parse(lenient);
+    } catch (const Json::exception& e) {
+      const auto* syntax = dynamic_cast<const Json::parse_error*>(&e);
+      column = syntax ? syntax->byte : 0;
+      // Back to the line's own columns: each NaN before the error made the rewritten line longer.
+      for (size_t grown : grownAt) column -= grown < column ? 1 : 0;
+    }
+  }
+  // nlohmann's own message quotes the offending token, which may be a whole binary file.
+  if (column == 0) COHORT_THROW(InvalidArgument) << at << ": not JSON; a metrics file holds one JSON object per line";
+  COHORT_THROW(InvalidArgument) << at << ": not JSON (syntax error at column " << column
+                                << "); a metrics file holds one JSON object per line";
 }
 
 // "epoch" and "step": required, finite numbers.
@@ -127,7 +162,11 @@ MetricsFile readMetricsFile(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) {
     COHORT_THROW(IoError) << path << ": cannot read metrics: " << std::strerror(errno);
   }
-  if (S_ISDIR(st.st_mode)) COHORT_THROW(IoError) << path << ": cannot read metrics: it is a directory";
+  // A device or pipe may never end (/dev/zero) and a FIFO blocks the open until a writer comes.
+  if (!S_ISREG(st.st_mode)) {
+    COHORT_THROW(IoError) << path << ": cannot read metrics: it is " << fileTypeName(st.st_mode)
+                          << ", not a regular file";
+  }
   std::ifstream in(path);
   if (!in) COHORT_THROW(IoError) << path << ": cannot read metrics: " << std::strerror(errno);
 

@@ -8,11 +8,12 @@
 // keys (lr, samples/s, a callback's figures) are not read and may hold anything.
 //
 // Non-finite values are dropped and counted, never an error: nlohmann writes a NaN loss as null,
-// and Python's json module writes bare NaN, Infinity and -Infinity, which are read as null too.
-// Blank lines are skipped. Errors: a missing or unreadable file is IoError naming it; a line that is
-// not a JSON object, lacks "epoch" or "step", or holds a non-number where a number belongs is
-// InvalidArgument naming FILE:LINE and what is wrong. A file without one plottable figure is
-// InvalidArgument naming it.
+// and Python's json module writes bare NaN, Infinity and -Infinity, which are read as null too, as
+// are numbers beyond a double's range (1e999, -1e999). Blank lines are skipped. Errors: a missing or
+// unreadable file, or one that is not a regular file (a directory, a device such as /dev/zero, a
+// FIFO or pipe), is IoError naming it and what it is; a line that is not a JSON object, lacks
+// "epoch" or "step", or holds a non-number where a number belongs is InvalidArgument naming
+// FILE:LINE and what is wrong. A file without one plottable figure is InvalidArgument naming it.
 // Thread safety: a plain function of the file; values own their data.
 //
 //   MetricsFile m = readMetricsFile("run/metrics.jsonl");

@@ -1,6 +1,5 @@
 #include "runtime/data/cifar10.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/data/regular_file.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::data {
@@ -34,38 +34,18 @@ bool pathExists(const std::string& path) {
 // One opened batch file whose size has been checked. Owns the descriptor; move-only.
 class RecordFile {
  public:
-  explicit RecordFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      if (errno == ENOENT) COHORT_THROW(IoError) << path_ << ": no such file";
-      COHORT_THROW(IoError) << path_ << ": cannot open: " << std::strerror(errno);
-    }
+  explicit RecordFile(std::string path) : path_(std::move(path)), fd_(openRegularFile(path_)) {
     struct stat st;
-    if (::fstat(fd_, &st) != 0) {
-      int err = errno;
-      ::close(fd_);
-      COHORT_THROW(IoError) << path_ << ": cannot stat: " << std::strerror(err);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      COHORT_THROW(IoError) << path_ << ": not a regular file";
-    }
+    if (::fstat(fd_.get(), &st) != 0) COHORT_THROW(IoError) << path_ << ": cannot stat: " << std::strerror(errno);
     auto size = static_cast<int64_t>(st.st_size);
     if (size <= 0 || size % kCifar10RecordBytes != 0) {
-      ::close(fd_);
       COHORT_THROW(IoError) << path_ << ": size " << size << " bytes is not a positive multiple of "
                             << kCifar10RecordBytes << " (one label byte and " << kPixels
                             << " pixel bytes per image)";
     }
     records_ = size / kCifar10RecordBytes;
   }
-  ~RecordFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RecordFile(RecordFile&& other) noexcept
-      : path_(std::move(other.path_)),
-        fd_(std::exchange(other.fd_, -1)),
-        records_(other.records_) {}
+  RecordFile(RecordFile&&) noexcept = default;
   RecordFile(const RecordFile&) = delete;
   RecordFile& operator=(const RecordFile&) = delete;
   RecordFile& operator=(RecordFile&&) = delete;
@@ -77,7 +57,7 @@ class RecordFile {
   void readExactly(uint8_t* out, int64_t bytes) {
     int64_t got = 0;
     while (got < bytes) {
-      ssize_t n = ::read(fd_, out + got, static_cast<size_t>(bytes - got));
+      ssize_t n = ::read(fd_.get(), out + got, static_cast<size_t>(bytes - got));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         COHORT_THROW(IoError) << path_ << ": read error at offset " << offset_ + got << ": "
@@ -94,7 +74,7 @@ class RecordFile {
 
  private:
   std::string path_;
-  int fd_ = -1;
+  runtime::UniqueFd fd_;
   int64_t records_ = 0;
   int64_t offset_ = 0;
 };
@@ -147,6 +127,7 @@ void readRecords(RecordFile& file, const Lut& lut, float* x, float* y) {
 }  // namespace
 
 std::unique_ptr<Dataset> readCifar10(const std::string& dir, Split split) {
+  requireDirectoryIfPresent(dir, "cifar10:DIR names the directory that holds the binary batches");
   std::vector<std::string> names;
   if (split == Split::kTrain) {
     for (int b = 1; b <= 5; ++b) names.push_back("data_batch_" + std::to_string(b) + ".bin");

@@ -1,15 +1,13 @@
 #include "runtime/data/csv.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 #include <vector>
 
+#include "runtime/data/regular_file.h"
 #include "runtime/error.h"
 #include "runtime/printable.h"
 
@@ -142,13 +140,6 @@ std::unique_ptr<Dataset> parseCsv(const std::string& text, const std::string& na
   return std::make_unique<Dataset>(std::move(c));
 }
 
-std::unique_ptr<Dataset> readCsv(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) COHORT_THROW(IoError) << path << ": cannot open: " << std::strerror(errno);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) COHORT_THROW(IoError) << path << ": read error";
-  return parseCsv(text.str(), path);
-}
+std::unique_ptr<Dataset> readCsv(const std::string& path) { return parseCsv(readRegularFile(path), path); }
 
 }  // namespace cohort::runtime::data

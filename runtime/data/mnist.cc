@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "runtime/data/regular_file.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::data {
@@ -17,24 +18,27 @@ constexpr int64_t kHeaderWordBytes = 4;
 // Upper bound on one file's payload; a header announcing more is corrupt, not a real dataset.
 constexpr int64_t kMaxPayloadBytes = int64_t{1} << 36;
 
-bool fileExists(const std::string& path) {
+bool pathExists(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  return ::stat(path.c_str(), &st) == 0;
 }
 
-// RAII over a gzFile. Reads plain and gzip files alike; `name` is the path actually opened.
+// RAII over a gzFile. Reads plain and gzip files alike; `name` is the path actually opened: the
+// plain file when anything by its name exists (refused unless a regular file), else the .gz one.
 class GzReader {
  public:
   explicit GzReader(const std::string& plainPath) {
-    if (fileExists(plainPath)) {
+    if (pathExists(plainPath)) {
       name_ = plainPath;
-    } else if (fileExists(plainPath + ".gz")) {
+    } else if (pathExists(plainPath + ".gz")) {
       name_ = plainPath + ".gz";
     } else {
       COHORT_THROW(IoError) << plainPath << ": no such file (nor " << plainPath << ".gz)";
     }
-    file_ = gzopen(name_.c_str(), "rb");
-    if (!file_) COHORT_THROW(IoError) << name_ << ": cannot open: " << std::strerror(errno);
+    runtime::UniqueFd fd = openRegularFile(name_);
+    file_ = gzdopen(fd.get(), "rb");
+    if (!file_) COHORT_THROW(IoError) << name_ << ": cannot open: out of memory for its gzip state";
+    (void)fd.release();  // gzclose closes it now; a failed gzdopen leaves it to `fd`
     gzbuffer(file_, 1 << 17);
   }
   ~GzReader() { gzclose(file_); }
@@ -152,6 +156,7 @@ std::vector<uint8_t> readIdxLabels(const std::string& path) {
 }
 
 std::unique_ptr<Dataset> readMnist(const std::string& dir, Split split) {
+  requireDirectoryIfPresent(dir, "mnist:DIR names the directory that holds the IDX files");
   std::string prefix = dir + (dir.empty() || dir.back() == '/' ? "" : "/");
   prefix += split == Split::kTrain ? "train" : "t10k";
   std::string imagesPath = prefix + "-images-idx3-ubyte";

@@ -1,10 +1,8 @@
 #include "runtime/data/text.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
+#include <algorithm>
 
+#include "runtime/data/regular_file.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
 
@@ -51,11 +49,7 @@ std::unique_ptr<Dataset> textDataset(const std::string& bytes, const std::string
 }
 
 std::unique_ptr<Dataset> readText(const TextOptions& options, Split split) {
-  std::ifstream in(options.path, std::ios::binary);
-  if (!in) COHORT_THROW(IoError) << options.path << ": cannot open: " << std::strerror(errno);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) COHORT_THROW(IoError) << options.path << ": read failed";
-  return textDataset(bytes, options.path, options, split);
+  return textDataset(readRegularFile(options.path), options.path, options, split);
 }
 
 }  // namespace cohort::runtime::data

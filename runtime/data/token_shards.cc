@@ -2,6 +2,7 @@
 
 #include <glob.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "runtime/data/regular_file.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::data {
@@ -95,6 +97,9 @@ TokenShards::~TokenShards() = default;
 TokenShards TokenShards::open(const std::string& pattern, ShardLayout layout) {
   TokenShards result;
   for (const std::string& path : matches(pattern)) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) COHORT_THROW(IoError) << path << ": cannot open: " << std::strerror(errno);
+    requireRegularFile(path, st.st_mode);  // a directory, device or FIFO named as such (regular_file.h)
     std::error_code error;
     const auto bytes = static_cast<int64_t>(std::filesystem::file_size(path, error));
     if (error) COHORT_THROW(IoError) << path << ": cannot read its size: " << error.message();

@@ -186,5 +186,35 @@ TEST(CliDataTest, MnistPlainAndGzippedGiveTheSameRun) {
   }
 }
 
+// Issue 33: `--data text:DIR` exited 1 with "basic_filebuf::underflow error reading the file",
+// `csv:DIR` called the directory an empty file, text:/dev/zero was read until memory ran out, and a
+// FIFO in place of a CIFAR-10 batch blocked the run forever. Every file-based spec now takes regular
+// files only: exit 2 and one line naming the path and what it is. (/dev/null stands for /dev/zero:
+// the same refusal, and a run of the old code on it ends instead of filling memory.)
+TEST(CliDataTest, DataThatIsNotARegularFileIsRefusedNamingIt) {
+  const std::string dir = freshTempDir();
+  ASSERT_EQ(::mkfifo((dir + "/fifo.csv").c_str(), 0600), 0);
+  ASSERT_EQ(::mkdir((dir + "/cifar").c_str(), 0755), 0);
+  ASSERT_EQ(::mkfifo((dir + "/cifar/data_batch_1.bin").c_str(), 0600), 0);
+  const std::string gpt = "gpt:layers=1,heads=1,dim=8,ctx=8";
+  struct Case {
+    std::string data, model, message;
+  };
+  const Case cases[] = {
+      {"text:" + dir, gpt, dir + ": is a directory, not a regular file"},
+      {"csv:" + dir, "mlp:1,2", dir + ": is a directory, not a regular file"},
+      {"text:/dev/null", gpt, "/dev/null: is a character device, not a regular file"},
+      {"csv:" + dir + "/fifo.csv", "mlp:1,2", dir + "/fifo.csv: is a FIFO or pipe, not a regular file"},
+      {"cifar10:" + dir + "/cifar", "mlp:3072,10",
+       dir + "/cifar/data_batch_1.bin: is a FIFO or pipe, not a regular file"},
+  };
+  for (const Case& c : cases) {
+    CommandResult r = runCohort({"train", "--data", c.data, "--model", c.model, "--epochs", "1", "--threads", "1"},
+                                {.timeout = std::chrono::seconds(15)});
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_EQ(r.stderrText, "[rank 0] cohort: error: " + c.message + "\n") << r.describe();
+  }
+}
+
 }  // namespace
 }  // namespace cohort::testing

@@ -7,9 +7,11 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/cli/cli_test_support.h"
@@ -244,6 +246,51 @@ TEST_F(PlotCliTest, NonFiniteValuesAreSkipped) {
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_EQ(parseResultLine(r.stdoutText).fields["points"], "2");
   EXPECT_NE(r.stderrText.find("skipped 3 non-finite values"), std::string::npos) << r.describe();
+}
+
+// Issue 33: a number beyond a double's range is JSON, but the JSON library refused it and its raw
+// message ended the plot with exit 1. It is skipped like Infinity; digits in a string are text, and a
+// key that is not plotted (lr) may hold one too.
+TEST_F(PlotCliTest, NumbersBeyondADoublesRangeAreSkippedLikeInfinities) {
+  const std::string digits400 = "1" + std::string(400, '0');
+  const std::string lines[] = {
+      R"({"epoch":1,"step":10,"train_loss":2.5,"run_samples_per_s":1})",
+      R"({"epoch":2,"step":20,"train_loss":1e999,"test_loss":-1E+999,"run_samples_per_s":1})",
+      R"({"epoch":3,"step":30,"train_loss":1.5,"test_acc":)" + digits400 + R"(,"lr":1e400,"run_samples_per_s":1})",
+      R"({"epoch":4,"step":40,"train_loss":1e-999,"run_samples_per_s":1,"note":"1e999"})",
+  };
+  writeFile(path("huge.jsonl"), lines[0] + "\n" + lines[1] + "\n" + lines[2] + "\n" + lines[3] + "\n");
+  CommandResult r = runCohort({"plot", path("huge.jsonl"), "--output", path("huge.png")});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(parseResultLine(r.stdoutText).fields["points"], "3") << "2.5, 1.5 and 1e-999 (0)\n" << r.describe();
+  EXPECT_NE(r.stderrText.find("skipped 3 non-finite values"), std::string::npos) << r.describe();
+}
+
+// Issue 33: what is still wrong after that is named by FILE:LINE (and column) with exit 2: an
+// out-of-range "step" is not a number, and a syntax error after rewritten tokens is placed in the
+// line as written. Only regular files are read: /dev/zero was read without end and a FIFO waited for
+// a writer (/dev/null stands for /dev/zero: the same refusal, and a run of the old code on it ends).
+TEST_F(PlotCliTest, MalformedLinesAndNonRegularFilesExitTwoNamingThem) {
+  writeFile(path("step.jsonl"), "{\"epoch\":1,\"step\":1e999,\"train_loss\":0.5}\n");
+  expectError({path("step.jsonl"), "--output", path("x.png")},
+              {path("step.jsonl") + ":1: \"step\" is null, expected a number"});
+  // Column 39 is the '}' after the comma: the NaN made the rewritten line a byte longer.
+  writeFile(path("comma.jsonl"), "{\"epoch\":1,\"step\":1,\"a\":NaN,\"b\":1e999,}\n");
+  expectError({path("comma.jsonl"), "--output", path("x.png")},
+              {path("comma.jsonl") + ":1: not JSON (syntax error at column 39)"});
+  writeFile(path("word.jsonl"), "{\"epoch\":1,\"step\":1,\"train_loss\":1e999x}\n");
+  expectError({path("word.jsonl"), "--output", path("x.png")}, {path("word.jsonl") + ":1: not JSON"});
+
+  ASSERT_EQ(::mkfifo(path("fifo.jsonl").c_str(), 0600), 0);
+  for (const auto& [file, what] : {std::pair<std::string, std::string>{"/dev/null", "a character device"},
+                                   {path("fifo.jsonl"), "a FIFO or pipe"}}) {
+    CommandResult r = runCohort({"plot", file, "--output", path("x.png")}, {.timeout = std::chrono::seconds(15)});
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_EQ(r.stderrText,
+              "[rank 0] cohort: error: " + file + ": cannot read metrics: it is " + what + ", not a regular file\n")
+        << r.describe();
+    EXPECT_FALSE(fileExists(path("x.png")));
+  }
 }
 
 TEST_F(PlotCliTest, BadInputExitsTwoNamingIt) {

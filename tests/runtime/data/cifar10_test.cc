@@ -164,8 +164,15 @@ TEST(Cifar10, RefusesADirectoryInPlaceOfAFile) {
   ASSERT_EQ(std::remove(cifar.path("test_batch.bin").c_str()), 0);
   ASSERT_EQ(::mkdir(cifar.path("test_batch.bin").c_str(), 0755), 0);
   std::string msg = messageOf<IoError>([&] { readCifar10(cifar.dir, Split::kTest); });
-  EXPECT_NE(msg.find(cifar.path("test_batch.bin") + ": not a regular file"), std::string::npos)
-      << msg;
+  EXPECT_EQ(msg, cifar.path("test_batch.bin") + ": is a directory, not a regular file");
+}
+
+TEST(Cifar10, RefusesAFileForTheDirectory) {
+  CifarDir cifar;
+  std::string msg = messageOf<IoError>([&] { openDataset("cifar10:" + cifar.path("test_batch.bin"), Split::kTest); });
+  EXPECT_EQ(msg, cifar.path("test_batch.bin") +
+                     ": is a regular file, not a directory; cifar10:DIR names the directory that holds the binary "
+                     "batches");
 }
 
 TEST(Cifar10, SpecNeedsADirectory) {

@@ -116,5 +116,13 @@ TEST(Csv, ReadsFilesAndNamesThemInErrors) {
   EXPECT_NE(msg.find(dir + "/missing.csv"), std::string::npos) << msg;
 }
 
+// Issue 33: a directory was reported as an "empty file"; devices are refused before reading.
+TEST(Csv, RefusesWhatIsNotARegularFile) {
+  std::string dir = freshTempDir();
+  EXPECT_EQ(messageOf<IoError>([&] { openDataset("csv:" + dir, Split::kTrain); }),
+            dir + ": is a directory, not a regular file");
+  EXPECT_EQ(messageOf<IoError>([&] { readCsv("/dev/null"); }), "/dev/null: is a character device, not a regular file");
+}
+
 }  // namespace
 }  // namespace cohort::runtime::data

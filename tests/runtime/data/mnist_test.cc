@@ -1,6 +1,7 @@
 #include "runtime/data/mnist.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cstdio>
@@ -190,6 +191,20 @@ TEST(Mnist, MissingFile) {
   ASSERT_EQ(std::remove(m.path("t10k-labels-idx1-ubyte").c_str()), 0);
   msg = messageOf<IoError>([&] { readMnist(m.dir, Split::kTest); });
   EXPECT_NE(msg.find(m.path("t10k-labels-idx1-ubyte")), std::string::npos) << msg;
+}
+
+// Issue 33: what is at a file's name but is not a regular file was reported as missing ("no such
+// file"), and a file given as DIR as a missing file inside it.
+TEST(Mnist, RefusesWhatIsNotARegularFileAndAFileForTheDirectory) {
+  MnistDir m(true);
+  ASSERT_EQ(::mkdir(m.path("train-images-idx3-ubyte").c_str(), 0755), 0);  // beside the .gz
+  std::string msg = messageOf<IoError>([&] { readMnist(m.dir, Split::kTrain); });
+  EXPECT_EQ(msg, m.path("train-images-idx3-ubyte") + ": is a directory, not a regular file");
+  EXPECT_EQ(readMnist(m.dir, Split::kTest)->size(), 2);  // the test split is unaffected
+
+  msg = messageOf<IoError>([&] { openDataset("mnist:" + m.path("t10k-labels-idx1-ubyte.gz"), Split::kTrain); });
+  EXPECT_EQ(msg, m.path("t10k-labels-idx1-ubyte.gz") +
+                     ": is a regular file, not a directory; mnist:DIR names the directory that holds the IDX files");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ namespace cohort::runtime::data {
 namespace {
 
 using testing::freshTempDir;
+using testing::messageOf;
 using testing::writeFile;
 
 // 1000 bytes: 900 of train, the last 100 the test split.
@@ -80,6 +81,16 @@ TEST(Text, TooShortFilesAndMissingFilesAreClearErrors) {
   // Through openDataset: text needs a language model's context.
   EXPECT_THROW(openDataset("text:" + dir + "/c.txt", Split::kTrain), InvalidArgument);
   EXPECT_EQ(openDataset("text:" + dir + "/c.txt", Split::kTrain, {.context = 8, .seed = 3})->size(), 112);
+}
+
+// Issue 33: a directory once failed with the stream library's "basic_filebuf::underflow error"
+// (exit 1) and /dev/zero was read until memory ran out; both are refused before reading.
+TEST(Text, RefusesWhatIsNotARegularFile) {
+  const std::string dir = freshTempDir();
+  EXPECT_EQ(messageOf<IoError>([&] { openDataset("text:" + dir, Split::kTrain, {.context = 8}); }),
+            dir + ": is a directory, not a regular file");
+  EXPECT_EQ(messageOf<IoError>([&] { readText({.path = "/dev/null", .context = 8}, Split::kTest); }),
+            "/dev/null: is a character device, not a regular file");
 }
 
 }  // namespace

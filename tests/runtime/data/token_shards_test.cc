@@ -5,6 +5,7 @@
 #include "runtime/data/token_shards.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <csignal>
 #include <cstdint>
@@ -106,6 +107,12 @@ TEST_F(TokenShardsTest, RefusesEveryMalformedFileWithOneLineNamingIt) {
   EXPECT_NE(refusal("header_only.bin", llmcShard({})).find("holds no tokens"), std::string::npos);
   EXPECT_NE(refusal("magic.bin", tokenBytes(ramp(600, 0)), ShardLayout::kLlmc).find("not an llm.c token shard"),
             std::string::npos);
+  // Issue 33: what is not a regular file is named as such (the data readers' rule, regular_file.h).
+  ::mkdir(path("dir.bin").c_str(), 0755);
+  const std::string dir = messageOf<IoError>([&] { TokenShards::open(path("dir.bin")); });
+  EXPECT_NE(dir.find(path("dir.bin") + ": is a directory, not a regular file"), std::string::npos) << dir;
+  const std::string device = messageOf<IoError>([&] { TokenShards::open("/dev/null"); });
+  EXPECT_NE(device.find("/dev/null: is a character device, not a regular file"), std::string::npos) << device;
   const std::string none = messageOf<InvalidArgument>([&] { TokenShards::open(path("nothing_*.bin")); });
   EXPECT_NE(none.find("nothing_*.bin matches no file"), std::string::npos) << none;
   for (const char* name : {"version.bin", "count.bin", "odd.bin", "empty.bin", "magic.bin"}) {
