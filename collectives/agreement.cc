@@ -1,5 +1,7 @@
 #include "collectives/agreement.h"
 
+#include <unistd.h>  // gethostname
+
 #include <openmpi/mpi.h>
 
 #include <cstdint>
@@ -19,6 +21,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double secondsOf(std::chrono::milliseconds d) { return static_cast<double>(d.count()) / 1000.0; }
+
+std::string thisHost() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown host";
+  return host;
+}
 
 // Each rank's exchange area: the length, then the bytes.
 constexpr size_t kAreaFloats = (sizeof(uint32_t) + kMaxAgreementBytes + sizeof(float) - 1) / sizeof(float);
@@ -55,6 +63,7 @@ Comparison overSharedMemory(std::string_view mine, const AgreementOptions& o) {
     if (c.firstDiffering < 0) {
       c.firstDiffering = r;
       c.differing = std::move(theirs);
+      c.referenceHost = c.differingHost = thisHost();  // one node
     }
     ++c.differingRanks;
   }
@@ -118,8 +127,16 @@ Comparison overMpi(std::string_view mine, const AgreementOptions& o) {
     c.reference = std::string(mine);
     return c;
   }
-  c.reference = broadcast(rank == 0 ? std::string(mine) : std::string(), 0, deadline, o);
-  c.differing = broadcast(rank == c.firstDiffering ? std::string(mine) : std::string(), c.firstDiffering, deadline, o);
+  // Each of the two sends its host after its bytes ("bytes\0host"), for the message.
+  const std::string withHost = std::string(mine) + '\0' + thisHost();
+  auto split = [](const std::string& sent, std::string& bytes, std::string& host) {
+    const size_t nul = sent.rfind('\0');
+    bytes = sent.substr(0, nul);
+    host = nul == std::string::npos ? std::string("unknown host") : sent.substr(nul + 1);
+  };
+  split(broadcast(rank == 0 ? withHost : std::string(), 0, deadline, o), c.reference, c.referenceHost);
+  split(broadcast(rank == c.firstDiffering ? withHost : std::string(), c.firstDiffering, deadline, o), c.differing,
+        c.differingHost);
   return c;
 }
 

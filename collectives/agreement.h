@@ -48,6 +48,9 @@ struct Comparison {
   int firstDiffering = -1;  // the lowest rank whose bytes differ from rank 0's; -1 when all agree
   std::string differing;    // that rank's bytes
   int differingRanks = 0;   // how many ranks differ from rank 0 (shared memory: exact; MPI: by digest)
+  // Where rank 0 and the first differing rank run (their host names), for messages: "rank 3 (node1)".
+  // Set when a rank differs.
+  std::string referenceHost, differingHost;
 };
 
 Comparison compareAcrossRanks(std::string_view mine, const AgreementOptions& options);

@@ -61,9 +61,9 @@ Settings decodeSettings(const std::string& bytes) {
 }
 
 std::string describeDifference(const Settings& reference, int rank, const Settings& theirs, int differingRanks,
-                               int worldSize) {
+                               int worldSize, const std::string& referenceHost, const std::string& rankHost) {
   std::ostringstream os;
-  os << "ranks 0 and " << rank << " were started with different settings: ";
+  os << "ranks 0 (" << referenceHost << ") and " << rank << " (" << rankHost << ") were started with different settings: ";
   // The first setting, in rank 0's order, that rank `rank` has otherwise or lacks; then one it has
   // that rank 0 lacks.
   bool found = false;
@@ -99,7 +99,7 @@ void agreeOnSettings(const Settings& mine, const collectives::AgreementOptions& 
   if (c.firstDiffering < 0) return;
   COHORT_THROW(InvalidArgument) << describeDifference(decodeSettings(c.reference), c.firstDiffering,
                                                       decodeSettings(c.differing), c.differingRanks,
-                                                      options.world.worldSize);
+                                                      options.world.worldSize, c.referenceHost, c.differingHost);
 }
 
 }  // namespace cohort::train

@@ -20,10 +20,11 @@ namespace cohort::train {
 std::string encodeSettings(const Settings& settings);
 // InvalidArgument on bytes encodeSettings did not write.
 Settings decodeSettings(const std::string& bytes);
-// The message for rank 0's `reference` against rank `rank`'s `theirs` (which differ): the first
+// The message for rank 0's `reference` against rank `rank`'s `theirs` (which differ): the two ranks
+// with their hosts, as collectives name ranks ("ranks 0 (node0) and 3 (node1)"), then the first
 // setting that differs or that one of them lacks.
 std::string describeDifference(const Settings& reference, int rank, const Settings& theirs, int differingRanks,
-                               int worldSize);
+                               int worldSize, const std::string& referenceHost, const std::string& rankHost);
 
 void agreeOnSettings(const Settings& mine, const collectives::AgreementOptions& options);
 

@@ -5,6 +5,7 @@
 // mpirun, so nothing but the workers themselves can stop the job.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,13 @@
 
 namespace cohort::testing {
 namespace {
+
+// Where these ranks run: the message names each rank's host (issue 33).
+std::string hostName() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -76,7 +84,7 @@ class AgreementCliTest : public ShmDirTest {
 
 TEST_F(AgreementCliTest, ShardedRanksWithAnotherBatchSizeAreRefused) {
   auto results = runRanks({{"--mode", "allreduce", "--batch-size", "64"}, {"--mode", "allreduce", "--batch-size", "32"}});
-  expectRefused(results, "ranks 0 and 1 were started with different settings: batch_size is 64 on rank 0 but 32 on rank 1");
+  expectRefused(results, "ranks 0 (" + hostName() + ") and 1 (" + hostName() + ") were started with different settings: batch_size is 64 on rank 0 but 32 on rank 1");
 }
 
 TEST_F(AgreementCliTest, ReplicasWithAnotherLearningRateAreRefused) {
@@ -93,7 +101,7 @@ TEST_F(AgreementCliTest, TheFirstDifferingRankOfThreeIsNamedAndTheCountGiven) {
   auto results = runRanks({{"--mode", "allreduce", "--momentum", "0.9"},
                            {"--mode", "allreduce", "--momentum", "0.9"},
                            {"--mode", "allreduce", "--optimizer", "adam"}});
-  expectRefused(results, "ranks 0 and 2 were started with different settings: optimizer is sgd on rank 0 but adam on rank 2");
+  expectRefused(results, "ranks 0 (" + hostName() + ") and 2 (" + hostName() + ") were started with different settings: optimizer is sgd on rank 0 but adam on rank 2");
 }
 
 TEST_F(AgreementCliTest, ModesThatDifferAreRefused) {
@@ -113,7 +121,7 @@ TEST_F(AgreementCliTest, MpirunMpmdRanksWithAnotherLearningRateAreRefused) {
   CommandResult r = runCommand(argv, {.timeout = std::chrono::seconds(90)});
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(r.exitCode, 2) << r.describe();
-  const std::string message = "ranks 0 and 1 were started with different settings: lr is 0.05 on rank 0 but 0.5 on rank 1";
+  const std::string message = "ranks 0 (" + hostName() + ") and 1 (" + hostName() + ") were started with different settings: lr is 0.05 on rank 0 but 0.5 on rank 1";
   EXPECT_EQ(linesWith(r.stdoutText + r.stderrText, message).size(), 2u) << "every rank says it\n" << r.describe();
   EXPECT_EQ(r.stdoutText.find("RESULT"), std::string::npos) << r.describe();
   EXPECT_LT(seconds, 20.0);

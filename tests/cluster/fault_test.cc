@@ -267,7 +267,8 @@ TEST_F(FaultTest, DifferentSettingsOnOneNodeAreRefusedNamingBothRanks) {
   show("node 1 started with another --lr", r.stdoutText + r.stderrText);
   EXPECT_NE(r.exitCode, 0) << r.describe();
   const std::string message =
-      "ranks 0 and 2 were started with different settings: lr is 0.05 on rank 0 but 0.1 on rank 2";
+      "ranks 0 (cohort-node0) and 2 (cohort-node1) were started with different settings: lr is 0.05 on rank 0 but 0.1 "
+      "on rank 2";
   const std::string out = r.stdoutText + r.stderrText;
   EXPECT_NE(out.find(message), std::string::npos) << r.describe();
   EXPECT_EQ(out.find("step 1 "), std::string::npos) << "no rank trained a step: " << r.describe();

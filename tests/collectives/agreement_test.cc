@@ -2,6 +2,7 @@
 // 1 to 4 ranks: ranks that agree, ranks that differ (every rank learns the same first differing rank,
 // the count and both sides' bytes), and a rank that never takes part (a timeout naming it, not a hang).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <tuple>
@@ -39,10 +40,14 @@ TEST_P(AgreementTest, EveryRankLearnsTheFirstDifferingRankAndBothSides) {
   ASSERT_FALSE(r.timedOut) << r.output;
   EXPECT_EQ(r.exitCode, 0) << r.output;
   const int first = ranks == 2 ? 1 : 2, count = ranks - first;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  const std::string host = name;
   for (int rank = 0; rank < ranks; ++rank) {
     const std::string want = "DIFFER rank=" + std::to_string(rank) + " first=" + std::to_string(first) +
                              " count=" + std::to_string(count) +
-                             " reference=settings of the job differing=settings of rank " + std::to_string(first) + "\n";
+                             " reference=settings of the job differing=settings of rank " + std::to_string(first) +
+                             " hosts=" + host + "," + host + "\n";  // both sides name where they run
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
   }
 }

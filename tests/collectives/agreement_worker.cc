@@ -6,7 +6,7 @@
 //     differ  ranks 2 and up (or rank 1 in a world of 2) hold "settings of rank R"
 //     absent  rank 1 never takes part (it waits in MPI_Barrier until mpirun ends the job)
 // Prints "WORLD rank=R size=N", then "AGREED rank=R" or
-// "DIFFER rank=R first=F count=C reference=<rank 0's> differing=<F's>"; on a cohort::Error
+// "DIFFER rank=R first=F count=C reference=<rank 0's> differing=<F's> hosts=<0's>,<F's>"; on a cohort::Error
 // "ERROR rank=R <message>" and exits with its exit code.
 #include <openmpi/mpi.h>
 
@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
     if (c.firstDiffering < 0) {
       std::printf("AGREED rank=%d reference=%s\n", world.rank, c.reference.c_str());
     } else {
-      std::printf("DIFFER rank=%d first=%d count=%d reference=%s differing=%s\n", world.rank, c.firstDiffering,
-                  c.differingRanks, c.reference.c_str(), c.differing.c_str());
+      std::printf("DIFFER rank=%d first=%d count=%d reference=%s differing=%s hosts=%s,%s\n", world.rank, c.firstDiffering,
+                  c.differingRanks, c.reference.c_str(), c.differing.c_str(), c.referenceHost.c_str(), c.differingHost.c_str());
     }
     std::fflush(stdout);
     return 0;

@@ -26,20 +26,20 @@ TEST(SettingsAgreement, EncodingRoundTripsAnyBytes) {
 TEST(SettingsAgreement, TheMessageNamesTheFirstDifferingSettingWithBothValues) {
   const Settings a = {{"mode", "allreduce"}, {"batch_size", "64"}, {"lr", "0.05"}};
   const Settings b = {{"mode", "allreduce"}, {"batch_size", "32"}, {"lr", "0.5"}};
-  std::string m = describeDifference(a, 1, b, 1, 2);
-  EXPECT_NE(m.find("ranks 0 and 1 were started with different settings: batch_size is 64 on rank 0 but 32 on rank 1."),
+  std::string m = describeDifference(a, 1, b, 1, 2, "node0", "node1");
+  EXPECT_NE(m.find("ranks 0 (node0) and 1 (node1) were started with different settings: batch_size is 64 on rank 0 but 32 on rank 1."),
             std::string::npos)
       << m;
-  m = describeDifference(a, 3, b, 2, 4);
+  m = describeDifference(a, 3, b, 2, 4, "node0", "node1");
   EXPECT_NE(m.find("on rank 3 (2 of 4 ranks differ from rank 0)"), std::string::npos) << m;
 }
 
 TEST(SettingsAgreement, ASettingOnlyOneSideHasIsNamed) {
   const Settings a = {{"mode", "allreduce"}, {"checkpoint", ""}};
   const Settings b = {{"mode", "allreduce"}};
-  EXPECT_NE(describeDifference(a, 1, b, 1, 2).find("checkpoint is '' on rank 0 but not set on rank 1"), std::string::npos);
+  EXPECT_NE(describeDifference(a, 1, b, 1, 2, "node0", "node1").find("checkpoint is '' on rank 0 but not set on rank 1"), std::string::npos);
   const Settings c = {{"mode", "allreduce"}, {"checkpoint", ""}, {"user", "x"}};
-  EXPECT_NE(describeDifference(a, 2, c, 1, 3).find("user is x on rank 2 but not set on rank 0"), std::string::npos);
+  EXPECT_NE(describeDifference(a, 2, c, 1, 3, "node0", "node0").find("user is x on rank 2 but not set on rank 0"), std::string::npos);
 }
 
 }  // namespace
