@@ -358,26 +358,45 @@ void reportEffectiveBatch(const runtime::Logger& log, const TrainFlags& f, const
   }
 }
 
-// SIGUSR1 (SLURM sends it before the time limit with --signal=USR1@SECONDS; cohortrun forwards it)
-// asks the training loop to checkpoint and stop cleanly. The flag is the one global, and only the
-// program (never the library) has it.
+// SIGUSR1 (SLURM sends it before the time limit with --signal=USR1@SECONDS; cohortrun forwards it),
+// SIGTERM (cohortrun's stop, a scheduler's, `kill`) and SIGHUP (the terminal closed) ask the training
+// loop to checkpoint and stop cleanly, as docs/launcher.md says workers do. A second SIGTERM or
+// SIGHUP ends the worker at once (exit 128 + the signal): a worker stuck where the loop cannot see
+// the request still leaves when asked twice. After a stop on SIGTERM or SIGHUP the worker exits
+// 128 + that signal (so a shell or scheduler sees it was stopped), after one on SIGUSR1 with 0
+// (SLURM requeues on the RESULT line's stopped=signal). The flags are the program's globals; only
+// the program (never the library) has them.
 //
-// The signal is never delivered to a training thread: it is blocked before any thread exists (every
-// thread inherits the mask) and taken by one thread of its own with sigwait(). A handler running on
-// a training thread's stack corrupted the heap: Debian's oneDNN 2.6 sgemm kernels keep data below
-// the stack pointer, beyond the red zone, where the kernel writes the signal frame (seen as
-// "corrupted size vs. prev_size" aborts and SIGSEGVs in cli_allreduce_test's SIGUSR1 case; valgrind
-// shows oneDNN reading below its stack pointer).
+// The signals are never delivered to a training thread: they are blocked before any thread exists
+// (every thread inherits the mask) and taken by one thread of its own with sigwait(). A handler
+// running on a training thread's stack corrupted the heap: Debian's oneDNN 2.6 sgemm kernels keep
+// data below the stack pointer, beyond the red zone, where the kernel writes the signal frame (seen
+// as "corrupted size vs. prev_size" aborts and SIGSEGVs in cli_allreduce_test's SIGUSR1 case;
+// valgrind shows oneDNN reading below its stack pointer).
 std::atomic<bool> gStopRequested{false};
+std::atomic<int> gStopSignal{0};  // the signal that asked to stop (the last one)
+std::atomic<int> gTerminatingSignal{0};  // SIGTERM or SIGHUP, once one has asked
 
 void installStopSignal() {
   sigset_t set;
   sigemptyset(&set);
-  sigaddset(&set, SIGUSR1);
+  for (int signal : {SIGUSR1, SIGTERM, SIGHUP}) sigaddset(&set, signal);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread([set] {
     int signal = 0;
-    while (sigwait(&set, &signal) == 0) gStopRequested.store(true, std::memory_order_relaxed);
+    while (sigwait(&set, &signal) == 0) {
+      if (signal != SIGUSR1) {
+        const char* name = signal == SIGTERM ? "SIGTERM" : "SIGHUP";
+        if (gTerminatingSignal.exchange(signal) != 0) {
+          std::fprintf(stderr, "cohort: %s again: leaving now, without a checkpoint\n", name);
+          std::_Exit(128 + signal);
+        }
+        std::fprintf(stderr, "cohort: %s: stopping after this step (with a checkpoint where --checkpoint is given); "
+                             "send it again to leave at once\n", name);
+      }
+      gStopSignal.store(signal, std::memory_order_relaxed);
+      gStopRequested.store(true, std::memory_order_relaxed);
+    }
   }).detach();
 }
 
@@ -519,6 +538,7 @@ int runTrain(const TrainFlags& f) {
                           .resume = f.resume,
                           .maxSteps = f.maxSteps,
                           .stopRequested = &gStopRequested,
+                          .stopSignal = &gStopSignal,
                           .metricsPath = metricsPath,
                           .tensorboardDir = f.tensorboard,
                           .logEverySteps = f.logEverySteps,
@@ -571,7 +591,9 @@ int runTrain(const TrainFlags& f) {
                << (f.checkpoint.empty() ? "; no --checkpoint was given, so nothing was saved"
                                         : "; continue with the same command and --resume");
   }
-  return 0;
+  // Stopped by SIGTERM or SIGHUP: exit as that signal says (143, 129), having saved what it could.
+  const int terminating = gTerminatingSignal.load();
+  return result.stoppedByRequest && terminating != 0 ? 128 + terminating : 0;
 }
 
 }  // namespace cohort::cli

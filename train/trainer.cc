@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <signal.h>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -232,6 +233,15 @@ void Trainer::prepareOutputs() {
 
 Trainer::~Trainer() = default;
 
+std::string Trainer::stopCause() const {
+  if (userStop_) return "by a callback";
+  if (!options_.stopRequested || !options_.stopRequested->load(std::memory_order_relaxed)) return "on another rank";
+  const int signal = options_.stopSignal ? options_.stopSignal->load(std::memory_order_relaxed) : 0;
+  if (signal == 0) return "a stop request";
+  const char* name = ::sigabbrev_np(signal);
+  return name ? std::string("SIG") + name : "signal " + std::to_string(signal);
+}
+
 TrainResult Trainer::run() {
   const auto start = Clock::now();
   const runtime::Logger& log = job_.log();
@@ -356,7 +366,7 @@ TrainResult Trainer::run() {
       if (stopAgreed(pos.step, false) && midEpoch) {
         settleSteps(pos, window, 0);
         if (progress_) progress_->clearLine();
-        log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): checkpointing at step "
+        log.info() << "stop requested (" << stopCause() << "): checkpointing at step "
                    << pos.step << " and stopping";
         collectGpuSums(pos);
         saveCheckpoint(pos);
@@ -388,7 +398,7 @@ TrainResult Trainer::run() {
       break;
     }
     if (pos.epoch + 1 < options_.epochs && stopAgreed(pos.step, true)) {
-      log.info() << "stop requested (" << (userStop_ ? "by a callback" : "SIGUSR1") << "): stopping after epoch "
+      log.info() << "stop requested (" << stopCause() << "): stopping after epoch "
                  << pos.epoch + 1 << (options_.checkpointPath.empty() ? "" : " (checkpointed)");
       result.stoppedEarly = result.stoppedByRequest = true;
       result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;

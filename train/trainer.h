@@ -77,6 +77,9 @@ struct TrainerOptions {
   // Set asynchronously (e.g. by a SIGUSR1 handler): stop after the current step (agreed by all
   // ranks), write the checkpoint and return.
   const std::atomic<bool>* stopRequested = nullptr;
+  // The signal that set stopRequested (SIGUSR1, SIGTERM, SIGHUP), named in the log; unset or 0: "a
+  // stop request".
+  const std::atomic<int>* stopSignal = nullptr;
   std::string metricsPath;       // JSON lines, one per epoch (rank 0); empty: none
   // Rank 0 writes the metrics as TensorBoard scalars into a new event file there (docs/observing.md
   // names the tags); empty: none.
@@ -227,6 +230,8 @@ class Trainer {
   TrainResult alreadyDone(const Position& pos, Clock::time_point start);
   // Whether to stop now: this rank's request, agreed with the others (see the header comment).
   bool stopAgreed(int64_t step, bool epochEnd);
+  // Why the loop stops on request, for the log: "by a callback", "SIGTERM", ...
+  std::string stopCause() const;
   void prepareOnRankZero(const std::function<void()>& prepare, const std::string& what);
   void prepareOutputs();
   void saveCheckpoint(const Position& pos);
