@@ -337,6 +337,45 @@ size_t prepareCheckpointDestination(const std::string& path) {
   return removeStaleTemporaries(dir, base);
 }
 
+CheckpointLock::CheckpointLock(const std::string& path) {
+  const auto [dir, base] = splitCheckpointPath(path);
+  lockPath_ = dir + "/." + base + ".lock";
+  // The file must still be the one locked (another holder may have removed it meanwhile): else again.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    runtime::UniqueFd fd(::open(lockPath_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (!fd) refuseWithErrno(path, "cannot create the lock file " + lockPath_);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      char holder[256] = {};
+      const ssize_t n = ::pread(fd.get(), holder, sizeof holder - 1, 0);
+      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "a process that has not said who it is";
+      while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+      Refusal(path) << "another run is writing its checkpoints here (" << who << "; " << lockPath_
+                    << "): stop it first, or give this run another --checkpoint";
+    }
+    struct stat opened {}, named {};
+    if (::fstat(fd.get(), &opened) != 0 || ::stat(lockPath_.c_str(), &named) != 0 || opened.st_ino != named.st_ino ||
+        opened.st_dev != named.st_dev) {
+      continue;
+    }
+    char host[256] = "unknown host";
+    ::gethostname(host, sizeof host - 1);
+    const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+    if (::ftruncate(fd.get(), 0) == 0) (void)::pwrite(fd.get(), me.data(), me.size(), 0);  // only says who: best effort
+    fd_ = fd.release();
+    return;
+  }
+  Refusal(path) << "cannot take the lock file " << lockPath_ << ": it keeps being replaced";
+}
+
+CheckpointLock::CheckpointLock(CheckpointLock&& other) noexcept
+    : lockPath_(std::move(other.lockPath_)), fd_(std::exchange(other.fd_, -1)) {}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ < 0) return;
+  ::unlink(lockPath_.c_str());  // while still held: a run that opened it before finds it gone and tries again
+  ::close(fd_);
+}
+
 const runtime::Tensor* Checkpoint::find(const std::string& name) const {
   for (const NamedTensor& t : tensors) {
     if (t.name == name) return &t.tensor;

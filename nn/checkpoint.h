@@ -95,6 +95,24 @@ void checkOutputFile(const std::string& path, const std::string& what);
 // removes them too. Returns how many it removed.
 size_t prepareCheckpointDestination(const std::string& path);
 
+// Holds `path` for one run's checkpoints (the Trainer takes it on rank 0 before the first step):
+// an exclusive flock on "<dir>/.<name>.lock", which records who holds it (pid, host, start time).
+// A second run with the same path is refused at once with IoError naming the holder, where it used
+// to run beside the first, the last writer winning. The lock goes with the process however it ends
+// (a stale file holds no lock); the destructor removes the file. Movable, not copyable.
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(const std::string& path);
+  CheckpointLock(CheckpointLock&& other) noexcept;
+  CheckpointLock& operator=(CheckpointLock&&) = delete;
+  CheckpointLock(const CheckpointLock&) = delete;
+  ~CheckpointLock();
+
+ private:
+  std::string lockPath_;
+  int fd_ = -1;
+};
+
 // Reads and validates the checkpoint at `path`. Throws IoError for anything missing or corrupt.
 Checkpoint readCheckpoint(const std::string& path);
 

@@ -210,6 +210,7 @@ void Trainer::prepareOutputs() {
     // Clears what killed writers left there.
     prepareOnRankZero(
         [&] {
+          if (!checkpointLock_) checkpointLock_.emplace(options_.checkpointPath);  // one run per checkpoint path
           if (size_t removed = nn::prepareCheckpointDestination(options_.checkpointPath)) {
             job_.log().info() << "removed " << removed << " temporary checkpoint file(s) of " << options_.checkpointPath
                               << " left by writers that were killed";

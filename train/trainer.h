@@ -48,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/checkpoint.h"
 #include "nn/loss.h"
 #include "nn/lr_schedule.h"
 #include "runtime/data/data_loader.h"
@@ -300,6 +301,7 @@ class Trainer {
   runtime::Rng rng_;
   std::optional<nn::LrSchedule> schedule_;
   bool userStop_ = false;     // a callback asked to stop
+  std::optional<nn::CheckpointLock> checkpointLock_;  // rank 0's, for the run
   bool checkpointHeld_ = false;  // checkpointPath holds this run's state (written, or resumed from)
   double trainSeconds_ = 0;   // this rank's, over the epochs run in this process
   int64_t trainedSamples_ = 0;

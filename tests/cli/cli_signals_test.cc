@@ -2,7 +2,8 @@
 // word or a checkpoint, while docs/launcher.md says SIGTERM lets workers checkpoint and leave. Now
 // the first one stops the loop after its step with a checkpoint (exit 128 + the signal, the RESULT
 // line's stopped=signal) and the same command with --resume continues; a second one ends the worker
-// at once, even during set-up.
+// at once, even during set-up. And a second run given the same --checkpoint as a running one is
+// refused at once, naming the first (item 19; it used to run beside it, the last writer winning).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -64,6 +65,23 @@ TEST_F(SignalsCliTest, ASecondSigtermEndsTheWorkerAtOnce) {
   EXPECT_EQ(r.exitCode, 143) << r.describe();
   EXPECT_NE(r.stderrText.find("cohort: SIGTERM again: leaving now, without a checkpoint"), std::string::npos) << r.describe();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0) << r.describe();
+}
+
+TEST_F(SignalsCliTest, ASecondRunOnTheSameCheckpointIsRefusedNamingTheFirst) {
+  const std::string ckpt = dir_ + "/shared.st", lock = dir_ + "/.shared.st.lock";
+  std::string quoted;
+  for (const auto& a : train(ckpt)) quoted += " '" + a + "'";
+  std::string second;
+  for (const auto& a : train(ckpt)) second += " '" + a + "'";
+  // The second starts once the first holds the lock and has checkpointed; then the first is stopped.
+  const std::string script = quoted + " & pid=$!; n=0; until [ -f '" + ckpt + "' ] || [ $n -ge 1200 ]; do sleep 0.05; " +
+                             "n=$((n+1)); done;" + second + "; echo \"second exited $?\"; kill -TERM $pid; wait $pid";
+  CommandResult r = runCommand({"/bin/sh", "-c", script}, {.timeout = std::chrono::seconds(240)});
+  EXPECT_EQ(r.exitCode, 143) << r.describe();
+  EXPECT_NE(r.stdoutText.find("second exited 2"), std::string::npos) << r.describe();
+  EXPECT_NE(r.stderrText.find(ckpt + ": another run is writing its checkpoints here (pid "), std::string::npos) << r.describe();
+  EXPECT_FALSE(fileExists(lock)) << "the first run removes its lock file";
+  EXPECT_EQ(parseResultLine(r.stdoutText).count, 1) << "only the first trained\n" << r.describe();
 }
 
 }  // namespace
