@@ -210,8 +210,9 @@ void Trainer::prepareOutputs() {
     // Clears what killed writers left there.
     prepareOnRankZero(
         [&] {
+          const size_t removed = nn::prepareCheckpointDestination(options_.checkpointPath);  // the directory first
           if (!checkpointLock_) checkpointLock_.emplace(options_.checkpointPath);  // one run per checkpoint path
-          if (size_t removed = nn::prepareCheckpointDestination(options_.checkpointPath)) {
+          if (removed) {
             job_.log().info() << "removed " << removed << " temporary checkpoint file(s) of " << options_.checkpointPath
                               << " left by writers that were killed";
           }

@@ -382,9 +382,13 @@ class MpiState {
   }
 
   [[noreturn]] void throwTimeout(const Op& op, std::chrono::milliseconds timeout) {
-    // The earliest Op still exchanging fingerprints holds everything after it back.
+    // The earliest Op still exchanging fingerprints holds everything after it back; one issued after
+    // `op` does not hold `op` (which then waits for its data: below).
     for (const auto& pendingOp : pending_) {
-      if (pendingOp->phase != Phase::kFingerprints) continue;
+      if (pendingOp->phase != Phase::kFingerprints) {
+        if (pendingOp.get() == &op) break;
+        continue;
+      }
       std::vector<int> missing;
       for (int r = 0; r < size_; ++r) {
         if (pendingOp->recvRequests[r] != MPI_REQUEST_NULL) missing.push_back(r);
