@@ -122,8 +122,11 @@ void ProcessBarrier::abandon(int rank, const Error& error) {
   failure_->state.store(kWritten, std::memory_order_release);
 }
 
-void ProcessBarrier::checkAbandoned(int rank, const WaitOptions& options) const {
-  if (failure_->state.load(std::memory_order_acquire) != kWritten || failure_->rank == static_cast<uint32_t>(rank)) return;
+bool ProcessBarrier::abandonedByOther(int rank) const {
+  return failure_->state.load(std::memory_order_acquire) == kWritten && failure_->rank != static_cast<uint32_t>(rank);
+}
+
+void ProcessBarrier::throwAbandoned(int rank, const WaitOptions& options) const {
   std::ostringstream os;
   os << "local rank " << failure_->rank << " failed while rank " << rank << " waited at barrier '" << options.what
      << "': " << failure_->message;
@@ -132,6 +135,13 @@ void ProcessBarrier::checkAbandoned(int rank, const WaitOptions& options) const 
 }
 
 uint64_t ProcessBarrier::generationOf(int rank) const { return slot(rank).generation.load(std::memory_order_acquire); }
+
+int ProcessBarrier::firstMissing(uint64_t generation) const {
+  for (int r = 0; r < numRanks(); ++r) {
+    if (slots_[r].generation.load(std::memory_order_acquire) < generation) return r;
+  }
+  return -1;
+}
 
 int ProcessBarrier::missingRanks(uint64_t generation, std::string& missing) const {
   int count = 0;
@@ -152,7 +162,12 @@ void ProcessBarrier::checkPeersAlive(int rank, uint64_t generation, const WaitOp
     if (r == rank || s.generation.load(std::memory_order_acquire) >= generation) continue;
     uint64_t pid = s.pid.load(std::memory_order_acquire);
     if (pid == 0) continue;  // not registered yet: only the deadline can tell
+    if (options.testHook) options.testHook(WaitPoint::kProcessUnknown, r);
     if (!processIsAlive(static_cast<pid_t>(pid), s.startTicks.load(std::memory_order_relaxed))) {
+      // Gone, but it may have arrived first: the last rank to arrive passes at once and may exit
+      // (after its last barrier) since its slot was read above. Its arrival was stored before it
+      // exited, so a slot still short now means it died without arriving.
+      if (s.generation.load(std::memory_order_acquire) >= generation) continue;
       COHORT_THROW(PeerError) << "rank " << r << " (pid " << pid << ") exited while rank " << rank
                               << " waited at barrier '" << options.what << "'";
     }
@@ -167,12 +182,16 @@ void ProcessBarrier::wait(int rank, uint64_t generation, const WaitOptions& opti
   Backoff backoff;
   std::string missing;
   while (true) {
-    bool all = true;
-    for (int r = 0; r < numRanks() && all; ++r) {
-      all = slots_[r].generation.load(std::memory_order_acquire) >= generation;
-    }
-    if (all) return;
-    checkAbandoned(rank, options);
+    // Another rank's failure is read before the arrivals (and a process's death before its slot, in
+    // checkPeersAlive), never after: the last rank to arrive passes at once and may give up in its
+    // next step, which must not fail a barrier it completed. A rank gives up after its own wait
+    // saw every arrival (acquire, then release of the failure), so a failure seen together with a
+    // rank still missing was recorded before this barrier completed.
+    const bool abandoned = abandonedByOther(rank);
+    const int missingRank = firstMissing(generation);
+    if (missingRank < 0) return;
+    if (options.testHook) options.testHook(WaitPoint::kRankMissing, missingRank);
+    if (abandoned) throwAbandoned(rank, options);
     auto now = std::chrono::steady_clock::now();
     if (now >= nextLivenessCheck) {
       checkPeersAlive(rank, generation, options);

@@ -3,14 +3,17 @@
 // The barrier's state is a block of caller-provided shared memory (e.g. inside a ShmRegion) of
 // bytesFor(numRanks) bytes, 64-byte aligned: a small control block, a failure record (who gave up
 // and why, see abandon()), then one 64-byte slot per rank holding, as lock-free
-// std::atomic<uint64_t>, the barrier generation the rank has reached and its pid and start time. There is no mutex: a process that dies anywhere cannot leave anything locked.
+// std::atomic<uint64_t>, the barrier generation the rank has reached and its pid and start time.
+// There is no mutex: a process that dies anywhere cannot leave anything locked.
 //
 // Algorithm: rank r arrives at generation g = slot[r].generation + 1 by storing g (release); it
 // waits until every slot holds >= g (acquire). No rank can reach g + 1 before all have reached g, so
 // counters never need resetting. While waiting it spins briefly, then sleeps with growing backoff
 // (up to 10 ms); every ~20 ms it checks the pids of ranks that have not arrived: a registered rank
 // whose process is gone (or a zombie) is a PeerError within ~100 ms; the deadline passing is a
-// TimeoutError that lists the ranks that did not arrive.
+// TimeoutError that lists the ranks that did not arrive. The last rank to arrive passes at once and
+// may then exit or give up, while slower ranks still wait: so a waiter judges a rank (its process,
+// a recorded failure) before it reads the arrivals, and a barrier that completed never fails.
 // A rank that fails elsewhere (e.g. its wait on the network ran out) calls abandon() with its error
 // before it unwinds: every rank waiting here, now or later, then fails at once with that rank's
 // reason (the same exit code) instead of timing out on it and naming a rank that was only waiting
@@ -34,6 +37,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "runtime/error.h"
@@ -45,9 +49,18 @@ class ProcessBarrier {
   static constexpr int kMaxRanks = 1024;
   static constexpr size_t kAlignment = 64;
 
+  // The windows in which wait() can race with the other ranks (see WaitOptions::testHook).
+  enum class WaitPoint {
+    kRankMissing,     // wait() has found `rank` missing, before it reports another rank's failure
+    kProcessUnknown,  // the liveness check has found `rank` missing, before it looks at its process
+  };
+
   struct WaitOptions {
     std::string what = "barrier";  // names the barrier in errors: "barrier 'start' timed out ..."
     std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+    // Test-only: called inside each WaitPoint's window with the rank concerned, so that a test can
+    // make the other ranks move there (tests/ipc/barrier_test.cc). Empty otherwise: one branch.
+    std::function<void(WaitPoint point, int rank)> testHook = nullptr;
   };
 
   // Bytes of shared memory a barrier for numRanks (1..kMaxRanks) needs.
@@ -72,8 +85,9 @@ class ProcessBarrier {
   void arriveAndWait(int rank, const WaitOptions& options) { wait(rank, arrive(rank), options); }
 
   // `rank` gives up with `error` (its message and exit code): every wait() of another rank, now and
-  // later, throws "local rank R failed: <message>" as a TimeoutError when `error` is one, else as a
-  // PeerError. Only the first call on a barrier is kept; long messages are cut.
+  // later, for a generation not yet complete throws "local rank R failed: <message>" as a
+  // TimeoutError when `error` is one, else as a PeerError. Only the first call on a barrier is
+  // kept; long messages are cut.
   void abandon(int rank, const Error& error);
   // The generation `rank` has reached (for tests and diagnostics).
   uint64_t generationOf(int rank) const;
@@ -84,11 +98,14 @@ class ProcessBarrier {
   struct Slot;
   Slot& slot(int rank) const;
   void checkRank(int rank) const;
+  // The lowest rank below `generation`, or -1 when every rank has reached it.
+  int firstMissing(uint64_t generation) const;
   // Fills `missing` with the ranks below `generation`; returns its size.
   int missingRanks(uint64_t generation, std::string& missing) const;
   void checkPeersAlive(int rank, uint64_t generation, const WaitOptions& options) const;
-  // Throws another rank's failure, if one was recorded.
-  void checkAbandoned(int rank, const WaitOptions& options) const;
+  // Whether a rank other than `rank` has recorded a failure; throwAbandoned() throws it.
+  bool abandonedByOther(int rank) const;
+  [[noreturn]] void throwAbandoned(int rank, const WaitOptions& options) const;
 
   Control* control_;
   Failure* failure_;

@@ -1,9 +1,12 @@
 #include "ipc/barrier.h"
 
+#include <poll.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -44,6 +47,27 @@ ShmRegion createBarrierSegment(const std::string& job, int n) {
 ShmRegion openBarrierSegment(const std::string& job, int n) {
   return ShmRegion::open({.jobId = job, .name = "barrier", .payloadBytes = payloadFor(n), .timeout = 30s});
 }
+
+// A fresh job whose barrier segment for n ranks this process created; it is rank 0.
+struct BarrierJob {
+  explicit BarrierJob(int ranks)
+      : n(ranks), region(createBarrierSegment(job, n)), barrier(region.payload(), ProcessBarrier::bytesFor(n)) {}
+  // Forks rank `rank`: it maps the segment, passes the barrier 'registered' and runs `body`.
+  pid_t forkRank(int rank, const std::function<int(ProcessBarrier&)>& body) const {
+    return forkChild([&] {
+      ShmRegion mine = openBarrierSegment(job, n);
+      ProcessBarrier b(mine.payload(), ProcessBarrier::bytesFor(n));
+      b.arriveAndWait(rank, {.what = "registered", .timeout = 30s});
+      return body(b);
+    });
+  }
+
+  ScopedShmDir dir;  // first: the segment is created in it
+  std::string job = freshJobId();
+  int n;
+  ShmRegion region;
+  ProcessBarrier barrier;
+};
 
 // Each round: every rank writes the round into its slot, meets the others, checks that all slots
 // hold the round, and meets them again before anyone overwrites. Returns 0 or the failing round.
@@ -156,6 +180,55 @@ TEST(ProcessBarrier, ARankThatAbandonsFailsItsWaitersAtOnceWithItsReason) {
   }
 }
 
+// The race these two tests pin down: a waiter read the arrivals and only afterwards judged the rank
+// it found missing — by its process (the liveness check, every 20 ms) or by a failure recorded with
+// abandon(). The last rank to arrive does not wait: it passes at once and may exit (a worker after
+// its last barrier) or fail in its next step. If it arrived and did so inside the waiter's window,
+// a barrier that had completed failed with "rank 1 (pid P) exited while rank 0 waited at barrier
+// 'last'" or with rank 1's reason. The window is a /proc read or a few loads wide, so loaded
+// machines hit it rarely; the test hook holds the waiter inside it until rank 1 has arrived and
+// exited (or given up). Fixed by reading the verdict first and the arrivals after it.
+TEST(ProcessBarrier, ARankThatArrivesAndExitsDuringALivenessCheckIsNoPeerError) {
+  BarrierJob j(2);
+  ProcessBarrier& barrier = j.barrier;
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t last = j.forkRank(1, [&](ProcessBarrier& b) {
+    pollfd wake{.fd = go[0], .events = POLLIN, .revents = 0};
+    if (poll(&wake, 1, 30000) != 1) return 10;
+    b.arriveAndWait(1, {.what = "last", .timeout = 30s});  // the last to arrive: passes at once, exits
+    return 0;
+  });
+  barrier.arriveAndWait(0, {.what = "registered", .timeout = 30s});
+  int lastExit = -1;
+  auto arriveAndExit = [&](ProcessBarrier::WaitPoint point, int rank) {
+    if (point != ProcessBarrier::WaitPoint::kProcessUnknown || rank != 1 || lastExit != -1) return;
+    ASSERT_EQ(write(go[1], "x", 1), 1);
+    lastExit = waitChild(last);  // arrived, passed, exited and reaped: its pid names no process
+  };
+  EXPECT_NO_THROW(barrier.arriveAndWait(0, {.what = "last", .timeout = 30s, .testHook = arriveAndExit}));
+  if (lastExit == -1) lastExit = waitChild(last);
+  EXPECT_EQ(lastExit, 0);
+  close(go[0]);
+  close(go[1]);
+}
+
+TEST(ProcessBarrier, ARankThatPassesAndThenAbandonsDoesNotFailTheBarrierItPassed) {
+  LocalBarrierMemory mem(2);
+  ProcessBarrier barrier(mem.memory.get(), mem.bytes);
+  bool passed = false;
+  auto passAndGiveUp = [&](ProcessBarrier::WaitPoint point, int rank) {
+    if (point != ProcessBarrier::WaitPoint::kRankMissing || rank != 1 || passed) return;
+    barrier.arriveAndWait(1, {.what = "passed", .timeout = 30s});  // rank 0 is there: returns at once
+    passed = true;
+    barrier.abandon(1, PeerError("rank 1 failed after the barrier"));
+  };
+  EXPECT_NO_THROW(barrier.arriveAndWait(0, {.what = "passed", .timeout = 30s, .testHook = passAndGiveUp}));
+  EXPECT_TRUE(passed);
+  // The next barrier cannot complete: there rank 1's failure is reported at once.
+  EXPECT_THROW(barrier.arriveAndWait(0, {.what = "next", .timeout = 30s}), PeerError);
+}
+
 TEST(ProcessBarrier, RejectsMemoryThatHoldsNoBarrier) {
   std::unique_ptr<void, void (*)(void*)> memory(std::aligned_alloc(64, 4096), std::free);
   std::memset(memory.get(), 0, 4096);
@@ -163,23 +236,14 @@ TEST(ProcessBarrier, RejectsMemoryThatHoldsNoBarrier) {
 }
 
 TEST(ProcessBarrier, APeerKilledWhileOthersWaitIsAPeerErrorNotAHang) {
-  const int n = 3;
-  ScopedShmDir dir;
-  const std::string job = freshJobId();
-  ShmRegion region = createBarrierSegment(job, n);
-  ProcessBarrier barrier(region.payload(), ProcessBarrier::bytesFor(n));
-  pid_t victim = forkChild([&] {
-    ShmRegion mine = openBarrierSegment(job, n);
-    ProcessBarrier b(mine.payload(), ProcessBarrier::bytesFor(n));
-    b.arriveAndWait(1, {.what = "registered", .timeout = 30s});
+  BarrierJob j(3);
+  ProcessBarrier& barrier = j.barrier;
+  pid_t victim = j.forkRank(1, [](ProcessBarrier& b) {
     // Killed while waiting here, without arriving at the generation the others wait for next.
     b.wait(1, 1000, {.what = "never", .timeout = 60s});
     return 0;
   });
-  pid_t witness = forkChild([&] {
-    ShmRegion mine = openBarrierSegment(job, n);
-    ProcessBarrier b(mine.payload(), ProcessBarrier::bytesFor(n));
-    b.arriveAndWait(2, {.what = "registered", .timeout = 30s});
+  pid_t witness = j.forkRank(2, [](ProcessBarrier& b) {
     b.arriveAndWait(2, {.what = "start", .timeout = 30s});  // must end with PeerError (exit code 4)
     return 0;
   });
