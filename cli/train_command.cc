@@ -88,6 +88,14 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
                "skip up to N steps whose loss or gradient is non-finite (counted, reported); by default the first "
                "such step stops the run with exit code 6")
       ->capture_default_str();
+  c.add_option("--skip-spikes", f.skipSpikes,
+               "skip a step whose loss (CPU) or gradient norm lies more than Z standard deviations above the mean of "
+               "the last 128 applied steps (judged once 16 were; llm.c's outlier rule): logged, counted as "
+               "skipped_spikes; 0: off")
+      ->capture_default_str();
+  c.add_option("--spikes-in-a-row", f.spikesInARow,
+               "--skip-spikes: the most spikes skipped in a row; the next stops the run with exit code 6")
+      ->capture_default_str();
   c.add_option("--scale-lr", f.scaleLr,
                "none | linear | sqrt: in allreduce, multiply --lr by the workers (linear) or its square root: the "
                "effective batch is workers x --batch-size (docs/api.md, 'The effective batch')")
@@ -239,6 +247,11 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
     COHORT_THROW(InvalidArgument) << "--clip-grad-norm must be a finite number >= 0 (0: no clipping), got " << f.clipGradNorm;
   }
   if (f.skipNonFinite < 0) COHORT_THROW(InvalidArgument) << "--skip-nonfinite must be >= 0, got " << f.skipNonFinite;
+  if (!(f.skipSpikes >= 0) || !std::isfinite(f.skipSpikes)) {
+    COHORT_THROW(InvalidArgument) << "--skip-spikes must be a finite number of standard deviations >= 0 (0: off), got "
+                                  << f.skipSpikes;
+  }
+  if (f.spikesInARow < 0) COHORT_THROW(InvalidArgument) << "--spikes-in-a-row must be >= 0, got " << f.spikesInARow;
   if (!(f.progressEvery >= 0) || !std::isfinite(f.progressEvery)) {
     COHORT_THROW(InvalidArgument) << "--progress-every must be a number of seconds >= 0 (0: none), got " << f.progressEvery;
   }
@@ -453,6 +466,7 @@ std::string resultLine(const train::Job& job, const train::TrainResult& r, bool 
   // Only on a run that ended before its last epoch, so scripts can tell it from a finished one.
   if (r.stopReason != train::StopReason::kNone) os << " stopped=" << train::toString(r.stopReason);
   if (r.skippedSteps > 0) os << " skipped_steps=" << r.skippedSteps;
+  if (r.skippedSpikes > 0) os << " skipped_spikes=" << r.skippedSpikes;
   return os.str();
 }
 
@@ -545,6 +559,8 @@ int runTrain(const TrainFlags& f) {
                           .lrSchedule = lrScheduleOptions(f, lr),
                           .clipGradNorm = static_cast<float>(f.clipGradNorm),
                           .skipNonFinite = f.skipNonFinite,
+                          .skipSpikes = f.skipSpikes,
+                          .maxSpikesInARow = f.spikesInARow,
                           .progressEverySeconds = f.progressEvery,
                           .tracePath = f.trace,
                           .traceSpans = static_cast<size_t>(f.traceSpans),

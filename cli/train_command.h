@@ -54,6 +54,8 @@ struct TrainFlags {
   int64_t logEverySteps = 0;            // > 0: a metrics line every N optimizer steps
   double clipGradNorm = 0;              // > 0: clip the gradient to this global L2 norm
   int64_t skipNonFinite = 0;            // non-finite steps to skip before stopping (exit 6)
+  double skipSpikes = 0;                // z of the spike rule; 0: off
+  int64_t spikesInARow = 10;            // skipped spikes in a row before stopping (exit 6)
   std::string scaleLr = "none";         // none | linear | sqrt: --lr scaled by the effective batch
   int64_t warmupSteps = 0;
   double minLr = 0;

@@ -1,6 +1,7 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <bit>
 #include <vector>
 
 #include "nn/model_spec.h"
@@ -45,6 +46,26 @@ Evaluation evaluationOf(std::span<const double> sums, int64_t samples, int64_t p
   }
   return {samples ? lossSum / static_cast<double>(samples) : 0,
           samples ? correct / static_cast<double>(samples * positions) : 0};
+}
+
+void splitSums(std::span<const double> sums, std::span<double> pieces) {
+  COHORT_CHECK(pieces.size() == kPiecesPerSum * sums.size())
+      << pieces.size() << " pieces for " << sums.size() << " sums";
+  for (size_t i = 0; i < sums.size(); ++i) {
+    const auto bits = std::bit_cast<uint64_t>(sums[i]);
+    for (size_t k = 0; k < kPiecesPerSum; ++k)
+      pieces[kPiecesPerSum * i + k] = static_cast<double>((bits >> (16 * k)) & 0xffff);
+  }
+}
+
+void joinSums(std::span<const double> pieces, std::span<double> sums) {
+  COHORT_CHECK(pieces.size() == kPiecesPerSum * sums.size())
+      << pieces.size() << " pieces for " << sums.size() << " sums";
+  for (size_t i = 0; i < sums.size(); ++i) {
+    uint64_t bits = 0;
+    for (size_t k = 0; k < kPiecesPerSum; ++k) bits |= static_cast<uint64_t>(pieces[kPiecesPerSum * i + k]) << (16 * k);
+    sums[i] = std::bit_cast<double>(bits);
+  }
 }
 
 int64_t evaluationChunk(const nn::Model& model, int64_t requested) {

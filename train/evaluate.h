@@ -46,6 +46,16 @@ void evaluateChunks(nn::Model& model, nn::Loss& loss, const runtime::data::Datas
                     int64_t first, int64_t last, std::span<double> sums);
 Evaluation evaluationOf(std::span<const double> sums, int64_t samples, int64_t positions);
 
+// The chunks' sums as whole numbers below 2^16, kPiecesPerSum to a sum (its bits, 16 at a time), so
+// that they cross Job::reduce(kSum) exactly where one rank holds each sum and the others send 0:
+// ReplicaStrategy reduces through float32, which holds such numbers exactly. splitSums writes
+// pieces[kPiecesPerSum * i + k] for sums[i]; joinSums is its inverse, bit for bit (NaN, infinity,
+// -0 and subnormals included). Not floats that add up to each sum: GCC 12.2 drops the rounding of
+// (double)(float)x in such a loop (docs/build.md, "Floating point and GCC 12").
+inline constexpr size_t kPiecesPerSum = 4;
+void splitSums(std::span<const double> sums, std::span<double> pieces);
+void joinSums(std::span<const double> pieces, std::span<double> sums);
+
 // The samples per forward pass of an evaluation that asks for `requested`: that many, but for a
 // language model (a gpt: spec, T positions a sample) no more than kEvaluationPositions / T, at least
 // one: its activations grow with T (the attention's with T²), so 1000 windows of 64 bytes would hold

@@ -80,7 +80,7 @@ void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
 StepResult HogwildStrategy::step(const StepPlan& plan) {
   if (deviceShare_) deviceShare_->throwIfOwnerLost();
   StepResult result =
-      stepWholeGradient(plan, plan.lossFinite ? -1 : rank_, rank_, params_, optimizer_, gpu_, timeline_);
+      stepWholeGradient(plan, LossVerdict::own(plan.loss, rank_), rank_, params_, optimizer_, gpu_, timeline_);
   if (averaging_) averaging_->afterStep();
   return result;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "collectives/communicator.h"
@@ -345,6 +346,9 @@ StepResult Job::step(const StepOptions& options) {
     COHORT_THROW(InvalidArgument) << "Job::step() before the backward of the last micro-batch: step after "
                                      "pass({.microBatch = K - 1, .microBatches = K})";
   }
+  if (!(options.skipSpikes >= 0) || !std::isfinite(options.skipSpikes)) {
+    COHORT_THROW(InvalidArgument) << "skipSpikes must be a finite number >= 0 (0: off), got " << options.skipSpikes;
+  }
   if (!(options.clipGradNorm >= 0) || !std::isfinite(options.clipGradNorm)) {
     COHORT_THROW(InvalidArgument) << "clipGradNorm must be a finite number >= 0 (0: no clipping), got "
                                   << options.clipGradNorm;
@@ -364,13 +368,17 @@ StepResult Job::step(const StepOptions& options) {
     lrIfOneMore = defer ? options.lrAt(settled + 1) : lrIfSettled;
     if (!defer) optimizer_->setLr(lrIfSettled);
   }
+  const bool finiteLoss = !options.loss || std::isfinite(*options.loss);
+  const double z = options.skipSpikes;
   Timeline::Scope span(timeline_, SpanKind::kStep);
   timeline_.addStep();
   StepResult result = failingTogether([&] {
     return strategy_->step({.gradScale = 1.0f / static_cast<float>(microBatches_),
                             .clipGradNorm = options.clipGradNorm,
-                            .lossFinite = !options.loss || std::isfinite(*options.loss),
+                            .loss = {.finite = finiteLoss,
+                                     .spike = z > 0 && options.loss && finiteLoss && *options.loss > lossHistory_.limit(z)},
                             .exchangeLoss = options.loss.has_value() && world_.worldSize > 1,
+                            .maxGradNorm = z > 0 ? gradNormHistory_.limit(z) : std::numeric_limits<double>::infinity(),
                             .guard = guard_.get(),
                             .defer = defer,
                             .skipsLeft = options.skipNonFinite,
@@ -378,8 +386,12 @@ StepResult Job::step(const StepOptions& options) {
                             .lrIfOneMore = lrIfOneMore});
   });
   if (defer) {
-    deferredLrs_.push_back({.settledSteps = settled, .ifSettled = lrIfSettled, .ifOneMore = lrIfOneMore});
-  } else if (options.deferResult) {
+    deferredLrs_.push_back(
+        {.settledSteps = settled, .ifSettled = lrIfSettled, .ifOneMore = lrIfOneMore, .loss = options.loss});
+    return result;
+  }
+  addToHistory(result, options.loss);
+  if (options.deferResult) {
     readyResults_.push_back(result);
     result = StepResult{.pending = true};
   }
@@ -399,7 +411,15 @@ std::optional<StepResult> Job::settleStep() {
   deferredLrs_.pop_front();
   optimizer_->setSteps(settled.appliedSteps);
   optimizer_->setLr(settled.appliedBefore == lr.settledSteps ? lr.ifSettled : lr.ifOneMore);
+  addToHistory(settled.result, lr.loss);
   return settled.result;
+}
+
+// Only applied steps make the history: a spike stays out of the statistics it was judged against.
+void Job::addToHistory(const StepResult& result, std::optional<double> loss) {
+  if (!result.applied) return;
+  if (loss) lossHistory_.add(*loss);
+  gradNormHistory_.add(result.gradNorm);
 }
 
 size_t Job::pendingSteps() const { return readyResults_.size() + deferredLrs_.size(); }

@@ -77,6 +77,7 @@
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
 #include "train/settings.h"
+#include "train/spike_detector.h"
 #include "train/step.h"
 #include "train/timeline.h"
 
@@ -281,7 +282,11 @@ class Job {
   struct DeferredLr {
     int64_t settledSteps = 0;
     float ifSettled = 0, ifOneMore = 0;
+    std::optional<double> loss;  // StepOptions::loss, for the spike history once the step settles
   };
+  // The applied steps' losses and gradient norms, for StepOptions::skipSpikes (train/step.h, "Spikes").
+  SpikeDetector lossHistory_, gradNormHistory_;
+  void addToHistory(const StepResult& result, std::optional<double> loss);
   std::deque<DeferredLr> deferredLrs_;
   std::deque<StepResult> readyResults_;  // deferred steps on the CPU, already done
   int agreements_ = 0;      // agree() calls so far: each has a segment of its own

@@ -9,7 +9,7 @@ LocalStrategy::LocalStrategy(const StrategyContext& c)
 }
 
 StepResult LocalStrategy::step(const StepPlan& plan) {
-  return stepWholeGradient(plan, plan.lossFinite ? -1 : 0, 0, params_, optimizer_, gpu_, timeline_);
+  return stepWholeGradient(plan, LossVerdict::own(plan.loss, 0), 0, params_, optimizer_, gpu_, timeline_);
 }
 
 void LocalStrategy::loadState(const CheckpointReader& reader) {

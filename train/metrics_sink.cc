@@ -61,7 +61,8 @@ void MetricsSink::epoch(const EpochReport& r, bool classification) {
                       {"lr", r.lr},
                       {"grad_norm", r.gradNorm},
                       {"grad_norm_max", r.gradNormMax},
-                      {"skipped_steps", r.skippedSteps}};
+                      {"skipped_steps", r.skippedSteps},
+                      {"skipped_spikes", r.skippedSpikes}};
   if (classification) j["train_acc"] = r.trainAcc;
   if (r.haveTest) j["test_loss"] = r.testLoss;
   if (r.haveTest && classification) j["test_acc"] = r.testAcc;

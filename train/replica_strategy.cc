@@ -45,25 +45,24 @@ ReplicaStrategy::ReplicaStrategy(const StrategyContext& c, const std::string& ba
 
 // Every replica holds the same averaged gradient (the all-reduce's result is bitwise the same on
 // every rank), so every rank measures the same norm and reaches the same verdict. The ranks' loss
-// flags travel in one small all-reduce, queued behind the gradient buckets so that its latency
-// hides in theirs: the largest (world size - rank) over the ranks whose loss is non-finite names
-// the lowest of them.
+// votes (LossVerdict) travel in one small all-reduce, queued behind the gradient buckets so that
+// its latency hides in theirs.
 StepResult ReplicaStrategy::step(const StepPlan& plan) {
   collectives::WorkPtr flagWork;
   if (plan.exchangeLoss) {
-    lossFlag_ = plan.lossFinite ? 0.0f : static_cast<float>(worldSize_ - rank_);
+    lossFlag_ = LossVerdict::vote(plan.loss, rank_, worldSize_);
     flagWork = comm_->allReduce(&lossFlag_, &lossFlag_, 1, {.op = collectives::ReduceOp::kMax});
   }
-  int lossRank = plan.lossFinite ? -1 : rank_;
+  LossVerdict loss = LossVerdict::own(plan.loss, rank_);
   {
     Timeline::Scope span(timeline_, SpanKind::kCommWait);
     gradSync_->finish();
     if (flagWork) {
       flagWork->wait(timeout_);
-      if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
+      loss = LossVerdict::ofVotes(lossFlag_, worldSize_);
     }
   }
-  return stepWholeGradient(plan, lossRank, -1, params_, optimizer_, gpu_, timeline_);
+  return stepWholeGradient(plan, loss, -1, params_, optimizer_, gpu_, timeline_);
 }
 
 void ReplicaStrategy::barrier(const std::string&) {

@@ -43,7 +43,7 @@ StepResult ShardedStrategy::step(const StepPlan& plan) {
   const int64_t reduceStart = timeline_.active() ? timeline_.now() : 0;
   collectives::WorkPtr flagWork;
   if (acrossNodes() && plan.exchangeLoss) {
-    lossFlag_ = plan.lossFinite ? 0.0f : static_cast<float>(worldSize_ - rank_);
+    lossFlag_ = LossVerdict::vote(plan.loss, rank_, worldSize_);
     flagWork = world_->allReduce(&lossFlag_, &lossFlag_, 1, {.op = collectives::ReduceOp::kMax});
   }
   // 1. This rank's shard of the averaged gradient, block by block, and the sum of its squares
@@ -58,29 +58,30 @@ StepResult ShardedStrategy::step(const StepPlan& plan) {
     reduce_->averageBlock(b, e);
     if (!acrossNodes()) squares += nn::sumOfSquares({grads + b, static_cast<size_t>(e - b)});
   }
-  int lossRank = -1;
+  LossVerdict loss;
   if (acrossNodes()) {
     // The flags first: every rank then waits on one communicator at a time, so a wait that runs out
     // names the ranks that stopped answering on it (a rank waiting on another communicator is not
     // heard on this one: mpi_heartbeat.h).
     if (flagWork) {
       flagWork->wait(timeout_);
-      if (lossFlag_ > 0) lossRank = worldSize_ - static_cast<int>(lossFlag_);
+      loss = LossVerdict::ofVotes(lossFlag_, worldSize_);
     }
     const auto shard = static_cast<size_t>(reduce_->end() - reduce_->begin());
     float* mine = grads + reduce_->begin();
     cross_->allReduce(mine, mine, shard, {.op = collectives::ReduceOp::kAvg})->wait(timeout_);
     squares = nn::sumOfSquares({mine, shard});
   }
-  // 2. Every rank's sum and loss flag, added in rank order: the same norm and verdict everywhere.
-  const double mine[2] = {squares, plan.lossFinite ? 0.0 : 1.0};
+  // 2. Every rank's sum and loss vote, added in rank order: the same norm and verdict everywhere.
+  const double mine[2] = {squares, LossVerdict::vote(plan.loss, localRank(), localWorldSize())};
   std::span<const double> all = segment_.allGather(mine, {.what = "gradient norm", .timeout = nodeTimeout_});
-  double total = 0;
+  double total = 0, vote = 0;
   for (int r = 0; r < localWorldSize(); ++r) {
     total += all[2 * static_cast<size_t>(r)];
-    if (!acrossNodes() && all[2 * static_cast<size_t>(r) + 1] != 0 && lossRank < 0) lossRank = r;
+    vote = std::max(vote, all[2 * static_cast<size_t>(r) + 1]);
   }
-  StepResult result = judgeStep(std::sqrt(total), lossRank, -1);
+  if (!acrossNodes()) loss = LossVerdict::ofVotes(static_cast<float>(vote), localWorldSize());
+  StepResult result = judgeStep(std::sqrt(total), loss, -1, plan.maxGradNorm);
   if (timeline_.active()) {
     // As an all-reduce of the whole gradient: every rank reads every rank's part of its shard.
     const int64_t reduceEnd = timeline_.now();

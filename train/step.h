@@ -16,6 +16,17 @@
 // rest before it reads the parameters (checkpoints, evaluation, the end). A deferred non-finite step
 // beyond StepOptions::skipNonFinite halts the device: no step after it is applied either, until
 // every pending result has been taken.
+//
+// Spikes. A loss or gradient that stays finite but jumps (a corrupt batch, a learning rate far too
+// high) can wreck a network as surely as a NaN. With StepOptions::skipSpikes = z, Job keeps the
+// last kSpikeWindow applied steps' losses and gradient norms (train/spike_detector.h) and refuses a
+// step whose value exceeds their mean by more than z standard deviations (at least z% of the mean,
+// so a flat history does not make every wobble a spike), once kSpikeHistory steps were applied. A
+// refused step is skipped like a non-finite one (nothing applied) and its values stay out of the
+// history. Ranks that step together decide alike: the gradient's norm is the same on all of them,
+// and a rank whose own loss spiked votes with the non-finite flags (the lowest such rank is named).
+// The history starts afresh with each Job (a resumed run judges again after kSpikeHistory steps).
+// On a GPU the loop passes no loss, so only the gradient's norm is judged, on the device.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +57,15 @@ struct StepOptions {
   // Deferred steps: how many more non-finite steps may be skipped, counted after the results already
   // taken; the next one halts the device's guard.
   int64_t skipNonFinite = 0;
+  // > 0: the spike rule (see "Spikes" above) with this z: a step whose loss (this rank's, where
+  // given) or gradient norm lies more than skipSpikes standard deviations above the mean of the
+  // recent applied steps is not applied. 0: off.
+  double skipSpikes = 0;
 };
 
 enum class NonFinite { kNone, kLoss, kGradient };
+// A finite step the spike rule refused (StepOptions::skipSpikes): its loss, or its gradient's norm.
+enum class Spike { kNone, kLoss, kGradient };
 
 struct StepResult {
   // The gradient's global L2 norm before clipping (in allreduce the same on every rank); NaN or
@@ -57,9 +74,13 @@ struct StepResult {
   // False for a non-finite step: nothing was updated.
   bool applied = true;
   NonFinite nonFinite = NonFinite::kNone;
-  // kLoss: the lowest rank whose loss was non-finite. kGradient: this rank in local and Hogwild
-  // (its own gradient), -1 in allreduce (the average over the ranks was).
+  // A finite step not applied because a value spiked (never with nonFinite).
+  Spike spike = Spike::kNone;
+  // kLoss (non-finite or spike): the lowest rank whose loss was. kGradient: this rank in local and
+  // Hogwild (its own gradient), -1 in allreduce (the average over the ranks was).
   int rank = -1;
+  // Spike::kGradient: the largest norm the rule would have applied (the mean + z standard deviations).
+  double gradNormLimit = 0;
   // A deferred step whose outcome is not known yet (Job::settleStep returns it); the other fields
   // mean nothing.
   bool pending = false;

@@ -82,7 +82,9 @@ const runtime::cuda::StepControl* StepGuard::judge(const runtime::Tensor& grads,
   runtime::cuda::judgeStep(sum, state, record,
                            {.gradScale = j.gradScale,
                             .clipGradNorm = j.clipGradNorm,
-                            .lossNonFinite = j.lossRank >= 0 ? 1 : 0,
+                            .lossNonFinite = j.loss.nonFiniteRank >= 0 ? 1 : 0,
+                            .lossSpike = j.loss.spikeRank >= 0 ? 1 : 0,
+                            .maxGradNorm = j.maxGradNorm,
                             .nonFiniteLimit = settledNonFinite_ + j.skipsLeft,
                             .seed = seed ? 1 : 0,
                             .seedApplied = j.settledSteps},
@@ -92,7 +94,7 @@ const runtime::cuda::StepControl* StepGuard::judge(const runtime::Tensor& grads,
   next_ = (next_ + 1) % kMaxPending;
   runtime::cuda::copyToHost(reinterpret_cast<StepRecord*>(records_.data()) + slot, record, sizeof(StepRecord), stream);
   arrived_[slot].record(stream);
-  pending_.push_back({.slot = slot, .lossRank = j.lossRank, .gradientRank = j.gradientRank});
+  pending_.push_back({.slot = slot, .loss = j.loss, .gradientRank = j.gradientRank, .maxGradNorm = j.maxGradNorm});
   return &state->control;
 #else
   (void)grads;
@@ -116,10 +118,17 @@ StepGuard::Settled StepGuard::settle() {
   s.result.halted = r.halted != 0;
   if (r.nonFinite == 1) {
     s.result.nonFinite = NonFinite::kLoss;
-    s.result.rank = p.lossRank;
+    s.result.rank = p.loss.nonFiniteRank;
   } else if (r.nonFinite == 2) {
     s.result.nonFinite = NonFinite::kGradient;
     s.result.rank = p.gradientRank;
+  } else if (r.spike == 1) {
+    s.result.spike = Spike::kLoss;
+    s.result.rank = p.loss.spikeRank;
+  } else if (r.spike == 2) {
+    s.result.spike = Spike::kGradient;
+    s.result.rank = p.gradientRank;
+    s.result.gradNormLimit = p.maxGradNorm;
   }
   s.appliedSteps = r.appliedSteps;
   s.appliedBefore = r.appliedSteps - r.applied;

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 
 #include "runtime/allocator.h"
@@ -35,6 +36,24 @@ struct StepRecord;
 }  // namespace cohort::runtime::cuda
 
 namespace cohort::train {
+
+// This rank's verdict on its own loss (Job::step).
+struct OwnLoss {
+  bool finite = true;
+  bool spike = false;  // finite, and above the spike rule's limit
+};
+
+// What the ranks that step together learn of their losses: the lowest rank whose loss is non-finite
+// and the lowest whose loss spiked (-1: none). A rank's vote is one float, reduced by max across the
+// ranks: 2W - rank for a non-finite loss, W - rank for a spike, 0 for neither (W ranks), so a
+// non-finite loss outranks a spike and a lower rank a higher one; exact in float below 2^23 ranks.
+struct LossVerdict {
+  int nonFiniteRank = -1;
+  int spikeRank = -1;
+  static LossVerdict own(OwnLoss loss, int rank);
+  static float vote(OwnLoss loss, int rank, int worldSize);
+  static LossVerdict ofVotes(float maxVote, int worldSize);
+};
 
 class StepGuard {
  public:
@@ -52,8 +71,9 @@ class StepGuard {
   struct Judge {
     float gradScale = 1;     // the norm and the update take the gradient times this
     float clipGradNorm = 0;  // StepOptions::clipGradNorm
-    int lossRank = -1;       // the lowest rank whose loss is non-finite, -1: none
-    int gradientRank = -1;   // StepResult::rank of a non-finite gradient
+    LossVerdict loss;
+    int gradientRank = -1;   // StepResult::rank of a non-finite gradient or a gradient spike
+    double maxGradNorm = std::numeric_limits<double>::infinity();  // the spike rule's (StepPlan)
     int64_t skipsLeft = 0;   // non-finite steps still allowed after the settled ones
     int64_t settledSteps = 0;  // the optimizer's settled step count (the seed)
   };
@@ -74,8 +94,9 @@ class StepGuard {
  private:
   struct Pending {
     size_t slot = 0;
-    int lossRank = -1;
+    LossVerdict loss;
     int gradientRank = -1;
+    double maxGradNorm = 0;
   };
   runtime::cuda::GpuContext* gpu_;
   std::chrono::milliseconds timeout_;

@@ -56,28 +56,52 @@ void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::G
   for (int64_t i = 0, n = g.numel(); i < n; ++i) data[i] *= scale;
 }
 
-StepResult judgeStep(double gradNorm, int lossRank, int gradientRank) {
+LossVerdict LossVerdict::own(OwnLoss loss, int rank) {
+  return {.nonFiniteRank = loss.finite ? -1 : rank, .spikeRank = loss.finite && loss.spike ? rank : -1};
+}
+
+float LossVerdict::vote(OwnLoss loss, int rank, int worldSize) {
+  if (!loss.finite) return static_cast<float>(2 * worldSize - rank);
+  return loss.spike ? static_cast<float>(worldSize - rank) : 0.0f;
+}
+
+LossVerdict LossVerdict::ofVotes(float maxVote, int worldSize) {
+  const auto v = static_cast<int>(maxVote);
+  if (v > worldSize) return {.nonFiniteRank = 2 * worldSize - v};
+  if (v > 0) return {.spikeRank = worldSize - v};
+  return {};
+}
+
+StepResult judgeStep(double gradNorm, LossVerdict loss, int gradientRank, double maxGradNorm) {
   StepResult r{.gradNorm = gradNorm};
-  if (lossRank >= 0) {
+  if (loss.nonFiniteRank >= 0) {
     r.nonFinite = NonFinite::kLoss;
-    r.rank = lossRank;
+    r.rank = loss.nonFiniteRank;
   } else if (!std::isfinite(gradNorm)) {
     r.nonFinite = NonFinite::kGradient;
     r.rank = gradientRank;
+  } else if (loss.spikeRank >= 0) {
+    r.spike = Spike::kLoss;
+    r.rank = loss.spikeRank;
+  } else if (gradNorm > maxGradNorm) {
+    r.spike = Spike::kGradient;
+    r.rank = gradientRank;
+    r.gradNormLimit = maxGradNorm;
   }
-  r.applied = r.nonFinite == NonFinite::kNone;
+  r.applied = r.nonFinite == NonFinite::kNone && r.spike == Spike::kNone;
   return r;
 }
 
-StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
+StepResult stepWholeGradient(const StepPlan& plan, LossVerdict loss, int gradientRank, nn::ParamBuffer& params,
                              nn::Optimizer& optimizer, runtime::cuda::GpuContext* gpu, Timeline& timeline) {
   COHORT_CHECK(plan.guard) << "a step without the job's StepGuard";
   Timeline::Scope span(timeline, SpanKind::kOptimizer);
   if (plan.defer) {
     const runtime::cuda::StepControl* control = plan.guard->judge(params.grads(), {.gradScale = plan.gradScale,
                                                                                     .clipGradNorm = plan.clipGradNorm,
-                                                                                    .lossRank = lossRank,
+                                                                                    .loss = loss,
                                                                                     .gradientRank = gradientRank,
+                                                                                    .maxGradNorm = plan.maxGradNorm,
                                                                                     .skipsLeft = plan.skipsLeft,
                                                                                     .settledSteps = optimizer.steps()});
     optimizer.stepDeferred(params.values(), params.grads(),
@@ -85,7 +109,7 @@ StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRan
     return StepResult{.pending = true};
   }
   const double norm = static_cast<double>(plan.gradScale) * std::sqrt(plan.guard->sumOfSquares(params.grads()));
-  StepResult result = judgeStep(norm, lossRank, gradientRank);
+  StepResult result = judgeStep(norm, loss, gradientRank, plan.maxGradNorm);
   if (!result.applied) return result;
   const float clip = plan.clipGradNorm > 0 ? nn::clipCoefficient(norm, plan.clipGradNorm) : 1.0f;
   scaleGradients(params, plan.gradScale * clip, gpu);

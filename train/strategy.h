@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,8 +61,10 @@ class CheckpointReader {
 struct StepPlan {
   float gradScale = 1;        // multiplies the gradient before the update (1/K for K micro-batches)
   float clipGradNorm = 0;     // StepOptions::clipGradNorm
-  bool lossFinite = true;     // this rank's loss
-  bool exchangeLoss = false;  // ranks that step together agree on lossFinite (the same on every rank)
+  OwnLoss loss;               // this rank's loss: finite, a spike (train/step.h, "Spikes")
+  bool exchangeLoss = false;  // ranks that step together agree on `loss` (the same on every rank)
+  // The spike rule's largest gradient norm (train/step.h, "Spikes"); +inf: no rule.
+  double maxGradNorm = std::numeric_limits<double>::infinity();
   StepGuard* guard = nullptr;  // the job's: measures the gradient, and judges a deferred step
   // GPU: judge and apply on the device and return a pending result (StepGuard::settle has it);
   // the learning rates are those of Optimizer::DeferredStep.
@@ -135,16 +138,17 @@ void moveToGpu(nn::ParamBuffer& params, runtime::cuda::GpuContext* gpu);
 // Multiplies the gradients by `scale` (nothing when it is 1): on the CPU, or on `gpu`'s stream.
 void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::GpuContext* gpu);
 
-// The step's verdict from the gradient's norm and the lowest rank whose loss was non-finite (-1:
-// none): the loss first, then the gradient (named by `gradientRank`, -1 for an average).
-StepResult judgeStep(double gradNorm, int lossRank, int gradientRank);
+// The step's verdict from the gradient's norm and the ranks' losses: a non-finite loss first, then a
+// non-finite gradient (named by `gradientRank`, -1 for an average), then a loss spike, then a
+// gradient norm above maxGradNorm (a spike).
+StepResult judgeStep(double gradNorm, LossVerdict loss, int gradientRank, double maxGradNorm);
 
 // A step where this rank holds the whole gradient the optimizer applies (local, Hogwild, and
 // replicas once averaged): its norm is plan.gradScale times the buffer's (plan.guard measures it);
-// unless judged non-finite, the gradient is scaled once (gradScale times the clip coefficient) and
+// unless judged non-finite or a spike, the gradient is scaled once (gradScale times the clip coefficient) and
 // the optimizer steps (a kOptimizer span of `timeline`). Deferred (plan.defer), the device judges
 // and the optimizer's kernel applies the scale; the gradient buffer is left unscaled.
-StepResult stepWholeGradient(const StepPlan& plan, int lossRank, int gradientRank, nn::ParamBuffer& params,
+StepResult stepWholeGradient(const StepPlan& plan, LossVerdict loss, int gradientRank, nn::ParamBuffer& params,
                              nn::Optimizer& optimizer, runtime::cuda::GpuContext* gpu, Timeline& timeline);
 // The optimizer state of a job with one state (local, replicas, sharded): "optimizer.<state>" and
 // the step count "optimizer_steps".

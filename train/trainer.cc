@@ -1,7 +1,6 @@
 #include "train/trainer.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -67,24 +66,6 @@ uint64_t testKey(const runtime::data::Dataset& test, int64_t chunk) {
   return std::stoull(hex.substr(0, 12), nullptr, 16);
 }
 
-// Job::reduce goes through float32 in some strategies (ReplicaStrategy: the one type every backend
-// reduces). Values that must cross it exactly do so as 16-bit whole numbers, which a float holds
-// exactly: a 48-bit key in three, a double's bits in four, which a sum carries unchanged when one
-// rank holds the value and the others 0. (Integers rather than floats that add up to the double:
-// GCC 12.2's vectoriser dropped the rounding of `(double)(float)x` in such a loop.)
-constexpr int kPiecesPerDouble = 4;
-
-void splitExactly(double x, double* pieces) {
-  const auto bits = std::bit_cast<uint64_t>(x);
-  for (int k = 0; k < kPiecesPerDouble; ++k) pieces[k] = static_cast<double>((bits >> (16 * k)) & 0xffff);
-}
-
-double joinExactly(const double* pieces) {
-  uint64_t bits = 0;
-  for (int k = 0; k < kPiecesPerDouble; ++k) bits |= static_cast<uint64_t>(pieces[k]) << (16 * k);
-  return std::bit_cast<double>(bits);
-}
-
 // What the ranks of one Trainer must share (Job::agree); the prefetch depth, the evaluation batch
 // and the metrics file may differ per rank.
 Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptions& o, const nn::LrSchedule* schedule) {
@@ -104,7 +85,8 @@ Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptio
           {"accumulate_steps", std::to_string(o.accumulateSteps)},
           {"lr_schedule", schedule ? schedule->describe() : "none"},
           {"clip_grad_norm", std::to_string(o.clipGradNorm)},
-          {"skip_nonfinite", std::to_string(o.skipNonFinite)}};
+          {"skip_nonfinite", std::to_string(o.skipNonFinite)},
+          {"skip_spikes", std::to_string(o.skipSpikes) + ", " + std::to_string(o.maxSpikesInARow) + " in a row"}};
 }
 
 // The schedule with the run's defaults filled in (see TrainerOptions::lrSchedule).
@@ -179,6 +161,10 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   }
   if (options_.skipNonFinite < 0) {
     COHORT_THROW(InvalidArgument) << "skipNonFinite must be >= 0, got " << options_.skipNonFinite;
+  }
+  if (!(options_.skipSpikes >= 0) || !std::isfinite(options_.skipSpikes) || options_.maxSpikesInARow < 0) {
+    COHORT_THROW(InvalidArgument) << "skipSpikes must be a finite number >= 0 (0: off) and maxSpikesInARow >= 0, got "
+                                  << options_.skipSpikes << " and " << options_.maxSpikesInARow;
   }
   if ((options_.resume || options_.checkpointEvery > 0) && options_.checkpointPath.empty()) {
     COHORT_THROW(InvalidArgument) << (options_.resume ? "resume" : "checkpointEvery") << " needs a checkpoint path";
@@ -344,7 +330,8 @@ TrainResult Trainer::run() {
                                             .loss = gpu ? std::nullopt : std::optional<double>(stepLoss),
                                             .lrAt = lrAt,
                                             .deferResult = deferSteps,
-                                            .skipNonFinite = options_.skipNonFinite - pos.skipped});
+                                            .skipNonFinite = options_.skipNonFinite - pos.skipped,
+                                            .skipSpikes = options_.skipSpikes});
       ++pos.step;
       pos.batch = batch.index + 1;
       pos.seen = loader_.samplesSeenAfter(batch.index);
@@ -450,10 +437,11 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   // [0] the run's samples, [1] this epoch's: summed; the same two times: the slowest rank's.
   // The gradient's norm is the same on every rank that steps together (Hogwild: each worker's own,
   // averaged); skipped steps are the job's where ranks skip together, and summed over Hogwild workers.
-  double samples[3] = {static_cast<double>(trainedSamples_), static_cast<double>(epochSamples),
-                       job_.lockstep() ? 0.0 : static_cast<double>(pos.skippedInEpoch)};
-  double maxes[4] = {trainSeconds_, epochSeconds, pos.gradNormMax,
-                     job_.lockstep() ? static_cast<double>(pos.skippedInEpoch) : 0.0};
+  const double lockstep = job_.lockstep() ? 1 : 0;
+  const auto skipped = static_cast<double>(pos.skippedInEpoch), spikes = static_cast<double>(pos.spikesInEpoch);
+  double samples[4] = {static_cast<double>(trainedSamples_), static_cast<double>(epochSamples),
+                       (1 - lockstep) * skipped, (1 - lockstep) * spikes};
+  double maxes[5] = {trainSeconds_, epochSeconds, pos.gradNormMax, lockstep * skipped, lockstep * spikes};
   double means[3] = {pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0,
                      pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples * loss_.positions()) : 0,
                      pos.gradNormSteps ? pos.gradNormSum / static_cast<double>(pos.gradNormSteps) : 0};
@@ -465,6 +453,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   result.trainAcc = means[1];
   result.samplesPerSec = seconds[0] > 0 ? samples[0] / seconds[0] : 0;
   result.skippedSteps = pos.skipped;
+  result.skippedSpikes = pos.spikes;
   const double epochJobPerSec = seconds[1] > 0 ? samples[1] / seconds[1] : 0;
   if (std::optional<Evaluation> e = evaluateTest()) {  // rank 0's; every rank takes part
     result.testLoss = e->loss;
@@ -477,6 +466,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
                      .epochSamplesPerSec = epochJobPerSec, .lr = job_.optimizer().options().lr,
                      .gradNorm = means[2], .gradNormMax = maxes[2],
                      .skippedSteps = static_cast<int64_t>(samples[2] + maxes[3]),
+                     .skippedSpikes = static_cast<int64_t>(samples[3] + maxes[4]),
                      .metrics = {},
                      .times = times};
   if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
@@ -489,6 +479,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
   line << " grad_norm " << report.gradNorm;
   if (report.skippedSteps > 0) line << " skipped_steps " << report.skippedSteps;
+  if (report.skippedSpikes > 0) line << " skipped_spikes " << report.skippedSpikes;
   for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
   line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
   if (loss_.positions() > 1) {
@@ -506,7 +497,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   pos.correct = 0;
   pos.samples = 0;
   pos.gradNormSum = pos.gradNormMax = 0;
-  pos.gradNormSteps = pos.skippedInEpoch = 0;
+  pos.gradNormSteps = pos.skippedInEpoch = pos.spikesInEpoch = 0;
   if (!result.stoppedEarly) {
     Position next = pos;
     next.epoch = pos.epoch + 1;
@@ -524,6 +515,7 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
   result.epochs = pos.epoch;
   result.steps = pos.step;
   result.skippedSteps = pos.skipped;
+  result.skippedSpikes = pos.spikes;
   result.trainLoss = pos.lastTrainLoss;
   result.trainAcc = pos.lastTrainAcc;
   if (std::optional<Evaluation> e = evaluateTest()) {  // rank 0's; every rank takes part
@@ -561,14 +553,15 @@ std::optional<Evaluation> Trainer::evaluateTest() {
   if (!shared) return evaluate(*test_);
   const int64_t n = test_->size(), chunk = evaluationChunk(model_, options_.evalBatchSize), chunks = chunkCount(n, chunk);
   const int64_t first = chunks * rank / ranks, last = chunks * (rank + 1) / ranks;
-  std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0), pieces(kPiecesPerDouble * sums.size(), 0.0);
+  std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0), pieces(kPiecesPerSum * sums.size(), 0.0);
   evaluateChunks(*test_, chunk, first, last, sums);
-  for (size_t i = 2 * static_cast<size_t>(first); i < 2 * static_cast<size_t>(last); ++i) {
-    splitExactly(sums[i], &pieces[kPiecesPerDouble * i]);
-  }
+  // Job::reduce may go through float32 (ReplicaStrategy): the sums cross it as whole numbers.
+  const size_t mine = 2 * static_cast<size_t>(first), count = 2 * static_cast<size_t>(last - first);
+  splitSums(std::span<const double>(sums).subspan(mine, count),
+            std::span<double>(pieces).subspan(kPiecesPerSum * mine, kPiecesPerSum * count));
   job_.reduce(pieces, Reduce::kSum);  // each chunk's from the one rank that has it, 0 from the others
   if (rank != 0) return std::nullopt;
-  for (size_t i = 0; i < sums.size(); ++i) sums[i] = joinExactly(&pieces[kPiecesPerDouble * i]);
+  joinSums(pieces, sums);
   return evaluationOf(sums, n, loss_.positions());
 }
 

@@ -99,6 +99,12 @@ struct TrainerOptions {
   // reports, kept across resumes), and the one after them stops it. A skipped step's samples count
   // in no figure; its optimizer step does not happen (the schedule does not advance).
   int64_t skipNonFinite = 0;
+  // > 0: skip a step whose loss (CPU) or gradient norm lies more than this many standard deviations
+  // above the recent applied steps' (StepOptions::skipSpikes; train/step.h, "Spikes"): logged by rank
+  // 0 (each Hogwild worker for itself), counted in the reports and kept across resumes. More than
+  // maxSpikesInARow such steps in a row stop the run with Diverged. 0: off.
+  double skipSpikes = 0;
+  int64_t maxSpikesInARow = 10;
   // Seeing the run (docs/api.md, "Seeing a run"):
   // live progress on rank 0 within an epoch (train/progress.h): a line rewritten in place on a
   // terminal, else a plain line every progressEverySeconds; 0: none.
@@ -127,7 +133,7 @@ struct StepReport {
   int64_t samples = 0;    // in this step's micro-batches
   double loss = 0;        // their mean loss on this rank; NaN on a GPU (read once per epoch there)
   double gradNorm = 0;    // the gradient's global norm before clipping (StepResult::gradNorm)
-  bool applied = true;    // false: skipped, non-finite (TrainerOptions::skipNonFinite)
+  bool applied = true;    // false: skipped, non-finite (TrainerOptions::skipNonFinite) or a spike (skipSpikes)
 };
 
 struct EpochReport {
@@ -144,6 +150,7 @@ struct EpochReport {
   double gradNorm = 0;            // the gradient's global norm before clipping: mean over the epoch's applied steps
   double gradNormMax = 0;         // and the largest (Hogwild: the mean and the largest over the workers)
   int64_t skippedSteps = 0;       // non-finite steps skipped in this epoch (Hogwild: all workers')
+  int64_t skippedSpikes = 0;      // and spikes skipped (TrainerOptions::skipSpikes)
   // The callback's own figures ("val_f1", ...): logged and written to the metrics file.
   std::vector<std::pair<std::string, double>> metrics;
   // Where the epoch's steps spent their time (TrainerOptions::stepReport or tracePath).
@@ -180,6 +187,7 @@ struct TrainResult {
   double wallSeconds = 0;
   double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
   int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
+  int64_t skippedSpikes = 0;  // spikes skipped over the whole run (resumes included; this rank's)
 };
 
 class MetricsSink;
@@ -224,6 +232,9 @@ class Trainer {
     int64_t gradNormSteps = 0;
     int64_t skippedInEpoch = 0;
     int64_t skipped = 0;  // over the run
+    int64_t spikesInEpoch = 0;  // skipped spikes, the same way
+    int64_t spikes = 0;
+    int64_t spikesInARow = 0;  // since the last applied step
   };
 
   using Clock = std::chrono::steady_clock;
@@ -272,6 +283,14 @@ class Trainer {
   bool stopVoteDue(int64_t step) const;
   // A step that was not applied: counts it against skipNonFinite, or throws Diverged.
   void nonFiniteStep(Position& pos, const QueuedStep& queued, const StepResult& step);
+  // A spike: counts it, or throws Diverged after maxSpikesInARow in a row.
+  void spikeStep(Position& pos, const QueuedStep& queued, const StepResult& step);
+  // "step 5 (epoch 1, batch 5): " and the step's description.
+  std::string describeStep(const QueuedStep& queued, const StepResult& step) const;
+  // What a Diverged message says of the checkpoint: the one held, or that none was written.
+  std::string lastCheckpointNote() const;
+  // A skipped step's warning: by rank 0 where ranks step together (they skip alike), else by each.
+  void warnSkipped(const std::string& what);
   // GPU: forwards the step's batches again without training, so that input the device could not
   // refuse (an Embedding's ids) is named by the model's checkInputs (InvalidArgument).
   void checkStepInputs(const QueuedStep& queued);

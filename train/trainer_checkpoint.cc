@@ -50,6 +50,8 @@ void Trainer::saveCheckpoint(const Position& pos) {
                                          {"epoch_grad_norm_steps", std::to_string(pos.gradNormSteps)},
                                          {"epoch_skipped_steps", std::to_string(pos.skippedInEpoch)},
                                          {"skipped_steps", std::to_string(pos.skipped)},
+                                         {"epoch_skipped_spikes", std::to_string(pos.spikesInEpoch)},
+                                         {"skipped_spikes", std::to_string(pos.spikes)},
                                      });
   checkpointHeld_ = true;
 }
@@ -84,6 +86,11 @@ bool Trainer::loadCheckpoint(Position& pos) {
     pos.gradNormSteps = metadataCount(m, "epoch_grad_norm_steps", path);
     pos.skippedInEpoch = metadataCount(m, "epoch_skipped_steps", path);
     pos.skipped = metadataCount(m, "skipped_steps", path);
+  }
+  // Checkpoints from before the spike rule count none.
+  if (m.count("skipped_spikes")) {
+    pos.spikesInEpoch = metadataCount(m, "epoch_skipped_spikes", path);
+    pos.spikes = metadataCount(m, "skipped_spikes", path);
   }
   return true;
 }

@@ -48,6 +48,9 @@ void Trainer::afterStep(Position& pos, StepWindow& window, const QueuedStep& que
     window.lossSum += queued.groupLoss;
     window.gradNormSum += result.gradNorm;
     ++window.steps;
+    pos.spikesInARow = 0;
+  } else if (result.spike != Spike::kNone) {
+    spikeStep(pos, queued, result);
   } else {
     nonFiniteStep(pos, queued, result);
   }
@@ -68,34 +71,61 @@ void Trainer::nonFiniteStep(Position& pos, const QueuedStep& queued, const StepR
   // step non-finite, and this names the input instead (InvalidArgument, exit 2).
   if (job_.gpu()) checkStepInputs(queued);
   std::ostringstream what;
-  what << "step " << queued.step << " (epoch " << queued.epoch + 1 << ", batch " << queued.nextBatch
-       << "): " << step.describe();
+  what << describeStep(queued, step);
   if (step.nonFinite == NonFinite::kLoss && step.rank == job_.world().rank) {
     what << " (" << (std::isnan(queued.loss) ? "nan" : queued.loss > 0 ? "inf" : "-inf") << ")";
   }
   if (pos.skipped < options_.skipNonFinite) {
     ++pos.skipped;
     ++pos.skippedInEpoch;
-    // Lockstep ranks skip together: rank 0 says so; Hogwild workers each for themselves.
-    if (!job_.lockstep() || job_.world().rank == 0) {
-      if (progress_) progress_->clearLine();
-      job_.log().warn() << what.str() << ": skipped, nothing applied (" << pos.skipped << " of the "
-                        << options_.skipNonFinite << " skips allowed)";
-    }
+    warnSkipped(what.str() + ": skipped, nothing applied (" + std::to_string(pos.skipped) + " of the " +
+                std::to_string(options_.skipNonFinite) + " skips allowed)");
     return;
   }
-  what << ": training diverged; nothing of this step was applied";
-  if (checkpointHeld_) {
-    what << " and " << options_.checkpointPath << " holds the last checkpoint before it";
-  } else if (!options_.checkpointPath.empty()) {
-    what << "; nothing was checkpointed before it (" << options_.checkpointPath << " was not written)";
-  }
+  what << ": training diverged; nothing of this step was applied" << lastCheckpointNote();
   if (options_.skipNonFinite > 0) {
     what << " (the " << options_.skipNonFinite << " skips allowed are used up)";
   } else {
     what << " (lower the learning rate, clip the gradient, or skip such steps: --skip-nonfinite N)";
   }
   throw Diverged(what.str());
+}
+
+void Trainer::spikeStep(Position& pos, const QueuedStep& queued, const StepResult& step) {
+  std::ostringstream what;
+  what << describeStep(queued, step);
+  if (step.spike == Spike::kLoss && step.rank == job_.world().rank) what << " (" << queued.loss << ")";
+  if (pos.spikesInARow < options_.maxSpikesInARow) {
+    ++pos.spikes;
+    ++pos.spikesInEpoch;
+    ++pos.spikesInARow;
+    warnSkipped(what.str() + ": skipped, nothing applied (" + std::to_string(pos.spikesInARow) + " in a row of the " +
+                std::to_string(options_.maxSpikesInARow) + " allowed; " + std::to_string(pos.spikes) + " in the run)");
+    return;
+  }
+  what << ": training diverged: " << pos.spikesInARow + 1 << " spikes in a row (at most "
+       << options_.maxSpikesInARow << " may be skipped in a row); nothing of this step was applied"
+       << lastCheckpointNote() << " (lower the learning rate or clip the gradient)";
+  throw Diverged(what.str());
+}
+
+std::string Trainer::describeStep(const QueuedStep& queued, const StepResult& step) const {
+  return "step " + std::to_string(queued.step) + " (epoch " + std::to_string(queued.epoch + 1) + ", batch " +
+         std::to_string(queued.nextBatch) + "): " + step.describe();
+}
+
+std::string Trainer::lastCheckpointNote() const {
+  if (checkpointHeld_) return " and " + options_.checkpointPath + " holds the last checkpoint before it";
+  if (!options_.checkpointPath.empty()) {
+    return "; nothing was checkpointed before it (" + options_.checkpointPath + " was not written)";
+  }
+  return "";
+}
+
+void Trainer::warnSkipped(const std::string& what) {
+  if (job_.lockstep() && job_.world().rank != 0) return;
+  if (progress_) progress_->clearLine();
+  job_.log().warn() << what;
 }
 
 // The step's batches are gathered from the dataset again: their device buffers were reused by the

@@ -32,7 +32,9 @@ __global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, StepGua
     state->nonFinite += 1;
     if (state->nonFinite > o.nonFiniteLimit) state->halted = 1;
   }
-  const int apply = nonFinite == 0 && !state->halted;
+  // A spike (finite, refused by the host's rule) skips the step and counts against nothing.
+  const int spike = nonFinite != 0 ? 0 : o.lossSpike ? 1 : norm > o.maxGradNorm ? 2 : 0;
+  const int apply = nonFinite == 0 && spike == 0 && !state->halted;
   float clip = 1.0f;
   if (o.clipGradNorm > 0.0f && apply) {
     const float coefficient = o.clipGradNorm / __fadd_rn(static_cast<float>(norm), 1e-6f);
@@ -48,7 +50,7 @@ __global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, StepGua
   record->applied = apply;
   record->nonFinite = nonFinite;
   record->halted = state->halted;
-  record->pad = 0;
+  record->spike = spike;
 }
 
 }  // namespace

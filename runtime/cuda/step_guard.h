@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "runtime/stream.h"
 
@@ -37,7 +38,7 @@ struct StepRecord {
   int applied = 0;
   int nonFinite = 0;  // 0 none, 1 the loss (lossRank), 2 the gradient
   int halted = 0;     // the guard is halted (this step or an earlier one used up the skips)
-  int pad = 0;
+  int spike = 0;      // a finite step refused by the spike rule: 1 the loss, 2 the gradient's norm
 };
 
 // The guard's device memory: one per stream that steps.
@@ -53,6 +54,9 @@ struct JudgeOptions {
   float gradScale = 1;     // the norm is gradScale x sqrt(sum); the gradient is multiplied by it
   float clipGradNorm = 0;  // > 0: clip to this norm (nn::clipCoefficient)
   int lossNonFinite = 0;   // 1: the host already knows the loss is non-finite
+  int lossSpike = 0;       // 1: the host already knows the loss spiked (train/step.h, "Spikes")
+  // A finite norm above this is a spike: the step is not applied, and counts against nothing.
+  double maxGradNorm = std::numeric_limits<double>::infinity();
   // The guard halts at the first non-finite step that makes nonFinite exceed this.
   long long nonFiniteLimit = 0;
   // 1: first reset the state to `seedApplied` applied steps, no non-finite step, not halted (the

@@ -3,7 +3,8 @@
 // them, InvalidArgument with the position and value, not reported as a diverged step, both in
 // training and in the evaluation. The sync-free step (issue 31): a NaN gradient at step k stops the
 // run naming step k with nothing of steps k and k + 1 applied, and runs that skip it, clip, and
-// follow a learning-rate schedule end bit for bit where the synchronous step ends. Two NCCL ranks in
+// follow a learning-rate schedule end bit for bit where the synchronous step ends, and so do runs
+// whose gradient spikes are skipped by the device's guard (--skip-spikes). Two NCCL ranks in
 // bf16 end bit for bit alike.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,25 +76,32 @@ TEST(TrainerGpu, BadTokenIdsAreNamedInTrainingAndEvaluation) {
   EXPECT_NE(inEvaluation.find("is 9"), std::string::npos) << inEvaluation;
 }
 
-// Cross-entropy whose gradient is NaN in the `nanStep`-th training forward (from 1): the step's
-// gradient is non-finite, its loss stays on the device. Evaluation never runs in these tests.
+// Cross-entropy whose gradient is NaN in the training forwards numbered in `nanSteps` (from 1), and
+// 1000 times larger in those in `spikeSteps`: the step's gradient is non-finite, or a spike; its
+// loss stays on the device. Evaluation never runs in these tests.
 class NanGradientAt final : public nn::Loss {
  public:
-  explicit NanGradientAt(std::vector<int64_t> nanSteps) : nanSteps_(std::move(nanSteps)) {}
+  explicit NanGradientAt(std::vector<int64_t> nanSteps, std::vector<int64_t> spikeSteps = {})
+      : nanSteps_(std::move(nanSteps)), spikeSteps_(std::move(spikeSteps)) {}
   std::string name() const override { return "nan-gradient-at"; }
   float forward(const Tensor& out, const Tensor& targets) override { return inner_.forward(out, targets); }
   void forwardGpu(const Tensor& out, const Tensor& targets, runtime::cuda::GpuContext& gpu) override {
     inner_.forwardGpu(out, targets, gpu);
-    if (std::find(nanSteps_.begin(), nanSteps_.end(), ++calls_) == nanSteps_.end()) return;
+    ++calls_;
     const Tensor& g = inner_.backward();
-    runtime::cuda::fill({g.data(), static_cast<size_t>(g.numel())}, std::numeric_limits<float>::quiet_NaN(), gpu.stream());
+    const std::span<float> grads{g.data(), static_cast<size_t>(g.numel())};
+    if (std::find(nanSteps_.begin(), nanSteps_.end(), calls_) != nanSteps_.end()) {
+      runtime::cuda::fill(grads, std::numeric_limits<float>::quiet_NaN(), gpu.stream());
+    } else if (std::find(spikeSteps_.begin(), spikeSteps_.end(), calls_) != spikeSteps_.end()) {
+      runtime::cuda::scale(grads, 1000.0f, gpu.stream());
+    }
   }
   const Tensor& backward() override { return inner_.backward(); }
   int64_t correct() const override { return inner_.correct(); }
 
  private:
   nn::SoftmaxCrossEntropy inner_;
-  std::vector<int64_t> nanSteps_;
+  std::vector<int64_t> nanSteps_, spikeSteps_;
   int64_t calls_ = 0;
 };
 
@@ -100,6 +109,7 @@ struct RunOptions {
   nn::OptimizerOptions optimizer;
   TrainerOptions trainer;
   std::vector<int64_t> nanSteps;
+  std::vector<int64_t> spikeSteps;
 };
 
 // The parameters and optimizer state at the end of a run on the GPU (on the host), the error it
@@ -109,6 +119,7 @@ struct RunEnd {
   std::string error;
   int64_t steps = 0;
   int64_t skipped = 0;
+  int64_t spikes = 0;
 };
 
 std::vector<float> toHost(const Tensor& t) {
@@ -123,11 +134,13 @@ RunEnd train(const RunOptions& o) {
   auto model = nn::buildModel("mlp:20,16,3");
   auto optimizer = nn::makeOptimizer(o.optimizer, model->params.numel(), job.gpu());
   job.place(*model, *optimizer, {.seed = 1});
-  NanGradientAt loss(o.nanSteps);
+  NanGradientAt loss(o.nanSteps, o.spikeSteps);
   Trainer trainer(job, loss, *data, nullptr, o.trainer);
   RunEnd end;
   try {
-    end.skipped = trainer.run().skippedSteps;
+    const TrainResult result = trainer.run();
+    end.skipped = result.skippedSteps;
+    end.spikes = result.skippedSpikes;
   } catch (const Diverged& e) {
     end.error = e.what();
   }
@@ -221,6 +234,31 @@ TEST(TrainerGpu, TheNonFiniteStepAfterTheLastSkipStopsTheSyncFreeRun) {
   const RunEnd synchronous = train(o);
   EXPECT_EQ(synchronous.error, deferred.error);
   expectSameBits(deferred.values, synchronous.values);
+}
+
+// The spike rule on the device (--skip-spikes): steps 20 and 21 have 1000 times the gradient and
+// are skipped, judged against the history the host had when it queued them, as the synchronous
+// step judges them; the runs end bit for bit alike. With at most one spike in a row, the second
+// stops the run (Diverged) where the synchronous run stops.
+TEST(TrainerGpu, SpikesAreSkippedOnTheDeviceAsByTheSynchronousStep) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  RunOptions o{.optimizer = {.lr = 0.05f, .momentum = 0.9f}, .trainer = trainerOptions(false), .spikeSteps = {20, 21}};
+  o.trainer.skipSpikes = 5;
+  const RunEnd deferred = train(o);
+  o.trainer.synchronousSteps = true;
+  const RunEnd synchronous = train(o);
+  EXPECT_EQ(deferred.error, "");
+  EXPECT_EQ(deferred.spikes, 2);
+  EXPECT_EQ(deferred.steps, 22);  // 24 steps, two skipped
+  EXPECT_EQ(synchronous.spikes, 2);
+  expectSameBits(deferred.values, synchronous.values);
+  o.trainer.maxSpikesInARow = 1;
+  const RunEnd stopped = train(o);
+  EXPECT_NE(stopped.error.find("step 21 (epoch 2, batch 9): the gradient's norm spiked"), std::string::npos)
+      << stopped.error;
+  EXPECT_NE(stopped.error.find("2 spikes in a row"), std::string::npos) << stopped.error;
+  o.trainer.synchronousSteps = false;
+  EXPECT_EQ(train(o).error, stopped.error);
 }
 
 // Exit code of a rank that found fewer than two CUDA devices (the parent then skips).

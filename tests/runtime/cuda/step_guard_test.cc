@@ -1,7 +1,7 @@
 // judgeStep (runtime/cuda/step_guard.h) against the host's formulas (tags = ["gpu"]): the norm is
 // gradScale x sqrt(sum) in double, the multiplier gradScale x nn::clipCoefficient bit for bit, a
 // non-finite sum or loss is never applied, the skips are counted and the one beyond the limit halts
-// the guard until it is seeded again.
+// the guard until it is seeded again; a spike is skipped and counts against nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -100,6 +100,41 @@ TEST_F(StepGuardTest, CountsSkipsAndHaltsBeyondTheLimit) {
     EXPECT_EQ(g.record.nonFinite, s.nonFinite) << "step " << i;
     EXPECT_EQ(g.record.halted, s.halted) << "step " << i;
     EXPECT_EQ(g.record.appliedSteps, s.appliedSteps) << "step " << i;
+  }
+}
+
+// The spike rule (train/step.h, "Spikes"): a finite norm above maxGradNorm, or a loss the host found
+// spiking, is not applied, counts against no skip and never halts; a non-finite step outranks it.
+TEST_F(StepGuardTest, SkipsSpikesWithoutCountingThem) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Step {
+    double sum;  // the norm is its square root: 2 is the limit
+    int lossSpike, lossNonFinite, seed;
+    int applied, nonFinite, spike;
+    long long appliedSteps, nonFiniteSteps;
+  };
+  const std::vector<Step> steps = {
+      {4.0, 0, 0, 1, 1, 0, 0, 1, 0},   // at the limit: applied
+      {4.5, 0, 0, 0, 0, 0, 2, 1, 0},   // above it: a gradient spike
+      {1.0, 1, 0, 0, 0, 0, 1, 1, 0},   // the host's loss spike
+      {nan, 1, 0, 0, 0, 2, 0, 1, 1},   // non-finite outranks the spike, and counts
+      {1e6, 0, 1, 0, 0, 1, 0, 1, 2},   // a non-finite loss too: the guard halts (limit 1)
+      {1.0, 0, 0, 0, 0, 0, 0, 1, 2},   // halted: nothing applied, no spike said
+  };
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    const DeviceGuard g = judge(s.sum, {.lossNonFinite = s.lossNonFinite,
+                                        .lossSpike = s.lossSpike,
+                                        .maxGradNorm = 2.0,
+                                        .nonFiniteLimit = 1,
+                                        .seed = s.seed,
+                                        .seedApplied = 0});
+    EXPECT_EQ(g.record.applied, s.applied) << "step " << i;
+    EXPECT_EQ(g.state.control.apply, s.applied) << "step " << i;
+    EXPECT_EQ(g.record.nonFinite, s.nonFinite) << "step " << i;
+    EXPECT_EQ(g.record.spike, s.spike) << "step " << i;
+    EXPECT_EQ(g.record.appliedSteps, s.appliedSteps) << "step " << i;
+    EXPECT_EQ(g.record.nonFiniteSteps, s.nonFiniteSteps) << "step " << i;
   }
 }
 
