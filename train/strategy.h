@@ -1,9 +1,9 @@
 // Strategy: how the ranks of a job train one model together — what a training loop needs from them
 // and nothing else (internal to train/: users reach it through train::Job).
 //
-// A strategy is made by Job::place() for the job's mode (train/placement.h) and borrows the model's
-// ParamBuffer and the optimizer, whose memory it has placed (private, a shared segment, a GPU
-// share). The loop calls, per optimizer step: the listener gradReady() returns goes into the
+// A strategy is made by Job::place() for the job's mode (train/job.cc; docs/architecture.md,
+// "Choosing the strategy") and borrows the model's ParamBuffer and the optimizer, whose memory it
+// has placed (private, a shared segment, a GPU share). The loop calls, per optimizer step: the listener gradReady() returns goes into the
 // backward pass that must synchronise (nullptr: nothing to overlap); then step(plan), which
 // synchronises the gradients where the mode does, measures the gradient's global norm, and applies
 // the optimizer (clipped) unless the loss or the gradient is non-finite (train/step.h). Around it:
