@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `cohort train` of two commits side by side, in one run: a refactor must not change throughput.
 # BASE (default: the commit before the train/ API, 63c1a79) is built in a temporary git worktree
-# with an output base of its own (cached in ~/.cache/cohort-bench-base/<rev>); the working tree is
-# the other side. On the MLP workload of compare_workers_peers.sh (784-512-256-10, batch 64, SGD lr
-# 0.05 momentum 0.9, synthetic data, one epoch split over the workers):
+# with an output base of its own (bench/build_base.sh; cached in ~/.cache/cohort-bench-base/<rev>);
+# the working tree is the other side. On the MLP workload of compare_workers_peers.sh
+# (784-512-256-10, batch 64, SGD lr 0.05 momentum 0.9, synthetic data, one epoch split over the workers):
 #   local                  cohort train --mode local
 #   hogwild, 2 workers     cohortrun --nproc-per-node 2 -- cohort train --mode hogwild
 #   allreduce, 2 workers   cohortrun ... --mode allreduce (shm: shared copy, sharded update)
@@ -21,24 +21,15 @@ BASE=${BASE:-63c1a79}
 MODES=${MODES:-"local hogwild allreduce replicas mpi"}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rev=$(git rev-parse --short "$BASE")
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/cohort-bench-base/$rev"
 work=$(mktemp -d)
-trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+trap 'rm -rf "$work"' EXIT
 
 bazel build //cli:cohort //launcher:cohortrun >/dev/null 2>&1
-mkdir -p "$cache/bin"
-if [ ! -x "$cache/bin/cohort" ]; then
-  git worktree add --detach "$work/base" "$rev" >/dev/null 2>&1
-  (cd "$work/base" && bazel --output_base="$cache/output" build --symlink_prefix=/ //cli:cohort //launcher:cohortrun \
-     >"$work/base-build.log" 2>&1) || { tail -20 "$work/base-build.log"; exit 1; }
-  out=$(cd "$work/base" && bazel --output_base="$cache/output" info --symlink_prefix=/ bazel-bin 2>/dev/null)
-  cp "$out/cli/cohort" "$out/launcher/cohortrun" "$cache/bin/"
-  (cd "$work/base" && bazel --output_base="$cache/output" shutdown >/dev/null 2>&1) || true
-fi
+baseBin=$(bench/build_base.sh "$rev")
 job=(--data synthetic --model mlp:784,512,256,10 --epochs 1 --batch-size 64 --lr 0.05 --momentum 0.9 --threads 1)
 field() { sed -nE "s/.*RESULT .*$1=([0-9.]+).*/\1/p"; }
 runMode() {  # side (base|current), mode: one run, its samples/s
-  local cohort=$cache/bin/cohort cohortrun=$cache/bin/cohortrun
+  local cohort=$baseBin/cohort cohortrun=$baseBin/cohortrun
   if [ "$1" = current ]; then cohort=bazel-bin/cli/cohort cohortrun=bazel-bin/launcher/cohortrun; fi
   case $2 in
     local) "$cohort" train --mode local "${job[@]}" ;;

@@ -17,6 +17,9 @@
 // nccl: collectives run on the backend's communication stream. Given CommunicatorOptions::
 // computeStream, each one starts after the work enqueued there so far, and Work::wait makes that
 // stream wait for it instead of blocking the host (no host synchronisation; docs/collectives.md).
+// Ownership: the caller owns each Work through its WorkPtr; the built-in backends recycle Works
+// (work_pool.h), so a collective in steady state allocates none. A Work may be destroyed after its
+// communicator, but not waited for then (mpi excepted; shm and hierarchical check it).
 // Thread safety: issue collectives from one thread; Work::wait may be called from that thread only.
 //
 //   auto comm = makeCommunicator({.backend = "shm", .world = world, .timeout = 30s});
@@ -63,8 +66,26 @@ class Work {
   virtual ~Work() = default;
   virtual bool done() = 0;
   virtual void wait(std::chrono::milliseconds timeout) = 0;
+
+ protected:
+  // Called once, by the WorkPtr that owns this Work, when it lets go. The built-in backends recycle
+  // their Works here (work_pool.h), so that a collective allocates none; a Work of one's own is
+  // simply deleted.
+  virtual void dispose() { delete this; }
+  friend struct WorkDeleter;
 };
-using WorkPtr = std::unique_ptr<Work>;
+
+// WorkPtr's deleter: Work::dispose(). It converts from std::default_delete, so a Work made with
+// std::make_unique (a test's or a user's own Communicator) still becomes a WorkPtr.
+struct WorkDeleter {
+  WorkDeleter() = default;
+  template <typename T>
+  WorkDeleter(const std::default_delete<T>&) noexcept {}  // implicit: unique_ptr converts only so
+  void operator()(Work* work) const { work->dispose(); }
+};
+// Owns a collective's Work. Destroying it after its communicator is safe; calling wait() or done()
+// then is not (except on mpi, whose Works keep the MPI state alive).
+using WorkPtr = std::unique_ptr<Work, WorkDeleter>;
 
 // Memory from Communicator::allocateBuffer(): zero-filled float32, 64-byte aligned. On the shm
 // backend every local rank can map it, and an all-reduce whose input and output lie in such buffers

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <iomanip>
 #include <mutex>
@@ -15,6 +14,7 @@
 
 #include "collectives/mpi/mpi_communicator.h"
 #include "collectives/shm/shm_communicator.h"
+#include "collectives/work_pool.h"
 #include "runtime/error.h"
 
 namespace cohort::collectives {
@@ -41,30 +41,31 @@ std::string hostName() {
   return host;
 }
 
-// One issued collective: what every rank issued, and its completion (shared with its Work).
-struct Op {
-  Fingerprint fingerprint;
-  const float* input = nullptr;
-  float* output = nullptr;
-  std::mutex mutex;
-  bool finished = false;
-  std::exception_ptr error;
-};
-
 class HierarchicalCommunicator;
 
-class HierarchicalWork : public Work {
+// One issued collective: what every rank issued, for the communicator's thread, and its completion
+// (QueuedWork). Pooled by the communicator; its WorkQueue owns it too until it has run.
+class HierarchicalWork : public QueuedWork {
  public:
-  HierarchicalWork(HierarchicalCommunicator& comm, std::shared_ptr<Op> op) : comm_(comm), op_(std::move(op)) {}
-  bool done() override {
-    std::lock_guard<std::mutex> lock(op_->mutex);
-    return op_->finished;
+  explicit HierarchicalWork(HierarchicalCommunicator& comm) : QueuedWork("hierarchical"), comm_(comm) {}
+
+  void start(const Fingerprint& fingerprint, const float* input, float* output) {
+    fingerprint_ = fingerprint;
+    input_ = input;
+    output_ = output;
+    restart();
   }
-  void wait(std::chrono::milliseconds timeout) override;
+  const Fingerprint& fingerprint() const override { return fingerprint_; }
+  const float* input() const { return input_; }
+  float* output() const { return output_; }
 
  private:
+  void waitUntilFinished(std::chrono::milliseconds timeout) override;
+
   HierarchicalCommunicator& comm_;
-  std::shared_ptr<Op> op_;
+  Fingerprint fingerprint_;
+  const float* input_ = nullptr;
+  float* output_ = nullptr;
 };
 
 class HierarchicalCommunicator : public Communicator {
@@ -108,13 +109,13 @@ class HierarchicalCommunicator : public Communicator {
   }
   WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
 
-  // Called by HierarchicalWork::wait.
-  void waitFor(Op& op, std::chrono::milliseconds timeout) {
+  // Called by HierarchicalWork::wait; returns once `work` has finished (QueuedWork rethrows its error).
+  void waitFor(HierarchicalWork& work, std::chrono::milliseconds timeout) {
     auto deadline = Clock::now() + timeout;
     bool graceUsed = false;
     std::unique_lock<std::mutex> lock(mutex_);
-    while (!isFinished(op)) {
-      if (wake_.wait_until(lock, deadline) != std::cv_status::timeout || isFinished(op)) continue;
+    while (!work.finished()) {
+      if (wake_.wait_until(lock, deadline) != std::cv_status::timeout || work.finished()) continue;
       if (running_ && !graceUsed) {  // the stage under way reports who is missing: give it a moment
         graceUsed = true;
         deadline = Clock::now() + kStageReportGrace;
@@ -123,12 +124,9 @@ class HierarchicalCommunicator : public Communicator {
       if (broken_) std::rethrow_exception(broken_);
       std::ostringstream secs;
       secs << std::fixed << std::setprecision(1) << timeout.count() / 1000.0;
-      COHORT_THROW(TimeoutError) << "collective " << op.fingerprint.str() << " did not complete within " << secs.str()
-                                 << " s on rank " << rank() << " (hierarchical, " << where_ << ")";
+      COHORT_THROW(TimeoutError) << "collective " << work.fingerprint().str() << " did not complete within "
+                                 << secs.str() << " s on rank " << rank() << " (hierarchical, " << where_ << ")";
     }
-    lock.unlock();
-    std::lock_guard<std::mutex> opLock(op.mutex);
-    if (op.error) std::rethrow_exception(op.error);
   }
 
  private:
@@ -138,21 +136,14 @@ class HierarchicalCommunicator : public Communicator {
                                     << " elements";
     }
     fingerprint.sequence = nextSequence_++;
-    auto op = std::make_shared<Op>();
-    op->fingerprint = fingerprint;
-    op->input = input;
-    op->output = output;
+    PooledPtr<HierarchicalWork> work = pool_.acquire(*this);
+    work->start(fingerprint, input, output);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(op);
+      queue_.push(*work);
     }
     wake_.notify_all();
-    return std::make_unique<HierarchicalWork>(*this, op);
-  }
-
-  static bool isFinished(Op& op) {
-    std::lock_guard<std::mutex> lock(op.mutex);
-    return op.finished;
+    return work;
   }
 
   // The communicator's thread: runs the collectives in issue order; after an error, fails the rest.
@@ -161,23 +152,19 @@ class HierarchicalCommunicator : public Communicator {
     for (;;) {
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and everything issued has run
-      std::shared_ptr<Op> op = std::move(queue_.front());
-      queue_.pop_front();
+      PooledPtr<HierarchicalWork> work = queue_.pop();
       running_ = true;
       std::exception_ptr error = broken_;
       lock.unlock();
       if (!error) {
         try {
-          run(*op);
+          run(*work);
         } catch (...) {
           error = std::current_exception();
         }
       }
-      {
-        std::lock_guard<std::mutex> opLock(op->mutex);
-        op->finished = true;
-        op->error = error;
-      }
+      work->finish(error);
+      work.reset();  // the queue's ownership: the object may go back to the pool now
       lock.lock();
       running_ = false;
       if (error) broken_ = error;
@@ -185,30 +172,29 @@ class HierarchicalCommunicator : public Communicator {
     }
   }
 
-  void run(Op& op) {
-    const Fingerprint& f = op.fingerprint;
+  void run(const HierarchicalWork& work) {
+    const Fingerprint& f = work.fingerprint();
+    const float* input = work.input();
+    float* output = work.output();
     switch (f.kind) {
       case CollectiveKind::kAllReduce:
         if (f.count * sizeof(float) <= kFlatBytes) {  // latency-bound: one MPI collective, fewer hops
-          return stage(world_.get(), "all-reduce", [&](Communicator& c) {
-            return c.allReduce(op.input, op.output, f.count, {.op = f.op});
-          });
+          return stage(world_.get(), "all-reduce",
+                       [&](Communicator& c) { return c.allReduce(input, output, f.count, {.op = f.op}); });
         }
-        return allReduceInStages(op.input, op.output, f.count, f.op);
+        return allReduceInStages(input, output, f.count, f.op);
       case CollectiveKind::kBroadcast:
-        return broadcastInStages(op.output, f.count, f.root);
+        return broadcastInStages(output, f.count, f.root);
       case CollectiveKind::kBarrier:
         stage(node_.get(), "node barrier", [](Communicator& c) { return c.barrier(); });
         stage(cross_.get(), "barrier across nodes", [](Communicator& c) { return c.barrier(); });
         stage(node_.get(), "node barrier", [](Communicator& c) { return c.barrier(); });
         return;
       case CollectiveKind::kReduceScatter:
-        return stage(world_.get(), "reduce-scatter", [&](Communicator& c) {
-          return c.reduceScatter(op.input, op.output, f.count, f.op);
-        });
+        return stage(world_.get(), "reduce-scatter",
+                     [&](Communicator& c) { return c.reduceScatter(input, output, f.count, f.op); });
       case CollectiveKind::kAllGather:
-        return stage(world_.get(), "all-gather",
-                     [&](Communicator& c) { return c.allGather(op.input, op.output, f.count); });
+        return stage(world_.get(), "all-gather", [&](Communicator& c) { return c.allGather(input, output, f.count); });
     }
   }
 
@@ -376,6 +362,7 @@ class HierarchicalCommunicator : public Communicator {
     return os.str();
   }
 
+  WorkPool<HierarchicalWork> pool_;  // destroyed last: it frees the idle Works (in-use ones free themselves)
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Communicator> world_;  // every rank: reduce-scatter and all-gather in world order
   std::unique_ptr<Communicator> cross_;  // this local rank of every node
@@ -388,14 +375,14 @@ class HierarchicalCommunicator : public Communicator {
   uint64_t nextSequence_ = 0;   // issuing thread only
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::shared_ptr<Op>> queue_;
+  WorkQueue<HierarchicalWork> queue_;  // guarded by mutex_
   bool stopping_ = false;
   bool running_ = false;       // the thread is inside a collective (guarded by mutex_)
   std::exception_ptr broken_;  // the first error (guarded by mutex_)
   std::thread thread_;         // last: started once everything above exists
 };
 
-void HierarchicalWork::wait(std::chrono::milliseconds timeout) { comm_.waitFor(*op_, timeout); }
+void HierarchicalWork::waitUntilFinished(std::chrono::milliseconds timeout) { comm_.waitFor(*this, timeout); }
 
 }  // namespace
 

@@ -35,6 +35,7 @@
 #include "collectives/mpi/mpi_fingerprint.h"
 #include "collectives/mpi/mpi_heartbeat.h"
 #include "collectives/mpi/mpi_members.h"
+#include "collectives/work_pool.h"
 #include "runtime/error.h"
 
 namespace cohort::collectives {
@@ -160,7 +161,9 @@ class MpiState {
     return mpi_detail::describeMembers(members_, commRanks);
   }
 
-  std::shared_ptr<Op> issue(Fingerprint fingerprint, const float* input, float* output) {
+  // Starts a collective in `op`: the previous Op of the caller's Work, reused once MPI is done with
+  // it (only the Work still holds it) so that its vectors keep their memory; else a new one.
+  void issue(std::shared_ptr<Op>& op, Fingerprint fingerprint, const float* input, float* output) {
     if (error_) std::rethrow_exception(error_);
     if (fingerprint.count > static_cast<uint64_t>(INT_MAX)) {
       COHORT_THROW(InvalidArgument) << "the mpi backend handles at most " << INT_MAX
@@ -170,7 +173,9 @@ class MpiState {
     if (static_cast<int64_t>(fingerprint.sequence) == mismatchAt_) {  // the test hook: fewer elements stay in bounds
       fingerprint.count = fingerprint.count > 0 ? fingerprint.count - 1 : 1;
     }
-    auto op = std::make_shared<Op>();
+    if (op == nullptr || op.use_count() > 1) op = std::make_shared<Op>();
+    op->phase = Phase::kFingerprints;
+    op->dataRequest = MPI_REQUEST_NULL;
     op->fingerprint = fingerprint;
     op->sent = WireFingerprint::from(fingerprint);
     op->input = input;
@@ -190,7 +195,6 @@ class MpiState {
     }
     pending_.push_back(op);
     progress();
-    return op;
   }
 
   // Advances every pending Op as far as it can go without blocking. Rethrows the poisoning error.
@@ -271,6 +275,10 @@ class MpiState {
 
   // Every rank holds the same table, so every rank builds the same message.
   void checkFingerprints(const Op& op) {
+    const Fingerprint first = op.received[0].toFingerprint();
+    bool same = true;
+    for (int r = 1; r < size_ && same; ++r) same = op.received[r].toFingerprint() == first;
+    if (same) return;  // without the table below, which allocates
     std::vector<Fingerprint> byRank(size_);
     for (int r = 0; r < size_; ++r) byRank[r] = op.received[r].toFingerprint();
     if (std::all_of(byRank.begin(), byRank.end(), [&](const Fingerprint& f) { return f == byRank[0]; })) return;
@@ -345,7 +353,8 @@ class MpiState {
 
   void testData(Op& op) {
     int done = 0;
-    checkMpi(MPI_Test(&op.dataRequest, &done, MPI_STATUS_IGNORE), op.fingerprint.str().c_str());
+    const int rc = MPI_Test(&op.dataRequest, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) checkMpi(rc, op.fingerprint.str().c_str());  // the text only for the error
     if (!done) return;
     const Fingerprint& f = op.fingerprint;
     if (f.kind == CollectiveKind::kReduceScatter) reduceRows(op.chunks.data(), op.output, f.count, f.op);
@@ -456,9 +465,14 @@ class MpiState {
   std::exception_ptr error_;
 };
 
-class MpiWork : public Work {
+// Pooled by the communicator (work_pool.h); keeps the MPI state alive, so it may be waited for
+// after the communicator is gone.
+class MpiWork : public PooledWork {
  public:
-  MpiWork(std::shared_ptr<MpiState> state, std::shared_ptr<Op> op) : state_(std::move(state)), op_(std::move(op)) {}
+  explicit MpiWork(std::shared_ptr<MpiState> state) : state_(std::move(state)) {}
+  void start(const Fingerprint& fingerprint, const float* input, float* output) {
+    state_->issue(op_, fingerprint, input, output);
+  }
   bool done() override {
     state_->progress();
     return op_->phase == Phase::kDone;
@@ -467,7 +481,7 @@ class MpiWork : public Work {
 
  private:
   std::shared_ptr<MpiState> state_;
-  std::shared_ptr<Op> op_;
+  std::shared_ptr<Op> op_;  // this collective's; MpiState::pending_ holds it too until it is done
 };
 
 class MpiCommunicator : public Communicator {
@@ -496,10 +510,13 @@ class MpiCommunicator : public Communicator {
 
  private:
   WorkPtr start(const Fingerprint& fingerprint, const float* input, float* output) {
-    return std::make_unique<MpiWork>(state_, state_->issue(fingerprint, input, output));
+    PooledPtr<MpiWork> work = pool_.acquire(state_);
+    work->start(fingerprint, input, output);
+    return work;
   }
 
   std::shared_ptr<MpiState> state_;
+  WorkPool<MpiWork> pool_;  // its idle Works hold state_ too; Works in use free themselves
 };
 
 // MPI_Comm_idup polled with a timeout: every rank must create its communicator.

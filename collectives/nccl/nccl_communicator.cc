@@ -29,6 +29,7 @@
 
 #include "collectives/nccl/nccl_init.h"
 #include "collectives/watchdog.h"
+#include "collectives/work_pool.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/error.h"
 #include "runtime/stream.h"
@@ -310,13 +311,27 @@ class NcclState {
   std::unique_ptr<CollectiveWatchdog> watchdog_;  // last: its thread uses everything above
 };
 
-class NcclWork : public Work {
+// A host-staged collective's result (see kHostStagingFloats): `count` floats from the staging area
+// to `output`, copied by Work::wait once the collective is done.
+struct HostCopy {
+  bool staged = false;  // false: a collective on device memory, nothing to copy
+  const float* staging = nullptr;
+  float* output = nullptr;
+  size_t count = 0;
+};
+
+// Pooled by the communicator (work_pool.h). Its `done` event is one per collective: the watchdog
+// may still probe it after the Work has gone.
+class NcclWork : public PooledWork {
  public:
-  // `copyOut` (host-staged collectives): copies the result to host memory once the collective is
-  // done; wait() then always waits on the host, with or without a compute stream.
-  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<runtime::Event> done, const Fingerprint& fingerprint,
-           std::function<void()> copyOut = {})
-      : state_(std::move(state)), done_(std::move(done)), fingerprint_(fingerprint), copyOut_(std::move(copyOut)) {}
+  NcclWork(std::shared_ptr<NcclState> state, int device) : state_(std::move(state)), device_(device) {}
+
+  // A staged collective's wait() always waits on the host, with or without a compute stream.
+  void start(std::shared_ptr<runtime::Event> done, const Fingerprint& fingerprint, const HostCopy& copyOut = {}) {
+    done_ = std::move(done);
+    fingerprint_ = fingerprint;
+    copyOut_ = copyOut;
+  }
 
   bool done() override {
     state_->rethrowIfFailed();
@@ -328,7 +343,7 @@ class NcclWork : public Work {
   void wait(std::chrono::milliseconds timeout) override {
     state_->rethrowIfFailed();
     const runtime::Stream* compute = state_->computeStream();
-    if (compute && !copyOut_) {
+    if (compute && !copyOut_.staged) {
       compute->waitEvent(*done_);  // the GPU orders the caller's next kernels after the collective
       return;
     }
@@ -355,17 +370,22 @@ class NcclWork : public Work {
     }
     state_->rethrowIfFailed();
     state_->checkAsyncError(fingerprint_);
-    if (copyOut_) {
-      copyOut_();
+    if (copyOut_.staged) {
+      if (copyOut_.count > 0) {
+        runtime::cuda::CudaDeviceGuard guard(device_);
+        COHORT_CUDA_CHECK(
+            cudaMemcpy(copyOut_.output, copyOut_.staging, copyOut_.count * sizeof(float), cudaMemcpyDeviceToHost));
+      }
       copyOut_ = {};
     }
   }
 
  private:
   std::shared_ptr<NcclState> state_;
+  int device_;
   std::shared_ptr<runtime::Event> done_;
   Fingerprint fingerprint_;
-  std::function<void()> copyOut_;
+  HostCopy copyOut_;
 };
 
 class NcclCommunicator : public Communicator {
@@ -457,7 +477,7 @@ class NcclCommunicator : public Communicator {
     auto done = state_->issue(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
                                 return nccl.allReduce(scratch, scratch, 1, ncclFloat, ncclSum, comm, s);
                               }});
-    return std::make_unique<NcclWork>(state_, std::move(done), fingerprint);
+    return makeWork(std::move(done), fingerprint);
   }
 
   BufferPtr allocateBuffer(size_t count) override {
@@ -470,7 +490,13 @@ class NcclCommunicator : public Communicator {
   WorkPtr start(Fingerprint fingerprint, Launch launch) {
     if (fingerprint.count == 0) launch = {};
     auto done = state_->issue(fingerprint, launch);
-    return std::make_unique<NcclWork>(state_, std::move(done), fingerprint);
+    return makeWork(std::move(done), fingerprint);
+  }
+
+  WorkPtr makeWork(std::shared_ptr<runtime::Event> done, const Fingerprint& fingerprint, const HostCopy& copyOut = {}) {
+    PooledPtr<NcclWork> work = pool_.acquire(state_, device_);
+    work->start(std::move(done), fingerprint, copyOut);
+    return work;
   }
 
   // A host-staged collective (see kHostStagingFloats): the input goes to the staging area at issue,
@@ -485,12 +511,8 @@ class NcclCommunicator : public Communicator {
                   .call = std::move(call)};
     if (fingerprint.count == 0) launch = {};
     auto done = state_->issue(fingerprint, launch);
-    const int device = device_;
-    return std::make_unique<NcclWork>(state_, std::move(done), fingerprint, [=] {
-      if (count == 0) return;
-      runtime::cuda::CudaDeviceGuard guard(device);
-      COHORT_CUDA_CHECK(cudaMemcpy(output, staging, bytes, cudaMemcpyDeviceToHost));
-    });
+    return makeWork(std::move(done), fingerprint,
+                    {.staged = true, .staging = staging, .output = output, .count = count});
   }
 
   // Host memory of at most kHostStagingFloats elements (pointers CUDA does not know, or pinned
@@ -531,6 +553,7 @@ class NcclCommunicator : public Communicator {
 
   std::shared_ptr<NcclState> state_;
   int device_;
+  WorkPool<NcclWork> pool_;  // its idle Works hold state_ too; Works in use free themselves
 };
 
 }  // namespace

@@ -2,7 +2,8 @@
 // communicator that runs the collectives in issue order (see shm_engine.h and docs/collectives.md).
 // A caller blocked in Work::wait() runs the queued collectives up to its own inline when the
 // progress thread is idle (same order, one engine user at a time), which saves two thread hand-offs
-// per small collective. A Work must not outlive its communicator.
+// per small collective. Works are pooled (work_pool.h): one may be destroyed after its
+// communicator, but not waited for (a COHORT_CHECK).
 #include "collectives/shm/shm_communicator.h"
 
 #include <pthread.h>
@@ -10,7 +11,6 @@
 
 #include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <exception>
 #include <iomanip>
 #include <mutex>
@@ -19,46 +19,40 @@
 #include <vector>
 
 #include "collectives/shm/shm_engine.h"
+#include "collectives/work_pool.h"
 #include "runtime/error.h"
 
 namespace cohort::collectives {
 
 namespace {
 
-// Completion of one collective, shared by its Work and the progress thread.
-struct WorkState {
-  std::mutex mutex;
-  bool finished = false;
-  std::exception_ptr error;
-  Fingerprint fingerprint;  // names the collective in Work::wait's timeout message
-  int rank = 0;
-};
+class ShmWork;
 
 // Implemented by ShmCommunicator: lets a waiting caller run queued collectives itself.
 class WorkRunner {
  public:
   virtual ~WorkRunner() = default;
-  virtual void waitFor(WorkState& state, std::chrono::milliseconds timeout) = 0;
+  virtual void waitFor(ShmWork& work, std::chrono::milliseconds timeout) = 0;
 };
 
-class ShmWork : public Work {
+// One collective: its arguments, for the thread that runs it, and its completion (QueuedWork).
+// Pooled by the communicator; its WorkQueue owns it too until it has run.
+class ShmWork : public QueuedWork {
  public:
-  ShmWork(WorkRunner& runner, std::shared_ptr<WorkState> state) : runner_(runner), state_(std::move(state)) {}
+  explicit ShmWork(WorkRunner& runner) : QueuedWork("shm"), runner_(runner) {}
 
-  bool done() override {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->finished;
+  void start(const shm::CollectiveArgs& args) {
+    args_ = args;
+    restart();
   }
-
-  void wait(std::chrono::milliseconds timeout) override {
-    runner_.waitFor(*state_, timeout);
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (state_->error) std::rethrow_exception(state_->error);
-  }
+  const shm::CollectiveArgs& args() const { return args_; }
+  const Fingerprint& fingerprint() const override { return args_.fingerprint; }
 
  private:
+  void waitUntilFinished(std::chrono::milliseconds timeout) override { runner_.waitFor(*this, timeout); }
+
   WorkRunner& runner_;
-  std::shared_ptr<WorkState> state_;
+  shm::CollectiveArgs args_;
 };
 
 // How long Work::wait, past its own deadline, lets a running collective report the engine's more
@@ -144,11 +138,6 @@ class ShmCommunicator : public Communicator, public WorkRunner {
   }
 
  private:
-  struct Task {
-    shm::CollectiveArgs args;
-    std::shared_ptr<WorkState> state;
-  };
-
   // Every rank's (count, id) of this allocation, exactly in floats (count < 2^48, id < 2^24); the
   // gather is also the barrier after which every segment exists. Then each rank maps its peers'.
   void shareBuffer(uint64_t id, size_t bytes) {
@@ -192,15 +181,14 @@ class ShmCommunicator : public Communicator, public WorkRunner {
   WorkPtr enqueue(Fingerprint fp, shm::CollectiveArgs args) {
     fp.sequence = nextSequence_++;
     args.fingerprint = fp;
-    auto state = std::make_shared<WorkState>();
-    state->fingerprint = fp;
-    state->rank = rank();
+    PooledPtr<ShmWork> work = pool_.acquire(*this);
+    work->start(args);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back({args, state});
+      queue_.push(*work);
     }
     wake_.notify_all();
-    return std::make_unique<ShmWork>(*this, state);
+    return work;
   }
 
   // The progress thread: runs queued collectives in issue order while nobody waits for them.
@@ -227,18 +215,18 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
   }
 
-  // A caller waiting for `state` runs the queued collectives up to it itself when the progress
+  // A caller waiting for `work` runs the queued collectives up to it itself when the progress
   // thread is not busy: the same issue order, without two thread hand-offs (small-message latency).
-  void waitFor(WorkState& state, std::chrono::milliseconds timeout) override {
+  void waitFor(ShmWork& work, std::chrono::milliseconds timeout) override {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     bool graceUsed = false;
     std::unique_lock<std::mutex> lock(mutex_);
-    while (!isFinished(state)) {
+    while (!work.finished()) {
       if (!busy_ && !queue_.empty()) {
         runFront(lock);
         continue;
       }
-      if (wake_.wait_until(lock, deadline) == std::cv_status::timeout && !isFinished(state) &&
+      if (wake_.wait_until(lock, deadline) == std::cv_status::timeout && !work.finished() &&
           (busy_ || queue_.empty())) {
         // The engine is still inside a collective and enforces the communicator's own timeout, whose
         // error names the ranks that did not arrive: give it a moment to report that rather than
@@ -250,49 +238,42 @@ class ShmCommunicator : public Communicator, public WorkRunner {
         }
         std::ostringstream secs;
         secs << std::fixed << std::setprecision(1) << timeout.count() / 1000.0;
-        COHORT_THROW(TimeoutError) << "collective " << state.fingerprint.str() << " did not complete within "
-                                   << secs.str() << " s on rank " << state.rank << " (Work::wait)";
+        COHORT_THROW(TimeoutError) << "collective " << work.fingerprint().str() << " did not complete within "
+                                   << secs.str() << " s on rank " << rank() << " (Work::wait)";
       }
     }
   }
 
-  static bool isFinished(WorkState& state) {
-    std::lock_guard<std::mutex> lock(state.mutex);
-    return state.finished;
-  }
-
-  // Pops the front task and runs it with mutex_ released; busy_ keeps the engine single-threaded.
+  // Pops the front collective and runs it with mutex_ released; busy_ keeps the engine
+  // single-threaded.
   void runFront(std::unique_lock<std::mutex>& lock) {
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
+    PooledPtr<ShmWork> work = queue_.pop();
     busy_ = true;
     lock.unlock();
     std::exception_ptr error = broken_;
     if (!error) {
       try {
-        engine_.run(task.args);
+        engine_.run(work->args());
       } catch (...) {
         error = std::current_exception();
         broken_ = error;  // the communicator is unusable from now on (communicator.h)
       }
     }
-    {
-      std::lock_guard<std::mutex> stateLock(task.state->mutex);
-      task.state->finished = true;
-      task.state->error = error;
-    }
+    work->finish(std::move(error));
+    work.reset();  // the queue's ownership: the object may go back to the pool now
     lock.lock();
     busy_ = false;
     wake_.notify_all();
   }
 
+  WorkPool<ShmWork> pool_;  // destroyed last: it frees the idle Works (in-use ones free themselves)
   std::chrono::milliseconds timeout_;
   shm::ShmEngine engine_;
   std::shared_ptr<shm::BufferRegistry> buffers_;
   uint64_t nextSequence_ = 0;  // issuing thread only
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<Task> queue_;
+  WorkQueue<ShmWork> queue_;  // guarded by mutex_
   bool stopping_ = false;
   bool busy_ = false;          // a thread is running engine_ (guarded by mutex_)
   std::exception_ptr broken_;  // written only by the thread running engine_

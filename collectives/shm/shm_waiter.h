@@ -40,7 +40,9 @@ class Waiter {
       __builtin_ia32_pause();
       if (i % 64 == 63 && std::chrono::steady_clock::now() >= spinUntil) break;
     }
-    std::function<bool(int)> check = ready;
+    // By reference: a std::function of a reference_wrapper never allocates (a copy of a lambda
+    // with more than two captures would, on every slow wait).
+    std::function<bool(int)> check = std::ref(ready);
     while (!sleepOnce(q, check, stage)) {
     }
   }

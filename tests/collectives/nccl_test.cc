@@ -1,7 +1,8 @@
 // The nccl backend on one GPU with world size 1 (tags = ["gpu"]; skips with the reason without a CUDA
 // device): every collective is exact on device buffers, in place and out of place, for counts 0, 1,
-// odd and large; host memory is refused; and a bucketed all-reduce ordered after compute-stream work
-// through CommunicatorOptions::computeStream sees that work's result without any host sync.
+// odd and large; up to 32 host floats are staged, more are refused; and a bucketed all-reduce
+// ordered after compute-stream work through CommunicatorOptions::computeStream sees that work's
+// result without any host sync.
 // Data are small integers, exact in float32.
 #include <gtest/gtest.h>
 
@@ -117,6 +118,26 @@ TEST_F(NcclOneRank, SeveralCollectivesInFlightFinishInOrder) {
   for (auto& w : works) w->wait(kTimeout);
   for (auto& w : works) EXPECT_TRUE(w->done());
   EXPECT_EQ(download(buffer->data(), kCount), pattern(kCount));
+}
+
+// Up to 32 host floats are staged through device memory and copied back by wait(). The Works are
+// pooled (collectives/work_pool.h): staged and device collectives alternate, so each Work object is
+// reused by the other kind and must not keep the previous one's copy.
+TEST_F(NcclOneRank, SmallHostBuffersAreStagedAndCopiedBackByWait) {
+  BufferPtr device = comm_->allocateBuffer(16);
+  for (int round = 0; round < 3; ++round) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{16}, size_t{32}}) {
+      std::vector<float> in = pattern(count), out(count, -1.0f);
+      comm_->allReduce(in.data(), out.data(), count, {.op = ReduceOp::kMax})->wait(kTimeout);
+      EXPECT_EQ(out, in) << "all-reduce of " << count << " host floats, round " << round;
+      std::vector<float> data = pattern(count);
+      comm_->broadcast(data.data(), count, 0)->wait(kTimeout);
+      EXPECT_EQ(data, in) << "broadcast of " << count << " host floats, round " << round;
+      upload(device->data(), pattern(16));
+      comm_->allReduce(device->data(), device->data(), 16, {})->wait(kTimeout);
+      EXPECT_EQ(download(device->data(), 16), pattern(16)) << "device all-reduce, round " << round;
+    }
+  }
 }
 
 // Up to 32 host floats are staged through device memory (the scalar reductions a loop makes; see
