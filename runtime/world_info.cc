@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -28,13 +31,61 @@ int parseInt(const char* name, const char* text) {
 
 int intOr(const char* name, int fallback) {
   const char* v = env(name);
-  if (!v) return fallback;
-  if (std::string(name) == "SLURM_TASKS_PER_NODE") {
-    std::string digits;
-    for (const char* p = v; *p >= '0' && *p <= '9'; ++p) digits += *p;
-    return parseInt(name, digits.empty() ? v : digits.c_str());
+  return v ? parseInt(name, v) : fallback;
+}
+
+// SLURM's tasks per node, one count per node of the step in node order, with runs compressed:
+// "2(x3),1" is 2,2,2,1 (srun sets SLURM_STEP_TASKS_PER_NODE for its step, and SLURM_TASKS_PER_NODE,
+// which is the allocation's in a batch script). Throws InvalidArgument naming the variable.
+std::vector<int> parseTasksPerNode(const char* name, const std::string& text) {
+  std::vector<int> counts;
+  auto bad = [&] {
+    COHORT_THROW(InvalidArgument) << "environment variable " << name << "='" << text
+                                  << "' is not a list of task counts like '2(x3),1'";
+  };
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string entry = text.substr(at, end - at);
+    const size_t open = entry.find("(x");
+    const std::string count = entry.substr(0, open);
+    int repeat = 1;
+    if (open != std::string::npos) {
+      if (entry.back() != ')') bad();
+      const std::string times = entry.substr(open + 2, entry.size() - open - 3);
+      if (times.empty() || times.find_first_not_of("0123456789") != std::string::npos) bad();
+      repeat = parseInt(name, times.c_str());
+    }
+    if (count.empty() || count.find_first_not_of("0123456789") != std::string::npos || repeat < 1) bad();
+    if (counts.size() + static_cast<size_t>(repeat) > (1u << 20)) bad();
+    counts.insert(counts.end(), static_cast<size_t>(repeat), parseInt(name, count.c_str()));
+    at = end + 1;
   }
-  return parseInt(name, v);
+  return counts;
+}
+
+// This node's task count under SLURM: the entry of SLURM_NODEID (the node's index in the step) in the
+// step's tasks per node. Nodes may run different numbers of tasks (sbatch -N2 -n3: "2,1"), so the
+// first count is this node's only where every count is the same. `fallback` without either variable.
+int slurmLocalWorldSize(int fallback) {
+  const char* name = env("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  const char* text = env(name);
+  if (!text) return fallback;
+  const std::vector<int> counts = parseTasksPerNode(name, text);
+  const bool uniform = std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
+  const char* node = env("SLURM_NODEID");
+  if (!node) {
+    if (uniform) return counts[0];
+    COHORT_THROW(InvalidArgument) << "environment variable " << name << "='" << text
+                                  << "' gives the nodes different task counts, but SLURM_NODEID (which node "
+                                     "this is) is not set";
+  }
+  const int index = parseInt("SLURM_NODEID", node);
+  if (index >= static_cast<int>(counts.size())) {
+    COHORT_THROW(InvalidArgument) << "inconsistent slurm environment: SLURM_NODEID=" << index << " but " << name
+                                  << "='" << text << "' lists " << counts.size() << " node(s)";
+  }
+  return counts[static_cast<size_t>(index)];
 }
 
 struct Scheme {
@@ -50,9 +101,8 @@ constexpr Scheme kSchemes[] = {
     {"cohortrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "COHORT_JOB_ID"},
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid"},
-    // SLURM_TASKS_PER_NODE reads like "4(x2)" or "4,3": its leading count is this node's when the
-    // nodes are uniform, which the launchers we support assume.
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID"},
+    // The local world size under SLURM is this node's entry of its tasks per node (slurmLocalWorldSize).
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_JOB_ID"},
     {"pmi", "PMI_RANK", "PMI_SIZE", nullptr, nullptr, nullptr},
 };
 
@@ -83,6 +133,7 @@ WorldInfo WorldInfo::detect() {
       // and SLURM_RESTART_COUNT tells its runs apart (the generation of its segments).
       if (const char* step = env("SLURM_STEP_ID")) w.jobId += std::string("-") + step;
       if (!env("COHORT_RESTART_COUNT")) w.restartCount = intOr("SLURM_RESTART_COUNT", 0);
+      w.localWorldSize = slurmLocalWorldSize(w.worldSize);
     }
     if (w.worldSize < 1 || w.rank >= w.worldSize || w.localRank >= w.localWorldSize) {
       COHORT_THROW(InvalidArgument) << "inconsistent " << s.source << " environment: rank " << w.rank

@@ -51,6 +51,9 @@ std::vector<Member> gatherMembers(MPI_Comm comm, int worldRank, std::chrono::mil
     all[r].host[sizeof(all[r].host) - 1] = '\0';
     members[r] = {all[r].worldRank, all[r].host};
   }
+  int worldSize = 0;
+  checkMpi(MPI_Comm_size(MPI_COMM_WORLD, &worldSize), "MPI_Comm_size");
+  MpiEnvironment::acquire().noteCommunicator(timeout, members, worldSize);  // for the end of the job
   return members;
 }
 

@@ -25,7 +25,9 @@ struct Member {
 
 // Every member's world rank and host name, indexed by rank in `comm`: one MPI_Iallgather of fixed
 // records over `comm`, polled and bounded by `timeout` (TimeoutError, and MPI is then not finalised
-// at exit). Every member of `comm` must call it, each with its own world rank.
+// at exit). Every member of `comm` must call it, each with its own world rank. Also tells the
+// MpiEnvironment the timeout and, for a communicator over the whole world, the members (the end of
+// the job names the ranks that did not finish).
 std::vector<Member> gatherMembers(MPI_Comm comm, int worldRank, std::chrono::milliseconds timeout);
 
 // "rank 2 (cohort-node1)", or "ranks 2 (cohort-node1), 3 (cohort-node1)", for ranks in the

@@ -8,7 +8,10 @@
 //     the rank, its PID and its node;
 //   - one rank on node 1 issuing a different collective (the COHORT_TEST_MPI_MISMATCH hook of the mpi
 //     backend): every rank fails with the fingerprints' "collective mismatch" naming ranks and hosts;
-//   - node 1's ranks started with another --lr (mpirun's MPMD syntax): refused naming both ranks.
+//   - node 1's ranks started with another --lr (mpirun's MPMD syntax): refused naming both ranks;
+//   - Hogwild across nodes with node 1 killed mid-run: node 0's ranks name the lost node's ranks;
+//   - node 1 unreachable before mpirun starts: mpirun fails within the timeout naming it (the rsh
+//     agent's connect, as ssh's).
 // Each leaves nothing in any node's /dev/shm (looked at inside each node before the cluster goes down).
 // Each test brings up a cluster of its own name, drives the job from a script on the head node (which
 // starts mpirun, waits for training to run, injects the fault and waits for mpirun, every wait
@@ -73,16 +76,15 @@ class FaultTest : public ClusterTest {
 
   // `cohort train ... extra` on 2 nodes x 2 workers; with node1Extra, mpirun's MPMD form
   // "-np 2 PROGRAM ARGS : -np 2 PROGRAM ARGS" gives node 1's ranks node1Extra instead of extra.
-  // `backend`: the flags that choose how gradients are averaged.
+  // `mode`: the flags that choose the mode and how gradients are averaged.
   std::string mpirunLine(const std::vector<std::string>& extra, const std::vector<std::string>& node1Extra = {},
                          const std::string& mpirunOptions = "",
-                         const std::vector<std::string>& backend = {"--backend", "mpi"}) {
+                         const std::vector<std::string>& mode = {"--mode", "allreduce", "--backend", "mpi"}) {
     std::vector<std::string> train = {
         cohortBinary(), "train",     "--data",           "synthetic", "--model",   "mlp:784,64,10",
         "--threads",    "1",         "--batch-size",     "8",         "--epochs",  "1000",
-        "--seed",       "5",         "--progress-every", "1",         "--timeout", std::to_string(kTimeoutS),
-        "--mode",       "allreduce"};
-    train.insert(train.end(), backend.begin(), backend.end());
+        "--seed",       "5",         "--progress-every", "1",         "--timeout", std::to_string(kTimeoutS)};
+    train.insert(train.end(), mode.begin(), mode.end());
     std::string line =
         "mpirun --allow-run-as-root --oversubscribe --bind-to none --host cohort-node0:2,cohort-node1:2 " +
         mpirunOptions;
@@ -141,6 +143,18 @@ echo "DRIVER fault_to_error_ms=$t_err"
     EXPECT_EQ(ls.stdoutText, "") << "node " << node << "'s /dev/shm";
   }
 
+  // A node lost mid-run: mpirun ends by itself, non-zero, within --timeout + 30 s of the fault (once
+  // the head's TCP gives up on the lost node's daemon), and the first error comes when the wait in
+  // flight at the fault runs out. False when mpirun had to be killed.
+  static bool expectEndedAfterLostNode(const FaultRun& run, const std::string& all) {
+    EXPECT_FALSE(run.mpirunKilled) << all;
+    EXPECT_NE(run.mpirunExit, 0) << all;
+    EXPECT_LT(run.faultToExitMs, (kTimeoutS + 30) * 1000) << all;
+    EXPECT_GE(run.faultToErrorMs, 0) << all;
+    EXPECT_LT(run.faultToErrorMs, (kTimeoutS + 3) * 1000) << all;
+    return !run.mpirunKilled;
+  }
+
   bool up_ = false;
 };
 
@@ -180,9 +194,7 @@ TEST_P(NodeCut, NodeCutOffTheSwitchIsNamedByTheOtherNodesRanks) {
                        "sysctl -q -w net.ipv4.tcp_retries2=5");
   show("node 1 cut off", run.log);
   const std::string all = run.command.describe() + "\nmpirun's output:\n" + run.log;
-  ASSERT_FALSE(run.mpirunKilled) << all;
-  EXPECT_NE(run.mpirunExit, 0) << all;
-  EXPECT_LT(run.faultToExitMs, (kTimeoutS + 30) * 1000) << all;
+  ASSERT_TRUE(expectEndedAfterLostNode(run, all));
   // Every rank of node 0 names ranks of node 1 only, with their host; which message depends on where
   // the cut caught the collective: its fingerprints ("did not arrive") or its data ("nothing heard").
   const std::regex lost(
@@ -195,19 +207,75 @@ TEST_P(NodeCut, NodeCutOffTheSwitchIsNamedByTheOtherNodesRanks) {
     EXPECT_TRUE(std::regex_search(errors[0], lost)) << errors[0] << "\n" << all;
     EXPECT_EQ(errors[0].find("cohort-node0"), std::string::npos) << errors[0];
   }
-  // The first message comes when the wait of the collective in flight at the cut runs out.
-  EXPECT_GE(run.faultToErrorMs, 0) << all;
-  EXPECT_LT(run.faultToErrorMs, (kTimeoutS + 3) * 1000) << all;
   expectEmptyShm(0);
   expectEmptyShm(1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, NodeCut,
-                         ::testing::Values(std::vector<std::string>{"--backend", "mpi"}, std::vector<std::string>{},
-                                           std::vector<std::string>{"--no-replicas"}),
+                         ::testing::Values(std::vector<std::string>{"--mode", "allreduce", "--backend", "mpi"},
+                                           std::vector<std::string>{"--mode", "allreduce"},
+                                           std::vector<std::string>{"--mode", "allreduce", "--no-replicas"}),
                          [](const ::testing::TestParamInfo<std::vector<std::string>>& info) {
-                           return info.param.empty() ? std::string("default") : info.param.back() == "mpi" ? "mpi" : "shared_per_node";
+                           return info.param.size() == 2 ? std::string("default") : info.param.back() == "mpi" ? "mpi" : "shared_per_node";
                          });
+
+// Node 1 cut off before mpirun starts: mpirun starts its daemons through the rsh agent, which, as ssh
+// does, reaches the node over the network first and fails naming it after its ConnectTimeout (here
+// the job's --timeout, through plm_rsh_args); mpirun then ends at once. (Before, the agent started
+// node 1's daemon anyway, which could not call mpirun back: mpirun said nothing for about 2 minutes.)
+TEST_F(FaultTest, UnreachableNodeAtStartIsNamedWithinTheTimeout) {
+  const std::string script = "cd / && \"$CLUSTER\" link 1 down && t0=${EPOCHREALTIME/./} && "
+                             "timeout 150 " + mpirunLine({}, {}, "--mca plm_rsh_args '-o ConnectTimeout=" +
+                                                                  std::to_string(kTimeoutS) + "'") +
+                             "; echo \"DRIVER mpirun_exit=$?\"; echo \"DRIVER ms=$(( (${EPOCHREALTIME/./} - t0) / 1000 ))\"";
+  CommandResult r = runCommand({cluster_, "exec", "head", "bash", "-c", "CLUSTER='" + cluster_ + "'; " + script},
+                               {.timeout = std::chrono::seconds(200), .extraEnvironment = env_});
+  show("node 1 unreachable at start", r.stdoutText + r.stderrText);
+  const long exit = driverValue(r.stdoutText, "mpirun_exit"), ms = driverValue(r.stdoutText, "ms");
+  EXPECT_NE(exit, 0) << r.describe();
+  EXPECT_NE(exit, 124) << "mpirun still running after 150 s\n" << r.describe();
+  EXPECT_LT(ms, (kTimeoutS + 10) * 1000) << r.describe();
+  const std::string out = r.stdoutText + r.stderrText;
+  // The head's ARP finds nobody (no route to host, after about 3 s), or the node's address is still
+  // cached and the connection attempt is never answered (timed out).
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(ssh: connect to host cohort-node1 port 22: )"
+                                                R"((No route to host|Connection timed out) \(cluster rsh: node 1, )"
+                                                R"(cohort-node1 at 10\.77\.0\.2, cannot be reached from the head node )"
+                                                R"(within 10 s: its link is down or it is gone\))")))
+      << r.describe();
+  EXPECT_NE(out.find("ORTE was unable to reliably start one or more daemons"), std::string::npos) << r.describe();
+  EXPECT_EQ(out.find("cohort-node0 port 22"), std::string::npos) << "node 0 is reachable\n" << r.describe();
+  expectEmptyShm(0);
+}
+
+// Hogwild across nodes (docs/cluster.md, "Hogwild across nodes"): node 1 dies mid-run, as a machine
+// does (cut off the switch, then every process of it killed at once with its holder, PID 1 of the
+// node). Node 0 stops within --timeout naming node 1's ranks: its leader (rank 0) when its next
+// averaging round or meeting waits for node 1's leader, its worker (rank 1) when the epoch's meeting
+// of all ranks does; the first to fail ends the job (mpirun stops the other). Nothing is left in
+// node 0's /dev/shm.
+TEST_F(FaultTest, HogwildNodeKilledMidRunIsNamedByTheSurvivingNode) {
+  FaultRun run = drive(mpirunLine({}, {}, "", {"--mode", "hogwild"}),
+                       R"SH("$CLUSTER" link 1 down
+read -r holder start <"$COHORT_CLUSTER_DIR/node1.pid" && kill -KILL "$holder")SH",
+                       "sysctl -q -w net.ipv4.tcp_retries2=5");
+  show("hogwild: node 1 killed", run.log);
+  const std::string all = run.command.describe() + "\nmpirun's output:\n" + run.log;
+  ASSERT_TRUE(expectEndedAfterLostNode(run, all));
+  // Whichever of node 0's ranks waits on node 1 first fails first, and mpirun may end the other before
+  // its own wait runs out: at least one says it, and each that does names a rank of node 1. The leader
+  // waits on node 1's leader alone; the worker, at an epoch's meeting of all ranks, may also name the
+  // leader beside it, which had not come because it was itself waiting on node 1.
+  const std::regex lost(R"((rank|ranks) ([0-3] \(cohort-node[01]\)(, )?)*[23] \(cohort-node1\)(, )?)"
+                        R"(([0-3] \(cohort-node[01]\)(, )?)* (did not arrive|for 5 s))");
+  std::vector<std::string> errors = errorsOf(run.log, 0);
+  for (const std::string& error : errors) EXPECT_EQ(error.find("cohort-node0"), std::string::npos) << error;
+  const std::vector<std::string> worker = errorsOf(run.log, 1);
+  errors.insert(errors.end(), worker.begin(), worker.end());
+  ASSERT_FALSE(errors.empty()) << all;
+  for (const std::string& error : errors) EXPECT_TRUE(std::regex_search(error, lost)) << error << "\n" << all;
+  expectEmptyShm(0);
+}
 
 TEST_F(FaultTest, KilledWorkerEndsTheJobNamingItsRankAndHost) {
   // The oldest `cohort` process of node 1 (in node 1's own PID namespace), and its world rank.

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <regex>
 #include <set>
 #include <string>
@@ -165,6 +166,96 @@ TEST_F(MultiNodeTest, UnevenNodesFallBackToFlatMpiOrAreRefusedByName) {
   EXPECT_NE(asked.find("exit=2"), std::string::npos) << asked;
   EXPECT_NE(asked.find("the hierarchical backend needs the same number of workers on every node"), std::string::npos) << asked;
   EXPECT_NE(asked.find("use --backend mpi"), std::string::npos) << asked;
+}
+
+// SLURM's batch scripts (examples/slurm) under the cluster's real SLURM (`up --slurm`: slurmctld on
+// the head, a slurmd per node), submitted with sbatch as a user would, with a small model:
+//  - one_node.sbatch, 2 tasks of one node over shared memory, runs to its end;
+//  - multi_node.sbatch with 3 tasks on 2 nodes, 2 on the first and 1 on the second
+//    (SLURM_TASKS_PER_NODE=2,1): every task knows its own node's count (rank 2 is local 0 of 1), and
+//    the job trains over mpi. SIGUSR1 to the batch script (what --signal=B:USR1@120 sends before the
+//    time limit) stops every rank at one step with a checkpoint and stopped=signal; the script requeues
+//    the job (scontrol requeue), SLURM runs it again (SLURM_RESTART_COUNT=1) and it resumes from the
+//    checkpoint to its last epoch. Both runs' output is in the job's one output file (--open-mode=append);
+//  - multi_node.sbatch with LAUNCH=mpirun (mpirun inside the allocation) runs the job's 3 tasks.
+TEST_F(MultiNodeTest, SlurmBatchScriptsTrainOnUnequalNodesAndRequeueOnStop) {
+  const std::string driver = dir_ + "/driver.sh";
+  writeFile(driver, R"SH(set -u
+cd "$DIR"
+export COHORT MODEL=mlp:784,64,10 EPOCHS=3 COHORT_ARGS="--progress-every 1 --timeout 20"
+# finished JOB SECONDS: waits until the job has ended (every wait here is bounded).
+finished() {
+  for i in $(seq $(( $2 * 2 ))); do
+    state=$(scontrol show job "$1" | grep -o 'JobState=[A-Z_]*')
+    case $state in JobState=COMPLETED|JobState=FAILED|JobState=CANCELLED|JobState=TIMEOUT|JobState=NODE_FAIL) break ;; esac
+    sleep 0.5
+  done
+  echo "DRIVER job $1: $(scontrol show job "$1" | grep -oE '(JobState|Restarts|ExitCode|NodeList|NumTasks)=[^ ]*' | tr '\n' ' ')"
+}
+one=$(sbatch --parsable -N1 -n2 --ntasks-per-node=2 "$EXAMPLES/one_node.sbatch") || exit 90
+echo "DRIVER one=$one"
+finished "$one" 120
+many=$(sbatch --parsable -N2 -n3 --ntasks-per-node=2 "$EXAMPLES/multi_node.sbatch") || exit 90
+echo "DRIVER many=$many"
+for i in $(seq 240); do grep -q "progress: epoch" "cohort-$many.out" 2>/dev/null && break; sleep 0.5; done
+grep -q "progress: epoch" "cohort-$many.out" || echo "DRIVER no progress within 120 s"
+scancel --batch --signal=USR1 "$many"
+finished "$many" 200
+# The same script with mpirun inside the allocation (through SLURM, not the cluster's rsh agent).
+mpi=$(env -u OMPI_MCA_plm_rsh_agent -u OMPI_MCA_plm_rsh_no_tree_spawn LAUNCH=mpirun EPOCHS=1 \
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      sbatch --parsable -N2 -n3 --ntasks-per-node=2 "$EXAMPLES/multi_node.sbatch") || exit 90
+echo "DRIVER mpi=$mpi"
+finished "$mpi" 120
+)SH");
+  std::vector<std::string> env = env_;
+  const std::string script = runfile("examples/slurm/one_node.sbatch");
+  env.insert(env.end(), {"DIR=" + dir_, "COHORT=" + cohortBinary(), "EXAMPLES=" + script.substr(0, script.rfind('/'))});
+  CommandResult r = runCommand({cluster_, "run", "2", "--rate", "1gbit", "--slurm", "--", "bash", driver},
+                               {.timeout = std::chrono::seconds(400), .extraEnvironment = env});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  std::printf("%s", r.stdoutText.c_str());
+
+  std::smatch oneMatch, manyMatch;
+  ASSERT_TRUE(std::regex_search(r.stdoutText, oneMatch, std::regex("DRIVER one=([0-9]+)"))) << r.describe();
+  ASSERT_TRUE(std::regex_search(r.stdoutText, manyMatch, std::regex("DRIVER many=([0-9]+)"))) << r.describe();
+  const std::string oneId = oneMatch[1], manyId = manyMatch[1];
+  auto output = [&](const std::string& id) {
+    return fileExists(dir_ + "/cohort-" + id + ".out") ? readFile(dir_ + "/cohort-" + id + ".out") : "";
+  };
+  const std::string one = output(oneId);
+  EXPECT_NE(r.stdoutText.find("DRIVER job " + oneId + ": JobState=COMPLETED Restarts=0"), std::string::npos)
+      << r.describe() << one;
+  EXPECT_NE(one.find("RESULT mode=allreduce backend=shm world_size=2 epochs=3"), std::string::npos) << one;
+
+  const std::string out = output(manyId);
+  const std::string all = r.describe() + "\njob " + manyId + "'s output:\n" + out;
+  EXPECT_NE(r.stdoutText.find("DRIVER job " + manyId + ": JobState=COMPLETED Restarts=1 ExitCode=0:0"), std::string::npos)
+      << all;
+  // Two runs, each with the same three world lines: the first node's two tasks, the second's one.
+  for (const char* world : {"rank 0 of 3 (local 0 of 2) on cohort-node0 from slurm variables",
+                                   "rank 1 of 3 (local 1 of 2) on cohort-node0 from slurm variables",
+                                   "rank 2 of 3 (local 0 of 1) on cohort-node1 from slurm variables"}) {
+    EXPECT_EQ(linesWith(out, world).size(), 2u) << world << "\n" << all;
+  }
+  const std::vector<std::string> results = linesWith(out, "RESULT ");
+  ASSERT_EQ(results.size(), 2u) << all;
+  EXPECT_NE(results[0].find("RESULT mode=allreduce backend=mpi world_size=3 "), std::string::npos) << results[0];
+  EXPECT_NE(results[0].find(" stopped=signal"), std::string::npos) << results[0];
+  // The requeued run resumed where the first stopped and trained to the last epoch.
+  const std::string second = out.substr(out.find(results[0]));
+  EXPECT_NE(second.find("resumed from "), std::string::npos) << all;
+  EXPECT_NE(results[1].find("RESULT mode=allreduce backend=mpi world_size=3 epochs=3 "), std::string::npos) << results[1];
+  EXPECT_EQ(results[1].find("stopped="), std::string::npos) << results[1];
+  EXPECT_EQ(nn::readCheckpoint(dir_ + "/cohort-" + manyId + ".safetensors").metadata["epoch"], "3");
+
+  // LAUNCH=mpirun starts the job's 3 tasks, not a fixed count per node (it used to start 4 here).
+  std::smatch mpiMatch;
+  ASSERT_TRUE(std::regex_search(r.stdoutText, mpiMatch, std::regex("DRIVER mpi=([0-9]+)"))) << r.describe();
+  const std::string mpi = output(mpiMatch[1]);
+  EXPECT_NE(r.stdoutText.find("DRIVER job " + mpiMatch[1].str() + ": JobState=COMPLETED"), std::string::npos) << mpi;
+  EXPECT_EQ(linesWith(mpi, "rank 2 of 3 (local 0 of 1) on cohort-node1 from openmpi variables").size(), 1u) << mpi;
+  EXPECT_NE(mpi.find("RESULT mode=allreduce backend=mpi world_size=3 epochs=1 "), std::string::npos) << mpi;
 }
 
 }  // namespace

@@ -67,5 +67,24 @@ TEST(MpiMismatchTest, MissingRankIsNamedAfterTheTimeout) {
   EXPECT_LT(r.seconds, 40) << r.output;
 }
 
+// The last rank finishes (returns from main, into MPI_Finalize at exit) while the others still wait
+// for it in a collective and fail when their wait runs out. MPI_Finalize's fence would then wait for
+// the failed ranks, and mpirun was seen to hang for good (in about 1 run of 4 on 2 cores). The
+// finished rank meets the others before MPI_Finalize, waits 1.5 x its timeout, and leaves naming
+// rank 0, which did not confirm; the failed ranks' exit code is the job's.
+TEST(MpiMismatchTest, ARankThatFinishedWhileItsPeersFailEndsWithTheJob) {
+  for (int run = 0; run < 6; ++run) {
+    MpirunResult r = runMpirun(
+        {.ranks = 3,
+         .argv = {runfile("tests/collectives/mpi_smoke_worker"), "--scenario", "finished-rank", "--timeout-ms", "1000"},
+         .timeout = std::chrono::seconds(30)});
+    ASSERT_FALSE(r.timedOut) << "run " << run << ": mpirun hung\n" << r.output;
+    EXPECT_EQ(r.exitCode, 3) << "run " << run << "\n" << r.output;
+    EXPECT_NE(r.output.find("FINISHED rank=2"), std::string::npos) << r.output;
+    EXPECT_GE(countOf(r.output, "rank " + member(2) + " did not arrive within 1 s"), 1) << r.output;
+    EXPECT_LT(r.seconds, 15) << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace cohort::collectives::testing

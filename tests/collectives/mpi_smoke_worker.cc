@@ -1,7 +1,7 @@
 // A small program run under mpirun by mpi_smoke_test and mpi_mismatch_test: it checks every
 // collective of the mpi backend with exact data, or provokes one error on purpose.
 //
-//   mpi_smoke_worker [--scenario ok|store|count-mismatch|kind-mismatch|missing-rank] [--timeout-ms N]
+//   mpi_smoke_worker [--scenario ok|store|count-mismatch|kind-mismatch|missing-rank|finished-rank] [--timeout-ms N]
 // Prints "WORLD rank=R size=N source=S" first, "OK rank=R" on success; on a cohort::Error prints
 // "[rank R] ERROR: <message>" to stderr and exits with its exit code (2 mismatch, 3 timeout).
 #include <cstdio>
@@ -172,6 +172,14 @@ int run(const std::string& scenario) {
       std::this_thread::sleep_for(2 * gTimeout);
       return 0;
     }
+  } else if (scenario == "finished-rank") {
+    // The last rank is done while the others still wait for it in a collective: it leaves at once,
+    // into MPI_Finalize, and the others fail when their wait runs out.
+    comm->barrier()->wait(gTimeout);
+    if (rank != last) comm->allReduce(buffer.data(), buffer.data(), buffer.size(), {})->wait(gTimeout);
+    std::printf("FINISHED rank=%d\n", rank);
+    std::fflush(stdout);
+    return 0;
   } else {
     throw cohort::InvalidArgument("unknown --scenario " + scenario);
   }
