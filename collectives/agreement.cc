@@ -11,6 +11,7 @@
 #include "collectives/mpi/mpi_environment.h"
 #include "ipc/backoff.h"
 #include "ipc/job_segment.h"
+#include "ipc/rank_roster.h"
 #include "runtime/digest.h"
 #include "runtime/error.h"
 
@@ -148,6 +149,7 @@ Comparison compareAcrossRanks(std::string_view mine, const AgreementOptions& o) 
                                   << kMaxAgreementBytes << " may be compared across ranks";
   }
   if (o.world.worldSize == 1) return {.reference = std::string(mine)};
+  if (o.roster) o.roster->arriveAndWait("agreement '" + o.name + "'", o.timeout);
   AgreementTransport transport = o.transport;
   if (transport == AgreementTransport::kAuto) {
     transport = o.world.spansNodes() ? AgreementTransport::kMpi : AgreementTransport::kSharedMemory;

@@ -12,7 +12,9 @@
 //                                when two differ, broadcasts of rank 0's bytes and the first
 //                                differing rank's, so the cost does not grow with the bytes.
 // Both wait with non-blocking calls and a deadline: TimeoutError naming the ranks (one node) or
-// the agreement (MPI) when a rank does not arrive, PeerError when one died (one node).
+// the agreement (MPI) when a rank does not arrive, PeerError when one died (one node). With
+// options.roster the local ranks meet in the roster first (ipc/rank_roster.h), which knows every
+// local rank's process from its start: a rank that died or left early is named at once.
 //
 // Collective: every rank of the job calls it with the same options.name, in the same order as its
 // other agreements. At most kMaxAgreementBytes bytes (InvalidArgument otherwise).
@@ -29,6 +31,10 @@
 
 #include "runtime/world_info.h"
 
+namespace cohort::ipc {
+class RankRoster;
+}
+
 namespace cohort::collectives {
 
 inline constexpr size_t kMaxAgreementBytes = 16384;
@@ -41,6 +47,10 @@ struct AgreementOptions {
   std::string name = "agree";  // the segment's name: one per agreement of a job
   // kAuto: shared memory when every rank is on this node, MPI otherwise (tests may force either).
   AgreementTransport transport = AgreementTransport::kAuto;
+  // The node's roster of the job's processes (train::Job's): when given, the local ranks first meet
+  // there, so a local rank that died before this agreement (even before its first barrier, whose
+  // segment only learns pids as ranks arrive) is a PeerError naming it within ~20 ms.
+  ipc::RankRoster* roster = nullptr;
 };
 
 struct Comparison {

@@ -1,6 +1,7 @@
 #include "ipc/process_liveness.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -20,6 +21,7 @@ std::optional<ProcStat> parseProcStat(const std::string& statText) {
   stat.state = field[0];
   for (int i = 4; i < 22; ++i) {
     if (!(rest >> field)) return std::nullopt;
+    if (i == 4) stat.parent = static_cast<pid_t>(std::strtol(field.c_str(), nullptr, 10));
   }
   if (!(rest >> field)) return std::nullopt;  // field 22
   char* end = nullptr;
@@ -56,6 +58,24 @@ bool processIsAlive(pid_t pid, uint64_t startTicks) {
   // siblings, so the launcher, not they, reaps it, and they must not wait for that to notice.
   if (stat->state == 'Z' || stat->state == 'X') return false;
   return startTicks == 0 || stat->startTicks == startTicks;
+}
+
+bool isAncestorOfThisProcess(pid_t ancestor) {
+  if (ancestor <= 1) return false;
+  pid_t p = getppid();
+  for (int generation = 0; generation < 64 && p > 1; ++generation) {
+    if (p == ancestor) return true;
+    std::optional<ProcStat> stat = readProcStat(p);
+    if (!stat) return false;
+    p = stat->parent;
+  }
+  return false;
+}
+
+std::string thisHost() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown host";
+  return host;
 }
 
 }  // namespace cohort::ipc

@@ -14,9 +14,10 @@
 
 namespace cohort::ipc {
 
-// The two fields of /proc/<pid>/stat that liveness needs.
+// The fields of /proc/<pid>/stat that liveness (and ancestry) needs.
 struct ProcStat {
   char state = '?';         // field 3: R, S, D, Z (zombie), X (dead), ...
+  pid_t parent = 0;         // field 4: the parent's pid
   uint64_t startTicks = 0;  // field 22: start time in clock ticks since boot
 };
 
@@ -33,5 +34,11 @@ std::optional<uint64_t> processStartTicks(pid_t pid);
 // False when no process with `pid` exists, it is a zombie (exited, not yet reaped), or it exists with
 // another start time (pid reused). startTicks == 0 means "unknown": the start time is not compared.
 bool processIsAlive(pid_t pid, uint64_t startTicks);
+
+// This machine's host name, for messages ("unknown host" when it cannot be read).
+std::string thisHost();
+
+// Whether `ancestor` is the calling process's parent, grandparent, ... (up to 64 generations).
+bool isAncestorOfThisProcess(pid_t ancestor);
 
 }  // namespace cohort::ipc

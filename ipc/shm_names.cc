@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "ipc/process_liveness.h"
+#include "ipc/rank_roster.h"
 #include "ipc/segment_header.h"
 #include "runtime/error.h"
 
@@ -90,8 +91,8 @@ std::string jobIdOfSegment(const std::string& file) {
 }
 
 // True when `path` is a regular file with a valid Cohort header whose creator is gone and that has
-// not been modified for the grace period. Any doubt (unreadable, foreign, short) answers false.
-bool foreignSegmentIsStale(const std::string& path) {
+// not been modified for `grace`. Any doubt (unreadable, foreign, short) answers false.
+bool creatorIsGone(const std::string& path, std::chrono::seconds grace) {
   int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
@@ -101,7 +102,7 @@ bool foreignSegmentIsStale(const std::string& path) {
   close(fd);
   if (!readable || header.magic != kSegmentMagic) return false;
   auto modified = std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec);
-  if (std::chrono::system_clock::now() - modified < kStaleGracePeriod) return false;
+  if (std::chrono::system_clock::now() - modified < grace) return false;
   return !processIsAlive(header.creatorPid, header.creatorStartTicks);
 }
 
@@ -161,6 +162,16 @@ std::vector<std::string> removeJobSegments(const std::string& jobId) {
   return removed;
 }
 
+std::vector<std::string> removeOrphanedSegments(const std::string& jobId) {
+  const std::string dir = shmDirectory();
+  std::vector<std::string> removed;
+  for (const std::string& name : listWithPrefix(dir, jobPrefix(jobId))) {
+    const std::string path = dir + "/" + name;
+    if (creatorIsGone(path, std::chrono::seconds(0)) && unlink(path.c_str()) == 0) removed.push_back(name);
+  }
+  return removed;
+}
+
 std::vector<std::string> sweepStaleSegments() {
   const std::string dir = shmDirectory();
   std::vector<std::string> removed;
@@ -175,7 +186,16 @@ std::vector<std::string> sweepStaleSegments() {
     if (jobId.empty()) continue;
     std::string path = dir + "/" + name;
     // A cohortrun job's liveness is its launcher's; a live launcher's segments are never touched.
-    bool stale = parseLauncherJobId(jobId) ? launcherJobIsGone(jobId) : foreignSegmentIsStale(path);
+    // Another job's roster is stale when none of its processes lives (it removes itself, locked).
+    if (!parseLauncherJobId(jobId) && name == segmentName(jobId, "roster")) {
+      try {
+        if (RankRoster::removeIfStale(path)) removed.push_back(name);
+      } catch (const Error&) {
+        // Any doubt keeps it.
+      }
+      continue;
+    }
+    bool stale = parseLauncherJobId(jobId) ? launcherJobIsGone(jobId) : creatorIsGone(path, kStaleGracePeriod);
     if (stale && unlink(path.c_str()) == 0) removed.push_back(name);
   }
   return removed;

@@ -38,6 +38,11 @@ bool launcherJobIsGone(const std::string& jobId);
 
 // Removes every segment of `jobId`; returns the names removed. Missing segments are not an error.
 std::vector<std::string> removeJobSegments(const std::string& jobId);
+// Removes the segments of `jobId` whose creator is gone (by the creator recorded in the segment's
+// header; a file without one is kept); returns the names removed. For the first process of a job on
+// a node (RankRoster::join), before any rank of it made a segment: what it finds was left by a
+// crashed job of the same id, and a rank must not open it.
+std::vector<std::string> removeOrphanedSegments(const std::string& jobId);
 // Removes the segments of jobs whose launcher (or creator) is gone; returns the names removed.
 std::vector<std::string> sweepStaleSegments();
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "ipc/rank_roster.h"
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
 #include "runtime/unique_fd.h"
@@ -20,6 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 // The longest the poll loop sleeps: a bound on every wait, and how late a missed wake-up can be.
 constexpr int kMaxPollMs = 1000;
+// While a worker's exit 0 waits to be judged (a worker making its Job wakes nothing up).
+constexpr int kEarlyExitPollMs = 50;
 
 std::string formatSeconds(std::chrono::milliseconds ms) {
   std::ostringstream os;
@@ -54,9 +57,15 @@ struct Supervisor::Attempt {
   std::optional<Clock::time_point> killDeadline;  // when the survivors get SIGKILL
   int stopSignal = 0;                             // what they were asked to stop with
   bool killSent = false;
+  std::optional<ipc::RankRoster> roster;   // the workers' pids and whether each finished its Job
+  std::vector<WorkerProcess*> earlyExits;  // exited 0, unfinished, while others ran: to be judged
 
   bool anyRunning() const {
     return std::any_of(workers.begin(), workers.end(), [](const auto& w) { return !w->reaped(); });
+  }
+  // Also when a worker cannot be executed: the roster is not one of the segments the report counts.
+  ~Attempt() {
+    if (roster) roster->unlink();
   }
 };
 
@@ -114,15 +123,35 @@ int Supervisor::runAttempts() {
     removeSegments(attempt.interruptSignal != 0 || attempt.failure.has_value());
     if (attempt.interruptSignal != 0) return 128 + attempt.interruptSignal;
     if (!attempt.failure) return 0;
-    if (restart >= plan_.maxRestarts) return attempt.failure->status.launcherExitCode();
+    if (restart >= plan_.maxRestarts) return attempt.failure->exitCode();
     say("restarting the group (attempt " + std::to_string(restart + 2) + " of " +
         std::to_string(plan_.maxRestarts + 1) + ") after rank " + std::to_string(attempt.failure->rank) + " " +
-        attempt.failure->status.describe());
+        attempt.failure->describe());
+  }
+}
+
+std::string Supervisor::Failure::describe() const {
+  return leftEarly ? "exited with code 0 before the job finished" : status.describe();
+}
+
+int Supervisor::Failure::exitCode() const {
+  return leftEarly ? static_cast<int>(ExitCode::kPeerFailed) : status.launcherExitCode();
+}
+
+void Supervisor::openRoster(Attempt& attempt) {
+  try {
+    attempt.roster.emplace(ipc::RankRoster::createForLauncher(plan_.jobId, plan_.worldSize));
+  } catch (const Error& e) {
+    // The job can run without it; only an early exit 0 would go unnoticed.
+    if (attempt.restartCount == 0) {
+      say(std::string("warning: ") + e.what() + "; a worker that exits 0 early will not be noticed");
+    }
   }
 }
 
 void Supervisor::runAttempt(Attempt& attempt) {
   pump_.beginAttempt(attempt.restartCount);
+  openRoster(attempt);
   for (int rank = 0; rank < plan_.worldSize; ++rank) {
     std::vector<std::string> environment = plan_.environmentFor(rank, attempt.restartCount);
     if (mps_) environment.insert(environment.end(), mps_->environment().begin(), mps_->environment().end());
@@ -131,8 +160,10 @@ void Supervisor::runAttempt(Attempt& attempt) {
         .argv = plan_.command,
         .environment = environment,
         .cpus = plan_.cpusOfRank.empty() ? std::vector<int>{} : plan_.cpusOfRank[static_cast<size_t>(rank)]}));
+    if (attempt.roster) attempt.roster->recordStarted(rank, attempt.workers.back()->pid());
   }
   while (attempt.anyRunning()) pollOnce(attempt);
+  if (attempt.roster) attempt.roster->unlink();  // before the report counts the job's segments
   pump_.clearStatus();  // the job's messages and the shell's prompt start on a clean row
 }
 
@@ -151,10 +182,10 @@ void Supervisor::pollOnce(Attempt& attempt) {
     runtime::UniqueFd& fd = s.stream == StreamKind::kStdout ? s.worker->stdoutPipe() : s.worker->stderrPipe();
     fds.push_back({fd.get(), POLLIN, 0});
   }
-  int timeoutMs = kMaxPollMs;
+  int timeoutMs = attempt.earlyExits.empty() || attempt.failure ? kMaxPollMs : kEarlyExitPollMs;
   if (attempt.killDeadline && !attempt.killSent) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*attempt.killDeadline - Clock::now());
-    timeoutMs = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, kMaxPollMs));
+    timeoutMs = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, timeoutMs));
   }
   int ready = ::poll(fds.data(), fds.size(), timeoutMs);
   if (ready < 0 && errno != EINTR) COHORT_THROW(Error) << "poll: " << std::strerror(errno);
@@ -202,12 +233,20 @@ void Supervisor::handleSignals(Attempt& attempt) {
 }
 
 void Supervisor::reapExited(Attempt& attempt) {
-  std::vector<WorkerProcess*> failed;
+  std::vector<WorkerProcess*> failed, exitedZero;
   for (const auto& w : attempt.workers) {
     if (!w->tryReap()) continue;
     closePipes(*w);
-    if (!w->status()->ok()) failed.push_back(w.get());
+    (w->status()->ok() ? exitedZero : failed).push_back(w.get());
   }
+  // Exits 0 of workers that had not finished their Job, while others still run.
+  if (attempt.roster && attempt.anyRunning()) {
+    for (WorkerProcess* w : exitedZero) {
+      if (attempt.roster->stateOf(w->rank()) != ipc::RosterState::kFinished) attempt.earlyExits.push_back(w);
+    }
+  }
+  // Before the failures found now: a peer that noticed the early exit fails with 4 (a peer failed).
+  judgeEarlyExits(attempt);
   if (failed.empty() || attempt.failure || attempt.interruptSignal != 0) return;
   // Several found dead at once: blame one that did not merely report a failed peer (exit code 4).
   auto blamed = std::find_if(failed.begin(), failed.end(), [](WorkerProcess* w) {
@@ -215,6 +254,18 @@ void Supervisor::reapExited(Attempt& attempt) {
   });
   WorkerProcess* first = blamed != failed.end() ? *blamed : failed.front();
   attempt.failure = Failure{first->rank(), first->pid(), *first->status()};
+  reportFailure(*attempt.failure);
+  stopWorkers(attempt, SIGTERM);
+}
+
+// An exit 0 is an early exit only in a job whose workers use the Cohort runtime (one has made its
+// train::Job); until one has, it stays pending, and a job whose workers never do ends normally.
+void Supervisor::judgeEarlyExits(Attempt& attempt) {
+  if (attempt.earlyExits.empty() || attempt.failure || attempt.interruptSignal != 0) return;
+  if (!attempt.roster->anyJoined()) return;
+  WorkerProcess* first = attempt.earlyExits.front();
+  attempt.failure = Failure{first->rank(), first->pid(), *first->status(), true};
+  attempt.earlyExits.clear();
   reportFailure(*attempt.failure);
   stopWorkers(attempt, SIGTERM);
 }
@@ -233,7 +284,7 @@ void Supervisor::closePipes(WorkerProcess& worker) {
 
 void Supervisor::reportFailure(const Failure& failure) {
   std::string text = "cohortrun: rank " + std::to_string(failure.rank) + " (pid " + std::to_string(failure.pid) + ") " +
-                     failure.status.describe() + "\n";
+                     failure.describe() + "\n";
   const auto& tail = pump_.tail(failure.rank);
   if (!tail.empty()) {
     text += "cohortrun: last " + std::to_string(tail.size()) + " lines of rank " + std::to_string(failure.rank) + ":\n";

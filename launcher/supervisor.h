@@ -12,6 +12,11 @@
 //  - A worker that exits non-zero or by a signal is the first failure (if none yet and no signal was
 //    received): it is reported with its last output lines, the others get SIGTERM, then SIGKILL
 //    after the grace period.
+//  - So is a worker that exits 0 while others still run, when the workers use the Cohort runtime
+//    and it did not finish its train::Job (the job's roster, ipc/rank_roster.h, which cohortrun
+//    makes before each attempt and in which it records every worker's pid): "exited with code 0
+//    before the job finished", exit code 4. Until some worker has made its Job the judgement waits
+//    (polling every 50 ms): a program that never uses the runtime may end its ranks in any order.
 // Every SIGTERM/SIGINT that stops workers is followed by SIGCONT, so that a stopped worker acts on
 // it at once instead of holding the job for the grace period.
 // Output: OutputPump, with rank 0's live progress as a status line when the plan says
@@ -58,6 +63,12 @@ class Supervisor {
     int rank = 0;
     pid_t pid = 0;
     ExitStatus status;
+    bool leftEarly = false;  // exited 0 before the job finished (see judgeEarlyExits)
+
+    // "exited with code 3", or "exited with code 0 before the job finished".
+    std::string describe() const;
+    // cohortrun's exit code for it: the worker's (128 + signal), or 4 for one that left early.
+    int exitCode() const;
   };
   struct Attempt;  // the state of one attempt (supervisor.cc)
 
@@ -68,6 +79,8 @@ class Supervisor {
   void pollOnce(Attempt& attempt);
   void handleSignals(Attempt& attempt);
   void reapExited(Attempt& attempt);
+  void judgeEarlyExits(Attempt& attempt);
+  void openRoster(Attempt& attempt);
   void closePipes(WorkerProcess& worker);
   void reportFailure(const Failure& failure);
   void stopWorkers(Attempt& attempt, int signal);

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <sstream>
 
 #include "collectives/communicator.h"
+#include "ipc/rank_claim.h"
+#include "ipc/rank_roster.h"
 #include "runtime/device_query.h"
 #include "runtime/digest.h"
 #include "runtime/error.h"
@@ -71,6 +74,25 @@ struct Job::Token {
   Token& operator=(const Token&) = delete;
 };
 
+// The claim on the rank (a second job of the same id is refused here, for the whole run) and on its
+// roster slot; the slot is left finished only when the Job ends normally, not while an exception
+// unwinds it.
+struct Job::Membership {
+  explicit Membership(const runtime::WorldInfo& world)
+      : claim(ipc::RankClaim::take(world.jobId, world.rank, optionsFor(world).jobIdSource)),
+        roster(ipc::RankRoster::join(optionsFor(world))) {}
+  ~Membership() { roster.leave(std::uncaught_exceptions() == 0); }
+  static ipc::RankRoster::JoinOptions optionsFor(const runtime::WorldInfo& w) {
+    return {.jobId = w.jobId,
+            .rank = w.rank,
+            .localRank = w.localRank,
+            .localWorldSize = w.localWorldSize,
+            .jobIdSource = w.source == "cohortrun" ? "COHORT_JOB_ID=" + w.jobId : ""};
+  }
+  ipc::RankClaim claim;
+  ipc::RankRoster roster;
+};
+
 namespace {
 
 void validate(const JobOptions& o, const runtime::WorldInfo& world) {
@@ -124,6 +146,7 @@ Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
     : token_(std::make_unique<Token>()), options_(options), world_(world), log_(world_, {.fd = 1}) {
   validate(options_, world_);
   options_.timeout = runtime::saturateTimeout(options_.timeout);  // deadlines are now + timeout
+  if (!world_.isSingle()) membership_ = std::make_unique<Membership>(world_);
   // One worker per GPU: "cuda" is the GPU of this worker's local rank.
   device_ = runtime::selectDevice(options_.device, world_.localRank);
 #ifdef COHORT_HAVE_CUDA
@@ -276,7 +299,8 @@ void Job::agree(const Settings& settings) {
   if (world_.isSingle()) return;
   agreeOnSettings(settings, {.world = world_,
                              .timeout = options_.timeout,
-                             .name = "settings-" + std::to_string(agreements_++)});
+                             .name = "settings-" + std::to_string(agreements_++),
+                             .roster = membership_ ? &membership_->roster : nullptr});
 }
 
 void Job::requirePlaced(const char* what) const {

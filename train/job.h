@@ -43,7 +43,11 @@
 // destruction touches neither; make the Job first, as the examples do: on a GPU the model's and
 // optimizer's tensors come from the Job's allocator, so they must be destroyed before the Job.
 // Only one Job may exist in a process at a time (InvalidArgument otherwise): its segments and
-// communicators are named by the job. Errors: InvalidArgument for misuse (messages name the
+// communicators are named by the job. With several ranks, the constructor claims this rank in the
+// node's roster of the job (ipc/rank_roster.h; InvalidArgument naming the holder when another live
+// process holds it: two jobs of one id), so that peers know this process from then on; ending the
+// Job normally (destroyed other than by an exception) marks the rank finished. A process that exits
+// 0 while its Job exists and other ranks still run counts as having left early (cohortrun exit 4). Errors: InvalidArgument for misuse (messages name the
 // problem), TimeoutError / PeerError naming the rank a collective waited for, IoError for files.
 // Thread safety: one thread drives a Job (the training thread).
 //
@@ -266,6 +270,11 @@ class Job {
   Settings builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& options) const;
 
   std::unique_ptr<Token> token_;  // first in, last out: one Job per process
+  // This rank's slot in the node's roster of the job's processes (ipc/rank_roster.h), from the
+  // constructor to after everything else: peers learn of its death before its first barrier, and
+  // leaving it at the normal end marks it finished (not an early exit) for them and for cohortrun.
+  struct Membership;
+  std::unique_ptr<Membership> membership_;
   Timeline timeline_;             // before the strategy, which records into it
   JobOptions options_;
   runtime::WorldInfo world_;

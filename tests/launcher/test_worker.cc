@@ -1,6 +1,12 @@
 // test_worker: a stand-in worker for the cohortrun tests, driven by flags. It first prints
 // "pid <P>" on stdout (so a test can check afterwards that the process is gone), then does, in
 // this order, what its flags ask:
+//   --outlive-peers         first wait (up to 20 s) until every other rank recorded in the job's roster
+//                           (ipc/rank_roster.h: cohortrun records every worker) has exited (only
+//                           on --rank R when given)
+//   --join-roster           join the job's roster as its rank, as a train::Job does (the worker then
+//                           counts as one that uses the Cohort runtime)
+//   --finish                leave the roster finished just before exiting, as a Job that ends normally
 //   --print-signals         print "signal <NAME>: default|ignored|handled, blocked|unblocked" for
 //                           SIGHUP, SIGINT, SIGTERM, SIGUSR1 and SIGPIPE, as they were at exec
 //   --print-env             print "env NAME=value" for the launcher's variables
@@ -37,10 +43,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ipc/process_liveness.h"
+#include "ipc/rank_roster.h"
 #include "ipc/shm_names.h"
 #include "launcher/output_pump.h"  // kProgressMarker
 
@@ -65,6 +74,9 @@ struct Flags {
   bool hang = false;
   std::string device;
   std::string record;
+  bool outlivePeers = false;
+  bool joinRoster = false;
+  bool finish = false;
 };
 
 std::string env(const char* name) {
@@ -148,6 +160,31 @@ void awaitPeers() {
   }
 }
 
+// Polls the roster until no other rank's process is alive (or was never recorded).
+void outlivePeers(int rank) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    bool othersRun = false;
+    for (const cohort::ipc::RosterEntry& e : cohort::ipc::RankRoster::peek(env("COHORT_JOB_ID"))) {
+      othersRun |= e.localRank != rank && (e.pid == 0 || cohort::ipc::processIsAlive(e.pid, 0));
+    }
+    if (!othersRun) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      say("timed out waiting for the other ranks to exit", stderr);
+      std::exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::optional<cohort::ipc::RankRoster> joinRoster(int rank) {
+  return cohort::ipc::RankRoster::join({.jobId = env("COHORT_JOB_ID"),
+                                         .rank = rank,
+                                         .localRank = std::atoi(env("LOCAL_RANK").c_str()),
+                                         .localWorldSize = std::atoi(env("LOCAL_WORLD_SIZE").c_str()),
+                                         .jobIdSource = "COHORT_JOB_ID=" + env("COHORT_JOB_ID")});
+}
+
 int runSteps(const Flags& f, bool thisRank) {
   for (int step = 0; step < f.steps; ++step) {
     if (thisRank && step == f.atStep) return f.exitCode;
@@ -205,6 +242,9 @@ int main(int argc, char** argv) {
   app.add_flag("--hang", f.hang);
   app.add_option("--device", f.device);
   app.add_option("--record", f.record);
+  app.add_flag("--outlive-peers", f.outlivePeers);
+  app.add_flag("--join-roster", f.joinRoster);
+  app.add_flag("--finish", f.finish);
   CLI11_PARSE(app, argc, argv);
 
   const int rank = myRank();
@@ -228,7 +268,11 @@ int main(int argc, char** argv) {
       say(std::string("env ") + name + "=" + env(name));
     }
   }
+  if (f.outlivePeers && thisRank) outlivePeers(rank);
+  std::optional<cohort::ipc::RankRoster> roster;
+  if (f.joinRoster) roster = joinRoster(rank);
   const int code = work(f, rank, thisRank);
+  if (roster && f.finish) roster->leave(true);
   record(f.record, "worker " + std::to_string(rank) + " end " + std::to_string(code));
   return code;
 }
