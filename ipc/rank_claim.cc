@@ -1,6 +1,7 @@
 #include "ipc/rank_claim.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "ipc/process_liveness.h"
+#include "ipc/shm_names.h"
 #include "runtime/error.h"
 
 namespace cohort::ipc {
@@ -57,13 +59,24 @@ std::optional<pid_t> holderOf(const std::string& name) {
 
 }  // namespace
 
+// The shared-memory directory's identity (device and inode): jobs collide only where they would
+// share segments. Containers with their own /dev/shm but the host's network (so the same abstract
+// sockets) and pid numbers that repeat (so the same default job ids) do not refuse each other.
+std::string shmDomain() {
+  struct stat st {};
+  if (::stat(shmDirectory().c_str(), &st) != 0) return "0:0";
+  return std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+         std::to_string(static_cast<unsigned long long>(st.st_ino));
+}
+
 std::string RankClaim::nameFor(const std::string& jobId, int rank) {
   constexpr size_t kMaxName = sizeof(sockaddr_un::sun_path) - 1;
-  std::string name = "cohort-rank/" + jobId + "/" + std::to_string(rank);
+  const std::string domain = "cohort-rank/" + shmDomain() + "/";
+  std::string name = domain + jobId + "/" + std::to_string(rank);
   if (name.size() <= kMaxName) return name;
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(stableHash(jobId)));
-  return "cohort-rank/#" + std::string(hash) + "/" + std::to_string(rank);
+  return domain + "#" + std::string(hash) + "/" + std::to_string(rank);
 }
 
 RankClaim RankClaim::take(const std::string& jobId, int rank, const std::string& jobIdSource) {

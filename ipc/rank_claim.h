@@ -1,13 +1,14 @@
 // RankClaim: this process's hold on one rank of one job on this node, so that a second job started
 // with the same job id is refused at once instead of mixing its ranks with the first (issue 33).
 //
-// The hold is an abstract unix socket ("\0cohort-rank/<job id>/<rank>", hashed when long) bound and
-// listening: binding a name that a live process holds fails, and the kernel releases it when the
-// holder closes it or dies, however it dies. So a claim is never left behind (unlike a file in
+// The hold is an abstract unix socket, bound and listening: "\0cohort-rank/<shm dir>/<job id>/<rank>",
+// the job id hashed when long, <shm dir> the device and inode of shmDirectory() (jobs collide only
+// where they would share segments). Binding a name that a live process holds fails, and the kernel
+// releases it when the holder closes it or dies, however it dies. So a claim is never left behind (unlike a file in
 // /dev/shm, which a SIGKILL leaves), and a job id is reusable the moment the last holder is gone.
 // The refusal names the holder: connecting to its socket yields its pid (SO_PEERCRED).
-// Scope: one network namespace, the node's; ranks of one job on other nodes never meet here (and
-// claim other ranks anyway).
+// Scope: one network namespace and one shared-memory directory; ranks of one job on other nodes
+// never meet here (and claim other ranks anyway).
 // Ownership: owns the socket (move-only); the descriptor is close-on-exec, so a program the worker
 // executes does not hold the rank.
 // Thread safety: none needed; one claim per process (train::Job's).

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -63,10 +64,12 @@ class ScopedShmDir {
   bool hadPrevious_ = false;
 };
 
-// "test-<pid>-<counter>": unique per call within the test binary and across concurrent binaries.
+// "test-<pid>-<random>-<counter>": unique per call within the test binary and across concurrent
+// binaries, also those Bazel runs in pid namespaces of their own (where pids repeat).
 inline std::string freshJobId() {
+  static const unsigned salt = std::random_device{}();
   static std::atomic<int> counter{0};
-  return "test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  return "test-" + std::to_string(getpid()) + "-" + std::to_string(salt) + "-" + std::to_string(counter++);
 }
 
 // Forks a child that runs `body` and _exit()s with its result (see the file comment).

@@ -16,6 +16,7 @@ namespace {
 
 using testing::forkChild;
 using testing::freshJobId;
+using testing::ScopedShmDir;
 using testing::waitChild;
 
 std::string host() {
@@ -87,6 +88,17 @@ TEST(RankClaimTest, OtherRanksAndOtherJobsNeverCollide) {
   RankClaim prefix = RankClaim::take(job + "1", 0);  // "job1/0" is not "job/10"
   RankClaim ten = RankClaim::take(job, 10);
   EXPECT_NE(refusal(job, 1), "");
+}
+
+TEST(RankClaimTest, JobsWithTheirOwnSharedMemoryDirectoriesNeverCollide) {
+  // Containers with their own /dev/shm and the host's network: pid-based job ids repeat there.
+  const std::string job = freshJobId();
+  ScopedShmDir one;
+  RankClaim first = RankClaim::take(job, 0);
+  const std::string name = RankClaim::nameFor(job, 0);
+  ScopedShmDir other;
+  EXPECT_NE(RankClaim::nameFor(job, 0), name);
+  EXPECT_EQ(refusal(job, 0), "") << "another directory, another job";
 }
 
 TEST(RankClaimTest, ALongJobIdIsHashedIntoTheNameAndStillRefused) {
