@@ -1,11 +1,13 @@
 #include "ipc/process_liveness.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 namespace cohort::ipc {
@@ -22,6 +24,7 @@ std::optional<ProcStat> parseProcStat(const std::string& statText) {
   for (int i = 4; i < 22; ++i) {
     if (!(rest >> field)) return std::nullopt;
     if (i == 4) stat.parent = static_cast<pid_t>(std::strtol(field.c_str(), nullptr, 10));
+    if (i == 5) stat.group = static_cast<pid_t>(std::strtol(field.c_str(), nullptr, 10));
   }
   if (!(rest >> field)) return std::nullopt;  // field 22
   char* end = nullptr;
@@ -68,6 +71,21 @@ bool isAncestorOfThisProcess(pid_t ancestor) {
     std::optional<ProcStat> stat = readProcStat(p);
     if (!stat) return false;
     p = stat->parent;
+  }
+  return false;
+}
+
+bool groupHasLiveMember(pid_t group) {
+  if (group <= 0) return false;
+  if (::kill(-group, 0) != 0 && errno == ESRCH) return false;
+  std::unique_ptr<DIR, int (*)(DIR*)> proc(::opendir("/proc"), ::closedir);
+  if (!proc) return true;  // kill() says the group exists; without /proc, trust it
+  while (dirent* e = ::readdir(proc.get())) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    std::optional<ProcStat> stat = readProcStat(static_cast<pid_t>(pid));
+    if (stat && stat->group == group && stat->state != 'Z' && stat->state != 'X') return true;
   }
   return false;
 }

@@ -18,6 +18,7 @@ namespace cohort::ipc {
 struct ProcStat {
   char state = '?';         // field 3: R, S, D, Z (zombie), X (dead), ...
   pid_t parent = 0;         // field 4: the parent's pid
+  pid_t group = 0;          // field 5: the process group
   uint64_t startTicks = 0;  // field 22: start time in clock ticks since boot
 };
 
@@ -34,6 +35,10 @@ std::optional<uint64_t> processStartTicks(pid_t pid);
 // False when no process with `pid` exists, it is a zombie (exited, not yet reaped), or it exists with
 // another start time (pid reused). startTicks == 0 means "unknown": the start time is not compared.
 bool processIsAlive(pid_t pid, uint64_t startTicks);
+
+// Whether process group `group` has a member that has not exited (zombies, which wait only for
+// their reaping, do not count).
+bool groupHasLiveMember(pid_t group);
 
 // This machine's host name, for messages ("unknown host" when it cannot be read).
 std::string thisHost();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "ipc/process_liveness.h"
 #include "ipc/rank_roster.h"
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
@@ -120,6 +121,7 @@ int Supervisor::runAttempts() {
     Attempt attempt;
     attempt.restartCount = restart;
     runAttempt(attempt);
+    awaitGroupsGone(attempt);
     removeSegments(attempt.interruptSignal != 0 || attempt.failure.has_value());
     if (attempt.interruptSignal != 0) return 128 + attempt.interruptSignal;
     if (!attempt.failure) return 0;
@@ -324,6 +326,26 @@ void Supervisor::escalateIfDue(Attempt& attempt) {
     w->signal(SIGKILL);
   }
   attempt.killSent = true;
+}
+
+// A worker's leftovers (a wrapper script's child outliving it) were sent SIGKILL when it was reaped,
+// but a process dies when it leaves the kernel, which may take a while (writing a checkpoint to
+// disk): the next attempt, or the next job, must not start while one still holds its rank or files.
+void Supervisor::awaitGroupsGone(const Attempt& attempt) {
+  const auto deadline = Clock::now() + std::max(plan_.gracePeriod, std::chrono::milliseconds(std::chrono::seconds(5)));
+  for (const auto& w : attempt.workers) {
+    // The leader is reaped: its group lives on only in its leftovers, and its id is not reused while
+    // they do.
+    while (ipc::groupHasLiveMember(w->pid())) {
+      if (Clock::now() >= deadline) {
+        say("warning: processes of " + workerName(*w) + "'s group are still there " +
+            formatSeconds(std::max(plan_.gracePeriod, std::chrono::milliseconds(std::chrono::seconds(5)))) +
+            " after it ended (SIGKILLed, not yet gone)");
+        return;
+      }
+      ::poll(nullptr, 0, 2);
+    }
+  }
 }
 
 void Supervisor::removeSegments(bool announceRemoved) {

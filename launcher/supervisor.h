@@ -85,6 +85,7 @@ class Supervisor {
   void reportFailure(const Failure& failure);
   void stopWorkers(Attempt& attempt, int signal);
   void escalateIfDue(Attempt& attempt);
+  void awaitGroupsGone(const Attempt& attempt);
   void removeSegments(bool announce);
   int pendingInterrupt();
   // "cohortrun: <message>\n" on stderr through the pump, around rank 0's status line.

@@ -1,10 +1,12 @@
 #include "ipc/shm_names.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <regex>
 
@@ -87,11 +89,35 @@ TEST(ProcessLiveness, ParsesStatWithHostileCommandNames) {
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(parsed->state, 'R');
   EXPECT_EQ(parsed->startTicks, 777u);
+  EXPECT_EQ(parsed->parent, 1);
+  EXPECT_EQ(parsed->group, 2);
   EXPECT_FALSE(parseProcStat("12 (no close paren S 1 2").has_value());
   EXPECT_FALSE(parseProcStat("12 (short) S 1 2 3").has_value());
   ASSERT_TRUE(processStartTicks(getpid()).has_value());
   EXPECT_TRUE(processIsAlive(getpid(), *processStartTicks(getpid())));
   EXPECT_FALSE(processIsAlive(getpid(), *processStartTicks(getpid()) + 1));  // pid reused
+}
+
+TEST(ProcessLiveness, AGroupLivesWhileAMemberRunsAndNotForItsZombies) {
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t leader = forkChild([&] {
+    ::setpgid(0, 0);
+    ::close(go[1]);
+    char c;
+    return static_cast<int>(::read(go[0], &c, 1));  // until the parent closes its end
+  });
+  ::setpgid(leader, leader);
+  ::close(go[0]);
+  EXPECT_TRUE(groupHasLiveMember(leader));
+  ::close(go[1]);
+  // Exited, not yet reaped: the group holds only a zombie.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (groupHasLiveMember(leader) && std::chrono::steady_clock::now() < deadline) ::usleep(1000);
+  EXPECT_FALSE(groupHasLiveMember(leader)) << "a zombie is not a live member";
+  EXPECT_EQ(::kill(-leader, 0), 0) << "the zombie is still there";
+  waitChild(leader);
+  EXPECT_FALSE(groupHasLiveMember(leader));
 }
 
 TEST(ShmNames, LauncherJobIdIsGoneOnlyAfterItsProcessExits) {
