@@ -451,7 +451,7 @@ std::string modelSpec(const TrainFlags& f, const nn::ModelWeights* init) {
   return init->spec;
 }
 
-// The RESULT line of DESIGN.md §4.
+// The RESULT line (README.md, "`cohort train`").
 // tokensPerSample: a language model's context (its losses are per token), else 1.
 std::string resultLine(const train::Job& job, const train::TrainResult& r, bool classification, int64_t tokensPerSample) {
   std::ostringstream os;
@@ -564,7 +564,11 @@ int runTrain(const TrainFlags& f) {
                           .progressEverySeconds = f.progressEvery,
                           .tracePath = f.trace,
                           .traceSpans = static_cast<size_t>(f.traceSpans),
-                          .stepReport = f.stepReport});
+                          .stepReport = f.stepReport,
+                          // Every rank's epoch line (each with its own samples/s: Hogwild workers
+                          // differ); the start-up lines are this command's own (below).
+                          .logRanks = train::LogRanks::kEveryRank,
+                          .logStartLine = false});
   const bool shared = job.sharedParams() && world.worldSize > 1;
   log.info() << "cohort train: " << spec << " (" << model->params.numel() << " parameters"
              << (shared && !world.spansNodes() ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string())

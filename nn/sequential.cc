@@ -7,6 +7,23 @@
 
 namespace cohort::nn {
 
+namespace {
+
+// Runs `f`, a call into child `name`; its InvalidArgument is rethrown naming the child (LayerError),
+// its path extended when it already names a layer further down.
+template <class F>
+decltype(auto) naming(const std::string& name, F&& f) {
+  try {
+    return f();
+  } catch (const LayerError& e) {
+    throw LayerError(name + "." + e.path(), e.detail());
+  } catch (const InvalidArgument& e) {
+    throw LayerError(name, e.what());
+  }
+}
+
+}  // namespace
+
 Sequential& Sequential::add(ModulePtr module, const std::string& name) {
   names_.push_back(name.empty() ? std::to_string(modules_.size()) : name);
   modules_.push_back(std::move(module));
@@ -28,7 +45,7 @@ void Sequential::resetParams(runtime::Rng& rng) {
 
 Shape Sequential::outputShape(const Shape& input) const {
   Shape s = input;
-  for (const auto& m : modules_) s = m->outputShape(s);
+  for (size_t i = 0; i < modules_.size(); ++i) s = naming(names_[i], [&] { return modules_[i]->outputShape(s); });
   return s;
 }
 
@@ -36,8 +53,10 @@ const Tensor& Sequential::forward(const Tensor& input, const Pass& pass) {
   const Tensor* x = &input;
   inputCasts_.resize(modules_.size());
   for (size_t i = 0; i < modules_.size(); ++i) {
-    const Module& m = *modules_[i];
-    x = &modules_[i]->forward(precision::forChild(m, *x, inputCasts_[i], pass), precision::passFor(m, pass));
+    Module& m = *modules_[i];
+    x = &naming(names_[i], [&]() -> const Tensor& {
+      return m.forward(precision::forChild(m, *x, inputCasts_[i], pass), precision::passFor(m, pass));
+    });
   }
   return *x;
 }
@@ -75,7 +94,7 @@ std::string Sequential::describe() const {
 }
 
 void Sequential::checkInputs(const Pass& pass) const {
-  for (const ModulePtr& m : modules_) m->checkInputs(pass);
+  for (size_t i = 0; i < modules_.size(); ++i) naming(names_[i], [&] { modules_[i]->checkInputs(pass); });
 }
 
 }  // namespace cohort::nn

@@ -3,14 +3,32 @@
 // backward() runs the modules in reverse, asking the first one for no input gradient unless the
 // caller's Pass asks for one, and tells Pass::gradReady after each module with parameters which
 // ParamBuffer entries it has just finished, unless that module reports its own
-// (Module::reportsGradsReady: a nested Sequential or Residual). Thread safety: as Module.
+// (Module::reportsGradsReady: a nested Sequential or Residual). An InvalidArgument a module throws
+// from forward, outputShape or checkInputs reaches the caller as a LayerError naming it by its name
+// here, the one its parameters carry: "layer fc0: Linear(10 -> 16) got input of shape [32, 8]"
+// ("block1.fc0" inside a nested Sequential). Thread safety: as Module.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "nn/module.h"
+#include "runtime/error.h"
 
 namespace cohort::nn {
+
+// An InvalidArgument from a layer of a Sequential, naming the layer: "layer PATH: DETAIL", where PATH
+// is the layer's name with those of the Sequentials around it ("block1.fc0").
+class LayerError : public InvalidArgument {
+ public:
+  LayerError(const std::string& path, const std::string& detail)
+      : InvalidArgument("layer " + path + ": " + detail), path_(path), detail_(detail) {}
+  const std::string& path() const { return path_; }
+  const std::string& detail() const { return detail_; }  // the layer's own message
+
+ private:
+  std::string path_, detail_;
+};
 
 class Sequential final : public Module {
  public:

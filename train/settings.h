@@ -13,8 +13,12 @@
 namespace cohort::train {
 
 struct Setting {
-  std::string name;
-  std::string value;
+  std::string name = {};
+  std::string value = {};
+  // What to do when the ranks differ here, said after the difference instead of the general advice
+  // (e.g. the training data's digest: build the same data on every rank). Not compared: the same
+  // program gives every rank the same text.
+  std::string fix = {};
 };
 using Settings = std::vector<Setting>;
 

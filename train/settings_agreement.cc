@@ -61,15 +61,18 @@ Settings decodeSettings(const std::string& bytes) {
 }
 
 std::string describeDifference(const Settings& reference, int rank, const Settings& theirs, int differingRanks,
-                               int worldSize, const std::string& referenceHost, const std::string& rankHost) {
+                               int worldSize, const std::string& referenceHost, const std::string& rankHost,
+                               const Settings& advice) {
   std::ostringstream os;
   os << "ranks 0 (" << referenceHost << ") and " << rank << " (" << rankHost << ") were started with different settings: ";
   // The first setting, in rank 0's order, that rank `rank` has otherwise or lacks; then one it has
   // that rank 0 lacks.
   bool found = false;
+  std::string differing;  // the setting named
   for (const Setting& s : reference) {
     const Setting* t = find(theirs, s.name);
     if (t && t->value == s.value) continue;
+    differing = s.name;
     os << s.name << " is " << quoted(s.value) << " on rank 0 but ";
     if (t) {
       os << quoted(t->value) << " on rank " << rank;
@@ -82,6 +85,7 @@ std::string describeDifference(const Settings& reference, int rank, const Settin
   if (!found) {
     for (const Setting& t : theirs) {
       if (find(reference, t.name)) continue;
+      differing = t.name;
       os << t.name << " is " << quoted(t.value) << " on rank " << rank << " but not set on rank 0";
       found = true;
       break;
@@ -89,6 +93,10 @@ std::string describeDifference(const Settings& reference, int rank, const Settin
   }
   if (!found) os << "the same settings in another order";
   if (differingRanks > 1) os << " (" << differingRanks << " of " << worldSize << " ranks differ from rank 0)";
+  if (const Setting* s = found ? find(advice, differing) : nullptr; s && !s->fix.empty()) {
+    os << ". " << s->fix;
+    return os.str();
+  }
   os << ". Every rank of a job must be started with the same settings (docs/errors.md lists the few that may "
         "differ per rank)";
   return os.str();
@@ -99,7 +107,7 @@ void agreeOnSettings(const Settings& mine, const collectives::AgreementOptions& 
   if (c.firstDiffering < 0) return;
   COHORT_THROW(InvalidArgument) << describeDifference(decodeSettings(c.reference), c.firstDiffering,
                                                       decodeSettings(c.differing), c.differingRanks,
-                                                      options.world.worldSize, c.referenceHost, c.differingHost);
+                                                      options.world.worldSize, c.referenceHost, c.differingHost, mine);
 }
 
 }  // namespace cohort::train

@@ -22,9 +22,11 @@ std::string encodeSettings(const Settings& settings);
 Settings decodeSettings(const std::string& bytes);
 // The message for rank 0's `reference` against rank `rank`'s `theirs` (which differ): the two ranks
 // with their hosts, as collectives name ranks ("ranks 0 (node0) and 3 (node1)"), then the first
-// setting that differs or that one of them lacks.
+// setting that differs or that one of them lacks, then what to do: that setting's `fix` in `advice`
+// (the caller's own settings, whose fixes are not sent across ranks), or the general advice.
 std::string describeDifference(const Settings& reference, int rank, const Settings& theirs, int differingRanks,
-                               int worldSize, const std::string& referenceHost, const std::string& rankHost);
+                               int worldSize, const std::string& referenceHost, const std::string& rankHost,
+                               const Settings& advice = {});
 
 void agreeOnSettings(const Settings& mine, const collectives::AgreementOptions& options);
 

@@ -1,3 +1,4 @@
+// The Trainer's loop (train/trainer.h): run(), the end of each epoch, and evaluation.
 #include "train/trainer.h"
 
 #include <algorithm>
@@ -15,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/digest.h"
 #include "runtime/error.h"
 #include "train/checkpointer.h"
 #include "train/metrics_sink.h"
@@ -30,83 +30,6 @@
 namespace cohort::train {
 
 using runtime::Tensor;
-
-namespace {
-
-runtime::data::DataLoaderOptions loaderOptions(const Job& job, const TrainerOptions& o) {
-  return job.shard({.batchSize = o.batchSize, .seed = o.seed, .prefetch = o.prefetch, .augment = o.augment});
-}
-
-// A digest of the training set that costs microseconds: every target, and the inputs of 64 samples
-// spread over the set. Two ranks reading different files of one name and size differ here.
-std::string sampledDigest(const runtime::data::Dataset& d) {
-  runtime::Digest digest;
-  const int64_t n = d.size(), per = d.sampleShape().numel(), perTarget = d.targetShape().numel();
-  std::vector<float> input(static_cast<size_t>(per)), target(static_cast<size_t>(perTarget));
-  if (d.held()) {
-    digest.add(d.targets().data(), static_cast<size_t>(d.targets().numel()) * sizeof(float));
-  } else {  // made on demand (token shards): the names and sizes, and the 64 samples' targets below
-    digest.add(d.name() + "/" + std::to_string(n));
-  }
-  for (int64_t k = 0; k < 64 && n > 0; ++k) {
-    d.read(k * n / 64, input.data(), target.data());
-    digest.add(input.data(), input.size() * sizeof(float));
-    if (!d.held()) digest.add(target.data(), target.size() * sizeof(float));
-  }
-  return digest.hex();
-}
-
-// The test set and its evaluation chunk as a whole number below 2^48, for Trainer::evaluateTest to
-// see whether every rank holds the same.
-uint64_t testKey(const runtime::data::Dataset& test, int64_t chunk) {
-  const std::string hex = runtime::Digest()
-                              .add(sampledDigest(test))
-                              .add(std::to_string(test.size()) + "/" + std::to_string(chunk))
-                              .hex();
-  return std::stoull(hex.substr(0, 12), nullptr, 16);
-}
-
-// What the ranks of one Trainer must share (Job::agree); the prefetch depth, the evaluation batch
-// and the metrics file may differ per rank.
-Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptions& o, const nn::LrSchedule* schedule) {
-  return {{"train_data", train.name()},
-          {"train_samples", std::to_string(train.size())},
-          {"sample_shape", train.sampleShape().str()},
-          {"train_data_digest", sampledDigest(train)},
-          {"epochs", std::to_string(o.epochs)},
-          {"batch_size", std::to_string(o.batchSize)},
-          {"data_seed", std::to_string(o.seed)},
-          {"augment", "crop padding " + std::to_string(o.augment.cropPadding) + (o.augment.horizontalFlip ? ", flip" : "")},
-          {"classification", o.classification ? "yes" : "no"},
-          {"checkpoint", o.checkpointPath},
-          {"checkpoint_every", std::to_string(o.checkpointEvery)},
-          {"resume", o.resume ? "yes" : "no"},
-          {"max_steps", std::to_string(o.maxSteps)},
-          {"accumulate_steps", std::to_string(o.accumulateSteps)},
-          {"lr_schedule", schedule ? schedule->describe() : "none"},
-          {"clip_grad_norm", std::to_string(o.clipGradNorm)},
-          {"skip_nonfinite", std::to_string(o.skipNonFinite)},
-          {"skip_spikes", std::to_string(o.skipSpikes) + ", " + std::to_string(o.maxSpikesInARow) + " in a row"}};
-}
-
-// The schedule with the run's defaults filled in (see TrainerOptions::lrSchedule).
-std::optional<nn::LrSchedule> makeSchedule(const TrainerOptions& o, const nn::Optimizer& optimizer,
-                                           int64_t batchesPerEpoch) {
-  if (!o.lrSchedule) return std::nullopt;
-  nn::LrScheduleOptions s = *o.lrSchedule;
-  if (s.baseLr == 0) s.baseLr = optimizer.options().lr;
-  // Over the epochs, whatever maxSteps says: a run stopped by maxSteps and resumed follows the same
-  // schedule as one that never stopped.
-  if (s.totalSteps == 0) s.totalSteps = o.epochs * ((batchesPerEpoch + o.accumulateSteps - 1) / o.accumulateSteps);
-  return nn::LrSchedule(s);
-}
-
-const Job& placedJob(const Job& job) {
-  if (!job.placed()) COHORT_THROW(InvalidArgument) << "a Trainer needs a job whose model is placed: call Job::place() first";
-  return job;
-}
-
-}  // namespace
 
 const char* toString(StopReason reason) {
   switch (reason) {
@@ -124,101 +47,6 @@ const char* toString(StopReason reason) {
 
 double Trainer::secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, const runtime::data::Dataset* test,
-                 TrainerOptions options, TrainerCallbacks callbacks)
-    : job_(job),
-      model_(placedJob(job).model()),
-      loss_(loss),
-      loader_(train, loaderOptions(job, options)),
-      test_(test),
-      testKey_(test ? testKey(*test, evaluationChunk(model_, options.evalBatchSize)) : 0),
-      options_(std::move(options)),
-      callbacks_(std::move(callbacks)),
-      rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)),
-      timeline_(job.timeline()) {
-  openSampleLog();
-  loss_.setGradType(job_.options().precision);  // bf16 passes: the gradient the model's bf16 head reads
-  if (const char* slow = std::getenv("COHORT_TEST_SLOW_BACKWARD")) {
-    if (std::sscanf(slow, "%d:%d", &slowRank_, &slowBackwardMs_) != 2) {
-      COHORT_THROW(InvalidArgument) << "COHORT_TEST_SLOW_BACKWARD must be RANK:MS, got '" << slow << "'";
-    }
-  }
-  if (!(options_.progressEverySeconds >= 0) || !std::isfinite(options_.progressEverySeconds)) {
-    COHORT_THROW(InvalidArgument) << "progressEverySeconds must be a finite number >= 0 (0: no progress), got "
-                                  << options_.progressEverySeconds;
-  }
-  if (!job_.lockstep() && (options_.checkpointEvery > 0 || options_.maxSteps > 0)) {
-    COHORT_THROW(InvalidArgument) << "checkpointEvery and maxSteps need ranks that step together: Hogwild workers meet "
-                                     "(and checkpoint) only at the end of each epoch";
-  }
-  if (options_.epochs <= 0) COHORT_THROW(InvalidArgument) << "epochs must be positive, got " << options_.epochs;
-  if (options_.accumulateSteps < 1) {
-    COHORT_THROW(InvalidArgument) << "accumulateSteps must be at least 1, got " << options_.accumulateSteps;
-  }
-  if (!(options_.clipGradNorm >= 0) || !std::isfinite(options_.clipGradNorm)) {
-    COHORT_THROW(InvalidArgument) << "clipGradNorm must be a finite number >= 0 (0: no clipping), got "
-                                  << options_.clipGradNorm;
-  }
-  if (options_.skipNonFinite < 0) {
-    COHORT_THROW(InvalidArgument) << "skipNonFinite must be >= 0, got " << options_.skipNonFinite;
-  }
-  if (!(options_.skipSpikes >= 0) || !std::isfinite(options_.skipSpikes) || options_.maxSpikesInARow < 0) {
-    COHORT_THROW(InvalidArgument) << "skipSpikes must be a finite number >= 0 (0: off) and maxSpikesInARow >= 0, got "
-                                  << options_.skipSpikes << " and " << options_.maxSpikesInARow;
-  }
-  if ((options_.resume || options_.checkpointEvery > 0) && options_.checkpointPath.empty()) {
-    COHORT_THROW(InvalidArgument) << (options_.resume ? "resume" : "checkpointEvery") << " needs a checkpoint path";
-  }
-  schedule_ = makeSchedule(options_, job_.optimizer(), loader_.batchesPerEpoch());
-  job_.agree(trainerSettings(train, options_, lrSchedule()));
-  prepareOutputs();
-}
-
-// Rank 0 writes the checkpoints, the trace and the TensorBoard file: find out now, not after an epoch
-// of training, that it cannot. Every rank learns the verdict (a collective), so none waits for a
-// rank 0 that is gone.
-void Trainer::prepareOnRankZero(const std::function<void()>& prepare, const std::string& what) {
-  std::string problem;
-  if (job_.world().rank == 0) {
-    try {
-      prepare();
-    } catch (const IoError& e) {
-      problem = e.what();
-    }
-  }
-  if (!job_.any(!problem.empty())) return;
-  if (!problem.empty()) throw IoError(problem);
-  COHORT_THROW(IoError) << "rank 0 cannot write " << what << " (its message says why)";
-}
-
-void Trainer::prepareOutputs() {
-  if (!options_.checkpointPath.empty()) {
-    // Clears what killed writers left there.
-    prepareOnRankZero(
-        [&] {
-          const size_t removed = nn::prepareCheckpointDestination(options_.checkpointPath);  // the directory first
-          if (!checkpointLock_) checkpointLock_.emplace(options_.checkpointPath);  // one run per checkpoint path
-          if (removed) {
-            job_.log().info() << "removed " << removed << " temporary checkpoint file(s) of " << options_.checkpointPath
-                              << " left by writers that were killed";
-          }
-        },
-        "checkpoints to " + options_.checkpointPath);
-  }
-  // Every output file the same way (nn::checkOutputFile): its directory must exist, nothing is created.
-  if (!options_.tracePath.empty()) {
-    prepareOnRankZero([&] { nn::checkOutputFile(options_.tracePath, "the trace"); }, "the trace to " + options_.tracePath);
-  }
-  if (!options_.metricsPath.empty() || !options_.tensorboardDir.empty()) {
-    prepareOnRankZero(
-        [&] {
-          if (!options_.metricsPath.empty()) nn::checkOutputFile(options_.metricsPath, "metrics");
-          metrics_ = std::make_unique<MetricsSink>(options_.metricsPath, options_.tensorboardDir);
-        },
-        "metrics to " + (options_.tensorboardDir.empty() ? options_.metricsPath : options_.tensorboardDir));
-  }
-}
-
 Trainer::~Trainer() = default;
 
 std::string Trainer::stopCause() const {
@@ -232,14 +60,14 @@ std::string Trainer::stopCause() const {
 
 TrainResult Trainer::run() {
   const auto start = Clock::now();
-  const runtime::Logger& log = job_.log();
   Position pos;
   if (options_.resume && loadCheckpoint(pos)) {
-    log.info() << "resumed from " << options_.checkpointPath << " at epoch " << pos.epoch + 1 << " batch " << pos.batch
-               << " (step " << pos.step << ")";
+    note() << "resumed from " << options_.checkpointPath << " at epoch " << pos.epoch + 1 << " batch " << pos.batch
+           << " (step " << pos.step << ")";
   }
   TrainResult result;
   if (pos.epoch >= options_.epochs) return alreadyDone(pos, start);
+  if (options_.logStartLine) logStart();
   runtime::cuda::GpuContext* gpu = job_.gpu();
   // Batches come from the host loader, or on a GPU through the device loader that copies them ahead.
   std::function<void(int64_t, int64_t)> startEpoch = [&](int64_t e, int64_t seen) { loader_.startEpochAfter(e, seen); };
@@ -269,7 +97,7 @@ TrainResult Trainer::run() {
                                                            .maxSteps = options_.maxSteps,
                                                            .samplesScale = job_.world().worldSize,
                                                            .clock = {},
-                                                           .prefix = log.prefix()});
+                                                           .prefix = job_.log().prefix()});
   }
   // The batch's wait is a span of its own (nothing when the timeline is off).
   auto fetch = [&](runtime::data::Batch& b) {
@@ -355,8 +183,7 @@ TrainResult Trainer::run() {
       if (stopAgreed(pos.step, false) && midEpoch) {
         settleSteps(pos, window, 0);
         if (progress_) progress_->clearLine();
-        log.info() << "stop requested (" << stopCause() << "): checkpointing at step "
-                   << pos.step << " and stopping";
+        note() << "stop requested (" << stopCause() << "): checkpointing at step " << pos.step << " and stopping";
         collectGpuSums(pos);
         saveCheckpoint(pos);
         result.stoppedEarly = result.stoppedByRequest = true;
@@ -383,12 +210,12 @@ TrainResult Trainer::run() {
     if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
       result.stoppedEarly = true;
       result.stopReason = StopReason::kMaxSteps;
-      log.info() << "stopped after " << pos.step << " steps (--max-steps)";
+      note() << "stopped after " << pos.step << " steps (--max-steps)";
       break;
     }
     if (pos.epoch + 1 < options_.epochs && stopAgreed(pos.step, true)) {
-      log.info() << "stop requested (" << stopCause() << "): stopping after epoch "
-                 << pos.epoch + 1 << (options_.checkpointPath.empty() ? "" : " (checkpointed)");
+      note() << "stop requested (" << stopCause() << "): stopping after epoch " << pos.epoch + 1
+             << (options_.checkpointPath.empty() ? "" : " (checkpointed)");
       result.stoppedEarly = result.stoppedByRequest = true;
       result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
       break;
@@ -399,7 +226,7 @@ TrainResult Trainer::run() {
     const auto merge = Clock::now();
     writeTrace(job_, timeline_, options_.tracePath);
     if (job_.world().rank == 0) {
-      log.info() << "trace of " << job_.world().worldSize << " rank(s) merged in " << secondsSince(merge)
+      job_.log().info() << "trace of " << job_.world().worldSize << " rank(s) merged in " << secondsSince(merge)
                  << " s and written to " << options_.tracePath << " (open it in https://ui.perfetto.dev or chrome://tracing)";
     }
   }
@@ -429,19 +256,25 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   if (timed()) times = gatherStepTimes(job_, timeline_.takeTotals(), epochSeconds);
   trainSeconds_ += epochSeconds;
   trainedSamples_ += epochSamples;
+  if (epochsRun_++ > 0) {  // after the warm-up (TrainResult::samplesPerSecSteady)
+    steadySeconds_ += epochSeconds;
+    steadySamples_ += epochSamples;
+  }
   // An epoch cut short by a stop is reported (its figures so far) but not counted as completed.
   result.epochs = result.stoppedEarly ? pos.epoch : pos.epoch + 1;
   result.steps = pos.step;
   // The job's figures: samples summed, the time the slowest rank's, loss and accuracy averaged (every
   // rank trains the same number of samples per epoch, so the mean of the ranks' means is the job's).
-  // [0] the run's samples, [1] this epoch's: summed; the same two times: the slowest rank's.
+  // [0] the run's samples, [1] this epoch's, [4] the run's after its first epoch: summed; the same
+  // times ([0], [1], [5]): the slowest rank's.
   // The gradient's norm is the same on every rank that steps together (Hogwild: each worker's own,
   // averaged); skipped steps are the job's where ranks skip together, and summed over Hogwild workers.
   const double lockstep = job_.lockstep() ? 1 : 0;
   const auto skipped = static_cast<double>(pos.skippedInEpoch), spikes = static_cast<double>(pos.spikesInEpoch);
-  double samples[4] = {static_cast<double>(trainedSamples_), static_cast<double>(epochSamples),
-                       (1 - lockstep) * skipped, (1 - lockstep) * spikes};
-  double maxes[5] = {trainSeconds_, epochSeconds, pos.gradNormMax, lockstep * skipped, lockstep * spikes};
+  double samples[5] = {static_cast<double>(trainedSamples_), static_cast<double>(epochSamples),
+                       (1 - lockstep) * skipped, (1 - lockstep) * spikes, static_cast<double>(steadySamples_)};
+  double maxes[6] = {trainSeconds_,      epochSeconds,      pos.gradNormMax,
+                     lockstep * skipped, lockstep * spikes, steadySeconds_};
   double means[3] = {pos.samples ? pos.lossSum / static_cast<double>(pos.samples) : 0,
                      pos.samples ? static_cast<double>(pos.correct) / static_cast<double>(pos.samples * loss_.positions()) : 0,
                      pos.gradNormSteps ? pos.gradNormSum / static_cast<double>(pos.gradNormSteps) : 0};
@@ -452,6 +285,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   result.trainLoss = means[0];
   result.trainAcc = means[1];
   result.samplesPerSec = seconds[0] > 0 ? samples[0] / seconds[0] : 0;
+  result.samplesPerSecSteady = seconds[5] > 0 ? samples[4] / seconds[5] : result.samplesPerSec;
   result.skippedSteps = pos.skipped;
   result.skippedSpikes = pos.spikes;
   const double epochJobPerSec = seconds[1] > 0 ? samples[1] / seconds[1] : 0;
@@ -470,27 +304,10 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
                      .metrics = {},
                      .times = times};
   if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
-  auto line = job_.log().info();
-  line << "epoch " << pos.epoch + 1 << "/" << options_.epochs << " step " << pos.step << " train_loss " << result.trainLoss;
-  if (options_.classification) line << " train_acc " << result.trainAcc;
-  if (result.haveTest) line << " test_loss " << result.testLoss;
-  // A language model's loss is per token (nats): its perplexity beside it.
-  if (result.haveTest && loss_.positions() > 1) line << " test_ppl " << std::exp(result.testLoss);
-  if (result.haveTest && options_.classification) line << " test_acc " << result.testAcc;
-  line << " grad_norm " << report.gradNorm;
-  if (report.skippedSteps > 0) line << " skipped_steps " << report.skippedSteps;
-  if (report.skippedSpikes > 0) line << " skipped_spikes " << report.skippedSpikes;
-  for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
-  line << " samples/s " << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples) / epochSeconds : 0);
-  if (loss_.positions() > 1) {
-    line << " tokens/s "
-         << static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(epochSamples * loss_.positions()) / epochSeconds : 0);
-  }
-  if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(epochJobPerSec) << ")";
   if (report.times && job_.world().rank == 0) {
     job_.log().info() << "epoch " << pos.epoch + 1 << " " << describe(*report.times, job_.world().worldSize);
   }
-  if (metrics_) metrics_->epoch(report, options_.classification);
+  if (metrics_) metrics_->epoch(report, classification_);
   pos.lastTrainLoss = result.trainLoss;
   pos.lastTrainAcc = result.trainAcc;
   pos.lossSum = 0;
@@ -506,11 +323,12 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   }
   job_.barrier("after epoch " + std::to_string(pos.epoch + 1));
   timeline_.takeTotals();  // evaluation, checkpoint and this barrier are not the next epoch's steps
+  logEpoch(report, epochSeconds, epochSamples);  // once every rank has finished the epoch
 }
 
 TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
-  job_.log().info() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
-                    << options_.epochs;
+  note() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
+         << options_.epochs;
   TrainResult result;
   result.epochs = pos.epoch;
   result.steps = pos.step;

@@ -1,5 +1,5 @@
-// Trainer: the training loop every worker runs (DESIGN.md §1), readable on one screen, for any
-// model placed by a train::Job and any Dataset.
+// Trainer: the training loop every worker runs (docs/architecture.md, "One training step"),
+// readable on one screen, for any model placed by a train::Job and any Dataset.
 //
 //   for epoch: loader.startEpochAfter(epoch, samplesSeen)   (0, or where a resumed epoch stopped)
 //     for batch: forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
@@ -7,13 +7,16 @@
 //                a non-finite loss or gradient (train/step.h): stop with Diverged, or skip the step
 //                (skipNonFinite)
 //     the job's mean loss and throughput; evaluate on the test set (shared by the ranks that hold
-//     it, rank 0's figures); onEpochEnd; log one
-//     progress line; append one metrics line; checkpoint
+//     it, rank 0's figures); onEpochEnd; log the epoch's line (rank 0's unless
+//     TrainerOptions::logRanks says every rank); append one metrics line; checkpoint
 //
-// Every rank runs it with the same options. The loader takes this rank's shard of the training set
-// (Job::shard). All ranks meet at a barrier at the start and at each epoch's end, where they
-// evaluate (each a share of the test set when every rank holds it, else rank 0 alone) and rank 0
-// checkpoints while the others wait, so nothing changes the parameters meanwhile.
+// Every rank runs it with the same options and the same full training set: the loader takes this
+// rank's shard of it (Job::shard). A rank given other data (its own part, or data seeded by rank) is
+// refused at construction on every rank, naming the setting that differs (the data's name, size,
+// sample shape or digest) and this fix. All ranks meet at a barrier at the start and at each
+// epoch's end, where they evaluate (each a share of the test set when every rank holds it, else
+// rank 0 alone) and rank 0 checkpoints while the others wait, so nothing changes the parameters
+// meanwhile.
 //
 // Checkpoints (train/checkpointer.h) hold the job's state plus the loop's position: the epoch, the
 // samples of its order the job has seen and the next batch of the loader, the step, the dropout Rng
@@ -53,12 +56,20 @@
 #include "nn/lr_schedule.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/dataset.h"
+#include "runtime/logging.h"
 #include "runtime/random.h"
 #include "train/evaluate.h"
 #include "train/job.h"
 #include "train/step_times.h"
 
 namespace cohort::train {
+
+// Which ranks write the Trainer's log lines (the start-up line, the epoch lines, resume and stop
+// notices); warnings are each rank's own (a skipped step: rank 0's where ranks step together).
+enum class LogRanks {
+  kRankZero,   // rank 0 alone: its figures are the job's (the default)
+  kEveryRank,  // every rank: the same figures, each line with that rank's own samples/s
+};
 
 struct TrainerOptions {
   int64_t epochs = 1;
@@ -70,8 +81,12 @@ struct TrainerOptions {
   uint64_t seed = 0;             // shuffling and dropout masks (initialisation is PlaceOptions::seed)
   int prefetch = 2;              // batches the loader's thread gathers ahead
   runtime::data::Augment augment = {};
-  bool classification = true;    // report accuracy
-  std::string checkpointPath;    // empty: no checkpoints
+  // Report accuracy (train_acc, test_acc). Unset: inferred, yes for nn::SoftmaxCrossEntropy, no for
+  // nn::MeanSquaredError, and for a loss of one's own yes when the training set has classes
+  // (Dataset::numClasses() > 0). Set true with nn::MeanSquaredError, which counts no correct
+  // predictions: InvalidArgument (the accuracy would read 0).
+  std::optional<bool> classification = std::nullopt;
+  std::string checkpointPath = {};  // empty: no checkpoints
   int64_t checkpointEvery = 0;   // steps; 0: at the end of each epoch only (not in Hogwild)
   bool resume = false;           // continue from checkpointPath if it exists
   int64_t maxSteps = 0;          // > 0: stop after this many optimizer steps in all (checkpointed; not in Hogwild)
@@ -81,16 +96,16 @@ struct TrainerOptions {
   // The signal that set stopRequested (SIGUSR1, SIGTERM, SIGHUP), named in the log; unset or 0: "a
   // stop request".
   const std::atomic<int>* stopSignal = nullptr;
-  std::string metricsPath;       // JSON lines, one per epoch (rank 0); empty: none
+  std::string metricsPath = {};  // JSON lines, one per epoch (rank 0); empty: none
   // Rank 0 writes the metrics as TensorBoard scalars into a new event file there (docs/observing.md
   // names the tags); empty: none.
-  std::string tensorboardDir;
+  std::string tensorboardDir = {};
   int64_t logEverySteps = 0;     // > 0: also a metrics line every N optimizer steps (rank 0's figures)
   int64_t evalBatchSize = 1000;  // samples per forward pass of the evaluation (train::evaluationChunk)
   // The learning rate of each optimizer step (nn/lr_schedule.h), set on the optimizer before the
   // step; baseLr 0 takes the optimizer's own. totalSteps 0 means the run's: epochs x steps per epoch
   // (maxSteps only stops the run early). Unset: the optimizer's learning rate throughout.
-  std::optional<nn::LrScheduleOptions> lrSchedule;
+  std::optional<nn::LrScheduleOptions> lrSchedule = std::nullopt;
   // > 0: clip each step's gradient to this global L2 norm (StepOptions::clipGradNorm).
   float clipGradNorm = 0;
   // A step whose loss or gradient is non-finite is never applied. 0: the run stops there with
@@ -112,7 +127,7 @@ struct TrainerOptions {
   // The job's trace (train/trace_file.h): every rank's spans, merged by rank 0 into this Chrome trace
   // / Perfetto JSON file at the end of the run; empty: none. traceSpans: the ring of each rank
   // (24 bytes a span; the newest are kept).
-  std::string tracePath;
+  std::string tracePath = {};
   size_t traceSpans = size_t{1} << 16;
   // The time report at each epoch's end (train/step_times.h): logged by rank 0, in the metrics and
   // EpochReport::times. On with tracePath.
@@ -122,6 +137,12 @@ struct TrainerOptions {
   // "When results arrive"), with the same parameters bit for bit; onStepEnd then runs for step n
   // after step n + 1 was queued, so a stop it asks for in a one-rank run comes a step later.
   bool synchronousSteps = false;
+  // Who logs (see LogRanks), and whether they log a start-up line when run() begins: the model and
+  // its parameter count, the data, the mode and world size, the batch per rank and the effective
+  // batch of a step, steps per epoch, epochs and whether accuracy is reported (off for a program
+  // that logs its own, as `cohort train` does).
+  LogRanks logRanks = LogRanks::kRankZero;
+  bool logStartLine = true;
 };
 
 enum class Next { kContinue, kStop };
@@ -152,14 +173,14 @@ struct EpochReport {
   int64_t skippedSteps = 0;       // non-finite steps skipped in this epoch (Hogwild: all workers')
   int64_t skippedSpikes = 0;      // and spikes skipped (TrainerOptions::skipSpikes)
   // The callback's own figures ("val_f1", ...): logged and written to the metrics file.
-  std::vector<std::pair<std::string, double>> metrics;
+  std::vector<std::pair<std::string, double>> metrics = {};
   // Where the epoch's steps spent their time (TrainerOptions::stepReport or tracePath).
-  std::optional<StepTimes> times;
+  std::optional<StepTimes> times = std::nullopt;
 };
 
 struct TrainerCallbacks {
-  std::function<Next(const StepReport&)> onStepEnd;
-  std::function<Next(EpochReport&)> onEpochEnd;
+  std::function<Next(const StepReport&)> onStepEnd = {};
+  std::function<Next(EpochReport&)> onEpochEnd = {};
 };
 
 // Why a run ended before its last epoch.
@@ -183,7 +204,14 @@ struct TrainResult {
   double testLoss = 0;
   double testAcc = 0;
   bool haveTest = false;
-  double samplesPerSec = 0;  // the job's training samples / training time (evaluation excluded)
+  // Throughput, the job's: all ranks' training samples over the slowest rank's training time
+  // (evaluation, checkpoints and the barriers between epochs excluded), in this run() (a resumed
+  // run's from where it resumed). samplesPerSec covers every epoch, the first one's warm-up
+  // included (threads and buffers made, caches cold: it reads well below the epoch lines' job
+  // figures on short runs); samplesPerSecSteady covers the epochs after the first, the rate a longer
+  // run settles at (samplesPerSec itself when the run trained only one epoch).
+  double samplesPerSec = 0;
+  double samplesPerSecSteady = 0;
   double wallSeconds = 0;
   double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
   int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
@@ -195,8 +223,14 @@ class Progress;
 
 class Trainer {
  public:
-  // InvalidArgument for a job that is not placed, and for checkpointEvery or maxSteps where ranks
-  // do not step together (Hogwild).
+  // InvalidArgument for a job that is not placed, for checkpointEvery or maxSteps where ranks do not
+  // step together (Hogwild), for `classification` with a loss that counts no correct predictions,
+  // and for data the model cannot take, found before any step: a sample shape other than
+  // ModelInfo::sampleShape (its element count, where known; flat rows of 784 for a [1, 28, 28] model
+  // are fine), a batch the network refuses (Module::outputShape, naming the layer as nn::LayerError
+  // does), or targets its output cannot match (fewer outputs than classes; another count of
+  // regression values). Both sets are checked, each named with its shape and the model's.
+  // Collective (the settings' agreement), after which ranks given different data fail alike.
   Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, const runtime::data::Dataset* test,
           TrainerOptions options, TrainerCallbacks callbacks = {});
   ~Trainer();
@@ -239,6 +273,16 @@ class Trainer {
 
   using Clock = std::chrono::steady_clock;
   static double secondsSince(Clock::time_point t);
+  // Construction (trainer_setup.cc): the options' values, then the data against the model and the loss.
+  void checkOptions() const;
+  void checkData(const runtime::data::Dataset& data, const char* role) const;
+  // Whether this rank writes the Trainer's own lines (TrainerOptions::logRanks), and one such line
+  // (trainer_log.cc); warnings go through the job's log directly.
+  bool logs() const { return options_.logRanks == LogRanks::kEveryRank || job_.world().rank == 0; }
+  runtime::LogLine note() const;
+  void logStart() const;
+  // The epoch's line: the job's figures, this rank's samples/s and, beside it, the job's.
+  void logEpoch(const EpochReport& report, double epochSeconds, int64_t epochSamples) const;
   TrainResult alreadyDone(const Position& pos, Clock::time_point start);
   // Whether to stop now: this rank's request, agreed with the others (see the header comment).
   bool stopAgreed(int64_t step, bool epochEnd);
@@ -316,6 +360,7 @@ class Trainer {
   // chunk size in one 48-bit number (0 without a test set).
   uint64_t testKey_ = 0;
   TrainerOptions options_;
+  bool classification_ = true;  // options_.classification, inferred where unset
   TrainerCallbacks callbacks_;
   runtime::Rng rng_;
   std::optional<nn::LrSchedule> schedule_;
@@ -324,6 +369,9 @@ class Trainer {
   bool checkpointHeld_ = false;  // checkpointPath holds this run's state (written, or resumed from)
   double trainSeconds_ = 0;   // this rank's, over the epochs run in this process
   int64_t trainedSamples_ = 0;
+  int64_t epochsRun_ = 0;     // epochs (or parts) finished in this process: the first is the warm-up
+  double steadySeconds_ = 0;  // trainSeconds_ and trainedSamples_ without the first epoch's
+  int64_t steadySamples_ = 0;
   Timeline& timeline_;        // the job's
   std::unique_ptr<MetricsSink> metrics_;  // rank 0's, with a metrics path or a TensorBoard directory
   std::unique_ptr<Progress> progress_;              // rank 0's, unless off

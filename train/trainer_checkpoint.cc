@@ -39,7 +39,7 @@ void Trainer::saveCheckpoint(const Position& pos) {
                                          {"loader_seed", std::to_string(loader_.options().seed)},
                                          {"batch_size", std::to_string(loader_.options().batchSize)},
                                          {"accumulate_steps", std::to_string(options_.accumulateSteps)},
-                                         {"task", options_.classification ? "classification" : "regression"},
+                                         {"task", classification_ ? "classification" : "regression"},
                                          {"epoch_loss_sum", hexDouble(pos.lossSum)},
                                          {"epoch_correct", std::to_string(pos.correct)},
                                          {"epoch_samples", std::to_string(pos.samples)},

@@ -209,6 +209,51 @@ TEST(Sequential, ParameterFreePrefixGetsNoInputGradientRequest) {
   for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(params.grads().at(i), want.at(i)) << i;
 }
 
+// A shape mistake names the layer by its name in the Sequential (the one its parameters carry), with
+// the path through nested Sequentials; unnamed layers by their index. Still an InvalidArgument.
+TEST(Sequential, ShapeErrorsNameTheLayer) {
+  auto block = std::make_unique<Sequential>();
+  block->add(std::make_unique<Linear>(16, 4), "fc0");
+  Sequential net;
+  net.add(std::make_unique<Linear>(10, 16), "fc0").add(std::make_unique<Linear>(16, 16)).add(std::move(block), "block1");
+  ParamBuffer params;
+  net.registerParams(params, "");
+  params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(3);
+  net.resetParams(rng);
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const LayerError& e) {
+      return std::string(e.what());
+    }
+    return std::string("nothing thrown");
+  };
+  Pass pass;
+  EXPECT_EQ(message([&] { net.forward(randomTensor(Shape{32, 8}, 1), pass); }),
+            "layer fc0: Linear(10 -> 16) got input of shape [32, 8]");
+  EXPECT_EQ(message([&] { net.outputShape(Shape{32, 8}); }), "layer fc0: Linear(10 -> 16) got input of shape [32, 8]");
+  EXPECT_EQ(net.outputShape(Shape{32, 10}).str(), "[32, 4]");
+
+  Sequential wrong;  // the nested block's Linear takes 16, gets 5
+  wrong.add(std::make_unique<Linear>(10, 5), "fc0").add(relu()).add(std::make_unique<Sequential>(), "empty");
+  auto inner = std::make_unique<Sequential>();
+  inner->add(std::make_unique<Linear>(16, 4), "fc0");
+  wrong.add(std::move(inner), "block1");
+  ParamBuffer wrongParams;
+  wrong.registerParams(wrongParams, "");
+  wrongParams.allocate(runtime::cpuAllocator());
+  wrong.resetParams(rng);
+  EXPECT_EQ(message([&] { wrong.forward(randomTensor(Shape{2, 10}, 2), pass); }),
+            "layer block1.fc0: Linear(16 -> 4) got input of shape [2, 5]");
+  EXPECT_EQ(message([&] { wrong.outputShape(Shape{2, 10}); }), "layer block1.fc0: Linear(16 -> 4) got input of shape [2, 5]");
+  EXPECT_THROW(wrong.outputShape(Shape{2, 10}), InvalidArgument);
+
+  Sequential unnamed;
+  unnamed.add(std::make_unique<Linear>(3, 2));
+  EXPECT_EQ(message([&] { unnamed.outputShape(Shape{1, 4}); }), "layer 0: Linear(3 -> 2) got input of shape [1, 4]");
+}
+
 TEST(SoftmaxCrossEntropy, GradientAndValue) {
   SoftmaxCrossEntropy ce;
   Tensor logits = randomTensor(Shape{4, 5}, 12, -2, 2);

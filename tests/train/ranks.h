@@ -3,12 +3,17 @@
 // dataset. Children report failures through their exit code (tests/ipc/multiproc.h).
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "runtime/data/dataset.h"
@@ -30,6 +35,40 @@ inline void runRanks(int ranks, const std::function<int(const runtime::WorldInfo
   for (int r = 0; r < ranks; ++r) {
     EXPECT_EQ(ipc::testing::waitChild(children[static_cast<size_t>(r)], std::chrono::seconds(120)), 0) << "rank " << r;
   }
+}
+
+// What one rank of runRanksCapturing printed on stdout (the job's log) and the message of what it
+// threw (empty when nothing).
+struct RankOutput {
+  std::string log, error;
+};
+
+// runRanks with each rank's stdout in STEM.rank<R>.log and what `body` throws written to
+// STEM.rank<R>.error (the rank then exits 0); returns every rank's, read after all have exited.
+inline std::vector<RankOutput> runRanksCapturing(const std::string& stem, int ranks,
+                                                 const std::function<void(const runtime::WorldInfo&)>& body) {
+  runRanks(ranks, [&](const runtime::WorldInfo& world) {
+    const std::string mine = stem + ".rank" + std::to_string(world.rank);
+    const int fd = ::open((mine + ".log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::dup2(fd, 1) < 0) return 90;
+    try {
+      body(world);
+    } catch (const std::exception& e) {
+      std::ofstream(mine + ".error") << e.what();
+    }
+    return 0;
+  });
+  auto read = [](const std::string& path) {
+    std::stringstream s;
+    s << std::ifstream(path).rdbuf();
+    return s.str();
+  };
+  std::vector<RankOutput> out;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string mine = stem + ".rank" + std::to_string(r);
+    out.push_back({read(mine + ".log"), read(mine + ".error")});
+  }
+  return out;
 }
 
 // `n` samples of 20 features in [-1, 1) with 3 classes from a fixed linear teacher.

@@ -42,5 +42,19 @@ TEST(SettingsAgreement, ASettingOnlyOneSideHasIsNamed) {
   EXPECT_NE(describeDifference(a, 2, c, 1, 3, "node0", "node0").find("user is x on rank 2 but not set on rank 0"), std::string::npos);
 }
 
+// A setting's fix (from the caller's own list: fixes are not sent across ranks) replaces the general
+// advice where that setting is the one named; other settings keep the general advice.
+TEST(SettingsAgreement, TheDifferingSettingsFixIsSaid) {
+  const Settings a = {{"mode", "allreduce"}, {"train_data_digest", "aa"}, {"batch_size", "64"}};
+  const Settings b = {{"mode", "allreduce"}, {"train_data_digest", "bb"}, {"batch_size", "32"}};
+  const Settings advice = {{"mode", "allreduce", "unused"}, {"train_data_digest", "aa", "Build the same data."}};
+  std::string m = describeDifference(a, 1, b, 1, 2, "node0", "node0", advice);
+  EXPECT_NE(m.find("train_data_digest is aa on rank 0 but bb on rank 1. Build the same data."), std::string::npos) << m;
+  EXPECT_EQ(m.find("Every rank of a job"), std::string::npos) << m;
+  const Settings c = {{"mode", "allreduce"}, {"train_data_digest", "aa"}, {"batch_size", "32"}};
+  m = describeDifference(a, 1, c, 1, 2, "node0", "node0", advice);
+  EXPECT_NE(m.find("batch_size is 64 on rank 0 but 32 on rank 1. Every rank of a job"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace cohort::train

@@ -1,0 +1,64 @@
+// What the Trainer writes to the log (train/trainer.h): its start-up line and each epoch's line, by
+// rank 0 alone unless TrainerOptions::logRanks says every rank.
+#include <cmath>
+#include <string>
+
+#include "train/trainer.h"
+
+namespace cohort::train {
+
+runtime::LogLine Trainer::note() const {
+  const runtime::Logger& log = job_.log();
+  return runtime::LogLine(log, runtime::LogLevel::kInfo, logs() && log.enabled(runtime::LogLevel::kInfo));
+}
+
+// "training mlp:20,16,3 (387 parameters) on teacher (384 samples, 192 per rank and epoch; test 384):
+// allreduce on 2 ranks, batch 16 per rank, effective batch 32 (2 ranks x 16), 12 steps per epoch,
+// 5 epochs, accuracy reported". The effective batch is what one optimizer step averages over: every
+// rank's micro-batches in allreduce, one rank's in local and Hogwild (each worker steps alone).
+void Trainer::logStart() const {
+  const runtime::WorldInfo& world = job_.world();
+  const runtime::data::Dataset& train = loader_.dataset();
+  const int64_t k = options_.accumulateSteps, b = options_.batchSize;
+  const Mode mode = job_.options().mode;
+  const int64_t ranks = mode == Mode::kAllReduce ? world.worldSize : 1;
+  auto line = note();
+  line << "training " << model_.name << " (" << model_.params.numel() << " parameters) on " << train.name() << " ("
+       << train.size() << " samples, " << loader_.samplesPerEpoch() << " per rank and epoch";
+  if (test_) line << "; test " << test_->size();
+  line << "): " << toString(mode) << " on " << world.worldSize << (world.worldSize == 1 ? " rank" : " ranks")
+       << ", batch " << b << " per rank";
+  if (k > 1) line << ", " << k << " micro-batches a step";
+  line << ", effective batch " << ranks * k * b;
+  if (ranks > 1 || k > 1) {
+    line << " (" << (ranks > 1 ? std::to_string(ranks) + " ranks x " : "") << (k > 1 ? std::to_string(k) + " x " : "")
+         << b << ")";
+  }
+  if (mode == Mode::kHogwild && world.worldSize > 1) line << " (each worker applies its own steps)";
+  line << ", " << (loader_.batchesPerEpoch() + k - 1) / k << " steps per epoch, " << options_.epochs
+       << (options_.epochs == 1 ? " epoch, " : " epochs, ")
+       << (classification_ ? "accuracy reported" : "no accuracy");
+}
+
+void Trainer::logEpoch(const EpochReport& report, double epochSeconds, int64_t epochSamples) const {
+  auto line = note();
+  line << "epoch " << report.epoch << "/" << options_.epochs << " step " << report.step << " train_loss "
+       << report.trainLoss;
+  if (classification_) line << " train_acc " << report.trainAcc;
+  if (report.haveTest) line << " test_loss " << report.testLoss;
+  // A language model's loss is per token (nats): its perplexity beside it.
+  if (report.haveTest && loss_.positions() > 1) line << " test_ppl " << std::exp(report.testLoss);
+  if (report.haveTest && classification_) line << " test_acc " << report.testAcc;
+  line << " grad_norm " << report.gradNorm;
+  if (report.skippedSteps > 0) line << " skipped_steps " << report.skippedSteps;
+  if (report.skippedSpikes > 0) line << " skipped_spikes " << report.skippedSpikes;
+  for (const auto& [name, value] : report.metrics) line << " " << name << " " << value;
+  auto perSec = [&](int64_t count) {
+    return static_cast<int64_t>(epochSeconds > 0 ? static_cast<double>(count) / epochSeconds : 0);
+  };
+  line << " samples/s " << perSec(epochSamples);
+  if (loss_.positions() > 1) line << " tokens/s " << perSec(epochSamples * loss_.positions());
+  if (job_.options().mode != Mode::kLocal) line << " (job " << static_cast<int64_t>(report.epochSamplesPerSec) << ")";
+}
+
+}  // namespace cohort::train
