@@ -1,4 +1,4 @@
-"""Who may depend on each layer (DESIGN.md §2), in one place for the BUILD files.
+"""Who may depend on each layer (docs/architecture.md, "Layers"), in one place for the BUILD files.
 
 The dependency order is launcher/ -> ipc/ -> runtime/ and cli/ -> train/ -> nn/ -> runtime/, with
 train/ -> collectives/ -> ipc/: nn/ and cli/ never use shared memory or communicators directly.

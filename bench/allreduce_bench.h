@@ -1,5 +1,5 @@
 // `cohort bench allreduce`: all-reduce latency and bandwidth per message size, in the manner of
-// nccl-tests (DESIGN.md §6). Every rank of the job (runtime::WorldInfo::detect(): cohortrun, mpirun,
+// nccl-tests (bench/README.md). Every rank of the job (runtime::WorldInfo::detect(): cohortrun, mpirun,
 // srun) runs it; run it as
 //   cohortrun --nproc-per-node 2 -- cohort bench allreduce --backend shm
 //   mpirun -np 2 cohort bench allreduce --backend mpi
@@ -19,7 +19,7 @@
 // Rank 0 prints, for people, `#` setup lines and a table laid out like nccl-tests' (`#` header lines;
 // one row per size as it finishes: size (B), count (elements), type, redop, then under "out-of-place"
 // or "in-place" time (us), algbw (GB/s), busbw (GB/s), #wrong; `#` lines with the total of wrong
-// elements and the mean busbw), then, for scripts, one line per size (DESIGN.md §4):
+// elements and the mean busbw), then, for scripts, one line per size (bench/README.md):
 //   RESULT bench=allreduce backend=shm ranks=2 bytes=4096 time_us=.. algbw_gbps=.. busbw_gbps=.. wrong=0
 //          time_b2b_us=.. time_min_us=.. time_max_us=.. op=sum inplace=0 buffers=shared iters=200 warmup=5
 // and, with --json, the same rows as a JSON file. Scripts read the RESULT lines (or the JSON), never
@@ -45,7 +45,7 @@ class App;
 namespace cohort::bench {
 
 struct AllReduceBenchOptions {
-  std::string backend;  // "shm", "mpi", "nccl"; empty: the default for this world (DESIGN.md §1)
+  std::string backend;  // "shm", "mpi", "nccl"; empty: the default for this world (docs/collectives.md)
   size_t minBytes = size_t{4} << 10;
   size_t maxBytes = size_t{256} << 20;
   int stepFactor = 4;

@@ -2,8 +2,8 @@
 # Side by side, in one run: Cohort's `cohort bench train --model cnn:rosetta` against PyTorch python
 # (../shared/bench-peers/cnn_torch.py, run from there, not copied) on the same CNN workload: the
 # rosetta CIFAR CNN of issue 6 (conv2/conv4 without padding, so `--pad24 0` for the peer), batch 64,
-# SGD lr 0.01 momentum 0.9, dropout on, one epoch of 5000 synthetic CIFAR-shaped samples (DESIGN.md
-# §7), 1 and 2 threads, REPS interleaved repetitions, medians and ratios. The peer uses Debian's
+# SGD lr 0.01 momentum 0.9, dropout on, one epoch of 5000 synthetic CIFAR-shaped samples (docs/data.md),
+# 1 and 2 threads, REPS interleaved repetitions, medians and ratios. The peer uses Debian's
 # OpenBLAS (OpenMP build) through LD_LIBRARY_PATH and its own oneDNN convolutions.
 #
 #   bench/compare_cnn_peers.sh                 # REPS=3, threads 1 and 2

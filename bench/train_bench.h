@@ -1,6 +1,6 @@
 // `cohort bench train`: training throughput of a model (default the MLP 784-512-256-10; cnn:lenet,
 // cnn:rosetta; batch 64, SGD lr 0.01 momentum 0.9, the peers' synthetic data: MNIST-shaped of
-// DESIGN.md §7, or 5000 CIFAR-shaped samples for cnn:rosetta) at each requested BLAS thread count,
+// docs/data.md, or 5000 CIFAR-shaped samples for cnn:rosetta) at each requested BLAS thread count,
 // or on a GPU with --device cuda, median of several runs of one epoch each. For an MLP also the
 // single-thread SGEMM rate (runtime::cpu::gemm) on the same layer shapes, so the training rate can be read as a
 // fraction of what the GEMMs alone could reach.

@@ -1,4 +1,4 @@
-// `cohort train`: flags (DESIGN.md §4) and the job they describe.
+// `cohort train`: flags (README.md, "`cohort train`") and the job they describe.
 //
 // addTrainFlags() declares every flag on a CLI11 subcommand, writing into a TrainFlags the caller
 // owns; runTrain() validates them, turns them into the public API's options (train::Job,

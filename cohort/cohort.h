@@ -11,7 +11,7 @@
 //     return cohort::runMain("my_trainer: ", [] {
 //       using namespace cohort;
 //       train::Job job({.mode = train::Mode::kAllReduce});  // rank, world, device from the environment
-//       auto model = nn::buildModel("mlp:784,256,10");       // or nn::Model(yourModule, {.name = ...})
+//       auto model = nn::buildModel("mlp:784,256,10");       // or your own: docs/api.md, second program
 //       auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel(), job.gpu());
 //       job.place(*model, *optimizer, {.seed = 1});          // collective: parameters where the mode needs them
 //       auto data = runtime::data::openDataset("synthetic", runtime::data::Split::kTrain);

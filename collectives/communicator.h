@@ -1,4 +1,4 @@
-// Communicator: collective operations among the ranks of one job (DESIGN.md §2, §3.3).
+// Communicator: collective operations among the ranks of one job (docs/collectives.md; docs/architecture.md, "Layers").
 //
 // Every rank calls the same collectives in the same order (a rule shm and mpi check: see
 // Fingerprint; nccl's watchdog times out what that leaves stuck). Each call starts the operation and
@@ -140,7 +140,7 @@ class Communicator {
 
 struct CommunicatorOptions {
   // "shm", "mpi", "hierarchical", "nccl"; empty = shm on one node, hierarchical across nodes (flat
-  // mpi where the nodes run different numbers of workers; DESIGN.md §1: the caller picks nccl for CUDA).
+  // mpi where the nodes run different numbers of workers; docs/collectives.md: the caller picks nccl for CUDA).
   std::string backend;
   runtime::WorldInfo world;
   // Set-up (rendezvous) waits and each collective (nccl: the watchdog aborts a collective that has

@@ -1,4 +1,4 @@
-// DeviceShare: GPU Hogwild's one copy of the parameters (DESIGN.md §1): a dedicated device
+// DeviceShare: GPU Hogwild's one copy of the parameters (docs/gpu.md, "Hogwild on a GPU"): a dedicated device
 // allocation owned by local rank 0 and opened by the other local ranks through a CUDA IPC handle
 // that the owner publishes in a job segment, segmentName(jobId, "gpu-params").
 //

@@ -177,7 +177,7 @@ std::vector<std::string> LaunchPlan::environmentFor(int rank, int restartCount) 
   std::vector<std::string> env = baseEnvironment;
   bool ompSet = false;
   for (const std::string& entry : env) ompSet = ompSet || variableName(entry) == "OMP_NUM_THREADS";
-  // One BLAS/OpenMP thread per worker unless the user chose otherwise (DESIGN.md §6).
+  // One BLAS/OpenMP thread per worker unless the user chose otherwise (docs/architecture.md, "Performance principles").
   if (!ompSet) env.push_back("OMP_NUM_THREADS=1");
   env.push_back("RANK=" + std::to_string(rank));
   env.push_back("LOCAL_RANK=" + std::to_string(rank));  // single node

@@ -1,4 +1,4 @@
-// LaunchPlan: what `cohortrun` is asked to do (DESIGN.md §4), validated, with every worker's
+// LaunchPlan: what `cohortrun` is asked to do (docs/launcher.md), validated, with every worker's
 // environment.
 //
 //   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S]

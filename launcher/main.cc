@@ -2,7 +2,7 @@
 //   cohortrun --nproc-per-node N [--max-restarts R] [--log-dir DIR] [--grace-period S]
 //             [--bind auto|cores|none] [--mps [--mps-timeout S]] -- PROGRAM ARGS…
 // The one place in launcher/ where errors become exit codes (docs/errors.md). Never links CUDA,
-// NCCL or MPI (DESIGN.md §2): workers are started with fork+exec.
+// NCCL or MPI (docs/architecture.md, "Layers"): workers are started with fork+exec.
 #include <signal.h>
 
 #include <CLI/CLI.hpp>  // CLI11: flags

@@ -2,7 +2,7 @@
 // Multi-Process Service (MPS), so that it can say once when a job would run faster under MPS
 // (docs/gpu.md, "Hogwild on a GPU"; docs/launcher.md, "MPS").
 //
-// cohortrun never links or loads CUDA or the driver (DESIGN.md §2; a test starts it without
+// cohortrun never links or loads CUDA or the driver (docs/architecture.md, "Layers"; a test starts it without
 // libcuda), so everything here reads files:
 //  - GPUs: one directory per GPU in /proc/driver/nvidia/gpus/ (the driver's; absent without an
 //    NVIDIA driver), limited as CUDA limits them by CUDA_VISIBLE_DEVICES (countVisibleGpus).

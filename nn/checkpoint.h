@@ -52,8 +52,8 @@ inline constexpr uint64_t kMaxCheckpointHeaderBytes = 100'000'000;
 
 // A float32 tensor and the name it is stored under.
 struct NamedTensor {
-  std::string name;
-  runtime::Tensor tensor;
+  std::string name = {};
+  runtime::Tensor tensor = {};
 };
 
 // Caller metadata: strings only (safetensors allows nothing else). The keys "format",
@@ -61,8 +61,8 @@ struct NamedTensor {
 using Metadata = std::map<std::string, std::string>;
 
 struct Checkpoint {
-  std::vector<NamedTensor> tensors;  // in file order, i.e. the order they were written in
-  Metadata metadata;                 // the caller's metadata; reserved keys removed
+  std::vector<NamedTensor> tensors = {};  // in file order, i.e. the order they were written in
+  Metadata metadata = {};                 // the caller's metadata; reserved keys removed
 
   // The tensor stored under `name`, or nullptr.
   const runtime::Tensor* find(const std::string& name) const;

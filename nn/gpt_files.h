@@ -38,10 +38,10 @@ inline constexpr int32_t kLlmcModelMagic = 20240326;
 
 // A GPT's weights as read from another tool's file.
 struct GptFile {
-  GptOptions options;                // as the file gives them (vocab: the real vocabulary V)
+  GptOptions options = {};           // as the file gives them (vocab: the real vocabulary V)
   bool headsAssumed = false;         // HuggingFace without config.json or metadata: heads = width / 64
-  std::vector<NamedTensor> tensors;  // nn::Gpt's names and layouts (an llm.c wte keeps its padding)
-  std::string format;                // "HuggingFace safetensors", "llm.c (fp32)", "llm.c (bf16)"
+  std::vector<NamedTensor> tensors = {};  // nn::Gpt's names and layouts (an llm.c wte keeps its padding)
+  std::string format = {};                // "HuggingFace safetensors", "llm.c (fp32)", "llm.c (bf16)"
 };
 
 // The model spec of a GPT: "gpt:layers=L,heads=H,dim=D,ctx=T,vocab=V" (nn/model_spec.h).

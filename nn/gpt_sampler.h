@@ -45,7 +45,7 @@ struct SampleOptions {
   uint64_t seed = 0;         // runtime::Rng's seed: the same seed gives the same tokens
   // Called with each new token as soon as it is drawn (e.g. to print it); returning false stops the
   // generation there, and generate() returns the tokens drawn so far.
-  std::function<bool(int64_t token)> onToken;
+  std::function<bool(int64_t token)> onToken = {};
 };
 
 class GptSampler {

@@ -47,10 +47,10 @@ struct GradCheckOptions {
 struct GradCheckResult {
   bool ok = true;
   double worstError = 0;              // the largest error seen
-  std::string worstWhere;             // where: "fc.weight[3]", "input[5]", "output[2]" ("" when nothing was checked)
+  std::string worstWhere = {};        // where: "fc.weight[3]", "input[5]", "output[2]" ("" when nothing was checked)
   int64_t checked = 0;                // elements compared
   int64_t failed = 0;                 // elements over the tolerance (and other failures, e.g. a missing input gradient)
-  std::vector<std::string> failures;  // the first few, with numeric and analytic values
+  std::vector<std::string> failures = {};  // the first few, with numeric and analytic values
 
   // One line when ok ("gradient check passed: 42 elements, worst error 1.2e-05 at fc.weight[3]"),
   // else the count and the recorded failures.

@@ -23,7 +23,7 @@ namespace cohort::nn {
 
 struct ModelInfo {
   std::string name = "model";  // stored in checkpoints; built-in models use their spec ("mlp:784,512,10")
-  Shape sampleShape;           // one input sample, e.g. [784] or [3, 32, 32]; [] when not known
+  Shape sampleShape = {};      // one input sample, e.g. [784] or [3, 32, 32]; [] when not known
   int64_t outputs = 0;         // output features per sample; 0 when not known
 };
 

@@ -1,4 +1,4 @@
-// Model specs as given on the command line (DESIGN.md §4) and the Model they build.
+// Model specs as given on the command line (README.md, `--model`; docs/nn.md) and the Model they build.
 //
 //   mlp:784,512,256,10   Linear(784→512) ReLU Linear(512→256) ReLU Linear(256→10)
 //   cnn:lenet            [1, 28, 28] (flat [784] rows are viewed as images): conv 1→6 5x5 pad 2, ReLU,

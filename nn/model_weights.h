@@ -28,13 +28,13 @@
 namespace cohort::nn {
 
 struct ModelWeights {
-  std::string path;
-  std::string format;     // "Cohort checkpoint", "HuggingFace safetensors", "llm.c (fp32)", "llm.c (bf16)"
-  std::string spec;       // the model they are of; empty where a HuggingFace GPT's heads are unknown
+  std::string path = {};
+  std::string format = {};    // "Cohort checkpoint", "HuggingFace safetensors", "llm.c (fp32)", "llm.c (bf16)"
+  std::string spec = {};      // the model they are of; empty where a HuggingFace GPT's heads are unknown
   bool headsAssumed = false;  // a HuggingFace GPT without config.json: heads = width / 64
   int64_t vocabulary = 0;     // a GPT's: the rows of wte that are tokens (an llm.c file may pad past them)
-  std::vector<NamedTensor> tensors;
-  Metadata metadata;  // a Cohort checkpoint's (its "format" removed); other files': none
+  std::vector<NamedTensor> tensors = {};
+  Metadata metadata = {};  // a Cohort checkpoint's (its "format" removed); other files': none
 };
 
 // IoError naming the file and the problem for anything unreadable, malformed or of an unknown kind.

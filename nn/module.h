@@ -1,5 +1,6 @@
 // Module: a layer or a composition of layers with an explicit forward and backward (no autograd
-// tape; DESIGN.md §3.2). This comment is the contract a user's own layer implements.
+// tape; docs/architecture.md, "The decisions that shape everything", item 2). This comment is the
+// contract a user's own layer implements.
 //
 // Lifecycle, in this order:
 //   1. registerParams(params, prefix): declare each parameter with params.add(prefix + "weight",
@@ -48,36 +49,8 @@
 // once per backward; entries nobody reported count as ready when backward returns.
 // Thread safety: a module is used by one thread at a time.
 //
-// A user layer, y = a·x with one parameter a:
-//
-//   class Scale final : public Module {
-//    public:
-//     std::string name() const override { return "Scale"; }
-//     void registerParams(ParamBuffer& params, const std::string& prefix) override {
-//       params.add(prefix + "a", Shape{1}, &a_, &aGrad_);
-//     }
-//     void resetParams(runtime::Rng&) override { a_.at(0) = 1.0f; }
-//     Shape outputShape(const Shape& input) const override { return input; }
-//     const Tensor& forward(const Tensor& x, const Pass&) override {
-//       if (x.device().isCuda()) COHORT_THROW(InvalidArgument) << "Scale runs on the CPU only";
-//       x_ = x;  // a handle: backward needs x for d/da
-//       runtime::ensureShape(y_, x.shape());
-//       for (int64_t i = 0; i < x.numel(); ++i) y_.at(i) = a_.at(0) * x.at(i);
-//       return y_;
-//     }
-//     const Tensor& backward(const Tensor& dy, const Pass& pass) override {
-//       double da = 0;
-//       for (int64_t i = 0; i < dy.numel(); ++i) da += double(dy.at(i)) * x_.at(i);
-//       aGrad_.at(0) = float(da) + (pass.accumulateGrads ? aGrad_.at(0) : 0.0f);
-//       if (!pass.needInputGrad) return dx_ = Tensor();
-//       runtime::ensureShape(dx_, x_.shape());
-//       for (int64_t i = 0; i < dy.numel(); ++i) dx_.at(i) = a_.at(0) * dy.at(i);
-//       return dx_;
-//     }
-//
-//    private:
-//     Tensor a_, aGrad_, x_, y_, dx_;
-//   };
+// docs/api.md, "Writing your own layer", builds one (a learned gate) step by step, binds its
+// parameters for a gradient check and trains it in a program of its own.
 #pragma once
 
 #include <memory>
@@ -125,9 +98,9 @@ class Module {
 
   virtual std::string name() const = 0;
   // Declares this module's parameters as `prefix` + local name ("fc0." + "weight").
-  virtual void registerParams(ParamBuffer& params, const std::string& prefix) {}
+  virtual void registerParams(ParamBuffer& /*params*/, const std::string& /*prefix*/) {}
   // Initialises the registered parameters; the buffer must be bound.
-  virtual void resetParams(runtime::Rng& rng) {}
+  virtual void resetParams(runtime::Rng& /*rng*/) {}
   // Output shape for an input of `input` shape; throws InvalidArgument on a mismatch.
   virtual Shape outputShape(const Shape& input) const = 0;
 

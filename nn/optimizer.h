@@ -1,5 +1,5 @@
-// Optimizers over the flat parameter and gradient buffers (DESIGN.md §3.1), with PyTorch's exact
-// update rules:
+// Optimizers over the flat parameter and gradient buffers (docs/architecture.md, "The decisions
+// that shape everything", item 1), with PyTorch's exact update rules:
 //   SGD   d = g + wd·p; on the first step buf = d, then buf = m·buf + d (dampening 0);
 //         d = nesterov ? d + m·buf : buf; p −= lr·d
 //   Adam  g += wd·p; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
@@ -45,8 +45,8 @@ struct OptimizerOptions {
 class Optimizer {
  public:
   struct StateTensor {
-    std::string name;  // "momentum_buffer", "exp_avg", "exp_avg_sq"
-    Tensor tensor;
+    std::string name = {};  // "momentum_buffer", "exp_avg", "exp_avg_sq"
+    Tensor tensor = {};
   };
 
   virtual ~Optimizer() = default;

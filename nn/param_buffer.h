@@ -1,8 +1,9 @@
 // ParamBuffer: every parameter of a model as a view into one contiguous float32 buffer, in forward
-// order, and every gradient as a view into a second buffer of the same layout (DESIGN.md §3.1).
-// A third flat buffer holds the model's non-trainable state ("buffers" in PyTorch's sense, e.g.
-// BatchNorm's running statistics): saved in checkpoints like parameters, but never touched by
-// optimizers or gradient synchronisation, and always in this process's private memory.
+// order, and every gradient as a view into a second buffer of the same layout
+// (docs/architecture.md, "The decisions that shape everything", item 1). A third flat buffer holds
+// the model's non-trainable state ("buffers" in PyTorch's sense, e.g. BatchNorm's running
+// statistics): saved in checkpoints like parameters, but never touched by optimizers or gradient
+// synchronisation, and always in this process's private memory.
 //
 // Two phases. Registration: modules call add() with a name, a shape and the addresses of the Tensor
 // members that will view the value and the gradient, and addBuffer() for state. Binding: allocate()
@@ -34,8 +35,8 @@ using runtime::Tensor;
 class ParamBuffer {
  public:
   struct Entry {
-    std::string name;
-    Shape shape;
+    std::string name = {};
+    Shape shape = {};
     size_t offset = 0;  // in elements from the start of the buffer
     size_t numel = 0;
   };
@@ -62,7 +63,7 @@ class ParamBuffer {
   // its owner (attached).
   struct Placement {
     float* values = nullptr;
-    runtime::Device device;
+    runtime::Device device = {};
     runtime::Allocator* allocator = nullptr;
     bool copyValues = true;
   };

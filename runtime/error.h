@@ -3,7 +3,7 @@
 //  1. COHORT_CHECK(cond) << "context": a broken invariant, i.e. a bug in Cohort. It prints the rank,
 //     file:line, the failed condition and the streamed context to stderr and aborts.
 //  2. Typed exceptions derived from cohort::Error for what the environment or the user can cause.
-//     Each carries the process exit code that DESIGN.md §4 assigns to it.
+//     Each carries the process exit code that docs/errors.md assigns to it.
 //  3. Only the two mains (cli/ and launcher/) catch them and turn them into exit codes
 //     (see exitCodeFor). Library code never calls exit().
 //

@@ -38,7 +38,7 @@ struct ConvPolicy {
 };
 
 struct GpuOptions {
-  ConvPolicy conv;
+  ConvPolicy conv = {};
   // TF32 tensor cores for fp32 matrix products (cuBLAS; --tf32): inputs rounded to 10 bits of
   // mantissa, sums in fp32, several times plain fp32's rate. Off by default, so a plain fp32 run stays
   // within fp32 rounding of the CPU. Convolutions follow conv.tf32 (a job sets both from --tf32).

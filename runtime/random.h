@@ -1,4 +1,4 @@
-// Random numbers: counter-based splitmix64 (DESIGN.md §7).
+// Random numbers: counter-based splitmix64 (docs/data.md, "The synthetic sets, exactly").
 //
 // mix(seed, k) is a pure function, so any element of a synthetic dataset or any step of a shuffle
 // can be computed independently and identically everywhere. Rng walks k = 0, 1, 2, ... for one
@@ -26,7 +26,7 @@ COHORT_HOST_DEVICE inline uint64_t mix(uint64_t seed, uint64_t k) {
   return z ^ (z >> 31);
 }
 
-// The 24-bit uniform integer m of DESIGN.md §7.
+// The 24-bit uniform integer m of docs/data.md, "The synthetic sets, exactly".
 COHORT_HOST_DEVICE inline uint32_t mix24(uint64_t seed, uint64_t k) { return static_cast<uint32_t>(mix(seed, k) >> 40); }
 
 class Rng {

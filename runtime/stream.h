@@ -1,16 +1,18 @@
 // Stream and Event: where device work is ordered, and how two orders meet.
 //
 // A Stream is an in-order queue of work on one device. Functions that enqueue GPU work take a
-// `Stream&` (DESIGN.md §3.4); cross-stream order uses Events, never a device-wide sync.
+// `Stream&` (docs/architecture.md, "The decisions that shape everything", item 4); cross-stream
+// order uses Events, never a device-wide sync.
 //   CPU stream:  work runs inline on the calling thread, so there is nothing to wait for:
 //                synchronize() returns at once, query() is true, recording an Event is a no-op.
 //   CUDA stream: RAII over a non-blocking cudaStream_t (it does not synchronise with the legacy
 //                default stream), created on its device and destroyed with the Stream.
 // An Event marks a point in a stream. It is created lazily by the first record() on a CUDA stream
 // (on that stream's device), with timing disabled unless EventOptions::enableTiming is set.
-// Every host-side wait takes a timeout (DESIGN.md §3.5): synchronize() polls cudaStreamQuery /
-// cudaEventQuery with a short, growing sleep and throws TimeoutError naming the stream or event
-// and its device when the time runs out; CUDA failures throw cohort::Error (see cuda/cuda_check.h).
+// Every host-side wait takes a timeout (docs/architecture.md, "The decisions that shape
+// everything", item 5): synchronize() polls cudaStreamQuery / cudaEventQuery with a short, growing
+// sleep and throws TimeoutError naming the stream or event and its device when the time runs out;
+// CUDA failures throw cohort::Error (see cuda/cuda_check.h).
 //
 // Ownership: a Stream owns its cudaStream_t, an Event its cudaEvent_t; copy is deleted. Moving
 // transfers the handle and leaves the source an inline CPU stream / an unrecorded event.

@@ -1,8 +1,8 @@
 // Timeouts given in seconds by users (--timeout, --grace-period, options structs): every wait in
-// Cohort is bounded (DESIGN.md §3.5), so a timeout is a duration added to "now". A huge value (or
-// inf) means "wait very long" and saturates at kLongestWait, which still fits in a steady_clock
-// time point (adding milliseconds::max() to now() would overflow and time out at once).
-// Thread safety: pure functions.
+// Cohort is bounded (docs/architecture.md, "The decisions that shape everything", item 5), so a
+// timeout is a duration added to "now". A huge value (or inf) means "wait very long" and saturates
+// at kLongestWait, which still fits in a steady_clock time point (adding milliseconds::max() to
+// now() would overflow and time out at once). Thread safety: pure functions.
 #pragma once
 
 #include <chrono>

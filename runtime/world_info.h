@@ -1,11 +1,12 @@
 // WorldInfo: who this process is in the job (rank, world size, local rank, job id).
 //
-// detect() reads the environment, in this order (DESIGN.md §4): cohortrun's RANK / WORLD_SIZE /
-// LOCAL_RANK / LOCAL_WORLD_SIZE / COHORT_JOB_ID; Open MPI's OMPI_COMM_WORLD_*; SLURM's
-// SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_JOB_ID, with the local world size this node's
-// entry (SLURM_NODEID) of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE ("2(x3),1": nodes may
-// differ); PMI_RANK / PMI_SIZE; else a single process. Inconsistent values (rank >= world size,
-// non-numbers, a node index past the list) throw InvalidArgument.
+// detect() reads the environment, in this order (docs/launcher.md; docs/architecture.md,
+// "Processes"): cohortrun's RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / COHORT_JOB_ID; Open
+// MPI's OMPI_COMM_WORLD_*; SLURM's SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_JOB_ID, with
+// the local world size this node's entry (SLURM_NODEID) of SLURM_STEP_TASKS_PER_NODE or
+// SLURM_TASKS_PER_NODE ("2(x3),1": nodes may differ); PMI_RANK / PMI_SIZE; else a single process.
+// Inconsistent values (rank >= world size, non-numbers, a node index past the list) throw
+// InvalidArgument.
 // A value type; pass it explicitly (no global).
 #pragma once
 

@@ -1,5 +1,6 @@
 // GradSync: averages gradients across the ranks of a job with bucketed all-reduce, overlapped with
-// backward (DESIGN.md §3.1, Flashlight's reducer shape: gradsReady(), then finish()).
+// backward (docs/architecture.md, "The decisions that shape everything", item 1; Flashlight's
+// reducer shape: gradsReady(), then finish()).
 //
 // Buckets are contiguous slices of the flat gradient buffer, formed once from the ParamBuffer's
 // entries in reverse order (backward produces the last layer's gradients first): the first bucket

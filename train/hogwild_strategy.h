@@ -1,8 +1,8 @@
-// HogwildStrategy: Hogwild (mode hogwild; DESIGN.md §1). The parameters are one copy per node that
-// every worker of the node updates without locks: on the CPU in a shared segment
-// (ipc::SharedParams), on GPUs in one device allocation of local rank 0 that the others open through
-// CUDA IPC (ipc::DeviceShare, with its checks and owner-loss detection). Gradients, optimizer state
-// and model buffers (BatchNorm statistics) stay private to each worker.
+// HogwildStrategy: Hogwild (mode hogwild; docs/architecture.md, "hogwild, one node"). The
+// parameters are one copy per node that every worker of the node updates without locks: on the CPU
+// in a shared segment (ipc::SharedParams), on GPUs in one device allocation of local rank 0 that
+// the others open through CUDA IPC (ipc::DeviceShare, with its checks and owner-loss detection).
+// Gradients, optimizer state and model buffers (BatchNorm statistics) stay private to each worker.
 //
 // Placement: local rank 0 initialises the parameters on the CPU (the same numbers as a CPU run) and
 // copies them into the shared memory before publishing it; the other ranks wait for it (up to the

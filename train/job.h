@@ -5,7 +5,7 @@
 // and gives the training loop what it needs: the pass for forward/backward, one call that
 // synchronises the gradients and steps, collectives over scalars, and checkpoints of the whole job.
 //
-// Modes (DESIGN.md §1):
+// Modes (docs/architecture.md, "One training step"):
 //   local      one process; parameters private (CPU or one GPU).
 //   hogwild    every worker of the node updates the node's one shared copy without locks (CPU:
 //              shared memory; GPU: one device allocation shared through CUDA IPC). Across nodes
@@ -104,12 +104,12 @@ struct JobOptions {
   Mode mode = Mode::kLocal;
   // kAllReduce: "shm", "mpi", "hierarchical" or "nccl"; empty: nccl on a GPU, shm on one node,
   // hierarchical across nodes (flat mpi where the nodes run different numbers of workers).
-  std::string backend;
+  std::string backend = {};
   // kAllReduce on the CPU: a full replica per rank and the bucketed all-reduce (true), or one shared
   // copy per node that the node's ranks update in shards (false: over shm, or hierarchical across
   // nodes). Unset: shared on one node; replicas across nodes, where the buckets' all-reduce overlaps
   // backward and trains faster (docs/nn.md).
-  std::optional<bool> replicas;
+  std::optional<bool> replicas = std::nullopt;
   // "cpu", "cuda" (the GPU of this rank's local rank: one worker per GPU) or "cuda:N".
   std::string device = "cpu";
   // Every wait for other ranks (start-up, barriers, collectives); then TimeoutError naming them.
@@ -142,10 +142,10 @@ struct PlaceOptions {
   // Instead of that: fills the parameters (model.params, bound on the CPU) itself, e.g. from the
   // user's own scheme. Runs where the mode needs it (every rank, or the rank that creates the
   // shared copy), always on the CPU; the Job then moves the values where they belong.
-  std::function<void(nn::Model& model)> initialise;
+  std::function<void(nn::Model& model)> initialise = {};
   // More settings that must be the same on every rank (e.g. the data set), compared together with
   // those the job knows itself (see Job::place).
-  Settings settings;
+  Settings settings = {};
 };
 
 struct PassOptions {

@@ -46,11 +46,11 @@ struct StepOptions {
   // rank makes the step non-finite on every rank that steps with it. Pass it on every rank or on
   // none (with it, ranks that step together exchange one flag per step). Unset: only the gradient
   // is checked.
-  std::optional<double> loss;
+  std::optional<double> loss = {};
   // The learning rate of the optimizer's step after `steps` applied ones (a schedule): set, the step
   // uses lrAt(optimizer.steps()) instead of the optimizer's lr, and leaves it set to that. A deferred
   // step needs it as a function: the host does not know yet whether the step before it applied.
-  std::function<float(int64_t steps)> lrAt;
+  std::function<float(int64_t steps)> lrAt = {};
   // GPU: queue the step and return at once with a pending result (see "When results arrive"); on
   // the CPU the step runs as usual and its result is kept for settleStep().
   bool deferResult = false;

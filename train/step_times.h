@@ -33,7 +33,7 @@ struct StepTimes {
   int slowestRank = 0;
   double slowestMargin = 0;     // busy time over the median's, minus 1 (0.18: 18% slower)
   double othersBarrierMs = 0;   // the other ranks' mean barrier wait per step
-  std::vector<double> rankBusyMs, rankBarrierMs;  // per rank, per step
+  std::vector<double> rankBusyMs = {}, rankBarrierMs = {};  // per rank, per step
 };
 
 // Collective: the epoch's figures from every rank's totals (taken by the caller with

@@ -39,10 +39,10 @@ inline constexpr char kTensorBoardFileVersion[] = "brain.Event:2";
 
 // One scalar event. The tag must be valid UTF-8 (TensorBoard's tags are proto3 strings).
 struct TensorBoardScalar {
-  std::string_view tag;
+  std::string_view tag = {};
   int64_t step = 0;
   double value = 0;
-  std::optional<double> wallTime;  // seconds since the Unix epoch; unset: now
+  std::optional<double> wallTime = {};  // seconds since the Unix epoch; unset: now
 };
 
 class TensorBoardWriter {

@@ -7,7 +7,7 @@
 //       --steps 20 --checkpoint /tmp/own.st                           # shm, one node
 //   mpirun -np 2 own_loop --mode allreduce --backend mpi ...           # Open MPI, any nodes
 //
-// It trains a built-in model (--model, the reference MLP by default) on DESIGN.md §7's synthetic
+// It trains a built-in model (--model, the reference MLP by default) on docs/data.md's synthetic
 // MNIST-shaped set. K micro-batches of b samples per rank and step equal `cohort train
 // --batch-size K·b --max-steps N` with the same seed (to 1e-5; tests/examples check it), and it
 // runs at the Trainer's speed (bench/compare_own_loop.sh). Prints one RESULT line on rank 0.

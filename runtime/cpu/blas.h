@@ -5,11 +5,11 @@
 // there is one); it measured 1.1-2.0x OpenBLAS's rate on our layer shapes but the smallest (docs/build.md),
 // and OpenBLAS's kernel choice can be forced down by OPENBLAS_CORETYPE. It runs on the calling thread plus
 // an OpenMP team of setBlasThreads() threads in total (one worker process = one BLAS pool;
-// DESIGN.md §6: one thread per worker unless --threads says otherwise); each calling thread applies
-// the count to its own OpenMP setting at its next gemm. With several BLAS threads gemm may be called
-// from one thread at a time per process; with one, from several threads at once (each runs on its
-// caller; Conv2d's parallel tiles do this inside a BlasThreadsScope, and
-// tests/runtime/cpu/blas_test.cc checks it).
+// docs/architecture.md, "Performance principles": one thread per worker unless --threads says
+// otherwise); each calling thread applies the count to its own OpenMP setting at its next gemm.
+// With several BLAS threads gemm may be called from one thread at a time per process; with one,
+// from several threads at once (each runs on its caller; Conv2d's parallel tiles do this inside a
+// BlasThreadsScope, and tests/runtime/cpu/blas_test.cc checks it).
 //
 //   gemm({.m = 64, .n = 512, .k = 784, .transB = true}, x, w, y);   // y = x · wᵀ
 #pragma once

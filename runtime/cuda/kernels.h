@@ -1,5 +1,5 @@
 // CUDA kernels for the nn runtime: every op the layers, losses and optimizers use, over raw device
-// pointers, enqueued on an explicit stream (DESIGN.md §3.4).
+// pointers, enqueued on an explicit stream (docs/architecture.md, "The decisions that shape everything", item 4).
 //
 // Conventions (the same for every function here):
 //   - Pointers are device memory on the stream's device, float32, row-major, contiguous; `rows` and

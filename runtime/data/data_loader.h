@@ -78,8 +78,8 @@ struct DataLoaderOptions {
 };
 
 struct Batch {
-  Tensor inputs;      // [size, ...sampleShape]
-  Tensor targets;     // [size] or [size, T]
+  Tensor inputs = {};   // [size, ...sampleShape]
+  Tensor targets = {};  // [size] or [size, T]
   int64_t index = 0;  // batch number within the epoch
   int64_t size = 0;   // samples in this batch
 };

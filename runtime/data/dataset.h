@@ -1,5 +1,5 @@
 // Dataset: a whole dataset held in host memory; openDataset() builds one from a command-line spec
-// (DESIGN.md §4: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE), and
+// (docs/data.md: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE), and
 // datasetFromArrays() from a program's own arrays (a library user's data).
 //
 // inputs() is a CPU float32 Tensor [N, ...sampleShape]. targets() is a CPU float32 Tensor: [N]
@@ -48,11 +48,11 @@ class SampleSource {
 
 // Everything a Dataset is made of; producers fill one and hand it over: the tensors, or a source.
 struct DatasetContents {
-  std::string name;        // e.g. "synthetic/train", "csv:/tmp/x.csv"
-  Tensor inputs;           // [N, ...sampleShape], CPU float32
-  Tensor targets;          // [N] class indices or [N, T] regression values, CPU float32
+  std::string name = {};   // e.g. "synthetic/train", "csv:/tmp/x.csv"
+  Tensor inputs = {};      // [N, ...sampleShape], CPU float32
+  Tensor targets = {};     // [N] class indices or [N, T] regression values, CPU float32
   int64_t numClasses = 0;  // 0: regression or unknown
-  std::shared_ptr<const SampleSource> source;  // instead of inputs and targets: samples made on demand
+  std::shared_ptr<const SampleSource> source = {};  // instead of inputs and targets: samples made on demand
 };
 
 class Dataset {
@@ -78,7 +78,7 @@ class Dataset {
   // Samples [first, first + count) as [count, ...] tensors: views of the held ones, or new CPU
   // tensors filled by the source.
   struct Rows {
-    Tensor inputs, targets;
+    Tensor inputs = {}, targets = {};
   };
   Rows rows(int64_t first, int64_t count) const;
 
@@ -87,8 +87,8 @@ class Dataset {
 };
 
 // Opens the dataset named by `spec`:
-//   synthetic          the deterministic MNIST-shaped task of DESIGN.md §7 (train or test split)
-//   synthetic-cifar:N  the CIFAR-shaped set of DESIGN.md §7, [N, 3, 32, 32] in [0, 1), random
+//   synthetic          the deterministic MNIST-shaped task of docs/data.md (train or test split)
+//   synthetic-cifar:N  the CIFAR-shaped set of docs/data.md, [N, 3, 32, 32] in [0, 1), random
 //                      labels; N in [1, 2^32], default 5000 ("synthetic-cifar"). Its test split is
 //                      the 1000 samples that continue the same streams after the N train samples
 //                      (see synthetic.h)

@@ -1,4 +1,4 @@
-// The synthetic datasets of DESIGN.md §7, bit-identical to the peer benchmarks.
+// The synthetic datasets of docs/data.md ("The synthetic sets, exactly"), bit-identical to the peer benchmarks.
 //
 // syntheticMnist(kTrain): 60000 x 784, seed 1; syntheticMnist(kTest): 10000 x 784, seed 2.
 //   x_ij = (m_ij - 2^23) / 2^24 with m_ij = mix24(seed, 784 i + j)   (exact in float32)

@@ -41,7 +41,7 @@ const char* shardLayoutName(ShardLayout layout);
 class TokenShards {
  public:
   struct Shard {
-    std::string path;
+    std::string path = {};
     ShardLayout layout = ShardLayout::kAuto;  // the layout it was read as (never kAuto)
     const uint16_t* tokens = nullptr;         // into the mapping
     int64_t count = 0;

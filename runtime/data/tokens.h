@@ -29,7 +29,7 @@
 namespace cohort::runtime::data {
 
 struct TokenOptions {
-  std::string pattern;  // a file or a glob over shards
+  std::string pattern = {};  // a file or a glob over shards
   ShardLayout layout = ShardLayout::kAuto;
   int64_t context = 0;     // tokens per sample (the model's T)
   int64_t vocabulary = 0;  // the model's: every id must be below it

@@ -109,7 +109,7 @@ void expectRows(const std::vector<Fields>& rows, const std::string& backend, int
 }
 
 // The RESULT lines are read by scripts (bench/compare_allreduce_peers.sh's sed) and tests: every
-// field in this order and with these decimals, as DESIGN.md §4 and the header describe them.
+// field in this order and with these decimals, as bench/README.md and the header describe them.
 void expectResultLineFormat(const std::string& text) {
   const std::regex format(
       R"(RESULT bench=allreduce backend=\w+ ranks=\d+ bytes=\d+ time_us=\d+\.\d\d algbw_gbps=\d+\.\d{4} )"

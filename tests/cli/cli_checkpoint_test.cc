@@ -1,6 +1,6 @@
 // Checkpoint and resume through the command line: a run stopped with --max-steps and resumed with
 // --resume ends with a checkpoint byte-identical to the uninterrupted run's, and reports the same
-// losses and accuracy; no temporary file is left behind (DESIGN.md §4, nn/trainer.h).
+// losses and accuracy; no temporary file is left behind (docs/checkpoints.md, train/trainer.h).
 #include <gtest/gtest.h>
 
 #include <string>

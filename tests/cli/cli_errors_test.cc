@@ -1,4 +1,4 @@
-// `cohort train` with bad input: every case must exit with 2 (DESIGN.md §4), print exactly one line
+// `cohort train` with bad input: every case must exit with 2 (docs/errors.md), print exactly one line
 // on stderr naming the problem (and the file, and the line or offset, where there is one), print no
 // RESULT line, and leave the directory as it found it: no checkpoint, no metrics file, no temporary
 // file, and a corrupt checkpoint given to --resume byte for byte unchanged.

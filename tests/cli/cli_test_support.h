@@ -1,6 +1,6 @@
 // Shared pieces of the end-to-end tests that run the real `cohort` binary (//cli:cohort, a data
 // dependency of every test here): where the binary is, a fresh directory per test, small file
-// helpers (plain and gzip), IDX (MNIST) file bytes, and parsing of the RESULT line (DESIGN.md §4).
+// helpers (plain and gzip), IDX (MNIST) file bytes, and parsing of the RESULT line (README.md).
 // All functions report problems with gtest failures rather than exceptions, so a broken fixture
 // fails the test that uses it. Thread safety: none needed (one test runs at a time per process).
 //

@@ -1,4 +1,4 @@
-// `cohort train` on the synthetic task (DESIGN.md §7) reaches the accuracy the peer frameworks
+// `cohort train` on the synthetic task (docs/data.md) reaches the accuracy the peer frameworks
 // reach, improves with more epochs, and writes one metrics line per epoch; `cohort devices` reports
 // the host and the CUDA devices (or why there are none).
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DESIGN.md §2's one-way dependencies, checked on every #include "…" of the sources:
+# docs/architecture.md's one-way dependencies ("Layers"), checked on every #include "…" of the sources:
 #   launcher/ -> ipc/ -> runtime/            (the launcher never links CUDA, NCCL or MPI)
 #   cli/ -> train/ (its public job.h and trainer.h) -> nn/ -> runtime/
 #   train/ -> collectives/ -> ipc/ -> runtime/
@@ -41,7 +41,7 @@ for top in runtime ipc collectives nn train cli launcher; do
         *)
           case "$folder" in
             runtime|ipc|collectives|nn|train|cli|launcher|bench)
-              echo "$file:${line%%:*}: $top/ may not include $header (DESIGN.md §2: $top/ builds on $(allowed "$top"))"
+              echo "$file:${line%%:*}: $top/ may not include $header (docs/architecture.md, \"Layers\": $top/ builds on $(allowed "$top"))"
               bad=$((bad + 1)) ;;
           esac ;;
       esac
@@ -78,4 +78,4 @@ if [ "$bad" -gt 0 ]; then
   echo "layering_test: $bad include(s) against the layering above"
   exit 1
 fi
-echo "layering_test: $files files follow DESIGN.md §2's dependency order"
+echo "layering_test: $files files follow the dependency order of docs/architecture.md, \"Layers\""

@@ -1,6 +1,7 @@
-// The training hot loop (forward, loss, backward, optimizer step, next batch) allocates nothing once
-// the buffers are sized for the batch shape (DESIGN.md §6). Counts calls to the global operator new
-// in steady state, including a smaller last batch followed by full-size batches.
+// The training hot loop (forward, loss, backward, optimizer step, next batch) allocates nothing
+// once the buffers are sized for the batch shape (docs/architecture.md, "Performance principles").
+// Counts calls to the global operator new in steady state, including a smaller last batch followed
+// by full-size batches.
 #include <gtest/gtest.h>
 
 

@@ -106,8 +106,8 @@ TEST(TensorDType, HostBf16RoundingIsNearestEven) {
 }
 
 TEST(Random, MatchesTheDesignDefinition) {
-  // DESIGN.md §7: the first train element of the synthetic set is (m - 2^23) / 2^24 with m from
-  // seed 1, k = 0; compute m by hand from the formula and compare.
+  // docs/data.md, "The synthetic sets, exactly": the first train element of the synthetic set
+  // is (m - 2^23) / 2^24 with m from seed 1, k = 0; compute m by hand from the formula and compare.
   uint64_t z = 1ull * 0xD1B54A32D192ED03ull + 1ull * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;

@@ -1,6 +1,6 @@
-// Checks DESIGN.md §6 for the data path: in steady state DataLoader::next() allocates nothing, on
-// the calling thread or in the prefetch worker, with or without augmentation. The counting operator
-// new comes from //tests/support:alloc_counter.
+// Checks docs/architecture.md's "Performance principles" for the data path: in steady state
+// DataLoader::next() allocates nothing, on the calling thread or in the prefetch worker, with or
+// without augmentation. The counting operator new comes from //tests/support:alloc_counter.
 #include <gtest/gtest.h>
 
 #include <memory>

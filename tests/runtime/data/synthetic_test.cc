@@ -12,7 +12,7 @@
 namespace cohort::runtime::data {
 namespace {
 
-// DESIGN.md §7 written out directly, one element at a time.
+// docs/data.md's synthetic sets written out directly, one element at a time.
 float directX(uint64_t seed, int64_t i, int64_t j) {
   int64_t m = mix24(seed, static_cast<uint64_t>(784 * i + j));
   return static_cast<float>(static_cast<double>(m - (1 << 23)) / 16777216.0);
@@ -120,7 +120,7 @@ TEST(SyntheticCifar, MatchesFormula) {
   EXPECT_THROW(syntheticCifarSamples(-1, 3), InvalidArgument);
 }
 
-// DESIGN.md §7's splitmix64 and m, written out again independently of runtime/random.h.
+// docs/data.md's splitmix64 and m, written out again independently of runtime/random.h.
 uint32_t referenceM(uint64_t seed, uint64_t k) {
   uint64_t z = seed * 0xD1B54A32D192ED03ull + (k + 1) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

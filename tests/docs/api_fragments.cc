@@ -1,0 +1,48 @@
+// The fragments of docs/api.md (a loop of your own, micro-batches, clipping, deferred steps, the
+// Trainer, TensorBoard), each compiled in a function whose parameters are the names the doc's
+// fragment uses, so that a renamed or retyped API breaks this build instead of the doc's readers.
+// Compiled, not run: the loops need a job; tests/train runs the same calls.
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "cohort/cohort.h"
+#include "train/tensorboard_writer.h"
+
+namespace cohort::docs_fragments {
+
+using runtime::data::Dataset;
+
+void ownLoop(train::Job& job, std::unique_ptr<nn::Model>& model, std::unique_ptr<Dataset>& data, nn::Loss& loss,
+             int64_t epochs) {
+#include "tests/docs/own_loop.inc"
+}
+
+void microBatches(train::Job& job, std::unique_ptr<nn::Model>& model, runtime::data::DataLoader& loader,
+                  nn::Loss& loss, int K) {
+#include "tests/docs/micro_batches.inc"
+}
+
+void clipping(train::Job& job, double stepLoss, int64_t step) {
+#include "tests/docs/clipping.inc"
+}
+
+template <class Handle>
+void deferredSteps(train::Job& job, const nn::LrSchedule& schedule, int64_t skipsLeft, Handle handle) {
+#include "tests/docs/deferred_steps.inc"
+}
+void deferredSteps(train::Job& job, const nn::LrSchedule& schedule) {
+  deferredSteps(job, schedule, 3, [](const train::StepResult&) {});
+}
+
+train::TrainResult trainer(train::Job& job, nn::Loss& loss, const Dataset& trainSet, const Dataset* testSetOrNull,
+                           train::TrainerCallbacks callbacks) {
+#include "tests/docs/trainer.inc"
+  return r;
+}
+
+void tensorboard(int64_t step, double loss, double acc, double t) {
+#include "tests/docs/tensorboard.inc"
+}
+
+}  // namespace cohort::docs_fragments
