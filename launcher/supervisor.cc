@@ -332,14 +332,14 @@ void Supervisor::escalateIfDue(Attempt& attempt) {
 // but a process dies when it leaves the kernel, which may take a while (writing a checkpoint to
 // disk): the next attempt, or the next job, must not start while one still holds its rank or files.
 void Supervisor::awaitGroupsGone(const Attempt& attempt) {
-  const auto deadline = Clock::now() + std::max(plan_.gracePeriod, std::chrono::milliseconds(std::chrono::seconds(5)));
+  const std::chrono::milliseconds bound = std::max(plan_.gracePeriod, std::chrono::milliseconds(5000));
+  const auto deadline = Clock::now() + bound;
   for (const auto& w : attempt.workers) {
     // The leader is reaped: its group lives on only in its leftovers, and its id is not reused while
     // they do.
     while (ipc::groupHasLiveMember(w->pid())) {
       if (Clock::now() >= deadline) {
-        say("warning: processes of " + workerName(*w) + "'s group are still there " +
-            formatSeconds(std::max(plan_.gracePeriod, std::chrono::milliseconds(std::chrono::seconds(5)))) +
+        say("warning: processes of " + workerName(*w) + "'s group are still there " + formatSeconds(bound) +
             " after it ended (SIGKILLed, not yet gone)");
         return;
       }

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "ipc/process_liveness.h"
 #include "runtime/error.h"
 #include "tests/ipc/multiproc.h"
 
@@ -18,12 +19,6 @@ using testing::forkChild;
 using testing::freshJobId;
 using testing::ScopedShmDir;
 using testing::waitChild;
-
-std::string host() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
 
 // The message of the InvalidArgument that claiming `rank` of `job` throws, or "" when it succeeds.
 std::string refusal(const std::string& job, int rank, const std::string& source = "") {
@@ -57,7 +52,7 @@ TEST(RankClaimTest, ARankHeldByALiveProcessIsRefusedNamingItTheHostAndTheJob) {
   const pid_t holder = holdRank(job, 3);
   ASSERT_GT(holder, 0);
   const std::string m = refusal(job, 3, "COHORT_JOB_ID=" + job);
-  EXPECT_NE(m.find("rank 3 of job COHORT_JOB_ID=" + job + " on " + host() + " is already held by process " +
+  EXPECT_NE(m.find("rank 3 of job COHORT_JOB_ID=" + job + " on " + thisHost() + " is already held by process " +
                    std::to_string(holder) + ", which is still running: two jobs were started with the same job id"),
             std::string::npos)
       << m;

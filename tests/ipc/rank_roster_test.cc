@@ -13,6 +13,7 @@
 #include <chrono>
 #include <string>
 
+#include "ipc/process_liveness.h"
 #include "ipc/shm_names.h"
 #include "ipc/shm_region.h"
 #include "runtime/error.h"
@@ -27,12 +28,6 @@ using testing::forkChild;
 using testing::freshJobId;
 using testing::ScopedShmDir;
 using testing::waitChild;
-
-std::string host() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -89,7 +84,7 @@ TEST_F(RankRosterTest, ASecondLiveClaimOfARankIsRefusedNamingTheHolderHostAndJob
   RankRoster mine = RankRoster::join(rank(job_, 0, 2));
   const pid_t other = forkChild([&] {
     const std::string m = messageOf<InvalidArgument>([&] { RankRoster::join(rank(job_, 0, 2)); });
-    const std::string want = "rank 0 of job COHORT_JOB_ID=" + job_ + " on " + host() + " is already held by process " +
+    const std::string want = "rank 0 of job COHORT_JOB_ID=" + job_ + " on " + thisHost() + " is already held by process " +
                              std::to_string(::getppid()) +
                              ", which is still running: two jobs were started with the same job id";
     return contains(m, want) ? 0 : (std::fprintf(stderr, "got: %s\nwant: %s\n", m.c_str(), want.c_str()), 1);
@@ -101,7 +96,7 @@ TEST_F(RankRosterTest, AJobOfAnotherSizeWithTheSameIdIsRefused) {
   RankRoster mine = RankRoster::join(rank(job_, 0, 2));
   const pid_t other = forkChild([&] {
     const std::string m = messageOf<InvalidArgument>([&] { RankRoster::join(rank(job_, 1, 3)); });
-    return contains(m, "is one of 3 local ranks, but a running job of that id on " + host() + " has 2") ? 0 : 1;
+    return contains(m, "is one of 3 local ranks, but a running job of that id on " + thisHost() + " has 2") ? 0 : 1;
   });
   EXPECT_EQ(waitChild(other), 0);
 }
@@ -207,7 +202,7 @@ TEST_F(RankRosterTest, APeerThatDiesBeforeArrivingIsNamedAtOnce) {
   const auto start = std::chrono::steady_clock::now();
   const std::string m = messageOf<PeerError>([&] { mine.arriveAndWait("agreement 'test'", seconds(60)); });
   EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(2));
-  EXPECT_TRUE(contains(m, "rank 1 (pid " + std::to_string(peer) + " on " + host() +
+  EXPECT_TRUE(contains(m, "rank 1 (pid " + std::to_string(peer) + " on " + thisHost() +
                               ") exited before the job finished, while rank 0 waited at agreement 'test'"))
       << m;
 }
@@ -220,7 +215,7 @@ TEST_F(RankRosterTest, APeerThatFinishedIsNamedAsHavingLeft) {
   });
   ASSERT_EQ(waitChild(peer), 0);
   const std::string m = messageOf<PeerError>([&] { mine.arriveAndWait("agreement 'test'", seconds(60)); });
-  EXPECT_TRUE(contains(m, "rank 1 (pid " + std::to_string(peer) + " on " + host() + ") finished and left the job"))
+  EXPECT_TRUE(contains(m, "rank 1 (pid " + std::to_string(peer) + " on " + thisHost() + ") finished and left the job"))
       << m;
 }
 
@@ -230,7 +225,7 @@ TEST_F(RankRosterTest, APeerWhoseJobFailedIsNamedEvenBeforeItsProcessEnds) {
   ASSERT_GT(peer, 0);
   const std::string m = messageOf<PeerError>([&] { mine.arriveAndWait("agreement 'test'", seconds(60)); });
   EXPECT_TRUE(
-      contains(m, "rank 1 (pid " + std::to_string(peer) + " on " + host() + ") failed before the job finished,"))
+      contains(m, "rank 1 (pid " + std::to_string(peer) + " on " + thisHost() + ") failed before the job finished,"))
       << m;
   ::kill(peer, SIGKILL);
   waitChild(peer);
@@ -252,7 +247,7 @@ TEST_F(RankRosterTest, ALaunchersWorkerThatExitsBeforeJoiningIsNamedByItsPeers) 
   const pid_t waiter = forkChild([&] {
     RankRoster roster = RankRoster::join(rank(job_, 0, 2));
     const std::string m = messageOf<PeerError>([&] { roster.arriveAndWait("agreement 'test'", seconds(60)); });
-    return contains(m, "rank 1 (pid " + std::to_string(early) + " on " + host() + ") exited before the job finished")
+    return contains(m, "rank 1 (pid " + std::to_string(early) + " on " + thisHost() + ") exited before the job finished")
                ? 0
                : 1;
   });
