@@ -12,11 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "ipc/shm_names.h"         // makeLauncherJobId
-#include "launcher/launch_plan.h"  // flags -> plan
-#include "launcher/mps_probe.h"    // the note on workers sharing a GPU without MPS
-#include "launcher/supervisor.h"   // spawn, supervise, restart, clean up
-#include "runtime/error.h"         // exit codes
+#include "ipc/shm_names.h"              // makeLauncherJobId
+#include "launcher/descriptor_limit.h"  // ulimit -n against what N workers need
+#include "launcher/launch_plan.h"       // flags -> plan
+#include "launcher/mps_probe.h"         // the note on workers sharing a GPU without MPS
+#include "launcher/supervisor.h"        // spawn, supervise, restart, clean up
+#include "runtime/error.h"              // exit codes
 
 namespace {
 
@@ -50,6 +51,7 @@ int run(int argc, char** argv) {
                                                            .allowedCpus = launcher::allowedCpus(),
                                                            .stdoutIsTerminal = launcher::stdoutIsTerminal(),
                                                            .mpsNote = mpsNote});
+  launcher::ensureDescriptors({.workers = plan.worldSize, .logFiles = !plan.logDir.empty()});
   // A closed stdout (cohortrun ... | head) must not kill the launcher while workers still run.
   ::signal(SIGPIPE, SIG_IGN);
   launcher::Supervisor supervisor(plan);

@@ -46,6 +46,20 @@ std::vector<int> SignalChannel::readPending() {
   }
 }
 
+void SignalChannel::stopThisProcess(int signal) {
+  struct sigaction byDefault {};
+  struct sigaction previous {};
+  byDefault.sa_handler = SIG_DFL;
+  ::sigaction(signal, &byDefault, &previous);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, signal);
+  ::raise(signal);                          // pending while blocked...
+  sigprocmask(SIG_UNBLOCK, &one, nullptr);  // ...delivered here: the process stops until continued
+  sigprocmask(SIG_BLOCK, &one, nullptr);
+  ::sigaction(signal, &previous, nullptr);
+}
+
 void unblockAllSignalsInChild() {
   sigset_t empty;
   sigemptyset(&empty);

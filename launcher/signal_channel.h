@@ -28,6 +28,12 @@ class SignalChannel {
   int fd() const { return fd_.get(); }
   // The signals that arrived since the last call, in arrival order (non-blocking).
   std::vector<int> readPending();
+  // Takes the default action of a job-control stop (SIGTSTP, SIGTTIN, SIGTTOU) that the channel
+  // reported, though the channel keeps it blocked: the process stops here, and this returns once it
+  // is continued (SIGCONT, which the channel then also reports when it is one of its signals). Returns
+  // at once where the kernel discards the stop (the process group is orphaned: no shell could
+  // continue it).
+  void stopThisProcess(int signal);
 
  private:
   sigset_t previousMask_;

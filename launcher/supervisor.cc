@@ -37,12 +37,20 @@ std::string workerName(const WorkerProcess& w) {
 
 bool stopsTheJob(int signal) { return signal == SIGINT || signal == SIGTERM || signal == SIGHUP; }
 
-// SIGHUP is supervised unless cohortrun was started with it ignored (nohup): a blocked signal is
-// queued even when its action is to ignore it, so taking it into the signalfd would undo nohup.
+bool startedIgnoring(int signal) {
+  struct sigaction action {};
+  return ::sigaction(signal, nullptr, &action) == 0 && action.sa_handler == SIG_IGN;
+}
+
+// SIGHUP and SIGTSTP are supervised unless cohortrun was started with them ignored (nohup; a shell
+// without job control): a blocked signal is queued even when its action is to ignore it, so taking
+// it into the signalfd would undo what was asked. SIGCONT continues cohortrun however it is
+// handled; the signalfd only tells the supervisor, so that it continues the workers too.
 std::vector<int> supervisedSignals() {
-  std::vector<int> signals = {SIGINT, SIGTERM, SIGUSR1, SIGCHLD};
-  struct sigaction hangup {};
-  if (::sigaction(SIGHUP, nullptr, &hangup) != 0 || hangup.sa_handler != SIG_IGN) signals.push_back(SIGHUP);
+  std::vector<int> signals = {SIGINT, SIGTERM, SIGUSR1, SIGCHLD, SIGCONT};
+  for (int signal : {SIGHUP, SIGTSTP}) {
+    if (!startedIgnoring(signal)) signals.push_back(signal);
+  }
   return signals;
 }
 
@@ -210,8 +218,12 @@ void Supervisor::pollOnce(Attempt& attempt) {
 void Supervisor::handleSignals(Attempt& attempt) {
   for (int signal : signals_.readPending()) {
     if (signal == SIGCHLD) continue;  // reapExited() checks every worker after each poll
-    if (signal == SIGUSR1) {
-      for (const auto& w : attempt.workers) w->signal(SIGUSR1);
+    if (signal == SIGUSR1 || signal == SIGCONT) {
+      for (const auto& w : attempt.workers) w->signal(signal);
+      continue;
+    }
+    if (signal == SIGTSTP) {
+      suspend(attempt);
       continue;
     }
     if (attempt.interruptSignal == 0) {  // SIGINT, SIGTERM or SIGHUP: stop the job, no restart
@@ -232,6 +244,19 @@ void Supervisor::handleSignals(Attempt& attempt) {
       attempt.killSent = true;
     }
   }
+}
+
+// Ctrl-Z, as a shell's job control does it: the terminal's SIGTSTP reaches only cohortrun's process
+// group, so every worker's group gets SIGSTOP (a stop no handler can refuse), then cohortrun stops
+// itself; once continued (fg, bg, SIGCONT) it continues every group. Time spent stopped is not
+// the workers' time: a pending SIGKILL deadline moves by it, so a grace period is never used up
+// while nobody could act on it.
+void Supervisor::suspend(Attempt& attempt) {
+  const auto stopped = Clock::now();
+  for (const auto& w : attempt.workers) w->signal(SIGSTOP);
+  signals_.stopThisProcess(SIGTSTP);
+  for (const auto& w : attempt.workers) w->signal(SIGCONT);
+  if (attempt.killDeadline && !attempt.killSent) *attempt.killDeadline += Clock::now() - stopped;
 }
 
 void Supervisor::reapExited(Attempt& attempt) {
@@ -362,6 +387,7 @@ void Supervisor::removeSegments(bool announceRemoved) {
 int Supervisor::pendingInterrupt() {
   for (int signal : signals_.readPending()) {
     if (stopsTheJob(signal)) return signal;
+    if (signal == SIGTSTP) signals_.stopThisProcess(SIGTSTP);  // between attempts: no worker to stop
   }
   return 0;
 }

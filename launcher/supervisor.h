@@ -9,6 +9,10 @@
 //  - SIGHUP (its terminal closed): the same, except that the workers get SIGTERM; exits 129. Unless
 //    cohortrun was started with SIGHUP ignored (nohup): then it stays ignored.
 //  - SIGUSR1: forwarded; nothing else.
+//  - SIGTSTP (Ctrl-Z): every worker's process group gets SIGSTOP, then cohortrun stops itself; on
+//    SIGCONT (fg, bg) every group gets SIGCONT. A SIGKILL deadline moves by the time stopped. Not
+//    supervised when cohortrun was started with SIGTSTP ignored. SIGTTIN and SIGTTOU keep their
+//    default (cohortrun never reads the terminal; its workers' output waits in their pipes).
 //  - A worker that exits non-zero or by a signal is the first failure (if none yet and no signal was
 //    received): it is reported with its last output lines, the others get SIGTERM, then SIGKILL
 //    after the grace period.
@@ -78,6 +82,7 @@ class Supervisor {
   void runAttempt(Attempt& attempt);
   void pollOnce(Attempt& attempt);
   void handleSignals(Attempt& attempt);
+  void suspend(Attempt& attempt);
   void reapExited(Attempt& attempt);
   void judgeEarlyExits(Attempt& attempt);
   void openRoster(Attempt& attempt);

@@ -9,6 +9,7 @@
 #include <pty.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -84,7 +85,8 @@ std::string Output::describe() const {
   return os.str();
 }
 
-Child Child::start(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv) {
+Child Child::start(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv,
+                   const StartOptions& options) {
   // An extra "NAME=value" replaces an inherited NAME (getenv would return the first of two).
   auto overridden = [&](const std::string& entry) {
     const std::string name = entry.substr(0, entry.find('=') + 1);
@@ -107,8 +109,11 @@ Child Child::start(const std::vector<std::string>& argv, const std::vector<std::
     return child;
   }
   int devNull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const rlimit openFiles{options.openFilesSoft, options.openFilesHard};
   child.pid_ = ::fork();
   if (child.pid_ == 0) {
+    if (options.ownProcessGroup) ::setpgid(0, 0);
+    if (options.openFilesSoft != 0 && ::setrlimit(RLIMIT_NOFILE, &openFiles) != 0) ::_exit(126);
     ::dup2(devNull, 0);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
@@ -323,7 +328,8 @@ bool waitUntilStopped(pid_t pid, std::chrono::milliseconds timeout) {
 std::vector<std::string> segmentFiles(const std::string& dir, const std::string& jobId) {
   std::vector<std::string> names;
   const std::string prefix = "cohort." + jobId + ".";
-  if (DIR* d = ::opendir(dir.c_str())) {
+  const std::string privateDir = dir + "/cohort-" + std::to_string(::geteuid());  // ipc/private_dir.h
+  if (DIR* d = ::opendir(privateDir.c_str())) {
     while (dirent* e = ::readdir(d)) {
       if (std::string(e->d_name).rfind(prefix, 0) == 0) names.emplace_back(e->d_name);
     }

@@ -40,12 +40,23 @@ struct Output {
   std::string describe() const;
 };
 
+// How Child::start sets up the child before exec, beyond its environment.
+struct StartOptions {
+  // A process group of its own, as a shell gives each job: one whose parent is in another group of
+  // the session, so the kernel does not discard a SIGTSTP to it (as it does for an orphaned group).
+  bool ownProcessGroup = false;
+  // RLIMIT_NOFILE (soft, hard) as `ulimit -n` / prlimit set it; 0: inherited.
+  unsigned long openFilesSoft = 0;
+  unsigned long openFilesHard = 0;
+};
+
 class Child {
  public:
   // Starts argv[0] (a path) with this process's environment minus job variables (RANK, COHORT_*,
   // OMP_NUM_THREADS, …) plus `extraEnv` ("NAME=value", replacing an inherited NAME), /dev/null as
   // stdin, stdout/stderr piped.
-  static Child start(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv);
+  static Child start(const std::vector<std::string>& argv, const std::vector<std::string>& extraEnv,
+                     const StartOptions& options = {});
   Child(Child&& other) noexcept;
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
@@ -103,7 +114,8 @@ bool waitUntilGone(pid_t pid, std::chrono::milliseconds timeout);
 // after a SIGSTOP, whose delivery kill() does not wait for.
 bool waitUntilStopped(pid_t pid, std::chrono::milliseconds timeout);
 
-// The names of the files in `dir` that start with "cohort.<jobId>.".
+// The names of the files that start with "cohort.<jobId>." in `dir`'s private directory for this
+// user (`dir`/cohort-<euid>, ipc/private_dir.h), where a job's segments live.
 std::vector<std::string> segmentFiles(const std::string& dir, const std::string& jobId);
 
 }  // namespace cohort::launcher::testing

@@ -10,7 +10,7 @@
 //   --print-signals         print "signal <NAME>: default|ignored|handled, blocked|unblocked" for
 //                           SIGHUP, SIGINT, SIGTERM, SIGUSR1 and SIGPIPE, as they were at exec
 //   --print-env             print "env NAME=value" for the launcher's variables
-//   --create-segment        create the file shmDirectory()/segmentName($COHORT_JOB_ID, "test-<rank>")
+//   --create-segment        create the file segmentPath($COHORT_JOB_ID, "test-<rank>")
 //                           and print "segment <path>"
 //   --await-peers           wait (up to 20 s) until every rank's segment exists: then every rank
 //                           has printed its pid and environment
@@ -28,6 +28,8 @@
 //   --fail-first-attempt    exit with --exit-code (default 3) when COHORT_RESTART_COUNT is 0
 //                           (only on --rank R when given)
 //   --hang                  sleep in short naps until killed
+//   --await-file PATH       after the steps, wait (up to 60 s) until PATH exists, printing
+//                           "waiting for PATH" first
 //   --device D              ignored: gives cohortrun a worker command that names a GPU
 //   --record FILE           append "worker <k> start CUDA_MPS_PIPE_DIRECTORY=… CUDA_MPS_LOG_DIRECTORY=…"
 //                           to FILE first and "worker <k> end <exit code>" last (one write each,
@@ -72,6 +74,7 @@ struct Flags {
   int signalSelf = 0;
   bool failFirstAttempt = false;
   bool hang = false;
+  std::string awaitFile;
   std::string device;
   std::string record;
   bool outlivePeers = false;
@@ -130,8 +133,7 @@ std::vector<std::string> signalStates() {
 }
 
 std::string segmentPath(int rank) {
-  return cohort::ipc::shmDirectory() + "/" +
-         cohort::ipc::segmentName(env("COHORT_JOB_ID"), "test-" + std::to_string(rank));
+  return cohort::ipc::segmentPath(env("COHORT_JOB_ID"), "test-" + std::to_string(rank));
 }
 
 void createSegment() {
@@ -177,6 +179,18 @@ void outlivePeers(int rank) {
   }
 }
 
+void awaitFile(const std::string& path) {
+  say("waiting for " + path);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      say("timed out waiting for " + path, stderr);
+      std::exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 std::optional<cohort::ipc::RankRoster> joinRoster(int rank) {
   return cohort::ipc::RankRoster::join({.jobId = env("COHORT_JOB_ID"),
                                          .rank = rank,
@@ -214,6 +228,7 @@ int work(const Flags& f, int rank, bool thisRank) {
     say("failing on purpose in the first attempt");
     return f.exitCode;
   }
+  if (!f.awaitFile.empty()) awaitFile(f.awaitFile);
   while (f.hang) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   return 0;
 }
@@ -240,6 +255,7 @@ int main(int argc, char** argv) {
   app.add_option("--signal-self", f.signalSelf);
   app.add_flag("--fail-first-attempt", f.failFirstAttempt);
   app.add_flag("--hang", f.hang);
+  app.add_option("--await-file", f.awaitFile);
   app.add_option("--device", f.device);
   app.add_option("--record", f.record);
   app.add_flag("--outlive-peers", f.outlivePeers);
