@@ -1,9 +1,6 @@
 #include "nn/checkpoint.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/file.h>
 #include <isa-l/crc.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +19,7 @@
 
 #include "nn/checkpoint_format.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 #include "runtime/unique_fd.h"
 
 namespace cohort::nn {
@@ -94,60 +92,6 @@ uint32_t headerCrc(const TensorShapes& shapes, const Metadata& metadata) {
 
 namespace {
 
-// The directory and file name of a checkpoint path; InvalidArgument for a path that names a directory.
-std::pair<std::string, std::string> splitCheckpointPath(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (base.empty()) COHORT_THROW(InvalidArgument) << path << ": the path names a directory (it ends in '/'): give a file name";
-  return {dir, base};
-}
-
-// Where the writer with process id `pid` writes before renaming: "<dir>/.<base>.tmp.<pid>".
-std::string temporaryPath(const std::string& dir, const std::string& base, pid_t pid) {
-  return dir + "/." + base + ".tmp." + std::to_string(pid);
-}
-
-// Removes "<dir>/.<base>.tmp.<pid>" files whose writer is gone: nobody holds the lock a writer keeps
-// on its temporary file until the rename (see writeCheckpoint), and no process <pid> exists (a
-// writer of an older Cohort, which took no lock, may still be alive). A file being written by a
-// live process is never touched. Returns how many were removed; failures to look are not errors.
-size_t removeStaleTemporaries(const std::string& dir, const std::string& base) {
-  const std::string prefix = "." + base + ".tmp.";
-  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
-  if (!d) return 0;
-  size_t removed = 0;
-  while (const dirent* e = ::readdir(d.get())) {
-    const std::string name = e->d_name;
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto pid = static_cast<pid_t>(std::stol(digits));
-    if (pid == ::getpid() || (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // ours, or its writer lives
-    const std::string file = dir + "/" + name;
-    runtime::UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
-    if (!fd || ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // held: a writer is at work
-    if (::unlink(file.c_str()) == 0) ++removed;
-  }
-  return removed;
-}
-
-// Unlinks the temporary file unless a successful rename has consumed it.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  ~TempFileGuard() {
-    if (armed_) ::unlink(path_.c_str());
-  }
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  void disarm() { armed_ = false; }
-
- private:
-  std::string path_;
-  bool armed_ = true;
-};
-
 // ---------------------------------------------------------------------------------------------
 // Writing
 
@@ -215,29 +159,6 @@ std::string encodeHeader(const std::vector<NamedTensor>& tensors, const Metadata
   return out + json;
 }
 
-void writeAll(int fd, const void* data, size_t bytes, const std::string& path,
-              const std::string& tmp) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, std::min(bytes, kMaxSyscallBytes));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = EIO;
-      refuseWithErrno(path, "cannot write temporary file " + tmp);
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
-// Makes the rename durable: the directory entry lives in the directory's own data.
-void fsyncDirectory(const std::string& dir, const std::string& path) {
-  runtime::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd || ::fsync(fd.get()) != 0) {
-    refuseWithErrno(path, "written, but cannot fsync directory " + dir);
-  }
-}
-
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t bytes, uint32_t previous) {
@@ -253,34 +174,11 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t previous) {
   return ~state;
 }
 
-void writeFileAtomically(const std::string& path, const std::vector<std::span<const std::byte>>& parts) {
-  const auto [dir, base] = splitCheckpointPath(path);
-  removeStaleTemporaries(dir, base);
-  const std::string tmp = temporaryPath(dir, base, ::getpid());
-  runtime::UniqueFd fd(
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!fd) {
-    refuseWithErrno(path, "cannot create temporary file " + tmp);
-  }
-  TempFileGuard guard(tmp);
-  // Held on a second open file until the rename, so that another run's removeStaleTemporaries
-  // never takes this file for an orphan (the lock goes with the process, however it ends).
-  runtime::UniqueFd lock(::open(tmp.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    refuseWithErrno(path, "cannot lock temporary file " + tmp);
-  }
-  for (std::span<const std::byte> part : parts) writeAll(fd.get(), part.data(), part.size(), path, tmp);
-  if (::fsync(fd.get()) != 0) {
-    refuseWithErrno(path, "cannot fsync temporary file " + tmp);
-  }
-  if (fd.close() != 0) {
-    refuseWithErrno(path, "cannot close temporary file " + tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    refuseWithErrno(path, "cannot rename temporary file " + tmp + " over it");
-  }
-  guard.disarm();
-  fsyncDirectory(dir, path);
+void writeFileAtomically(const std::string& path, const std::vector<std::span<const std::byte>>& parts,
+                         runtime::OutputMode mode) {
+  runtime::OutputFile out(path, {.mode = mode});
+  for (std::span<const std::byte> part : parts) out.write(part.data(), part.size());
+  out.commit();
 }
 
 namespace {
@@ -299,7 +197,8 @@ void writeFile(const std::string& path, const std::vector<NamedTensor>& tensors,
   const std::string header = encodeHeader(tensors, cohort ? withCrcs(tensors, metadata) : metadata);
   std::vector<std::span<const std::byte>> parts{std::as_bytes(std::span(header))};
   for (const NamedTensor& t : tensors) parts.push_back(std::as_bytes(std::span(t.tensor.data(), t.tensor.numel())));
-  writeFileAtomically(path, parts);
+  // A checkpoint is the state a resume loads: only its user reads it. Exports are the user's to share.
+  writeFileAtomically(path, parts, cohort ? runtime::OutputMode::kPrivate : runtime::OutputMode::kUserVisible);
 }
 
 }  // namespace
@@ -315,65 +214,22 @@ void writeSafetensors(const std::string& path, const std::vector<NamedTensor>& t
 }
 
 void checkOutputFile(const std::string& path, const std::string& what) {
-  const auto [dir, base] = splitCheckpointPath(path);
+  const auto [dir, base] = runtime::splitOutputPath(path);
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     Refusal(path) << "is a directory; " << what << " need a file name (e.g. " << path << "/" << (what == "checkpoints" ? "run.st" : "out") << ")";
   }
   if (::stat(dir.c_str(), &st) != 0) refuseWithErrno(path, "cannot write " + what + " into directory " + dir);
   if (!S_ISDIR(st.st_mode)) Refusal(path) << "cannot write " << what << " into " << dir << ": not a directory";
-  // The proof that a writer will be able to create its file: create one (exclusively, under another
-  // name than any writer uses) and remove it.
-  const std::string probe = dir + "/." + base + ".probe." + std::to_string(::getpid());
-  runtime::UniqueFd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!fd) refuseWithErrno(path, "cannot write " + what + " into directory " + dir);
-  fd.close();
-  ::unlink(probe.c_str());
+  // The proof that a writer will be able to create its file: create a temporary as a writer does
+  // (an unpredictable name, exclusively) and let it go uncommitted, which removes it.
+  runtime::OutputFile probe(path);
 }
 
 size_t prepareCheckpointDestination(const std::string& path) {
+  const size_t removed = runtime::removeStaleTemporaries(path);  // before the probe, which sweeps too
   checkOutputFile(path, "checkpoints");
-  const auto [dir, base] = splitCheckpointPath(path);
-  return removeStaleTemporaries(dir, base);
-}
-
-CheckpointLock::CheckpointLock(const std::string& path) {
-  const auto [dir, base] = splitCheckpointPath(path);
-  lockPath_ = dir + "/." + base + ".lock";
-  // The file must still be the one locked (another holder may have removed it meanwhile): else again.
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    runtime::UniqueFd fd(::open(lockPath_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
-    if (!fd) refuseWithErrno(path, "cannot create the lock file " + lockPath_);
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      char holder[256] = {};
-      const ssize_t n = ::pread(fd.get(), holder, sizeof holder - 1, 0);
-      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "a process that has not said who it is";
-      while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-      Refusal(path) << "another run is writing its checkpoints here (" << who << "; " << lockPath_
-                    << "): stop it first, or give this run another --checkpoint";
-    }
-    struct stat opened {}, named {};
-    if (::fstat(fd.get(), &opened) != 0 || ::stat(lockPath_.c_str(), &named) != 0 || opened.st_ino != named.st_ino ||
-        opened.st_dev != named.st_dev) {
-      continue;
-    }
-    char host[256] = "unknown host";
-    ::gethostname(host, sizeof host - 1);
-    const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
-    if (::ftruncate(fd.get(), 0) == 0) (void)::pwrite(fd.get(), me.data(), me.size(), 0);  // only says who: best effort
-    fd_ = fd.release();
-    return;
-  }
-  Refusal(path) << "cannot take the lock file " << lockPath_ << ": it keeps being replaced";
-}
-
-CheckpointLock::CheckpointLock(CheckpointLock&& other) noexcept
-    : lockPath_(std::move(other.lockPath_)), fd_(std::exchange(other.fd_, -1)) {}
-
-CheckpointLock::~CheckpointLock() {
-  if (fd_ < 0) return;
-  ::unlink(lockPath_.c_str());  // while still held: a run that opened it before finds it gone and tries again
-  ::close(fd_);
+  return removed;
 }
 
 const runtime::Tensor* Checkpoint::find(const std::string& name) const {

@@ -16,10 +16,12 @@
 //                     also produces:
 //     {"metadata":{all other metadata keys},"tensors":{"<name>":{"dtype":"F32","shape":[...]}}}
 //
-// Writing is atomic: the bytes go to `.<basename>.tmp.<pid>` in the target's directory; that file
-// is fsynced and renamed over the target, then the directory is fsynced. A crash leaves either the old
-// or the new complete file at the path (a writer killed mid-write leaves its temporary file behind, which the next writer of that path
-// removes).
+// Writing is atomic (runtime/output_file.h): the bytes go to a fresh `.<basename>.tmp.<pid>.<random>`
+// in the target's directory, created exclusively (O_EXCL|O_NOFOLLOW, 0600, so no file or symbolic
+// link another user planted is ever written); that file is fsynced and renamed over the target,
+// then the directory is fsynced. A checkpoint is mode 0600. A crash leaves either the old or the new
+// complete file at the path (a writer killed mid-write leaves its temporary file behind, which the
+// next writer of that path removes).
 // Reading validates the whole file (layout, JSON, dtypes, shapes, offsets, CRCs) and either returns
 // everything or throws IoError with a one-line message naming the file, the problem and, where
 // meaningful, the byte offset in the file (ranges are "bytes begin..end", half-open file offsets);
@@ -27,8 +29,8 @@
 //
 // Ownership: readCheckpoint returns tensors that own fresh CPU memory; writeCheckpoint only reads
 // the caller's tensors. Thread safety: the functions share no state. Several processes may write
-// one path at once (each has its own temporary file; the last rename wins); several threads of one
-// process may not (they would share the temporary file).
+// one path at once, and so may several threads (each writer has its own temporary file; the last
+// rename wins).
 //
 //   writeCheckpoint(path, {{"fc1.weight", w}, {"fc1.bias", b}}, {{"step", "100"}});
 //   Checkpoint ckpt = readCheckpoint(path);
@@ -38,10 +40,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "runtime/output_file.h"
 #include "runtime/tensor.h"
 
 namespace cohort::nn {
@@ -80,8 +84,10 @@ void writeCheckpoint(const std::string& path, const std::vector<NamedTensor>& te
 
 // Writes `parts`, one after the other, to `path` atomically as writeCheckpoint writes (the same
 // temporary file, lock, fsyncs and rename; the same errors): for other files that must never be
-// seen half-written, e.g. an llm.c model file (nn/gpt_files.h).
-void writeFileAtomically(const std::string& path, const std::vector<std::span<const std::byte>>& parts);
+// seen half-written, e.g. an llm.c model file (nn/gpt_files.h). `mode`: the finished file's
+// (runtime/output_file.h); writeCheckpoint's are kPrivate (0600), writeSafetensors' kUserVisible.
+void writeFileAtomically(const std::string& path, const std::vector<std::span<const std::byte>>& parts,
+                         runtime::OutputMode mode = runtime::OutputMode::kUserVisible);
 
 // Before a run writes `path` (a checkpoint, metrics, a trace, a plot): IoError "<path>: <why>"
 // unless the path is no directory, the directory it is in exists (nothing is created) and a file can
@@ -96,10 +102,15 @@ void checkOutputFile(const std::string& path, const std::string& what);
 size_t prepareCheckpointDestination(const std::string& path);
 
 // Holds `path` for one run's checkpoints (the Trainer takes it on rank 0 before the first step):
-// an exclusive flock on "<dir>/.<name>.lock", which records who holds it (pid, host, start time).
-// A second run with the same path is refused at once with IoError naming the holder, where it used
-// to run beside the first, the last writer winning. The lock goes with the process however it ends
-// (a stale file holds no lock); the destructor removes the file. Movable, not copyable.
+// an exclusive flock on "<dir>/.<name>.lock" (created 0600, opened O_NOFOLLOW), which records who
+// holds it (pid and host). A second run with the same path is refused at once with IoError naming
+// the holder, where it used to run beside the first, the last writer winning. The lock is judged by
+// its live holder (/proc/locks), never by the pid the file records: the lock goes with the process
+// however it ends (a stale file holds no lock), and a lock held by another user's process (who
+// opened our old 0644 file and flocked it) is no run of ours: the file is replaced and taken. A lock
+// file that is a symbolic link, not a regular file, or owned by another user is refused at once
+// ("<lock> is owned by user X (uid N), not you: ..."). The destructor removes the file. Movable,
+// not copyable.
 class CheckpointLock {
  public:
   explicit CheckpointLock(const std::string& path);
@@ -112,6 +123,11 @@ class CheckpointLock {
   std::string lockPath_;
   int fd_ = -1;
 };
+
+// Who holds `path`'s CheckpointLock now ("pid N on HOST; <lock file>"), or nullopt when no process of
+// this user does (no lock file, or one nobody of ours holds). Takes no lock: a run starting meanwhile
+// is not disturbed.
+std::optional<std::string> checkpointLockHolder(const std::string& path);
 
 // Reads and validates the checkpoint at `path`. Throws IoError for anything missing or corrupt.
 Checkpoint readCheckpoint(const std::string& path);

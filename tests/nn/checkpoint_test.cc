@@ -487,17 +487,32 @@ TEST_F(CheckpointTest, WriteOverADirectoryThrowsAndRemovesTheTemporary) {
   EXPECT_TRUE(std::filesystem::is_directory(path_));
 }
 
-TEST_F(CheckpointTest, FailedWriteLeavesTheOldFileIntact) {
-  std::vector<NamedTensor> old = sampleTensors(0);
-  writeCheckpoint(path_, old, {{"v", "old"}});
-  // Block the temporary file's name with a directory: creating it fails.
-  std::string tmp = dir_ + "/.model.safetensors.tmp." + std::to_string(::getpid());
-  ASSERT_EQ(::mkdir(tmp.c_str(), 0755), 0);
-  EXPECT_THROW(writeCheckpoint(path_, sampleTensors(1), {{"v", "new"}}), IoError);
-  ASSERT_EQ(::rmdir(tmp.c_str()), 0);
+// The temporary's name was predictable (".model.safetensors.tmp.<pid>"): something planted there
+// made the write fail or, as a regular file, become the checkpoint. Now the name is drawn at random
+// and what was planted is neither used nor removed.
+TEST_F(CheckpointTest, SomethingPlantedUnderTheOldTemporaryNameNeitherBlocksNorBecomesTheCheckpoint) {
+  writeCheckpoint(path_, sampleTensors(0), {{"v", "old"}});
+  const std::string planted = dir_ + "/.model.safetensors.tmp." + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(planted.c_str(), 0755), 0);
+  std::vector<NamedTensor> next = sampleTensors(1);
+  writeCheckpoint(path_, next, {{"v", "new"}});
   Checkpoint ckpt = readCheckpoint(path_);
-  expectSameTensors(ckpt.tensors, old);
-  EXPECT_EQ(ckpt.metadata.at("v"), "old");
+  expectSameTensors(ckpt.tensors, next);
+  EXPECT_TRUE(std::filesystem::is_directory(planted));
+}
+
+// A checkpoint is the state a resume loads: only its user may read it. Exports (plain safetensors)
+// get the umask's mode, as the user's other files do.
+TEST_F(CheckpointTest, ACheckpointIsMode0600AndAnExportFollowsTheUmask) {
+  writeSample();
+  struct stat st {};
+  ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  const mode_t old = ::umask(027);
+  writeSafetensors(dir_ + "/export.safetensors", sampleTensors());
+  ::umask(old);
+  ASSERT_EQ(::stat((dir_ + "/export.safetensors").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
 }
 
 // A write that fails half way (file size limit: EFBIG) removes its temporary and keeps the old
