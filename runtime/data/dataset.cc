@@ -129,7 +129,8 @@ int64_t arraySampleCount(const ArrayData& data) {
   return n;
 }
 
-// tokens:PATTERN, tokens:llmc:PATTERN or tokens:nanogpt:PATTERN (tokens.h).
+// tokens:PATTERN or tokens:llmc:PATTERN (llm.c's shards), tokens:raw:PATTERN or tokens:nanogpt:PATTERN
+// (headerless; token_shards.h).
 std::unique_ptr<Dataset> openTokenSpec(const std::string& spec, Split split, const DatasetHints& hints) {
   if (hints.context < 1 || hints.vocabulary < 1) {
     COHORT_THROW(InvalidArgument) << "dataset '" << spec
@@ -137,12 +138,13 @@ std::unique_ptr<Dataset> openTokenSpec(const std::string& spec, Split split, con
                                      "gpt:layers=L,heads=H,dim=D,ctx=T,vocab=V";
   }
   std::string pattern = specArgument(spec, "tokens:");
-  ShardLayout layout = ShardLayout::kAuto;
-  for (ShardLayout named : {ShardLayout::kLlmc, ShardLayout::kNanoGpt}) {
-    const std::string prefix = std::string(shardLayoutName(named)) + ":";
+  ShardLayout layout = ShardLayout::kLlmc;
+  for (auto [prefix, named] : {std::pair{"llmc:", ShardLayout::kLlmc}, std::pair{"raw:", ShardLayout::kRaw},
+                               std::pair{"nanogpt:", ShardLayout::kRaw}}) {
     if (startsWith(pattern, prefix)) {
       layout = named;
-      pattern = specArgument(spec, "tokens:" + prefix);
+      pattern = specArgument(spec, std::string("tokens:") + prefix);
+      break;
     }
   }
   return openTokens(

@@ -103,7 +103,8 @@ class Dataset {
 // that are missing or malformed.
 //   text:FILE          byte-level text for a language model (see text.h): needs hints.context
 //   tokens:PATTERN     token shards for a language model (see tokens.h): needs hints.context and
-//                      hints.vocabulary; tokens:llmc:PATTERN and tokens:nanogpt:PATTERN name the layout
+//                      hints.vocabulary: llm.c's shards; tokens:raw:PATTERN (or tokens:nanogpt:PATTERN)
+//                      for headerless ones, tokens:llmc:PATTERN the same as tokens:PATTERN
 struct DatasetHints {
   int64_t context = 0;     // text, tokens: tokens per sample (the model's context); 0: not a language model
   uint64_t seed = 0;       // text, tokens: the train windows' offsets

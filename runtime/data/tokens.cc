@@ -10,7 +10,7 @@
 namespace cohort::runtime::data {
 namespace {
 
-// Windows of context + 1 tokens over mapped shards; see tokens.h for which.
+// Windows of context + 1 tokens over the shards; see tokens.h for which.
 class TokenWindows final : public SampleSource {
  public:
   TokenWindows(TokenShards shards, int64_t context, uint64_t seed, Split split)
@@ -34,9 +34,12 @@ class TokenWindows final : public SampleSource {
     const auto shard = static_cast<size_t>(std::upper_bound(endOf_.begin(), endOf_.end(), k) - endOf_.begin());
     const int64_t local = k - (shard == 0 ? 0 : endOf_[shard - 1]);
     const int64_t at = train_ ? local : local * context_;
-    shards_.copy(shard, at, context_, input);
-    shards_.copy(shard, at + 1, context_, target);
-    shards_.release(shard, at, context_ + 1);  // the corpus stays out of the resident set
+    std::vector<uint16_t> window(static_cast<size_t>(context_ + 1));  // one read: the inputs and the next token
+    shards_.read(shard, at, context_ + 1, window.data());
+    for (int64_t i = 0; i < context_; ++i) {
+      input[i] = static_cast<float>(window[static_cast<size_t>(i)]);
+      target[i] = static_cast<float>(window[static_cast<size_t>(i + 1)]);
+    }
   }
 
  private:
@@ -54,14 +57,13 @@ std::unique_ptr<Dataset> openTokens(const TokenOptions& options, Split split) {
   const std::string spec = "tokens:" + options.pattern;
   if (options.context < 1) COHORT_THROW(InvalidArgument) << spec << ": the context must be at least 1 token, got " << options.context;
   if (options.vocabulary < 1) COHORT_THROW(InvalidArgument) << spec << ": needs the model's vocabulary, got " << options.vocabulary;
-  TokenShards shards = TokenShards::open(options.pattern, options.layout);
+  TokenShards shards = TokenShards::open(options.pattern, options.layout, options.vocabulary);
   for (const TokenShards::Shard& s : shards.shards()) {
     if (s.count < options.context + 1) {
       COHORT_THROW(InvalidArgument) << s.path << ": " << s.count << " tokens, shorter than one window of context + 1 = "
                                     << options.context + 1;
     }
   }
-  shards.checkVocabulary(options.vocabulary);
   DatasetContents contents;
   contents.name = spec + (split == Split::kTrain ? "/train" : "/test");
   contents.numClasses = options.vocabulary;

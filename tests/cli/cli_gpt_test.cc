@@ -126,7 +126,8 @@ class GptCliTest : public ShmDirTest {
 };
 
 // The same corpus as token shards (issue 32): its bytes as uint16 ids, the first 90% in two train
-// shards (one in llm.c's layout, one in nanoGPT's) and the rest in an llm.c validation shard.
+// shards and the rest in a validation shard, all in llm.c's layout (one glob has one layout; raw
+// shards: token_shards_test).
 class GptTokensCliTest : public GptCliTest {
  protected:
   void SetUp() override {
@@ -134,7 +135,7 @@ class GptTokensCliTest : public GptCliTest {
     const std::string text = sentences();
     const size_t train = text.size() - text.size() / 10, half = train / 2;
     writeFile(dir_ + "/train_000.bin", shard(text.substr(0, half), true));
-    writeFile(dir_ + "/train_001.bin", shard(text.substr(half, train - half), false));
+    writeFile(dir_ + "/train_001.bin", shard(text.substr(half, train - half), true));
     writeFile(dir_ + "/val_000.bin", shard(text.substr(train), true));
     data_ = {"--data", "tokens:" + dir_ + "/train_*.bin", "--test-data", "tokens:" + dir_ + "/val_*.bin"};
   }

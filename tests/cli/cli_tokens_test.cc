@@ -8,10 +8,14 @@
 //     the parameters of neither uninterrupted run (0.3 from both at the most, as far as those two
 //     are from each other), so against them only the test loss is compared, within a tolerance.
 //   - Resident memory: a whole run over 100 GB of sparse shards peaks within 50 MB of the same
-//     run over one small shard (the shards are mapped and each window released once copied; a
-//     vocabulary of 65536 ids needs no scan of the ids).
+//     run over one small shard (the shards are read a window at a time; the ids are checked per
+//     window, never by a scan of the corpus).
+//   - A shard truncated or rewritten while a run reads it (issue 44): exit 2 naming the shard, the
+//     checkpoint written before intact.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -20,6 +24,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nn/checkpoint.h"
@@ -89,7 +94,7 @@ class TokensCliTest : public ShmDirTest {
     ShmDirTest::SetUp();
     const size_t count = kShardWindows * kContext + 1;
     writeFile(dir_ + "/train_000.bin", shard(sentences(count, 1), true));
-    writeFile(dir_ + "/train_001.bin", shard(sentences(count, 2), false));
+    writeFile(dir_ + "/train_001.bin", shard(sentences(count, 2), true));
     writeFile(dir_ + "/val_000.bin", shard(sentences(100 * kContext + 1, 3), true));
   }
   // One epoch of a small GPT over the shards, 8 windows a step per worker: alone (mode local) or
@@ -187,8 +192,8 @@ TEST_F(TokensCliTest, AnAllreduceCheckpointContinuesTheEpochOnAnotherNumberOfWor
   EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
 }
 
-// 100 GiB of sparse shards (nothing written but one header): an llm.c shard of 2^30 tokens and two
-// nanoGPT shards of 49 GiB, 3.4e9 windows of 16 + 1 tokens. A GPT of 65536 ids (every uint16 id, so
+// 100 GiB of sparse shards (nothing written): three headerless shards (tokens:raw:) of 2^30 tokens
+// and 49 GiB, 3.4e9 windows of 16 + 1 tokens. A GPT of 65536 ids (every uint16 id, so
 // the ids need no scan) trains 10 steps of 4 windows drawn across them; its peak resident memory
 // must be within 50 MB of the same run over one shard of 16 KB.
 TEST_F(TokensCliTest, AWholeRunOverAHundredGigabytesOfShardsPeaksAsOverOneSmallShard) {
@@ -196,9 +201,8 @@ TEST_F(TokensCliTest, AWholeRunOverAHundredGigabytesOfShardsPeaksAsOverOneSmallS
   ASSERT_EQ(::mkdir(small.c_str(), 0700), 0);
   ASSERT_EQ(::mkdir(big.c_str(), 0700), 0);
   writeFile(small + "/shard_000.bin", std::string(16 << 10, '\0'));
-  const int64_t llmcTokens = int64_t{1} << 30;
-  writeFile(big + "/shard_000.bin", llmcHeader(llmcTokens));
-  std::filesystem::resize_file(big + "/shard_000.bin", static_cast<uintmax_t>(1024 + 2 * llmcTokens));
+  writeFile(big + "/shard_000.bin", "");
+  std::filesystem::resize_file(big + "/shard_000.bin", uintmax_t{2} << 30);
   for (const char* name : {"/shard_001.bin", "/shard_002.bin"}) {
     writeFile(big + name, "");
     std::filesystem::resize_file(big + name, uintmax_t{49} << 30);
@@ -209,7 +213,7 @@ TEST_F(TokensCliTest, AWholeRunOverAHundredGigabytesOfShardsPeaksAsOverOneSmallS
   auto peakOver = [&](const std::string& shards, const std::string& windows) {
     const CommandResult r = runCommand(
         {cohortBinary(), "train", "--model", "gpt:layers=1,heads=1,dim=8,ctx=16,vocab=65536", "--data",
-         "tokens:" + shards + "/shard_*.bin", "--batch-size", "4", "--max-steps", "10", "--epochs", "1", "--seed", "4",
+         "tokens:raw:" + shards + "/shard_*.bin", "--batch-size", "4", "--max-steps", "10", "--epochs", "1", "--seed", "4",
          "--threads", "1", "--progress-every", "0", "--memory-report"},
         quick);
     ResultLine result = expectSuccess(r);
@@ -224,6 +228,58 @@ TEST_F(TokensCliTest, AWholeRunOverAHundredGigabytesOfShardsPeaksAsOverOneSmallS
   EXPECT_GT(smallPeak, 1e6);
   EXPECT_LT(bigPeak, smallPeak + 50e6);
   for (const char* name : {"/shard_000.bin", "/shard_001.bin", "/shard_002.bin"}) std::filesystem::remove(big + name);
+}
+
+// Issue 44: a shard truncated, or rewritten in place with ids past the vocabulary, while a run reads
+// it. Memory-mapped, the first killed the worker with SIGBUS (exit 135, not a line) and the second
+// failed in the Embedding naming the layer; now each is exit 2 naming the shard (the window, or
+// the id and its position), and the checkpoint written before is intact. The run checkpoints every
+// step; the shard changes once the first checkpoint is there.
+TEST_F(TokensCliTest, AShardTruncatedOrRewrittenWhileReadIsNamedAndTheCheckpointKept) {
+  const std::string live = dir_ + "/live";
+  ASSERT_EQ(::mkdir(live.c_str(), 0700), 0);
+  const std::string path = live + "/shard_000.bin";
+  const std::vector<uint16_t> tokens = sentences(kShardWindows * kContext + 1, 5);
+  for (const bool truncate : {true, false}) {
+    SCOPED_TRACE(truncate ? "truncated" : "rewritten");
+    writeFile(path, shard(tokens, true));
+    const std::string checkpoint = live + (truncate ? "/truncated.st" : "/rewritten.st");
+    CommandResult r;
+    std::thread run([&] {
+      r = runCommand({cohortBinary(), "train", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16,vocab=32", "--data",
+                      "tokens:" + path, "--batch-size", "8", "--epochs", "1000", "--seed", "4", "--threads", "1",
+                      "--progress-every", "0", "--checkpoint", checkpoint, "--checkpoint-every", "1"});
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fileExists(checkpoint) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling for the file, with a deadline
+    }
+    EXPECT_TRUE(fileExists(checkpoint)) << "no checkpoint within 60 s";
+    if (truncate) {
+      std::filesystem::resize_file(path, 1024);
+    } else {
+      // In place, never shorter: each token becomes id 40000 (ofstream's O_TRUNC would shrink it first).
+      const std::string bad = shard(std::vector<uint16_t>(tokens.size(), 40000), true);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      EXPECT_EQ(::pwrite(fd, bad.data(), bad.size(), 0), static_cast<ssize_t>(bad.size()));
+      ::close(fd);
+    }
+    run.join();
+    EXPECT_EQ(r.exitCode, 2) << r.describe();
+    EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
+    const std::string what = truncate ? path + ": shrank while being read: tokens ["
+                                      : path + ": token 40000 at position ";
+    EXPECT_NE(r.stderrText.find(what), std::string::npos) << r.describe();
+    if (truncate) {
+      EXPECT_NE(r.stderrText.find("lie past its end, now 1024 bytes (" + std::to_string(1024 + 2 * tokens.size()) +
+                                  " when opened)"),
+                std::string::npos)
+          << r.describe();
+    } else {
+      EXPECT_NE(r.stderrText.find("is not below the model's vocabulary of 32"), std::string::npos) << r.describe();
+    }
+    EXPECT_GE(std::stoll(nn::readCheckpoint(checkpoint).metadata.at("step")), 1);
+  }
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ class GenerateCliTest : public ::testing::Test {
     std::string shard;
     for (unsigned char c : text) shard.append({static_cast<char>(c), '\0'});
     writeFile(path("text.bin"), shard);
-    CommandResult ids = runCohort({"train", "--threads", "1", "--data", "tokens:" + path("text.bin"), "--model",
+    CommandResult ids = runCohort({"train", "--threads", "1", "--data", "tokens:raw:" + path("text.bin"), "--model",
                                    std::string(kSpec) + ",vocab=300", "--max-steps", "5", "--epochs", "1",
                                    "--checkpoint", path("gpt300.ckpt")});
     EXPECT_EQ(ids.exitCode, 0) << ids.describe();

@@ -41,7 +41,7 @@ class TokensTest : public ::testing::Test {
  protected:
   void SetUp() override {
     writeFile(dir_ + "/train_000.bin", shardOf(500, 1000, true));
-    writeFile(dir_ + "/train_001.bin", shardOf(301, 3000, false));
+    writeFile(dir_ + "/train_001.bin", shardOf(301, 3000, true));
   }
   std::unique_ptr<Dataset> open(Split split, uint64_t seed = 5, const std::string& spec = "") const {
     return openDataset(spec.empty() ? "tokens:" + dir_ + "/train_*.bin" : spec, split,
@@ -235,21 +235,31 @@ TEST_F(TokensTest, RefusesWhatCannotBeTrainedWithOneLine) {
   writeFile(dir_ + "/short.bin", shardOf(10, 0, true));
   std::string m = messageOf<InvalidArgument>([&] { open(Split::kTrain, 5, "tokens:" + dir_ + "/short.bin"); });
   EXPECT_NE(m.find(dir_ + "/short.bin: 10 tokens, shorter than one window of context + 1 = 11"), std::string::npos) << m;
-  m = messageOf<InvalidArgument>([&] {
-    openDataset("tokens:" + dir_ + "/train_*.bin", Split::kTrain, {.context = 10, .seed = 1, .vocabulary = 3100});
-  });
+  // Ids are checked as a window is read (issue 44): the test split's window 58 is tokens [90, 101)
+  // of train_001.bin, whose last is 3100; the windows before it read.
+  const auto ids = openDataset("tokens:" + dir_ + "/train_*.bin", Split::kTest, {.context = 10, .seed = 1, .vocabulary = 3100});
+  std::vector<float> y;
+  sample(*ids, 57, &y);
+  m = messageOf<InvalidArgument>([&] { sample(*ids, 58); });
   EXPECT_NE(m.find(dir_ + "/train_001.bin: token 3100 at position 100 is not below the model's vocabulary of 3100"),
             std::string::npos)
       << m;
   m = messageOf<InvalidArgument>([&] { openDataset("tokens:" + dir_ + "/train_*.bin", Split::kTrain, {}); });
   EXPECT_NE(m.find("--model gpt:"), std::string::npos) << m;
-  // A named layout: llm.c's refuses the headerless shard, nanoGPT's reads the other's header as tokens.
-  m = messageOf<InvalidArgument>([&] { open(Split::kTrain, 5, "tokens:llmc:" + dir_ + "/train_001.bin"); });
-  EXPECT_NE(m.find("not an llm.c token shard"), std::string::npos) << m;
-  EXPECT_EQ(openDataset("tokens:nanogpt:" + dir_ + "/train_000.bin", Split::kTest,
-                        {.context = 10, .seed = 1, .vocabulary = 65536})
-                ->size(),
-            (512 + 500 - 1) / 10);
+  // The layout: llm.c's (tokens: or tokens:llmc:) refuses a headerless shard, saying to name it raw;
+  // raw (tokens:raw:, or tokens:nanogpt: as before) reads the other's header as tokens.
+  writeFile(dir_ + "/raw.bin", shardOf(301, 3000, false));
+  for (const char* spec : {"tokens:", "tokens:llmc:"}) {
+    m = messageOf<InvalidArgument>([&] { open(Split::kTrain, 5, spec + dir_ + "/raw.bin"); });
+    EXPECT_NE(m.find("not an llm.c token shard"), std::string::npos) << m;
+    EXPECT_NE(m.find("is read with tokens:raw:PATTERN"), std::string::npos) << m;
+  }
+  EXPECT_EQ(open(Split::kTest, 5, "tokens:raw:" + dir_ + "/raw.bin")->size(), 30);
+  for (const char* spec : {"tokens:raw:", "tokens:nanogpt:"}) {
+    EXPECT_EQ(openDataset(spec + dir_ + "/train_000.bin", Split::kTest, {.context = 10, .seed = 1, .vocabulary = 65536})
+                  ->size(),
+              (512 + 500 - 1) / 10);
+  }
   m = messageOf<InvalidArgument>([&] { open(Split::kTrain, 5, "tokens:" + dir_ + "/none_*.bin"); });
   EXPECT_NE(m.find("matches no file"), std::string::npos) << m;
 }
