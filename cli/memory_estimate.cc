@@ -2,12 +2,14 @@
 
 #include <string>
 
+#include "nn/gpt.h"
 #include "nn/model.h"
 #include "nn/optimizer.h"
 #include "runtime/data/dataset.h"
 #include "runtime/device_query.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/process_memory.h"
 #include "runtime/world_info.h"
 
 namespace cohort::cli {
@@ -25,29 +27,70 @@ double stateFloatsPerParameter(const nn::OptimizerOptions& o) {
   return 2.0;
 }
 
+// What a GPT's forward keeps for its backward, and the gradients backward writes beside them, in
+// floats (the buffers of nn/gpt.h, nn/transformer_block.h, nn/attention.h, nn/linear.h and
+// nn/layer_norm.h, which live as long as the model). Per block, N = batch × context rows of width
+// D: ln_1, ln_2 (output and input gradient, 2ND each), c_attn (3ND and ND), the attention core's
+// permuted q, k, v, y and their gradients (12ND), c_proj (2ND), c_fc with its GELU (13ND), the MLP's
+// c_proj (5ND) and the block's own h, output and gradients (4ND): 44ND, counted as 40ND so the floor
+// stays one. On the CPU the attention also keeps its probabilities and their gradient, B·H·T² floats
+// each: at long contexts the largest of all. The model's embeddings, ln_f and the stream: 5ND.
+struct Activations {
+  double total = 0;      // floats
+  double attention = 0;  // of which the T×T scores (CPU)
+};
+
+Activations gptActivations(const nn::Model& model, int64_t batch, int64_t context, bool onGpu) {
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(model.net.get());
+  if (!gpt) return {};
+  const nn::GptOptions& o = gpt->options();
+  const double b = static_cast<double>(batch), t = static_cast<double>(context > 0 ? context : o.context),
+               d = static_cast<double>(o.dim);
+  const double layers = static_cast<double>(o.layers), rows = b * t;
+  Activations a;
+  a.attention = onGpu ? 0.0 : layers * 2.0 * b * static_cast<double>(o.heads) * t * t;
+  a.total = layers * 40.0 * rows * d + 5.0 * rows * d + a.attention;
+  return a;
+}
+
 }  // namespace
 
 void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInfo& world, const runtime::Logger& log) {
   const double floatBytes = sizeof(float);
-  const double state = (2.0 + stateFloatsPerParameter(in.optimizer)) * static_cast<double>(in.model.params.numel()) * floatBytes;
+  const double state =
+      (2.0 + stateFloatsPerParameter(in.optimizer)) * static_cast<double>(in.model.params.numel()) * floatBytes;
   const double vocabulary = in.context > 0 ? static_cast<double>(in.model.outputs) : 0.0;
-  const double logits = 2.0 * static_cast<double>(in.batchSize) * static_cast<double>(in.context) * vocabulary * floatBytes;
-  const double floor = state + logits;
+  const double logits =
+      2.0 * static_cast<double>(in.batchSize) * static_cast<double>(in.context) * vocabulary * floatBytes;
+  const Activations kept = gptActivations(in.model, in.batchSize, in.context, in.onGpu);
+  const double activations = kept.total * floatBytes;
+  const double floor = state + logits + activations;
   auto bytes = [](double b) { return runtime::formatBytes(static_cast<size_t>(b)); };
-  const std::string what = "at least " + bytes(floor) + " per worker (parameters, gradients and optimizer state " +
-                           bytes(state) + (logits > 0 ? ", the logits of a step and their gradient " + bytes(logits) : "") + ")";
+  std::string what =
+      "at least " + bytes(floor) + " per worker (parameters, gradients and optimizer state " + bytes(state);
+  if (logits > 0) what += ", the logits of a step and their gradient " + bytes(logits);
+  if (activations > 0) {
+    what += ", the activations its backward keeps " + bytes(activations);
+    if (kept.attention > 0)
+      what += " (attention's T×T scores and their gradient " + bytes(kept.attention * floatBytes) + ")";
+  }
+  what += ")";
   if (in.context > 0 && world.rank == 0 && in.model.outputs > dataVocabulary(in.data)) {
-    log.warn() << "model " << in.model.name << " has a vocabulary of " << in.model.outputs << " tokens, but " << in.data.name()
-               << " holds ids below " << dataVocabulary(in.data) << ": the other " << in.model.outputs - dataVocabulary(in.data)
+    log.warn() << "model " << in.model.name << " has a vocabulary of " << in.model.outputs << " tokens, but "
+               << in.data.name() << " holds ids below " << dataVocabulary(in.data) << ": the other "
+               << in.model.outputs - dataVocabulary(in.data)
                << " are never a target, and their weights and logits cost memory and time";
   }
   if (!in.onGpu) {
-    const double available = static_cast<double>(runtime::hostInfo().availableMemoryBytes);
+    const runtime::MemoryHeadroom headroom = runtime::memoryHeadroom();
+    const double available = static_cast<double>(headroom.availableBytes);
     const double workers = static_cast<double>(world.localWorldSize > 0 ? world.localWorldSize : 1);
-    if (available > 0 && floor * workers > available) {
-      COHORT_THROW(OutOfMemory) << "model " << in.model.name << " at batch " << in.batchSize << " needs " << what << ", more than the "
-                                << world.localWorldSize << " worker(s) of this node can have: " << bytes(available)
-                                << " available (lower --batch-size, the model's size or its vocabulary)";
+    if (headroom.known() && floor * workers > available) {
+      COHORT_THROW(OutOfMemory) << "model " << in.model.name << " at batch " << in.batchSize << " needs " << what
+                                << ", more than the " << world.localWorldSize
+                                << " worker(s) of this node can have: " << bytes(available) << " available ("
+                                << headroom.describe()
+                                << "; lower --batch-size, the context, the model's size or its vocabulary)";
     }
   }
   if (floor >= double(1 << 30) && world.rank == 0) log.info() << "memory: model " << in.model.name << " needs " << what;

@@ -4,9 +4,14 @@
 // The estimate per worker is a floor, not a forecast: the parameters, their gradients and the
 // optimizer's state, and for a language model the logits of one step and their gradient (batch ×
 // context × vocabulary floats each, where the model spends most of its activation memory once the
-// vocabulary is large); the other activations come on top. On the CPU a floor beyond what the
-// node's workers can have (MemAvailable shared by its local workers) is refused with OutOfMemory
-// (exit 5) naming both; a floor of 1 GiB or more is logged on rank 0. A language model whose
+// vocabulary is large), and for a GPT the activations its backward keeps and the gradients beside
+// them (about 40 × batch × context × width floats per block, and on the CPU attention's
+// probabilities and their gradient, 2 × batch × heads × context² floats per block: the largest at
+// long contexts; issue 44, item 16). Other models' activations come on top. On the CPU a floor
+// beyond what the node's workers can have (runtime::memoryHeadroom: the least of MemAvailable and
+// what the cgroup limits of this process leave, shared by its local workers) is refused with
+// OutOfMemory (exit 5) naming both and which limit applied; a floor of 1 GiB or more is logged on
+// rank 0. A language model whose
 // vocabulary is larger than the ids its data can hold (256 for text:, 65536 for tokens:) gets a
 // warning: those rows of wte and columns of the logits are never a target.
 #pragma once

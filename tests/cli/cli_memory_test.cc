@@ -92,5 +92,23 @@ TEST_F(MemoryCliTest, TwoWorkersAllReduceOverShm) {
 }
 TEST_F(MemoryCliTest, TwoHogwildWorkers) { expectWithinBudget(2, {"--mode", "hogwild"}); }
 
+// Issue 44, item 16: a GPT's activations count in the floor. At a context of 16384 attention's
+// probabilities and their gradient alone are 256 GiB over 4 blocks at batch 2: refused before
+// anything is allocated (exit 5), the message naming them and the limit that applied. Before, the
+// floor counted the weights and the logits (1 GiB) only, and the run went on to allocate.
+TEST_F(MemoryCliTest, AGptsAttentionAtALongContextCountsInTheFloor) {
+  writeFile(dir_ + "/text.txt", std::string(200000, 'a'));
+  CommandResult r =
+      runCohort({"train", "--threads", "1", "--data", "text:" + dir_ + "/text.txt", "--model",
+                 "gpt:layers=4,heads=16,dim=64,ctx=16384,vocab=256", "--batch-size", "2", "--progress-every", "0"},
+                {.timeout = std::chrono::seconds(60)});
+  EXPECT_EQ(r.exitCode, 5) << r.describe();
+  EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
+  EXPECT_NE(r.stderrText.find("the activations its backward keeps "), std::string::npos) << r.describe();
+  EXPECT_NE(r.stderrText.find("(attention's T×T scores and their gradient 256.0 GiB)"), std::string::npos)
+      << r.describe();
+  EXPECT_NE(r.stderrText.find(" available (the "), std::string::npos) << "which limit applied?\n" << r.describe();
+}
+
 }  // namespace
 }  // namespace cohort::testing
