@@ -380,6 +380,14 @@ void reportEffectiveBatch(const runtime::Logger& log, const TrainFlags& f, const
 // (SLURM requeues on the RESULT line's stopped=signal). The flags are the program's globals; only
 // the program (never the library) has them.
 //
+// Before the Trainer stands (gTrainingReady: the data opened, the ranks met, their settings agreed)
+// there is nothing to checkpoint and the loop that would see a request has not started: a rank
+// waiting there for peers that never come would sit out the whole --timeout (issue 44, item 17).
+// There SIGTERM and SIGHUP end the worker at once with 128 + the signal, as their default action
+// would, leaving what a killed worker leaves (its roster slot names it as gone to its peers; names
+// in shared memory are removed by cohortrun's sweep or the next job of the id). SIGUSR1 still asks
+// the loop to stop at its first step.
+//
 // The signals are never delivered to a training thread: they are blocked before any thread exists
 // (every thread inherits the mask) and taken by one thread of its own with sigwait(). A handler
 // running on a training thread's stack corrupted the heap: Debian's oneDNN 2.6 sgemm kernels keep
@@ -389,6 +397,7 @@ void reportEffectiveBatch(const runtime::Logger& log, const TrainFlags& f, const
 std::atomic<bool> gStopRequested{false};
 std::atomic<int> gStopSignal{0};  // the signal that asked to stop (the last one)
 std::atomic<int> gTerminatingSignal{0};  // SIGTERM or SIGHUP, once one has asked
+std::atomic<bool> gTrainingReady{false};  // the Trainer is made: a stop request is honoured
 
 void installStopSignal() {
   sigset_t set;
@@ -400,6 +409,10 @@ void installStopSignal() {
     while (sigwait(&set, &signal) == 0) {
       if (signal != SIGUSR1) {
         const char* name = signal == SIGTERM ? "SIGTERM" : "SIGHUP";
+        if (!gTrainingReady.load()) {
+          std::fprintf(stderr, "cohort: %s before training began: leaving now (exit %d)\n", name, 128 + signal);
+          std::_Exit(128 + signal);
+        }
         if (gTerminatingSignal.exchange(signal) != 0) {
           std::fprintf(stderr, "cohort: %s again: leaving now, without a checkpoint\n", name);
           std::_Exit(128 + signal);
@@ -569,6 +582,9 @@ int runTrain(const TrainFlags& f) {
                           // differ); the start-up lines are this command's own (below).
                           .logRanks = train::LogRanks::kEveryRank,
                           .logStartLine = false});
+  // From here a stop request is honoured (a checkpoint at the loop's first step); the line below tells
+  // whoever watches that it is.
+  gTrainingReady.store(true);
   const bool shared = job.sharedParams() && world.worldSize > 1;
   log.info() << "cohort train: " << spec << " (" << model->params.numel() << " parameters"
              << (shared && !world.spansNodes() ? ", shared by " + std::to_string(world.worldSize) + " workers" : std::string())

@@ -2,18 +2,31 @@
 // word or a checkpoint, while docs/launcher.md says SIGTERM lets workers checkpoint and leave. Now
 // the first one stops the loop after its step with a checkpoint (exit 128 + the signal, the RESULT
 // line's stopped=signal) and the same command with --resume continues; a second one ends the worker
-// at once, even during set-up. And a second run given the same --checkpoint as a running one is
+// at once. Before training begins (a rank waiting for its peers) the first one ends it at once with
+// 143 (issue 44, item 17: it used to wait out --timeout and exit 3). And a second run given the same --checkpoint as a running one is
 // refused at once, naming the first (item 19; it used to run beside it, the last writer winning).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <string>
 #include <vector>
 
+#include "ipc/rank_roster.h"
 #include "tests/cli/cli_test_support.h"
+#include "tests/launcher/launcher_test_support.h"
 
 namespace cohort::testing {
 namespace {
+
+using launcher::testing::Child;
+using launcher::testing::Output;
+using Clock = std::chrono::steady_clock;
+using std::chrono::seconds;
+
+bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+double secondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 class SignalsCliTest : public ::testing::Test {
  protected:
@@ -55,16 +68,26 @@ TEST_F(SignalsCliTest, SigtermAndSighupCheckpointAndLeaveAndTheRunResumes) {
   }
 }
 
+// The first SIGTERM reaches a worker whose step cannot end before the second one comes: rank 0's
+// backward sleeps 10 minutes (COHORT_TEST_SLOW_BACKWARD), so the worker is still in its first step
+// when the test, having read the first one's answer on stderr, sends the second (issue 44: sent
+// 0.2 s apart, a fast worker had checkpointed and left before the second).
 TEST_F(SignalsCliTest, ASecondSigtermEndsTheWorkerAtOnce) {
-  std::string quoted;
-  for (const auto& a : train(dir_ + "/twice.st")) quoted += " '" + a + "'";
-  // Both during set-up, before the loop could see the first.
-  const std::string script = quoted + " & pid=$!; sleep 0.2; kill -TERM $pid; sleep 0.2; kill -TERM $pid; wait $pid";
-  const auto start = std::chrono::steady_clock::now();
-  CommandResult r = runCommand({"/bin/sh", "-c", script}, {.timeout = std::chrono::seconds(60)});
+  const std::string ckpt = dir_ + "/twice.st";
+  Child worker = Child::start(train(ckpt), {"COHORT_TEST_SLOW_BACKWARD=0:600000"});
+  ASSERT_TRUE(worker.readUntil([](const Output& o) { return contains(o.out, "cohort train: "); }, seconds(120)))
+      << worker.output().describe();
+  const auto start = Clock::now();
+  ASSERT_EQ(::kill(worker.pid(), SIGTERM), 0);
+  ASSERT_TRUE(worker.readUntil([](const Output& o) { return contains(o.err, "cohort: SIGTERM: stopping after this step"); },
+                               seconds(30)))
+      << worker.output().describe();
+  ASSERT_EQ(::kill(worker.pid(), SIGTERM), 0) << "the worker left before the second SIGTERM";
+  const Output& r = worker.finish(seconds(30));
   EXPECT_EQ(r.exitCode, 143) << r.describe();
-  EXPECT_NE(r.stderrText.find("cohort: SIGTERM again: leaving now, without a checkpoint"), std::string::npos) << r.describe();
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0) << r.describe();
+  EXPECT_TRUE(contains(r.err, "cohort: SIGTERM again: leaving now, without a checkpoint")) << r.describe();
+  EXPECT_FALSE(fileExists(ckpt)) << "the first step never ended: nothing to checkpoint";
+  EXPECT_LT(secondsSince(start), 20.0) << r.describe();
 }
 
 TEST_F(SignalsCliTest, ASecondRunOnTheSameCheckpointIsRefusedNamingTheFirst) {
@@ -82,6 +105,44 @@ TEST_F(SignalsCliTest, ASecondRunOnTheSameCheckpointIsRefusedNamingTheFirst) {
   EXPECT_NE(r.stderrText.find(ckpt + ": another run is writing its checkpoints here (pid "), std::string::npos) << r.describe();
   EXPECT_FALSE(fileExists(lock)) << "the first run removes its lock file";
   EXPECT_EQ(parseResultLine(r.stdoutText).count, 1) << "only the first trained\n" << r.describe();
+}
+
+// Item 17 of issue 44: rank 0 of a job of 2 whose rank 1 never comes waits for it at start-up. A
+// SIGTERM there used to be noted for a loop that had not started, and the rank waited out --timeout
+// (exit 3); now it leaves at once, 143.
+class StartUpSignalTest : public ShmDirTest {
+ protected:
+  // Polls the roster of job `job` (every millisecond, up to 60 s) until local rank 0 has joined: it is
+  // then waiting for rank 1.
+  static bool awaitRankZeroJoined(const std::string& job) {
+    const auto deadline = Clock::now() + seconds(60);
+    while (Clock::now() < deadline) {
+      for (const ipc::RosterEntry& e : ipc::RankRoster::peek(job)) {
+        if (e.localRank == 0 && e.state == ipc::RosterState::kJoined) return true;
+      }
+      ::usleep(1000);
+    }
+    return false;
+  }
+};
+
+TEST_F(StartUpSignalTest, ASigtermToARankWaitingForItsPeersEndsItAtOnce) {
+  int run = 0;
+  for (const std::string mode : {"allreduce", "hogwild"}) {
+    const std::string job = "startup-" + mode + "-" + std::to_string(::getpid()) + "-" + std::to_string(run++);
+    Child rank0 = Child::start({cohortBinary(), "train", "--mode", mode, "--model", "mlp:784,32,10", "--threads", "1",
+                                "--timeout", "60", "--checkpoint", dir_ + "/" + mode + ".st"},
+                               {"RANK=0", "LOCAL_RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "COHORT_JOB_ID=" + job,
+                                "COHORT_SHM_DIR=" + shm_});
+    ASSERT_TRUE(awaitRankZeroJoined(job)) << mode << ": rank 0 never joined\n" << rank0.output().describe();
+    const auto start = Clock::now();
+    ASSERT_EQ(::kill(rank0.pid(), SIGTERM), 0);
+    const Output& r = rank0.finish(seconds(90));
+    EXPECT_EQ(r.exitCode, 143) << mode << "\n" << r.describe();
+    EXPECT_TRUE(contains(r.err, "cohort: SIGTERM before training began: leaving now (exit 143)")) << r.describe();
+    EXPECT_LT(secondsSince(start), 10.0) << mode << ": --timeout is 60 s\n" << r.describe();
+    EXPECT_FALSE(fileExists(dir_ + "/" + mode + ".st")) << mode;
+  }
 }
 
 }  // namespace
