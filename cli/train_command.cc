@@ -119,6 +119,9 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--checkpoint", f.checkpoint, "checkpoint file (safetensors), written every epoch");
   c.add_option("--checkpoint-every", f.checkpointEvery, "also write a checkpoint every N steps");
   c.add_flag("--resume", f.resume, "continue from --checkpoint if it exists");
+  c.add_flag("--resume-on-new-data", f.resumeOnNewData,
+             "with --resume: accept training data other than the checkpoint's (refused otherwise), keeping the "
+             "weights, optimizer state and step count, and start the checkpoint's epoch afresh on it (a new order)");
   c.add_option("--max-steps", f.maxSteps, "stop after N optimizer steps in all (a checkpoint is written)");
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
   c.add_option("--log-every-steps", f.logEverySteps,
@@ -265,6 +268,7 @@ void validate(const TrainFlags& f, const runtime::WorldInfo& world) {
   if (f.traceSpans < 1) COHORT_THROW(InvalidArgument) << "--trace-spans must be at least 1, got " << f.traceSpans;
   if (f.maxSteps < 0) COHORT_THROW(InvalidArgument) << "--max-steps must be >= 0";
   if (f.checkpointEvery < 0) COHORT_THROW(InvalidArgument) << "--checkpoint-every must be >= 0";
+  if (f.resumeOnNewData && !f.resume) COHORT_THROW(InvalidArgument) << "--resume-on-new-data needs --resume";
   if ((f.resume || f.checkpointEvery > 0) && f.checkpoint.empty()) {
     COHORT_THROW(InvalidArgument) << (f.resume ? "--resume" : "--checkpoint-every") << " needs --checkpoint PATH";
   }
@@ -563,6 +567,7 @@ int runTrain(const TrainFlags& f) {
                           .checkpointPath = f.checkpoint,
                           .checkpointEvery = f.checkpointEvery,
                           .resume = f.resume,
+                          .resumeOnNewData = f.resumeOnNewData,
                           .maxSteps = f.maxSteps,
                           .stopRequested = &gStopRequested,
                           .stopSignal = &gStopSignal,

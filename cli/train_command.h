@@ -46,6 +46,7 @@ struct TrainFlags {
   std::string checkpoint;
   int64_t checkpointEvery = 0;
   bool resume = false;
+  bool resumeOnNewData = false;  // --resume on data other than the checkpoint's: a new epoch order
   int64_t maxSteps = 0;
   std::string metrics;
   bool memoryReport = false;

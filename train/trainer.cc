@@ -66,7 +66,7 @@ TrainResult Trainer::run() {
            << " (step " << pos.step << ")";
   }
   TrainResult result;
-  if (pos.epoch >= options_.epochs) return alreadyDone(pos, start);
+  if (nothingToTrain(pos)) return alreadyDone(pos, start);  // the checkpoint left as it is
   if (options_.logStartLine) logStart();
   runtime::cuda::GpuContext* gpu = job_.gpu();
   // Batches come from the host loader, or on a GPU through the device loader that copies them ahead.
@@ -327,9 +327,11 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
 }
 
 TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
-  note() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
-         << options_.epochs;
   TrainResult result;
+  if (pos.epoch < options_.epochs) {  // at maxSteps within the run
+    result.stoppedEarly = true;
+    result.stopReason = StopReason::kMaxSteps;
+  }
   result.epochs = pos.epoch;
   result.steps = pos.step;
   result.skippedSteps = pos.skipped;

@@ -27,6 +27,13 @@
 // skipped; refused (InvalidArgument) with a cosine schedule that spans the run's steps, whose
 // number changes with the ranks.
 //
+// A resume checks what the checkpoint records of its run against this one: other training data is
+// refused (TrainerOptions::resumeOnNewData), a checkpoint of a Cohort that did not record it resumes
+// with a warning that the data cannot be checked; another learning rate, weight decay, momentum,
+// betas, schedule or clipping is taken, each change logged ("resuming with lr 0.001 (the
+// checkpoint's run had 0.003)"). A checkpoint already at maxSteps (or at the end of the last epoch)
+// trains nothing and is left as it is.
+//
 // Stopping early: a stop request (`stopRequested`, e.g. set by a SIGUSR1 handler, or a callback
 // returning Next::kStop) is agreed by all ranks — every 16 steps where they step together (the run
 // checkpoints at that step and returns), and at the end of each epoch in every mode.
@@ -89,6 +96,11 @@ struct TrainerOptions {
   std::string checkpointPath = {};  // empty: no checkpoints
   int64_t checkpointEvery = 0;   // steps; 0: at the end of each epoch only (not in Hogwild)
   bool resume = false;           // continue from checkpointPath if it exists
+  // A checkpoint records the training data it was trained on (its name, size and digest, as the
+  // ranks' settings agreement compares them). A resume on other data is refused (InvalidArgument
+  // naming both) unless this is set: then the weights, the optimizer state and the step count are
+  // kept and the checkpoint's epoch starts afresh (its order from the first sample) on the new data.
+  bool resumeOnNewData = false;
   int64_t maxSteps = 0;          // > 0: stop after this many optimizer steps in all (checkpointed; not in Hogwild)
   // Set asynchronously (e.g. by a SIGUSR1 handler): stop after the current step (agreed by all
   // ranks), write the checkpoint and return.
@@ -292,6 +304,17 @@ class Trainer {
   void prepareOutputs();
   void saveCheckpoint(const Position& pos);
   bool loadCheckpoint(Position& pos);
+  // The training data of the checkpoint's run (metadata `m`) against this run's: the same (false),
+  // or, where the checkpoint does not record it, false with a warning; other data is refused
+  // (InvalidArgument naming both) or, with resumeOnNewData, true (trainer_checkpoint.cc).
+  bool resumesOnNewData(const nn::Metadata& m) const;
+  // The settings a resume may change but logs, as a checkpoint records them: "lr" (the base rate),
+  // "weight_decay", "momentum", "betas", "lr_schedule", "clip_grad_norm".
+  std::vector<std::pair<std::string, std::string>> runSettings() const;
+  // Logs (rank 0) each of them that the checkpoint's run (metadata `m`) had otherwise.
+  void noteChangedSettings(const nn::Metadata& m) const;
+  // Whether a resumed `pos` leaves nothing to train: past the last epoch, or at maxSteps (said so).
+  bool nothingToTrain(const Position& pos) const;
   // The resume's position from the checkpoint's metadata `m` (samples seen, or batch × world size ×
   // batch size in checkpoints from before they were recorded); refuses what a changed world size
   // cannot continue.
@@ -360,6 +383,10 @@ class Trainer {
   // chunk size in one 48-bit number (0 without a test set).
   uint64_t testKey_ = 0;
   TrainerOptions options_;
+  // The training data's identity as a checkpoint records it ("train_data", "train_samples",
+  // "train_data_digest": what the ranks' settings agreement compares), to check a resume against.
+  nn::Metadata trainData_;
+  bool newData_ = false;  // resumed on other data (resumeOnNewData): the checkpoint's epoch starts afresh
   bool classification_ = true;  // options_.classification, inferred where unset
   TrainerCallbacks callbacks_;
   runtime::Rng rng_;

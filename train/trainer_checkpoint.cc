@@ -1,6 +1,7 @@
 // Trainer's checkpoints (train/trainer.h): the loop's position beside the job's state.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 
 #include "runtime/error.h"
 #include "train/checkpointer.h"
+#include "train/settings.h"
 #include "train/timeline.h"
 
 namespace cohort::train {
@@ -29,7 +31,7 @@ std::string hexDouble(double v) {
 void Trainer::saveCheckpoint(const Position& pos) {
   if (options_.checkpointPath.empty()) return;
   Timeline::Scope span(timeline_, SpanKind::kCheckpoint);
-  job_.save(options_.checkpointPath, {
+  nn::Metadata metadata = {
                                          {"epoch", std::to_string(pos.epoch)},
                                          {"batch", std::to_string(pos.batch)},
                                          {"samples_seen", std::to_string(pos.seen)},
@@ -52,7 +54,11 @@ void Trainer::saveCheckpoint(const Position& pos) {
                                          {"skipped_steps", std::to_string(pos.skipped)},
                                          {"epoch_skipped_spikes", std::to_string(pos.spikesInEpoch)},
                                          {"skipped_spikes", std::to_string(pos.spikes)},
-                                     });
+                                     };
+  // What a resume checks against (checkResumedData, noteChangedSettings).
+  metadata.insert(trainData_.begin(), trainData_.end());
+  for (const auto& [key, value] : runSettings()) metadata[key] = value;
+  job_.save(options_.checkpointPath, metadata);
   checkpointHeld_ = true;
 }
 
@@ -69,7 +75,9 @@ bool Trainer::loadCheckpoint(Position& pos) {
   }
   checkpointHeld_ = true;
   const nn::Metadata& m = *meta;
+  newData_ = resumesOnNewData(m);
   loadPosition(m, pos);
+  noteChangedSettings(m);
   pos.step = metadataCount(m, "step", path);
   pos.correct = metadataCount(m, "epoch_correct", path);
   pos.samples = metadataCount(m, "epoch_samples", path);
@@ -92,6 +100,12 @@ bool Trainer::loadCheckpoint(Position& pos) {
     pos.spikesInEpoch = metadataCount(m, "epoch_skipped_spikes", path);
     pos.spikes = metadataCount(m, "skipped_spikes", path);
   }
+  if (newData_) {  // the epoch afresh: its running figures too
+    pos.lossSum = 0;
+    pos.correct = pos.samples = 0;
+    pos.gradNormSum = pos.gradNormMax = 0;
+    pos.gradNormSteps = pos.skippedInEpoch = pos.spikesInEpoch = 0;
+  }
   return true;
 }
 
@@ -103,6 +117,7 @@ void Trainer::loadPosition(const nn::Metadata& m, Position& pos) {
   // Checkpoints from before samples were counted stopped after whole steps of wasRanks batches.
   pos.seen = m.count("samples_seen") ? metadataCount(m, "samples_seen", path)
                                      : pos.batch * wasRanks * loader_.options().batchSize;
+  if (newData_) pos.batch = pos.seen = 0;  // the epoch's order on the new data, from its start
   const int64_t n = loader_.dataset().size();
   if (pos.seen > n) {
     COHORT_THROW(IoError) << path << ": checkpoint has seen " << pos.seen << " samples of an epoch of " << n;
@@ -114,11 +129,93 @@ void Trainer::loadPosition(const nn::Metadata& m, Position& pos) {
                                   << "depends on the number of ranks, so it cannot continue (resume with " << wasRanks
                                   << " ranks, or start afresh)";
   }
-  if (job_.world().rank == 0) {
+  if (job_.world().rank == 0 && !newData_) {
     job_.log().info() << "elastic resume: the checkpoint's " << wasRanks << " ranks had seen " << pos.seen << " of the "
                       << n << " samples of epoch " << pos.epoch + 1 << "; the rest is split over " << ranks
                       << (ranks == 1 ? " rank" : " ranks");
   }
+}
+
+namespace {
+
+// "tokens:a.bin/train (1000 samples, digest 3f2a…)"
+std::string describeData(const std::string& name, const std::string& samples, const std::string& digest) {
+  return name + " (" + samples + " samples, digest " + digest.substr(0, 12) + ")";
+}
+
+}  // namespace
+
+bool Trainer::resumesOnNewData(const nn::Metadata& m) const {
+  const std::string& path = options_.checkpointPath;
+  const bool leads = job_.world().rank == 0;
+  if (!m.count("train_data_digest")) {
+    if (leads) {
+      job_.log().warn() << path << " does not record the data it was trained on (written by an older Cohort): "
+                        << "cannot check that " << trainData_.at("train_data") << " is that data";
+    }
+    return false;
+  }
+  const std::string was = describeData(metadataText(m, "train_data", path), metadataText(m, "train_samples", path),
+                                       metadataText(m, "train_data_digest", path));
+  const std::string now = describeData(trainData_.at("train_data"), trainData_.at("train_samples"),
+                                       trainData_.at("train_data_digest"));
+  // The samples decide (their count and digest); a name alone may change when the files move.
+  if (m.at("train_samples") == trainData_.at("train_samples") &&
+      m.at("train_data_digest") == trainData_.at("train_data_digest")) {
+    if (leads && m.at("train_data") != trainData_.at("train_data")) {
+      job_.log().info() << "resuming on " << now << ": the checkpoint's run read the same samples as "
+                        << m.at("train_data");
+    }
+    return false;
+  }
+  if (!options_.resumeOnNewData) {
+    COHORT_THROW(InvalidArgument) << path << ": the checkpoint was trained on " << was << ", and this run's data is "
+                                  << now << ": resuming would continue its epoch on other data. Give the checkpoint's "
+                                  << "data, or --resume-on-new-data to keep the weights and optimizer state and "
+                                  << "start a new epoch order on this data";
+  }
+  if (leads) {
+    job_.log().info() << "resuming on new data (--resume-on-new-data): the checkpoint was trained on " << was
+                      << "; weights, optimizer state and step count kept, and its epoch starts afresh on " << now
+                      << " (a new order, from its first sample)";
+  }
+  return true;
+}
+
+std::vector<std::pair<std::string, std::string>> Trainer::runSettings() const {
+  const nn::OptimizerOptions& o = job_.optimizer().options();
+  // With a schedule the optimizer's rate is the step's: the schedule's base is the run's.
+  const std::string lr = schedule_ ? settingValue(schedule_->options().baseLr) : settingValue(o.lr);
+  return {{"lr", lr},
+          {"weight_decay", settingValue(o.weightDecay)},
+          {"momentum", settingValue(o.momentum) + (o.nesterov ? " (nesterov)" : "")},
+          {"betas", settingValue(o.beta1) + "," + settingValue(o.beta2)},
+          {"lr_schedule", schedule_ ? schedule_->describe() : "none"},
+          {"clip_grad_norm", settingValue(options_.clipGradNorm)}};
+}
+
+void Trainer::noteChangedSettings(const nn::Metadata& m) const {
+  if (job_.world().rank != 0) return;
+  for (const auto& [key, value] : runSettings()) {
+    auto was = m.find(key);
+    if (was == m.end() || was->second == value) continue;  // older checkpoints record none
+    std::string name = key;
+    std::replace(name.begin(), name.end(), '_', ' ');
+    job_.log().info() << "resuming with " << name << " " << value << " (the checkpoint's run had " << was->second << ")";
+  }
+}
+
+bool Trainer::nothingToTrain(const Position& pos) const {
+  if (pos.epoch >= options_.epochs) {
+    note() << "the checkpoint is at the end of epoch " << pos.epoch << ": nothing left to train for --epochs "
+           << options_.epochs;
+    return true;
+  }
+  if (options_.maxSteps > 0 && pos.step >= options_.maxSteps) {
+    note() << "the checkpoint is at step " << pos.step << ", --max-steps " << options_.maxSteps << ": nothing to train";
+    return true;
+  }
+  return false;
 }
 
 void Trainer::openSampleLog() {

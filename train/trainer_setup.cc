@@ -53,18 +53,18 @@ uint64_t testKey(const runtime::data::Dataset& test, int64_t chunk) {
 
 // What the ranks of one Trainer must share (Job::agree); the prefetch depth, the evaluation batch
 // and the metrics file may differ per rank.
-Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptions& o, bool classification,
-                         const nn::LrSchedule* schedule) {
+Settings trainerSettings(const nn::Metadata& data, const runtime::data::Dataset& train, const TrainerOptions& o,
+                         bool classification, const nn::LrSchedule* schedule) {
   // Ranks that differ in their data have each built their own (a part of it, or seeded by rank).
   const std::string fix =
       "Every rank must build the same full training set (the same files, seed and order); the "
       "Trainer gives each rank its shard of it, so do not split or seed the data by rank "
       "(docs/api.md, \"train::Trainer\"; for cohort train, docs/errors.md)";
   return {
-      {"train_data", train.name(), fix},
-      {"train_samples", std::to_string(train.size()), fix},
+      {"train_data", data.at("train_data"), fix},
+      {"train_samples", data.at("train_samples"), fix},
       {"sample_shape", train.sampleShape().str(), fix},
-      {"train_data_digest", sampledDigest(train), fix},
+      {"train_data_digest", data.at("train_data_digest"), fix},
       {"epochs", std::to_string(o.epochs)},
       {"batch_size", std::to_string(o.batchSize)},
       {"data_seed", std::to_string(o.seed)},
@@ -72,7 +72,7 @@ Settings trainerSettings(const runtime::data::Dataset& train, const TrainerOptio
       {"classification", classification ? "yes" : "no"},
       {"checkpoint", o.checkpointPath},
       {"checkpoint_every", std::to_string(o.checkpointEvery)},
-      {"resume", o.resume ? "yes" : "no"},
+      {"resume", o.resume ? (o.resumeOnNewData ? "yes, on new data" : "yes") : "no"},
       {"max_steps", std::to_string(o.maxSteps)},
       {"accumulate_steps", std::to_string(o.accumulateSteps)},
       {"lr_schedule", schedule ? schedule->describe() : "none"},
@@ -118,6 +118,9 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
       test_(test),
       testKey_(test ? testKey(*test, evaluationChunk(model_, options.evalBatchSize)) : 0),
       options_(std::move(options)),
+      trainData_({{"train_data", train.name()},
+                  {"train_samples", std::to_string(train.size())},
+                  {"train_data_digest", sampledDigest(train)}}),
       callbacks_(std::move(callbacks)),
       rng_(runtime::mix(options_.seed + static_cast<uint64_t>(job.world().rank), 0x64726f70ull /* "drop" */)),
       timeline_(job.timeline()) {
@@ -132,7 +135,7 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   classification_ = inferClassification(options_, loss_, train);
   schedule_ = makeSchedule(options_, job_.optimizer(), loader_.batchesPerEpoch());
   // The settings first, so that ranks given different data fail alike, naming the difference.
-  job_.agree(trainerSettings(train, options_, classification_, lrSchedule()));
+  job_.agree(trainerSettings(trainData_, train, options_, classification_, lrSchedule()));
   checkData(train, "training");
   if (test_) checkData(*test_, "test");
   prepareOutputs();
