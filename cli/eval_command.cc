@@ -24,6 +24,9 @@ namespace data = runtime::data;
 void addEvalFlags(CLI::App& c, EvalFlags& f, bool predict) {
   c.add_option("--checkpoint", f.checkpoint, "a checkpoint written by cohort train (its model spec is read from it)")
       ->required();
+  c.add_option("--model", f.model,
+               "model spec to apply the weights with, as cohort train's --model; it must fit them (default: the "
+               "checkpoint's own)");
   c.add_option("--data", f.data, "data: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE")
       ->capture_default_str();
   c.add_option("--split", f.split, "test | train: which split of --data (a CSV file is one split)")->capture_default_str();
@@ -50,7 +53,7 @@ uint64_t loaderSeed(const nn::Metadata& metadata) {
   return seed == metadata.end() ? 0 : std::stoull(seed->second);
 }
 
-Applied open(const EvalFlags& f) {
+Applied open(const EvalFlags& f, const char* command) {
   if (f.split != "test" && f.split != "train") {
     COHORT_THROW(InvalidArgument) << "unknown --split '" << f.split << "': expected test or train";
   }
@@ -60,7 +63,10 @@ Applied open(const EvalFlags& f) {
   const nn::ModelWeights weights = nn::readModelWeights(f.checkpoint);
   const nn::Metadata& metadata = weights.metadata;
   Applied a;
-  a.model = nn::modelOf(weights);
+  a.model = nn::modelOf(weights, f.model);
+  if (weights.headsAssumed && f.model.empty()) {
+    std::fprintf(stderr, "cohort %s: %s; give --model to say otherwise\n", command, nn::describeWeights(weights).c_str());
+  }
   const bool csv = f.data.rfind("csv:", 0) == 0;
   a.data = data::openDataset(f.data, csv || f.split == "train" ? data::Split::kTrain : data::Split::kTest,
                              train::datasetHints(*a.model, loaderSeed(metadata)));
@@ -89,7 +95,7 @@ Applied open(const EvalFlags& f) {
 }  // namespace
 
 int runEval(const EvalFlags& f) {
-  Applied a = open(f);
+  Applied a = open(f, "eval");
   const train::Evaluation e = train::evaluate(*a.model, *a.loss, *a.data, train::evaluationChunk(*a.model, f.batchSize));
   // The same figures, formatted as cohort train's RESULT line formats them.
   std::ostringstream os;
@@ -102,7 +108,7 @@ int runEval(const EvalFlags& f) {
 }
 
 int runPredict(const EvalFlags& f) {
-  Applied a = open(f);
+  Applied a = open(f, "predict");
   const std::string tmp = f.output + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp);

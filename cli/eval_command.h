@@ -10,6 +10,10 @@
 // The model spec and the task (classification or regression) are read from the checkpoint (or it is
 // another tool's GPT-2, as --init-from reads them: nn/model_weights.h; a language model); data of
 // another shape than the model takes, or a checkpoint of another model, is exit 2 naming both.
+// --model SPEC (as cohort train's) applies the weights with that model instead, which must fit them;
+// a HuggingFace GPT-2 without config.json has its heads taken as width / 64, said on stderr
+// ("cohort eval: PATH (HuggingFace safetensors, gpt:…): heads taken as width / 64, …; give --model
+// to say otherwise").
 #pragma once
 
 #include <cstdint>
@@ -23,6 +27,7 @@ namespace cohort::cli {
 
 struct EvalFlags {
   std::string checkpoint;
+  std::string model;  // --model: the spec the weights are applied with (empty: the checkpoint's own)
   std::string data = "synthetic";
   std::string split = "test";  // test | train (a CSV file has only one: train)
   std::string output;          // predict: the CSV file to write

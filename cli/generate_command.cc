@@ -25,6 +25,9 @@ namespace cohort::cli {
 
 void addGenerateFlags(CLI::App& c, GenerateFlags& f) {
   c.add_option("--checkpoint", f.checkpoint, "a checkpoint of a gpt: model written by cohort train")->required();
+  c.add_option("--model", f.model,
+               "model spec to apply the weights with, as cohort train's --model; it must fit them (default: the "
+               "checkpoint's own)");
   c.add_option("--prompt", f.prompt, "the text to continue (its bytes are the first tokens; at most the context)");
   c.add_option("--prompt-tokens", f.promptTokens, "the prompt as token ids, e.g. 15496,995 (a vocabulary past bytes)");
   c.add_option("--tokenizer", f.tokenizer, "llm.c's tokenizer file (gpt2_tokenizer.bin): print tokens as text");
@@ -121,9 +124,14 @@ class TextOut {
   bool first_ = true;
 };
 
-// The checkpoint's model (or a HuggingFace or llm.c GPT-2's), bound on the CPU with its weights.
-std::unique_ptr<nn::Model> loadModel(const std::string& path) {
-  std::unique_ptr<nn::Model> model = nn::modelOf(nn::readModelWeights(path));
+// The checkpoint's model (or a HuggingFace or llm.c GPT-2's, or --model's), bound on the CPU with
+// its weights; a guess of the heads is said on stderr.
+std::unique_ptr<nn::Model> loadModel(const std::string& path, const std::string& spec) {
+  const nn::ModelWeights weights = nn::readModelWeights(path);
+  std::unique_ptr<nn::Model> model = nn::modelOf(weights, spec);
+  if (weights.headsAssumed && spec.empty()) {
+    std::fprintf(stderr, "cohort generate: %s; give --model to say otherwise\n", nn::describeWeights(weights).c_str());
+  }
   if (dynamic_cast<const nn::Gpt*>(model->net.get()) == nullptr) {
     COHORT_THROW(InvalidArgument) << path << " holds model " << model->name
                                   << ", but generate needs a gpt: model (trained with --model gpt:...)";
@@ -160,7 +168,7 @@ std::vector<int64_t> encodePrompt(const std::string& prompt, const nn::Model& mo
 
 int runGenerate(const GenerateFlags& f) {
   checkFlags(f);
-  const std::unique_ptr<nn::Model> model = loadModel(f.checkpoint);
+  const std::unique_ptr<nn::Model> model = loadModel(f.checkpoint, f.model);
   const auto& gpt = dynamic_cast<const nn::Gpt&>(*model->net);
   const nn::GptOptions& o = gpt.options();
   const std::vector<int64_t> prompt =

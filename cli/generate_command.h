@@ -27,6 +27,8 @@
 // for a vocabulary past bytes, both prompt flags, an id that is not a number below the vocabulary, a
 // tokenizer of another vocabulary or not in llm.c's format, a checkpoint of another model than a gpt
 // (its spec named), and a missing or corrupt checkpoint file.
+// --model SPEC (as cohort train's) applies the weights with that model instead, which must fit them;
+// a HuggingFace GPT-2 without config.json has its heads taken as width / 64, said on stderr.
 // Thread safety: runGenerate runs on the calling thread only; the CPU GEMM uses one thread.
 #pragma once
 
@@ -41,6 +43,7 @@ namespace cohort::cli {
 
 struct GenerateFlags {
   std::string checkpoint;
+  std::string model;         // --model: the spec the weights are applied with (empty: the checkpoint's own)
   std::string prompt;
   std::string promptTokens;  // "1,2,3": the prompt as ids, instead of --prompt
   std::string tokenizer;     // llm.c's tokenizer file: print the tokens as its text

@@ -12,6 +12,7 @@
 #include "nn/checkpoint.h"
 #include "nn/checkpoint_format.h"
 #include "runtime/dtype.h"
+#include "runtime/printable.h"
 #include "runtime/unique_fd.h"
 
 namespace cohort::nn {
@@ -19,6 +20,10 @@ namespace cohort::nn {
 using namespace detail;
 
 namespace {
+
+// Text from the file (a tensor name, a metadata key or value, JSON) as a message quotes it: escape
+// codes and invalid UTF-8 as \xNN, cut to 120 bytes (issue 44: they reached the terminal raw).
+std::string shown(const std::string& text) { return runtime::printable(text, 120); }
 
 // The element types read: F32 as it is, F16 and BF16 (readSafetensors only) widened to float32.
 enum class Dtype { kF32, kF16, kBF16 };
@@ -103,13 +108,13 @@ Json CheckpointReader::parseHeader(uint64_t headerBytes) {
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts from 1 within the header; the header starts at file byte 8.
     Refusal(path_) << "header is not valid JSON (near byte " << 7 + std::max<size_t>(e.byte, 1)
-                   << "): " << e.what();
+                   << "): " << runtime::printable(e.what(), 200);
   } catch (const nlohmann::json::exception& e) {
-    Refusal(path_) << "header is not valid JSON: " << e.what();
+    Refusal(path_) << "header is not valid JSON: " << runtime::printable(e.what(), 200);
   }
   if (!duplicate.empty()) {
     Refusal(path_) << "duplicate " << (duplicateIsTensor ? "tensor name" : "key") << " '"
-                   << duplicate << "' in the header";
+                   << shown(duplicate) << "' in the header";
   }
   if (!header.is_object()) Refusal(path_) << "header is not a JSON object";
   return header;
@@ -119,7 +124,7 @@ Metadata CheckpointReader::parseMetadata(const Json& meta) {
   if (!meta.is_object()) Refusal(path_) << "\"" << kMetadataKey << "\" is not a JSON object";
   Metadata out;
   for (const auto& [key, value] : meta.items()) {
-    if (!value.is_string()) Refusal(path_) << "metadata value for '" << key << "' is not a string";
+    if (!value.is_string()) Refusal(path_) << "metadata value for '" << shown(key) << "' is not a string";
     out[key] = value.get<std::string>();
   }
   auto format = out.find(kFormatKey);
@@ -127,7 +132,7 @@ Metadata CheckpointReader::parseMetadata(const Json& meta) {
   if (any_) return out;
   if (format == out.end()) Refusal(path_) << "not a Cohort checkpoint: metadata has no \"format\"";
   if (format->second != kCheckpointFormat) {
-    Refusal(path_) << "unsupported checkpoint format '" << format->second << "' (expected "
+    Refusal(path_) << "unsupported checkpoint format '" << shown(format->second) << "' (expected "
                    << kCheckpointFormat << ")";
   }
   return out;
@@ -135,9 +140,9 @@ Metadata CheckpointReader::parseMetadata(const Json& meta) {
 
 runtime::Shape CheckpointReader::parseShape(const std::string& name, const Json& shape,
                                             uint64_t* numel) {
-  if (!shape.is_array()) Refusal(path_) << "tensor '" << name << "': shape is not an array";
+  if (!shape.is_array()) Refusal(path_) << "tensor '" << shown(name) << "': shape is not an array";
   if (shape.size() > static_cast<size_t>(runtime::kMaxDims)) {
-    Refusal(path_) << "tensor '" << name << "': rank " << shape.size() << " above the supported "
+    Refusal(path_) << "tensor '" << shown(name) << "': rank " << shape.size() << " above the supported "
                    << runtime::kMaxDims;
   }
   runtime::Shape out;
@@ -146,31 +151,31 @@ runtime::Shape CheckpointReader::parseShape(const std::string& name, const Json&
   bool overflow = false;
   for (const Json& d : shape) {
     if (d.is_number_integer() && !d.is_number_unsigned()) {
-      Refusal(path_) << "tensor '" << name << "': negative dimension " << d.dump();
+      Refusal(path_) << "tensor '" << shown(name) << "': negative dimension " << shown(d.dump());
     }
     if (!d.is_number_unsigned()) {
-      Refusal(path_) << "tensor '" << name << "': dimension " << d.dump() << " is not an integer";
+      Refusal(path_) << "tensor '" << shown(name) << "': dimension " << shown(d.dump()) << " is not an integer";
     }
     uint64_t v = d.get<uint64_t>();
     if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      Refusal(path_) << "tensor '" << name << "': dimension " << v << " too large";
+      Refusal(path_) << "tensor '" << shown(name) << "': dimension " << v << " too large";
     }
     hasZero = hasZero || v == 0;
     overflow = overflow || __builtin_mul_overflow(product, v, &product);
     out.push(static_cast<int64_t>(v));
   }
-  if (overflow && !hasZero) Refusal(path_) << "tensor '" << name << "': too many elements";
+  if (overflow && !hasZero) Refusal(path_) << "tensor '" << shown(name) << "': too many elements";
   *numel = hasZero ? 0 : product;
   return out;
 }
 
 Entry CheckpointReader::parseEntry(const std::string& name, const Json& value) {
-  if (!value.is_object()) Refusal(path_) << "entry for tensor '" << name << "' is not an object";
+  if (!value.is_object()) Refusal(path_) << "entry for tensor '" << shown(name) << "' is not an object";
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!value.contains(key)) Refusal(path_) << "tensor '" << name << "' has no \"" << key << "\"";
+    if (!value.contains(key)) Refusal(path_) << "tensor '" << shown(name) << "' has no \"" << key << "\"";
   }
   const Json& dtype = value["dtype"];
-  if (!dtype.is_string()) Refusal(path_) << "tensor '" << name << "': dtype is not a string";
+  if (!dtype.is_string()) Refusal(path_) << "tensor '" << shown(name) << "': dtype is not a string";
   Entry e;
   const std::string type = dtype.get<std::string>();
   if (type == "F32") {
@@ -178,7 +183,7 @@ Entry CheckpointReader::parseEntry(const std::string& name, const Json& value) {
   } else if (any_ && (type == "F16" || type == "BF16")) {
     e.dtype = type == "F16" ? Dtype::kF16 : Dtype::kBF16;
   } else {
-    Refusal(path_) << "tensor '" << name << "': unsupported dtype '" << type << "' (only F32"
+    Refusal(path_) << "tensor '" << shown(name) << "': unsupported dtype '" << shown(type) << "' (only F32"
                    << (any_ ? ", F16 and BF16)" : ")");
   }
   e.name = name;
@@ -186,19 +191,19 @@ Entry CheckpointReader::parseEntry(const std::string& name, const Json& value) {
   const Json& offsets = value["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    Refusal(path_) << "tensor '" << name << "': data_offsets " << offsets.dump()
+    Refusal(path_) << "tensor '" << shown(name) << "': data_offsets " << shown(offsets.dump())
                    << " is not a pair of non-negative integers";
   }
   e.begin = offsets[0].get<uint64_t>();
   e.end = offsets[1].get<uint64_t>();
   if (e.end < e.begin) {
-    Refusal(path_) << "tensor '" << name << "': data_offsets " << offsets.dump()
+    Refusal(path_) << "tensor '" << shown(name) << "': data_offsets " << shown(offsets.dump())
                    << " end before they begin";
   }
   const size_t size = elementBytes(e.dtype);
   if (e.numel > (e.end - e.begin) / size || e.numel * size != e.end - e.begin) {
-    Refusal(path_) << "tensor '" << name << "': shape " << e.shape.str() << " needs " << e.numel
-                   << " x " << size << " bytes but data_offsets " << offsets.dump() << " span "
+    Refusal(path_) << "tensor '" << shown(name) << "': shape " << e.shape.str() << " needs " << e.numel
+                   << " x " << size << " bytes but data_offsets " << shown(offsets.dump()) << " span "
                    << e.end - e.begin;
   }
   return e;
@@ -209,7 +214,7 @@ uint32_t CheckpointReader::parseCrc(const std::string& what, const std::string& 
   bool ok = text.size() == 8 && std::all_of(text.begin(), text.end(), [](char c) {
               return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
             });
-  if (!ok) Refusal(path_) << what << " is '" << text << "', not 8 lowercase hex digits";
+  if (!ok) Refusal(path_) << what << " is '" << shown(text) << "', not 8 lowercase hex digits";
   return static_cast<uint32_t>(std::stoul(text, nullptr, 16));
 }
 
@@ -218,15 +223,15 @@ void CheckpointReader::attachCrcs(std::vector<Entry>& entries, const Metadata& m
   std::set<std::string> names;
   for (Entry& e : entries) {
     auto it = metadata.find(kCrcPrefix + e.name);
-    if (it == metadata.end()) Refusal(path_) << "missing crc32c for tensor '" << e.name << "'";
-    e.crc = parseCrc("crc32c for tensor '" + e.name + "'", it->second);
+    if (it == metadata.end()) Refusal(path_) << "missing crc32c for tensor '" << shown(e.name) << "'";
+    e.crc = parseCrc("crc32c for tensor '" + shown(e.name) + "'", it->second);
     names.insert(e.name);
   }
   const std::string prefix = kCrcPrefix;
   for (auto it = metadata.lower_bound(prefix); it != metadata.end(); ++it) {
     if (it->first.compare(0, prefix.size(), prefix) != 0) break;
     if (names.count(it->first.substr(prefix.size())) == 0) {
-      Refusal(path_) << "metadata has " << it->first << " but no such tensor";
+      Refusal(path_) << "metadata has " << shown(it->first) << " but no such tensor";
     }
   }
 }
@@ -263,14 +268,14 @@ void CheckpointReader::checkLayout(std::vector<Entry>& entries, uint64_t bufferB
   const Entry* previous = nullptr;
   for (const Entry& e : entries) {
     if (e.end > bufferBytes) {
-      Refusal(path_) << "tensor '" << e.name << "' ("
+      Refusal(path_) << "tensor '" << shown(e.name) << "' ("
                      << byteRange(dataStart_ + e.begin, dataStart_ + e.end)
                      << ") runs past the end of the file (" << fileBytes_ << " bytes)";
     }
     if (e.begin < covered) {
-      Refusal(path_) << "tensor '" << e.name << "' ("
+      Refusal(path_) << "tensor '" << shown(e.name) << "' ("
                      << byteRange(dataStart_ + e.begin, dataStart_ + e.end) << ") overlaps tensor '"
-                     << previous->name << "' ("
+                     << shown(previous->name) << "' ("
                      << byteRange(dataStart_ + previous->begin, dataStart_ + previous->end) << ")";
     }
     if (e.begin > covered) {
@@ -303,7 +308,7 @@ runtime::Tensor CheckpointReader::load(const Entry& e) {
     done += chunk;
   }
   if (cohort_ && crc != e.crc) {
-    Refusal(path_) << "crc32c mismatch for tensor '" << e.name << "' ("
+    Refusal(path_) << "crc32c mismatch for tensor '" << shown(e.name) << "' ("
                    << byteRange(dataStart_ + e.begin, dataStart_ + e.end) << "): stored "
                    << hex8(e.crc) << ", computed " << hex8(crc);
   }

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 
 #include "nn/model_spec.h"
 #include "runtime/error.h"
+#include "runtime/printable.h"
 #include "runtime/unique_fd.h"
 
 namespace cohort::nn {
@@ -46,6 +48,11 @@ std::string blockName(int64_t layer, const BlockTensor& b) { return "transformer
 
 // A one-line IoError "<path>: <problem>".
 #define REFUSE(path) COHORT_THROW(IoError) << (path) << ": "
+
+// Text from a file (a tensor name, a config value) as a message may quote it: escapes and invalid
+// UTF-8 written as \xNN, cut to 120 bytes (issue 44: escape codes cleared the screen, and one
+// message was 200 KB).
+std::string shown(const std::string& text) { return runtime::printable(text, 120); }
 
 Tensor transposed(const Tensor& t) {
   const int64_t rows = t.dim(0), cols = t.dim(1);
@@ -87,7 +94,9 @@ std::map<std::string, const Tensor*> huggingFaceNames(const Checkpoint& file, co
   for (const NamedTensor& t : file.tensors) {
     const std::string name = t.name.starts_with("transformer.") ? t.name.substr(12) : t.name;
     if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
-    if (!out.emplace(name, &t.tensor).second) REFUSE(path) << "holds '" << name << "' twice (with and without 'transformer.')";
+    if (!out.emplace(name, &t.tensor).second) {
+      REFUSE(path) << "holds '" << shown(name) << "' twice (with and without 'transformer.')";
+    }
   }
   return out;
 }
@@ -103,40 +112,52 @@ const Tensor& need(const std::map<std::string, const Tensor*>& named, const std:
 }
 
 // config.json's number of heads, after checking that its other sizes and choices are those of the
-// weights and of nn::Gpt. 0 where there is no config.json.
+// weights and of nn::Gpt. 0 where there is no config.json. Every refusal names config.json and the
+// field (issue 44: a directory was exit 1, n_head 0 and a wrong n_inner were ignored).
 int64_t headsFromConfig(const std::string& dir, const GptOptions& o) {
   const std::string path = dir + "/config.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return 0;
+    REFUSE(path) << "cannot open: " << std::strerror(errno);
+  }
+  if (!S_ISREG(st.st_mode)) REFUSE(path) << (S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file") << ", not HuggingFace's config";
   std::ifstream in(path);
-  if (!in) return 0;
+  if (!in) REFUSE(path) << "cannot open: " << std::strerror(errno);
   nlohmann::json config;
   try {
     config = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    REFUSE(path) << "not valid JSON: " << e.what();
+    REFUSE(path) << "not valid JSON: " << shown(e.what());
   }
   if (!config.is_object() || !config.contains("n_head") || !config["n_head"].is_number_integer()) {
     REFUSE(path) << "has no integer \"n_head\"";
   }
   auto agree = [&](const char* key, int64_t value) {
     if (config.contains(key) && (!config[key].is_number_integer() || config[key].get<int64_t>() != value)) {
-      REFUSE(path) << "\"" << key << "\" is " << config[key].dump() << ", but the weights say " << value;
+      REFUSE(path) << "\"" << key << "\" is " << shown(config[key].dump()) << ", but the weights say " << value;
     }
   };
   agree("n_embd", o.dim);
   agree("n_layer", o.layers);
   agree("vocab_size", o.vocab);
   agree("n_positions", o.context);
+  if (config.contains("n_inner") && !config["n_inner"].is_null()) agree("n_inner", 4 * o.dim);  // null: 4 × n_embd
+  const int64_t heads = config["n_head"].get<int64_t>();
+  if (heads < 1 || o.dim % heads != 0) {
+    REFUSE(path) << "\"n_head\" is " << heads << ", which does not divide the width " << o.dim << " of the weights";
+  }
   const std::string activation = config.value("activation_function", std::string("gelu_new"));
   if (activation != "gelu_new" && activation != "gelu_pytorch_tanh" && activation != "gelu_fast") {
-    REFUSE(path) << "\"activation_function\" is \"" << activation << "\"; Cohort's GPT uses GPT-2's tanh GELU (gelu_new)";
+    REFUSE(path) << "\"activation_function\" is \"" << shown(activation) << "\"; Cohort's GPT uses GPT-2's tanh GELU (gelu_new)";
   }
   if (std::abs(config.value("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12) {
-    REFUSE(path) << "\"layer_norm_epsilon\" is " << config["layer_norm_epsilon"].dump() << "; Cohort's GPT uses 1e-05";
+    REFUSE(path) << "\"layer_norm_epsilon\" is " << shown(config["layer_norm_epsilon"].dump()) << "; Cohort's GPT uses 1e-05";
   }
   if (!config.value("scale_attn_weights", true) || config.value("scale_attn_by_inverse_layer_idx", false)) {
     REFUSE(path) << "scales the attention otherwise than GPT-2 (scale_attn_weights, scale_attn_by_inverse_layer_idx)";
   }
-  return config["n_head"].get<int64_t>();
+  return heads;
 }
 
 // The heads: config.json's, else the spec writeHuggingFaceGpt left in the metadata, else width / 64.
@@ -145,7 +166,7 @@ void setHeads(GptFile& out, const std::string& file, const Metadata& metadata) {
   if (out.options.heads > 0) return;
   auto spec = metadata.find("cohort_model");
   if (spec != metadata.end()) {
-    auto model = buildModel(spec->second);
+    auto model = modelOfMetadata(spec->second, file, "cohort_model");
     if (const auto* gpt = dynamic_cast<const Gpt*>(model->net.get())) out.options.heads = gpt->options().heads;
   }
   if (out.options.heads > 0) return;
@@ -154,6 +175,14 @@ void setHeads(GptFile& out, const std::string& file, const Metadata& metadata) {
 }
 
 }  // namespace
+
+std::unique_ptr<Model> modelOfMetadata(const std::string& spec, const std::string& file, const std::string& key) {
+  try {
+    return buildModel(spec);
+  } catch (const InvalidArgument&) {
+    REFUSE(file) << "its metadata \"" << key << "\" is '" << shown(spec) << "', not a model spec Cohort builds";
+  }
+}
 
 GptFile readHuggingFaceGpt(const std::string& path) {
   const std::string file = isDirectory(path) ? path + "/model.safetensors" : path;
@@ -197,7 +226,7 @@ GptFile huggingFaceGpt(const Checkpoint& st, const std::string& file) {
     used.insert("lm_head.weight");
   }
   for (const auto& [name, tensor] : named) {
-    if (!used.count(name)) REFUSE(file) << "tensor '" << name << "' is not part of a GPT-2 of " << o.layers << " layers";
+    if (!used.count(name)) REFUSE(file) << "tensor '" << shown(name) << "' is not part of a GPT-2 of " << o.layers << " layers";
   }
   setHeads(out, file, st.metadata);
   return out;
@@ -238,13 +267,29 @@ class LlmcReader {
   uint64_t offset_ = kHeaderBytes;
 };
 
-// The number of parameters an llm.c file of these sizes holds (Vp rows of wte).
-uint64_t llmcParameters(const GptOptions& o, int64_t paddedVocab) {
+// The bytes of the parameters an llm.c file of these sizes holds (Vp rows of wte, `bytesEach` a
+// number), or false where that is past 2^64: the header's sizes are up to 2^31 each, so their
+// products wrap (issue 44: sizes whose byte count wrapped to exactly the file's passed the length
+// check, and the reader then asked for exabytes: exit 5, "out of memory").
+bool llmcParameterBytes(const GptOptions& o, int64_t paddedVocab, uint64_t bytesEach, uint64_t* bytes) {
   const auto c = static_cast<uint64_t>(o.dim);
-  uint64_t perLayer = 0;
-  for (const BlockTensor& b : kBlock) perLayer += static_cast<uint64_t>(blockShape(b, o.dim).numel());
-  return static_cast<uint64_t>(paddedVocab) * c + static_cast<uint64_t>(o.context) * c +
-         static_cast<uint64_t>(o.layers) * perLayer + 2 * c;
+  bool wraps = false;
+  auto mul = [&](uint64_t a, uint64_t b) {
+    uint64_t r = 0;
+    wraps |= __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&](uint64_t a, uint64_t b) {
+    uint64_t r = 0;
+    wraps |= __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  uint64_t perLayer = 0;  // Σ out·C · in·C (or out·C): 12C² + 13C
+  for (const BlockTensor& b : kBlock) perLayer = add(perLayer, b.in ? mul(mul(b.out, c), mul(b.in, c)) : mul(b.out, c));
+  uint64_t n = add(mul(static_cast<uint64_t>(paddedVocab), c), mul(static_cast<uint64_t>(o.context), c));
+  n = add(add(n, mul(static_cast<uint64_t>(o.layers), perLayer)), mul(2, c));
+  *bytes = mul(n, bytesEach);
+  return !wraps;
 }
 
 }  // namespace
@@ -278,7 +323,13 @@ GptFile readLlmcGpt(const std::string& path) {
   if (c % h[5] != 0) REFUSE(path) << h[6] << " channels are not divisible by " << h[5] << " heads";
   const bool bf16 = h[1] == 5;
   out.format = bf16 ? "llm.c (bf16)" : "llm.c (fp32)";
-  const uint64_t want = kHeaderBytes + llmcParameters(out.options, paddedVocab) * (bf16 ? 2 : 4);
+  uint64_t parameterBytes = 0;
+  if (!llmcParameterBytes(out.options, paddedVocab, bf16 ? 2 : 4, &parameterBytes) ||
+      parameterBytes > UINT64_MAX - kHeaderBytes) {
+    REFUSE(path) << "its header's sizes (" << gptSpec(out.options) << ", padded vocabulary " << paddedVocab
+                 << ") make a model of more than 2^64 bytes: not an llm.c model file, or a damaged header";
+  }
+  const uint64_t want = kHeaderBytes + parameterBytes;
   if (size != want) {
     REFUSE(path) << "is " << size << " bytes, but an llm.c " << (bf16 ? "bf16" : "fp32") << " model of these sizes ("
                  << gptSpec(out.options) << ", padded vocabulary " << paddedVocab << ") is " << want;

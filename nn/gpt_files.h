@@ -7,10 +7,12 @@
 // without the prefix "transformer."; the projections are Conv1D, stored [in, out] (transposed here);
 // the head is tied to wte ("lm_head.weight", where present, must equal it); the attention's mask
 // buffers ("h.N.attn.bias", "h.N.attn.masked_bias") are ignored; F32, F16 or BF16. The number of
-// heads is not in the weights: it comes from config.json beside the file ("n_head", whose other
-// sizes must agree with the tensors and whose activation must be GPT-2's tanh GELU), else from the
-// metadata key "cohort_model" that writeHuggingFaceGpt writes, else it is taken as width / 64 (every
-// GPT-2 size has heads of 64) and reported so (headsAssumed).
+// heads is not in the weights: it comes from config.json beside the file ("n_head", which must divide
+// the width, and whose other sizes ("n_embd", "n_layer", "vocab_size", "n_positions", "n_inner":
+// null or 4 × n_embd) must agree with the tensors and whose activation must be GPT-2's tanh GELU;
+// each refusal names config.json and the field, as does a config.json that is no regular file), else
+// from the metadata key "cohort_model" that writeHuggingFaceGpt writes, else it is taken as width /
+// 64 (every GPT-2 size has heads of 64) and reported so (headsAssumed; `--model` says otherwise).
 //
 // llm.c (gpt2_124M.bin, the files train_gpt2.py and train_gpt2.cu write): a header of 256 int32
 // (magic 20240326, version 3 for fp32 or 5 for bf16, max T, vocabulary V, layers L, heads NH,
@@ -21,15 +23,18 @@
 // Weights are [out, in] as here. The file must be exactly that long. wte's Vp − V padding rows are
 // kept: a model of vocabulary V takes the first V rows, one of Vp all of them (nn/model_weights.h).
 //
-// Every refusal is an IoError naming the file and the problem (a bad magic, version, size, a missing
-// or misshapen tensor); no partial result. Thread safety: the functions share no state.
+// Every refusal is an IoError naming the file and the problem (a bad magic, version, size, header
+// sizes whose byte count passes 2^64, a missing or misshapen tensor; text from the file quoted
+// printably and cut, runtime/printable.h); no partial result. Thread safety: the functions share no state.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "nn/checkpoint.h"
 #include "nn/gpt.h"
+#include "nn/model.h"
 #include "runtime/dtype.h"
 
 namespace cohort::nn {
@@ -49,6 +54,11 @@ std::string gptSpec(const GptOptions& options);
 
 // True when `path` starts with llm.c's model magic (a short or unreadable file: false).
 bool isLlmcModelFile(const std::string& path);
+
+// The model `spec` builds, `spec` being the metadata `key` of `file`; IoError "FILE: its metadata
+// "KEY" is 'SPEC', not a model spec Cohort builds" otherwise, the spec quoted printably and cut to 120
+// bytes (runtime/printable.h: text from a file never reaches the terminal raw).
+std::unique_ptr<Model> modelOfMetadata(const std::string& spec, const std::string& file, const std::string& key);
 
 // A HuggingFace GPT-2: `path` is model.safetensors or a directory holding it (and config.json).
 GptFile readHuggingFaceGpt(const std::string& path);

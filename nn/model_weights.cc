@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "nn/gpt.h"
@@ -26,6 +27,20 @@ ModelWeights fromGptFile(GptFile file, const std::string& path) {
 }
 
 const Gpt* gptOf(const Model& model) { return dynamic_cast<const Gpt*>(model.net.get()); }
+
+// Issue 44: a NaN or infinite weight made eval print loss nan (exit 0), generate print 0xff bytes
+// and train blame the learning rate; one pass over what was read names the tensor instead.
+void requireFinite(const ModelWeights& w) {
+  for (const NamedTensor& t : w.tensors) {
+    const float* v = t.tensor.data();
+    for (int64_t i = 0; i < t.tensor.numel(); ++i) {
+      if (!std::isfinite(v[i])) {
+        COHORT_THROW(IoError) << w.path << ": tensor '" << t.name << "' holds " << v[i] << " at element " << i
+                              << " (" << w.format << "): damaged weights, or those of a run that diverged";
+      }
+    }
+  }
+}
 
 const Tensor* find(const ModelWeights& w, const std::string& name) {
   for (const NamedTensor& t : w.tensors) {
@@ -55,20 +70,27 @@ ModelWeights readModelWeights(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) COHORT_THROW(IoError) << path << ": cannot open: " << std::strerror(errno);
   // llm.c's files by their magic, or by their name (then a bad magic is named as such).
-  if (S_ISREG(st.st_mode) && (isLlmcModelFile(path) || path.ends_with(".bin"))) return fromGptFile(readLlmcGpt(path), path);
+  if (S_ISREG(st.st_mode) && (isLlmcModelFile(path) || path.ends_with(".bin"))) {
+    ModelWeights w = fromGptFile(readLlmcGpt(path), path);
+    requireFinite(w);
+    return w;
+  }
   const std::string file = S_ISDIR(st.st_mode) ? path + "/model.safetensors" : path;
   Checkpoint contents = readSafetensors(file);
   auto format = contents.metadata.find("format");
   if (format == contents.metadata.end() || format->second != kCheckpointFormat) {
-    return fromGptFile(huggingFaceGpt(contents, file), path);
+    ModelWeights w = fromGptFile(huggingFaceGpt(contents, file), path);
+    requireFinite(w);
+    return w;
   }
   const auto spec = contents.metadata.find("model");
   if (spec == contents.metadata.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks 'model'";
   ModelWeights w{.path = path, .format = "Cohort checkpoint", .spec = spec->second, .tensors = std::move(contents.tensors)};
   contents.metadata.erase(format);
   w.metadata = std::move(contents.metadata);
-  auto model = buildModel(w.spec);
+  auto model = modelOfMetadata(w.spec, path, "model");  // the spec is printed from here on: one Cohort builds
   if (const Gpt* gpt = gptOf(*model)) w.vocabulary = gpt->options().vocab;
+  requireFinite(w);
   return w;
 }
 
@@ -104,15 +126,21 @@ void copyWeights(Model& model, const ModelWeights& w) {
   });
 }
 
-std::unique_ptr<Model> modelOf(const ModelWeights& w) {
-  if (w.spec.empty()) {
-    COHORT_THROW(InvalidArgument) << w.path << " (" << w.format << ") does not say how many heads its GPT has: put "
-                                  << "HuggingFace's config.json beside it";
+std::unique_ptr<Model> modelOf(const ModelWeights& w, const std::string& spec) {
+  if (spec.empty() && w.spec.empty()) {
+    COHORT_THROW(InvalidArgument) << w.path << " (" << w.format << ") does not say how many heads its GPT has (no "
+                                  << "config.json beside it, and its width is no multiple of 64): give --model gpt:...";
   }
-  std::unique_ptr<Model> model = buildModel(w.spec);
+  std::unique_ptr<Model> model = buildModel(spec.empty() ? w.spec : spec);
   model->params.allocate(runtime::cpuAllocator());
   copyWeights(*model, w);
   return model;
+}
+
+std::string describeWeights(const ModelWeights& w) {
+  std::string line = w.path + " (" + w.format + (w.spec.empty() ? "" : ", " + w.spec) + ")";
+  if (w.headsAssumed) line += ": heads taken as width / 64, as in every GPT-2 size (no config.json beside it)";
+  return line;
 }
 
 }  // namespace cohort::nn

@@ -37,7 +37,10 @@ struct ModelWeights {
   Metadata metadata = {};  // a Cohort checkpoint's (its "format" removed); other files': none
 };
 
-// IoError naming the file and the problem for anything unreadable, malformed or of an unknown kind.
+// IoError naming the file and the problem for anything unreadable, malformed or of an unknown kind,
+// and for a NaN or infinite value (naming the tensor and the element; issue 44). Text from the file
+// that reaches a message (tensor names, a model spec in its metadata) is quoted printably and cut
+// (runtime/printable.h); a spec in the metadata must be one buildModel builds.
 ModelWeights readModelWeights(const std::string& path);
 
 // InvalidArgument naming the first parameter (or buffer) whose shape differs, or that is missing,
@@ -47,8 +50,14 @@ void checkWeightsFit(const Model& model, const ModelWeights& weights);
 // Copies the weights into `model`'s parameters and buffers (bound on the CPU), after checkWeightsFit.
 void copyWeights(Model& model, const ModelWeights& weights);
 
-// The model the weights are of (weights.spec), bound on the CPU and holding them. InvalidArgument
-// where the spec is unknown (a HuggingFace GPT whose heads are not given).
-std::unique_ptr<Model> modelOf(const ModelWeights& weights);
+// The model of `spec` (a --model flag: cohort eval, predict and generate, as train's), which must fit
+// the weights (checkWeightsFit), or where it is empty the one they are of (weights.spec); bound on
+// the CPU and holding them. InvalidArgument where neither says (a HuggingFace GPT whose heads are
+// not given and whose width is no multiple of 64).
+std::unique_ptr<Model> modelOf(const ModelWeights& weights, const std::string& spec = "");
+
+// "PATH (FORMAT, SPEC)" for a log line, and where the heads were guessed (headsAssumed) ": heads
+// taken as width / 64, as in every GPT-2 size (no config.json beside it)".
+std::string describeWeights(const ModelWeights& weights);
 
 }  // namespace cohort::nn
