@@ -35,8 +35,9 @@
 // trains nothing and is left as it is.
 //
 // Stopping early: a stop request (`stopRequested`, e.g. set by a SIGUSR1 handler, or a callback
-// returning Next::kStop) is agreed by all ranks — every 16 steps where they step together (the run
-// checkpoints at that step and returns), and at the end of each epoch in every mode.
+// returning Next::kStop) is agreed by all ranks — every 16 steps where they step together, and among
+// Hogwild workers of one node (the run checkpoints at that step and returns), and at the end of each
+// epoch in every mode.
 // Callbacks run on every rank, on the training thread; onEpochEnd may add its own figures to the
 // report, which are logged and written to the metrics file with the others.
 // Ownership: borrows the job (placed), the loss and the datasets, which must outlive run().

@@ -21,9 +21,14 @@ using runtime::Tensor;
 
 bool Trainer::stopVoteDue(int64_t step) const {
   // Agreeing costs a small collective: every 16 steps (the same steps on every rank) is plenty for a
-  // signal sent minutes before a time limit. Workers that do not step together agree at epoch ends.
+  // signal sent minutes before a time limit. Hogwild workers of one node meet for it too (a barrier
+  // of their job segment every 16 steps, each worker's 16th step), so that a SIGTERM checkpoints
+  // mid-epoch within cohortrun's grace period, as the workers promise; across nodes, where every
+  // meeting is a full average of the nodes' copies, they agree at epoch ends.
   constexpr int64_t kAgreeEvery = 16;
-  return !job_.world().isSingle() && job_.lockstep() && step % kAgreeEvery == 0;
+  const runtime::WorldInfo& world = job_.world();
+  const bool meet = job_.lockstep() || world.localWorldSize == world.worldSize;
+  return !world.isSingle() && meet && step % kAgreeEvery == 0;
 }
 
 void Trainer::settleSteps(Position& pos, StepWindow& window, size_t keep) {

@@ -138,6 +138,39 @@ TEST_F(HogwildCliTest, ARestartedGroupResumesFromTheCheckpointAndCompletes) {
   EXPECT_TRUE(listDir(shm_).empty());
 }
 
+// Issue 44 item 18: the workers answer SIGTERM with "stopping after this step (with a checkpoint)",
+// but Hogwild workers met only at epoch ends, so they trained on until cohortrun's SIGKILL (or the
+// epoch's end). Now they agree every 16 steps, checkpoint mid-epoch and leave within the grace
+// period; the checkpoint resumes. Rank 0's backward takes 20 ms more (an epoch of about 10 s, longer
+// than the grace period); the SIGTERM follows its first progress line, written in the loop.
+TEST_F(HogwildCliTest, ASigtermCheckpointsMidEpochWithinTheGracePeriodAndTheRunResumes) {
+  const std::string ckpt = dir_ + "/stopped.st", out = dir_ + "/out.txt", err = dir_ + "/err.txt";
+  const std::vector<std::string> worker =
+      trainArgs({"--checkpoint", ckpt, "--resume", "--progress-every", "0.1"}, "mlp:784,64,10", "3");
+  const std::string script = "COHORT_TEST_SLOW_BACKWARD=0:20 " +
+                             shellQuoted({cohortrunBinary(), "--nproc-per-node", "2", "--"}) + " " +
+                             shellQuoted(worker) + " >'" + out + "' 2>'" + err +
+                             "' & pid=$!; n=0; until grep -q '^\\[rank 0\\] progress: ' '" + out +
+                             "' || ! kill -0 $pid || [ $n -ge 2400 ]; do sleep 0.05; n=$((n+1)); done; kill -TERM $pid; wait $pid";
+  CommandResult r = runCommand({"/bin/sh", "-c", script}, {.timeout = std::chrono::seconds(240)});
+  const std::string stdoutText = readFile(out), stderrText = readFile(err);
+  const std::string both = stdoutText + "\n--- stderr:\n" + stderrText;
+  ASSERT_EQ(r.exitCode, 143) << r.describe() << both;
+  EXPECT_NE(stdoutText.find("stop requested (SIGTERM): checkpointing at step"), std::string::npos) << both;
+  EXPECT_EQ(stderrText.find("sending SIGKILL"), std::string::npos) << both;
+  EXPECT_EQ(parseResultLine(stdoutText).fields["stopped"], "signal") << both;
+  ASSERT_TRUE(fileExists(ckpt)) << both;
+  EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+
+  CommandResult resumed = cohortrun(2, worker);
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.describe();
+  EXPECT_NE(resumed.stdoutText.find("resumed from " + ckpt + " at epoch 1 batch "), std::string::npos)
+      << resumed.describe();
+  const ResultLine result = parseResultLine(resumed.stdoutText);
+  EXPECT_EQ(result.number("epochs"), 3) << resumed.describe();
+  EXPECT_GE(result.number("test_acc"), 0.7) << resumed.describe();
+}
+
 TEST_F(HogwildCliTest, TooLittleSharedMemoryIsAClearErrorNotASigbus) {
   // A 1 MiB tmpfs as the shared-memory directory: the MLP's 2 MiB of parameters cannot fit. Needs a
   // private mount namespace (root); without one the test says so and skips.
