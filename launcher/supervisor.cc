@@ -347,7 +347,7 @@ void Supervisor::escalateIfDue(Attempt& attempt) {
   for (const auto& w : attempt.workers) {
     if (w->reaped()) continue;
     say(workerName(*w) + " still running " + formatSeconds(plan_.gracePeriod) + " after " +
-        signalName(attempt.stopSignal) + "; sending SIGKILL");
+        signalName(attempt.stopSignal) + "; sending SIGKILL (--grace-period gives workers longer to checkpoint)");
     w->signal(SIGKILL);
   }
   attempt.killSent = true;

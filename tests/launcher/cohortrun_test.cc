@@ -334,7 +334,8 @@ TEST_F(CohortrunTest, AWorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
   EXPECT_EQ(r.exitCode, 143) << r.describe();
   EXPECT_GE(took.count(), 900) << r.describe();
   EXPECT_LT(took.count(), 4000) << r.describe();
-  EXPECT_EQ(linesWith(r.err, "sending SIGKILL").size(), 2u) << r.describe();
+  EXPECT_EQ(linesWith(r.err, "sending SIGKILL (--grace-period gives workers longer to checkpoint)").size(), 2u)
+      << r.describe();
   expectAllGone(workerPids(r.out));
 }
 
