@@ -37,9 +37,8 @@ std::vector<std::string> matches(const std::string& pattern) {
 }
 
 // Whether a header whose magic is not llm.c's is most likely llm.c's, damaged: a magic a few bits
-// or a few days (it is a date) from llm.c's, or llm.c's version and a count that fits the size. A
-// raw shard's first two tokens make the magic: both would have to be near 309 and 2 (20240520 =
-// 309·65536 + 2), which text tokenizers do not start a corpus with.
+// or a few thousand from llm.c's, or llm.c's version and a count that fits the size. (Only the
+// message depends on it: a headerless file is refused either way, and read with tokens:raw:.)
 bool looksLikeDamagedLlmc(const int32_t header[3], int64_t bytes) {
   const int bits = std::popcount(static_cast<uint32_t>(header[0] ^ kLlmcMagic));
   const bool nearMagic = bits <= 3 || std::abs(int64_t{header[0]} - kLlmcMagic) <= 10000;
