@@ -69,8 +69,9 @@ struct LaunchPlan {
   // job, with mpsTimeout for each of its waits.
   bool mps = false;
   std::chrono::milliseconds mpsTimeout{10000};
-  // ${TMPDIR:-/tmp}/cohortrun-<jobId>: the job's files (the MPS daemon's); made only when needed
-  // and removed at the end of the job.
+  // ${TMPDIR:-/tmp}/cohortrun-<jobId>: the prefix of the job's directory for its files (the MPS
+  // daemon's), <prefix>-XXXXXX, made with mkdtemp only when needed (so that no other user can make
+  // it first) and removed at the end of the job.
   std::string jobDirectory;
   // Said once before the first attempt ("cohortrun: " + mpsNote) unless empty: mps_probe.h.
   std::string mpsNote;

@@ -54,6 +54,7 @@ struct HelperRun {
   std::vector<std::string> environment;  // the whole environment
   std::string input;                     // written to its stdin (at most a pipe's buffer); "": /dev/null
   std::string outputPath;                // its stdout and stderr, appended
+  bool createOutput = false;             // the first run creates outputPath (O_EXCL)
   std::chrono::milliseconds timeout;
 };
 
@@ -70,7 +71,9 @@ std::optional<ExitStatus> runHelper(const HelperRun& run) {
     in[0] = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
   runtime::UniqueFd input(in[0]);
-  runtime::UniqueFd output(::open(run.outputPath.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  // Never through a symlink, and created by this run or an earlier one of this job only.
+  const int create = run.createOutput ? O_CREAT | O_EXCL : 0;
+  runtime::UniqueFd output(::open(run.outputPath.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC | create, 0600));
   if (!input || !output) COHORT_THROW(IoError) << run.outputPath << ": " << std::strerror(errno);
   std::vector<char*> argv = toCStrings(run.argv), envp = toCStrings(run.environment);
   const pid_t pid = ::fork();
@@ -144,11 +147,12 @@ bool isMpsVariable(const std::string& entry) {
   return entry.rfind("CUDA_MPS_PIPE_DIRECTORY=", 0) == 0 || entry.rfind("CUDA_MPS_LOG_DIRECTORY=", 0) == 0;
 }
 
-MpsDaemon::MpsDaemon(const MpsDaemonOptions& options, std::string programPath)
+MpsDaemon::MpsDaemon(const MpsDaemonOptions& options, std::string programPath, std::string directory)
     : options_(options),
       programPath_(std::move(programPath)),
-      pipeDirectory_(options.jobDirectory + "/mps-pipe"),
-      logDirectory_(options.jobDirectory + "/mps-log"),
+      directory_(std::move(directory)),
+      pipeDirectory_(directory_ + "/mps-pipe"),
+      logDirectory_(directory_ + "/mps-log"),
       variables_{"CUDA_MPS_PIPE_DIRECTORY=" + pipeDirectory_, "CUDA_MPS_LOG_DIRECTORY=" + logDirectory_} {
   // The helpers get this job's two variables in place of any inherited ones.
   std::erase_if(options_.environment, isMpsVariable);
@@ -162,9 +166,16 @@ std::unique_ptr<MpsDaemon> MpsDaemon::start(const MpsDaemonOptions& options) {
                                   << " was not found on PATH (it comes with NVIDIA's driver; or leave --mps out and "
                                      "start MPS yourself, docs/gpu.md)";
   }
-  std::unique_ptr<MpsDaemon> daemon(new MpsDaemon(options, path));  // from here, a throw stops it
-  for (const std::string& dir : {options.jobDirectory, daemon->pipeDirectory_, daemon->logDirectory_}) {
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+  // mkdtemp: a fresh 0700 directory of an unpredictable name, so that no other user can make it
+  // first (a directory of theirs would be adopted, its files theirs to replace: issue 44).
+  std::string made = options.jobDirectory + "-XXXXXX";
+  if (::mkdtemp(made.data()) == nullptr) {
+    COHORT_THROW(InvalidArgument) << "--mps: cannot create a directory " << made << ": " << std::strerror(errno)
+                                  << " (set TMPDIR to a writable directory)";
+  }
+  std::unique_ptr<MpsDaemon> daemon(new MpsDaemon(options, path, made));  // from here, a throw stops it
+  for (const std::string& dir : {daemon->pipeDirectory_, daemon->logDirectory_}) {
+    if (::mkdir(dir.c_str(), 0700) != 0) {
       COHORT_THROW(InvalidArgument) << "--mps: cannot create " << dir << ": " << std::strerror(errno);
     }
   }
@@ -174,11 +185,12 @@ std::unique_ptr<MpsDaemon> MpsDaemon::start(const MpsDaemonOptions& options) {
 
 void MpsDaemon::awaitControl() {
   const auto deadline = Clock::now() + options_.timeout;
-  const std::string out = options_.jobDirectory + "/mps-control.out";
+  const std::string out = directory_ + "/mps-control.out";
   std::optional<ExitStatus> status = runHelper({.argv = {programPath_, "-d"},
                                                 .environment = options_.environment,
                                                 .input = "",
                                                 .outputPath = out,
+                                                .createOutput = true,
                                                 .timeout = options_.timeout});
   if (status && !status->ok()) {
     const std::string said = lastLine(out);
@@ -212,10 +224,8 @@ std::vector<std::string> MpsDaemon::stop() {
   } catch (const Error& e) {
     warnings.push_back(std::string("stopping the MPS daemon: ") + e.what());
   }
-  removeTree(options_.jobDirectory);
-  if (::access(options_.jobDirectory.c_str(), F_OK) == 0) {
-    warnings.push_back("could not remove " + options_.jobDirectory);
-  }
+  removeTree(directory_);
+  if (::access(directory_.c_str(), F_OK) == 0) warnings.push_back("could not remove " + directory_);
   return warnings;
 }
 
@@ -224,7 +234,7 @@ void MpsDaemon::runQuit(std::vector<std::string>& warnings) {
   std::optional<ExitStatus> status = runHelper({.argv = {programPath_},
                                                 .environment = options_.environment,
                                                 .input = "quit\n",
-                                                .outputPath = options_.jobDirectory + "/mps-control.out",
+                                                .outputPath = directory_ + "/mps-control.out",
                                                 .timeout = options_.timeout});
   if (!status) {
     warnings.push_back("'echo quit | " + programPath_ + "' did not finish within " + seconds(options_.timeout));

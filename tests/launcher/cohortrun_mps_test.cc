@@ -4,7 +4,8 @@
 // (a FIFO); `quit` on its stdin is recorded and removes it. Workers (test_worker --record) append
 // to the same file, so its order is the order of events. GPUs are a fake
 // /proc/driver/nvidia/gpus ($COHORT_NVIDIA_GPUS_DIR); TMPDIR, where the job's directory goes, and
-// CUDA_MPS_PIPE_DIRECTORY (the "system" daemon's) are the test's own.
+// CUDA_MPS_PIPE_DIRECTORY (the "system" daemon's) are the test's own. The job's directory is read
+// from the fake's record, never from a worker's output that a stopped job may not have printed.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -106,9 +107,16 @@ class CohortrunMpsTest : public ::testing::Test {
     for (const auto& entry : std::filesystem::directory_iterator(dir_ + "/tmp")) names.push_back(entry.path());
     return names;
   }
-  // The job's directory, from rank 0's COHORT_JOB_ID.
-  std::string jobDirectory(const Output& r) const {
-    return dir_ + "/tmp/cohortrun-" + printedEnv(r.out, 0, "COHORT_JOB_ID");
+  // The job's directory, as the fake daemon recorded it (written before any worker starts, so it
+  // is there however early the job was stopped): <TMPDIR>/cohortrun-<job id>-XXXXXX (mkdtemp).
+  std::string jobDirectory(const Output&) const {
+    const std::string start = "daemon -d pipe=", end = "/mps-pipe ";
+    for (const std::string& line : recorded()) {
+      if (startsWith(line, start) && line.find(end) != std::string::npos) {
+        return line.substr(start.size(), line.find(end) - start.size());
+      }
+    }
+    return "";
   }
   // The line the fake or a worker records with the job's two directories.
   std::string variables(const Output& r) const {
@@ -129,6 +137,9 @@ TEST_F(CohortrunMpsTest, TheJobsDaemonServesEveryWorkerAndIsStoppedAfterThem) {
   const std::vector<std::string> lines = recorded();
   ASSERT_EQ(lines.size(), 6u) << r.describe();
   EXPECT_EQ(lines[0], "daemon -d " + variables(r));
+  // mkdtemp's: a name no other user can make first (issue 44).
+  const std::string prefix = dir_ + "/tmp/cohortrun-" + printedEnv(r.out, 0, "COHORT_JOB_ID") + "-";
+  EXPECT_TRUE(startsWith(jobDirectory(r), prefix) && jobDirectory(r).size() == prefix.size() + 6) << jobDirectory(r);
   for (size_t i = 1; i < 5; ++i) EXPECT_TRUE(startsWith(lines[i], "worker ")) << lines[i];
   for (const std::string rank : {"0", "1"}) {
     EXPECT_EQ(std::count(lines.begin(), lines.end(), "worker " + rank + " start " + workerVariables(r)), 1) << rank;
