@@ -469,7 +469,7 @@ Outcome Comm::attach() {
       return Outcome::error(ncclSystemError, message);
     }
   } else if (errno == EEXIST) {
-    fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    fd = ::open(path_.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);  // never through a symlink
   }
   if (fd < 0) return Outcome::error(ncclSystemError, systemError("cannot open " + path_));
   Backoff backoff;

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "ipc/backoff.h"
+#include "ipc/private_dir.h"
 #include "ipc/process_liveness.h"
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
@@ -148,15 +149,22 @@ RankRoster::Slot& RankRoster::slot(int localRank) const {
 RankRoster RankRoster::openLocked(const std::string& jobId, std::chrono::milliseconds lockTimeout, Lock& lock) {
   RankRoster r;
   r.jobId_ = jobId;
-  r.path_ = shmDirectory() + "/" + segmentName(jobId, "roster");
+  r.path_ = segmentPath(jobId, "roster");  // refuses a private directory of another user
   r.host_ = thisHost();
   for (;;) {
-    r.fd_ = runtime::UniqueFd(::open(r.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (!r.fd_) COHORT_THROW(IoError) << "cannot open the job's roster " << r.path_ << ": " << std::strerror(errno);
-    lock.acquire(r.fd_.get(), lockTimeout, r.path_);
+    // O_NONBLOCK: a FIFO planted by root is refused below, not waited on.
+    r.fd_ = runtime::UniqueFd(::open(r.path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+    if (!r.fd_) {
+      const int err = errno;
+      struct stat st {};
+      if (err != ENOENT && ::lstat(r.path_.c_str(), &st) == 0) requireOwnRegularFile(st, r.path_, "job roster");
+      COHORT_THROW(IoError) << "cannot open the job's roster " << r.path_ << ": " << std::strerror(err);
+    }
     struct stat held {
     }, named{};
     if (::fstat(r.fd_.get(), &held) != 0) COHORT_THROW(IoError) << r.path_ << ": fstat: " << std::strerror(errno);
+    requireOwnRegularFile(held, r.path_, "job roster");
+    lock.acquire(r.fd_.get(), lockTimeout, r.path_);
     if (::stat(r.path_.c_str(), &named) == 0 && named.st_ino == held.st_ino && named.st_dev == held.st_dev) return r;
     lock.release();
   }
@@ -460,7 +468,7 @@ std::optional<RankRoster> RankRoster::openExisting(const std::string& path) {
   r.host_ = thisHost();
   r.fd_ = runtime::UniqueFd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   struct stat st {};
-  if (!r.fd_ || ::fstat(r.fd_.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+  if (!r.fd_ || ::fstat(r.fd_.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
       static_cast<size_t>(st.st_size) < sizeof(Header)) {
     return std::nullopt;
   }
@@ -470,7 +478,7 @@ std::optional<RankRoster> RankRoster::openExisting(const std::string& path) {
 }
 
 std::vector<RosterEntry> RankRoster::peek(const std::string& jobId) {
-  std::optional<RankRoster> r = openExisting(shmDirectory() + "/" + segmentName(jobId, "roster"));
+  std::optional<RankRoster> r = openExisting(privateDirectoryPath() + "/" + segmentName(jobId, "roster"));
   return r ? r->entries() : std::vector<RosterEntry>{};
 }
 

@@ -1,6 +1,8 @@
 // RankRoster: the list of one job's processes on this node, one slot per local rank, so that every
 // rank knows from the start which processes its peers are, and whether each is still alive, has
-// finished, or left early (issue 33). It is the file shmDirectory()/segmentName(jobId, "roster").
+// finished, or left early (issue 33). It is the file segmentPath(jobId, "roster"), in this user's
+// private shared-memory directory (ipc/private_dir.h); a file there that this user did not make is
+// refused at once (InvalidArgument naming it and its owner).
 //
 // Why it exists: a ProcessBarrier or a segment learns a peer's pid only when that peer arrives, so a
 // rank that died (or exited 0) before its first barrier used to be noticed only by the deadline.
@@ -27,7 +29,7 @@
 // peer left is confirmed under the lock.
 // Lifetime: as with every segment of a job, the name is removed once every local rank has joined
 // (the mappings stay valid), so workers killed all at once (mpirun or srun ending a job) leave
-// nothing in /dev/shm. Until then the last member to leave removes it: the launcher at the end of
+// nothing in shared memory. Until then the last member to leave removes it: the launcher at the end of
 // its attempt, or where there is none the last worker (the one that finds every other worker gone or
 // left), which removes every segment name of the job on the node with it (removeJobSegments). A
 // roster left by a crash before every rank joined is removed by cohortrun's sweep or by the next job

@@ -12,10 +12,13 @@
 #include <memory>
 #include <optional>
 
+#include "ipc/private_dir.h"
 #include "ipc/process_liveness.h"
+#include "ipc/rank_claim.h"
 #include "ipc/rank_roster.h"
 #include "ipc/segment_header.h"
 #include "runtime/error.h"
+#include "runtime/unique_fd.h"
 
 namespace cohort::ipc {
 namespace {
@@ -67,19 +70,26 @@ std::optional<LauncherJob> parseLauncherJobId(const std::string& jobId) {
   return LauncherJob{static_cast<pid_t>(*pid), *ticks, *ns};
 }
 
-// The file names in `dir` that start with `prefix`; an absent directory has none.
-std::vector<std::string> listWithPrefix(const std::string& dir, const std::string& prefix) {
+// The names in the private directory that start with `prefix`.
+std::vector<std::string> listWithPrefix(const PrivateDirectory& dir, const std::string& prefix) {
   std::vector<std::string> names;
-  std::unique_ptr<DIR, int (*)(DIR*)> d(opendir(dir.c_str()), closedir);
-  if (!d) {
-    if (errno == ENOENT) return names;
-    COHORT_THROW(IoError) << "cannot list shared-memory directory " << dir << ": " << std::strerror(errno);
-  }
+  runtime::UniqueFd copy(::fcntl(dir.fd.get(), F_DUPFD_CLOEXEC, 0));  // closedir closes it
+  DIR* opened = copy ? ::fdopendir(copy.get()) : nullptr;
+  if (!opened) COHORT_THROW(IoError) << "cannot list shared-memory directory " << dir.path << ": " << std::strerror(errno);
+  copy.release();
+  std::unique_ptr<DIR, int (*)(DIR*)> d(opened, closedir);
+  ::rewinddir(d.get());  // the copy shares the original's position
   while (dirent* e = readdir(d.get())) {
     std::string name = e->d_name;
     if (name.rfind(prefix, 0) == 0) names.push_back(name);
   }
   return names;
+}
+
+// A claim's socket (ipc/rank_claim.h) rather than a segment: removed only when nobody holds it.
+bool isSocket(const PrivateDirectory& dir, const std::string& name) {
+  struct stat st {};
+  return ::fstatat(dir.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(st.st_mode);
 }
 
 // The job id inside "cohort.<jobId>.<name>", or "" when `file` does not have that form.
@@ -92,15 +102,15 @@ std::string jobIdOfSegment(const std::string& file) {
 
 // True when `path` is a regular file with a valid Cohort header whose creator is gone and that has
 // not been modified for `grace`. Any doubt (unreadable, foreign, short) answers false.
-bool creatorIsGone(const std::string& path, std::chrono::seconds grace) {
-  int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+bool creatorIsGone(const PrivateDirectory& dir, const std::string& name, std::chrono::seconds grace) {
+  int fd = ::openat(dir.fd.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
   SegmentHeader header{};
   bool readable = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
                   pread(fd, &header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
   close(fd);
-  if (!readable || header.magic != kSegmentMagic) return false;
+  if (!readable || st.st_uid != ::geteuid() || header.magic != kSegmentMagic) return false;
   auto modified = std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec);
   if (std::chrono::system_clock::now() - modified < grace) return false;
   return !processIsAlive(header.creatorPid, header.creatorStartTicks);
@@ -126,6 +136,11 @@ std::string jobPrefix(const std::string& jobId) {
   return "cohort." + sanitizeJobId(jobId) + ".";
 }
 
+std::string segmentPath(const std::string& jobId, const std::string& name) {
+  const std::string file = segmentName(jobId, name);
+  return openPrivateDirectory().path + "/" + file;
+}
+
 std::string segmentName(const std::string& jobId, const std::string& name) {
   bool valid = !name.empty();
   for (char c : name) valid = valid && isNameChar(c);
@@ -149,54 +164,66 @@ bool launcherJobIsGone(const std::string& jobId) {
 }
 
 std::vector<std::string> removeJobSegments(const std::string& jobId) {
-  const std::string dir = shmDirectory();
+  const PrivateDirectory dir = openPrivateDirectory();
+  std::vector<std::string> names = listWithPrefix(dir, jobPrefix(jobId));
+  if (RankClaim::prefixFor(jobId) != jobPrefix(jobId)) {
+    for (const std::string& claim : listWithPrefix(dir, RankClaim::prefixFor(jobId))) names.push_back(claim);
+  }
   std::vector<std::string> removed;
-  for (const std::string& name : listWithPrefix(dir, jobPrefix(jobId))) {
-    std::string path = dir + "/" + name;
-    if (unlink(path.c_str()) == 0) {
+  for (const std::string& name : names) {
+    if (isSocket(dir, name)) {
+      if (RankClaim::removeIfStale(dir, name)) removed.push_back(name);
+    } else if (::unlinkat(dir.fd.get(), name.c_str(), 0) == 0) {
       removed.push_back(name);
     } else if (errno != ENOENT) {
-      COHORT_THROW(IoError) << "cannot remove shared-memory segment " << path << ": " << std::strerror(errno);
+      COHORT_THROW(IoError) << "cannot remove shared-memory segment " << dir.path << "/" << name << ": "
+                            << std::strerror(errno);
     }
   }
   return removed;
 }
 
 std::vector<std::string> removeOrphanedSegments(const std::string& jobId) {
-  const std::string dir = shmDirectory();
+  const PrivateDirectory dir = openPrivateDirectory();
   std::vector<std::string> removed;
   for (const std::string& name : listWithPrefix(dir, jobPrefix(jobId))) {
-    const std::string path = dir + "/" + name;
-    if (creatorIsGone(path, std::chrono::seconds(0)) && unlink(path.c_str()) == 0) removed.push_back(name);
+    if (creatorIsGone(dir, name, std::chrono::seconds(0)) && ::unlinkat(dir.fd.get(), name.c_str(), 0) == 0) {
+      removed.push_back(name);
+    }
   }
   return removed;
 }
 
 std::vector<std::string> sweepStaleSegments() {
-  const std::string dir = shmDirectory();
   std::vector<std::string> removed;
+  std::optional<PrivateDirectory> dir;
   std::vector<std::string> names;
   try {
-    names = listWithPrefix(dir, "cohort.");
+    dir.emplace(openPrivateDirectory());
+    names = listWithPrefix(*dir, "cohort.");
   } catch (const Error&) {
-    return removed;  // an unreadable directory holds nothing we may sweep
+    return removed;  // a directory that is not ours, or unreadable, holds nothing we may sweep
   }
   for (const std::string& name : names) {
     std::string jobId = jobIdOfSegment(name);
     if (jobId.empty()) continue;
-    std::string path = dir + "/" + name;
+    if (isSocket(*dir, name)) {
+      if (RankClaim::removeIfStale(*dir, name)) removed.push_back(name);
+      continue;
+    }
     // A cohortrun job's liveness is its launcher's; a live launcher's segments are never touched.
     // Another job's roster is stale when none of its processes lives (it removes itself, locked).
     if (!parseLauncherJobId(jobId) && name == segmentName(jobId, "roster")) {
       try {
-        if (RankRoster::removeIfStale(path)) removed.push_back(name);
+        if (RankRoster::removeIfStale(dir->path + "/" + name)) removed.push_back(name);
       } catch (const Error&) {
         // Any doubt keeps it.
       }
       continue;
     }
-    bool stale = parseLauncherJobId(jobId) ? launcherJobIsGone(jobId) : creatorIsGone(path, kStaleGracePeriod);
-    if (stale && unlink(path.c_str()) == 0) removed.push_back(name);
+    bool stale =
+        parseLauncherJobId(jobId) ? launcherJobIsGone(jobId) : creatorIsGone(*dir, name, kStaleGracePeriod);
+    if (stale && ::unlinkat(dir->fd.get(), name.c_str(), 0) == 0) removed.push_back(name);
   }
   return removed;
 }

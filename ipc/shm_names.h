@@ -1,10 +1,13 @@
 // Names and lifetime of a job's shared-memory segments.
 //
-// Every segment of a job lives in the shared-memory directory (shmDirectory(): /dev/shm, or
-// $COHORT_SHM_DIR when set, e.g. a small tmpfs in tests) under the name
-//   cohort.<jobId>.<name>
-// so one job's segments are found, and removed, by the prefix "cohort.<jobId>.". Job ids contain only
-// [A-Za-z0-9_-] (sanitizeJobId() maps anything else to '_').
+// Every segment of a job lives in this user's private directory inside the shared-memory directory
+// (shmDirectory(): /dev/shm, or $COHORT_SHM_DIR when set, e.g. a small tmpfs in tests), made and
+// verified by ipc/private_dir.h, under the name
+//   <shmDirectory()>/cohort-<euid>/cohort.<jobId>.<name>
+// so one job's segments are found, and removed, by the prefix "cohort.<jobId>.", and no other user
+// can create, replace or remove any of them. Job ids contain only [A-Za-z0-9_-] (sanitizeJobId()
+// maps anything else to '_'). The job's rank claims (ipc/rank_claim.h) are sockets in the same
+// directory; the functions below that remove names remove a claim only when nobody holds it.
 //
 // cohortrun makes job ids "cr-<pid>-<start>-<pidns>" from its own pid, process start time (in clock
 // ticks, /proc/<pid>/stat field 22) and pid namespace (the inode of /proc/self/ns/pid), so a segment
@@ -30,20 +33,25 @@ std::string sanitizeJobId(const std::string& jobId);
 std::string segmentName(const std::string& jobId, const std::string& name);
 // "cohort.<jobId>."
 std::string jobPrefix(const std::string& jobId);
+// "<private directory>/cohort.<jobId>.<name>", after making and verifying the private directory
+// (InvalidArgument when another user owns it: ipc/private_dir.h).
+std::string segmentPath(const std::string& jobId, const std::string& name);
 
 // cohortrun's job id for the calling process: "cr-<pid>-<start ticks>-<pid namespace inode>".
 std::string makeLauncherJobId();
 // True when jobId has cohortrun's form and its launcher process no longer exists.
 bool launcherJobIsGone(const std::string& jobId);
 
-// Removes every segment of `jobId`; returns the names removed. Missing segments are not an error.
+// Removes every segment of `jobId` (and its claims that nobody holds); returns the names removed.
+// Missing segments are not an error.
 std::vector<std::string> removeJobSegments(const std::string& jobId);
 // Removes the segments of `jobId` whose creator is gone (by the creator recorded in the segment's
 // header; a file without one is kept); returns the names removed. For the first process of a job on
 // a node (RankRoster::join), before any rank of it made a segment: what it finds was left by a
 // crashed job of the same id, and a rank must not open it.
 std::vector<std::string> removeOrphanedSegments(const std::string& jobId);
-// Removes the segments of jobs whose launcher (or creator) is gone; returns the names removed.
+// Removes the segments of jobs whose launcher (or creator) is gone, and every claim nobody holds;
+// returns the names removed. Removes nothing when the private directory is not ours.
 std::vector<std::string> sweepStaleSegments();
 
 }  // namespace cohort::ipc

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ipc/backoff.h"
+#include "ipc/private_dir.h"
 #include "ipc/process_liveness.h"
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
@@ -43,9 +44,24 @@ class CreatedFile {
   bool keep_ = false;
 };
 
-// A read-only descriptor for probing `path` (empty when it cannot be opened).
+// A read-only descriptor for probing `path`: empty when nothing is there yet. What this user's
+// jobs did not make (a file of another owner, a symlink, a FIFO: only root can put one in the
+// private directory) is refused at once (InvalidArgument naming it and its owner), never waited on.
 runtime::UniqueFd openForProbe(const std::string& path) {
-  return runtime::UniqueFd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  runtime::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat st {};
+  if (!fd) {
+    const int err = errno;
+    if (err == ENOENT) return fd;
+    if (::lstat(path.c_str(), &st) == 0) requireOwnRegularFile(st, path, "shared-memory segment");
+    if (errno == ENOENT) return fd;  // removed meanwhile
+    COHORT_THROW(IoError) << "cannot open shared-memory segment " << path << ": " << std::strerror(err);
+  }
+  if (::fstat(fd.get(), &st) != 0) {
+    COHORT_THROW(IoError) << "cannot inspect shared-memory segment " << path << ": " << std::strerror(errno);
+  }
+  requireOwnRegularFile(st, path, "shared-memory segment");
+  return fd;
 }
 
 std::string seconds(std::chrono::milliseconds d) {
@@ -159,7 +175,7 @@ Probe probe(const std::string& path, const ShmRegion::OpenOptions& o) {
   runtime::UniqueFd file = openForProbe(path);
   if (!file) return {false, "the segment does not exist yet"};
   struct stat st {};
-  if (fstat(file.get(), &st) != 0) return {false, "the segment cannot be inspected yet"};
+  if (fstat(file.get(), &st) != 0) return {false, "the segment cannot be inspected yet"};  // checked in openForProbe
   SegmentHeader h{};
   if (st.st_size < static_cast<off_t>(kSegmentHeaderBytes) || !readHeader(file.get(), h) || h.magic == 0) {
     return {false, "the segment's header is not written yet"};
@@ -188,7 +204,7 @@ ShmRegion ShmRegion::create(const CreateOptions& options) {
   const std::string dir = shmDirectory();
   ShmRegion r;
   r.name_ = segmentName(options.jobId, options.name);
-  r.path_ = dir + "/" + r.name_;
+  r.path_ = segmentPath(options.jobId, options.name);
   r.payloadBytes_ = options.payloadBytes;
   r.generation_ = options.generation;
   const size_t total = kSegmentHeaderBytes + options.payloadBytes;
@@ -225,10 +241,9 @@ ShmRegion ShmRegion::create(const CreateOptions& options) {
 }
 
 ShmRegion ShmRegion::open(const OpenOptions& options) {
-  const std::string dir = shmDirectory();
   ShmRegion r;
   r.name_ = segmentName(options.jobId, options.name);
-  r.path_ = dir + "/" + r.name_;
+  r.path_ = segmentPath(options.jobId, options.name);  // refuses a private directory of another user
   r.payloadBytes_ = options.payloadBytes;
   r.generation_ = options.generation;
   const auto deadline = std::chrono::steady_clock::now() + options.timeout;
@@ -250,7 +265,8 @@ ShmRegion ShmRegion::open(const OpenOptions& options) {
     if (std::chrono::steady_clock::now() >= deadline) {
       COHORT_THROW(TimeoutError) << "timed out after " << seconds(options.timeout) << " waiting for "
                                  << options.creatorDescription << " to publish shared-memory segment " << r.name_
-                                 << " of job " << sanitizeJobId(options.jobId) << " in " << dir << ": " << p.waitingFor;
+                                 << " of job " << sanitizeJobId(options.jobId) << " in " << privateDirectoryPath() << ": "
+                                 << p.waitingFor;
     }
     backoff.pause();
   }

@@ -1,7 +1,7 @@
 // ShmRegion: one named shared-memory segment of a job, mapped into this process (RAII).
 //
-// A segment is the file shmDirectory()/segmentName(jobId, name) (/dev/shm, or $COHORT_SHM_DIR),
-// mode 0600, mapped with Boost.Interprocess (file_mapping + mapped_region). It starts with a
+// A segment is the file segmentPath(jobId, name) (ipc/shm_names.h: in this user's private 0700
+// directory <shmDirectory()>/cohort-<euid>, ipc/private_dir.h), mode 0600, mapped with Boost.Interprocess (file_mapping + mapped_region). It starts with a
 // SegmentHeader (segment_header.h: magic, layout version, payload size, generation, creator pid and
 // start time, `ready` flag); the payload follows at offset 4096, so it is 4096-byte aligned.
 //
@@ -13,8 +13,10 @@
 // create() reserves every page up front (fallocate): a /dev/shm that is too small fails there with
 // an IoError naming the segment, the bytes needed and the bytes available — never a SIGBUS later.
 // A segment left by a dead creator or an older generation is replaced; one of a live creator of the
-// same or a newer generation is an InvalidArgument. open() validates every header field: a foreign
-// or corrupt file is an IoError; a creator that dies before publishing is a PeerError; no segment
+// same or a newer generation is an InvalidArgument. A file this user's jobs did not make (another
+// owner's, a symlink, not a regular file) is an InvalidArgument at once, naming it and its owner,
+// in create() and open() alike. open() validates every header field: a foreign or corrupt file is
+// an IoError; a creator that dies before publishing is a PeerError; no segment
 // in time is a TimeoutError that says what was missing.
 //
 // Ownership: the ShmRegion owns its mapping (unmapped by the destructor). The name outlives it unless

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "ipc/private_dir.h"
 #include "ipc/process_liveness.h"
 #include "ipc/rank_roster.h"
 #include "ipc/shm_names.h"
@@ -87,6 +88,9 @@ Supervisor::Supervisor(const LaunchPlan& plan)
 Supervisor::~Supervisor() = default;
 
 int Supervisor::run() {
+  // Every per-job name lives in this user's private shared-memory directory: one that another user
+  // made is refused here, before anything starts (InvalidArgument, exit 2; ipc/private_dir.h).
+  ipc::openPrivateDirectory();
   try {
     for (const std::string& name : ipc::sweepStaleSegments()) {
       say("removed stale shared-memory segment " + name + " (its job is gone)");

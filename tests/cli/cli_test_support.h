@@ -35,7 +35,10 @@ enum class Compression { kPlain, kGzip };
 void writeFile(const std::string& path, const std::string& bytes, Compression compression = Compression::kPlain);
 std::string readFile(const std::string& path);
 bool fileExists(const std::string& path);
-// The names in `dir` (including dot files, excluding "." and ".."), sorted.
+// The names in `dir` (including dot files, excluding "." and ".."), sorted. The private
+// shared-memory directory cohort-<euid> (ipc/private_dir.h) is listed by its contents
+// ("cohort-0/cohort.<job>.roster"), so that a shared-memory directory counts as empty when only
+// that directory, empty, is left.
 std::vector<std::string> listDir(const std::string& dir);
 
 // The bytes of IDX files as runtime/data/mnist.h reads them (big-endian header).

@@ -31,9 +31,11 @@ bool dirIsEmpty(const std::string& dir, std::string* listing) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return true;
   bool empty = true;
+  const std::string privateDir = "cohort-" + std::to_string(geteuid());  // ipc/private_dir.h: stays
   while (dirent* e = readdir(d)) {
     std::string name = e->d_name;
     if (name == "." || name == "..") continue;
+    if (name == privateDir && dirIsEmpty(dir + "/" + name, listing)) continue;
     empty = false;
     if (listing) *listing += name + " ";
   }

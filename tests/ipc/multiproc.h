@@ -10,30 +10,39 @@
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/error.h"
 
 namespace cohort::ipc::testing {
 
-// A fresh directory, used as $COHORT_SHM_DIR while the object lives; emptied and removed after.
+// A fresh directory, used as $COHORT_SHM_DIR while the object lives; emptied and removed after,
+// with this user's private directory in it.
 class ScopedShmDir {
  public:
-  ScopedShmDir() {
+  // kPrivate: under $TEST_TMPDIR. kSharedLikeDevShm: under /dev/shm, mode 1777 like /dev/shm
+  // itself, for tests in which another local user (tests/support/other_user.h) squats names there.
+  enum class Kind { kPrivate, kSharedLikeDevShm };
+  explicit ScopedShmDir(Kind kind = Kind::kPrivate) {
     const char* base = std::getenv("TEST_TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/shm.XXXXXX";
+    std::string pattern = kind == Kind::kSharedLikeDevShm ? std::string("/dev/shm/cohort-test-shm.XXXXXX")
+                                                          : std::string(base && *base ? base : "/tmp") + "/shm.XXXXXX";
     char* made = mkdtemp(pattern.data());
     if (made == nullptr) std::abort();
     path_ = made;
+    if (kind == Kind::kSharedLikeDevShm && chmod(path_.c_str(), 01777) != 0) std::abort();
     const char* previous = std::getenv("COHORT_SHM_DIR");
     hadPrevious_ = previous != nullptr;
     if (hadPrevious_) previous_ = previous;
@@ -42,13 +51,10 @@ class ScopedShmDir {
   ScopedShmDir(const ScopedShmDir&) = delete;
   ScopedShmDir& operator=(const ScopedShmDir&) = delete;
   ~ScopedShmDir() {
-    if (DIR* d = opendir(path_.c_str())) {
-      while (dirent* e = readdir(d)) {
-        std::string name = e->d_name;
-        if (name != "." && name != "..") unlink((path_ + "/" + name).c_str());
-      }
-      closedir(d);
-    }
+    const std::string privateDir = path_ + "/cohort-" + std::to_string(geteuid());  // ipc/private_dir.h
+    emptyDirectory(privateDir);
+    rmdir(privateDir.c_str());
+    emptyDirectory(path_);
     rmdir(path_.c_str());
     if (hadPrevious_) {
       setenv("COHORT_SHM_DIR", previous_.c_str(), 1);
@@ -57,12 +63,48 @@ class ScopedShmDir {
     }
   }
   const std::string& path() const { return path_; }
+  // Where this user's segments and claims go: path()/cohort-<euid> (ipc/private_dir.h), made (0700)
+  // when missing so that a test can put files there first.
+  std::string privatePath() const {
+    const std::string dir = path_ + "/cohort-" + std::to_string(geteuid());
+    mkdir(dir.c_str(), 0700);
+    return dir;
+  }
 
  private:
+  // Removes what is in `dir`, subdirectories too (another user's, in the multi-user tests).
+  static void emptyDirectory(const std::string& dir) {
+    if (DIR* d = opendir(dir.c_str())) {
+      while (dirent* e = readdir(d)) {
+        std::string name = e->d_name;
+        if (name == "." || name == "..") continue;
+        const std::string path = dir + "/" + name;
+        if (unlink(path.c_str()) != 0 && (errno == EISDIR || errno == EPERM)) {
+          emptyDirectory(path);
+          rmdir(path.c_str());
+        }
+      }
+      closedir(d);
+    }
+  }
+
   std::string path_;
   std::string previous_;
   bool hadPrevious_ = false;
 };
+
+// The names in `dir` (without "." and ".."); none when it cannot be read.
+inline std::vector<std::string> listDirectory(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    closedir(d);
+  }
+  return names;
+}
 
 // "test-<pid>-<random>-<counter>": unique per call within the test binary and across concurrent
 // binaries, also those Bazel runs in pid namespaces of their own (where pids repeat).

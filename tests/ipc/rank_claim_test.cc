@@ -1,14 +1,19 @@
 // RankClaim (ipc/rank_claim.h) with forked processes: a rank held by a live process is refused
 // naming the holder, its host and the job; the hold ends with its holder however it ends (SIGKILL
 // included), with nothing left behind; other ranks and other jobs never collide; a long job id works.
+// The claim is a socket file in the private shared-memory directory: removed with its claim, or by
+// the sweeps once its holder is gone, never while it lives.
 #include "ipc/rank_claim.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "ipc/process_liveness.h"
+#include "ipc/shm_names.h"
 #include "runtime/error.h"
 #include "tests/ipc/multiproc.h"
 
@@ -48,6 +53,7 @@ pid_t holdRank(const std::string& job, int rank) {
 }
 
 TEST(RankClaimTest, ARankHeldByALiveProcessIsRefusedNamingItTheHostAndTheJob) {
+  ScopedShmDir shm;
   const std::string job = freshJobId();
   const pid_t holder = holdRank(job, 3);
   ASSERT_GT(holder, 0);
@@ -62,6 +68,7 @@ TEST(RankClaimTest, ARankHeldByALiveProcessIsRefusedNamingItTheHostAndTheJob) {
 }
 
 TEST(RankClaimTest, TheHoldEndsWithItsHolderEvenKilled) {
+  ScopedShmDir shm;
   const std::string job = freshJobId();
   const pid_t holder = holdRank(job, 0);
   ASSERT_GT(holder, 0);
@@ -76,6 +83,7 @@ TEST(RankClaimTest, TheHoldEndsWithItsHolderEvenKilled) {
 }
 
 TEST(RankClaimTest, OtherRanksAndOtherJobsNeverCollide) {
+  ScopedShmDir shm;
   const std::string job = freshJobId();
   RankClaim zero = RankClaim::take(job, 0);
   RankClaim one = RankClaim::take(job, 1);
@@ -90,16 +98,38 @@ TEST(RankClaimTest, JobsWithTheirOwnSharedMemoryDirectoriesNeverCollide) {
   const std::string job = freshJobId();
   ScopedShmDir one;
   RankClaim first = RankClaim::take(job, 0);
-  const std::string name = RankClaim::nameFor(job, 0);
   ScopedShmDir other;
-  EXPECT_NE(RankClaim::nameFor(job, 0), name);
   EXPECT_EQ(refusal(job, 0), "") << "another directory, another job";
 }
 
+TEST(RankClaimTest, TheClaimIsASocketInThePrivateDirectoryRemovedWithItsClaimOrWhenItsHolderIsGone) {
+  ScopedShmDir shm;
+  const std::string job = freshJobId();
+  const std::string path = shm.privatePath() + "/" + RankClaim::nameFor(job, 0);
+  {
+    RankClaim claim = RankClaim::take(job, 0);
+    struct stat st {};
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0) << path;
+    EXPECT_TRUE(S_ISSOCK(st.st_mode));
+    EXPECT_TRUE(removeJobSegments(job).empty()) << "a live claim is never removed";
+    EXPECT_TRUE(sweepStaleSegments().empty()) << "a live claim is never swept";
+    RankClaim moved = std::move(claim);
+    EXPECT_NE(refusal(job, 0), "") << "a moved claim still holds";
+  }
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << "destroying the claim removes its socket";
+  const pid_t holder = holdRank(job, 1);
+  ASSERT_GT(holder, 0);
+  ::kill(holder, SIGKILL);
+  waitChild(holder);
+  EXPECT_EQ(removeJobSegments(job), std::vector<std::string>{RankClaim::nameFor(job, 1)}) << "its holder is gone";
+  EXPECT_TRUE(testing::listDirectory(shm.privatePath()).empty());
+}
+
 TEST(RankClaimTest, ALongJobIdIsHashedIntoTheNameAndStillRefused) {
+  ScopedShmDir shm;
   const std::string job = freshJobId() + std::string(200, 'x');
   const std::string name = RankClaim::nameFor(job, 7);
-  EXPECT_LT(name.size(), 108u);
+  EXPECT_LE(name.size(), 80u);  // bound as /proc/self/fd/<fd>/<name>, within sun_path's 108 bytes
   EXPECT_NE(name, RankClaim::nameFor(job + "y", 7));
   EXPECT_NE(name, RankClaim::nameFor(job, 8));
   RankClaim held = RankClaim::take(job, 7);

@@ -71,7 +71,7 @@ std::string messageOf(F&& f) {
 
 class RankRosterTest : public ::testing::Test {
  protected:
-  std::string path() const { return shm_.path() + "/" + segmentName(job_, "roster"); }
+  std::string path() const { return shm_.privatePath() + "/" + segmentName(job_, "roster"); }
   bool exists() const {
     struct stat st {};
     return ::stat(path().c_str(), &st) == 0;
@@ -111,7 +111,7 @@ TEST_F(RankRosterTest, ARosterWhoseProcessesAreAllGoneStartsAfresh) {
             0);
   ASSERT_TRUE(exists());
   // A segment the crashed job left: a rank of the next job must not open it (its creator is gone).
-  const std::string left = shm_.path() + "/" + segmentName(job_, "job");
+  const std::string left = shm_.privatePath() + "/" + segmentName(job_, "job");
   ::close(::open(left.c_str(), O_CREAT | O_WRONLY, 0600));
   RankRoster again = RankRoster::join(rank(job_, 1, 2));  // the same id, reused
   EXPECT_NE(::access(left.c_str(), F_OK), 0) << "the crashed job's segment went with its roster";
@@ -133,13 +133,13 @@ TEST_F(RankRosterTest, TheFirstRankOfAJobRemovesTheSegmentsACrashedJobOfItsIdLef
   });
   ASSERT_EQ(waitChild(crashed), 0);
   ASSERT_FALSE(exists());
-  const std::string left = shm_.path() + "/" + segmentName(job_, "params");
+  const std::string left = shm_.privatePath() + "/" + segmentName(job_, "params");
   ASSERT_EQ(::access(left.c_str(), F_OK), 0);
   // A segment of this id whose creator lives is not this process's to judge: it stays.
   ShmRegion live = ShmRegion::create({.jobId = job_, .name = "live", .payloadBytes = 64});
   RankRoster again = RankRoster::join(rank(job_, 0, 2));
   EXPECT_NE(::access(left.c_str(), F_OK), 0) << "a rank of the new job would have opened it";
-  EXPECT_EQ(::access((shm_.path() + "/" + segmentName(job_, "live")).c_str(), F_OK), 0);
+  EXPECT_EQ(::access((shm_.privatePath() + "/" + segmentName(job_, "live")).c_str(), F_OK), 0);
 }
 
 TEST_F(RankRosterTest, TheRankOfADeadHolderIsRefusedWhileItsJobStillRuns) {

@@ -137,12 +137,12 @@ TEST(ShmNames, LauncherJobIdIsGoneOnlyAfterItsProcessExits) {
 TEST(ShmNames, RemoveJobSegmentsRemovesExactlyThatJob) {
   ScopedShmDir dir;
   for (const char* name : {"cohort.j1.a", "cohort.j1.b", "cohort.j10.a", "cohort.j2.a", "other.j1.a"}) {
-    touch(dir.path() + "/" + name);
+    touch(dir.privatePath() + "/" + name);
   }
   EXPECT_EQ(sorted(removeJobSegments("j1")), (std::vector<std::string>{"cohort.j1.a", "cohort.j1.b"}));
-  EXPECT_TRUE(exists(dir.path() + "/cohort.j10.a"));
-  EXPECT_TRUE(exists(dir.path() + "/cohort.j2.a"));
-  EXPECT_TRUE(exists(dir.path() + "/other.j1.a"));
+  EXPECT_TRUE(exists(dir.privatePath() + "/cohort.j10.a"));
+  EXPECT_TRUE(exists(dir.privatePath() + "/cohort.j2.a"));
+  EXPECT_TRUE(exists(dir.privatePath() + "/other.j1.a"));
   EXPECT_TRUE(removeJobSegments("j1").empty());  // nothing left is not an error
 }
 
@@ -150,15 +150,15 @@ TEST(ShmNames, SweepRemovesSegmentsOfGoneLaunchersOnly) {
   ScopedShmDir dir;
   std::string gone = jobIdOfExitedChild();
   std::string live = makeLauncherJobId();
-  touch(dir.path() + "/" + segmentName(gone, "params"));
-  touch(dir.path() + "/" + segmentName(gone, "comm"));
-  touch(dir.path() + "/" + segmentName(live, "params"));
-  touch(dir.path() + "/unrelated.file");
-  touch(dir.path() + "/" + sanitizeJobId(gone) + ".not-ours");
+  touch(dir.privatePath() + "/" + segmentName(gone, "params"));
+  touch(dir.privatePath() + "/" + segmentName(gone, "comm"));
+  touch(dir.privatePath() + "/" + segmentName(live, "params"));
+  touch(dir.privatePath() + "/unrelated.file");
+  touch(dir.privatePath() + "/" + sanitizeJobId(gone) + ".not-ours");
   EXPECT_EQ(sorted(sweepStaleSegments()), sorted({segmentName(gone, "comm"), segmentName(gone, "params")}));
-  EXPECT_TRUE(exists(dir.path() + "/" + segmentName(live, "params")));
-  EXPECT_TRUE(exists(dir.path() + "/unrelated.file"));
-  EXPECT_TRUE(exists(dir.path() + "/" + sanitizeJobId(gone) + ".not-ours"));
+  EXPECT_TRUE(exists(dir.privatePath() + "/" + segmentName(live, "params")));
+  EXPECT_TRUE(exists(dir.privatePath() + "/unrelated.file"));
+  EXPECT_TRUE(exists(dir.privatePath() + "/" + sanitizeJobId(gone) + ".not-ours"));
 }
 
 TEST(ShmNames, SweepRemovesOtherJobsSegmentsWhoseCreatorIsGoneAfterGracePeriod) {
@@ -172,8 +172,8 @@ TEST(ShmNames, SweepRemovesOtherJobsSegmentsWhoseCreatorIsGoneAfterGracePeriod) 
   });
   ASSERT_EQ(waitChild(child), 0);
   ShmRegion mine = ShmRegion::create({.jobId = liveJob, .name = "params", .payloadBytes = 64});
-  std::string deadPath = dir.path() + "/" + segmentName(deadJob, "params");
-  std::string junkPath = dir.path() + "/cohort.junk.x";
+  std::string deadPath = dir.privatePath() + "/" + segmentName(deadJob, "params");
+  std::string junkPath = dir.privatePath() + "/cohort.junk.x";
   touch(junkPath, "not a segment header, just some text that is long enough to be read as one");
 
   EXPECT_TRUE(sweepStaleSegments().empty());  // the dead creator's segment is still within grace

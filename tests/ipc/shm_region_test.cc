@@ -67,7 +67,7 @@ TEST(ShmRegion, OpenersSeeTheCreatorsPayloadAndEachOthersWrites) {
   r.publish();
   for (pid_t c : children) EXPECT_EQ(waitChild(c), 0);
   for (int k = 0; k < 3; ++k) EXPECT_EQ(words[kWords + k], 100u + k);
-  EXPECT_EQ(r.path(), dir.path() + "/" + segmentName(job, "data"));
+  EXPECT_EQ(r.path(), dir.privatePath() + "/" + segmentName(job, "data"));
 }
 
 TEST(ShmRegion, OpenTimesOutNamingTheSegmentAndWhatIsMissing) {
@@ -203,7 +203,7 @@ TEST(ShmRegion, TooLittleSpaceIsAClearIoErrorBeforeAnyPageIsTouched) {
   } catch (const IoError& e) {
     expectNoSpaceError(e, dir.path(), segmentName(job, "huge"));
   }
-  EXPECT_FALSE(exists(dir.path() + "/" + segmentName(job, "huge")));  // nothing left behind
+  EXPECT_FALSE(exists(dir.privatePath() + "/" + segmentName(job, "huge")));  // nothing left behind
 }
 
 // In a child with its own mount namespace, a 1 MiB tmpfs as COHORT_SHM_DIR. Exit codes: 0 ok,
