@@ -20,9 +20,9 @@ CairoLibrary::CairoLibrary(const std::string& fileName)
     : library(runtime::SharedLibrary::open(
           {.what = "cairo (Debian's package libcairo2)", .fileName = fileName, .fallbackDir = kDebianLibraryDir})),
       imageSurfaceCreate(COHORT_CAIRO_FUNCTION(cairo_image_surface_create)),
-      svgSurfaceCreate(COHORT_CAIRO_FUNCTION(cairo_svg_surface_create)),
+      svgSurfaceCreateForStream(COHORT_CAIRO_FUNCTION(cairo_svg_surface_create_for_stream)),
       svgSurfaceSetDocumentUnit(COHORT_CAIRO_FUNCTION(cairo_svg_surface_set_document_unit)),
-      surfaceWriteToPng(COHORT_CAIRO_FUNCTION(cairo_surface_write_to_png)),
+      surfaceWriteToPngStream(COHORT_CAIRO_FUNCTION(cairo_surface_write_to_png_stream)),
       surfaceFinish(COHORT_CAIRO_FUNCTION(cairo_surface_finish)),
       surfaceStatus(COHORT_CAIRO_FUNCTION(cairo_surface_status)),
       surfaceDestroy(COHORT_CAIRO_FUNCTION(cairo_surface_destroy)),

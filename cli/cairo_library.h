@@ -34,11 +34,12 @@ struct CairoLibrary {
 
   runtime::SharedLibrary library;  // first: the functions below are resolved from it
 
-  // Surfaces: PNG (an image surface, written at the end) and SVG (written as it is drawn).
+  // Surfaces: PNG (an image surface, written at the end) and SVG (written as it is drawn), both
+  // through a write function: the caller opens the file (runtime/output_file.h), never cairo.
   decltype(&::cairo_image_surface_create) const imageSurfaceCreate;
-  decltype(&::cairo_svg_surface_create) const svgSurfaceCreate;
+  decltype(&::cairo_svg_surface_create_for_stream) const svgSurfaceCreateForStream;
   decltype(&::cairo_svg_surface_set_document_unit) const svgSurfaceSetDocumentUnit;
-  decltype(&::cairo_surface_write_to_png) const surfaceWriteToPng;
+  decltype(&::cairo_surface_write_to_png_stream) const surfaceWriteToPngStream;
   decltype(&::cairo_surface_finish) const surfaceFinish;
   decltype(&::cairo_surface_status) const surfaceStatus;
   decltype(&::cairo_surface_destroy) const surfaceDestroy;

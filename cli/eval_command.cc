@@ -15,6 +15,7 @@
 #include "runtime/cpu/blas.h"   // --threads
 #include "runtime/data/dataset.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"
 #include "train/evaluate.h"     // evaluate
 
 namespace cohort::cli {
@@ -109,10 +110,15 @@ int runEval(const EvalFlags& f) {
 
 int runPredict(const EvalFlags& f) {
   Applied a = open(f, "predict");
-  const std::string tmp = f.output + ".tmp." + std::to_string(::getpid());
+  // Written as every output is (runtime/output_file.h): a fresh temporary, renamed over --output.
+  runtime::OutputFile file(f.output, {.mode = runtime::OutputMode::kUserVisible});
   {
-    std::ofstream out(tmp);
-    if (!out) COHORT_THROW(IoError) << f.output << ": cannot write " << tmp;
+    std::ostringstream out;
+    auto drain = [&] {  // every write checked by OutputFile
+      const std::string text = out.str();
+      file.write(text.data(), text.size());
+      out.str({});
+    };
     const int64_t k = a.model->outputs;
     for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << (a.classification ? "p" : "y") << c;
     out << (a.classification ? ",predicted\n" : "\n");
@@ -140,17 +146,11 @@ int runPredict(const EvalFlags& f) {
         for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << std::exp(static_cast<double>(row[c]) - row[best]) / sum;
         out << ',' << best << '\n';
       }
+      drain();
     }
-    out.flush();
-    if (!out) {
-      ::unlink(tmp.c_str());
-      COHORT_THROW(IoError) << f.output << ": write failed";
-    }
+    drain();
   }
-  if (std::rename(tmp.c_str(), f.output.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    COHORT_THROW(IoError) << f.output << ": cannot rename " << tmp << " over it";
-  }
+  file.commit();
   std::printf("RESULT predict model=%s data=%s samples=%lld output=%s\n", a.model->name.c_str(), a.data->name().c_str(),
               static_cast<long long>(a.data->size()), f.output.c_str());
   return 0;

@@ -16,6 +16,7 @@
 #include "cli/metrics_file.h"   // the files' lines
 #include "cli/plot_canvas.h"    // nice ticks, text, the legend
 #include "runtime/error.h"
+#include "runtime/output_file.h"  // the image is written as every output is
 
 namespace cohort::cli {
 
@@ -361,14 +362,22 @@ void draw(Canvas& canvas, const Figure& figure, const PlotOptions& options) {
   }
 }
 
-// Deletes the temporary output unless it was renamed into place.
-struct TempFile {
-  std::string path;
-  bool kept = false;
-  ~TempFile() {
-    if (!kept) ::unlink(path.c_str());
-  }
+// cairo's write function: into the output's temporary (runtime/output_file.h); the first failure is
+// kept for the message (cairo's own status says only "error while writing to output stream").
+struct StreamTarget {
+  runtime::OutputFile* file;
+  std::string error;
 };
+cairo_status_t writeToOutput(void* closure, const unsigned char* data, unsigned int length) {
+  auto* target = static_cast<StreamTarget*>(closure);
+  try {
+    target->file->write(data, length);
+    return CAIRO_STATUS_SUCCESS;
+  } catch (const IoError& e) {
+    if (target->error.empty()) target->error = e.what();
+    return CAIRO_STATUS_WRITE_ERROR;
+  }
+}
 
 }  // namespace
 
@@ -399,12 +408,15 @@ PlotSummary writePlot(const std::vector<PlotRun>& runs, const PlotOptions& optio
                  : runs.size() == 1     ? "Training curves: " + figure.labels[0]
                                         : "Training curves: " + std::to_string(runs.size()) + " runs";
 
-  TempFile tmp{options.outputPath + ".tmp." + std::to_string(::getpid())};
+  runtime::OutputFile out(options.outputPath, {.mode = runtime::OutputMode::kUserVisible});
+  StreamTarget target{&out, ""};
   std::unique_ptr<cairo_surface_t, void (*)(cairo_surface_t*)> surface(
-      format == Format::kSvg ? cairo.svgSurfaceCreate(tmp.path.c_str(), options.width, options.height)
-                             : cairo.imageSurfaceCreate(CAIRO_FORMAT_RGB24, options.width, options.height),
+      format == Format::kSvg
+          ? cairo.svgSurfaceCreateForStream(writeToOutput, &target, options.width, options.height)
+          : cairo.imageSurfaceCreate(CAIRO_FORMAT_RGB24, options.width, options.height),
       cairo.surfaceDestroy);
   auto check = [&](cairo_status_t status, const char* what) {
+    if (!target.error.empty()) COHORT_THROW(IoError) << target.error;
     if (status != CAIRO_STATUS_SUCCESS) {
       COHORT_THROW(IoError) << options.outputPath << ": cannot " << what << ": " << cairo.statusToString(status);
     }
@@ -416,13 +428,10 @@ PlotSummary writePlot(const std::vector<PlotRun>& runs, const PlotOptions& optio
     draw(canvas, figure, options);
     check(cairo.status(canvas.cr()), "draw the plot");
   }
-  if (format == Format::kPng) check(cairo.surfaceWriteToPng(surface.get(), tmp.path.c_str()), "write the PNG");
+  if (format == Format::kPng) check(cairo.surfaceWriteToPngStream(surface.get(), writeToOutput, &target), "write the PNG");
   cairo.surfaceFinish(surface.get());  // the SVG is written now
   check(cairo.surfaceStatus(surface.get()), "write the SVG");
-  if (std::rename(tmp.path.c_str(), options.outputPath.c_str()) != 0) {
-    COHORT_THROW(IoError) << options.outputPath << ": cannot rename " << tmp.path << " over it";
-  }
-  tmp.kept = true;
+  out.commit();
   return summary;
 }
 

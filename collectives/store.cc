@@ -13,6 +13,7 @@
 
 #include "ipc/backoff.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"  // unpredictableSuffix
 #include "runtime/unique_fd.h"
 
 namespace cohort::collectives {
@@ -79,9 +80,11 @@ std::string FileStore::pathOf(const std::string& key) const {
 void FileStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   static std::atomic<uint64_t> counter{0};
   const std::string path = pathOf(key);
-  const std::string temp =
-      directory_ + "/.tmp." + key + "." + std::to_string(getpid()) + "." + std::to_string(counter.fetch_add(1));
-  runtime::UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  // An unpredictable name, created exclusively and never through a symbolic link: nobody can plant
+  // a file or link under it in advance (runtime/output_file.h).
+  const std::string temp = directory_ + "/.tmp." + key + "." + std::to_string(getpid()) + "." +
+                           std::to_string(counter.fetch_add(1)) + "." + runtime::unpredictableSuffix();
+  runtime::UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd) COHORT_THROW(IoError) << "store: cannot create " << temp << ": " << std::strerror(errno);
   try {
     writeAll(fd.get(), value, temp);

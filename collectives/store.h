@@ -6,7 +6,7 @@
 // timeout; a TimeoutError names the keys still missing.
 //
 // FileStore keeps one file per key in a directory that every rank can see (one node, or a shared
-// file system): set() writes "<dir>/.tmp.<key>.<pid>.<n>", fsyncs nothing (rendezvous data is not
+// file system): set() writes "<dir>/.tmp.<key>.<pid>.<n>.<random>", fsyncs nothing (rendezvous data is not
 // durable) and renames it to "<dir>/<key>", so a reader sees either no file or the whole value;
 // waits poll with ipc::Backoff (spin, then sleep 50 µs doubling to 10 ms). Keys are
 // [A-Za-z0-9_.-]+ and may not start with '.' (InvalidArgument otherwise). The directory is created

@@ -5,6 +5,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <optional>
@@ -110,9 +111,12 @@ std::string lockHolder(int fd) {
   }
   char recorded[256] = {};
   const ssize_t n = ::pread(fd, recorded, sizeof recorded - 1, 0);
-  std::string who = n > 0 ? std::string(recorded, static_cast<size_t>(n)) : "a process that has not said who it is";
+  std::string who(recorded, static_cast<size_t>(std::max<ssize_t>(n, 0)));
   while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-  return who;
+  // Printable only: the file is ours, but its text came from whoever wrote it last.
+  for (char& c : who) c = (c >= 0x20 && c < 0x7f) ? c : '?';
+  return who.empty() ? "a process this machine does not list (its lock file names none)"
+                     : "a process this machine does not list; its lock file says " + who;
 }
 
 }  // namespace
@@ -150,6 +154,12 @@ std::optional<std::string> checkpointLockHolder(const std::string& path) {
   runtime::UniqueFd fd(::open(lockPath.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   struct stat st {};
   if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  // Held at all? Taken and let go at once if nobody holds it (a run starting in that instant is
+  // refused as if two had started together; /proc/locks alone cannot tell "free" from "unlisted").
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) {
+    ::flock(fd.get(), LOCK_UN);
+    return std::nullopt;
+  }
   if (!lockHeldByUs(fd.get())) return std::nullopt;
   return lockHolder(fd.get()) + "; " + lockPath;
 }
