@@ -2,8 +2,14 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
+#include <sys/stat.h>
 
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/checkpoint.h"  // checkpointLockHolder
 #include "nn/gpt.h"
 #include "nn/gpt_files.h"
 #include "nn/model_weights.h"
@@ -11,6 +17,36 @@
 #include "runtime/error.h"
 
 namespace cohort::cli {
+
+namespace {
+
+// The files an export writes (nn/gpt_files.h): one, or a directory's model.safetensors and config.json.
+std::vector<std::string> exportTargets(const ExportFlags& f) {
+  if (f.format == "llmc" || f.out.ends_with(".safetensors")) return {f.out};
+  return {f.out + "/model.safetensors", f.out + "/config.json"};
+}
+
+// An export never replaces a training run's state: not the checkpoint it reads (the state --resume
+// loads, the same file under any name), not a checkpoint a running job holds (its CheckpointLock).
+void refuseTrainingCheckpoints(const ExportFlags& f) {
+  struct stat in {};
+  if (::stat(f.checkpoint.c_str(), &in) != 0) return;  // readModelWeights names what is missing
+  for (const std::string& target : exportTargets(f)) {
+    struct stat out {};
+    if (::stat(target.c_str(), &out) == 0 && out.st_dev == in.st_dev && out.st_ino == in.st_ino) {
+      COHORT_THROW(InvalidArgument) << target << " is the checkpoint being exported (" << f.checkpoint
+                                    << "): the export would replace the training state that --resume loads; write "
+                                       "it elsewhere";
+    }
+    if (const std::optional<std::string> holder = nn::checkpointLockHolder(target)) {
+      COHORT_THROW(InvalidArgument) << target << " is the checkpoint of a running job (" << *holder
+                                    << "): the export would replace it; stop that job first, or write the export "
+                                       "elsewhere";
+    }
+  }
+}
+
+}  // namespace
 
 void addExportFlags(CLI::App& c, ExportFlags& f) {
   c.add_option("--format", f.format, "hf (HuggingFace GPT-2: a directory, or a .safetensors file) | llmc (llm.c's model file)")
@@ -29,6 +65,7 @@ int runExport(const ExportFlags& f) {
   if (dtype != runtime::DType::kF32 && f.format != "llmc") {
     COHORT_THROW(InvalidArgument) << "--dtype " << f.dtype << " is for --format llmc; HuggingFace files are written in fp32";
   }
+  refuseTrainingCheckpoints(f);
   const nn::ModelWeights weights = nn::readModelWeights(f.checkpoint);
   const std::unique_ptr<nn::Model> model = nn::modelOf(weights);
   const auto* gpt = dynamic_cast<const nn::Gpt*>(model->net.get());

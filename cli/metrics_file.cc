@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "runtime/data/regular_file.h"  // fileTypeName
 #include "runtime/error.h"
 
 namespace cohort::cli {
@@ -85,16 +86,33 @@ struct Place {
 };
 std::ostream& operator<<(std::ostream& os, const Place& p) { return os << p.path << ":" << p.line; }
 
-const char* fileTypeName(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO or pipe";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a file";
+// Arrays and objects nested deeper than this are refused before parsing: a metrics line is a flat
+// object, and nesting 200000 deep overflowed the stack (nlohmann's values nest by recursion).
+constexpr int kMaxNesting = 64;
+
+void checkNesting(const std::string& text, const Place& at) {
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (inString) {
+      if (c == '\\') ++i;
+      else if (c == '"') inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxNesting) {
+        COHORT_THROW(InvalidArgument) << at << ": values nested more than " << kMaxNesting << " deep (at column "
+                                      << i + 1 << "); a metrics file holds one flat JSON object per line";
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
 }
 
 Json parseLine(const std::string& text, const Place& at) {
+  checkNesting(text, at);
   size_t column = 0;
   try {
     return Json::parse(text);
@@ -164,7 +182,7 @@ MetricsFile readMetricsFile(const std::string& path) {
   }
   // A device or pipe may never end (/dev/zero) and a FIFO blocks the open until a writer comes.
   if (!S_ISREG(st.st_mode)) {
-    COHORT_THROW(IoError) << path << ": cannot read metrics: it is " << fileTypeName(st.st_mode)
+    COHORT_THROW(IoError) << path << ": cannot read metrics: it is " << runtime::data::fileTypeName(st.st_mode)
                           << ", not a regular file";
   }
   std::ifstream in(path);

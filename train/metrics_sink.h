@@ -2,7 +2,19 @@
 // TensorBoard scalars (train/tensorboard_writer.h) — one line per epoch and, with
 // TrainerOptions::logEverySteps, one every N steps. Every numeric field of a line becomes a scalar
 // at the line's step, under the tag docs/observing.md lists (tensorboardTag).
-// Ownership: owns its TensorBoard writer. Thread safety: the training thread only.
+//
+// The metrics file is opened once, for appending, only when it is a regular file of this user:
+// "PATH: is a FIFO or pipe, not a regular file" (likewise a device, socket; IoError, as --data
+// says it), and "PATH: is owned by user X (uid N), not you" for another user's file. A symbolic
+// link is followed only when the link and the file it names are both this user's (a link you made
+// to your own file; not one another user planted, e.g. in /tmp): else "PATH: is a symbolic link
+// owned by ...". The open never blocks (O_NONBLOCK: a FIFO is refused, not waited on).
+// A file that ends in a torn line (a run killed mid-write, a disk that filled) is cut back to its
+// last whole line at open; tornLineCutAt() says where, for the caller's warning.
+// Each line is one write(2) of the whole line, checked; a line that cannot be written whole is cut
+// off again (ftruncate to where it began), and the sink records the failure, writes nothing more,
+// and failure() names it: the Trainer then stops the run at its next checkpoint (exit 2).
+// Ownership: owns its TensorBoard writer and the file. Thread safety: the training thread only.
 //
 //   MetricsSink sink(options.metricsPath, options.tensorboardDir);   // IoError if DIR is unwritable
 //   sink.epoch(report, /*classification=*/true);
@@ -12,6 +24,9 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "runtime/unique_fd.h"
 #include "train/trainer.h"
 
 namespace cohort::train {
@@ -44,8 +59,19 @@ class MetricsSink {
   void epoch(const EpochReport& report, bool classification);
   void steps(const StepFigures& figures);
 
+  // Where a torn last line was cut off at open (its byte offset), if the file had one.
+  std::optional<uint64_t> tornLineCutAt() const { return tornLineCutAt_; }
+  // "<path>: cannot append metrics: <errno text>" once a write has failed; empty before.
+  const std::string& failure() const { return failure_; }
+
  private:
+  void publish(const nlohmann::json& line, bool stepLine);
+  void append(const std::string& line);
+
   std::string metricsPath_;
+  runtime::UniqueFd file_;
+  std::optional<uint64_t> tornLineCutAt_;
+  std::string failure_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 

@@ -50,6 +50,7 @@ double Trainer::secondsSince(Clock::time_point t) { return std::chrono::duration
 Trainer::~Trainer() = default;
 
 std::string Trainer::stopCause() const {
+  if (metrics_ && !metrics_->failure().empty()) return "the metrics file cannot be written";
   if (userStop_) return "by a callback";
   if (!options_.stopRequested || !options_.stopRequested->load(std::memory_order_relaxed)) return "on another rank";
   const int signal = options_.stopSignal ? options_.stopSignal->load(std::memory_order_relaxed) : 0;
@@ -231,6 +232,11 @@ TrainResult Trainer::run() {
     }
   }
   result.wallSeconds = secondsSince(start);
+  // A metrics line that could not be written stopped the run like a failed checkpoint (after it).
+  if (metrics_ && !metrics_->failure().empty()) {
+    COHORT_THROW(IoError) << metrics_->failure() << " (the run stopped at step " << result.steps
+                          << (options_.checkpointPath.empty() ? "" : ", checkpointed") << ")";
+  }
 #ifdef COHORT_HAVE_CUDA
   if (deviceBatches) result.inputWaitMs = deviceBatches->inputWaitMs();
 #endif
@@ -308,6 +314,7 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
     job_.log().info() << "epoch " << pos.epoch + 1 << " " << describe(*report.times, job_.world().worldSize);
   }
   if (metrics_) metrics_->epoch(report, classification_);
+  if (metrics_ && !metrics_->failure().empty()) userStop_ = true;  // stop, checkpointed (run() throws)
   pos.lastTrainLoss = result.trainLoss;
   pos.lastTrainAcc = result.trainAcc;
   pos.lossSum = 0;

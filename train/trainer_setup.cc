@@ -182,6 +182,10 @@ void Trainer::prepareOutputs() {
         [&] {
           if (!options_.metricsPath.empty()) nn::checkOutputFile(options_.metricsPath, "metrics");
           metrics_ = std::make_unique<MetricsSink>(options_.metricsPath, options_.tensorboardDir);
+          if (const std::optional<uint64_t> cut = metrics_->tornLineCutAt()) {
+            job_.log().warn() << options_.metricsPath << ": its last line was torn (a run stopped mid-write): cut off at "
+                              << "byte " << *cut;
+          }
         },
         "metrics to " + (options_.tensorboardDir.empty() ? options_.metricsPath : options_.tensorboardDir));
   }

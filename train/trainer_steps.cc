@@ -172,6 +172,7 @@ void Trainer::logSteps(const QueuedStep& queued, StepWindow& window) {
     // On a GPU the losses stay on the device until the epoch's end.
     if (!job_.gpu() && window.samples > 0) f.trainLoss = window.lossSum / static_cast<double>(window.samples);
     metrics_->steps(f);
+    if (!metrics_->failure().empty()) userStop_ = true;  // stop at the next checkpoint (Trainer::run throws)
   }
   window = StepWindow{};
 }

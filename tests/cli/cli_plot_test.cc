@@ -293,6 +293,19 @@ TEST_F(PlotCliTest, MalformedLinesAndNonRegularFilesExitTwoNamingThem) {
   }
 }
 
+// A value nested 200000 deep overflowed the stack (a segfault: the message about the figure that
+// is no number printed the value, recursively); a metrics line is a flat object, so nesting past a
+// small depth is refused before parsing, naming FILE:LINE (issue 44 item 21).
+TEST_F(PlotCliTest, DeeplyNestedValuesExitTwoNamingTheLine) {
+  writeFile(path("deep.jsonl"), metricsLines(1, 100, 1.0, false) + "{\"epoch\":2,\"step\":200,\"train_loss\":" +
+                                    std::string(200000, '[') + std::string(200000, ']') + "}\n");
+  expectError({path("deep.jsonl"), "--output", path("x.png")},
+              {path("deep.jsonl") + ":5: values nested more than 64 deep (at column 99)"});
+  // Brackets inside strings are text, not nesting.
+  writeFile(path("text.jsonl"), "{\"epoch\":1,\"step\":1,\"train_loss\":1,\"note\":\"" + std::string(100, '[') + "\"}\n");
+  plot({path("text.jsonl"), "--output", path("text.png")});
+}
+
 TEST_F(PlotCliTest, BadInputExitsTwoNamingIt) {
   writeFile(path("bad.jsonl"), metricsLines(2, 100, 1.0, true) + "{\"epoch\":3,\"step\":300,\"train_loss\":\"low\"}\n");
   expectError({path("a.jsonl"), path("bad.jsonl"), "--output", path("x.png")},
