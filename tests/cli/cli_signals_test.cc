@@ -37,10 +37,12 @@ class SignalsCliTest : public ::testing::Test {
             "--progress-every", "0", "--checkpoint", checkpoint, "--checkpoint-every", "50", "--resume"};
   }
 
-  // Runs `argv` in the background, sends `signals` (e.g. "TERM") once the first periodic checkpoint
-  // exists, and waits for it.
+  // Runs `argv` in the background, its steps slowed, sends `signal` (e.g. "TERM") once the first
+  // periodic checkpoint exists, and waits for it.
   CommandResult signalled(const std::vector<std::string>& argv, const std::string& checkpoint, const std::string& signal) {
-    std::string quoted;
+    // Each step at least 20 ms: the run's 2814 steps outlast the shell's poll however busy the
+    // machine (unslowed, a fast worker trains them in under a second).
+    std::string quoted = "COHORT_TEST_SLOW_BACKWARD=0:20";
     for (const auto& a : argv) quoted += " '" + a + "'";
     const std::string script = quoted + " & pid=$!; n=0; until [ -f '" + checkpoint +
                                "' ] || [ $n -ge 1200 ]; do sleep 0.05; n=$((n+1)); done; kill -" + signal +
@@ -92,8 +94,12 @@ TEST_F(SignalsCliTest, ASecondSigtermEndsTheWorkerAtOnce) {
 
 TEST_F(SignalsCliTest, ASecondRunOnTheSameCheckpointIsRefusedNamingTheFirst) {
   const std::string ckpt = dir_ + "/shared.st", lock = dir_ + "/.shared.st.lock";
-  std::string quoted;
-  for (const auto& a : train(ckpt)) quoted += " '" + a + "'";
+  // The first cannot end before it is stopped: 1000 epochs, each step at least 1 ms (a fast worker
+  // used to finish its 3 epochs before a slow second run had started, which then trained).
+  std::vector<std::string> first = train(ckpt);
+  first[7] = "1000";  // --epochs
+  std::string quoted = "COHORT_TEST_SLOW_BACKWARD=0:1";
+  for (const auto& a : first) quoted += " '" + a + "'";
   std::string second;
   for (const auto& a : train(ckpt)) second += " '" + a + "'";
   // The second starts once the first holds the lock and has checkpointed; then the first is stopped.
