@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <optional>
 #include <sstream>
 #include <vector>
