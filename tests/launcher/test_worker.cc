@@ -136,15 +136,22 @@ std::string segmentPath(int rank) {
   return cohort::ipc::segmentPath(env("COHORT_JOB_ID"), "test-" + std::to_string(rank));
 }
 
+// The line is said before the file appears under its name (made aside, then renamed): a peer that
+// sees the file (awaitPeers) and fails can get this worker stopped, and the line must be out by then.
 void createSegment() {
-  std::string path = segmentPath(myRank());
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  const std::string path = segmentPath(myRank());
+  const std::string aside = path + ".new";
+  int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
-    say("cannot create " + path, stderr);
+    say("cannot create " + aside, stderr);
     std::exit(1);
   }
   ::close(fd);
   say("segment " + path);
+  if (::rename(aside.c_str(), path.c_str()) != 0) {
+    say("cannot rename " + aside + " to " + path, stderr);
+    std::exit(1);
+  }
 }
 
 // A file-system barrier: polls for every rank's segment file.
