@@ -59,7 +59,8 @@ runtime::UniqueFd openLockFile(const std::string& path, const std::string& lockP
 
 // Whether `fd` is still the file named `path` (a holder may have removed or replaced it meanwhile).
 bool sameFile(int fd, const std::string& path) {
-  struct stat opened {}, named {};
+  struct stat opened {
+  }, named{};
   return ::fstat(fd, &opened) == 0 && ::lstat(path.c_str(), &named) == 0 && opened.st_ino == named.st_ino &&
          opened.st_dev == named.st_dev;
 }
@@ -138,6 +139,7 @@ CheckpointLock::CheckpointLock(const std::string& path) {
                     << "): stop it first, or give this run another --checkpoint";
     }
     if (!sameFile(fd.get(), lockPath_)) continue;
+    (void)::fchmod(fd.get(), 0600);  // an older version's 0644 file: nobody else opens it from now on
     char host[256] = "unknown host";
     ::gethostname(host, sizeof host - 1);
     const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";

@@ -104,7 +104,8 @@ size_t removeStaleTemporaries(const std::string& path) {
 }
 
 std::string describeUser(uid_t uid) {
-  struct passwd entry {}, *found = nullptr;
+  struct passwd entry {
+  }, *found = nullptr;
   char buffer[4096];
   if (::getpwuid_r(uid, &entry, buffer, sizeof buffer, &found) == 0 && found) {
     return "user " + std::string(found->pw_name) + " (uid " + std::to_string(uid) + ")";

@@ -15,7 +15,7 @@
 
 #include "runtime/data/regular_file.h"  // requireRegularFile
 #include "runtime/error.h"
-#include "runtime/output_file.h"        // describeUser
+#include "runtime/output_file.h"  // describeUser
 #include "train/tensorboard_writer.h"
 
 namespace cohort::train {
@@ -46,7 +46,9 @@ runtime::UniqueFd openMetricsFile(const std::string& path) {
   }
   if (::fstat(fd.get(), &st) != 0) COHORT_THROW(IoError) << path << ": cannot stat: " << std::strerror(errno);
   runtime::data::requireRegularFile(path, st.st_mode);
-  if (st.st_uid != ::geteuid()) refuseOwner(path, target == path ? "is" : "is a symbolic link to " + target + ", which is", st.st_uid);
+  if (st.st_uid != ::geteuid()) {
+    refuseOwner(path, target == path ? "is" : "is a symbolic link to " + target + ", which is", st.st_uid);
+  }
   const int flags = ::fcntl(fd.get(), F_GETFL);
   if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
     COHORT_THROW(IoError) << path << ": cannot set blocking writes: " << std::strerror(errno);

@@ -23,9 +23,9 @@ class ExportCliTest : public ::testing::Test {
     while (text.size() < 4000) text += "the cat sees the river and a dog follows the red ball. ";
     writeFile(dir_ + "/corpus.txt", text);
     ckpt_ = dir_ + "/run.st";
-    CommandResult r = runCohort({"train", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16", "--data",
-                                 "text:" + dir_ + "/corpus.txt", "--max-steps", "1", "--threads", "1",
-                                 "--progress-every", "0", "--checkpoint", ckpt_});
+    CommandResult r =
+        runCohort({"train", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16", "--data", "text:" + dir_ + "/corpus.txt",
+                   "--max-steps", "1", "--threads", "1", "--progress-every", "0", "--checkpoint", ckpt_});
     ASSERT_EQ(r.exitCode, 0) << r.describe();
     before_ = readFile(ckpt_);
   }

@@ -35,8 +35,9 @@ class MetricsOutputTest : public ::testing::Test {
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
   // A small regression run: 16 steps per epoch, each line of --log-every-steps 1 ~120 bytes.
   std::vector<std::string> train(const std::vector<std::string>& extra) const {
-    std::vector<std::string> a = {"train", "--data", "csv:" + path("data.csv"), "--loss", "mse", "--model", "mlp:3,1",
-                                  "--batch-size", "4", "--threads", "1", "--progress-every", "0"};
+    std::vector<std::string> a = {
+        "train",     "--data", "csv:" + path("data.csv"), "--loss", "mse", "--model", "mlp:3,1", "--batch-size", "4",
+        "--threads", "1",      "--progress-every",        "0"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -62,11 +63,13 @@ TEST_F(MetricsOutputTest, SymbolicLinksToOrFromAnotherUserAreRefusedSayingSo) {
   if (!user) GTEST_SKIP() << why;
   const std::string theirs = path("theirs.jsonl"), mine = path("mine.jsonl");
   writeFile(mine, "");
-  ASSERT_EQ(runAsOtherUser(*user, [&] {
-              writeFile(theirs, "");
-              if (::chmod(theirs.c_str(), 0666) != 0) return 1;
-              return ::symlink(mine.c_str(), path("planted").c_str()) == 0 ? 0 : 2;  // to the victim's file
-            }),
+  ASSERT_EQ(runAsOtherUser(*user,
+                           [&] {
+                             writeFile(theirs, "");
+                             if (::chmod(theirs.c_str(), 0666) != 0) return 1;
+                             return ::symlink(mine.c_str(), path("planted").c_str()) == 0 ? 0
+                                                                                          : 2;  // to the victim's file
+                           }),
             0);
   ASSERT_EQ(::symlink(theirs.c_str(), path("to-theirs").c_str()), 0);  // the victim's own link
   ASSERT_EQ(::symlink(mine.c_str(), path("to-mine").c_str()), 0);
@@ -96,8 +99,8 @@ TEST_F(MetricsOutputTest, AFailedMetricsWriteStopsTheRunAfterItsCheckpointAndLea
   const std::string metrics = path("m.jsonl"), ckpt = path("c.st");
   // 4 KiB (bash counts 1024-byte blocks); the checkpoint of mlp:3,1 is smaller.
   std::string command = "trap '' XFSZ; ulimit -f 4; exec '" + cohortBinary() + "'";
-  for (const std::string& a : train({"--epochs", "20", "--log-every-steps", "1", "--metrics", metrics, "--checkpoint",
-                                     ckpt})) {
+  for (const std::string& a :
+       train({"--epochs", "20", "--log-every-steps", "1", "--metrics", metrics, "--checkpoint", ckpt})) {
     command += " '" + a + "'";
   }
   CommandResult r = runCommand({"/bin/bash", "-c", command});
@@ -129,9 +132,10 @@ TEST_F(MetricsOutputTest, ATornLastLineIsCutOffWithAWarning) {
   writeFile(metrics, whole + "{\"epoch\":2,\"st");
   CommandResult r = runCohort(train({"--epochs", "1", "--metrics", metrics}));
   EXPECT_EQ(r.exitCode, 0) << r.describe();
-  EXPECT_NE(r.stdoutText.find("warning: " + metrics + ": its last line was torn (a run stopped mid-write): cut off at byte " +
-                              std::to_string(whole.size())),
-            std::string::npos)
+  EXPECT_NE(
+      r.stdoutText.find("warning: " + metrics + ": its last line was torn (a run stopped mid-write): cut off at byte " +
+                        std::to_string(whole.size())),
+      std::string::npos)
       << r.describe();
   const std::string text = readFile(metrics);
   EXPECT_EQ(text.rfind(whole + "{\"epoch\":1,", 0), 0u) << text;

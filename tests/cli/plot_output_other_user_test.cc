@@ -39,12 +39,14 @@ TEST(PlotOutputOtherUserTest, LinksPlantedWhereTheTemporaryGoesAreNeverWrittenTh
   const mode_t oldUmask = ::umask(022);
   for (const std::string name : {"out.png", "out.svg"}) {
     const std::string out = dir + "/" + name, pid = std::to_string(::getpid());
-    ASSERT_EQ(testing::runAsOtherUser(*user, [&] {
-                for (const std::string& tmp : {out + ".tmp." + pid, dir + "/." + name + ".tmp." + pid}) {
-                  if (::symlink(victim.c_str(), tmp.c_str()) != 0) return 1;
-                }
-                return 0;
-              }),
+    ASSERT_EQ(testing::runAsOtherUser(
+                  *user,
+                  [&] {
+                    for (const std::string& tmp : {out + ".tmp." + pid, dir + "/." + name + ".tmp." + pid}) {
+                      if (::symlink(victim.c_str(), tmp.c_str()) != 0) return 1;
+                    }
+                    return 0;
+                  }),
               0);
     writePlot(metrics, {.outputPath = out});
     EXPECT_EQ(readText(victim), "the victim's own file\n") << "the plot was written through the planted link";

@@ -112,15 +112,18 @@ TEST_F(CheckpointOtherUserTest, TemporariesPlantedByAnotherUserAreNeverWrittenOr
   if (!user) GTEST_SKIP() << why_;
   const std::string prefix = dir_ + "/.model.safetensors.tmp.";
   const pid_t me = ::getpid();
-  ASSERT_EQ(testing::runAsOtherUser(*user, [&] {
-              std::ofstream(prefix + std::to_string(me)) << "attacker";
-              if (::chmod((prefix + std::to_string(me)).c_str(), 0666) != 0) return 1;
-              for (int i = 1; i < 50; ++i) {
-                if (::symlink(victimFile_.c_str(), (prefix + std::to_string(me + i)).c_str()) != 0) return 2;
-              }
-              return 0;
-            }),
-            0);
+  ASSERT_EQ(
+      testing::runAsOtherUser(*user,
+                              [&] {
+                                std::ofstream(prefix + std::to_string(me)) << "attacker";
+                                if (::chmod((prefix + std::to_string(me)).c_str(), 0666) != 0) return 1;
+                                for (int i = 1; i < 50; ++i) {
+                                  if (::symlink(victimFile_.c_str(), (prefix + std::to_string(me + i)).c_str()) != 0)
+                                    return 2;
+                                }
+                                return 0;
+                              }),
+      0);
   writeCheckpoint(path_, tensors(), {{"v", "1"}});
   struct stat st {};
   ASSERT_EQ(::lstat(path_.c_str(), &st), 0);
@@ -147,10 +150,11 @@ TEST_F(CheckpointOtherUserTest, TheSweepOfKilledWritersTemporariesNeverRemovesAn
   int status = 0;
   ASSERT_EQ(::waitpid(dead, &status, 0), dead);
   const std::string prefix = dir_ + "/.model.safetensors.tmp." + std::to_string(dead);
-  ASSERT_EQ(testing::runAsOtherUser(*user, [&] {
-              std::ofstream(prefix) << "attacker";
-              return ::symlink(victimFile_.c_str(), (prefix + ".abcdef").c_str()) == 0 ? 0 : 1;
-            }),
+  ASSERT_EQ(testing::runAsOtherUser(*user,
+                                    [&] {
+                                      std::ofstream(prefix) << "attacker";
+                                      return ::symlink(victimFile_.c_str(), (prefix + ".abcdef").c_str()) == 0 ? 0 : 1;
+                                    }),
             0);
   EXPECT_EQ(prepareCheckpointDestination(path_), 0u);
   EXPECT_EQ(readText(prefix), "attacker");
@@ -164,10 +168,11 @@ TEST_F(CheckpointOtherUserTest, ALockFileOwnedByAnotherUserIsRefusedNamingTheOwn
   auto user = other();
   if (!user) GTEST_SKIP() << why_;
   const std::string lock = dir_ + "/.model.safetensors.lock";
-  ASSERT_EQ(testing::runAsOtherUser(*user, [&] {
-              std::ofstream(lock) << "pid 1 on elsewhere\n";
-              return 0;
-            }),
+  ASSERT_EQ(testing::runAsOtherUser(*user,
+                                    [&] {
+                                      std::ofstream(lock) << "pid 1 on elsewhere\n";
+                                      return 0;
+                                    }),
             0);
   try {
     CheckpointLock held(path_);
