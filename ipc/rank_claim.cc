@@ -66,7 +66,8 @@ class DirectoryLock {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     Backoff backoff(std::chrono::milliseconds(1));
     while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      if (errno != EWOULDBLOCK && errno != EINTR) COHORT_THROW(IoError) << dir.path << ": flock: " << std::strerror(errno);
+      if (errno != EWOULDBLOCK && errno != EINTR)
+        COHORT_THROW(IoError) << dir.path << ": flock: " << std::strerror(errno);
       if (std::chrono::steady_clock::now() >= deadline) {
         COHORT_THROW(TimeoutError) << "the private shared-memory directory " << dir.path
                                    << " stayed locked by another process for "

@@ -75,7 +75,8 @@ std::vector<std::string> listWithPrefix(const PrivateDirectory& dir, const std::
   std::vector<std::string> names;
   runtime::UniqueFd copy(::fcntl(dir.fd.get(), F_DUPFD_CLOEXEC, 0));  // closedir closes it
   DIR* opened = copy ? ::fdopendir(copy.get()) : nullptr;
-  if (!opened) COHORT_THROW(IoError) << "cannot list shared-memory directory " << dir.path << ": " << std::strerror(errno);
+  if (!opened)
+    COHORT_THROW(IoError) << "cannot list shared-memory directory " << dir.path << ": " << std::strerror(errno);
   copy.release();
   std::unique_ptr<DIR, int (*)(DIR*)> d(opened, closedir);
   ::rewinddir(d.get());  // the copy shares the original's position
@@ -221,8 +222,7 @@ std::vector<std::string> sweepStaleSegments() {
       }
       continue;
     }
-    bool stale =
-        parseLauncherJobId(jobId) ? launcherJobIsGone(jobId) : creatorIsGone(*dir, name, kStaleGracePeriod);
+    bool stale = parseLauncherJobId(jobId) ? launcherJobIsGone(jobId) : creatorIsGone(*dir, name, kStaleGracePeriod);
     if (stale && ::unlinkat(dir->fd.get(), name.c_str(), 0) == 0) removed.push_back(name);
   }
   return removed;

@@ -265,8 +265,8 @@ ShmRegion ShmRegion::open(const OpenOptions& options) {
     if (std::chrono::steady_clock::now() >= deadline) {
       COHORT_THROW(TimeoutError) << "timed out after " << seconds(options.timeout) << " waiting for "
                                  << options.creatorDescription << " to publish shared-memory segment " << r.name_
-                                 << " of job " << sanitizeJobId(options.jobId) << " in " << privateDirectoryPath() << ": "
-                                 << p.waitingFor;
+                                 << " of job " << sanitizeJobId(options.jobId) << " in " << privateDirectoryPath()
+                                 << ": " << p.waitingFor;
     }
     backoff.pause();
   }

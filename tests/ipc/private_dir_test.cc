@@ -85,8 +85,7 @@ TEST(PrivateDirectory, AFileInItThatThisUserDidNotMakeIsRefusedAtOnce) {
   ASSERT_EQ(::symlink(target.c_str(), params.c_str()), 0);
   double elapsed = 0;
   const std::string m = refusalOf(
-      [&] { ShmRegion::open({.jobId = job, .name = "params", .payloadBytes = 64, .timeout = seconds(30)}); },
-      &elapsed);
+      [&] { ShmRegion::open({.jobId = job, .name = "params", .payloadBytes = 64, .timeout = seconds(30)}); }, &elapsed);
   EXPECT_EQ(m.rfind("shared-memory segment " + params + " is a symbolic link owned by ", 0), 0u) << m;
   EXPECT_LT(elapsed, 5.0) << "waited on it";
   EXPECT_NE(refusalOf([&] { ShmRegion::create({.jobId = job, .name = "params", .payloadBytes = 64}); }), "");
@@ -147,7 +146,7 @@ std::string oldClaimName(const std::string& shmDir, const std::string& job, int 
 
 TEST_F(OtherUserTest, SquatsOfTheNamesJobsUsedBeforeNeitherRefuseNorDelayAJob) {
   ScopedShmDir shm(ScopedShmDir::Kind::kSharedLikeDevShm);
-  const std::string fixedId = freshJobId();          // as COHORT_JOB_ID or SLURM's job-step give it
+  const std::string fixedId = freshJobId();            // as COHORT_JOB_ID or SLURM's job-step give it
   const std::string launcherId = makeLauncherJobId();  // as cohortrun makes it, from /proc
   int ready[2], release[2];
   ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
@@ -200,17 +199,16 @@ TEST_F(OtherUserTest, ItsDirectoryInOurPrivateDirectorysNameIsRefusedAtOnceNamin
   const std::string expected = "the private shared-memory directory " + path + " belongs to " + otherNamed_;
   double elapsed = 0;
   std::string m = refusalOf(
-      [&] { ShmRegion::open({.jobId = job, .name = "params", .payloadBytes = 64, .timeout = seconds(30)}); },
-      &elapsed);
+      [&] { ShmRegion::open({.jobId = job, .name = "params", .payloadBytes = 64, .timeout = seconds(30)}); }, &elapsed);
   EXPECT_EQ(m.rfind(expected, 0), 0u) << m;
   EXPECT_TRUE(contains(m, "another user created it")) << m;
   EXPECT_TRUE(contains(m, "set COHORT_SHM_DIR to a directory of your own")) << m;
   EXPECT_LT(elapsed, 5.0) << "waited";
   EXPECT_EQ(refusalOf([&] { RankClaim::take(job, 0); }).rfind(expected, 0), 0u);
   EXPECT_EQ(refusalOf([&] { RankRoster::join({.jobId = job, .localWorldSize = 2}); }).rfind(expected, 0), 0u);
-  EXPECT_EQ(refusalOf([&] { ShmRegion::create({.jobId = job, .name = "params", .payloadBytes = 64}); })
-                .rfind(expected, 0),
-            0u);
+  EXPECT_EQ(
+      refusalOf([&] { ShmRegion::create({.jobId = job, .name = "params", .payloadBytes = 64}); }).rfind(expected, 0),
+      0u);
   EXPECT_EQ(modeOf(path) & 07777, 0777u) << "their directory was changed";
   EXPECT_TRUE(testing::listDirectory(path).empty()) << "something was written into their directory";
 }
@@ -253,13 +251,13 @@ TEST_F(OtherUserTest, ASegmentOrRosterOfAnotherOwnerInThePrivateDirectoryIsRefus
         [&] { ShmRegion::open({.jobId = job, .name = name, .payloadBytes = 64, .timeout = seconds(30)}); }, &elapsed);
     EXPECT_EQ(m.rfind(expected, 0), 0u) << m;
     EXPECT_LT(elapsed, 5.0) << "waited on " << file;
-    EXPECT_EQ(refusalOf([&] { ShmRegion::create({.jobId = job, .name = name, .payloadBytes = 64}); })
-                  .rfind(expected, 0),
-              0u);
+    EXPECT_EQ(
+        refusalOf([&] { ShmRegion::create({.jobId = job, .name = name, .payloadBytes = 64}); }).rfind(expected, 0), 0u);
   }
   const std::string roster = shm.privatePath() + "/" + segmentName(job, "roster");
-  EXPECT_EQ(refusalOf([&] { RankRoster::join({.jobId = job, .localWorldSize = 2}); })
-                .rfind("job roster " + roster + " belongs to " + otherNamed_, 0),
+  EXPECT_EQ(refusalOf([&] {
+              RankRoster::join({.jobId = job, .localWorldSize = 2});
+            }).rfind("job roster " + roster + " belongs to " + otherNamed_, 0),
             0u);
 }
 

@@ -37,12 +37,13 @@ TEST(CohortrunOtherUserTest, APrivateDirectoryMadeByAnotherUserRefusesTheJobAtOn
   ASSERT_NE(::mkdtemp(shm.data()), nullptr);
   ASSERT_EQ(::chmod(shm.c_str(), 01777), 0);
   const std::string theirs = shm + "/cohort-" + std::to_string(::geteuid());
-  ASSERT_EQ(cohort::testing::runAsOtherUser(
-                *other, [&] { return ::mkdir(theirs.c_str(), 0777) == 0 && ::chmod(theirs.c_str(), 0777) == 0 ? 0 : 1; }),
-            0);
+  ASSERT_EQ(
+      cohort::testing::runAsOtherUser(
+          *other, [&] { return ::mkdir(theirs.c_str(), 0777) == 0 && ::chmod(theirs.c_str(), 0777) == 0 ? 0 : 1; }),
+      0);
   const auto start = Clock::now();
-  const Output r = runLauncher({"--nproc-per-node", "2", "--", testWorker(), "--create-segment"},
-                               {"COHORT_SHM_DIR=" + shm});
+  const Output r =
+      runLauncher({"--nproc-per-node", "2", "--", testWorker(), "--create-segment"}, {"COHORT_SHM_DIR=" + shm});
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(r.exitCode, 2) << r.describe();
   EXPECT_EQ(r.err, "cohortrun: error: the private shared-memory directory " + theirs + " belongs to " +

@@ -66,15 +66,14 @@ TEST(MpsDaemonTest, AnotherUsersDirectoryOfTheJobsNameIsNeverAdoptedNorItsSymlin
   std::ofstream(victim) << "precious\n";
 
   const std::string theirs = base + "/cohortrun-cr-1-2-3";
-  ASSERT_EQ(cohort::testing::runAsOtherUser(*other,
-                                            [&] {
-                                              return ::mkdir(theirs.c_str(), 0777) == 0 &&
-                                                             ::chmod(theirs.c_str(), 0777) == 0 &&
-                                                             ::symlink(victim.c_str(),
-                                                                       (theirs + "/mps-control.out").c_str()) == 0
-                                                         ? 0
-                                                         : 1;
-                                            }),
+  ASSERT_EQ(cohort::testing::runAsOtherUser(
+                *other,
+                [&] {
+                  return ::mkdir(theirs.c_str(), 0777) == 0 && ::chmod(theirs.c_str(), 0777) == 0 &&
+                                 ::symlink(victim.c_str(), (theirs + "/mps-control.out").c_str()) == 0
+                             ? 0
+                             : 1;
+                }),
             0);
 
   auto daemon = MpsDaemon::start({.jobDirectory = theirs, .environment = {"PATH=" + base + "/bin:/usr/bin:/bin"}});
