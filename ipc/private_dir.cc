@@ -11,6 +11,7 @@
 
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
+#include "runtime/user_name.h"
 
 namespace cohort::ipc {
 namespace {
@@ -23,16 +24,16 @@ const char* kindOf(mode_t mode) {
   return "a special file";
 }
 
-std::string thisUser() { return describeUser(::geteuid()); }
+std::string thisUser() { return runtime::describeUser(::geteuid()); }
 
 // The directory at `path` (lstat or fstat in `st`) is not this user's private directory.
 [[noreturn]] void refuseDirectory(const std::string& path, const struct stat& st) {
   std::ostringstream os;
   os << "the private shared-memory directory " << path << " ";
   if (!S_ISDIR(st.st_mode)) {
-    os << "is " << kindOf(st.st_mode) << " owned by " << describeUser(st.st_uid) << ", not a directory";
+    os << "is " << kindOf(st.st_mode) << " owned by " << runtime::describeUser(st.st_uid) << ", not a directory";
   } else {
-    os << "belongs to " << describeUser(st.st_uid) << ", not to this user, " << thisUser();
+    os << "belongs to " << runtime::describeUser(st.st_uid) << ", not to this user, " << thisUser();
   }
   os << ": another user created it, which would let them see or block this user's jobs. Ask an administrator to "
         "remove it, or set COHORT_SHM_DIR to a directory of your own";
@@ -40,16 +41,6 @@ std::string thisUser() { return describeUser(::geteuid()); }
 }
 
 }  // namespace
-
-std::string describeUser(uid_t uid) {
-  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
-  std::vector<char> buffer(size > 0 ? static_cast<size_t>(size) : 16384);
-  passwd entry{};
-  passwd* found = nullptr;
-  const std::string number = "uid " + std::to_string(uid);
-  if (::getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) return number;
-  return std::string(found->pw_name) + " (" + number + ")";
-}
 
 std::string privateDirectoryPath() { return shmDirectory() + "/cohort-" + std::to_string(::geteuid()); }
 
@@ -87,9 +78,9 @@ void requireOwnRegularFile(const struct stat& st, const std::string& path, const
   std::ostringstream os;
   os << what << " " << path << " ";
   if (!S_ISREG(st.st_mode)) {
-    os << "is " << kindOf(st.st_mode) << " owned by " << describeUser(st.st_uid) << ", not a regular file";
+    os << "is " << kindOf(st.st_mode) << " owned by " << runtime::describeUser(st.st_uid) << ", not a regular file";
   } else {
-    os << "belongs to " << describeUser(st.st_uid) << ", not to this user, " << thisUser();
+    os << "belongs to " << runtime::describeUser(st.st_uid) << ", not to this user, " << thisUser();
   }
   os << ": this user's jobs did not make it and will not use it; its owner or an administrator must remove it";
   throw InvalidArgument(os.str());

@@ -43,9 +43,6 @@ std::string privateDirectoryPath();
 // IoError when the file system refuses.
 PrivateDirectory openPrivateDirectory();
 
-// "nobody (uid 65534)", or "uid 1234" when the uid has no passwd entry.
-std::string describeUser(uid_t uid);
-
 // Throws InvalidArgument naming `path`, what it is and its owner unless `st` (from fstat of an open
 // descriptor, or lstat) is a regular file owned by the effective uid. `what` names the file's role
 // in the message ("shared-memory segment", "job roster").

@@ -21,6 +21,7 @@
 #include "ipc/process_liveness.h"
 #include "ipc/shm_names.h"
 #include "runtime/error.h"
+#include "runtime/user_name.h"
 
 namespace cohort::ipc {
 
@@ -91,7 +92,7 @@ struct stat requireOwnSocket(const PrivateDirectory& dir, const std::string& nam
   if (::fstatat(dir.fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return st;  // gone: st_ino 0
   if (!S_ISSOCK(st.st_mode) || st.st_uid != ::geteuid()) {
     COHORT_THROW(InvalidArgument) << "the rank claim " << dir.path << "/" << name << " is not a socket of this user ("
-                                  << describeUser(st.st_uid) << " owns it, mode 0" << std::oct << st.st_mode
+                                  << runtime::describeUser(st.st_uid) << " owns it, mode 0" << std::oct << st.st_mode
                                   << "): its owner or an administrator must remove it";
   }
   return st;

@@ -18,6 +18,7 @@
 #include "nn/checkpoint_format.h"
 #include "runtime/output_file.h"
 #include "runtime/unique_fd.h"
+#include "runtime/user_name.h"
 
 namespace cohort::nn {
 

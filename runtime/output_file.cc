@@ -103,16 +103,6 @@ size_t removeStaleTemporaries(const std::string& path) {
   return removed;
 }
 
-std::string describeUser(uid_t uid) {
-  struct passwd entry {
-  }, *found = nullptr;
-  char buffer[4096];
-  if (::getpwuid_r(uid, &entry, buffer, sizeof buffer, &found) == 0 && found) {
-    return "user " + std::string(found->pw_name) + " (uid " + std::to_string(uid) + ")";
-  }
-  return "uid " + std::to_string(uid);
-}
-
 mode_t currentUmask() {
   std::ifstream status("/proc/self/status");
   std::string line;

@@ -85,9 +85,6 @@ std::pair<std::string, std::string> splitOutputPath(const std::string& path);
 // to look are not errors.
 size_t removeStaleTemporaries(const std::string& path);
 
-// "user NAME (uid N)", or "uid N" when the uid has no passwd entry: for messages naming an owner.
-std::string describeUser(uid_t uid);
-
 // 12 random hex digits from the kernel's generator, for names another user must not predict.
 std::string unpredictableSuffix();
 

@@ -15,7 +15,7 @@
 
 #include "runtime/data/regular_file.h"  // requireRegularFile
 #include "runtime/error.h"
-#include "runtime/output_file.h"  // describeUser
+#include "runtime/user_name.h"
 #include "train/tensorboard_writer.h"
 
 namespace cohort::train {

@@ -27,6 +27,7 @@
 #include "ipc/shm_names.h"
 #include "ipc/shm_region.h"
 #include "runtime/error.h"
+#include "runtime/user_name.h"
 #include "tests/ipc/multiproc.h"
 #include "tests/support/other_user.h"
 
@@ -101,7 +102,7 @@ class OtherUserTest : public ::testing::Test {
     std::optional<cohort::testing::OtherUser> other = cohort::testing::otherUser(&why);
     if (!other) GTEST_SKIP() << why;
     other_ = *other;
-    otherNamed_ = describeUser(other_.uid);  // "nobody (uid 65534)"
+    otherNamed_ = runtime::describeUser(other_.uid);  // "nobody (uid 65534)"
   }
   // Runs `fn` as the other user; true when it returned 0.
   bool asOther(const std::function<int()>& fn) { return cohort::testing::runAsOtherUser(other_, fn) == 0; }
