@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -437,6 +440,21 @@ PlotSummary writePlot(const std::vector<PlotRun>& runs, const PlotOptions& optio
 
 PlotSummary writePlot(const std::string& metricsPath, const PlotOptions& options) {
   return writePlot(std::vector<PlotRun>{{metricsPath, ""}}, options);
+}
+
+PlotMetricsFile::PlotMetricsFile() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/cohort-plot-XXXXXX";
+  if (::mkdtemp(dir.data()) == nullptr) {
+    COHORT_THROW(IoError) << "--plot: cannot create a directory " << dir << " for the run's metrics: "
+                          << std::strerror(errno) << " (set TMPDIR to a writable directory, or give --metrics)";
+  }
+  directory_ = dir;
+}
+
+PlotMetricsFile::~PlotMetricsFile() {
+  ::unlink(path().c_str());
+  ::rmdir(directory_.c_str());
 }
 
 }  // namespace cohort::cli

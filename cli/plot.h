@@ -53,4 +53,21 @@ PlotSummary writePlot(const std::vector<PlotRun>& runs, const PlotOptions& optio
 // One run, labelled by its file name.
 PlotSummary writePlot(const std::string& metricsPath, const PlotOptions& options);
 
+// Where the metrics of `cohort train --plot` without --metrics go: a directory of the run's own in
+// $TMPDIR (else /tmp), made by mkdtemp (0700, an unpredictable name), so that no file the user never
+// named can fail the run, and no other user can create the name first (docs/security.md; it was the
+// fixed cohort-plot-<pid>.metrics.jsonl). The destructor removes the file and the directory, however
+// the run ends. IoError naming the directory when it cannot be made.
+class PlotMetricsFile {
+ public:
+  PlotMetricsFile();
+  ~PlotMetricsFile();
+  PlotMetricsFile(const PlotMetricsFile&) = delete;
+  PlotMetricsFile& operator=(const PlotMetricsFile&) = delete;
+  std::string path() const { return directory_ + "/metrics.jsonl"; }
+
+ private:
+  std::string directory_;
+};
+
 }  // namespace cohort::cli

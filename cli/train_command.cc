@@ -402,6 +402,9 @@ std::atomic<bool> gStopRequested{false};
 std::atomic<int> gStopSignal{0};  // the signal that asked to stop (the last one)
 std::atomic<int> gTerminatingSignal{0};  // SIGTERM or SIGHUP, once one has asked
 std::atomic<bool> gTrainingReady{false};  // the Trainer is made: a stop request is honoured
+// Hogwild across nodes: the workers meet only at an epoch's end (train::Trainer::stopVoteDue), so a
+// stop is honoured there, and the answer to the signal says so.
+std::atomic<bool> gStopsAtEpochEnd{false};
 
 void installStopSignal() {
   sigset_t set;
@@ -421,8 +424,10 @@ void installStopSignal() {
           std::fprintf(stderr, "cohort: %s again: leaving now, without a checkpoint\n", name);
           std::_Exit(128 + signal);
         }
-        std::fprintf(stderr, "cohort: %s: stopping after this step (with a checkpoint where --checkpoint is given); "
-                             "send it again to leave at once\n", name);
+        std::fprintf(stderr, "cohort: %s: stopping %s (with a checkpoint where --checkpoint is given); "
+                             "send it again to leave at once\n",
+                     name, gStopsAtEpochEnd.load() ? "at the end of this epoch (Hogwild workers across nodes meet only there)"
+                                                   : "after this step");
       }
       gStopSignal.store(signal, std::memory_order_relaxed);
       gStopRequested.store(true, std::memory_order_relaxed);
@@ -448,13 +453,6 @@ void reportMemory(const runtime::Logger& log, const runtime::Device& device,
              << runtime::formatBytes(m.residentBytes) << ": " << runtime::formatBytes(m.anonymousBytes)
              << " private (heap, stacks, data), " << runtime::formatBytes(m.fileBytes)
              << " file-backed (program and libraries), " << runtime::formatBytes(m.sharedMemoryBytes) << " shared memory";
-}
-
-// Where the metrics of a run with --plot and without --metrics go: a file of this process in
-// $TMPDIR (else /tmp), never beside the image, where a file the user never named could fail the run.
-std::string plotMetricsPath() {
-  const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp && *tmp ? tmp : "/tmp") + "/cohort-plot-" + std::to_string(::getpid()) + ".metrics.jsonl";
 }
 
 // --model, else the model of --init-from's weights, else the default.
@@ -553,8 +551,9 @@ int runTrain(const TrainFlags& f) {
   }
   init.reset();  // placed: the copy is no longer needed
   // --plot draws from the metrics: without --metrics they go to a temporary file, removed after.
-  const std::string metricsPath = !f.metrics.empty() || f.plot.empty() || world.rank != 0 ? f.metrics : plotMetricsPath();
-  if (metricsPath != f.metrics) std::remove(metricsPath.c_str());
+  std::optional<cli::PlotMetricsFile> plotMetrics;
+  if (f.metrics.empty() && !f.plot.empty() && world.rank == 0) plotMetrics.emplace();  // cli/plot.h
+  const std::string metricsPath = plotMetrics ? plotMetrics->path() : f.metrics;
   auto loss = nn::makeLoss(classification ? nn::LossKind::kCrossEntropy : nn::LossKind::kMse);
   train::Trainer trainer(job, *loss, *trainSet, testSet.get(),
                          {.epochs = f.epochs,
@@ -589,6 +588,7 @@ int runTrain(const TrainFlags& f) {
                           .logStartLine = false});
   // From here a stop request is honoured (a checkpoint at the loop's first step); the line below tells
   // whoever watches that it is.
+  gStopsAtEpochEnd.store(!job.lockstep() && world.spansNodes());
   gTrainingReady.store(true);
   const bool shared = job.sharedParams() && world.worldSize > 1;
   log.info() << "cohort train: " << spec << " (" << model->params.numel() << " parameters"
@@ -624,7 +624,6 @@ int runTrain(const TrainFlags& f) {
   if (f.memoryReport) reportMemory(log, job.device(), job.deviceMemoryStats());
   if (!f.plot.empty() && world.rank == 0) {
     cli::PlotSummary drawn = cli::writePlot({{.metricsPath = metricsPath, .label = spec}}, {.outputPath = f.plot});
-    if (f.metrics.empty()) std::remove(metricsPath.c_str());
     log.info() << "plot of " << drawn.points << " points written to " << f.plot;
   }
   if (result.stoppedByRequest && world.rank == 0) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +12,7 @@
 #include <system_error>
 
 #include "runtime/error.h"
+#include "runtime/user_name.h"
 
 namespace cohort::launcher {
 namespace {
@@ -25,6 +27,42 @@ std::string localTimeNow() {
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S %z", &tm);
   return buf;
+}
+
+// Opens DIR/rank<k>.log for appending, only as a regular file of this user: never through a
+// symbolic link, never a FIFO (the open does not block), never another user's file. A log directory
+// in a place others can write (/tmp/logs) could otherwise hold a link that another user planted,
+// and cohortrun would append a worker's output to whatever it points at (docs/security.md).
+runtime::UniqueFd openLogFile(const std::string& path) {
+  runtime::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
+  if (!fd) {
+    const int err = errno;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      COHORT_THROW(IoError) << "--log-dir: " << path << " is a symbolic link (owned by "
+                            << runtime::describeUser(st.st_uid) << "): log files are never written through one; "
+                            << "remove it, or give --log-dir a directory of your own";
+    }
+    // A FIFO without a reader fails the non-blocking open (ENXIO) instead of blocking it.
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      COHORT_THROW(IoError) << "--log-dir: " << path << " is not a regular file: remove it, or give --log-dir another directory";
+    }
+    COHORT_THROW(IoError) << "--log-dir: cannot open log file " << path << ": " << std::strerror(err);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) COHORT_THROW(IoError) << "--log-dir: cannot stat " << path << ": " << std::strerror(errno);
+  if (!S_ISREG(st.st_mode)) {
+    COHORT_THROW(IoError) << "--log-dir: " << path << " is not a regular file: remove it, or give --log-dir another directory";
+  }
+  if (st.st_uid != ::geteuid()) {
+    COHORT_THROW(IoError) << "--log-dir: " << path << " is owned by " << runtime::describeUser(st.st_uid)
+                          << ", not you: refusing to append a worker's output to it; give --log-dir a directory of your own";
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    COHORT_THROW(IoError) << "--log-dir: cannot set blocking writes on " << path << ": " << std::strerror(errno);
+  }
+  return fd;
 }
 
 }  // namespace
@@ -45,8 +83,7 @@ OutputPump::OutputPump(const OutputPumpOptions& options) : options_(options), ra
   if (ec) COHORT_THROW(IoError) << "cannot create log directory " << options_.logDir << ": " << ec.message();
   for (int rank = 0; rank < options_.worldSize; ++rank) {
     const std::string path = options_.logDir + "/rank" + std::to_string(rank) + ".log";
-    ranks_[rank].logFile = runtime::UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-    if (!ranks_[rank].logFile) COHORT_THROW(IoError) << "cannot open log file " << path << ": " << std::strerror(errno);
+    ranks_[rank].logFile = openLogFile(path);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -327,9 +328,14 @@ TEST_F(PlotCliTest, BadInputExitsTwoNamingIt) {
 // cohort train --plot: the run's own curves when training ends, the metrics file beside it removed
 // (none was asked for); a name that is neither .png nor .svg fails before training.
 TEST_F(PlotCliTest, TrainDrawsItsOwnPlotAtTheEnd) {
+  // The metrics go to a directory of the run's own (mkdtemp) in $TMPDIR, removed at the end.
+  const std::string tmp = path("tmp");
+  ASSERT_EQ(::mkdir(tmp.c_str(), 01777), 0);
   CommandResult r = runCohort({"train", "--model", "mlp:784,16,10", "--epochs", "2", "--progress-every", "0", "--plot",
-                               path("run.png")});
+                               path("run.png")},
+                              {.extraEnvironment = {"TMPDIR=" + tmp}});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_TRUE(std::filesystem::is_empty(tmp)) << "the run's metrics directory is gone";
   const Image image = decodePng(readFile(path("run.png")));
   EXPECT_EQ(image.width, 960u);
   EXPECT_EQ(image.height, 540u);

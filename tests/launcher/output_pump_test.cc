@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pty.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -129,6 +130,34 @@ TEST_F(OutputPumpTest, UnusableLogDirectoryIsAnIoError) {
   OutputPumpOptions o = options(1);
   o.logDir = dir_ + "/out/sub";  // "out" is a file
   EXPECT_THROW(OutputPump pump(o), IoError);
+}
+
+// Issue 44: a log directory others can write (/tmp/logs) may hold what another user planted. A
+// symbolic link at rank<k>.log used to receive the worker's output wherever it pointed, and a FIFO
+// blocked cohortrun's start; each is refused now, naming it, and the file it points at is untouched.
+TEST_F(OutputPumpTest, APlantedLinkOrFifoInTheLogDirectoryIsRefusedNeverWrittenThrough) {
+  OutputPumpOptions o = options(1);
+  o.logDir = dir_ + "/planted";
+  ASSERT_EQ(::mkdir(o.logDir.c_str(), 0755), 0);
+  const std::string victim = dir_ + "/victim";
+  { std::ofstream(victim) << "precious\n"; }
+  ASSERT_EQ(::symlink(victim.c_str(), (o.logDir + "/rank0.log").c_str()), 0);
+  try {
+    OutputPump pump(o);
+    ADD_FAILURE() << "a symbolic link at rank0.log was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(o.logDir + "/rank0.log is a symbolic link"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(readWhole(victim), "precious\n");
+
+  ASSERT_EQ(::unlink((o.logDir + "/rank0.log").c_str()), 0);
+  ASSERT_EQ(::mkfifo((o.logDir + "/rank0.log").c_str(), 0600), 0);
+  try {
+    OutputPump pump(o);  // would block in open() without a reader, before the fix
+    ADD_FAILURE() << "a FIFO at rank0.log was accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a regular file"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(OutputPumpTest, DrainReportsEndOfFile) {
