@@ -75,6 +75,32 @@ bool isAncestorOfThisProcess(pid_t ancestor) {
   return false;
 }
 
+namespace {
+
+// Whether a process whose thread-group leader reads as exited ('Z') still has threads of it running.
+// The leader's /proc/<pid>/stat says 'Z' as soon as the main thread is gone, while the process's
+// other threads may still be exiting (one blocked writing a checkpoint, say); they share its open
+// files (a rank's claim, a checkpoint's lock) until the last of them ends. Each thread is
+// /proc/<pid>/task/<tid>; a process that is wholly gone has only its leader there, a zombie.
+bool otherThreadsRemain(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(tasks.c_str()), ::closedir);
+  if (!dir) return false;
+  while (dirent* e = ::readdir(dir.get())) {
+    char* end = nullptr;
+    const long tid = std::strtol(e->d_name, &end, 10);
+    if (tid <= 0 || *end != '\0' || tid == pid) continue;
+    std::ifstream in(tasks + "/" + e->d_name + "/stat");
+    std::stringstream text;
+    text << in.rdbuf();
+    std::optional<ProcStat> stat = parseProcStat(text.str());
+    if (stat && stat->state != 'Z' && stat->state != 'X') return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool groupHasLiveMember(pid_t group) {
   if (group <= 0) return false;
   if (::kill(-group, 0) != 0 && errno == ESRCH) return false;
@@ -85,7 +111,8 @@ bool groupHasLiveMember(pid_t group) {
     const long pid = std::strtol(e->d_name, &end, 10);
     if (pid <= 0 || *end != '\0') continue;
     std::optional<ProcStat> stat = readProcStat(static_cast<pid_t>(pid));
-    if (stat && stat->group == group && stat->state != 'Z' && stat->state != 'X') return true;
+    if (!stat || stat->group != group) continue;
+    if ((stat->state != 'Z' && stat->state != 'X') || otherThreadsRemain(static_cast<pid_t>(pid))) return true;
   }
   return false;
 }

@@ -37,7 +37,8 @@ std::optional<uint64_t> processStartTicks(pid_t pid);
 bool processIsAlive(pid_t pid, uint64_t startTicks);
 
 // Whether process group `group` has a member that has not exited (zombies, which wait only for
-// their reaping, do not count).
+// their reaping, do not count; a process whose main thread has exited while other threads of it
+// still run does: they still hold its files).
 bool groupHasLiveMember(pid_t group);
 
 // This machine's host name, for messages ("unknown host" when it cannot be read).

@@ -1,5 +1,6 @@
 #include "ipc/rank_claim.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "ipc/backoff.h"
 #include "ipc/process_liveness.h"
@@ -131,6 +133,25 @@ Holder holderOf(const PrivateDirectory& dir, const std::string& name) {
   throw InvalidArgument(os.str());
 }
 
+// Removes the claims in `dir` whose holders are gone (killed: a claim's file outlives a SIGKILLed
+// holder). Every take does it, so a user's killed jobs leave at most their claims' empty entries in
+// the user's own directory until the user's next job on the node (docs/security.md).
+void removeDeadClaims(const PrivateDirectory& dir, const std::string& keep) {
+  std::vector<std::string> names;
+  {
+    runtime::UniqueFd listing(::openat(dir.fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    DIR* d = listing ? ::fdopendir(listing.get()) : nullptr;
+    if (d == nullptr) return;
+    (void)listing.release();  // the DIR owns it now
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != keep && name.rfind("cohort.", 0) == 0 && name.find(".claim-") != std::string::npos) names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  for (const std::string& name : names) RankClaim::removeIfStale(dir, name);
+}
+
 }  // namespace
 
 std::string RankClaim::prefixFor(const std::string& jobId) {
@@ -150,6 +171,7 @@ RankClaim RankClaim::take(const std::string& jobId, int rank, const std::string&
   claim.dir_ = openPrivateDirectory();
   const std::string name = nameFor(jobId, rank);
   const std::string path = claim.dir_.path + "/" + name;
+  removeDeadClaims(claim.dir_, name);
   DirectoryLock lock(claim.dir_, kTakeLockTimeout);
   runtime::UniqueFd fd = newSocket();
   socklen_t length = 0;

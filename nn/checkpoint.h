@@ -45,7 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/output_file.h"
+#include "runtime/output_mode.h"
 #include "runtime/tensor.h"
 
 namespace cohort::nn {

@@ -76,6 +76,16 @@ bool removeIfOrphan(int dirFd, const std::string& name, pid_t writer) {
   COHORT_THROW(IoError) << path << ": " << what << ": " << std::strerror(err);
 }
 
+// The process's umask, read without changing it (/proc/self/status; 022 where that is unknown).
+mode_t currentUmask() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::strtoul(line.c_str() + 6, nullptr, 8) & 0777);
+  }
+  return 022;
+}
+
 }  // namespace
 
 std::pair<std::string, std::string> splitOutputPath(const std::string& path) {
@@ -101,15 +111,6 @@ size_t removeStaleTemporaries(const std::string& path) {
     if (writer > 0 && removeIfOrphan(::dirfd(d.get()), name, writer)) ++removed;
   }
   return removed;
-}
-
-mode_t currentUmask() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::strtoul(line.c_str() + 6, nullptr, 8) & 0777);
-  }
-  return 022;
 }
 
 OutputFile::OutputFile(std::string path, OutputFileOptions options) : path_(std::move(path)), options_(options) {

@@ -31,20 +31,14 @@
 //   out.commit();
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstddef>
 #include <string>
 #include <utility>
 
+#include "runtime/output_mode.h"
 #include "runtime/unique_fd.h"
 
 namespace cohort::runtime {
-
-enum class OutputMode {
-  kPrivate,      // 0600: only the user reads it
-  kUserVisible,  // 0666 & ~umask, as the user's other tools create files
-};
 
 struct OutputFileOptions {
   OutputMode mode = OutputMode::kUserVisible;
@@ -87,8 +81,5 @@ size_t removeStaleTemporaries(const std::string& path);
 
 // 12 random hex digits from the kernel's generator, for names another user must not predict.
 std::string unpredictableSuffix();
-
-// The process's umask, read without changing it (/proc/self/status; 022 where that is unknown).
-mode_t currentUmask();
 
 }  // namespace cohort::runtime

@@ -1,6 +1,7 @@
 #include "ipc/shm_names.h"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "ipc/process_liveness.h"
@@ -118,6 +120,39 @@ TEST(ProcessLiveness, AGroupLivesWhileAMemberRunsAndNotForItsZombies) {
   EXPECT_EQ(::kill(-leader, 0), 0) << "the zombie is still there";
   waitChild(leader);
   EXPECT_FALSE(groupHasLiveMember(leader));
+}
+
+// A process whose main thread has exited reads 'Z' in /proc/<pid>/stat while its other threads
+// still run and hold its files (a rank's claim, a checkpoint being written): cohortrun must not take
+// its group for gone and start the next attempt beside it (seen in CI: cli_hogwild_test's restart
+// was refused by the old attempt's claim, "held by process N, which is still running").
+TEST(ProcessLiveness, AGroupLivesWhileAThreadOfAMemberWhoseMainThreadExitedRuns) {
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t leader = forkChild([&] {
+    ::setpgid(0, 0);
+    ::close(go[1]);
+    std::thread([&] {
+      char c;
+      ::_exit(static_cast<int>(::read(go[0], &c, 1)));  // until the parent closes its end
+    }).detach();
+    ::syscall(SYS_exit, 0);  // only the main thread leaves (no unwinding); the process lives on
+    return 0;
+  });
+  ::setpgid(leader, leader);
+  ::close(go[0]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto leaderState = [&] {
+    std::optional<ProcStat> stat = readProcStat(leader);
+    return stat ? stat->state : '?';
+  };
+  while (leaderState() != 'Z' && std::chrono::steady_clock::now() < deadline) ::usleep(1000);
+  ASSERT_EQ(leaderState(), 'Z') << "the main thread did not exit";
+  EXPECT_TRUE(groupHasLiveMember(leader)) << "its other thread still runs";
+  ::close(go[1]);
+  while (groupHasLiveMember(leader) && std::chrono::steady_clock::now() < deadline) ::usleep(1000);
+  EXPECT_FALSE(groupHasLiveMember(leader)) << "every thread has ended";
+  EXPECT_EQ(waitChild(leader), 0);
 }
 
 TEST(ShmNames, LauncherJobIdIsGoneOnlyAfterItsProcessExits) {
