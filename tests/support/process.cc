@@ -41,6 +41,15 @@ bool isJobVariable(const char* entry) {
   return false;
 }
 
+// "TMPDIR=$TEST_TMPDIR" for a child, or empty when the test sets TMPDIR itself or runs outside Bazel.
+std::string privateTmpdir(const std::vector<std::string>& extraEnvironment) {
+  for (const std::string& extra : extraEnvironment) {
+    if (extra.rfind("TMPDIR=", 0) == 0) return {};
+  }
+  const char* base = std::getenv("TEST_TMPDIR");
+  return base && *base ? std::string("TMPDIR=") + base : std::string();
+}
+
 // Appends what is readable on `fd` to `out`; returns false at end of file.
 bool drain(int fd, std::string& out) {
   char buf[65536];
@@ -86,10 +95,16 @@ CommandResult runCommand(const std::vector<std::string>& argv, const CommandOpti
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // TMPDIR is the test's own directory unless the test sets one: Open MPI keeps mpirun's session
+  // directory and PMIx rendezvous there, named after mpirun's pid, and two tests running at once in
+  // Bazel's sandboxes (separate pid namespaces) can give their mpiruns the same pid; sharing /tmp,
+  // one job's ranks then reach the other's server ("getting local rank failed").
+  const std::string ownTmp = privateTmpdir(options.extraEnvironment);
   std::vector<char*> env;
   for (char** e = environ; *e; ++e) {
-    if (!isJobVariable(*e)) env.push_back(*e);
+    if (!isJobVariable(*e) && (ownTmp.empty() || std::strncmp(*e, "TMPDIR=", 7) != 0)) env.push_back(*e);
   }
+  if (!ownTmp.empty()) env.push_back(const_cast<char*>(ownTmp.c_str()));
   for (const std::string& extra : options.extraEnvironment) env.push_back(const_cast<char*>(extra.c_str()));
   env.push_back(nullptr);
   const char* cwd = options.workingDirectory.empty() ? nullptr : options.workingDirectory.c_str();
