@@ -20,7 +20,7 @@ namespace {
 
 bool inheritable(const std::string& entry) {
   for (const char* prefix :
-       {"OMPI_", "PMIX_", "PMI_", "SLURM_", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "COHORT_"}) {
+       {"OMPI_", "PMIX_", "PMI_", "SLURM_", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "COHORT_", "TMPDIR="}) {
     if (entry.rfind(prefix, 0) == 0) return false;
   }
   return true;
@@ -41,8 +41,13 @@ MpirunResult runMpirun(const MpirunOptions& options) {
   }
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
-  // Open MPI's shared-memory transport and session directory need a writable TMPDIR.
-  if (const char* tmp = std::getenv("TEST_TMPDIR")) env.push_back(std::string("TMPDIR=") + tmp);
+  // Open MPI's shared-memory transport and session directory need a writable TMPDIR, and one of the
+  // test's own: Open MPI 4.1 names the session directory after the host and user only
+  // (<TMPDIR>/ompi.<host>.<uid>), and concurrent mpiruns creating it in a shared /tmp race ("A call
+  // to mkdir was unable to create the desired directory ... File exists", 1 run in 20 loaded). The
+  // inherited TMPDIR is dropped above: getenv() would find it before this one.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  env.push_back(std::string("TMPDIR=") + (tmp && *tmp ? tmp : "/tmp"));
   std::vector<char*> argvPtrs, envPtrs;
   for (auto& a : args) argvPtrs.push_back(a.data());
   argvPtrs.push_back(nullptr);

@@ -95,10 +95,11 @@ CommandResult runCommand(const std::vector<std::string>& argv, const CommandOpti
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  // TMPDIR is the test's own directory unless the test sets one: Open MPI keeps mpirun's session
-  // directory and PMIx rendezvous there, named after mpirun's pid, and two tests running at once in
-  // Bazel's sandboxes (separate pid namespaces) can give their mpiruns the same pid; sharing /tmp,
-  // one job's ranks then reach the other's server ("getting local rank failed").
+  // TMPDIR is the test's own directory unless the test sets one (Bazel gives every test TMPDIR=/tmp).
+  // Open MPI keeps mpirun's session directory there, <TMPDIR>/ompi.<host>.<uid>/pid.<mpirun's pid>:
+  // concurrent tests' mpiruns race to create the first level, and in Bazel's sandboxes (a pid
+  // namespace each) two mpiruns can have the same pid, so one job's ranks reach the other's server
+  // ("getting local rank failed", examples_test 1 run in 20 with the cores loaded).
   const std::string ownTmp = privateTmpdir(options.extraEnvironment);
   std::vector<char*> env;
   for (char** e = environ; *e; ++e) {
