@@ -240,6 +240,26 @@ void Optimizer::stepSlice(const Tensor& params, const Tensor& grads, int64_t beg
   ++steps_;
 }
 
+void Optimizer::stepShard(const Tensor& values, const Tensor& grads) {
+  if (!sharded_) {
+    COHORT_THROW(InvalidArgument) << name() << " was not made over a shard map: make it with makeShardOptimizer";
+  }
+  if (static_cast<size_t>(values.numel()) != numel_ || static_cast<size_t>(grads.numel()) != numel_) {
+    COHORT_THROW(InvalidArgument) << name() << " over a shard of " << numel_ << " elements was given values of "
+                                  << values.numel() << " and gradients of " << grads.numel();
+  }
+  if (onGpu(values) || gpu_) {
+    step(values, grads);
+    return;
+  }
+  beginStep();
+  for (const ShardMap::Piece& p : pieces_) {
+    const auto begin = static_cast<int64_t>(p.shardOffset);
+    sweep(values.data(), grads.data(), begin, begin + static_cast<int64_t>(p.realNumel()));
+  }
+  ++steps_;
+}
+
 runtime::Device Optimizer::device() const {
 #ifdef COHORT_HAVE_CUDA
   if (gpu_) return gpu_->device();
@@ -269,6 +289,14 @@ OptimizerKind parseOptimizerKind(const std::string& name) {
   if (name == "adam") return OptimizerKind::kAdam;
   if (name == "adamw") return OptimizerKind::kAdamW;
   COHORT_THROW(InvalidArgument) << "unknown optimizer '" << name << "': expected sgd, adam or adamw";
+}
+
+std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions& options, const ShardMap& map,
+                                              runtime::cuda::GpuContext* gpu) {
+  std::unique_ptr<Optimizer> optimizer = makeOptimizer(options, map.shardNumel(), gpu);
+  optimizer->sharded_ = true;
+  optimizer->pieces_ = map.pieces(map.rank());
+  return optimizer;
 }
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) {

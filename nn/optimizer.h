@@ -12,6 +12,12 @@
 // fused kernel over the flat buffers on its stream (runtime/cuda/elementwise.h, kernels.h).
 // stepDeferred() is the same kernel for a step the device decides (train/step_guard.h): applied or
 // not, the gradient's multiplier and the step count are device values the host learns later.
+// Sharded (ZeRO-3 / FSDP2) training: makeShardOptimizer builds one over a rank's packed shard of an
+// nn::ShardMap, its state sized to the shard, and stepShard() updates the real elements of each
+// piece the rank owns, each with the arithmetic the whole-buffer step gives that element, so the
+// ranks' shards after a step are bit for bit the slices of the whole step's buffer (every rule
+// above is the same for all parameters; a per-parameter rule would look up the parameter of a
+// shard element from its piece's flat range, which the optimizer keeps).
 // Thread safety: one thread at a time per optimizer.
 #pragma once
 
@@ -20,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/shard_map.h"
 #include "runtime/tensor.h"
 
 namespace cohort::runtime::cuda {
@@ -74,6 +81,15 @@ class Optimizer {
   using BlockHook = std::function<void(int64_t begin, int64_t end)>;
   void stepSlice(const Tensor& params, const Tensor& grads, int64_t begin, int64_t end, const BlockHook& prepareBlock);
 
+  // One update of a rank's packed shard (shard.numel() == numel(), the map's shardNumel()) for an
+  // optimizer made by makeShardOptimizer: on the CPU the real elements of each piece, the padding
+  // untouched; on a GPU the whole shard in one kernel, which leaves padding that is zero in both
+  // buffers zero (p = 0, g = 0 and zero state give 0 under every rule). Counts as one step. Throws
+  // InvalidArgument for an optimizer not made over a shard map or buffers of another size.
+  void stepShard(const Tensor& values, const Tensor& grads);
+  bool sharded() const { return sharded_; }
+  const std::vector<ShardMap::Piece>& shardPieces() const { return pieces_; }
+
   // Total floats of state (0 for plain SGD) and placing it in `memory` (CPU, stateFloats() floats,
   // 64-byte aligned, owned by the caller and outliving the optimizer), e.g. a segment shared by the
   // workers that each update their own shard of it. The memory's contents become the state: the
@@ -117,6 +133,11 @@ class Optimizer {
   int64_t steps_ = 0;
   size_t sweepStart_ = 0;
   runtime::cuda::GpuContext* gpu_ = nullptr;
+  bool sharded_ = false;                 // made over a shard map, whose rank's pieces are:
+  std::vector<ShardMap::Piece> pieces_;
+
+  friend std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions&, const ShardMap&,
+                                                       runtime::cuda::GpuContext*);
 };
 
 // Validates the options (lr > 0, momentum in [0, 1), betas in [0, 1), eps > 0, weight decay >= 0,
@@ -124,6 +145,10 @@ class Optimizer {
 // state on `gpu`'s device when given (CUDA builds), else on the CPU.
 std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& options, size_t numel,
                                          runtime::cuda::GpuContext* gpu = nullptr);
+
+// The same, for the packed shard of rank map.rank(): numel() is map.shardNumel().
+std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions& options, const ShardMap& map,
+                                              runtime::cuda::GpuContext* gpu = nullptr);
 
 OptimizerKind parseOptimizerKind(const std::string& name);  // sgd | adam | adamw
 
