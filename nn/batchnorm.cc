@@ -18,17 +18,21 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum)
 std::string BatchNorm2d::name() const { return "BatchNorm2d(" + std::to_string(channels_) + ")"; }
 
 void BatchNorm2d::registerParams(ParamBuffer& params, const std::string& prefix) {
-  params.add(prefix + "weight", Shape{channels_}, &weight_, &weightGrad_);
-  params.add(prefix + "bias", Shape{channels_}, &bias_, &biasGrad_);
+  weightEntry_ = params.add(prefix + "weight", Shape{channels_}, &weight_, &weightGrad_);
+  biasEntry_ = params.add(prefix + "bias", Shape{channels_}, &bias_, &biasGrad_);
   params.addBuffer(prefix + "running_mean", Shape{channels_}, &runningMean_, 0.0f);
   params.addBuffer(prefix + "running_var", Shape{channels_}, &runningVar_, 1.0f);
 }
 
 void BatchNorm2d::resetParams(runtime::Rng& rng) {
-  weight_.fill(1.0f);
-  bias_.fill(0.0f);
+  resetByPlan(*this, rng);
   runningMean_.fill(0.0f);
   runningVar_.fill(1.0f);
+}
+
+void BatchNorm2d::planInit(InitPlan& plan) const {
+  plan.constant(initTarget(*this, weightEntry_, channels_, weight_), 1.0f);
+  plan.constant(initTarget(*this, biasEntry_, channels_, bias_), 0.0f);
 }
 
 Shape BatchNorm2d::outputShape(const Shape& input) const {

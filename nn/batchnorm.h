@@ -19,19 +19,23 @@
 // Keeps the normalised input for backward. Thread safety: as Module.
 #pragma once
 
+#include "nn/init_plan.h"
 #include "nn/module.h"
 
 namespace cohort::nn {
 
-class BatchNorm2d final : public Module {
+class BatchNorm2d final : public Module, public PlannedInit {
  public:
   // Throws InvalidArgument for channels < 1, eps <= 0 or momentum outside [0, 1].
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
-  // Sets weight 1, bias 0, running_mean 0, running_var 1 (PyTorch's reset_parameters).
+  // Sets weight 1, bias 0, running_mean 0, running_var 1 (PyTorch's reset_parameters): the plan
+  // (weight 1, bias 0, no draws), then the statistics. A piecewise initialisation fills the
+  // parameters only: the statistics keep the values binding gives them, which are the same.
   void resetParams(runtime::Rng& rng) override;
+  void planInit(InitPlan& plan) const override;
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
@@ -48,6 +52,7 @@ class BatchNorm2d final : public Module {
   int64_t channels_;
   double eps_, momentum_;
   Tensor weight_, bias_, weightGrad_, biasGrad_;
+  size_t weightEntry_ = InitTarget::kNoEntry, biasEntry_ = InitTarget::kNoEntry;  // in the last registration
   Tensor runningMean_, runningVar_;
   bool batchStats_ = false;  // the last forward normalised with the batch's statistics
   Shape inputShape_;

@@ -63,19 +63,19 @@ std::string Conv2d::name() const {
 }
 
 void Conv2d::registerParams(ParamBuffer& params, const std::string& prefix) {
-  params.add(prefix + "weight", Shape{options_.out, options_.in, kh_, kw_}, &weight_, &weightGrad_);
-  if (options_.bias) params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
+  weightEntry_ = params.add(prefix + "weight", Shape{options_.out, options_.in, kh_, kw_}, &weight_, &weightGrad_);
+  if (options_.bias) biasEntry_ = params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
 }
 
-void Conv2d::resetParams(runtime::Rng& rng) {
+void Conv2d::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
+
+void Conv2d::planInit(InitPlan& plan) const {
   // PyTorch: kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(fan_in), fan_in = in·kh·kw; the bias
   // uses the same bound.
-  float bound = 1.0f / std::sqrt(static_cast<float>(options_.in * kh_ * kw_));
-  for (int64_t i = 0; i < weight_.numel(); ++i) weight_.at(i) = rng.uniform(-bound, bound);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(options_.in * kh_ * kw_));
+  plan.uniform(initTarget(*this, weightEntry_, options_.out * options_.in * kh_ * kw_, weight_), -bound, bound);
   // (An undefined Tensor has the empty shape, whose numel() is 1: ask the options, not bias_.)
-  if (options_.bias) {
-    for (int64_t i = 0; i < bias_.numel(); ++i) bias_.at(i) = rng.uniform(-bound, bound);
-  }
+  if (options_.bias) plan.uniform(initTarget(*this, biasEntry_, options_.out, bias_), -bound, bound);
 }
 
 Conv2d::Geometry Conv2d::geometry(const Shape& input, int threads) const {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "nn/im2col.h"
+#include "nn/init_plan.h"
 #include "nn/module.h"
 #include "runtime/cpu/parallel.h"
 
@@ -60,7 +61,7 @@ struct Conv2dOptions {
   int64_t tileColumns = 0;  // output positions per im2col/GEMM tile; 0: automatic (below)
 };
 
-class Conv2d final : public Module {
+class Conv2d final : public Module, public PlannedInit {
  public:
   // Output positions per tile when tileColumns is 0, with one BLAS thread: kMaxTileColumns, fewer
   // where the column buffer would outgrow kTileBytes, never fewer than kMinTileColumns (a GEMM needs
@@ -79,7 +80,8 @@ class Conv2d final : public Module {
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
-  void resetParams(runtime::Rng& rng) override;
+  void resetParams(runtime::Rng& rng) override;  // resetByPlan
+  void planInit(InitPlan& plan) const override;    // weight, then bias, uniform in ±1/sqrt(in·kh·kw)
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
@@ -134,6 +136,7 @@ class Conv2d final : public Module {
   Conv2dOptions options_;
   int64_t kh_, kw_;
   Tensor weight_, bias_, weightGrad_, biasGrad_;
+  size_t weightEntry_ = InitTarget::kNoEntry, biasEntry_ = InitTarget::kNoEntry;  // in the last registration
   Geometry g_;
   Tensor input_;  // last forward's input
   Tensor output_;

@@ -27,14 +27,15 @@ std::string Embedding::name() const {
 }
 
 void Embedding::registerParams(ParamBuffer& params, const std::string& prefix) {
-  params.add(prefix + "weight", Shape{options_.vocab, options_.dim}, &weight_, &weightGrad_);
+  weightEntry_ = params.add(prefix + "weight", Shape{options_.vocab, options_.dim}, &weight_, &weightGrad_);
 }
 
-void Embedding::resetParams(runtime::Rng& rng) {
+void Embedding::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
+
+void Embedding::planInit(InitPlan& plan) const {
   // GPT-2 (and torch.nn.init.normal_): independent normal(0, std) draws.
-  for (int64_t i = 0; i < weight_.numel(); ++i) {
-    weight_.at(i) = static_cast<float>(rng.normal() * options_.initStd);
-  }
+  plan.normal(initTarget(*this, weightEntry_, options_.vocab * options_.dim, weight_), options_.initStd,
+              InitPlan::NormalScale::kDouble);
 }
 
 Shape Embedding::outputShape(const Shape& input) const {

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "nn/init_plan.h"
 #include "nn/module.h"
 
 namespace cohort::nn {
@@ -50,13 +51,14 @@ struct EmbeddingOptions {
   float initStd = 0.02f;  // weight ~ normal(0, initStd) (GPT-2); must be >= 0
 };
 
-class Embedding final : public Module {
+class Embedding final : public Module, public PlannedInit {
  public:
   explicit Embedding(const EmbeddingOptions& options);
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
-  void resetParams(runtime::Rng& rng) override;
+  void resetParams(runtime::Rng& rng) override;  // resetByPlan
+  void planInit(InitPlan& plan) const override;    // normal(0, initStd), scaled in double
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
@@ -75,6 +77,7 @@ class Embedding final : public Module {
 
   EmbeddingOptions options_;
   Tensor weight_, weightGrad_;
+  size_t weightEntry_ = InitTarget::kNoEntry;  // in the last registration
   Tensor input_;               // last forward's ids
   std::vector<int64_t> rows_;  // CPU: their rows, checked once in forward
   Tensor badIds_;              // GPU: one device counter (as uint32) of the last forward's bad ids

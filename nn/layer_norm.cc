@@ -22,13 +22,15 @@ LayerNorm::LayerNorm(int64_t features, double eps) : features_(features), eps_(e
 std::string LayerNorm::name() const { return "LayerNorm(" + std::to_string(features_) + ")"; }
 
 void LayerNorm::registerParams(ParamBuffer& params, const std::string& prefix) {
-  params.add(prefix + "weight", Shape{features_}, &weight_, &weightGrad_);
-  params.add(prefix + "bias", Shape{features_}, &bias_, &biasGrad_);
+  weightEntry_ = params.add(prefix + "weight", Shape{features_}, &weight_, &weightGrad_);
+  biasEntry_ = params.add(prefix + "bias", Shape{features_}, &bias_, &biasGrad_);
 }
 
-void LayerNorm::resetParams(runtime::Rng& rng) {
-  weight_.fill(1.0f);
-  bias_.fill(0.0f);
+void LayerNorm::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
+
+void LayerNorm::planInit(InitPlan& plan) const {
+  plan.constant(initTarget(*this, weightEntry_, features_, weight_), 1.0f);
+  plan.constant(initTarget(*this, biasEntry_, features_, bias_), 0.0f);
 }
 
 Shape LayerNorm::outputShape(const Shape& input) const {

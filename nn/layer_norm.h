@@ -26,6 +26,7 @@
 
 #include <vector>
 
+#include "nn/init_plan.h"
 #include "nn/module.h"
 
 namespace cohort::nn {
@@ -36,7 +37,7 @@ namespace cohort::nn {
 void layerNormRows(const float* x, int64_t rows, int64_t features, const float* weight, const float* bias, double eps,
                    float* y, float* mean = nullptr, float* rstd = nullptr);
 
-class LayerNorm final : public Module {
+class LayerNorm final : public Module, public PlannedInit {
  public:
   // Throws InvalidArgument for features < 1 or eps <= 0.
   explicit LayerNorm(int64_t features, double eps = 1e-5);
@@ -44,7 +45,8 @@ class LayerNorm final : public Module {
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
   // Sets weight 1 and bias 0 (PyTorch's reset_parameters).
-  void resetParams(runtime::Rng& rng) override;
+  void resetParams(runtime::Rng& rng) override;  // resetByPlan
+  void planInit(InitPlan& plan) const override;    // weight 1, bias 0: no draws
   // The input's shape; InvalidArgument unless its last dimension is `features`.
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
@@ -74,6 +76,7 @@ class LayerNorm final : public Module {
   int64_t features_;
   double eps_;
   Tensor weight_, bias_, weightGrad_, biasGrad_;
+  size_t weightEntry_ = InitTarget::kNoEntry, biasEntry_ = InitTarget::kNoEntry;  // in the last registration
   Tensor input_;      // a handle to the last forward's input
   int64_t rows_ = 0;  // of the last forward
   Tensor mean_, rstd_;

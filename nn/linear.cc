@@ -38,18 +38,25 @@ std::string Linear::name() const {
 }
 
 void Linear::registerParams(ParamBuffer& params, const std::string& prefix) {
-  params.add(prefix + "weight", Shape{options_.out, options_.in}, &weight_, &weightGrad_);
-  if (options_.bias) params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
+  weightEntry_ = params.add(prefix + "weight", Shape{options_.out, options_.in}, &weight_, &weightGrad_);
+  if (options_.bias) biasEntry_ = params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
 }
 
-void Linear::resetParams(runtime::Rng& rng) {
+void Linear::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
+
+void Linear::planInit(InitPlan& plan) const {
   // PyTorch: kaiming_uniform_(a=sqrt(5)) on the weight gives bound 1/sqrt(fan_in); the bias uses the
   // same bound.
-  float bound = 1.0f / std::sqrt(static_cast<float>(options_.in));
-  for (int64_t i = 0; i < weight_.numel(); ++i) weight_.at(i) = rng.uniform(-bound, bound);
-  if (options_.bias) {
-    for (int64_t i = 0; i < bias_.numel(); ++i) bias_.at(i) = rng.uniform(-bound, bound);
-  }
+  const float bound = 1.0f / std::sqrt(static_cast<float>(options_.in));
+  plan.uniform(weightTarget(), -bound, bound);
+  if (options_.bias) plan.uniform(biasTarget(), -bound, bound);
+}
+
+InitTarget Linear::weightTarget() const { return initTarget(*this, weightEntry_, options_.out * options_.in, weight_); }
+
+InitTarget Linear::biasTarget() const {
+  if (!options_.bias) COHORT_THROW(InvalidArgument) << name() << " has no bias to initialise";
+  return initTarget(*this, biasEntry_, options_.out, bias_);
 }
 
 Shape Linear::outputShape(const Shape& input) const {

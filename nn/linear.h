@@ -12,6 +12,7 @@
 // Keeps a handle to its input for backward (no copy). Thread safety: as Module.
 #pragma once
 
+#include "nn/init_plan.h"
 #include "nn/module.h"
 
 namespace cohort::runtime::cuda {
@@ -27,14 +28,15 @@ struct LinearOptions {
   bool gelu = false;  // y = GELU(x · Wᵀ + b)
 };
 
-class Linear final : public Module {
+class Linear final : public Module, public PlannedInit {
  public:
   explicit Linear(const LinearOptions& options);
   Linear(int64_t in, int64_t out) : Linear(LinearOptions{in, out, true}) {}
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
-  void resetParams(runtime::Rng& rng) override;
+  void resetParams(runtime::Rng& rng) override;  // resetByPlan
+  void planInit(InitPlan& plan) const override;    // weight, then bias, uniform in ±1/sqrt(in)
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
@@ -62,10 +64,15 @@ class Linear final : public Module {
   const Tensor& bias() const { return bias_; }
   const Tensor& weightGrad() const { return weightGrad_; }
   const Tensor& biasGrad() const { return biasGrad_; }
+  // The parameters as an InitPlan addresses them (a GPT plans its Linears' weights its own way).
+  // Throw InvalidArgument before registerParams; biasTarget() also for a Linear without a bias.
+  InitTarget weightTarget() const;
+  InitTarget biasTarget() const;
 
  private:
   LinearOptions options_;
   Tensor weight_, bias_, weightGrad_, biasGrad_;
+  size_t weightEntry_ = InitTarget::kNoEntry, biasEntry_ = InitTarget::kNoEntry;  // in the last registration
   Tensor input_;       // last forward's input, viewed as [rows, in]
   Shape inputShape_;   // its shape as given
   Tensor output_;
