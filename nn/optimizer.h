@@ -133,7 +133,7 @@ class Optimizer {
   int64_t steps_ = 0;
   size_t sweepStart_ = 0;
   runtime::cuda::GpuContext* gpu_ = nullptr;
-  bool sharded_ = false;                 // made over a shard map, whose rank's pieces are:
+  bool sharded_ = false;  // made over a shard map, whose rank's pieces are:
   std::vector<ShardMap::Piece> pieces_;
 
   friend std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions&, const ShardMap&,

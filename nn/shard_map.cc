@@ -10,7 +10,8 @@ namespace cohort::nn {
 
 ShardMap::ShardMap(std::vector<Unit> units, const Options& options)
     : units_(std::move(units)), worldSize_(options.worldSize), rank_(options.rank) {
-  if (worldSize_ < 1) COHORT_THROW(InvalidArgument) << "a shard map needs a world size of at least 1, got " << worldSize_;
+  if (worldSize_ < 1)
+    COHORT_THROW(InvalidArgument) << "a shard map needs a world size of at least 1, got " << worldSize_;
   checkRank(rank_);
   const size_t world = static_cast<size_t>(worldSize_);
   const size_t limit = std::numeric_limits<size_t>::max() / 2;
@@ -18,7 +19,8 @@ ShardMap::ShardMap(std::vector<Unit> units, const Options& options)
   layout_.reserve(units_.size());
   for (const Unit& unit : units_) {
     if (unit.name.empty()) COHORT_THROW(InvalidArgument) << "unit " << layout_.size() << " of a shard map has no name";
-    if (!names.insert(unit.name).second) COHORT_THROW(InvalidArgument) << "two units of a shard map are named '" << unit.name << "'";
+    if (!names.insert(unit.name).second)
+      COHORT_THROW(InvalidArgument) << "two units of a shard map are named '" << unit.name << "'";
     const size_t piece = unit.numel / world + (unit.numel % world != 0 ? 1 : 0);
     if (unit.numel > limit - numel_ || piece > (limit - shardNumel_) / world) {
       COHORT_THROW(InvalidArgument) << "unit '" << unit.name << "' of " << unit.numel
@@ -72,7 +74,8 @@ void ShardMap::pack(const float* flat, int rank, float* shard) const {
 }
 
 void ShardMap::unpack(const float* shard, int rank, float* flat) const {
-  for (const Piece& p : pieces(rank)) std::copy(shard + p.shardOffset, shard + p.shardOffset + p.realNumel(), flat + p.flatBegin);
+  for (const Piece& p : pieces(rank))
+    std::copy(shard + p.shardOffset, shard + p.shardOffset + p.realNumel(), flat + p.flatBegin);
 }
 
 }  // namespace cohort::nn

@@ -2,7 +2,8 @@
 // flat-parameter sharding; docs/architecture.md, "The shard map and piecewise initialisation").
 //
 // The units are consecutive ranges of the flat parameter buffer, in order, starting at element 0
-// (a transformer block, a top-level layer of a Sequential, ...). Each unit of n elements is padded
+// (a transformer block, a top-level layer of a Sequential, ...; the buffer's alignment padding
+// between parameters belongs to the unit it precedes, as in nn::ParamBuffer's units). Each unit of n elements is padded
 // to a multiple of the world size W, padded = ceil(n / W) · W, and cut into W equal pieces of
 // pieceNumel = padded / W elements; rank r owns piece r: elements [r · pieceNumel, (r + 1) ·
 // pieceNumel) of the padded unit. Only its first elements may be real: the tail of the unit's
@@ -56,8 +57,8 @@ class ShardMap {
   int rank() const { return rank_; }
   size_t units() const { return units_.size(); }
   const Unit& unit(size_t u) const { return units_.at(u); }
-  size_t unitOffset(size_t u) const { return layout_.at(u).flatOffset; }  // in the flat buffer
-  size_t pieceNumel(size_t u) const { return layout_.at(u).pieceNumel; }  // ceil(numel / worldSize)
+  size_t unitOffset(size_t u) const { return layout_.at(u).flatOffset; }    // in the flat buffer
+  size_t pieceNumel(size_t u) const { return layout_.at(u).pieceNumel; }    // ceil(numel / worldSize)
   size_t shardOffset(size_t u) const { return layout_.at(u).shardOffset; }  // the same on every rank
 
   // Rank `rank`'s piece of unit `u`; throws InvalidArgument for a rank or unit out of range.

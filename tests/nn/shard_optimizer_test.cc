@@ -48,7 +48,8 @@ const std::vector<Case> kCases = {
     {"sgd", {.kind = OptimizerKind::kSgd, .lr = 0.05f}},
     {"sgd+wd", {.kind = OptimizerKind::kSgd, .lr = 0.05f, .weightDecay = 0.1f}},
     {"momentum+wd", {.kind = OptimizerKind::kSgd, .lr = 0.05f, .momentum = 0.9f, .weightDecay = 0.01f}},
-    {"nesterov+wd", {.kind = OptimizerKind::kSgd, .lr = 0.05f, .momentum = 0.5f, .nesterov = true, .weightDecay = 0.3f}},
+    {"nesterov+wd",
+     {.kind = OptimizerKind::kSgd, .lr = 0.05f, .momentum = 0.5f, .nesterov = true, .weightDecay = 0.3f}},
     {"adam+wd", {.kind = OptimizerKind::kAdam, .lr = 3e-3f, .weightDecay = 0.02f}},
     {"adamw", {.kind = OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f}},
     {"adamw resumed", {.kind = OptimizerKind::kAdamW, .lr = 1e-2f, .weightDecay = 0.1f, .beta1 = 0.8f}, 7},
@@ -72,7 +73,8 @@ void expectShardsMatchWhole(const Case& c, int world, int steps) {
     optimizers.push_back(makeShardOptimizer(c.options, maps.back()));
     optimizers.back()->setSteps(c.startSteps);
     ASSERT_EQ(optimizers.back()->numel(), layout.shardNumel());
-    for (const auto& s : optimizers.back()->state()) ASSERT_EQ(static_cast<size_t>(s.tensor.numel()), layout.shardNumel());
+    for (const auto& s : optimizers.back()->state())
+      ASSERT_EQ(static_cast<size_t>(s.tensor.numel()), layout.shardNumel());
     shards.push_back(Tensor::zeros(Shape{static_cast<int64_t>(layout.shardNumel())}));
     maps.back().pack(whole.data(), r, shards.back().data());
   }
@@ -87,7 +89,8 @@ void expectShardsMatchWhole(const Case& c, int world, int steps) {
       optimizers[r]->stepShard(shards[r], gradShard);
       maps[r].unpack(shards[r].data(), r, gathered.data());
       for (const ShardMap::Piece& p : maps[r].pieces(r)) {
-        for (size_t i = p.realNumel(); i < p.numel; ++i) EXPECT_EQ(shards[r].at(static_cast<int64_t>(p.shardOffset + i)), 0.0f);
+        for (size_t i = p.realNumel(); i < p.numel; ++i)
+          EXPECT_EQ(shards[r].at(static_cast<int64_t>(p.shardOffset + i)), 0.0f);
       }
       EXPECT_EQ(optimizers[r]->steps(), wholeOptimizer->steps());
     }
