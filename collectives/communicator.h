@@ -9,14 +9,23 @@
 // wait(timeout) throws:
 //   TimeoutError  the ranks that did not arrive, the collective's sequence number and fingerprint;
 //   PeerError     a rank died (names it);
-//   InvalidArgument  ranks issued different collectives (names the ranks and both fingerprints),
-//                 detected before any data is touched (shm, mpi).
+//   InvalidArgument  ranks issued different collectives (names the ranks and both fingerprints:
+//                 kind, op, element type, root, count), detected before any data is touched (shm, mpi).
 // After an error the communicator is unusable (every later wait() rethrows it).
-// Buffers are float32: CPU memory for shm and mpi, device memory on the rank's GPU (cuda:<local
-// rank>) for nccl; `count` is in elements; input == output means in place.
+// Each collective takes its options struct (Gloo's style): the element type (fp32 or bf16; `count`
+// is in elements of it), the reduction where there is one, the root of a broadcast. bf16
+// reductions accumulate in fp32 and round to bf16 once, at the end (shm, mpi, hierarchical; nccl
+// reduces with NCCL's own bf16 arithmetic). Buffers are CPU memory for shm, mpi and hierarchical,
+// device memory on the rank's GPU (cuda:<local rank>) for nccl.
+// In place: allReduce and broadcast with input == output; reduceScatter and allGather in NCCL's
+// layout, where this rank's chunk lies at offset rank * countPerRank of the full buffer
+// (reduceScatter: output == input + rank*countPerRank; allGather: input == output +
+// rank*countPerRank). Any other overlap of input and output is an InvalidArgument.
 // nccl: collectives run on the backend's communication stream. Given CommunicatorOptions::
 // computeStream, each one starts after the work enqueued there so far, and Work::wait makes that
 // stream wait for it instead of blocking the host (no host synchronisation; docs/collectives.md).
+// Work::waitOn(stream) asks for that per call: on nccl the stream waits for the collective (an
+// event, the host returns at once); on the CPU backends it is a host wait (the stream is not used).
 // Ownership: the caller owns each Work through its WorkPtr; the built-in backends recycle Works
 // (work_pool.h), so a collective in steady state allocates none. A Work may be destroyed after its
 // communicator, but not waited for then (mpi excepted; shm and hierarchical check it).
@@ -34,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/dtype.h"
 #include "runtime/world_info.h"
 
 namespace cohort::runtime {
@@ -53,11 +63,11 @@ struct Fingerprint {
   uint64_t sequence = 0;  // 0, 1, 2, ... per communicator
   CollectiveKind kind = CollectiveKind::kBarrier;
   ReduceOp op = ReduceOp::kSum;
-  uint8_t dtype = 0;  // 0 = float32
+  runtime::DType dtype = runtime::DType::kF32;
   int32_t root = -1;  // broadcast only
   uint64_t count = 0;  // elements (per rank for reduceScatter/allGather)
   bool operator==(const Fingerprint& o) const;
-  // "#12 allreduce(sum, float32, 1000 elements)"
+  // "#12 allreduce(sum, fp32, 1000 elements)"
   std::string str() const;
 };
 
@@ -66,6 +76,12 @@ class Work {
   virtual ~Work() = default;
   virtual bool done() = 0;
   virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // Orders `stream` after the collective. nccl: the stream waits for the collective's completion
+  // event and the host returns at once (what wait() does given CommunicatorOptions::computeStream);
+  // a collective staged through host memory waits on the host. The CPU backends: wait(timeout) on
+  // the host (their collectives are done when it returns, so any later work is ordered after them).
+  // `timeout` bounds a host wait; on the device the watchdog enforces the communicator's timeout.
+  virtual void waitOn(const runtime::Stream& stream, std::chrono::milliseconds timeout) { wait(timeout); }
 
  protected:
   // Called once, by the WorkPtr that owns this Work, when it lets go. The built-in backends recycle
@@ -87,10 +103,11 @@ struct WorkDeleter {
 // then is not (except on mpi, whose Works keep the MPI state alive).
 using WorkPtr = std::unique_ptr<Work, WorkDeleter>;
 
-// Memory from Communicator::allocateBuffer(): zero-filled float32, 64-byte aligned. On the shm
-// backend every local rank can map it, and an all-reduce whose input and output lie in such buffers
-// on every rank reads the peers' data where it is, without the staging copies (about twice the
-// bandwidth for large messages; docs/collectives.md). On the nccl backend it is zeroed device memory
+// Memory from Communicator::allocateBuffer(): zero-filled, 4 * count bytes (count float32 or up to
+// 2 * count bf16 elements), 64-byte aligned. On the shm backend every local rank can map it, and an
+// all-reduce, reduce-scatter or all-gather whose input and output lie in such buffers on every rank
+// reads the peers' data where it is, without the staging copies (about twice the bandwidth for
+// large messages; docs/collectives.md). On the nccl backend it is zeroed device memory
 // on the rank's GPU (cudaMalloc, 256-byte aligned). Elsewhere it is ordinary memory. Any buffer
 // works with any collective; freeing one that a pending collective uses is undefined.
 // allocateBuffer is collective on the shm backend: every rank calls it with the same count, in the
@@ -102,6 +119,7 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   float* data() const { return data_; }
   size_t count() const { return count_; }
+  uint16_t* bf16() const { return reinterpret_cast<uint16_t*>(data_); }  // the same memory as bf16 bits
 
  protected:
   Buffer(float* data, size_t count) : data_(data), count_(count) {}
@@ -112,9 +130,24 @@ class Buffer {
 };
 using BufferPtr = std::unique_ptr<Buffer>;
 
+// One options struct per collective (Gloo's style). Every rank passes the same values; a
+// difference is a collective mismatch (Fingerprint).
 struct AllReduceOptions {
   ReduceOp op = ReduceOp::kSum;
+  runtime::DType dtype = runtime::DType::kF32;
 };
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  runtime::DType dtype = runtime::DType::kF32;
+};
+struct AllGatherOptions {
+  runtime::DType dtype = runtime::DType::kF32;
+};
+struct BroadcastOptions {
+  int root = 0;
+  runtime::DType dtype = runtime::DType::kF32;
+};
+
 
 class Communicator {
  public:
@@ -124,14 +157,18 @@ class Communicator {
   virtual std::string backend() const = 0;
 
   // output[i] = op over ranks of input[i], i < count.
-  virtual WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) = 0;
+  virtual WorkPtr allReduce(const void* input, void* output, size_t count, const AllReduceOptions& options) = 0;
   // input holds size()*countPerRank elements; rank r receives the reduction of chunk r.
-  virtual WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) = 0;
+  virtual WorkPtr reduceScatter(const void* input, void* output, size_t countPerRank,
+                                const ReduceScatterOptions& options) = 0;
   // output holds size()*countPerRank elements: rank r's input at chunk r.
-  virtual WorkPtr allGather(const float* input, float* output, size_t countPerRank) = 0;
-  // data on `root` is copied to every rank's data.
-  virtual WorkPtr broadcast(float* data, size_t count, int root) = 0;
+  virtual WorkPtr allGather(const void* input, void* output, size_t countPerRank, const AllGatherOptions& options) = 0;
+  // data on options.root is copied to every rank's data.
+  virtual WorkPtr broadcast(void* data, size_t count, const BroadcastOptions& options) = 0;
+  // The fp32 shorthand: broadcast(data, count, {.root = root}).
+  WorkPtr broadcast(float* data, size_t count, int root) { return broadcast(data, count, BroadcastOptions{.root = root}); }
   virtual WorkPtr barrier() = 0;
+
 
   // A buffer of `count` floats for collectives (see Buffer); call from the issuing thread, on every
   // rank alike (collective). This default gives ordinary memory.

@@ -35,7 +35,8 @@ std::string Fingerprint::str() const {
   os << "#" << sequence << " " << toString(kind) << "(";
   if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter) os << toString(op) << ", ";
   if (kind == CollectiveKind::kBroadcast) os << "root " << root << ", ";
-  os << "float32, " << count << " elements)";
+  // The element type as the messages have always named fp32 (tests and logs match on it).
+  os << (dtype == runtime::DType::kBF16 ? "bfloat16, " : "float32, ") << count << " elements)";
   return os.str();
 }
 

@@ -121,7 +121,7 @@ std::vector<double> NodeAveraging::gather(std::span<const double> mine) {
 
 std::vector<float> NodeAveraging::gatherFloats(std::span<const float> mine) {
   std::vector<float> all(static_cast<size_t>(world_.worldSize) * mine.size());
-  if (!mine.empty()) all_->allGather(mine.data(), all.data(), mine.size())->wait(timeout_);
+  if (!mine.empty()) all_->allGather(mine.data(), all.data(), mine.size(), {})->wait(timeout_);
   return all;
 }
 

@@ -152,7 +152,7 @@ std::vector<double> gatherDoubles(collectives::Communicator& comm, std::span<con
   if (mine.empty()) return all;
   std::vector<float> sent(2 * mine.size()), received(2 * all.size());
   std::memcpy(sent.data(), mine.data(), mine.size_bytes());
-  comm.allGather(sent.data(), received.data(), sent.size())->wait(timeout);
+  comm.allGather(sent.data(), received.data(), sent.size(), {})->wait(timeout);
   std::memcpy(all.data(), received.data(), all.size() * sizeof(double));
   return all;
 }

@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "collectives/mpi/mpi_communicator.h"
+#include "collectives/placement.h"
 #include "collectives/shm/shm_communicator.h"
 #include "collectives/work_pool.h"
+#include "runtime/dtype.h"
 #include "runtime/error.h"
 
 namespace cohort::collectives {
@@ -49,24 +51,35 @@ class HierarchicalWork : public QueuedWork {
  public:
   explicit HierarchicalWork(HierarchicalCommunicator& comm) : QueuedWork("hierarchical"), comm_(comm) {}
 
-  void start(const Fingerprint& fingerprint, const float* input, float* output) {
+  void start(const Fingerprint& fingerprint, const void* input, void* output) {
     fingerprint_ = fingerprint;
     input_ = input;
     output_ = output;
     restart();
   }
   const Fingerprint& fingerprint() const override { return fingerprint_; }
-  const float* input() const { return input_; }
-  float* output() const { return output_; }
+  const void* input() const { return input_; }
+  void* output() const { return output_; }
 
  private:
   void waitUntilFinished(std::chrono::milliseconds timeout) override;
 
   HierarchicalCommunicator& comm_;
   Fingerprint fingerprint_;
-  const float* input_ = nullptr;
-  float* output_ = nullptr;
+  const void* input_ = nullptr;
+  void* output_ = nullptr;
 };
+
+// By world rank w: the chunk of the full buffer that w's chunk becomes when the chunks are ordered by
+// local rank, then by position in the cross-node communicator (HierarchicalCommunicator::reduceScatter).
+std::vector<size_t> byNodeChunks(const NodeGroups& layout) {
+  std::vector<size_t> chunk(layout.localRank.size());
+  for (size_t w = 0; w < chunk.size(); ++w) {
+    chunk[w] = static_cast<size_t>(layout.localRank[w]) * static_cast<size_t>(layout.nodes) +
+               static_cast<size_t>(layout.crossRank(static_cast<int>(w)));
+  }
+  return chunk;
+}
 
 class HierarchicalCommunicator : public Communicator {
  public:
@@ -77,6 +90,7 @@ class HierarchicalCommunicator : public Communicator {
         layout_(std::move(groups)),
         node_(std::move(node)),
         where_("node " + hostName()),
+        byNodeChunk_(byNodeChunks(layout_)),
         thread_([this] { loop(); }) {}
 
   ~HierarchicalCommunicator() override {
@@ -92,20 +106,18 @@ class HierarchicalCommunicator : public Communicator {
   int size() const override { return world_->size(); }
   std::string backend() const override { return "hierarchical"; }
 
-  WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
-    return enqueue({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count}, input, output);
+  WorkPtr allReduce(const void* input, void* output, size_t count, const AllReduceOptions& options) override {
+    return enqueue(allReduceCall(input, output, count, options), input, output);
   }
-  WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
-    return enqueue({.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank}, input, output);
+  WorkPtr reduceScatter(const void* input, void* output, size_t countPerRank,
+                        const ReduceScatterOptions& options) override {
+    return enqueue(reduceScatterCall(input, output, countPerRank, options, rank(), size()), input, output);
   }
-  WorkPtr allGather(const float* input, float* output, size_t countPerRank) override {
-    return enqueue({.kind = CollectiveKind::kAllGather, .count = countPerRank}, input, output);
+  WorkPtr allGather(const void* input, void* output, size_t countPerRank, const AllGatherOptions& options) override {
+    return enqueue(allGatherCall(input, output, countPerRank, options, rank(), size()), input, output);
   }
-  WorkPtr broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= size()) {
-      COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this world of " << size();
-    }
-    return enqueue({.kind = CollectiveKind::kBroadcast, .root = root, .count = count}, data, data);
+  WorkPtr broadcast(void* data, size_t count, const BroadcastOptions& options) override {
+    return enqueue(broadcastCall(data, count, options, size()), data, data);
   }
   WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
 
@@ -130,11 +142,8 @@ class HierarchicalCommunicator : public Communicator {
   }
 
  private:
-  WorkPtr enqueue(Fingerprint fingerprint, const float* input, float* output) {
-    if (fingerprint.count > 0 && fingerprint.kind != CollectiveKind::kBarrier && (!input || !output)) {
-      COHORT_THROW(InvalidArgument) << toString(fingerprint.kind) << ": null buffer for " << fingerprint.count
-                                    << " elements";
-    }
+  WorkPtr enqueue(Fingerprint fingerprint, const void* input, void* output) {
+    if (fingerprint.kind != CollectiveKind::kBarrier) checkBuffers(input, output, fingerprint.count, toString(fingerprint.kind));
     fingerprint.sequence = nextSequence_++;
     PooledPtr<HierarchicalWork> work = pool_.acquire(*this);
     work->start(fingerprint, input, output);
@@ -174,28 +183,138 @@ class HierarchicalCommunicator : public Communicator {
 
   void run(const HierarchicalWork& work) {
     const Fingerprint& f = work.fingerprint();
-    const float* input = work.input();
-    float* output = work.output();
+    const void* input = work.input();
+    void* output = work.output();
+    const bool bf16 = f.dtype == runtime::DType::kBF16;
+    if (size() == 1) return runSingleRank(f, input, output);
     switch (f.kind) {
       case CollectiveKind::kAllReduce:
-        if (f.count * sizeof(float) <= kFlatBytes) {  // latency-bound: one MPI collective, fewer hops
-          return stage(world_.get(), "all-reduce",
-                       [&](Communicator& c) { return c.allReduce(input, output, f.count, {.op = f.op}); });
-        }
-        return allReduceInStages(input, output, f.count, f.op);
+        if (bf16) return reduceWidened(f, input, output);
+        return allReduce(f, static_cast<const float*>(input), static_cast<float*>(output));
       case CollectiveKind::kBroadcast:
-        return broadcastInStages(output, f.count, f.root);
+        return broadcastInStages(output, f.count, {.root = f.root, .dtype = f.dtype});
       case CollectiveKind::kBarrier:
         stage(node_.get(), "node barrier", [](Communicator& c) { return c.barrier(); });
         stage(cross_.get(), "barrier across nodes", [](Communicator& c) { return c.barrier(); });
         stage(node_.get(), "node barrier", [](Communicator& c) { return c.barrier(); });
         return;
       case CollectiveKind::kReduceScatter:
-        return stage(world_.get(), "reduce-scatter",
-                     [&](Communicator& c) { return c.reduceScatter(input, output, f.count, f.op); });
+        if (bf16) return reduceWidened(f, input, output);
+        return reduceScatter(f, static_cast<const float*>(input), static_cast<float*>(output));
       case CollectiveKind::kAllGather:
-        return stage(world_.get(), "all-gather", [&](Communicator& c) { return c.allGather(input, output, f.count); });
+        return allGather(f, input, output);
     }
+  }
+
+  // One rank has no stage to run (stage() skips a communicator of one): a reduction or gather is a
+  // copy, nothing in place.
+  static void runSingleRank(const Fingerprint& f, const void* input, void* output) {
+    if (f.kind == CollectiveKind::kBarrier || f.kind == CollectiveKind::kBroadcast || input == output) return;
+    std::memmove(output, input, f.count * runtime::sizeOf(f.dtype));
+  }
+
+  // Latency-bound all-reduces are one MPI collective (fewer hops); larger ones go in stages.
+  void allReduce(const Fingerprint& f, const float* input, float* output) {
+    if (f.count * sizeof(float) <= kFlatBytes) {
+      return stage(world_.get(), "all-reduce",
+                   [&](Communicator& c) { return c.allReduce(input, output, f.count, {.op = f.op}); });
+    }
+    allReduceInStages(input, output, f.count, f.op);
+  }
+
+  // bf16 all-reduce and reduce-scatter: widened to fp32 (wide_), reduced as fp32 by every stage,
+  // and rounded to bf16 once at the end, as docs/collectives.md promises.
+  // Latency-bound ones go to MPI over the world as bf16 (its fingerprints name the element type).
+  void reduceWidened(const Fingerprint& f, const void* input, void* output) {
+    const bool scatter = f.kind == CollectiveKind::kReduceScatter;
+    const size_t inCount = scatter ? f.count * static_cast<size_t>(size()) : f.count;
+    if (inCount * sizeof(float) <= kFlatBytes) {
+      return stage(world_.get(), scatter ? "reduce-scatter" : "all-reduce", [&](Communicator& c) {
+        return scatter ? c.reduceScatter(input, output, f.count, {.op = f.op, .dtype = f.dtype})
+                       : c.allReduce(input, output, f.count, {.op = f.op, .dtype = f.dtype});
+      });
+    }
+    if (wide_.size() < inCount + f.count) wide_.resize(inCount + f.count);
+    float* in = wide_.data();
+    float* out = wide_.data() + inCount;
+    const auto* bits = static_cast<const uint16_t*>(input);
+    for (size_t i = 0; i < inCount; ++i) in[i] = runtime::toFloat(runtime::Bf16{bits[i]});
+    Fingerprint wide = f;
+    wide.dtype = runtime::DType::kF32;
+    if (scatter) {
+      reduceScatter(wide, in, out);
+    } else {
+      allReduce(wide, in, out);
+    }
+    auto* result = static_cast<uint16_t*>(output);
+    for (size_t i = 0; i < f.count; ++i) result[i] = runtime::toBf16(out[i]).bits;
+  }
+
+  // Reduce-scatter and all-gather in two levels (see the header). The full buffer's chunks are
+  // reordered by local rank, then node (byNode_): part k, the chunks of the world ranks with local
+  // rank k in the order of their cross-node communicator, is local rank k's.
+  //   reduce-scatter: permute the input into byNode_, reduce-scatter it in the node (local rank k
+  //     gets the node's sum of part k: N chunks), then across nodes (this rank's chunk).
+  //   all-gather: all-gather this rank's chunk across nodes (part k), all-gather the parts in the
+  //     node into byNode_, permute that into the output.
+  // Latency-bound ones (a full buffer of at most kFlatBytes) are one MPI collective over the world.
+  void reduceScatter(const Fingerprint& f, const float* input, float* output) {
+    const size_t c = f.count, W = static_cast<size_t>(size());
+    if (c * W * sizeof(float) <= kFlatBytes) {
+      return stage(world_.get(), "reduce-scatter",
+                   [&](Communicator& comm) { return comm.reduceScatter(input, output, c, {.op = f.op}); });
+    }
+    const size_t N = static_cast<size_t>(layout_.nodes), L = static_cast<size_t>(layout_.localSize);
+    const ReduceOp partial = f.op == ReduceOp::kAvg ? ReduceOp::kSum : f.op;
+    float* byNode = grow(byNode_, W * c);
+    float* part = grow(part_, N * c);
+    for (size_t w = 0; w < W; ++w) std::memcpy(byNode + byNodeChunk_[w] * c, input + w * c, c * sizeof(float));
+    if (L > 1) {
+      stage(node_.get(), "node reduce-scatter",
+            [&](Communicator& comm) { return comm.reduceScatter(byNode, part, N * c, {.op = partial}); });
+    } else {
+      std::memcpy(part, byNode, N * c * sizeof(float));
+    }
+    if (N > 1) {
+      stage(cross_.get(), "reduce-scatter across nodes",
+            [&](Communicator& comm) { return comm.reduceScatter(part, output, c, {.op = partial}); });
+    } else {
+      std::memcpy(output, part, c * sizeof(float));
+    }
+    if (f.op == ReduceOp::kAvg) {
+      const float scale = 1.0f / static_cast<float>(W);
+      for (size_t i = 0; i < c; ++i) output[i] *= scale;
+    }
+  }
+
+  void allGather(const Fingerprint& f, const void* input, void* output) {
+    const size_t bytes = f.count * runtime::sizeOf(f.dtype), W = static_cast<size_t>(size());
+    const AllGatherOptions options{.dtype = f.dtype};
+    if (bytes * W <= kFlatBytes) {
+      return stage(world_.get(), "all-gather",
+                   [&](Communicator& comm) { return comm.allGather(input, output, f.count, options); });
+    }
+    const size_t N = static_cast<size_t>(layout_.nodes), L = static_cast<size_t>(layout_.localSize);
+    auto* byNode = reinterpret_cast<char*>(grow(byNode_, (W * bytes + 3) / 4));
+    auto* part = reinterpret_cast<char*>(grow(part_, (N * bytes + 3) / 4));
+    if (N > 1) {
+      stage(cross_.get(), "all-gather across nodes",
+            [&](Communicator& comm) { return comm.allGather(input, part, f.count, options); });
+    } else {
+      std::memcpy(part, input, bytes);
+    }
+    if (L > 1) {
+      stage(node_.get(), "node all-gather",
+            [&](Communicator& comm) { return comm.allGather(part, byNode, N * f.count, options); });
+    } else {
+      std::memcpy(byNode, part, N * bytes);
+    }
+    for (size_t w = 0; w < W; ++w) std::memcpy(static_cast<char*>(output) + w * bytes, byNode + byNodeChunk_[w] * bytes, bytes);
+  }
+
+  static float* grow(std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
   }
 
   // One segment of a pipelined all-reduce: elements [begin, begin + count) of the message, padded
@@ -261,7 +380,7 @@ class HierarchicalCommunicator : public Communicator {
     for (Segment& g : seg) {
       if (node) {
         g.work = issue(node, "node reduce-scatter",
-                       [&](Communicator& c) { return c.reduceScatter(g.whole, g.shard, g.chunk, partial); });
+                       [&](Communicator& c) { return c.reduceScatter(g.whole, g.shard, g.chunk, {.op = partial}); });
       } else {
         std::memcpy(g.shard, g.whole, g.chunk * sizeof(float));
       }
@@ -269,7 +388,7 @@ class HierarchicalCommunicator : public Communicator {
     auto startAcross = [&](Segment& g) {
       await(g.work, node, "node reduce-scatter");
       g.work = issue(cross, "reduce-scatter across nodes",
-                     [&](Communicator& c) { return c.reduceScatter(g.shard, g.mine, g.piece, partial); });
+                     [&](Communicator& c) { return c.reduceScatter(g.shard, g.mine, g.piece, {.op = partial}); });
     };
     auto gatherAcross = [&](Segment& g) {
       await(g.work, cross, "reduce-scatter across nodes");
@@ -278,13 +397,13 @@ class HierarchicalCommunicator : public Communicator {
         for (size_t i = 0; i < g.piece; ++i) g.mine[i] *= scale;
       }
       g.work = issue(cross, "all-gather across nodes",
-                     [&](Communicator& c) { return c.allGather(g.mine, g.shard, g.piece); });
+                     [&](Communicator& c) { return c.allGather(g.mine, g.shard, g.piece, {}); });
     };
     auto gatherInNode = [&](Segment& g) {
       await(g.work, cross, "all-gather across nodes");
       if (node) {
         g.work = issue(node, "node all-gather",
-                       [&](Communicator& c) { return c.allGather(g.shard, g.gathered, g.chunk); });
+                       [&](Communicator& c) { return c.allGather(g.shard, g.gathered, g.chunk, {}); });
       } else {
         std::memcpy(g.gathered, g.shard, g.chunk * sizeof(float));
       }
@@ -300,13 +419,15 @@ class HierarchicalCommunicator : public Communicator {
   }
 
   // From the root to its local rank's partners on every node, then inside every node.
-  void broadcastInStages(float* data, size_t count, int root) {
-    const int rootLocal = layout_.localRank[root];
+  void broadcastInStages(void* data, size_t count, const BroadcastOptions& options) {
+    const int rootLocal = layout_.localRank[options.root];
     if (layout_.localRank[rank()] == rootLocal) {
-      const int crossRoot = layout_.crossRank(root);
-      stage(cross_.get(), "broadcast across nodes", [&](Communicator& c) { return c.broadcast(data, count, crossRoot); });
+      const int crossRoot = layout_.crossRank(options.root);
+      stage(cross_.get(), "broadcast across nodes",
+            [&](Communicator& c) { return c.broadcast(data, count, {.root = crossRoot, .dtype = options.dtype}); });
     }
-    stage(node_.get(), "node broadcast", [&](Communicator& c) { return c.broadcast(data, count, rootLocal); });
+    stage(node_.get(), "node broadcast",
+          [&](Communicator& c) { return c.broadcast(data, count, {.root = rootLocal, .dtype = options.dtype}); });
   }
 
   // body(), its errors prefixed with the stage's context (same types, so exit codes stay).
@@ -369,9 +490,13 @@ class HierarchicalCommunicator : public Communicator {
   NodeGroups layout_;                    // who is where (its communicators moved to the two above)
   std::unique_ptr<Communicator> node_;   // this node's workers (shared memory); null for one per node
   std::string where_;                    // "node HOST", for messages
+  std::vector<size_t> byNodeChunk_;      // by world rank: where its chunk lies in byNode_
   std::vector<float> staging_;  // the padded whole when the count does not split evenly
   std::vector<float> shard_;    // this local rank's chunk
   std::vector<float> piece_;    // this rank's piece of it across nodes
+  std::vector<float> wide_;     // a bf16 reduction's input and result in fp32
+  std::vector<float> byNode_;   // reduce-scatter and all-gather: the full buffer by local rank, then node
+  std::vector<float> part_;     // ... and this local rank's part of it
   uint64_t nextSequence_ = 0;   // issuing thread only
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -399,7 +524,7 @@ NodeGroups makeNodeGroups(const CommunicatorOptions& options, bool flatWhenUneve
   // Every rank's workers per node and local rank (small integers: exact in floats).
   const float mine[2] = {static_cast<float>(options.world.localWorldSize), static_cast<float>(options.world.localRank)};
   std::vector<float> all(2 * static_cast<size_t>(world.size()));
-  groups.world->allGather(mine, all.data(), 2)->wait(options.timeout);
+  groups.world->allGather(mine, all.data(), 2, {})->wait(options.timeout);
   groups.localSize = options.world.localWorldSize;
   for (int r = 0; r < world.size(); ++r) {
     groups.localRank.push_back(static_cast<int>(all[2 * r + 1]));

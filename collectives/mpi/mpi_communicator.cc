@@ -35,7 +35,9 @@
 #include "collectives/mpi/mpi_fingerprint.h"
 #include "collectives/mpi/mpi_heartbeat.h"
 #include "collectives/mpi/mpi_members.h"
+#include "collectives/placement.h"
 #include "collectives/work_pool.h"
+#include "runtime/dtype.h"
 #include "runtime/error.h"
 
 namespace cohort::collectives {
@@ -63,12 +65,29 @@ struct Op {
   std::vector<MPI_Request> sendRequests;
   MPI_Request dataRequest = MPI_REQUEST_NULL;
   Phase phase = Phase::kFingerprints;
-  const float* input = nullptr;
-  float* output = nullptr;
-  // reduce-scatter: every rank's chunk for this rank, in rank order; a large in-place all-reduce:
-  // the input
-  std::vector<float> chunks;
+  const void* input = nullptr;
+  void* output = nullptr;
+  // fp32 working space, kept with the Op (and so with its pooled Work) so that a collective in
+  // steady state allocates none: reduce-scatter's rows (every rank's chunk for this rank, in rank
+  // order), a large in-place all-reduce's input, a bf16 reduction's widened input and result.
+  std::vector<float> scratch;
 };
+
+// Widens `count` bf16 values (bits) to fp32, and rounds fp32 values to bf16 once.
+void widen(const void* bf16, float* out, size_t count) {
+  const auto* in = static_cast<const uint16_t*>(bf16);
+  for (size_t i = 0; i < count; ++i) out[i] = runtime::toFloat(runtime::Bf16{in[i]});
+}
+void narrow(const float* in, void* bf16, size_t count) {
+  auto* out = static_cast<uint16_t*>(bf16);
+  for (size_t i = 0; i < count; ++i) out[i] = runtime::toBf16(in[i]).bits;
+}
+
+// Grows `v` to at least n elements; never shrinks (its memory is reused).
+float* atLeast(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
 
 std::string describeDuration(std::chrono::milliseconds timeout) {
   std::ostringstream os;
@@ -163,7 +182,7 @@ class MpiState {
 
   // Starts a collective in `op`: the previous Op of the caller's Work, reused once MPI is done with
   // it (only the Work still holds it) so that its vectors keep their memory; else a new one.
-  void issue(std::shared_ptr<Op>& op, Fingerprint fingerprint, const float* input, float* output) {
+  void issue(std::shared_ptr<Op>& op, Fingerprint fingerprint, const void* input, void* output) {
     if (error_) std::rethrow_exception(error_);
     if (fingerprint.count > static_cast<uint64_t>(INT_MAX)) {
       COHORT_THROW(InvalidArgument) << "the mpi backend handles at most " << INT_MAX
@@ -304,45 +323,66 @@ class MpiState {
     throw InvalidArgument(os.str());
   }
 
+  // Every data collective is one non-blocking MPI call; bf16 reductions run in fp32 (Op::scratch)
+  // and are rounded once in testData.
   void startData(Op& op) {
     const Fingerprint& f = op.fingerprint;
     const int count = static_cast<int>(f.count);
-    const bool inPlace = op.input == op.output;
-    const void* send = inPlace ? MPI_IN_PLACE : op.input;
+    const bool bf16 = f.dtype == runtime::DType::kBF16;
+    const size_t n = static_cast<size_t>(size_);
     switch (f.kind) {
-      case CollectiveKind::kAllReduce:
+      case CollectiveKind::kAllReduce: {
+        if (bf16) {  // [0, count): the widened input; [count, 2 count): the fp32 result
+          float* wide = atLeast(op.scratch, 2 * f.count);
+          widen(op.input, wide, f.count);
+          checkMpi(MPI_Iallreduce(wide, wide + f.count, count, MPI_FLOAT, mpiOp(f.op), dataComm_, &op.dataRequest),
+                   "MPI_Iallreduce");
+          break;
+        }
+        const bool inPlace = op.input == op.output;
+        const void* send = inPlace ? MPI_IN_PLACE : op.input;
         // Open MPI's non-blocking all-reduce in place is always a reduce to one rank and a broadcast
         // (one direction at a time: half the bandwidth between nodes), so a large one sends from a
         // copy and gets the reduce-scatter/all-gather algorithms (GradSync's buckets are in place).
         if (inPlace && f.count * sizeof(float) >= kInPlaceCopyBytes) {
-          op.chunks.assign(op.output, op.output + f.count);
-          send = op.chunks.data();
+          float* copy = atLeast(op.scratch, f.count);
+          std::memcpy(copy, op.output, f.count * sizeof(float));
+          send = copy;
         }
         checkMpi(MPI_Iallreduce(send, op.output, count, MPI_FLOAT, mpiOp(f.op), dataComm_, &op.dataRequest),
                  "MPI_Iallreduce");
         break;
-      case CollectiveKind::kReduceScatter:
+      }
+      case CollectiveKind::kReduceScatter: {
         // Every rank's chunk r goes to rank r (one exchange, both directions at once), and rank r
         // reduces what it received in rank order (testData). Open MPI's MPI_Ireduce_scatter_block
         // reduces to one rank and scatters, which moves the whole buffer one way first: half the
-        // bandwidth across nodes. In place: the input is output[0, size*count), result at [0, count).
-        op.chunks.resize(static_cast<size_t>(size_) * f.count);
-        checkMpi(MPI_Ialltoall(inPlace ? op.output : op.input, count, MPI_FLOAT, op.chunks.data(), count, MPI_FLOAT,
-                               dataComm_, &op.dataRequest),
+        // bandwidth across nodes. NCCL's in place needs nothing special: the input is only read
+        // by the exchange, and the output written after it. bf16: rows at [0, n count), the widened
+        // input after them.
+        float* rows = atLeast(op.scratch, (bf16 ? 2 * n : n) * f.count);
+        const void* send = op.input;
+        if (bf16) {
+          widen(op.input, rows + n * f.count, n * f.count);
+          send = rows + n * f.count;
+        }
+        checkMpi(MPI_Ialltoall(send, count, MPI_FLOAT, rows, count, MPI_FLOAT, dataComm_, &op.dataRequest),
                  "MPI_Ialltoall (reduce-scatter)");
         break;
-      case CollectiveKind::kAllGather:
-        // In place (input == output): this rank's chunk is at output[0, count); MPI wants it at
-        // chunk `rank`, so move it there first (only this rank's own buffer is touched).
-        if (inPlace && rank_ != 0 && count > 0) {
-          std::memmove(op.output + static_cast<size_t>(rank_) * count, op.output, sizeof(float) * count);
-        }
-        if (op.input == op.output + static_cast<size_t>(rank_) * count) send = MPI_IN_PLACE;
-        checkMpi(MPI_Iallgather(send, count, MPI_FLOAT, op.output, count, MPI_FLOAT, dataComm_, &op.dataRequest),
+      }
+      case CollectiveKind::kAllGather: {
+        // NCCL's in place (input == output + rank*count) is MPI's MPI_IN_PLACE for an all-gather.
+        const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
+        const bool inPlace =
+            op.input == static_cast<const char*>(op.output) + static_cast<size_t>(rank_) * f.count * runtime::sizeOf(f.dtype);
+        checkMpi(MPI_Iallgather(inPlace ? MPI_IN_PLACE : op.input, count, type, op.output, count, type, dataComm_,
+                                &op.dataRequest),
                  "MPI_Iallgather");
         break;
+      }
       case CollectiveKind::kBroadcast:
-        checkMpi(MPI_Ibcast(op.output, count, MPI_FLOAT, f.root, dataComm_, &op.dataRequest), "MPI_Ibcast");
+        checkMpi(MPI_Ibcast(op.output, count, bf16 ? MPI_UINT16_T : MPI_FLOAT, f.root, dataComm_, &op.dataRequest),
+                 "MPI_Ibcast");
         break;
       case CollectiveKind::kBarrier:
         checkMpi(MPI_Ibarrier(dataComm_, &op.dataRequest), "MPI_Ibarrier");
@@ -357,15 +397,29 @@ class MpiState {
     if (rc != MPI_SUCCESS) checkMpi(rc, op.fingerprint.str().c_str());  // the text only for the error
     if (!done) return;
     const Fingerprint& f = op.fingerprint;
-    if (f.kind == CollectiveKind::kReduceScatter) reduceRows(op.chunks.data(), op.output, f.count, f.op);
-    std::vector<float>().swap(op.chunks);
-    if (f.op == ReduceOp::kAvg && (f.kind == CollectiveKind::kAllReduce || f.kind == CollectiveKind::kReduceScatter)) {
+    if (f.kind == CollectiveKind::kAllReduce || f.kind == CollectiveKind::kReduceScatter) finishReduction(op);
+    op.phase = Phase::kDone;
+  }
+
+  // The result of an all-reduce or reduce-scatter in fp32 (the output itself, or scratch for bf16),
+  // avg's scaling, and bf16's one rounding.
+  void finishReduction(Op& op) {
+    const Fingerprint& f = op.fingerprint;
+    const bool bf16 = f.dtype == runtime::DType::kBF16;
+    const size_t n = static_cast<size_t>(size_);
+    float* result = bf16 ? op.scratch.data() + f.count : static_cast<float*>(op.output);
+    if (f.kind == CollectiveKind::kReduceScatter) {
+      // bf16: the rows' sum goes where the widened input was (no longer needed).
+      if (bf16) result = op.scratch.data() + n * f.count;
+      reduceRows(op.scratch.data(), result, f.count, f.op);
+    }
+    if (f.op == ReduceOp::kAvg) {
       // avg is float(sum) * float(1/n) in every backend (docs/collectives.md), so a job gives the
       // same bits on shm and mpi; exact when n is a power of two.
       const float scale = 1.0f / static_cast<float>(size_);
-      for (uint64_t i = 0; i < f.count; ++i) op.output[i] *= scale;
+      for (uint64_t i = 0; i < f.count; ++i) result[i] *= scale;
     }
-    op.phase = Phase::kDone;
+    if (bf16) narrow(result, op.output, f.count);
   }
 
   // output[i] = op over ranks r (in rank order) of rows[r * count + i].
@@ -470,7 +524,7 @@ class MpiState {
 class MpiWork : public PooledWork {
  public:
   explicit MpiWork(std::shared_ptr<MpiState> state) : state_(std::move(state)) {}
-  void start(const Fingerprint& fingerprint, const float* input, float* output) {
+  void start(const Fingerprint& fingerprint, const void* input, void* output) {
     state_->issue(op_, fingerprint, input, output);
   }
   bool done() override {
@@ -491,25 +545,23 @@ class MpiCommunicator : public Communicator {
   int size() const override { return state_->size(); }
   std::string backend() const override { return "mpi"; }
 
-  WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
-    return start({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count}, input, output);
+  WorkPtr allReduce(const void* input, void* output, size_t count, const AllReduceOptions& options) override {
+    return start(allReduceCall(input, output, count, options), input, output);
   }
-  WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
-    return start({.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank}, input, output);
+  WorkPtr reduceScatter(const void* input, void* output, size_t countPerRank,
+                        const ReduceScatterOptions& options) override {
+    return start(reduceScatterCall(input, output, countPerRank, options, rank(), size()), input, output);
   }
-  WorkPtr allGather(const float* input, float* output, size_t countPerRank) override {
-    return start({.kind = CollectiveKind::kAllGather, .count = countPerRank}, input, output);
+  WorkPtr allGather(const void* input, void* output, size_t countPerRank, const AllGatherOptions& options) override {
+    return start(allGatherCall(input, output, countPerRank, options, rank(), size()), input, output);
   }
-  WorkPtr broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= size()) {
-      COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this world of " << size();
-    }
-    return start({.kind = CollectiveKind::kBroadcast, .root = root, .count = count}, data, data);
+  WorkPtr broadcast(void* data, size_t count, const BroadcastOptions& options) override {
+    return start(broadcastCall(data, count, options, size()), data, data);
   }
   WorkPtr barrier() override { return start({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
 
  private:
-  WorkPtr start(const Fingerprint& fingerprint, const float* input, float* output) {
+  WorkPtr start(const Fingerprint& fingerprint, const void* input, void* output) {
     PooledPtr<MpiWork> work = pool_.acquire(state_);
     work->start(fingerprint, input, output);
     return work;

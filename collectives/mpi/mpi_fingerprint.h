@@ -19,7 +19,8 @@ struct WireFingerprint {
   uint8_t valid = 0;  // 1 once filled in: a zeroed buffer never matches a real fingerprint
 
   static WireFingerprint from(const Fingerprint& f) {
-    return {f.sequence, f.count, f.root, static_cast<uint8_t>(f.kind), static_cast<uint8_t>(f.op), f.dtype, 1};
+    return {f.sequence, f.count, f.root, static_cast<uint8_t>(f.kind), static_cast<uint8_t>(f.op),
+            static_cast<uint8_t>(f.dtype), 1};
   }
   Fingerprint toFingerprint() const {
     Fingerprint f;
@@ -28,7 +29,7 @@ struct WireFingerprint {
     f.root = root;
     f.kind = static_cast<CollectiveKind>(kind);
     f.op = static_cast<ReduceOp>(op);
-    f.dtype = dtype;
+    f.dtype = static_cast<runtime::DType>(dtype);
     return f;
   }
 };

@@ -3,8 +3,7 @@
 //  1. issue (the caller's thread): the collective gets the next sequence number. With a compute
 //     stream, the event computeReady_ is recorded there and the communication stream waits for it
 //     (cudaStreamWaitEvent: the GPU orders the two streams, the host does not wait). Then, holding
-//     ncclMutex_: device copies that adapt Cohort's in-place layout to NCCL's (reduceScatter and
-//     allGather), the NCCL call, polling ncclCommGetAsyncError while the non-blocking communicator
+//     ncclMutex_: the conversions of a bf16 reduction (widened to fp32 before, rounded after), the NCCL call, polling ncclCommGetAsyncError while the non-blocking communicator
 //     says ncclInProgress (bounded by the timeout), and the copies after it. Finally a fresh `done`
 //     event is recorded on the communication stream and handed to the watchdog with the
 //     collective's fingerprint.
@@ -28,9 +27,11 @@
 #include <thread>
 
 #include "collectives/nccl/nccl_init.h"
+#include "collectives/placement.h"
 #include "collectives/watchdog.h"
 #include "collectives/work_pool.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/precision_kernels.h"
 #include "runtime/error.h"
 #include "runtime/stream.h"
 
@@ -81,9 +82,7 @@ struct Launch {
   std::function<void(cudaStream_t)> after = {};   // device copies; may be empty
 };
 
-void copyOnStream(float* dst, const float* src, size_t count, cudaStream_t stream) {
-  COHORT_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-}
+ncclDataType_t ncclType(runtime::DType dtype) { return dtype == runtime::DType::kBF16 ? ncclBfloat16 : ncclFloat; }
 
 // Zeroed device memory from cudaMalloc, freed with the Buffer.
 class DeviceBuffer : public Buffer {
@@ -155,6 +154,7 @@ class NcclState {
         nccl_->commAbort(comm_);
     }
     cudaFree(scratch_);
+    if (wide_ != nullptr) cudaFree(wide_);
     // computeReady_ and commStream_ go with the members; `done` events with the last Work.
   }
 
@@ -167,6 +167,22 @@ class NcclState {
   const runtime::Stream* computeStream() const { return computeStream_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   float* scratch() const { return scratch_; }
+
+  // Device fp32 space of at least `count` floats for a bf16 reduction, kept and grown (its old
+  // memory freed with cudaFree, which waits for the device: earlier collectives may use it).
+  float* wideScratch(size_t count) {
+    if (count > wideCount_) {
+      runtime::cuda::CudaDeviceGuard guard(device_.index);
+      if (wide_ != nullptr) COHORT_CUDA_CHECK(cudaFree(wide_));
+      wide_ = nullptr;
+      wideCount_ = 0;
+      void* p = nullptr;
+      COHORT_CUDA_CHECK(cudaMalloc(&p, count * sizeof(float)));
+      wide_ = static_cast<float*>(p);
+      wideCount_ = count;
+    }
+    return wide_;
+  }
 
   // The watchdog's error first (it names the stuck collective), then one of this thread's.
   void rethrowIfFailed() const {
@@ -304,6 +320,8 @@ class NcclState {
   const std::shared_ptr<const NcclLibrary> nccl_;
   ncclComm_t comm_;
   float* scratch_ = nullptr;  // a zero float for barrier(), then the host staging area
+  float* wide_ = nullptr;     // bf16 reductions in fp32 (wideScratch)
+  size_t wideCount_ = 0;
   uint64_t nextSequence_ = 0;
   std::exception_ptr error_;                      // the issuing thread's own failure (under ncclMutex_ when written)
   std::mutex ncclMutex_;                          // around every use of comm_ by the issuing thread and the watchdog
@@ -338,6 +356,18 @@ class NcclWork : public PooledWork {
     if (!done_->query()) return false;
     state_->checkAsyncError(fingerprint_);
     return true;
+  }
+
+  // The stream waits for the done event (no host wait), as wait() with a compute stream does; a
+  // host-staged collective's result arrives only through the host, so that one waits there.
+  void waitOn(const runtime::Stream& stream, std::chrono::milliseconds timeout) override {
+    state_->rethrowIfFailed();
+    if (copyOut_.staged) return wait(timeout);
+    if (stream.device().index != device_) {
+      COHORT_THROW(InvalidArgument) << "nccl " << fingerprint_.str() << ": Work::waitOn got a stream on cuda:"
+                                    << stream.device().index << ", but rank " << state_->rank() << " runs on cuda:" << device_;
+    }
+    stream.waitEvent(*done_);
   }
 
   void wait(std::chrono::milliseconds timeout) override {
@@ -396,76 +426,68 @@ class NcclCommunicator : public Communicator {
   int size() const override { return state_->size(); }
   std::string backend() const override { return "nccl"; }
 
-  WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
-    const Fingerprint fingerprint{.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count};
+  WorkPtr allReduce(const void* input, void* output, size_t count, const AllReduceOptions& options) override {
+    const Fingerprint fingerprint{.kind = CollectiveKind::kAllReduce, .op = options.op, .dtype = options.dtype, .count = count};
     const ncclRedOp_t op = ncclOp(options.op);
-    if (isSmallHostBuffer(input, count) && isSmallHostBuffer(output, count)) {
+    if (options.dtype == runtime::DType::kF32 && isSmallHostBuffer(input, count) && isSmallHostBuffer(output, count)) {
       float* staging = state_->scratch() + kStagingOffset;
-      return startStaged(fingerprint, input, output, count,
+      return startStaged(fingerprint, static_cast<const float*>(input), static_cast<float*>(output), count,
                          [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
                            return nccl.allReduce(staging, staging, count, ncclFloat, op, comm, s);
                          });
     }
     checkDevicePointer(input, count, "allReduce", "input");
     checkDevicePointer(output, count, "allReduce", "output");
+    if (options.dtype == runtime::DType::kBF16) return reduceWidened(fingerprint, input, output, count, count);
     return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
                    return nccl.allReduce(input, output, count, ncclFloat, op, comm, s);
                  }});
   }
 
-  WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
+  // NCCL's in place (output == input + rank*countPerRank) is what NCCL takes as it is: no copies.
+  WorkPtr reduceScatter(const void* input, void* output, size_t countPerRank,
+                        const ReduceScatterOptions& options) override {
+    reduceScatterPlacement(input, output, countPerRank, options.dtype, rank(), size());
     checkDevicePointer(input, countPerRank, "reduceScatter", "input");
     checkDevicePointer(output, countPerRank, "reduceScatter", "output");
-    const Fingerprint fingerprint{.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank};
-    const ncclRedOp_t ncclOperator = ncclOp(op);
-    if (input != output || rank() == 0) {
-      return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
-                     return nccl.reduceScatter(input, output, countPerRank, ncclFloat, ncclOperator, comm, s);
-                   }});
+    const Fingerprint fingerprint{
+        .kind = CollectiveKind::kReduceScatter, .op = options.op, .dtype = options.dtype, .count = countPerRank};
+    if (options.dtype == runtime::DType::kBF16) {
+      return reduceWidened(fingerprint, input, output, countPerRank * static_cast<size_t>(size()), countPerRank);
     }
-    // Cohort's in place puts the result at the start of the buffer, NCCL's at this rank's chunk:
-    // reduce in NCCL's place, then move the chunk (the two ranges do not overlap for rank >= 1).
-    float* chunk = output + static_cast<size_t>(rank()) * countPerRank;
-    return start(fingerprint, {.call =
-                                   [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
-                                     return nccl.reduceScatter(input, chunk, countPerRank, ncclFloat, ncclOperator,
-                                                               comm, s);
-                                   },
-                               .after = [=](cudaStream_t s) { copyOnStream(output, chunk, countPerRank, s); }});
+    const ncclRedOp_t op = ncclOp(options.op);
+    return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                   return nccl.reduceScatter(input, output, countPerRank, ncclFloat, op, comm, s);
+                 }});
   }
 
-  WorkPtr allGather(const float* input, float* output, size_t countPerRank) override {
+  // NCCL's in place (input == output + rank*countPerRank) as it is.
+  WorkPtr allGather(const void* input, void* output, size_t countPerRank, const AllGatherOptions& options) override {
+    allGatherPlacement(input, output, countPerRank, options.dtype, rank(), size());
     checkDevicePointer(input, countPerRank, "allGather", "input");
     checkDevicePointer(output, countPerRank, "allGather", "output");
-    const Fingerprint fingerprint{.kind = CollectiveKind::kAllGather, .count = countPerRank};
-    float* chunk = output + static_cast<size_t>(rank()) * countPerRank;
-    if (input != output || rank() == 0) {
-      return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
-                     return nccl.allGather(input, output, countPerRank, ncclFloat, comm, s);
-                   }});
-    }
-    // Cohort's in place has this rank's piece at the start of the output, NCCL's at its chunk.
-    return start(fingerprint, {.before = [=](cudaStream_t s) { copyOnStream(chunk, output, countPerRank, s); },
-                               .call =
-                                   [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
-                                     return nccl.allGather(chunk, output, countPerRank, ncclFloat, comm, s);
-                                   }});
+    const Fingerprint fingerprint{.kind = CollectiveKind::kAllGather, .dtype = options.dtype, .count = countPerRank};
+    const ncclDataType_t type = ncclType(options.dtype);
+    return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                   return nccl.allGather(input, output, countPerRank, type, comm, s);
+                 }});
   }
 
-  WorkPtr broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= size()) {
-      COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this world of " << size();
-    }
-    const Fingerprint fingerprint{.kind = CollectiveKind::kBroadcast, .root = root, .count = count};
-    if (isSmallHostBuffer(data, count)) {
+  WorkPtr broadcast(void* data, size_t count, const BroadcastOptions& options) override {
+    checkRoot(options.root, size());
+    const int root = options.root;
+    const Fingerprint fingerprint{.kind = CollectiveKind::kBroadcast, .dtype = options.dtype, .root = root, .count = count};
+    if (options.dtype == runtime::DType::kF32 && isSmallHostBuffer(data, count)) {
       float* staging = state_->scratch() + kStagingOffset;
-      return startStaged(fingerprint, data, data, count, [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+      float* host = static_cast<float*>(data);
+      return startStaged(fingerprint, host, host, count, [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
         return nccl.broadcast(staging, staging, count, ncclFloat, root, comm, s);
       });
     }
     checkDevicePointer(data, count, "broadcast", "data");
+    const ncclDataType_t type = ncclType(options.dtype);
     return start(fingerprint, {.call = [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
-                   return nccl.broadcast(data, data, count, ncclFloat, root, comm, s);
+                   return nccl.broadcast(data, data, count, type, root, comm, s);
                  }});
   }
 
@@ -486,6 +508,25 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // A bf16 all-reduce or reduce-scatter: widened into the fp32 scratch on the communication
+  // stream, reduced in fp32 by NCCL, and rounded to bf16 once (docs/collectives.md), so the bits do
+  // not depend on NCCL's algorithm and match the CPU backends'. inCount / outCount: elements.
+  WorkPtr reduceWidened(const Fingerprint& fingerprint, const void* input, void* output, size_t inCount, size_t outCount) {
+    float* wide = state_->wideScratch(inCount + outCount);
+    float* wideOut = wide + inCount;
+    const runtime::Stream& stream = state_->commStream();
+    const ncclRedOp_t op = ncclOp(fingerprint.op);
+    const bool scatter = fingerprint.kind == CollectiveKind::kReduceScatter;
+    return start(fingerprint,
+                 {.before = [=, &stream](cudaStream_t) { runtime::cuda::convertToFloat(input, wide, inCount, stream); },
+                  .call =
+                      [=](const NcclLibrary& nccl, ncclComm_t comm, cudaStream_t s) {
+                        return scatter ? nccl.reduceScatter(wide, wideOut, outCount, ncclFloat, op, comm, s)
+                                       : nccl.allReduce(wide, wideOut, outCount, ncclFloat, op, comm, s);
+                      },
+                  .after = [=, &stream](cudaStream_t) { runtime::cuda::convertToBf16(wideOut, output, outCount, stream); }});
+  }
+
   // Count 0 enqueues no NCCL call (every rank has the same count); the events still order it.
   WorkPtr start(Fingerprint fingerprint, Launch launch) {
     if (fingerprint.count == 0) launch = {};

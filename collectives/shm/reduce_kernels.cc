@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "runtime/dtype.h"
 #include "runtime/error.h"
 
 namespace cohort::collectives::shm {
@@ -92,6 +93,45 @@ void reduceInto(float* out, const float* const* sources, int numSources, size_t 
       reduceBlocked(out, sources, numSources, count, Min{});
       break;
   }
+}
+
+void reduceIntoBf16(uint16_t* out, const uint16_t* const* sources, int numSources, size_t count, ReduceOp op,
+                    float scale) {
+  COHORT_CHECK(numSources >= 1 && numSources <= kMaxSources) << numSources << " sources";
+  // Blocks of kBlock widened to fp32 on the stack: every source is read before `out` is written, so
+  // out == sources[0] is safe, and the sum is rounded once.
+  constexpr size_t kBlock = 1024;
+  float acc[kBlock];
+  float widened[kBlock];
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t len = std::min(kBlock, count - at);
+    for (size_t i = 0; i < len; ++i) acc[i] = runtime::toFloat(runtime::Bf16{sources[0][at + i]});
+    for (int s = 1; s < numSources; ++s) {
+      for (size_t i = 0; i < len; ++i) widened[i] = runtime::toFloat(runtime::Bf16{sources[s][at + i]});
+      const float* const one[2] = {acc, widened};
+      reduceInto(acc, one, 2, len, op == ReduceOp::kAvg ? ReduceOp::kSum : op, 1.0f);
+    }
+    if (op == ReduceOp::kAvg) scaleInPlace(acc, len, scale);
+    for (size_t i = 0; i < len; ++i) out[at + i] = runtime::toBf16(acc[i]).bits;
+  }
+}
+
+void reduceInto(runtime::DType dtype, void* out, const void* const* sources, int numSources, size_t count, ReduceOp op,
+                float scale) {
+  if (dtype == runtime::DType::kBF16) {
+    reduceIntoBf16(static_cast<uint16_t*>(out), reinterpret_cast<const uint16_t* const*>(sources), numSources, count,
+                   op, scale);
+  } else {
+    reduceInto(static_cast<float*>(out), reinterpret_cast<const float* const*>(sources), numSources, count, op, scale);
+  }
+}
+
+void copyStreamingBytes(void* out, const void* in, size_t bytes) {
+  if (bytes % sizeof(float) != 0) {
+    std::memcpy(out, in, bytes);
+    return;
+  }
+  copyStreaming(static_cast<float*>(out), static_cast<const float*>(in), bytes / sizeof(float));
 }
 
 void copyStreaming(float* out, const float* in, size_t count) {

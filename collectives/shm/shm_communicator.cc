@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/placement.h"
 #include "collectives/shm/shm_engine.h"
 #include "collectives/work_pool.h"
 #include "runtime/error.h"
@@ -97,36 +98,21 @@ class ShmCommunicator : public Communicator, public WorkRunner {
   int size() const override { return engine_.size(); }
   std::string backend() const override { return "shm"; }
 
-  WorkPtr allReduce(const float* input, float* output, size_t count, const AllReduceOptions& options) override {
-    checkBuffers(input, output, count, "allReduce");
-    shm::CollectiveArgs args;
-    args.input = input;
-    args.output = output;
-    const size_t bytes = count * sizeof(float);
-    if (size() > 1 && bytes > shm::kSmallBytes) {
-      args.inputRef = buffers_->find(input, bytes);
-      args.outputRef = buffers_->find(output, bytes);
-    }
-    return enqueue({.kind = CollectiveKind::kAllReduce, .op = options.op, .count = count}, args);
+  WorkPtr allReduce(const void* input, void* output, size_t count, const AllReduceOptions& options) override {
+    return enqueue(allReduceCall(input, output, count, options), input, output);
   }
 
-  WorkPtr reduceScatter(const float* input, float* output, size_t countPerRank, ReduceOp op) override {
-    checkBuffers(input, output, countPerRank, "reduceScatter");
-    return enqueue({.kind = CollectiveKind::kReduceScatter, .op = op, .count = countPerRank}, input, output);
+  WorkPtr reduceScatter(const void* input, void* output, size_t countPerRank,
+                        const ReduceScatterOptions& options) override {
+    return enqueue(reduceScatterCall(input, output, countPerRank, options, rank(), size()), input, output);
   }
 
-  WorkPtr allGather(const float* input, float* output, size_t countPerRank) override {
-    checkBuffers(input, output, countPerRank, "allGather");
-    return enqueue({.kind = CollectiveKind::kAllGather, .count = countPerRank}, input, output);
+  WorkPtr allGather(const void* input, void* output, size_t countPerRank, const AllGatherOptions& options) override {
+    return enqueue(allGatherCall(input, output, countPerRank, options, rank(), size()), input, output);
   }
 
-  WorkPtr broadcast(float* data, size_t count, int root) override {
-    checkBuffers(data, data, count, "broadcast");
-    if (root < 0 || root >= size()) {
-      COHORT_THROW(InvalidArgument) << "broadcast root " << root << " is not a rank of this " << size()
-                                    << "-rank communicator";
-    }
-    return enqueue({.kind = CollectiveKind::kBroadcast, .root = root, .count = count}, data, data);
+  WorkPtr broadcast(void* data, size_t count, const BroadcastOptions& options) override {
+    return enqueue(broadcastCall(data, count, options, size()), data, data);
   }
 
   WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
@@ -149,7 +135,7 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     constexpr uint64_t kLow = (uint64_t{1} << 24) - 1;
     const float mine[3] = {static_cast<float>(count >> 24), static_cast<float>(count & kLow), static_cast<float>(id)};
     std::vector<float> all(3 * static_cast<size_t>(size()));
-    allGather(mine, all.data(), 3)->wait(timeout_);
+    allGather(mine, all.data(), 3, {})->wait(timeout_);
     auto countOf = [&](int q) {
       return static_cast<uint64_t>(all[3 * q]) << 24 | static_cast<uint64_t>(all[3 * q + 1]);
     };
@@ -165,20 +151,16 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     barrier()->wait(timeout_);  // every rank has mapped every buffer: the owners may remove the names
   }
 
-  static void checkBuffers(const float* input, const float* output, size_t count, const char* what) {
-    if (count > 0 && (input == nullptr || output == nullptr)) {
-      COHORT_THROW(InvalidArgument) << what << ": null buffer for " << count << " elements";
-    }
-  }
-
-  WorkPtr enqueue(Fingerprint fp, const float* input, float* output) {
+  // Where the buffers lie when a direct path may use them (shm_engine.h): looked up at issue.
+  WorkPtr enqueue(Fingerprint fp, const void* input, void* output) {
     shm::CollectiveArgs args;
     args.input = input;
     args.output = output;
-    return enqueue(fp, args);
-  }
-
-  WorkPtr enqueue(Fingerprint fp, shm::CollectiveArgs args) {
+    const shm::ShmEngine::DirectBytes direct = engine_.directBytes(fp);
+    if (direct.input > 0) {
+      args.inputRef = buffers_->find(input, direct.input);
+      args.outputRef = buffers_->find(output, direct.output);
+    }
     fp.sequence = nextSequence_++;
     args.fingerprint = fp;
     PooledPtr<ShmWork> work = pool_.acquire(*this);

@@ -26,7 +26,7 @@ Fingerprint unpackFingerprint(uint64_t sequence, uint64_t word, uint64_t count) 
   fp.sequence = sequence;
   fp.kind = static_cast<CollectiveKind>(word & 0xff);
   fp.op = static_cast<ReduceOp>((word >> 8) & 0xff);
-  fp.dtype = static_cast<uint8_t>((word >> 16) & 0xff);
+  fp.dtype = static_cast<runtime::DType>((word >> 16) & 0xff);
   fp.root = static_cast<int32_t>(static_cast<uint32_t>(word >> 32));
   fp.count = count;
   return fp;
@@ -105,29 +105,55 @@ void ShmEngine::setUp(const Options& options) {
   peerOutputs_.resize(numRanks_);
 }
 
+namespace {
+// The one-shot all-reduce stages the whole input in one slot, so it must fit there.
+bool isSmallAllReduce(const Fingerprint& fp, size_t slotBytes) {
+  return fp.kind == CollectiveKind::kAllReduce && fp.count * runtime::sizeOf(fp.dtype) <= std::min(kSmallBytes, slotBytes);
+}
+}  // namespace
+
+ShmEngine::DirectBytes ShmEngine::directBytes(const Fingerprint& fp) const {
+  const size_t bytes = fp.count * runtime::sizeOf(fp.dtype);
+  const size_t whole = bytes * static_cast<size_t>(numRanks_);
+  if (numRanks_ == 1 || bytes == 0) return {};
+  switch (fp.kind) {
+    case CollectiveKind::kAllReduce:
+      return isSmallAllReduce(fp, chunkElems_ * sizeof(float)) ? DirectBytes{} : DirectBytes{bytes, bytes};
+    case CollectiveKind::kReduceScatter:
+      return {whole, bytes};
+    case CollectiveKind::kAllGather:
+      return {bytes, whole};
+    default:
+      return {};
+  }
+}
+
 void ShmEngine::run(const CollectiveArgs& args) {
   if (numRanks_ == 1) return runSingleRank(args);
   const Fingerprint& fp = args.fingerprint;
+  dtype_ = fp.dtype;
   waiter_->begin(fp, timeout_);
-  if (fp.kind == CollectiveKind::kAllReduce && fp.count * sizeof(float) <= kSmallBytes) return allReduceSmall(args);
-  const bool allShared = exchangeFingerprints(args);
+  if (isSmallAllReduce(fp, chunkElems_ * sizeof(float))) return allReduceSmall(args);
+  const Sharing shared = exchangeFingerprints(args);
   switch (fp.kind) {
     case CollectiveKind::kBarrier:
       return;
     case CollectiveKind::kBroadcast:
       return broadcast(args);
     case CollectiveKind::kAllReduce:
-      return allShared ? allReduceDirect(args) : pipeline(args);
+      return shared.inputs && shared.outputs ? allReduceDirect(args) : pipeline(args);
     case CollectiveKind::kReduceScatter:
+      return shared.inputs ? reduceScatterDirect(args) : pipeline(args);
     case CollectiveKind::kAllGather:
-      return pipeline(args);
+      return shared.inputs ? allGatherDirect(args) : pipeline(args);
   }
 }
 
+// One rank: a copy, or nothing in place (NCCL's in-place layout is input == output at rank 0).
 void ShmEngine::runSingleRank(const CollectiveArgs& args) const {
   const Fingerprint& fp = args.fingerprint;
   if (fp.kind == CollectiveKind::kBarrier || fp.kind == CollectiveKind::kBroadcast) return;
-  if (args.output != args.input && fp.count > 0) std::memmove(args.output, args.input, fp.count * sizeof(float));
+  if (args.output != args.input && fp.count > 0) std::memmove(args.output, args.input, fp.count * runtime::sizeOf(fp.dtype));
 }
 
 // --- fingerprints -------------------------------------------------------------------------------
@@ -147,7 +173,7 @@ BufferRef loadRef(const std::atomic<uint64_t>& id, const std::atomic<uint64_t>& 
 }
 }  // namespace
 
-bool ShmEngine::exchangeFingerprints(const CollectiveArgs& args) {
+ShmEngine::Sharing ShmEngine::exchangeFingerprints(const CollectiveArgs& args) {
   const Fingerprint& fp = args.fingerprint;
   RankSlot& mine = slots_[rank_];
   mine.fpState.store(2 * fp.sequence + 1, std::memory_order_relaxed);
@@ -167,17 +193,17 @@ bool ShmEngine::exchangeFingerprints(const CollectiveArgs& args) {
       "issue it");
   // Every rank has published #sequence. A rank that already moved past it saw all fingerprints equal
   // to its own, so all matched; otherwise nobody moves on and every rank reads the same values.
-  bool allShared = true;
+  Sharing shared;
   for (int q = 0; q < numRanks_; ++q) {
     bool passed = false;
     if (!readPublished(q, fp.sequence, published_[q], passed) || passed) {
       // Only a collective that needs no later step of this rank can be passed: a barrier, a
-      // broadcast's root, a small all-reduce. A direct all-reduce reads the refs of every rank.
-      COHORT_CHECK(fp.kind != CollectiveKind::kAllReduce || fp.count * sizeof(float) <= kSmallBytes)
-          << "rank " << q << " moved past " << fp.str() << " before this rank read it";
-      return false;
+      // broadcast's root, a small all-reduce. A direct collective reads the refs of every rank.
+      COHORT_CHECK(directBytes(fp).input == 0) << "rank " << q << " moved past " << fp.str() << " before this rank read it";
+      return {false, false};
     }
-    allShared = allShared && published_[q].input.shared() && published_[q].output.shared();
+    shared.inputs = shared.inputs && published_[q].input.shared();
+    shared.outputs = shared.outputs && published_[q].output.shared();
   }
   for (int q = 1; q < numRanks_; ++q) {
     if (!(published_[q].fingerprint == published_[0].fingerprint)) {
@@ -185,7 +211,7 @@ bool ShmEngine::exchangeFingerprints(const CollectiveArgs& args) {
                                     << " but rank " << q << " issued " << published_[q].fingerprint.str();
     }
   }
-  return allShared;
+  return shared;
 }
 
 // Reads what rank q published for `sequence`; `passed` when q already published a later one.
@@ -210,11 +236,12 @@ bool ShmEngine::readPublished(int q, uint64_t sequence, Published& published, bo
 
 // --- data movement ------------------------------------------------------------------------------
 
-float* ShmEngine::stage(int owner, uint64_t g, int segmentIndex) const {
+// A slot's segments keep their fp32 size whatever the element type (bf16 uses half of each).
+char* ShmEngine::stage(int owner, uint64_t g, int segmentIndex) const {
   const size_t slot = static_cast<size_t>(g % kSlots);
   const size_t chunkBytes = chunkElems_ * sizeof(float);
   char* buffer = staging_ + (static_cast<size_t>(owner) * kSlots + slot) * chunkBytes;
-  return reinterpret_cast<float*>(buffer) + static_cast<size_t>(segmentIndex) * segElems_;
+  return buffer + static_cast<size_t>(segmentIndex) * segElems_ * sizeof(float);
 }
 
 void ShmEngine::publish(std::atomic<uint64_t>& counter, uint64_t value) {
@@ -236,14 +263,14 @@ void ShmEngine::allReduceSmall(const CollectiveArgs& args) {
   const Fingerprint& fp = args.fingerprint;
   const uint64_t g = chunkBase_;
   waitSlotFree(g);
-  std::memcpy(stage(rank_, g, 0), args.input, fp.count * sizeof(float));
+  std::memcpy(stage(rank_, g, 0), args.input, fp.count * elementBytes());
   exchangeFingerprints(args);
-  const float* sources[kMaxSources];
+  const void* sources[kMaxSources];
   sources[0] = args.input;
   for (int q = 0, k = 1; q < numRanks_; ++q) {
     if (q != rank_) sources[k++] = stage(q, g, 0);
   }
-  reduceInto(args.output, sources, numRanks_, fp.count, fp.op, 1.0f / static_cast<float>(numRanks_));
+  reduceInto(fp.dtype, args.output, sources, numRanks_, fp.count, fp.op, 1.0f / static_cast<float>(numRanks_));
   RankSlot& mine = slots_[rank_];
   mine.copied.store(g + 1, std::memory_order_relaxed);
   mine.reduced.store(g + 1, std::memory_order_relaxed);
@@ -256,20 +283,21 @@ void ShmEngine::broadcast(const CollectiveArgs& args) {
   const size_t chunks = (fp.count + chunkElems_ - 1) / chunkElems_;
   RankSlot& mine = slots_[rank_];
   const int root = fp.root;
+  char* data = static_cast<char*>(args.output);
   for (size_t c = 0; c < chunks; ++c) {
     const uint64_t g = chunkBase_ + c;
-    const size_t at = c * chunkElems_;
-    const size_t bytes = std::min(chunkElems_, fp.count - at) * sizeof(float);
+    const size_t at = c * chunkElems_ * elementBytes();
+    const size_t bytes = std::min(chunkElems_, fp.count - c * chunkElems_) * elementBytes();
     if (rank_ == root) {
       waitSlotFree(g);
-      std::memcpy(stage(root, g, 0), args.output + at, bytes);
+      std::memcpy(stage(root, g, 0), data + at, bytes);
       publish(mine.copied, g + 1);
     } else {
       // Only the root matters here (the timeout message lists the ranks this predicate rejects).
       waiter_->waitRank(
           root, [&](int q) { return q != root || slots_[q].copied.load(std::memory_order_acquire) >= g + 1; },
           "stage the broadcast data");
-      std::memcpy(args.output + at, stage(root, g, 0), bytes);
+      std::memcpy(data + at, stage(root, g, 0), bytes);
     }
     publish(mine.consumed, g + 1);
   }

@@ -12,12 +12,20 @@
 // The phases of chunks g, g-1 and g-2 run back to back (copyIn(g), reduce(g-1), gather(g-2)), so
 // ranks drift by up to a few chunks instead of meeting at every phase. Reduce-scatter is copyIn +
 // reduce, all-gather is copyIn + gather, broadcast streams the root's chunks through its slots.
-// An all-reduce larger than kSmallBytes whose input and output lie in shared buffers on every rank
-// (Communicator::allocateBuffer, shm_buffers.h) runs direct: no staging. Rank r reduces segment r
-// of every rank's input, mapped where it lies, into its own output and publishes `reduced`; then
-// copies segment q of rank q's output into its own for every q != r and publishes `consumed`. The
-// reduce of chunk g and the gather of chunk g-1 run back to back; before returning, a rank waits
-// until every peer has consumed every chunk, since they read its buffers until then.
+// Both take NCCL's in-place layout as it comes: rank r's chunk of the full buffer is never staged
+// by r nor written by anyone but r.
+// Direct paths, without staging, when the buffers lie in shared buffers (Communicator::
+// allocateBuffer, shm_buffers.h) on every rank, each mapped where it lies:
+//   all-reduce (larger than kSmallBytes; input and output shared): rank r reduces segment r of
+//     every rank's input into its own output and publishes `reduced`; then copies segment q of rank
+//     q's output into its own for every q != r and publishes `consumed`. The reduce of chunk g and
+//     the gather of chunk g-1 run back to back.
+//   reduce-scatter (inputs shared): rank r reduces chunk r of every rank's input into its output.
+//   all-gather (inputs shared): rank r copies every rank's input into its chunk of its output.
+// Before returning from a direct collective, a rank waits until every peer has consumed every
+// chunk, since they read its buffers until then.
+// Elements are fp32 or bf16 (the fingerprint's dtype): a slot's segments keep their fp32 size, and
+// bf16 sums accumulate in fp32 and round once (reduce_kernels.h).
 // All-reduces of at most kSmallBytes take a one-shot path: each rank stages its whole input, publishes
 // it together with its fingerprint, and reduces everything into its output.
 // Before any data moves, each rank publishes its Fingerprint and checks every rank's (a mismatch is
@@ -47,11 +55,12 @@ inline constexpr size_t kSmallBytes = size_t{64} << 10;
 inline constexpr size_t kStreamingBytes = size_t{32} << 20;  // outputs this large use streaming stores
 
 // One collective as the engine sees it. Broadcast uses output (input == output). The refs say where
-// input and output lie when they are in this rank's shared buffers (all-reduce only).
+// input and output lie when they are in this rank's shared buffers (all-reduce, reduce-scatter,
+// all-gather; see ShmEngine::directRefs).
 struct CollectiveArgs {
   Fingerprint fingerprint;
-  const float* input = nullptr;
-  float* output = nullptr;
+  const void* input = nullptr;
+  void* output = nullptr;
   BufferRef inputRef;
   BufferRef outputRef;
 };
@@ -76,6 +85,14 @@ class ShmEngine {
   // Runs one collective to completion; throws InvalidArgument / PeerError / TimeoutError.
   void run(const CollectiveArgs& args);
 
+  // Whether a collective of `fp` may take a direct path, so its refs are worth looking up: the
+  // bytes of its input and output (0: not direct, no lookup).
+  struct DirectBytes {
+    size_t input = 0;
+    size_t output = 0;
+  };
+  DirectBytes directBytes(const Fingerprint& fp) const;
+
   // Maps rank q's shared buffer `id` of `dataBytes` (Communicator::allocateBuffer, once q has
   // published it); any thread.
   void mapPeerBuffer(int q, uint64_t id, size_t dataBytes) { peerBuffers_->open(q, id, dataBytes); }
@@ -93,8 +110,12 @@ class ShmEngine {
     BufferRef output;
   };
   void setUp(const Options& options);
-  // True when every rank's input and output lie in shared buffers (only then are they all read).
-  bool exchangeFingerprints(const CollectiveArgs& args);
+  // Which of every rank's buffers lie in shared buffers (only then are they all read).
+  struct Sharing {
+    bool inputs = true;
+    bool outputs = true;
+  };
+  Sharing exchangeFingerprints(const CollectiveArgs& args);
   bool readPublished(int q, uint64_t sequence, Published& published, bool& passed) const;
   void runSingleRank(const CollectiveArgs& args) const;
   void allReduceSmall(const CollectiveArgs& args);
@@ -109,8 +130,13 @@ class ShmEngine {
   void allReduceDirect(const CollectiveArgs& args);
   void reduceDirect(const CollectiveArgs& args, size_t chunk);
   void gatherDirect(const CollectiveArgs& args, size_t chunk);
-  void copyOut(float* out, const float* in, size_t len, size_t totalElems) const;
-  float* stage(int owner, uint64_t g, int segmentIndex) const;
+  void mapPeers(const CollectiveArgs& args, bool outputs);
+  void reduceScatterDirect(const CollectiveArgs& args);
+  void allGatherDirect(const CollectiveArgs& args);
+  void awaitPeersDone(uint64_t end);
+  size_t elementBytes() const { return runtime::sizeOf(dtype_); }
+  void copyOut(void* out, const void* in, size_t len, size_t totalElems) const;
+  char* stage(int owner, uint64_t g, int segmentIndex) const;
   void publish(std::atomic<uint64_t>& counter, uint64_t value);
 
   int rank_ = 0;
@@ -120,14 +146,15 @@ class ShmEngine {
   size_t segElems_ = 0;    // chunkElems_ / numRanks: one segment, 64-byte aligned
   size_t streamingBytes_ = kStreamingBytes;
   uint64_t chunkBase_ = 0;  // chunks completed by earlier collectives
+  runtime::DType dtype_ = runtime::DType::kF32;  // the running collective's
   std::optional<ipc::ShmRegion> region_;
   RankSlot* slots_ = nullptr;
   char* staging_ = nullptr;
   std::optional<Waiter> waiter_;
   std::optional<PeerBuffers> peerBuffers_;
   std::vector<Published> published_;      // every rank's, from the last exchangeFingerprints
-  std::vector<const float*> peerInputs_;  // direct all-reduce: each rank's input, mapped here
-  std::vector<const float*> peerOutputs_;
+  std::vector<const char*> peerInputs_;  // direct paths: each rank's input, mapped here
+  std::vector<const char*> peerOutputs_;
 };
 
 }  // namespace cohort::collectives::shm

@@ -67,16 +67,19 @@ void checkAll(Communicator& comm) {
         std::vector<float> full(count * n), part(count, -1), wantPart(count);
         for (size_t i = 0; i < count * n; ++i) full[i] = value(rank, i);
         for (size_t i = 0; i < count; ++i) wantPart[i] = reduced(op, n, rank * count + i);
-        float* rsOut = inPlace ? full.data() : part.data();
-        comm.reduceScatter(full.data(), rsOut, count, op)->wait(gTimeout);
-        expectEqual(inPlace ? std::vector<float>(full.begin(), full.begin() + count) : part, wantPart,
+        // In place is NCCL's layout: this rank's chunk of the full buffer.
+        float* rsOut = inPlace ? full.data() + rank * count : part.data();
+        comm.reduceScatter(full.data(), rsOut, count, {.op = op})->wait(gTimeout);
+        expectEqual(inPlace ? std::vector<float>(rsOut, rsOut + count) : part, wantPart,
                     std::string("reducescatter ") + toString(op) + tag, rank);
       }
       std::vector<float> mine(count * n, -1), gathered(count * n, -1), wantGathered(count * n);
-      for (size_t i = 0; i < count; ++i) mine[i] = value(rank, i);
+      // In place is NCCL's layout: this rank's input at its chunk of the output.
+      float* src = inPlace ? mine.data() + rank * count : mine.data();
+      for (size_t i = 0; i < count; ++i) src[i] = value(rank, i);
       for (int r = 0; r < n; ++r)
         for (size_t i = 0; i < count; ++i) wantGathered[r * count + i] = value(r, i);
-      comm.allGather(mine.data(), inPlace ? mine.data() : gathered.data(), count)->wait(gTimeout);
+      comm.allGather(src, inPlace ? mine.data() : gathered.data(), count, {})->wait(gTimeout);
       expectEqual(inPlace ? mine : gathered, wantGathered, "allgather" + tag, rank);
 
       const int root = n - 1;

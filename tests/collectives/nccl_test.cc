@@ -94,15 +94,15 @@ TEST_F(NcclOneRank, BroadcastAllGatherReduceScatterAreExact) {
     comm_->broadcast(a->data(), count, 0)->wait(kTimeout);
     EXPECT_EQ(download(a->data(), count), pattern(count)) << "broadcast, count " << count;
 
-    comm_->allGather(a->data(), b->data(), count)->wait(kTimeout);
+    comm_->allGather(a->data(), b->data(), count, {})->wait(kTimeout);
     EXPECT_EQ(download(b->data(), count), pattern(count)) << "allGather, count " << count;
-    comm_->allGather(a->data(), a->data(), count)->wait(kTimeout);
+    comm_->allGather(a->data(), a->data(), count, {})->wait(kTimeout);
     EXPECT_EQ(download(a->data(), count), pattern(count)) << "allGather in place, count " << count;
 
     upload(b->data(), std::vector<float>(count, -1.0f));
-    comm_->reduceScatter(a->data(), b->data(), count, ReduceOp::kSum)->wait(kTimeout);
+    comm_->reduceScatter(a->data(), b->data(), count, {.op = ReduceOp::kSum})->wait(kTimeout);
     EXPECT_EQ(download(b->data(), count), pattern(count)) << "reduceScatter, count " << count;
-    comm_->reduceScatter(a->data(), a->data(), count, ReduceOp::kMax)->wait(kTimeout);
+    comm_->reduceScatter(a->data(), a->data(), count, {.op = ReduceOp::kMax})->wait(kTimeout);
     EXPECT_EQ(download(a->data(), count), pattern(count)) << "reduceScatter in place, count " << count;
   }
   comm_->barrier()->wait(kTimeout);

@@ -65,8 +65,8 @@ constexpr int kWindows = 3;
 void round(Communicator& comm, std::vector<float>& input, std::vector<float>& output) {
   for (size_t count : kCounts) {
     comm.allReduce(input.data(), output.data(), count, {.op = ReduceOp::kSum})->wait(kTimeout);
-    comm.reduceScatter(input.data(), output.data(), count, ReduceOp::kMax)->wait(kTimeout);
-    comm.allGather(input.data(), output.data(), count)->wait(kTimeout);
+    comm.reduceScatter(input.data(), output.data(), count, {.op = ReduceOp::kMax})->wait(kTimeout);
+    comm.allGather(input.data(), output.data(), count, {})->wait(kTimeout);
     comm.broadcast(output.data(), count, 0)->wait(kTimeout);
   }
   comm.barrier()->wait(kTimeout);

@@ -67,7 +67,7 @@ TEST(ShmCommunicator, OneRankCopiesAndIsUsableAsync) {
   auto a = comm->allReduce(in.data(), out.data(), 3, {.op = ReduceOp::kAvg});
   auto b = comm->barrier();
   std::vector<float> gathered(3, 0);
-  auto c = comm->allGather(in.data(), gathered.data(), 3);
+  auto c = comm->allGather(in.data(), gathered.data(), 3, {});
   a->wait(std::chrono::seconds(5));
   b->wait(std::chrono::seconds(5));
   c->wait(std::chrono::seconds(5));
