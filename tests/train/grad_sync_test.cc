@@ -34,16 +34,20 @@ class RecordingCommunicator final : public collectives::Communicator {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   std::string backend() const override { return "recording"; }
-  collectives::WorkPtr allReduce(const float* in, float* out, size_t count, const collectives::AllReduceOptions& o) override {
+  collectives::WorkPtr allReduce(const void* in, void* out, size_t count, const collectives::AllReduceOptions& o) override {
     EXPECT_EQ(in, out) << "buckets are reduced in place";
-    calls.push_back({in, count, o.op});
+    calls.push_back({static_cast<const float*>(in), count, o.op});
     return std::make_unique<DoneWork>(&waits);
   }
-  collectives::WorkPtr reduceScatter(const float*, float*, size_t, ReduceOp) override { return nullptr; }
-  collectives::WorkPtr allGather(const float*, float*, size_t) override { return nullptr; }
-  collectives::WorkPtr broadcast(float* data, size_t count, int root) override {
-    broadcasts.push_back({data, count, ReduceOp::kSum});
-    EXPECT_EQ(root, 0);
+  collectives::WorkPtr reduceScatter(const void*, void*, size_t, const collectives::ReduceScatterOptions&) override {
+    return nullptr;
+  }
+  collectives::WorkPtr allGather(const void*, void*, size_t, const collectives::AllGatherOptions&) override {
+    return nullptr;
+  }
+  collectives::WorkPtr broadcast(void* data, size_t count, const collectives::BroadcastOptions& o) override {
+    broadcasts.push_back({static_cast<const float*>(data), count, ReduceOp::kSum});
+    EXPECT_EQ(o.root, 0);
     return std::make_unique<DoneWork>(&waits);
   }
   collectives::WorkPtr barrier() override { return std::make_unique<DoneWork>(&waits); }
