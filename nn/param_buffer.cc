@@ -20,13 +20,90 @@ static ParamBuffer::Entry appendEntry(const std::string& name, const Shape& shap
   return e;
 }
 
+// The module part of an entry name: up to its last '.' ("h.0.attn.c_attn.weight" -> "h.0.attn.c_attn").
+static std::string moduleOf(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// The longest part of `a` that `b` shares, ending at a '.' of both or at the end of `a`
+// ("h.0.ln_1", "h.0.attn" -> "h.0"); empty when they share no such part.
+static std::string sharedPath(const std::string& a, const std::string& b) {
+  const bool whole = b.compare(0, a.size(), a) == 0 && (b.size() == a.size() || b[a.size()] == '.');
+  if (whole) return a;
+  size_t end = 0;
+  for (size_t i = 0; i < a.size() && i < b.size() && a[i] == b[i]; ++i) {
+    if (a[i] == '.') end = i;
+  }
+  return a.substr(0, end);
+}
+
 size_t ParamBuffer::add(const std::string& name, const Shape& shape, Tensor* value, Tensor* grad) {
   if (bound()) COHORT_THROW(InvalidArgument) << "parameter '" << name << "' added after binding";
   if (find(name) || findBuffer(name)) COHORT_THROW(InvalidArgument) << "duplicate parameter name '" << name << "'";
   COHORT_CHECK(value && grad);
   entries_.push_back(appendEntry(name, shape, numel_));
   targets_.emplace_back(value, grad);
+  if (openUnits_ == 0) addToImplicitUnit(entries_.size() - 1);
   return entries_.size() - 1;
+}
+
+// Entries outside any declared unit: the entry extends the implicit unit just before it, or starts
+// one. An implicit unit is named by the path its entries' modules share, or by its first entry's
+// name when they share none, made unique with "@<first entry>" in the rare case another unit has it.
+void ParamBuffer::addToImplicitUnit(size_t entry) {
+  const Entry& e = entries_[entry];
+  if (units_.empty() || units_.back().declared || units_.back().endEntry != entry) {
+    units_.push_back({.name = "", .firstEntry = entry, .endEntry = entry, .offset = unitsEnd(), .declared = false});
+  }
+  Unit& u = units_.back();
+  std::string name = moduleOf(entries_[u.firstEntry].name);
+  for (size_t i = u.firstEntry + 1; i <= entry; ++i) name = sharedPath(name, moduleOf(entries_[i].name));
+  if (name.empty()) name = entries_[u.firstEntry].name;
+  if (findUnit(name) && findUnit(name) != &u) name += "@" + std::to_string(u.firstEntry);
+  u.name = name;
+  u.endEntry = entry + 1;
+  u.numel = e.offset + e.numel - u.offset;
+}
+
+const ParamBuffer::Unit* ParamBuffer::findUnit(const std::string& name) const {
+  for (const Unit& u : units_) {
+    if (u.name == name) return &u;
+  }
+  return nullptr;
+}
+
+void ParamBuffer::beginUnit(const std::string& name) {
+  if (bound()) COHORT_THROW(InvalidArgument) << "unit '" << name << "' begun after binding";
+  if (name.empty()) COHORT_THROW(InvalidArgument) << "a parameter unit needs a name, got an empty one";
+  if (openUnits_ > 0) {  // inside another unit, which its entries join
+    ++openUnits_;
+    return;
+  }
+  if (const Unit* other = findUnit(name)) {
+    COHORT_THROW(InvalidArgument) << "parameter unit '" << name << "' declared twice"
+                                  << (other->declared ? "" : " (entries outside any unit already form one of that name)");
+  }
+  openUnits_ = 1;
+  openName_ = name;
+  openFirst_ = entries_.size();
+}
+
+std::optional<ParamBuffer::Unit> ParamBuffer::endUnit() {
+  if (bound()) COHORT_THROW(InvalidArgument) << "endUnit() after binding";
+  if (openUnits_ == 0) COHORT_THROW(InvalidArgument) << "endUnit() without a unit begun (beginUnit)";
+  if (--openUnits_ > 0 || openFirst_ == entries_.size()) return std::nullopt;  // nested, or no parameters
+  const size_t start = unitsEnd();
+  const Entry& last = entries_.back();
+  units_.push_back({.name = openName_, .firstEntry = openFirst_, .endEntry = entries_.size(), .offset = start,
+                    .numel = last.offset + last.numel - start, .declared = true});
+  return units_.back();
+}
+
+void ParamBuffer::requireNoOpenUnit() const {
+  if (openUnits_ > 0) {
+    COHORT_THROW(InvalidArgument) << "parameter unit '" << openName_ << "' still open at binding: endUnit() missing";
+  }
 }
 
 size_t ParamBuffer::addBuffer(const std::string& name, const Shape& shape, Tensor* value, float initial) {
@@ -55,6 +132,7 @@ const ParamBuffer::Entry* ParamBuffer::findBuffer(const std::string& name) const
 
 void ParamBuffer::allocate(runtime::Allocator& allocator) {
   COHORT_CHECK(!bound()) << "ParamBuffer bound twice";
+  requireNoOpenUnit();
   const Shape shape{static_cast<int64_t>(numel_)};
   values_ = Tensor::empty(shape, allocator);
   grads_ = Tensor::empty(shape, allocator);
@@ -71,6 +149,7 @@ void ParamBuffer::allocate(runtime::Allocator& allocator) {
 
 void ParamBuffer::attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator) {
   COHORT_CHECK(!bound()) << "ParamBuffer bound twice";
+  requireNoOpenUnit();
   values_ = Tensor::view(values, Shape{static_cast<int64_t>(numel_)}, device);
   grads_ = Tensor::empty(Shape{static_cast<int64_t>(numel_)}, gradAllocator);
   if (gradAllocator.device().isCpu()) grads_.fill(0.0f);

@@ -13,6 +13,21 @@
 // Parameter and buffer names share one namespace (checkpoints store both under their names). The
 // registered Tensor members must outlive the binding (modules register their own members, and a
 // model owns both the modules and its ParamBuffer).
+//
+// Units: the parameters cut into named, contiguous runs of entries that a model computes with as
+// one piece — a transformer block, a top-level layer of a Sequential, the GPT's embeddings, a group
+// the library user names. A composite declares one around a child's registration:
+//   params.beginUnit(prefix + "h.3");
+//   block.registerParams(params, prefix + "h.3.");
+//   std::optional<ParamBuffer::Unit> unit = params.endUnit();  // what it tells Pass::units about
+// Units do not nest: the outermost declared unit wins. A beginUnit() inside an open unit is
+// accepted (a composite does not know whether its container declared one around it) and its
+// endUnit() returns nullopt: those entries belong to the outer unit. A declared unit that
+// registered no parameters is not listed either (endUnit() returns nullopt: a ReLU's unit). Each run
+// of entries registered outside any declared unit forms an implicit unit (declared == false), so
+// units() always partitions the entries in forward order, and the units' slices
+// [offset, offset + numel) tile the flat buffers [0, numel()) — what a shard map cuts and what
+// ZeRO-3 gathers unit by unit. Buffers (addBuffer) belong to no unit.
 // Thread safety: none; binding happens once at start-up.
 //
 //   ParamBuffer params;
@@ -21,6 +36,7 @@
 //   optimizer.step(params.values(), params.grads());
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +56,16 @@ class ParamBuffer {
     size_t offset = 0;  // in elements from the start of the buffer
     size_t numel = 0;
   };
+  // A unit (above): entries [firstEntry, endEntry) and their slice of the flat value and gradient
+  // buffers, [offset, offset + numel): from the end of the previous unit's last entry (0 for the
+  // first unit; the alignment padding before its first entry included) to the end of its own last
+  // entry.
+  struct Unit {
+    std::string name = {};  // unique; declared: as given; implicit: the path its entries share ("fc0")
+    size_t firstEntry = 0, endEntry = 0;
+    size_t offset = 0, numel = 0;
+    bool declared = false;
+  };
 
   // Registers one parameter; returns its index. Throws if already bound or the name repeats.
   size_t add(const std::string& name, const Shape& shape, Tensor* value, Tensor* grad);
@@ -47,8 +73,17 @@ class ParamBuffer {
   // its index among the buffers. Throws if already bound or the name repeats (among parameters too).
   size_t addBuffer(const std::string& name, const Shape& shape, Tensor* value, float initial = 0.0f);
 
+  // Opens a unit named `name` (e.g. prefix + "h.3") for the entries added until the matching
+  // endUnit(); inside an open unit it only counts the nesting (the outer unit wins). InvalidArgument
+  // for an empty name, after binding, or for a name a listed unit has (listed names are unique).
+  void beginUnit(const std::string& name);
+  // Closes the unit the last beginUnit() opened. Returns it as listed by units() when it is an
+  // outermost unit that registered parameters, otherwise nullopt. InvalidArgument without a unit
+  // begun or after binding.
+  std::optional<Unit> endUnit();
+
   // Allocates values, gradients and buffers from `allocator` (any device): values and gradients
-  // zeroed, buffers set to their initial values.
+  // zeroed, buffers set to their initial values. InvalidArgument while a unit is open (as attach).
   void allocate(runtime::Allocator& allocator);
   // Values live at `values` (numel() floats on `device`, owned by the caller); gradients and
   // buffers are allocated from `gradAllocator`.
@@ -77,6 +112,9 @@ class ParamBuffer {
   size_t numel() const { return numel_; }
   size_t bytes() const { return numel_ * sizeof(float); }
   const std::vector<Entry>& entries() const { return entries_; }
+  // Every unit, declared and implicit, in forward order (above).
+  const std::vector<Unit>& units() const { return units_; }
+  const Unit* findUnit(const std::string& name) const;
   const Entry* find(const std::string& name) const;
   // The flat buffers, shape [numel()].
   const Tensor& values() const { return values_; }
@@ -95,8 +133,15 @@ class ParamBuffer {
 
  private:
   void bind(runtime::Allocator& bufferAllocator);
+  void requireNoOpenUnit() const;
+  size_t unitsEnd() const { return units_.empty() ? 0 : units_.back().offset + units_.back().numel; }
+  void addToImplicitUnit(size_t entry);
 
   std::vector<Entry> entries_;
+  std::vector<Unit> units_;
+  int openUnits_ = 0;          // the nesting depth of beginUnit() calls
+  std::string openName_;       // the outermost open unit's name and first entry
+  size_t openFirst_ = 0;
   std::vector<std::pair<Tensor*, Tensor*>> targets_;
   size_t numel_ = 0;
   Tensor values_;

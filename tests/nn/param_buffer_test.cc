@@ -1,8 +1,13 @@
-// ParamBuffer: parameter and buffer layout, binding by allocate() and attach(), name checks.
+// ParamBuffer: parameter and buffer layout, binding by allocate() and attach(), name checks, and
+// parameter units (declared, nested, implicit; they partition the entries and tile the buffer).
 #include "nn/param_buffer.h"
 
 #include <gtest/gtest.h>
 
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "runtime/error.h"
@@ -91,6 +96,143 @@ TEST(ParamBuffer, PlaceGradsPointsEveryGradientIntoOutsideMemory) {
   EXPECT_EQ(bGrad.data(), outside.data() + params.entries()[1].offset);
   EXPECT_EQ(bGrad.shape(), (Shape{2}));
   for (float v : outside) EXPECT_EQ(v, 0.0f);  // zeroed
+}
+
+// Parameters of `numel` elements each, named "<module>.w<i>", held alive for the ParamBuffer.
+class Registrar {
+ public:
+  explicit Registrar(ParamBuffer& params) : params_(params) {}
+  void add(const std::string& name, int64_t numel) {
+    tensors_.emplace_back();
+    tensors_.emplace_back();
+    params_.add(name, Shape{numel}, &tensors_[tensors_.size() - 2], &tensors_.back());
+  }
+
+ private:
+  ParamBuffer& params_;
+  std::deque<Tensor> tensors_;  // stable addresses
+};
+
+// Every unit's entries follow the previous unit's, and its slice begins where the previous one ends.
+void expectPartition(const ParamBuffer& params) {
+  size_t entry = 0, offset = 0;
+  for (const ParamBuffer::Unit& u : params.units()) {
+    EXPECT_EQ(u.firstEntry, entry) << u.name;
+    EXPECT_LT(u.firstEntry, u.endEntry) << u.name;
+    EXPECT_EQ(u.offset, offset) << u.name;
+    const ParamBuffer::Entry& last = params.entries()[u.endEntry - 1];
+    EXPECT_EQ(u.offset + u.numel, last.offset + last.numel) << u.name;
+    EXPECT_LE(u.offset, params.entries()[u.firstEntry].offset) << u.name;
+    entry = u.endEntry;
+    offset = u.offset + u.numel;
+  }
+  EXPECT_EQ(entry, params.entries().size());
+  EXPECT_EQ(offset, params.numel());
+}
+
+TEST(ParamBuffer, DeclaredUnitsAndImplicitRunsPartitionTheEntriesInOrder) {
+  ParamBuffer params;
+  Registrar r(params);
+  r.add("emb.weight", 5);  // outside any unit: an implicit unit "emb" with the next entry
+  r.add("emb.bias", 3);
+  params.beginUnit("h.0");
+  r.add("h.0.ln.weight", 4);
+  r.add("h.0.fc.weight", 20);
+  const std::optional<ParamBuffer::Unit> block = params.endUnit();
+  params.beginUnit("relu");  // registers nothing: not listed
+  EXPECT_EQ(params.endUnit(), std::nullopt);
+  r.add("x.w", 1);  // two implicit runs' entries share nothing: named by the first entry
+  r.add("y.w", 2);
+  params.beginUnit("head");
+  r.add("head.w", 7);
+  params.endUnit();
+  params.allocate(runtime::cpuAllocator());
+
+  ASSERT_TRUE(block.has_value());
+  const auto& u = params.units();
+  ASSERT_EQ(u.size(), 4u);
+  EXPECT_EQ(u[0].name, "emb");
+  EXPECT_FALSE(u[0].declared);
+  EXPECT_EQ(u[0].firstEntry, 0u);
+  EXPECT_EQ(u[0].endEntry, 2u);
+  EXPECT_EQ(u[0].offset, 0u);
+  EXPECT_EQ(u[0].numel, 16u + 3u);  // emb.bias starts at 16 (64-byte alignment)
+  EXPECT_EQ(u[1].name, "h.0");
+  EXPECT_TRUE(u[1].declared);
+  EXPECT_EQ(u[1].firstEntry, 2u);
+  EXPECT_EQ(u[1].endEntry, 4u);
+  EXPECT_EQ(u[1].offset, 19u);  // the padding before h.0.ln.weight (at 32) is the unit's
+  EXPECT_EQ(u[1].numel, 48u + 20u - 19u);
+  EXPECT_EQ(block->name, u[1].name);
+  EXPECT_EQ(block->offset, u[1].offset);
+  EXPECT_EQ(block->numel, u[1].numel);
+  EXPECT_EQ(u[2].name, "x.w");
+  EXPECT_FALSE(u[2].declared);
+  EXPECT_EQ(u[2].endEntry - u[2].firstEntry, 2u);
+  EXPECT_EQ(u[3].name, "head");
+  EXPECT_EQ(params.findUnit("head"), &u[3]);
+  EXPECT_EQ(params.findUnit("relu"), nullptr);
+  expectPartition(params);
+}
+
+TEST(ParamBuffer, TheOutermostUnitWins) {
+  ParamBuffer params;
+  Registrar r(params);
+  params.beginUnit("block");
+  r.add("block.a.w", 2);
+  params.beginUnit("block.inner");  // a composite inside a unit its container declared
+  r.add("block.inner.w", 2);
+  EXPECT_EQ(params.endUnit(), std::nullopt);
+  r.add("block.b.w", 2);
+  const auto outer = params.endUnit();
+  ASSERT_TRUE(outer.has_value());
+  EXPECT_EQ(outer->firstEntry, 0u);
+  EXPECT_EQ(outer->endEntry, 3u);
+  ASSERT_EQ(params.units().size(), 1u);
+  expectPartition(params);
+}
+
+TEST(ParamBuffer, AModelWithoutUnitsIsOneImplicitUnit) {
+  ParamBuffer params;
+  Registrar r(params);
+  r.add("fc0.weight", 6);
+  r.add("fc1.weight", 6);
+  ASSERT_EQ(params.units().size(), 1u);
+  EXPECT_EQ(params.units()[0].name, "fc0.weight");  // the modules share no path
+  EXPECT_EQ(params.units()[0].numel, params.numel());
+  ParamBuffer none;
+  EXPECT_TRUE(none.units().empty());
+}
+
+TEST(ParamBuffer, UnitMisuseIsRefusedNamingTheUnit) {
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ParamBuffer params;
+  Registrar r(params);
+  EXPECT_NE(message([&] { params.endUnit(); }).find("without a unit begun"), std::string::npos);
+  EXPECT_NE(message([&] { params.beginUnit(""); }).find("needs a name"), std::string::npos);
+  params.beginUnit("a");
+  r.add("a.w", 1);
+  params.endUnit();
+  EXPECT_NE(message([&] { params.beginUnit("a"); }).find("'a' declared twice"), std::string::npos);
+  params.beginUnit("open");
+  r.add("open.w", 1);
+  EXPECT_NE(message([&] { params.allocate(runtime::cpuAllocator()); }).find("'open' still open at binding"), std::string::npos);
+  params.endUnit();
+  params.allocate(runtime::cpuAllocator());
+  EXPECT_NE(message([&] { params.beginUnit("late"); }).find("'late' begun after binding"), std::string::npos);
+  EXPECT_NE(message([&] { params.endUnit(); }).find("after binding"), std::string::npos);
+
+  ParamBuffer implicitFirst;
+  Registrar ri(implicitFirst);
+  ri.add("fc0.w", 1);
+  EXPECT_NE(message([&] { implicitFirst.beginUnit("fc0"); }).find("already form one of that name"), std::string::npos);
 }
 
 }  // namespace
