@@ -59,6 +59,16 @@ std::string Trainer::stopCause() const {
   return name ? std::string("SIG") + name : "signal " + std::to_string(signal);
 }
 
+// The batches of a run: from the host loader, or on a GPU through the device loader that copies
+// them ahead.
+struct Trainer::Batches {
+  std::function<void(int64_t, int64_t)> startEpoch;
+  std::function<bool(runtime::data::Batch&)> next;
+#ifdef COHORT_HAVE_CUDA
+  std::unique_ptr<runtime::data::DeviceLoader> device;
+#endif
+};
+
 TrainResult Trainer::run() {
   const auto start = Clock::now();
   Position pos;
@@ -66,163 +76,196 @@ TrainResult Trainer::run() {
     note() << "resumed from " << options_.checkpointPath << " at epoch " << pos.epoch + 1 << " batch " << pos.batch
            << " (step " << pos.step << ")";
   }
-  TrainResult result;
   if (nothingToTrain(pos)) return alreadyDone(pos, start);  // the checkpoint left as it is
   if (options_.logStartLine) logStart();
-  runtime::cuda::GpuContext* gpu = job_.gpu();
-  // Batches come from the host loader, or on a GPU through the device loader that copies them ahead.
-  std::function<void(int64_t, int64_t)> startEpoch = [&](int64_t e, int64_t seen) { loader_.startEpochAfter(e, seen); };
-  std::function<bool(runtime::data::Batch&)> nextBatch = [&](runtime::data::Batch& b) { return loader_.next(b); };
+  Batches batches = openBatches();
+  job_.barrier("start");
+  startObserving();
+  // The schedule is a pure function of the optimizer's step count, which checkpoints hold: a resumed
+  // run continues it exactly.
+  if (schedule_) lrAt_ = [this](int64_t steps) { return schedule_->lrAt(steps); };
+  TrainResult result;
+  for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = pos.seen = 0) {
+    if (runEpoch(pos, batches, result)) break;
+  }
+  progress_.reset();  // erases a line still showing
+  finishRun(result, start);
 #ifdef COHORT_HAVE_CUDA
-  std::unique_ptr<runtime::data::DeviceLoader> deviceBatches;
-  if (gpu) {
-    deviceBatches = std::make_unique<runtime::data::DeviceLoader>(loader_, *gpu);
-    startEpoch = [&](int64_t e, int64_t seen) { deviceBatches->startEpochAfter(e, seen); };
-    nextBatch = [&](runtime::data::Batch& b) { return deviceBatches->next(b); };
+  if (batches.device) result.inputWaitMs = batches.device->inputWaitMs();
+#endif
+  return result;
+}
+
+Trainer::Batches Trainer::openBatches() {
+  Batches batches;
+  batches.startEpoch = [this](int64_t e, int64_t seen) { loader_.startEpochAfter(e, seen); };
+  batches.next = [this](runtime::data::Batch& b) { return loader_.next(b); };
+#ifdef COHORT_HAVE_CUDA
+  if (runtime::cuda::GpuContext* gpu = job_.gpu()) {
+    batches.device = std::make_unique<runtime::data::DeviceLoader>(loader_, *gpu);
+    runtime::data::DeviceLoader* device = batches.device.get();
+    batches.startEpoch = [device](int64_t e, int64_t seen) { device->startEpochAfter(e, seen); };
+    batches.next = [device](runtime::data::Batch& b) { return device->next(b); };
   }
 #endif
-  job_.barrier("start");
+  return batches;
+}
+
+void Trainer::startObserving() {
   if (timed()) {
     timeline_.start(options_.tracePath.empty() ? 0 : options_.traceSpans);
     if (!options_.tracePath.empty()) measureClocks(job_, timeline_);
     timeline_.takeTotals();  // the clock rounds are not the first epoch's
   }
+  const ProgressMode mode = detectProgressMode(options_.progressEverySeconds);
+  if (job_.world().rank != 0 || mode == ProgressMode::kOff) return;
   const int64_t stepsPerEpoch = (loader_.batchesPerEpoch() + options_.accumulateSteps - 1) / options_.accumulateSteps;
-  if (const ProgressMode mode = detectProgressMode(options_.progressEverySeconds);
-      job_.world().rank == 0 && mode != ProgressMode::kOff) {
-    progress_ = std::make_unique<Progress>(ProgressOptions{.mode = mode,
-                                                           .everySeconds = options_.progressEverySeconds,
-                                                           .fd = 1,
-                                                           .epochs = options_.epochs,
-                                                           .stepsPerEpoch = stepsPerEpoch,
-                                                           .maxSteps = options_.maxSteps,
-                                                           .samplesScale = job_.world().worldSize,
-                                                           .clock = {},
-                                                           .prefix = job_.log().prefix()});
-  }
-  // The batch's wait is a span of its own (nothing when the timeline is off).
-  auto fetch = [&](runtime::data::Batch& b) {
-    Timeline::Scope span(timeline_, SpanKind::kData);
-    return nextBatch(b);
-  };
-  // The schedule is a pure function of the optimizer's step count, which checkpoints hold: a resumed
-  // run continues it exactly.
-  std::function<float(int64_t)> lrAt;
-  if (schedule_) lrAt = [this](int64_t steps) { return schedule_->lrAt(steps); };
-  const bool deferSteps = gpu && !options_.synchronousSteps;
-  for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = pos.seen = 0) {
-    const auto epochStart = Clock::now();
-    const int64_t samplesBefore = pos.samples;
-    // From the samples the job has seen of the epoch, on whatever number of ranks (an elastic resume):
-    // the same batches as from pos.batch where that number has not changed.
-    startEpoch(pos.epoch, pos.seen);
-    pos.batch = loader_.firstBatch();
-    const int64_t batches = loader_.endBatch(), k = options_.accumulateSteps;
-    // The step's figures, added to the epoch's once it is applied (a skipped step counts in none).
-    int64_t groupSamples = 0, groupCorrect = 0;
-    double groupLoss = 0;
-    StepWindow window;
-    timeline_.setStep(pos.step + 1);
-    if (progress_) progress_->startEpoch(pos.epoch, (pos.batch + k - 1) / k);
-    for (runtime::data::Batch batch; fetch(batch);) {
-      if (sampleLog_) logSamples(pos.epoch, batch.index);
-      // Micro-batch `micro` of the optimizer step that starts at batch `first`: groups of K from
-      // where the epoch started (0, or a resume point, which is a group boundary), the last one
-      // shorter when K does not divide the rest. Only the group's last backward synchronises; the
-      // step averages the group (Job::pass).
-      const int64_t first = batch.index - (batch.index - loader_.firstBatch()) % k;
-      const int micro = static_cast<int>(batch.index - first), group = static_cast<int>(std::min(k, batches - first));
-      const nn::Pass pass = job_.pass({.microBatch = micro, .microBatches = group, .rng = &rng_});
-      double batchLoss = std::numeric_limits<double>::quiet_NaN();
-      {
-        Timeline::Scope span(timeline_, SpanKind::kForward);
-        const Tensor& out = model_.forward(batch.inputs, pass, gpu && loss_.readsBf16());
-        if (gpu) {
-          loss_.forwardGpu(out, batch.targets, *gpu);
-        } else {
-          batchLoss = loss_.forward(out, batch.targets);
-          groupCorrect += loss_.correct();
-        }
-      }
-      groupSamples += batch.size;
-      groupLoss += batchLoss * static_cast<double>(batch.size);
-      {
-        Timeline::Scope span(timeline_, SpanKind::kBackward);
-        model_.backward(loss_.backward(), pass);
-        if (slowRank_ == job_.world().rank) std::this_thread::sleep_for(std::chrono::milliseconds(slowBackwardMs_));
-      }
-      if (micro + 1 < group) continue;  // more micro-batches before this step
-      // On a GPU the losses stay on the device: the step checks the gradient only. There, unless
-      // told otherwise, the step is deferred: its result is handled after the next step is queued.
-      const double stepLoss = groupLoss / static_cast<double>(groupSamples);
-      const StepResult stepped = job_.step({.clipGradNorm = options_.clipGradNorm,
-                                            .loss = gpu ? std::nullopt : std::optional<double>(stepLoss),
-                                            .lrAt = lrAt,
-                                            .deferResult = deferSteps,
-                                            .skipNonFinite = options_.skipNonFinite - pos.skipped,
-                                            .skipSpikes = options_.skipSpikes});
-      ++pos.step;
-      pos.batch = batch.index + 1;
-      pos.seen = loader_.samplesSeenAfter(batch.index);
-      timeline_.setStep(pos.step + 1);
-      const QueuedStep queued{.epoch = pos.epoch, .step = pos.step, .firstBatch = first, .batch = batch.index, .nextBatch = pos.batch,
-                              .samples = groupSamples, .correct = groupCorrect, .groupLoss = groupLoss, .loss = stepLoss};
-      groupSamples = 0;
-      groupCorrect = 0;
-      groupLoss = 0;
-      if (stepped.pending) {
-        queued_.push_back(queued);
-        settleSteps(pos, window, 1);
-      } else {
-        afterStep(pos, window, queued, stepped);
-      }
-      const bool midEpoch = pos.batch < batches;
-      const bool maxStepsDue = options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch;
-      const bool checkpointDue = options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch;
-      // Whatever reads the parameters or the step's figures waits for the queued steps first.
-      if (maxStepsDue || checkpointDue || stopVoteDue(pos.step)) settleSteps(pos, window, 0);
-      if (stopAgreed(pos.step, false) && midEpoch) {
-        settleSteps(pos, window, 0);
-        if (progress_) progress_->clearLine();
-        note() << "stop requested (" << stopCause() << "): checkpointing at step " << pos.step << " and stopping";
-        collectGpuSums(pos);
-        saveCheckpoint(pos);
-        result.stoppedEarly = result.stoppedByRequest = true;
-        result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
-        break;
-      }
-      if (maxStepsDue) {
-        collectGpuSums(pos);
-        saveCheckpoint(pos);
-        result.stoppedEarly = true;
-        result.stopReason = StopReason::kMaxSteps;
-        break;
-      }
-      if (checkpointDue) {
-        collectGpuSums(pos);
-        saveCheckpoint(pos);
-      }
+  progress_ = std::make_unique<Progress>(ProgressOptions{.mode = mode,
+                                                         .everySeconds = options_.progressEverySeconds,
+                                                         .fd = 1,
+                                                         .epochs = options_.epochs,
+                                                         .stepsPerEpoch = stepsPerEpoch,
+                                                         .maxSteps = options_.maxSteps,
+                                                         .samplesScale = job_.world().worldSize,
+                                                         .clock = {},
+                                                         .prefix = job_.log().prefix()});
+}
+
+bool Trainer::runEpoch(Position& pos, Batches& batches, TrainResult& result) {
+  const auto epochStart = Clock::now();
+  const int64_t samplesBefore = pos.samples;
+  // From the samples the job has seen of the epoch, on whatever number of ranks (an elastic resume):
+  // the same batches as from pos.batch where that number has not changed.
+  batches.startEpoch(pos.epoch, pos.seen);
+  pos.batch = loader_.firstBatch();
+  const int64_t k = options_.accumulateSteps;
+  StepGroup group;
+  StepWindow window;
+  timeline_.setStep(pos.step + 1);
+  if (progress_) progress_->startEpoch(pos.epoch, (pos.batch + k - 1) / k);
+  for (runtime::data::Batch batch;;) {
+    {
+      Timeline::Scope span(timeline_, SpanKind::kData);  // the batch's wait is a span of its own
+      if (!batches.next(batch)) break;
     }
+    if (trainBatch(batch, pos, group, window, result)) break;
+  }
+  settleSteps(pos, window, 0);
+  collectGpuSums(pos);  // also waits for the epoch's last step, so the time below includes it
+  if (progress_) progress_->endEpoch();
+  finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
+  return stopsAfterEpoch(pos, result);
+}
+
+bool Trainer::trainBatch(const runtime::data::Batch& batch, Position& pos, StepGroup& group, StepWindow& window,
+                         TrainResult& result) {
+  if (sampleLog_) logSamples(pos.epoch, batch.index);
+  // Micro-batch `micro` of the optimizer step that starts at batch `first`: groups of K from where
+  // the epoch started (0, or a resume point, which is a group boundary), the last one shorter when K
+  // does not divide the rest. Only the group's last backward synchronises; the step averages the
+  // group (Job::pass).
+  const int64_t k = options_.accumulateSteps;
+  const int64_t first = batch.index - (batch.index - loader_.firstBatch()) % k;
+  const int micro = static_cast<int>(batch.index - first);
+  const int groupSize = static_cast<int>(std::min(k, loader_.endBatch() - first));
+  const nn::Pass pass = job_.pass({.microBatch = micro, .microBatches = groupSize, .rng = &rng_});
+  forwardBackward(batch, pass, group);
+  if (micro + 1 < groupSize) return false;  // more micro-batches before this step
+  // On a GPU the losses stay on the device: the step checks the gradient only. There, unless told
+  // otherwise, the step is deferred: its result is handled after the next step is queued.
+  runtime::cuda::GpuContext* gpu = job_.gpu();
+  const double stepLoss = group.loss / static_cast<double>(group.samples);
+  const StepResult stepped = job_.step({.clipGradNorm = options_.clipGradNorm,
+                                        .loss = gpu ? std::nullopt : std::optional<double>(stepLoss),
+                                        .lrAt = lrAt_,
+                                        .deferResult = gpu && !options_.synchronousSteps,
+                                        .skipNonFinite = options_.skipNonFinite - pos.skipped,
+                                        .skipSpikes = options_.skipSpikes});
+  ++pos.step;
+  pos.batch = batch.index + 1;
+  pos.seen = loader_.samplesSeenAfter(batch.index);
+  timeline_.setStep(pos.step + 1);
+  const QueuedStep queued{.epoch = pos.epoch, .step = pos.step, .firstBatch = first, .batch = batch.index, .nextBatch = pos.batch,
+                          .samples = group.samples, .correct = group.correct, .groupLoss = group.loss, .loss = stepLoss};
+  group = {};
+  if (stepped.pending) {
+    queued_.push_back(queued);
+    settleSteps(pos, window, 1);
+  } else {
+    afterStep(pos, window, queued, stepped);
+  }
+  return stopsMidEpoch(pos, window, result);
+}
+
+void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group) {
+  runtime::cuda::GpuContext* gpu = job_.gpu();
+  double batchLoss = std::numeric_limits<double>::quiet_NaN();
+  {
+    Timeline::Scope span(timeline_, SpanKind::kForward);
+    const Tensor& out = model_.forward(batch.inputs, pass, gpu && loss_.readsBf16());
+    if (gpu) {
+      loss_.forwardGpu(out, batch.targets, *gpu);
+    } else {
+      batchLoss = loss_.forward(out, batch.targets);
+      group.correct += loss_.correct();
+    }
+  }
+  group.samples += batch.size;
+  group.loss += batchLoss * static_cast<double>(batch.size);
+  Timeline::Scope span(timeline_, SpanKind::kBackward);
+  model_.backward(loss_.backward(), pass);
+  if (slowRank_ == job_.world().rank) std::this_thread::sleep_for(std::chrono::milliseconds(slowBackwardMs_));
+}
+
+bool Trainer::stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& result) {
+  const bool midEpoch = pos.batch < loader_.endBatch();
+  const bool maxStepsDue = options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch;
+  const bool checkpointDue = options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch;
+  // Whatever reads the parameters or the step's figures waits for the queued steps first.
+  if (maxStepsDue || checkpointDue || stopVoteDue(pos.step)) settleSteps(pos, window, 0);
+  if (stopAgreed(pos.step, false) && midEpoch) {
     settleSteps(pos, window, 0);
-    collectGpuSums(pos);  // also waits for the epoch's last step, so the time below includes it
-    if (progress_) progress_->endEpoch();
-    finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
-    if (result.stoppedByRequest) break;
-    if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
-      result.stoppedEarly = true;
-      result.stopReason = StopReason::kMaxSteps;
-      note() << "stopped after " << pos.step << " steps (--max-steps)";
-      break;
-    }
-    if (pos.epoch + 1 < options_.epochs && stopAgreed(pos.step, true)) {
-      note() << "stop requested (" << stopCause() << "): stopping after epoch " << pos.epoch + 1
-             << (options_.checkpointPath.empty() ? "" : " (checkpointed)");
-      result.stoppedEarly = result.stoppedByRequest = true;
-      result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
-      break;
-    }
+    if (progress_) progress_->clearLine();
+    note() << "stop requested (" << stopCause() << "): checkpointing at step " << pos.step << " and stopping";
+    collectGpuSums(pos);
+    saveCheckpoint(pos);
+    result.stoppedEarly = result.stoppedByRequest = true;
+    result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
+    return true;
   }
-  progress_.reset();  // erases a line still showing
+  if (maxStepsDue) {
+    collectGpuSums(pos);
+    saveCheckpoint(pos);
+    result.stoppedEarly = true;
+    result.stopReason = StopReason::kMaxSteps;
+    return true;
+  }
+  if (checkpointDue) {
+    collectGpuSums(pos);
+    saveCheckpoint(pos);
+  }
+  return false;
+}
+
+bool Trainer::stopsAfterEpoch(const Position& pos, TrainResult& result) {
+  if (result.stoppedByRequest) return true;
+  if (result.stoppedEarly || (options_.maxSteps > 0 && pos.step >= options_.maxSteps && pos.epoch + 1 < options_.epochs)) {
+    result.stoppedEarly = true;
+    result.stopReason = StopReason::kMaxSteps;
+    note() << "stopped after " << pos.step << " steps (--max-steps)";
+    return true;
+  }
+  if (pos.epoch + 1 < options_.epochs && stopAgreed(pos.step, true)) {
+    note() << "stop requested (" << stopCause() << "): stopping after epoch " << pos.epoch + 1
+           << (options_.checkpointPath.empty() ? "" : " (checkpointed)");
+    result.stoppedEarly = result.stoppedByRequest = true;
+    result.stopReason = userStop_ ? StopReason::kCallback : StopReason::kRequest;
+    return true;
+  }
+  return false;
+}
+
+void Trainer::finishRun(TrainResult& result, Clock::time_point start) {
   if (!options_.tracePath.empty()) {
     const auto merge = Clock::now();
     writeTrace(job_, timeline_, options_.tracePath);
@@ -237,10 +280,6 @@ TrainResult Trainer::run() {
     COHORT_THROW(IoError) << metrics_->failure() << " (the run stopped at step " << result.steps
                           << (options_.checkpointPath.empty() ? "" : ", checkpointed") << ")";
   }
-#ifdef COHORT_HAVE_CUDA
-  if (deviceBatches) result.inputWaitMs = deviceBatches->inputWaitMs();
-#endif
-  return result;
 }
 
 void Trainer::collectGpuSums(Position& pos) {

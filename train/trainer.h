@@ -328,6 +328,33 @@ class Trainer {
   // Chunks [first, last) of `data` in chunks of `chunk` samples, on the job's device (evaluate.h).
   void evaluateChunks(const runtime::data::Dataset& data, int64_t chunk, int64_t first, int64_t last,
                       std::span<double> sums);
+  // The loop of run(), in the order it runs (trainer.cc).
+  struct Batches;  // where the batches come from: the host loader, or the device loader on a GPU
+  // The figures of the optimizer step being gathered over its micro-batches, added to the epoch's
+  // once the step is applied (a skipped step counts in none).
+  struct StepGroup {
+    int64_t samples = 0, correct = 0;
+    double loss = 0;  // summed over the samples (NaN on a GPU, where the losses stay on the device)
+  };
+  struct StepWindow;
+  Batches openBatches();
+  // Starts the timeline (with the clock rounds of a trace) and rank 0's progress line.
+  void startObserving();
+  // One epoch from `pos` (its start, or a resume point): its batches, then finishEpoch. True when
+  // the run stops there.
+  bool runEpoch(Position& pos, Batches& batches, TrainResult& result);
+  // One batch as a micro-batch of its optimizer step, and the step once its group is complete. True
+  // when the run stops at it (a stop request or maxSteps, checkpointed).
+  bool trainBatch(const runtime::data::Batch& batch, Position& pos, StepGroup& group, StepWindow& window,
+                  TrainResult& result);
+  void forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group);
+  // After a step within an epoch: checkpoints where due, and stops (true) on an agreed stop request
+  // or at maxSteps.
+  bool stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& result);
+  // After an epoch: whether the run ends there (a stop before or at it, maxSteps, a stop request).
+  bool stopsAfterEpoch(const Position& pos, TrainResult& result);
+  // The trace, the wall time, and the metrics file's failure (thrown).
+  void finishRun(TrainResult& result, Clock::time_point start);
   // Every rank calls this at an epoch's end; the ranks evaluate (evaluateTest), rank 0 logs and
   // checkpoints.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
@@ -341,7 +368,6 @@ class Trainer {
     int64_t samples = 0, correct = 0;
     double groupLoss = 0, loss = 0;  // the sum over its samples and their mean (NaN on a GPU)
   };
-  struct StepWindow;
   // What follows a step once its result is known: the epoch's figures, skip or Diverged,
   // onStepEnd, the step log and the progress line.
   void afterStep(Position& pos, StepWindow& window, const QueuedStep& queued, const StepResult& result);
@@ -392,6 +418,7 @@ class Trainer {
   TrainerCallbacks callbacks_;
   runtime::Rng rng_;
   std::optional<nn::LrSchedule> schedule_;
+  std::function<float(int64_t)> lrAt_;  // the schedule's rate at a step count (none without a schedule)
   bool userStop_ = false;     // a callback asked to stop
   std::optional<nn::CheckpointLock> checkpointLock_;  // rank 0's, for the run
   bool checkpointHeld_ = false;  // checkpointPath holds this run's state (written, or resumed from)

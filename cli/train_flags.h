@@ -1,0 +1,94 @@
+// The flags of `cohort train` (docs/cli.md): what they hold, their checks, and the options they make
+// for the library (nn::OptimizerOptions, nn::LrScheduleOptions). runTrain (cli/train_command.h) runs them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/lr_schedule.h"
+#include "nn/optimizer.h"
+#include "runtime/world_info.h"
+
+namespace CLI {
+class App;
+}
+
+namespace cohort::cli {
+
+inline constexpr char kDefaultModel[] = "mlp:784,512,256,10";
+
+struct TrainFlags {
+  std::string model;     // empty: --init-from's model, else kDefaultModel
+  std::string initFrom;  // weights to start from: a Cohort checkpoint, HuggingFace GPT-2 or llm.c model file
+  std::string data = "synthetic";
+  std::string testData;
+  bool augment = false;
+  std::string mode = "local";
+  std::string backend;
+  bool replicas = false;    // allreduce on the CPU: full replicas and gradient all-reduce, not one shared copy per node
+  bool noReplicas = false;  // allreduce on the CPU: one shared copy per node (the default on one node)
+  std::string device = "cpu";
+  int64_t epochs = 1;
+  int64_t batchSize = 64;
+  double lr = 0.05;
+  double momentum = 0.0;
+  std::vector<double> betas{0.9, 0.999};  // Adam's (beta1, beta2)
+  bool nesterov = false;
+  std::string optimizer = "sgd";
+  double weightDecay = -1;  // < 0: the optimizer's default (0; 0.01 for adamw)
+  std::string loss = "ce";
+  int threads = 1;
+  uint64_t seed = 0;
+  int prefetch = 2;
+  std::string checkpoint;
+  int64_t checkpointEvery = 0;
+  bool resume = false;
+  bool resumeOnNewData = false;  // --resume on data other than the checkpoint's: a new epoch order
+  int64_t maxSteps = 0;
+  std::string metrics;
+  bool memoryReport = false;
+  std::string lrSchedule = "constant";  // constant | step | cosine
+  int64_t accumulateSteps = 1;
+  int64_t logEverySteps = 0;            // > 0: a metrics line every N optimizer steps
+  double clipGradNorm = 0;              // > 0: clip the gradient to this global L2 norm
+  int64_t skipNonFinite = 0;            // non-finite steps to skip before stopping (exit 6)
+  double skipSpikes = 0;                // z of the spike rule; 0: off
+  int64_t spikesInARow = 10;            // skipped spikes in a row before stopping (exit 6)
+  std::string scaleLr = "none";         // none | linear | sqrt: --lr scaled by the effective batch
+  int64_t warmupSteps = 0;
+  double minLr = 0;
+  int64_t decaySteps = 0;  // 0: the run's epochs
+  int64_t stepSize = 0;
+  double gamma = 0.1;
+  double timeout = 300;  // seconds any wait for other workers may take
+  double progressEvery = 10;  // seconds between plain progress lines; 0: none
+  std::string trace;          // the job's merged trace (Chrome trace / Perfetto JSON)
+  std::string tensorboard;    // a directory for rank 0's TensorBoard event file
+  std::string plot;           // rank 0 draws the run's metrics here (.png or .svg) when training ends
+  int64_t traceSpans = int64_t{1} << 16;
+  bool stepReport = false;    // where each epoch's steps spent their time
+  int64_t averageEvery = 0;   // hogwild across nodes: steps between averaging rounds; 0: the default (16)
+  std::string convAlgorithms;  // --device cuda: fastest | exact; empty: fastest
+  std::string precision = "fp32";  // fp32 | bf16 (--device cuda, a model that takes bf16)
+  bool tf32 = false;               // --device cuda: TF32 tensor cores for fp32 matrix products
+};
+
+void addTrainFlags(CLI::App& command, TrainFlags& flags);
+// Refuses (InvalidArgument, naming the flag) what no run could do with these flags in this world.
+void validateTrainFlags(const TrainFlags& flags, const runtime::WorldInfo& world);
+
+// The CPUs this process may run on (its affinity mask: cohortrun --bind, taskset, a SLURM cgroup).
+int allowedCpus();
+// The samples one optimizer step of the job averages over, as a multiple of one worker's batch:
+// every worker's in allreduce; one worker's in local and Hogwild (each worker applies its own).
+int64_t batchFactor(const TrainFlags& flags, const runtime::WorldInfo& world);
+// --lr after --scale-lr: the linear rule (Goyal et al.; Horovod's and PyTorch's guides) or its
+// square root, from the batch of one worker to the effective batch.
+double scaledLr(const TrainFlags& flags, const runtime::WorldInfo& world);
+nn::OptimizerOptions optimizerOptions(const TrainFlags& flags, double lr);
+// --lr-schedule and its flags; nothing for a constant rate without warmup (the optimizer's own).
+std::optional<nn::LrScheduleOptions> lrScheduleOptions(const TrainFlags& flags, double lr);
+
+}  // namespace cohort::cli
