@@ -305,6 +305,27 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
     steadySeconds_ += epochSeconds;
     steadySamples_ += epochSamples;
   }
+  EpochReport report = jobFigures(pos, result, epochSeconds, epochSamples, times);  // a callback may add metrics
+  if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
+  if (report.times && job_.world().rank == 0) {
+    job_.log().info() << "epoch " << pos.epoch + 1 << " " << describe(*report.times, job_.world().worldSize);
+  }
+  if (metrics_) metrics_->epoch(report, classification_);
+  if (metrics_ && !metrics_->failure().empty()) userStop_ = true;  // stop, checkpointed (run() throws)
+  startEpochFigures(pos, result);
+  if (!result.stoppedEarly) {
+    Position next = pos;
+    next.epoch = pos.epoch + 1;
+    next.batch = next.seen = 0;
+    saveCheckpoint(next);
+  }
+  job_.barrier("after epoch " + std::to_string(pos.epoch + 1));
+  timeline_.takeTotals();  // evaluation, checkpoint and this barrier are not the next epoch's steps
+  logEpoch(report, epochSeconds, epochSamples);  // once every rank has finished the epoch
+}
+
+EpochReport Trainer::jobFigures(const Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples,
+                                const std::optional<StepTimes>& times) {
   // An epoch cut short by a stop is reported (its figures so far) but not counted as completed.
   result.epochs = result.stoppedEarly ? pos.epoch : pos.epoch + 1;
   result.steps = pos.step;
@@ -348,12 +369,10 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
                      .skippedSpikes = static_cast<int64_t>(samples[3] + maxes[4]),
                      .metrics = {},
                      .times = times};
-  if (callbacks_.onEpochEnd && callbacks_.onEpochEnd(report) == Next::kStop) userStop_ = true;
-  if (report.times && job_.world().rank == 0) {
-    job_.log().info() << "epoch " << pos.epoch + 1 << " " << describe(*report.times, job_.world().worldSize);
-  }
-  if (metrics_) metrics_->epoch(report, classification_);
-  if (metrics_ && !metrics_->failure().empty()) userStop_ = true;  // stop, checkpointed (run() throws)
+  return report;
+}
+
+void Trainer::startEpochFigures(Position& pos, const TrainResult& result) {
   pos.lastTrainLoss = result.trainLoss;
   pos.lastTrainAcc = result.trainAcc;
   pos.lossSum = 0;
@@ -361,15 +380,6 @@ void Trainer::finishEpoch(Position& pos, TrainResult& result, double epochSecond
   pos.samples = 0;
   pos.gradNormSum = pos.gradNormMax = 0;
   pos.gradNormSteps = pos.skippedInEpoch = pos.spikesInEpoch = 0;
-  if (!result.stoppedEarly) {
-    Position next = pos;
-    next.epoch = pos.epoch + 1;
-    next.batch = next.seen = 0;
-    saveCheckpoint(next);
-  }
-  job_.barrier("after epoch " + std::to_string(pos.epoch + 1));
-  timeline_.takeTotals();  // evaluation, checkpoint and this barrier are not the next epoch's steps
-  logEpoch(report, epochSeconds, epochSamples);  // once every rank has finished the epoch
 }
 
 TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {

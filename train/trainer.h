@@ -358,6 +358,12 @@ class Trainer {
   // Every rank calls this at an epoch's end; the ranks evaluate (evaluateTest), rank 0 logs and
   // checkpoints.
   void finishEpoch(Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples);
+  // The epoch's and the run's figures as the job's (collective: summed, the slowest rank's time,
+  // averaged), into `result`, with the test set's evaluation: the epoch's report.
+  EpochReport jobFigures(const Position& pos, TrainResult& result, double epochSeconds, int64_t epochSamples,
+                         const std::optional<StepTimes>& times);
+  // Keeps the epoch's loss and accuracy, and zeroes its sums for the next epoch.
+  void startEpochFigures(Position& pos, const TrainResult& result);
   // A step queued, whose result (deferred on a GPU) is handled by afterStep.
   struct QueuedStep {
     int64_t epoch = 0;
