@@ -36,6 +36,7 @@ Gpt::Gpt(const GptOptions& o)
       wpe_({.vocab = o.context, .dim = o.dim}),
       lnF_(o.dim) {
   for (int64_t i = 0; i < o.layers; ++i) blocks_.push_back(std::make_unique<TransformerBlock>(AttentionOptions{o.dim, o.heads}));
+  blockUnits_.resize(blocks_.size());
 }
 
 std::string Gpt::name() const {
@@ -45,10 +46,20 @@ std::string Gpt::name() const {
 }
 
 void Gpt::registerParams(ParamBuffer& params, const std::string& prefix) {
+  params.beginUnit(prefix + "transformer.embeddings");
   wte_.registerParams(params, prefix + "transformer.wte.");
   wpe_.registerParams(params, prefix + "transformer.wpe.");
-  for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->registerParams(params, prefix + "transformer.h." + std::to_string(i) + ".");
+  embeddingsUnit_ = params.endUnit();
+  blockUnits_.assign(blocks_.size(), std::nullopt);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const std::string name = prefix + "transformer.h." + std::to_string(i);
+    params.beginUnit(name);
+    blocks_[i]->registerParams(params, name + ".");
+    blockUnits_[i] = params.endUnit();
+  }
+  params.beginUnit(prefix + "transformer.ln_f");
   lnF_.registerParams(params, prefix + "transformer.ln_f.");
+  lnFUnit_ = params.endUnit();
 }
 
 void Gpt::resetParams(runtime::Rng& rng) {
@@ -87,6 +98,7 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
     if (onGpu(input)) positions_ = ids.clone(gpuFor(pass, input, name()).allocator());
 #endif
   }
+  tellUnit(pass, embeddingsUnit_, &UnitListener::beforeForward);  // open until the head has used wte
   const Tensor& tokens = wte_.forward(input, pass);
   const Tensor& pos = wpe_.forward(positions_, pass);
 #ifdef COHORT_HAVE_CUDA
@@ -107,8 +119,10 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
     }
   }
   const Tensor* h = &x_;
-  for (auto& block : blocks_) h = &block->forward(*h, pass);
-  const Tensor& f = lnF_.forward(*h, pass);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    h = &forwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return blocks_[i]->forward(*h, pass); });
+  }
+  const Tensor& f = forwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.forward(*h, pass); });
   final_ = &f;
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(input)) {  // bf16 logits in a bf16 pass
@@ -119,6 +133,7 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
     runtime::ensureShape(logits_, out);
   }
   headForward(f, logits_, pass);
+  tellUnit(pass, embeddingsUnit_, &UnitListener::afterForward);
   return logits_;
 }
 
@@ -175,18 +190,20 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
   const int64_t B = batch_, T = time_, D = options_.dim, V = options_.vocab;
   COHORT_CHECK(final_ && gradOutput.numel() == B * T * V) << gradOutput.shape().str() << " after a forward of ["
                                                            << B << ", " << T << "]";
+  tellUnit(pass, embeddingsUnit_, &UnitListener::beforeBackward);  // the head writes wte's gradient
   headBackward(gradOutput, pass);
 #ifdef COHORT_HAVE_CUDA
   runtime::cuda::GpuContext* gpu = onGpu(gradOutput) ? &gpuFor(pass, gradOutput, name()) : nullptr;
 #endif
   Pass inner = pass;
   inner.needInputGrad = true;
-  const Tensor* g = &lnF_.backward(gradFinal_, inner);
+  const Tensor* g = &backwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.backward(gradFinal_, inner); });
   const TransformerBlock* later = nullptr;  // the block whose backward ran last
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
-    if (later) (*it)->shareBackwardBuffers(*later);  // one set of gradient buffers for every block
-    g = &(*it)->backward(*g, inner);
-    later = it->get();
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    TransformerBlock& block = *blocks_[i];
+    if (later) block.shareBackwardBuffers(*later);  // one set of gradient buffers for every block
+    g = &backwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return block.backward(*g, inner); });
+    later = &block;
   }
   // The position embedding's gradient: d(x) summed over the batch.
 #ifdef COHORT_HAVE_CUDA
@@ -211,7 +228,9 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
   wpe_.backward(gradPositions_, embeddings);
   embeddings.accumulateGrads = true;  // onto the head's gradient of the same weight
   embeddings.needInputGrad = pass.needInputGrad;
-  return wte_.backward(*g, embeddings);
+  const Tensor& gradIds = wte_.backward(*g, embeddings);
+  tellUnit(pass, embeddingsUnit_, &UnitListener::afterBackward);  // wte's gradient is final only now
+  return gradIds;
 }
 
 void Gpt::checkInputs(const Pass& pass) const { wte_.checkIds(pass); }

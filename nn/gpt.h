@@ -11,10 +11,20 @@
 // the residual projections (attn.c_proj and mlp.c_proj weights) normal(0, 0.02/√(2L)), biases 0,
 // LayerNorms 1 and 0. Backward: the head's weight gradient dlogitsᵀ·x is written first (or added,
 // with Pass::accumulateGrads), then the token embedding's is added to it; the ids get no gradient.
+// Parameter units (nn/param_buffer.h, "Units"), in forward order: "transformer.embeddings" (wte
+// and wpe), each block "transformer.h.<i>", "transformer.ln_f". The head is tied to wte, so the
+// embeddings unit is open for the whole pass: Pass::units hears beforeForward(embeddings) first and
+// afterForward(embeddings) after the head's product, last; in backward beforeBackward(embeddings)
+// first (the head writes wte's gradient), then ln_f, the blocks from the last to the first, and
+// afterBackward(embeddings) last, after the token embedding's gradient has been added: only then is
+// wte's gradient final. Backward's afterBackward order is therefore ln_f, h.L-1, ..., h.0,
+// embeddings, so the gradient buckets of the later blocks are all-reduced while the earlier blocks'
+// backward runs (train/grad_sync.h).
 // CPU and CUDA (the head through oneDNN or cuBLAS). Thread safety: as Module.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "nn/embedding.h"
@@ -59,6 +69,9 @@ class Gpt final : public Module {
   Embedding wte_, wpe_;
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
   LayerNorm lnF_;
+  // The units this model declared (none when a container declared one around it).
+  std::optional<ParamBuffer::Unit> embeddingsUnit_, lnFUnit_;
+  std::vector<std::optional<ParamBuffer::Unit>> blockUnits_;
   int64_t batch_ = 0, time_ = 0;
   Tensor positions_;   // ids 0..T-1, [T], on the input's device
   Tensor x_;           // wte + wpe, [B, T, D]

@@ -39,14 +39,19 @@
 // (every user layer unless it opts in) is only ever handed fp32: its composite converts at the
 // boundary (nn/precision.h). Parameters, gradients and optimizer state are fp32 always.
 // Check a layer with nn/grad_check.h (finite differences against backward).
-// Gradient-ready reporting: Pass::gradReady, when set, is told during backward which ParamBuffer
-// entries hold final gradients (data-parallel training starts their all-reduce while backward goes
-// on). A composite reports its children: after a child's backward it calls
-// gradReady->gradsReady(first, end) with the child's entry range (recorded around the child's
-// registerParams), unless child.reportsGradsReady() is true (the child reports its own). A
-// composite that does this returns true from reportsGradsReady(), and reports any parameters of its
-// own too. A leaf layer does nothing: its container reports it. Every entry is reported at most
-// once per backward; entries nobody reported count as ready when backward returns.
+// Units (ParamBuffer, "Units"): a composite may declare a unit around a child's registerParams
+// (params.beginUnit(name) ... params.endUnit(), keeping the std::optional<ParamBuffer::Unit> it
+// returns) and then tells Pass::units, when set, about it around the child's work: beforeForward
+// and afterForward around its forward, beforeBackward and afterBackward around its backward
+// (forwardOfUnit and backwardOfUnit below do both). afterBackward(u) means u's gradients are final
+// for this pass: nothing later in the backward writes them (data-parallel training starts their
+// all-reduce then, while backward goes on). A unit whose parameters a later part of the pass uses
+// again (the GPT's token embedding, the tied head's weight) stays open until that use is done. Units
+// nest by containment: the outermost declared unit wins, so a composite reports exactly the units
+// endUnit() returned to it (none when its container declared one around it). A leaf layer declares
+// and reports nothing. Each listed unit hears each event at most once per forward and per backward;
+// units nobody reported (implicit units, a user's composite that declares none) count as done when
+// backward returns.
 // Thread safety: a module is used by one thread at a time.
 //
 // docs/api.md, "Writing your own layer", builds one (a learned gate) step by step, binds its
@@ -54,7 +59,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "nn/param_buffer.h"
 #include "runtime/random.h"
@@ -66,12 +73,17 @@ class GpuContext;
 
 namespace cohort::nn {
 
-// Told during backward which parameters' gradients are final: entries [first, end) of the model's
-// ParamBuffer (GradSync starts a bucket's all-reduce as soon as all of its entries are ready).
-class GradReadyListener {
+// Told, during a pass, as the model computes with each of its declared parameter units (above): a
+// ZeRO-3 stage gathers a unit before and frees it after; GradSync starts the all-reduce of a bucket
+// once afterBackward has been told for every unit in it. Each event's default does nothing.
+class UnitListener {
  public:
-  virtual ~GradReadyListener() = default;
-  virtual void gradsReady(size_t firstEntry, size_t endEntry) = 0;
+  virtual ~UnitListener() = default;
+  virtual void beforeForward(const ParamBuffer::Unit& unit) { (void)unit; }
+  virtual void afterForward(const ParamBuffer::Unit& unit) { (void)unit; }
+  virtual void beforeBackward(const ParamBuffer::Unit& unit) { (void)unit; }
+  // The unit's gradients are final for this pass.
+  virtual void afterBackward(const ParamBuffer::Unit& unit) { (void)unit; }
 };
 
 // What one forward/backward pass needs to know.
@@ -80,7 +92,7 @@ struct Pass {
   bool needInputGrad = true;    // backward must return d(loss)/d(input)
   bool accumulateGrads = false; // add to the gradient buffer instead of overwriting it
   runtime::Rng* rng = nullptr;  // dropout masks; required when training with dropout
-  GradReadyListener* gradReady = nullptr;  // told as each module's gradients become final
+  UnitListener* units = nullptr;  // told before and after each declared unit's forward and backward
   // The GPU a pass on CUDA tensors runs on (its compute stream, allocator and cuBLAS handle); unused
   // for CPU tensors. A module given CUDA tensors without it throws InvalidArgument.
   runtime::cuda::GpuContext* gpu = nullptr;
@@ -110,10 +122,6 @@ class Module {
   // True when the module implements bf16 passes (above); the composites convert for the others.
   virtual bool takesBf16() const { return false; }
 
-  // True when backward() tells Pass::gradReady about this module's entries itself (a composite
-  // reporting its children, e.g. Sequential, Residual); its container then does not report them.
-  virtual bool reportsGradsReady() const { return false; }
-
   // Throws InvalidArgument naming the first bad value of the last forward's input that the device
   // could only count, not refuse (an Embedding's ids on a GPU, which give NaN rows there); nothing
   // for a module without such checks, and on the CPU, where forward already threw. Waits for
@@ -122,5 +130,33 @@ class Module {
 };
 
 using ModulePtr = std::unique_ptr<Module>;
+
+using UnitEvent = void (UnitListener::*)(const ParamBuffer::Unit&);
+
+// Tells pass.units `event` (&UnitListener::beforeForward, ...) about `unit`, when both are there.
+inline void tellUnit(const Pass& pass, const std::optional<ParamBuffer::Unit>& unit, UnitEvent event) {
+  if (pass.units && unit) (pass.units->*event)(*unit);
+}
+
+// Runs `work` between the events `before` and `after` of `unit`; an exception skips `after`.
+// Returns what `work` returns.
+template <class F>
+decltype(auto) betweenUnitEvents(const Pass& pass, const std::optional<ParamBuffer::Unit>& unit, UnitEvent before,
+                                 UnitEvent after, F&& work) {
+  tellUnit(pass, unit, before);
+  decltype(auto) result = work();
+  tellUnit(pass, unit, after);
+  return result;
+}
+
+// A child's forward (or backward) as one unit's: betweenUnitEvents with that phase's two events.
+template <class F>
+decltype(auto) forwardOfUnit(const Pass& pass, const std::optional<ParamBuffer::Unit>& unit, F&& work) {
+  return betweenUnitEvents(pass, unit, &UnitListener::beforeForward, &UnitListener::afterForward, std::forward<F>(work));
+}
+template <class F>
+decltype(auto) backwardOfUnit(const Pass& pass, const std::optional<ParamBuffer::Unit>& unit, F&& work) {
+  return betweenUnitEvents(pass, unit, &UnitListener::beforeBackward, &UnitListener::afterBackward, std::forward<F>(work));
+}
 
 }  // namespace cohort::nn

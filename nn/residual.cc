@@ -35,9 +35,11 @@ Residual::Residual(ModulePtr f, std::string name) : f_(std::move(f)), name_(std:
 }
 
 void Residual::registerParams(ParamBuffer& params, const std::string& prefix) {
-  firstEntry_ = params.entries().size();
-  f_->registerParams(params, name_.empty() ? prefix : prefix + name_ + ".");
-  endEntry_ = params.entries().size();
+  const std::string fPrefix = name_.empty() ? prefix : prefix + name_ + ".";
+  // The unit is named like its parameters' prefix; at the very top with no name, "f" names it.
+  params.beginUnit(fPrefix.empty() ? "f" : fPrefix.substr(0, fPrefix.size() - 1));
+  f_->registerParams(params, fPrefix);
+  unit_ = params.endUnit();
 }
 
 Shape Residual::outputShape(const Shape& input) const {
@@ -50,7 +52,7 @@ Shape Residual::outputShape(const Shape& input) const {
 }
 
 const Tensor& Residual::forward(const Tensor& input, const Pass& pass) {
-  const Tensor& fx = f_->forward(input, pass);
+  const Tensor& fx = forwardOfUnit(pass, unit_, [&]() -> const Tensor& { return f_->forward(input, pass); });
   if (fx.shape() != input.shape() || fx.device() != input.device()) {
     COHORT_THROW(InvalidArgument) << name() << " needs f to keep its input's shape and device, but f maps "
                                   << input.shape().str() << " on " << input.device().str() << " to " << fx.shape().str()
@@ -63,10 +65,7 @@ const Tensor& Residual::forward(const Tensor& input, const Pass& pass) {
 const Tensor& Residual::backward(const Tensor& gradOutput, const Pass& pass) {
   COHORT_CHECK(gradOutput.shape() == output_.shape()) << gradOutput.shape().str() << " vs " << output_.shape().str();
   // f's input gradient is only needed for ours; its parameter gradients do not depend on it.
-  const Tensor& fGrad = f_->backward(gradOutput, pass);
-  if (pass.gradReady && firstEntry_ < endEntry_ && !f_->reportsGradsReady()) {
-    pass.gradReady->gradsReady(firstEntry_, endEntry_);
-  }
+  const Tensor& fGrad = backwardOfUnit(pass, unit_, [&]() -> const Tensor& { return f_->backward(gradOutput, pass); });
   if (!pass.needInputGrad) return none_;  // gradInput_ keeps its memory for the next pass that needs it
   if (fGrad.shape() != gradOutput.shape()) {
     COHORT_THROW(InvalidArgument) << name() << ": f's backward returned an input gradient of " << fGrad.shape().str()

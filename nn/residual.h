@@ -6,9 +6,10 @@
 // added to a Sequential as "res0" around a Linear owns "res0.f.weight" and "res0.f.bias"; an empty
 // name registers them directly under the prefix. backward() computes dx = dy + f.backward(dy),
 // passing Pass::accumulateGrads (and the rest of the Pass) on to f; with Pass::needInputGrad false
-// it asks f for no input gradient either and returns an undefined Tensor. It tells Pass::gradReady
-// about f's entries after f's backward unless f reports its own (a Sequential inside), so
-// reportsGradsReady() is true and every entry is reported exactly once at any nesting.
+// it asks f for no input gradient either and returns an undefined Tensor. f's parameters are one
+// unit, named like their prefix ("res0.f"; nn/param_buffer.h, "Units"), of which Pass::units hears
+// around f's forward and backward — unless a container declared a unit around the Residual (a
+// Sequential's "res0"), which then wins, so every entry is reported exactly once at any nesting.
 // Buffers: the output and the input gradient are owned and sized per batch shape
 // (runtime::ensureShape); nothing is allocated in steady state. Devices: on CUDA tensors the two
 // additions are a device copy and an axpy on Pass::gpu's stream. Thread safety: as Module.
@@ -40,14 +41,13 @@ class Residual final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
-  bool reportsGradsReady() const override { return true; }
 
   Module& inner() { return *f_; }
 
  private:
   ModulePtr f_;
   std::string name_;
-  size_t firstEntry_ = 0, endEntry_ = 0;  // f's [first, end) ParamBuffer entries
+  std::optional<ParamBuffer::Unit> unit_;  // f's unit, when the Residual's is the outermost
   Tensor output_;
   Tensor gradInput_;
   Tensor none_;  // returned when no input gradient is asked for

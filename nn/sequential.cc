@@ -27,6 +27,7 @@ decltype(auto) naming(const std::string& name, F&& f) {
 Sequential& Sequential::add(ModulePtr module, const std::string& name) {
   names_.push_back(name.empty() ? std::to_string(modules_.size()) : name);
   modules_.push_back(std::move(module));
+  units_.emplace_back();
   return *this;
 }
 
@@ -34,7 +35,9 @@ void Sequential::registerParams(ParamBuffer& params, const std::string& prefix) 
   entries_.clear();
   for (size_t i = 0; i < modules_.size(); ++i) {
     size_t first = params.entries().size();
+    params.beginUnit(prefix + names_[i]);
     modules_[i]->registerParams(params, prefix + names_[i] + ".");
+    units_[i] = params.endUnit();
     entries_.emplace_back(first, params.entries().size());
   }
 }
@@ -55,7 +58,9 @@ const Tensor& Sequential::forward(const Tensor& input, const Pass& pass) {
   for (size_t i = 0; i < modules_.size(); ++i) {
     Module& m = *modules_[i];
     x = &naming(names_[i], [&]() -> const Tensor& {
-      return m.forward(precision::forChild(m, *x, inputCasts_[i], pass), precision::passFor(m, pass));
+      return forwardOfUnit(pass, units_[i], [&]() -> const Tensor& {
+        return m.forward(precision::forChild(m, *x, inputCasts_[i], pass), precision::passFor(m, pass));
+      });
     });
   }
   return *x;
@@ -76,12 +81,9 @@ const Tensor& Sequential::backward(const Tensor& gradOutput, const Pass& pass) {
   for (size_t i = modules_.size(); i-- > last;) {
     Pass p = precision::passFor(*modules_[i], pass);
     p.needInputGrad = i > firstWithParams || pass.needInputGrad;
-    g = &modules_[i]->backward(precision::forChild(*modules_[i], *g, gradCasts_[i], pass), p);
-    // A composite child reports its own entries; the listener hears each range once.
-    if (pass.gradReady && i < entries_.size() && entries_[i].first < entries_[i].second &&
-        !modules_[i]->reportsGradsReady()) {
-      pass.gradReady->gradsReady(entries_[i].first, entries_[i].second);
-    }
+    g = &backwardOfUnit(pass, units_[i], [&]() -> const Tensor& {
+      return modules_[i]->backward(precision::forChild(*modules_[i], *g, gradCasts_[i], pass), p);
+    });
   }
   if (!pass.needInputGrad && last > 0) return empty_;  // the prefix below `last` was skipped
   return modules_.empty() ? gradOutput : *g;

@@ -1,9 +1,10 @@
 // Sequential: modules applied in order. Owns its modules. Parameters of module i are registered
 // under "<i>.<name>" unless the module was added with a name ("fc1.weight").
 // backward() runs the modules in reverse, asking the first one for no input gradient unless the
-// caller's Pass asks for one, and tells Pass::gradReady after each module with parameters which
-// ParamBuffer entries it has just finished, unless that module reports its own
-// (Module::reportsGradsReady: a nested Sequential or Residual). An InvalidArgument a module throws
+// caller's Pass asks for one. Each module with parameters is a parameter unit named like its
+// parameters' prefix ("fc0", "block1" inside a nested Sequential declaring none of its own: the
+// outermost unit wins, nn/param_buffer.h), and Pass::units hears before and after its forward and
+// its backward (nn/module.h, "Units"). An InvalidArgument a module throws
 // from forward, outputShape or checkInputs reaches the caller as a LayerError naming it by its name
 // here, the one its parameters carry: "layer fc0: Linear(10 -> 16) got input of shape [32, 8]"
 // ("block1.fc0" inside a nested Sequential). Thread safety: as Module.
@@ -47,7 +48,6 @@ class Sequential final : public Module {
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
-  bool reportsGradsReady() const override { return true; }
   void checkInputs(const Pass& pass) const override;  // every module's, in order
 
   size_t size() const { return modules_.size(); }
@@ -59,6 +59,7 @@ class Sequential final : public Module {
   std::vector<ModulePtr> modules_;
   std::vector<std::string> names_;
   std::vector<std::pair<size_t, size_t>> entries_;  // each module's [first, end) ParamBuffer entries
+  std::vector<std::optional<ParamBuffer::Unit>> units_;  // each module's unit, if it declared one
   // A bf16 pass: fp32 copies of the inputs and gradients handed to children that take fp32 only
   // (nn/precision.h), one per child; a forward input stays alive until that child's backward.
   std::vector<Tensor> inputCasts_, gradCasts_;

@@ -54,11 +54,13 @@ void GradSync::broadcastParams() {
   comm_.broadcast(params_.values().data(), params_.numel(), 0)->wait(options_.timeout);
 }
 
-void GradSync::gradsReady(size_t firstEntry, size_t endEntry) {
+void GradSync::afterBackward(const nn::ParamBuffer::Unit& unit) {
   if (options_.timeline && options_.timeline->active()) lookForDoneBuckets();
-  for (size_t i = firstEntry; i < endEntry; ++i) {
+  // From the last entry down: of two buckets a unit completes, the later one's (lower index) starts
+  // first, so buckets start in index order, as finish() starts those nobody reported.
+  for (size_t i = unit.endEntry; i-- > unit.firstEntry;) {
     size_t b = bucketOfEntry_.at(i);
-    COHORT_CHECK(pending_[b] > 0) << "gradient of entry " << i << " reported twice in one step";
+    COHORT_CHECK(pending_[b] > 0) << "gradient of entry " << i << " (unit " << unit.name << ") reported twice in one step";
     if (--pending_[b] == 0) start(b);
   }
 }

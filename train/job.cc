@@ -336,7 +336,7 @@ nn::Pass Job::pass(const PassOptions& o) {
   pass.needInputGrad = false;
   pass.accumulateGrads = o.microBatch > 0;
   pass.rng = o.rng;
-  pass.gradReady = last ? strategy_->gradReady() : nullptr;
+  pass.units = last ? strategy_->unitListener() : nullptr;
   pass.gpu = gpu_.get();
   pass.precision = options_.precision;
   if (last) microBatches_ = o.microBatches;

@@ -23,7 +23,7 @@ class ReplicaStrategy final : public Strategy {
   // resolveBackend). Throws as collectives::makeCommunicator.
   ReplicaStrategy(const StrategyContext& context, const std::string& backend);
 
-  nn::GradReadyListener* gradReady() override { return gradSync_.get(); }
+  nn::UnitListener* unitListener() override { return gradSync_.get(); }
   StepResult step(const StepPlan& plan) override;
   uint64_t gradientReductions() const override { return gradSync_->allReducesIssued(); }
   void barrier(const std::string& what) override;

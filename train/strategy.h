@@ -3,8 +3,9 @@
 //
 // A strategy is made by Job::place() for the job's mode (train/job.cc; docs/architecture.md,
 // "Choosing the strategy") and borrows the model's ParamBuffer and the optimizer, whose memory it
-// has placed (private, a shared segment, a GPU share). The loop calls, per optimizer step: the listener gradReady() returns goes into the
-// backward pass that must synchronise (nullptr: nothing to overlap); then step(plan), which
+// has placed (private, a shared segment, a GPU share). The loop calls, per optimizer step: the
+// listener unitListener() returns goes into the pass (forward and backward) that must synchronise
+// (nn::Pass::units; nullptr: nothing to overlap); then step(plan), which
 // synchronises the gradients where the mode does, measures the gradient's global norm, and applies
 // the optimizer (clipped) unless the loss or the gradient is non-finite (train/step.h). Around it:
 //   barrier(what)   every rank, same names, same order;
@@ -83,7 +84,7 @@ class Strategy {
  public:
   virtual ~Strategy() = default;
 
-  virtual nn::GradReadyListener* gradReady() { return nullptr; }
+  virtual nn::UnitListener* unitListener() { return nullptr; }
   // Every rank that steps together decides alike: applied, or not and why (train/step.h).
   virtual StepResult step(const StepPlan& plan) = 0;
   virtual void barrier(const std::string& what) = 0;

@@ -1,6 +1,7 @@
 // nn::Gpt (issue 20, item 2): gradients against finite differences (the tied head and the two
 // embeddings included), nanoGPT's parameter names with the head stored once, GPT-2's
-// initialisation, and the context limit.
+// initialisation, the context limit, and its parameter units: their events in forward and backward
+// order, each unit's gradient final when its after-backward is told.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 #include "tests/nn/grad_check.h"
+#include "tests/nn/unit_recorder.h"
 
 namespace cohort::nn::testing {
 namespace {
@@ -57,6 +59,54 @@ TEST(Gpt, HasNanoGptsNamesWithTheHeadTiedToTheTokenEmbedding) {
   EXPECT_EQ(names[names.size() - 2], "transformer.ln_f.weight[8]");
   EXPECT_EQ(names.back(), "transformer.ln_f.bias[8]");
   EXPECT_EQ(names.size(), 2u + 2u * 12u + 2u);  // no lm_head: it is wte
+}
+
+TEST(Gpt, DeclaresItsEmbeddingsEachBlockAndTheFinalLayerNormAsUnits) {
+  Gpt m({.vocab = 11, .layers = 2, .heads = 2, .dim = 8, .context = 5});
+  ParamBuffer params;
+  m.registerParams(params, "");
+  std::vector<std::string> units;
+  for (const auto& u : params.units()) units.push_back(u.name + " " + std::to_string(u.endEntry - u.firstEntry));
+  EXPECT_EQ(units, (std::vector<std::string>{"transformer.embeddings 2", "transformer.h.0 12", "transformer.h.1 12",
+                                             "transformer.ln_f 2"}));
+  EXPECT_EQ(params.units().back().offset + params.units().back().numel, params.numel());
+}
+
+// The tied head reads wte after ln_f in forward and writes wte's gradient first in backward, so the
+// embeddings unit is open around everything else; its after-backward comes last, once the token
+// embedding's gradient has been added. Every unit's gradient, copied when its after-backward is
+// told, equals the gradient when backward returns: nothing writes it later (GradSync all-reduces it
+// from that moment).
+TEST(Gpt, TellsTheUnitsInForwardAndBackwardOrderWithEachGradientFinalWhenTold) {
+  Gpt m({.vocab = 7, .layers = 2, .heads = 2, .dim = 8, .context = 4});
+  ParamBuffer params;
+  bindParams(m, params, 25);
+  for (bool accumulate : {false, true}) {
+    UnitRecorder spy;
+    std::vector<std::pair<ParamBuffer::Unit, Tensor>> told;  // each unit's gradient at its after-backward
+    spy.onEvent = [&](const std::string& event, const ParamBuffer::Unit& u) {
+      if (event.rfind("after-backward", 0) != 0) return;
+      told.emplace_back(u, params.grads().narrowRows(static_cast<int64_t>(u.offset), static_cast<int64_t>(u.numel)).clone());
+    };
+    Pass pass;
+    pass.units = &spy;
+    pass.accumulateGrads = accumulate;
+    const Tensor& logits = m.forward(tokens(2, 4, 7, 26), pass);
+    m.backward(randomTensor(logits.shape(), 27), pass);
+    const std::vector<std::string> events = {
+        "before-forward transformer.embeddings", "before-forward transformer.h.0", "after-forward transformer.h.0",
+        "before-forward transformer.h.1",        "after-forward transformer.h.1",  "before-forward transformer.ln_f",
+        "after-forward transformer.ln_f",        "after-forward transformer.embeddings",
+        "before-backward transformer.embeddings", "before-backward transformer.ln_f", "after-backward transformer.ln_f",
+        "before-backward transformer.h.1",        "after-backward transformer.h.1",  "before-backward transformer.h.0",
+        "after-backward transformer.h.0",         "after-backward transformer.embeddings"};
+    EXPECT_EQ(spy.events, events);
+    ASSERT_EQ(told.size(), 4u);
+    for (const auto& [unit, grad] : told) {
+      const Tensor now = params.grads().narrowRows(static_cast<int64_t>(unit.offset), static_cast<int64_t>(unit.numel));
+      for (int64_t i = 0; i < grad.numel(); ++i) ASSERT_EQ(grad.at(i), now.at(i)) << unit.name << " element " << i;
+    }
+  }
 }
 
 TEST(Gpt, InitialisesAsGpt2) {

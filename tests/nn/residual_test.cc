@@ -1,5 +1,5 @@
-// Residual: gradients against finite differences, gradient-ready reporting at any nesting, shape
-// errors, and accumulation.
+// Residual: gradients against finite differences, its parameter unit and the events of each unit at
+// any nesting (inside a Sequential), shape errors, and accumulation.
 #include "nn/residual.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include "nn/sequential.h"
 #include "runtime/error.h"
 #include "tests/nn/grad_check.h"
+#include "tests/nn/unit_recorder.h"
 #include "tests/support/alloc_counter.h"
 
 namespace cohort::nn {
@@ -21,6 +22,8 @@ namespace {
 
 using testing::bindParams;
 using testing::randomTensor;
+using testing::UnitRecorder;
+using Ranges = std::vector<std::pair<size_t, size_t>>;
 
 ModulePtr mlpBlock(int64_t width) {
   auto block = std::make_unique<Sequential>();
@@ -29,13 +32,6 @@ ModulePtr mlpBlock(int64_t width) {
       .add(std::make_unique<Linear>(width, width), "fc1");
   return block;
 }
-
-// Every range it is told, in order.
-class RecordingListener final : public GradReadyListener {
- public:
-  void gradsReady(size_t first, size_t end) override { ranges.emplace_back(first, end); }
-  std::vector<std::pair<size_t, size_t>> ranges;
-};
 
 TEST(Residual, AroundALinearMatchesFiniteDifferences) {
   Residual res(std::make_unique<Linear>(4, 4));
@@ -84,8 +80,10 @@ TEST(Residual, ForwardAddsTheInputAndBackwardAddsTheGradient) {
   EXPECT_EQ(params.grads().at(3), -2.0f);
 }
 
-TEST(Residual, ReportsEveryEntryExactlyOnceAtAnyNesting) {
-  // fc0, res0 = Residual(Sequential(fc0, tanh, fc1)), res1 = Residual(Linear), fc1.
+TEST(Residual, InsideASequentialIsPartOfItsLayersUnitAndEveryEntryIsReportedOnce) {
+  // fc0, res0 = Residual(Sequential(fc0, tanh, fc1)), res1 = Residual(Linear), fc1: the
+  // Sequential's units are its top-level layers, which win over the Residuals' and the inner
+  // Sequential's own.
   Sequential net;
   net.add(std::make_unique<Linear>(3, 4), "fc0")
       .add(std::make_unique<Residual>(mlpBlock(4)), "res0")
@@ -98,40 +96,53 @@ TEST(Residual, ReportsEveryEntryExactlyOnceAtAnyNesting) {
       "res0.f.fc1.bias", "res1.f.weight", "res1.f.bias",       "fc1.weight",      "fc1.bias"};
   ASSERT_EQ(params.entries().size(), names.size());
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(params.entries()[i].name, names[i]);
+  ASSERT_EQ(params.units().size(), 4u);
+  for (const auto& u : params.units()) EXPECT_TRUE(u.declared) << u.name;
 
   for (bool needInputGrad : {false, true}) {
-    RecordingListener spy;
+    UnitRecorder spy;
     Pass pass;
     pass.needInputGrad = needInputGrad;
-    pass.gradReady = &spy;
+    pass.units = &spy;
     net.forward(randomTensor(Shape{2, 3}, 6), pass);
     net.backward(randomTensor(Shape{2, 2}, 7), pass);
-    // Backward order, one range per leaf module with parameters.
-    const std::vector<std::pair<size_t, size_t>> want = {{8, 10}, {6, 8}, {4, 6}, {2, 4}, {0, 2}};
-    EXPECT_EQ(spy.ranges, want) << "needInputGrad " << needInputGrad;
+    const std::vector<std::string> forward = {"fc0", "res0", "res1", "fc1"};
+    const std::vector<std::string> backward(forward.rbegin(), forward.rend());
+    EXPECT_EQ(spy.unitsOf("before-forward"), forward);
+    EXPECT_EQ(spy.unitsOf("after-forward"), forward);
+    EXPECT_EQ(spy.unitsOf("before-backward"), backward);
+    EXPECT_EQ(spy.unitsOf("after-backward"), backward);
+    EXPECT_EQ(spy.events[0], "before-forward fc0");
+    EXPECT_EQ(spy.events[1], "after-forward fc0");
+    EXPECT_EQ(spy.events[8], "before-backward fc1");
+    EXPECT_EQ(spy.events[9], "after-backward fc1");
+    EXPECT_EQ(spy.afterBackwardEntries, (Ranges{{8, 10}, {6, 8}, {2, 6}, {0, 2}})) << "needInputGrad " << needInputGrad;
   }
 }
 
-TEST(Residual, AtTheTopReportsItsModuleOrLetsItReport) {
-  using Ranges = std::vector<std::pair<size_t, size_t>>;
+TEST(Residual, AtTheTopDeclaresItsModuleAsOneUnit) {
   auto reported = [](Module& m) {
-    RecordingListener spy;
+    UnitRecorder spy;
     Pass pass;
-    pass.gradReady = &spy;
+    pass.units = &spy;
     m.forward(randomTensor(Shape{2, 3}, 9), pass);
     m.backward(randomTensor(Shape{2, 3}, 10), pass);
-    return spy.ranges;
+    return spy.afterBackwardEntries;
   };
   Residual nested(std::make_unique<Residual>(std::make_unique<Linear>(3, 3)), "outer");
   ParamBuffer params;
   bindParams(nested, params, 8);
   EXPECT_EQ(params.entries()[0].name, "outer.f.weight");
+  ASSERT_EQ(params.units().size(), 1u);
+  EXPECT_EQ(params.units()[0].name, "outer");
   EXPECT_EQ(reported(nested), (Ranges{{0, 2}}));
 
-  Residual aroundBlock(mlpBlock(3));
+  Residual aroundBlock(mlpBlock(3));  // the inner Sequential's units lose to the Residual's
   ParamBuffer blockParams;
   bindParams(aroundBlock, blockParams, 8);
-  EXPECT_EQ(reported(aroundBlock), (Ranges{{2, 4}, {0, 2}}));
+  ASSERT_EQ(blockParams.units().size(), 1u);
+  EXPECT_EQ(blockParams.units()[0].name, "f");
+  EXPECT_EQ(reported(aroundBlock), (Ranges{{0, 4}}));
 }
 
 TEST(Residual, ShapeChangingModuleIsRefusedNamingBothShapes) {
@@ -170,13 +181,13 @@ TEST(Residual, SteadyStateAllocatesNothing) {
   bindParams(net, params, 14);
   Tensor big = randomTensor(Shape{6, 4}, 15), small = randomTensor(Shape{3, 4}, 16);
   Tensor dyBig = randomTensor(Shape{6, 2}, 17), dySmall = randomTensor(Shape{3, 2}, 18);
-  class Counter final : public GradReadyListener {
+  class Counter final : public UnitListener {  // allocates nothing, unlike UnitRecorder
    public:
-    void gradsReady(size_t first, size_t end) override { reported += end - first; }
+    void afterBackward(const ParamBuffer::Unit& u) override { reported += u.endEntry - u.firstEntry; }
     size_t reported = 0;
   } counter;
   Pass pass;
-  pass.gradReady = &counter;
+  pass.units = &counter;
   net.forward(big, pass);
   net.backward(dyBig, pass);  // sizes every buffer for the largest batch
   long before = cohort::testing::allocationCount();

@@ -1,12 +1,18 @@
 // GradSync against a communicator that records what it is asked to do: bucket layout (module
 // boundaries, reverse order, tiling the flat buffer), a bucket's all-reduce starting as soon as its
-// modules finish backward (before earlier layers' backward), and finish() waiting for all of them.
+// units finish backward (before earlier layers' backward; the GPT's blocks too), and finish()
+// waiting for all of them.
 #include "train/grad_sync.h"
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "nn/loss.h"
 #include "nn/model_spec.h"
+#include "tests/nn/unit_recorder.h"
 
 namespace cohort::train {
 namespace {
@@ -56,20 +62,38 @@ class RecordingCommunicator final : public collectives::Communicator {
   int waits = 0;
 };
 
-// Records how many all-reduces had started when each module's gradients were reported.
-class SpyListener final : public nn::GradReadyListener {
- public:
-  SpyListener(GradSync& sync, RecordingCommunicator& comm) : sync_(sync), comm_(comm) {}
-  void gradsReady(size_t first, size_t end) override {
-    sync_.gradsReady(first, end);
-    startedAfter.push_back(comm_.calls.size());
+// Tells GradSync every event and records how many all-reduces had started after each
+// after-backward (GradSync's reaction included).
+struct StartedAfter {
+  StartedAfter(GradSync& sync, RecordingCommunicator& comm) : recorder(&sync) {
+    recorder.onEvent = [this, &comm](const std::string& event, const nn::ParamBuffer::Unit&) {
+      if (event.rfind("after-backward", 0) == 0) counts.push_back(comm.calls.size());
+    };
   }
-  std::vector<size_t> startedAfter;
-
- private:
-  GradSync& sync_;
-  RecordingCommunicator& comm_;
+  nn::testing::UnitRecorder recorder;
+  std::vector<size_t> counts;
 };
+
+std::unique_ptr<Model> initialisedModel(const std::string& spec) {
+  auto model = buildModel(spec);
+  model->params.allocate(runtime::cpuAllocator());
+  runtime::Rng rng(1);
+  model->net->resetParams(rng);
+  return model;
+}
+
+// One forward and backward of `model` on (x, targets), GradSync told every event; what was recorded.
+std::unique_ptr<StartedAfter> trainTelling(GradSync& sync, RecordingCommunicator& comm, Model& model, const Tensor& x,
+                                           const Tensor& targets) {
+  auto spy = std::make_unique<StartedAfter>(sync, comm);
+  Pass pass;
+  pass.needInputGrad = false;
+  pass.units = &spy->recorder;
+  SoftmaxCrossEntropy loss;
+  loss.forward(model.net->forward(x, pass), targets);
+  model.net->backward(loss.backward(), pass);
+  return spy;
+}
 
 TEST(GradSync, BucketsFollowModulesInReverseAndTileTheBuffer) {
   auto model = buildModel("mlp:784,512,256,10");
@@ -91,27 +115,17 @@ TEST(GradSync, BucketsFollowModulesInReverseAndTileTheBuffer) {
 }
 
 TEST(GradSync, ABucketStartsAsSoonAsItsModulesAreDoneAndFinishWaitsForAll) {
-  auto model = buildModel("mlp:784,512,256,10");
-  model->params.allocate(runtime::cpuAllocator());
-  runtime::Rng rng(1);
-  model->net->resetParams(rng);
+  auto model = initialisedModel("mlp:784,512,256,10");
   RecordingCommunicator comm;
   GradSync sync(comm, model->params, {});
-  SpyListener spy(sync, comm);
   Tensor x = Tensor::zeros(Shape{8, 784});
   Tensor y = Tensor::zeros(Shape{8});
-  SoftmaxCrossEntropy loss;
   for (int step = 0; step < 3; ++step) {
     comm.calls.clear();
-    spy.startedAfter.clear();
-    Pass pass;
-    pass.needInputGrad = false;
-    pass.gradReady = &spy;
-    loss.forward(model->net->forward(x, pass), y);
-    model->net->backward(loss.backward(), pass);
+    const auto spy = trainTelling(sync, comm, *model, x, y);
     // Backward reports fc2, fc1, fc0 in that order; bucket 0 (fc1 + fc2) starts when fc1 is done,
     // i.e. before fc0's backward, and bucket 1 when fc0 is.
-    ASSERT_EQ(spy.startedAfter, (std::vector<size_t>{0, 1, 2})) << "step " << step;
+    ASSERT_EQ(spy->counts, (std::vector<size_t>{0, 1, 2})) << "step " << step;
     int waitsBefore = comm.waits;
     sync.finish();
     EXPECT_EQ(comm.waits - waitsBefore, 2);
@@ -120,6 +134,30 @@ TEST(GradSync, ABucketStartsAsSoonAsItsModulesAreDoneAndFinishWaitsForAll) {
     EXPECT_EQ(comm.calls[0].count, sync.buckets()[0].count);
     EXPECT_EQ(comm.calls[0].op, ReduceOp::kAvg);
     EXPECT_EQ(comm.calls[1].data, model->params.grads().data());
+  }
+}
+
+// The GPT reports its units during backward (ln_f, h.1, h.0, embeddings), so its buckets start
+// while backward goes on, in bucket order: with one module per bucket, ln_f's when ln_f is done,
+// each block's six modules when that block is, and only wte's and wpe's at the end.
+TEST(GradSync, AGptsBucketsStartWhileBackwardGoesOn) {
+  auto model = initialisedModel("gpt:layers=2,heads=2,dim=16,ctx=8,vocab=32");
+  RecordingCommunicator comm;
+  GradSync sync(comm, model->params, {.bucketBytes = 1, .firstBucketBytes = 1});
+  ASSERT_EQ(sync.buckets().size(), 15u);  // ln_f, 2 × 6 modules of a block, wpe, wte
+  Tensor ids = Tensor::zeros(Shape{2, 8});
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.at(i) = static_cast<float>(i % 32);
+  for (int step = 0; step < 2; ++step) {
+    comm.calls.clear();
+    const auto spy = trainTelling(sync, comm, *model, ids, ids);
+    EXPECT_EQ(spy->recorder.unitsOf("after-backward"),
+              (std::vector<std::string>{"transformer.ln_f", "transformer.h.1", "transformer.h.0", "transformer.embeddings"}));
+    EXPECT_EQ(spy->counts, (std::vector<size_t>{1, 7, 13, 15})) << "step " << step;
+    sync.finish();
+    ASSERT_EQ(comm.calls.size(), 15u) << "finish() started nothing more";
+    for (size_t b = 0; b < comm.calls.size(); ++b) {
+      EXPECT_EQ(comm.calls[b].data, model->params.grads().data() + sync.buckets()[b].offset) << "bucket " << b;
+    }
   }
 }
 
