@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 
+#include "bench/overlap_bench.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/model_spec.h"
@@ -33,7 +34,7 @@ using runtime::Shape;
 using runtime::Tensor;
 
 void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
-  c.add_option("--model", o.model, "mlp:… | cnn:lenet | cnn:rosetta | gpt:… (GPU only)")->capture_default_str();
+  c.add_option("--model", o.model, "mlp:… | cnn:lenet | cnn:rosetta | gpt:… (GPU only in --mode local)")->capture_default_str();
   c.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   c.add_option("--threads", o.threads, "BLAS thread counts to measure")->delimiter(',')->capture_default_str();
   c.add_option("--repeats", o.repeats, "runs per thread count (median reported)")->capture_default_str();
@@ -45,6 +46,19 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
   c.add_flag("--tf32", o.tf32, "--device cuda: TF32 tensor cores for fp32 matrix products and convolutions (as cohort train's)");
   c.add_option("--samples", o.samples, "training samples per run (default: 60000 for MNIST-shaped models, 5000 for "
                                        "cnn:rosetta, the peers' figures)");
+  c.add_option("--mode", o.mode, "local | allreduce (under cohortrun: data-parallel step time with and without "
+                                 "backward overlap)")
+      ->capture_default_str();
+  c.add_option("--overlap", o.overlap, "--mode allreduce: the sides to measure, in turn (on, off)")
+      ->delimiter(',')
+      ->capture_default_str();
+}
+
+bool isGpt(const std::string& model) { return model.rfind("gpt:", 0) == 0; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 namespace {
@@ -52,8 +66,6 @@ namespace {
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 constexpr int kWarmupSteps = 20;
-
-bool isGpt(const std::string& model) { return model.rfind("gpt:", 0) == 0; }
 
 // A GPT's throughput does not depend on which tokens it reads: windows of random bytes (seeded), as
 // many as `windows` train samples need.
@@ -64,11 +76,6 @@ std::unique_ptr<runtime::data::Dataset> randomText(int64_t context, int64_t wind
   runtime::Rng rng(7);
   for (char& c : text) c = static_cast<char>(rng.nextU64() & 0xff);
   return runtime::data::textDataset(text, "random bytes", {.context = context, .seed = 1}, runtime::data::Split::kTrain);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // The GEMMs one training step of an MLP runs, as (m, n, k, transA, transB).
@@ -194,9 +201,25 @@ TrainRun trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& dat
 
 }  // namespace
 
+std::unique_ptr<runtime::data::Dataset> benchData(const std::string& model, int64_t samples, int64_t batchSize) {
+  auto probe = nn::buildModel(model);
+  const bool cifarShaped = probe->sampleShape.numel() == 3 * 32 * 32;
+  const int64_t context = probe->sampleShape.numel();
+  auto data = isGpt(model)  ? randomText(context, std::max<int64_t>(samples, kWarmupSteps * batchSize))
+              : cifarShaped ? runtime::data::syntheticCifar(std::max<int64_t>(samples, batchSize))
+                            : runtime::data::syntheticMnist(runtime::data::Split::kTrain);
+  if (data->sampleShape().numel() != probe->sampleShape.numel()) {
+    COHORT_THROW(InvalidArgument) << "bench train: model " << model << " takes " << probe->sampleShape.numel()
+                                  << " inputs; the benchmark has synthetic MNIST- (784) and CIFAR-shaped (3072) data";
+  }
+  return data;
+}
+
 int runTrainBench(const TrainBenchOptions& options) {
   TrainBenchOptions o = options;
   if (o.repeats < 1 || o.batchSize < 1 || o.samples < 0) COHORT_THROW(InvalidArgument) << "bench train: counts must be positive";
+  if (o.mode == "allreduce") return runOverlapBench(o);
+  if (o.mode != "local") COHORT_THROW(InvalidArgument) << "bench train: --mode is local or allreduce, got '" << o.mode << "'";
   runtime::parseConvAlgorithms(o.convAlgorithms);  // an unknown name fails before anything runs
   const runtime::DType precision = runtime::parseDType(o.precision, "--precision");
   const runtime::Device device = runtime::selectDevice(o.device, 0);
@@ -216,13 +239,7 @@ int runTrainBench(const TrainBenchOptions& options) {
   const bool cifarShaped = probe->sampleShape.numel() == 3 * 32 * 32;
   if (o.samples == 0) o.samples = gpt ? 30 * o.batchSize : cifarShaped ? runtime::data::kSyntheticCifarTrainSize : 60000;
   const int64_t context = probe->sampleShape.numel();
-  auto data = gpt           ? randomText(context, std::max<int64_t>(o.samples, kWarmupSteps * o.batchSize))
-              : cifarShaped ? runtime::data::syntheticCifar(std::max<int64_t>(o.samples, o.batchSize))
-                            : runtime::data::syntheticMnist(runtime::data::Split::kTrain);
-  if (data->sampleShape().numel() != probe->sampleShape.numel()) {
-    COHORT_THROW(InvalidArgument) << "bench train: model " << o.model << " takes " << probe->sampleShape.numel()
-                                  << " inputs; the benchmark has synthetic MNIST- (784) and CIFAR-shaped (3072) data";
-  }
+  auto data = benchData(o.model, o.samples, o.batchSize);
   if (device.isCuda()) {
     std::vector<double> runs;
     double peakGib = 0;

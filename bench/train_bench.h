@@ -12,10 +12,14 @@
 // on windows of random bytes, --samples windows (default 30 batches) after 20 warm-up steps, and its
 // line adds tokens_per_s. Every figure is the steady state: the warm-up steps, the data set's
 // making and the model's start-up are outside the clock, which stops when the stream is done.
+// With --mode allreduce (under cohortrun) it measures data-parallel steps instead: bench/overlap_bench.h.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "runtime/data/dataset.h"
 
 namespace CLI {
 class App;
@@ -33,9 +37,20 @@ struct TrainBenchOptions {
   std::string convAlgorithms = "fastest";  // --device cuda: the cuDNN algorithms allowed (runtime/gpu_options.h)
   std::string precision = "fp32";          // --device cuda: fp32 | bf16 (as cohort train's --precision)
   bool tf32 = false;                       // --device cuda: TF32 for fp32 matrix products
+  // "local" (one process, above) or "allreduce": several ranks, the step time with and without
+  // backward overlap (bench/overlap_bench.h).
+  std::string mode = "local";
+  std::vector<std::string> overlap = {"on", "off"};  // --mode allreduce: the sides measured, in turn
 };
 
 void addTrainBenchFlags(CLI::App& command, TrainBenchOptions& options);
 int runTrainBench(const TrainBenchOptions& options);
+
+// Shared with bench/overlap_bench.cc: the bench's data for `model` (random byte windows for a GPT,
+// at least `samples` of them; the peers' synthetic sets otherwise); InvalidArgument for a model of
+// another input shape.
+std::unique_ptr<runtime::data::Dataset> benchData(const std::string& model, int64_t samples, int64_t batchSize);
+bool isGpt(const std::string& model);
+double median(std::vector<double> values);
 
 }  // namespace cohort::bench
