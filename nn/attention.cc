@@ -78,9 +78,11 @@ void CausalSelfAttention::registerParams(ParamBuffer& params, const std::string&
   cProj_.registerParams(params, prefix + "c_proj.");
 }
 
-void CausalSelfAttention::resetParams(runtime::Rng& rng) {
-  cAttn_.resetParams(rng);
-  cProj_.resetParams(rng);
+void CausalSelfAttention::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
+
+void CausalSelfAttention::planInit(InitPlan& plan) const {
+  cAttn_.planInit(plan);
+  cProj_.planInit(plan);
 }
 
 Shape CausalSelfAttention::outputShape(const Shape& input) const {

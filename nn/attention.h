@@ -39,14 +39,15 @@ struct AttentionOptions {
   int64_t heads = 1;  // H
 };
 
-class CausalSelfAttention final : public Module {
+class CausalSelfAttention final : public Module, public PlannedInit {
  public:
   // InvalidArgument when dim or heads is not positive or dim is not a multiple of heads.
   explicit CausalSelfAttention(const AttentionOptions& options);
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
-  void resetParams(runtime::Rng& rng) override;
+  void resetParams(runtime::Rng& rng) override;  // resetByPlan
+  void planInit(InitPlan& plan) const override;    // c_attn's, then c_proj's
   // [B, T, D] -> [B, T, D]; InvalidArgument for any other rank or width.
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;

@@ -24,10 +24,6 @@ const GptOptions& checked(const GptOptions& o) {
   return o;
 }
 
-void fillNormal(const Tensor& t, float std, runtime::Rng& rng) {
-  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = static_cast<float>(rng.normal()) * std;
-}
-
 }  // namespace
 
 Gpt::Gpt(const GptOptions& o)
@@ -62,19 +58,23 @@ void Gpt::registerParams(ParamBuffer& params, const std::string& prefix) {
   lnFUnit_ = params.endUnit();
 }
 
-void Gpt::resetParams(runtime::Rng& rng) {
-  wte_.resetParams(rng);  // normal(0, 0.02)
-  wpe_.resetParams(rng);
+void Gpt::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
+
+void Gpt::planInit(InitPlan& plan) const {
+  wte_.planInit(plan);  // normal(0, 0.02)
+  wpe_.planInit(plan);
   const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(options_.layers));
-  for (auto& block : blocks_) {
-    block->resetParams(rng);  // LayerNorms 1 and 0; the Linears are redrawn below
-    for (Linear* l : {&block->attn().cAttn(), &block->attn().cProj(), &block->mlpFc(), &block->mlpProjection()}) {
+  for (const auto& block : blocks_) {
+    // LayerNorms 1 and 0, and the Linears uniform: those draws stay consumed (the values are GPT-2's
+    // since Cohort's first GPT), but the fills below replace them, so they are never computed.
+    block->planInit(plan);
+    for (const Linear* l : {&block->attn().cAttn(), &block->attn().cProj(), &block->mlpFc(), &block->mlpProjection()}) {
       const bool projection = l == &block->attn().cProj() || l == &block->mlpProjection();
-      fillNormal(l->weight(), projection ? residual : 0.02f, rng);
-      l->bias().fill(0.0f);
+      plan.normal(l->weightTarget(), projection ? residual : 0.02f, InitPlan::NormalScale::kFloat);
+      plan.constant(l->biasTarget(), 0.0f);
     }
   }
-  lnF_.resetParams(rng);
+  lnF_.planInit(plan);
 }
 
 Shape Gpt::outputShape(const Shape& input) const {

@@ -9,7 +9,8 @@
 // Input: token ids [B, T] (whole-number floats, T <= context); output: logits [B, T, V].
 // resetParams is GPT-2's initialisation: every Linear weight and both embeddings normal(0, 0.02),
 // the residual projections (attn.c_proj and mlp.c_proj weights) normal(0, 0.02/√(2L)), biases 0,
-// LayerNorms 1 and 0. Backward: the head's weight gradient dlogitsᵀ·x is written first (or added,
+// LayerNorms 1 and 0, planned (planInit, nn/init_plan.h) so that a rank can fill its pieces alone.
+// Backward: the head's weight gradient dlogitsᵀ·x is written first (or added,
 // with Pass::accumulateGrads), then the token embedding's is added to it; the ids get no gradient.
 // Parameter units (nn/param_buffer.h, "Units"), in forward order: "transformer.embeddings" (wte
 // and wpe), each block "transformer.h.<i>", "transformer.ln_f". The head is tied to wte, so the
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "nn/embedding.h"
+#include "nn/init_plan.h"
 #include "nn/layer_norm.h"
 #include "nn/module.h"
 #include "nn/transformer_block.h"
@@ -42,14 +44,15 @@ struct GptOptions {
   int64_t context = 64;
 };
 
-class Gpt final : public Module {
+class Gpt final : public Module, public PlannedInit {
  public:
   // InvalidArgument for a non-positive size or a width that the heads do not divide.
   explicit Gpt(const GptOptions& options);
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
-  void resetParams(runtime::Rng& rng) override;
+  void resetParams(runtime::Rng& rng) override;  // resetByPlan
+  void planInit(InitPlan& plan) const override;
   // [B, T] -> [B, T, V]; InvalidArgument for another rank or T outside 1..context.
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;

@@ -10,7 +10,9 @@
 //   2. The owner binds the ParamBuffer (allocate, attach or relocate): from then on the registered
 //      Tensor members view the flat value and gradient buffers; the module must not reassign them,
 //      nor keep their data() pointers across calls (ParamBuffer::relocate moves the memory).
-//   3. resetParams(rng): initialise the values (on the CPU, before any relocation to a GPU).
+//   3. resetParams(rng): initialise the values (on the CPU, before any relocation to a GPU). A
+//      module whose draws can be written down also implements nn::PlannedInit (nn/init_plan.h), as
+//      every built-in layer does: then a rank of a sharded job can fill its pieces of the model alone.
 //   4. forward and backward alternate: each backward() belongs to the forward() just before it, with
 //      the same batch shape. forward() may be called alone (evaluation) any number of times.
 // forward(input, pass) keeps what backward needs (a handle to its input or output; Tensors are

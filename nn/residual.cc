@@ -38,7 +38,9 @@ void Residual::registerParams(ParamBuffer& params, const std::string& prefix) {
   const std::string fPrefix = name_.empty() ? prefix : prefix + name_ + ".";
   // The unit is named like its parameters' prefix; at the very top with no name, "f" names it.
   params.beginUnit(fPrefix.empty() ? "f" : fPrefix.substr(0, fPrefix.size() - 1));
+  const size_t first = params.entries().size();
   f_->registerParams(params, fPrefix);
+  fEntries_ = params.entries().size() - first;
   unit_ = params.endUnit();
 }
 

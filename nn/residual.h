@@ -21,6 +21,7 @@
 
 #include <string>
 
+#include "nn/init_plan.h"
 #include "nn/module.h"
 
 namespace cohort::nn {
@@ -30,7 +31,7 @@ namespace cohort::nn {
 // TransformerBlock. a and out are fp32; on a GPU b may be bf16 (a bf16 branch's output), widened.
 void addInto(Tensor& out, const Tensor& a, const Tensor& b, const Pass& pass);
 
-class Residual final : public Module {
+class Residual final : public Module, public PlannedInit {
  public:
   // Throws InvalidArgument when f is null.
   explicit Residual(ModulePtr f, std::string name = "f");
@@ -38,6 +39,8 @@ class Residual final : public Module {
   std::string name() const override { return "Residual(" + f_->name() + ")"; }
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
   void resetParams(runtime::Rng& rng) override { f_->resetParams(rng); }
+  // f's plan; InvalidArgument naming f when f has parameters and cannot be planned.
+  void planInit(InitPlan& plan) const override { planChild(*f_, 0, fEntries_, plan); }
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
@@ -48,6 +51,7 @@ class Residual final : public Module {
   ModulePtr f_;
   std::string name_;
   std::optional<ParamBuffer::Unit> unit_;  // f's unit, when the Residual's is the outermost
+  size_t fEntries_ = 0;                    // how many parameters f registered
   Tensor output_;
   Tensor gradInput_;
   Tensor none_;  // returned when no input gradient is asked for

@@ -46,6 +46,13 @@ void Sequential::resetParams(runtime::Rng& rng) {
   for (auto& m : modules_) m->resetParams(rng);
 }
 
+void Sequential::planInit(InitPlan& plan) const {
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    const auto [first, end] = i < entries_.size() ? entries_[i] : std::pair<size_t, size_t>{0, 0};
+    naming(names_[i], [&] { planChild(*modules_[i], first, end, plan); });
+  }
+}
+
 Shape Sequential::outputShape(const Shape& input) const {
   Shape s = input;
   for (size_t i = 0; i < modules_.size(); ++i) s = naming(names_[i], [&] { return modules_[i]->outputShape(s); });

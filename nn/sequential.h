@@ -7,12 +7,16 @@
 // its backward (nn/module.h, "Units"). An InvalidArgument a module throws
 // from forward, outputShape or checkInputs reaches the caller as a LayerError naming it by its name
 // here, the one its parameters carry: "layer fc0: Linear(10 -> 16) got input of shape [32, 8]"
-// ("block1.fc0" inside a nested Sequential). Thread safety: as Module.
+// ("block1.fc0" inside a nested Sequential). planInit (nn/init_plan.h) plans its modules in order;
+// resetParams still calls each module's resetParams, so a user's module that draws in its own
+// resetParams initialises a whole model as before, while planning a model holding it throws a
+// LayerError naming it. Thread safety: as Module.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "nn/init_plan.h"
 #include "nn/module.h"
 #include "runtime/error.h"
 
@@ -31,7 +35,7 @@ class LayerError : public InvalidArgument {
   std::string path_, detail_;
 };
 
-class Sequential final : public Module {
+class Sequential final : public Module, public PlannedInit {
  public:
   Sequential() = default;
   Sequential& add(ModulePtr module, const std::string& name = "");
@@ -45,6 +49,7 @@ class Sequential final : public Module {
   bool takesBf16() const override { return true; }
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
   void resetParams(runtime::Rng& rng) override;
+  void planInit(InitPlan& plan) const override;
   Shape outputShape(const Shape& input) const override;
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;

@@ -37,12 +37,14 @@ void TransformerBlock::registerParams(ParamBuffer& params, const std::string& pr
   mlpProj_.registerParams(params, prefix + "mlp.c_proj.");
 }
 
-void TransformerBlock::resetParams(runtime::Rng& rng) {
-  ln1_.resetParams(rng);
-  attn_.resetParams(rng);
-  ln2_.resetParams(rng);
-  fc_.resetParams(rng);
-  mlpProj_.resetParams(rng);
+void TransformerBlock::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
+
+void TransformerBlock::planInit(InitPlan& plan) const {
+  ln1_.planInit(plan);
+  attn_.planInit(plan);
+  ln2_.planInit(plan);
+  fc_.planInit(plan);
+  mlpProj_.planInit(plan);
 }
 
 // In a bf16 pass the residual stream (x, h, the output and their gradients) stays fp32 and everything

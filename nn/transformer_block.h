@@ -20,14 +20,15 @@
 
 namespace cohort::nn {
 
-class TransformerBlock final : public Module {
+class TransformerBlock final : public Module, public PlannedInit {
  public:
   // InvalidArgument as CausalSelfAttention's (dim a positive multiple of heads).
   explicit TransformerBlock(const AttentionOptions& options);
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
-  void resetParams(runtime::Rng& rng) override;
+  void resetParams(runtime::Rng& rng) override;  // resetByPlan
+  void planInit(InitPlan& plan) const override;    // its layers' plans, in forward order
   Shape outputShape(const Shape& input) const override { return attn_.outputShape(input); }
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
