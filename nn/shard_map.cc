@@ -4,6 +4,7 @@
 #include <limits>
 #include <set>
 
+#include "nn/param_buffer.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -76,6 +77,18 @@ void ShardMap::pack(const float* flat, int rank, float* shard) const {
 void ShardMap::unpack(const float* shard, int rank, float* flat) const {
   for (const Piece& p : pieces(rank))
     std::copy(shard + p.shardOffset, shard + p.shardOffset + p.realNumel(), flat + p.flatBegin);
+}
+
+ShardMap shardMapOf(const ParamBuffer& params, const ShardMap::Options& options) {
+  std::vector<ShardMap::Unit> units;
+  size_t offset = 0;
+  for (const ParamBuffer::Unit& u : params.units()) {
+    COHORT_CHECK(u.offset == offset) << "unit " << u.name << " starts at " << u.offset << ", not " << offset;
+    units.push_back({.name = u.name, .numel = u.numel});
+    offset += u.numel;
+  }
+  COHORT_CHECK(offset == params.numel()) << "the units cover " << offset << " of " << params.numel() << " elements";
+  return ShardMap(std::move(units), options);
 }
 
 }  // namespace cohort::nn

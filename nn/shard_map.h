@@ -13,8 +13,8 @@
 // offset, shardOffset(u), on every rank: a reduce-scatter or all-gather per unit works on equal
 // chunks, and the unit's padded buffer is the W pieces in rank order.
 //
-// Value type; immutable after construction; any thread may read it. Built today from a plain list
-// of unit sizes; a factory from nn::ParamBuffer's units is to come with them (issue 45, item 1).
+// Value type; immutable after construction; any thread may read it. Built from a plain list of unit
+// sizes, or from a model's ParamBuffer (shardMapOf: its units, which tile its flat buffer).
 //
 //   nn::ShardMap map({{"wte", 3200}, {"h.0", 12608}, {"ln_f", 64}}, {.worldSize = 3, .rank = 1});
 //   for (size_t u = 0; u < map.units(); ++u) {
@@ -27,6 +27,8 @@
 #include <vector>
 
 namespace cohort::nn {
+
+class ParamBuffer;
 
 class ShardMap {
  public:
@@ -88,5 +90,10 @@ class ShardMap {
   size_t numel_ = 0;
   size_t shardNumel_ = 0;
 };
+
+// The map of `params`' units (ParamBuffer::units(): a GPT's embeddings, blocks and final LayerNorm,
+// a Sequential's top-level layers, the user's declared groups), in order; they tile its flat buffer,
+// alignment padding included, so the map's numel() is params.numel().
+ShardMap shardMapOf(const ParamBuffer& params, const ShardMap::Options& options);
 
 }  // namespace cohort::nn

@@ -6,7 +6,9 @@
 // drawing it replaced.)
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "nn/activation.h"
 #include "nn/gpt.h"
@@ -14,6 +16,7 @@
 #include "nn/linear.h"
 #include "nn/residual.h"
 #include "nn/sequential.h"
+#include "nn/shard_map.h"
 #include "runtime/error.h"
 #include "tests/nn/piecewise_init.h"
 
@@ -57,6 +60,35 @@ TEST(InitPlanComposite, NestedMlpPiecesEqualTheWholeModelsSlices) {
       .plan = planModel,
       .seed = 99,
   });
+}
+
+// The map of a GPT's own units (shardMapOf): one unit per block, the embeddings and the final
+// LayerNorm, tiling the buffer; each rank's shard filled from the plan is the whole model's packed.
+TEST(InitPlanComposite, AGptsShardsFromItsOwnUnitsEqualTheWholeModelPacked) {
+  const GptOptions o{.vocab = 100, .layers = 3, .heads = 2, .dim = 32, .context = 16};
+  Gpt whole(o);
+  ParamBuffer wholeParams;
+  whole.registerParams(wholeParams, "");
+  wholeParams.allocate(runtime::cpuAllocator());
+  Rng rng(77);
+  whole.resetParams(rng);
+  Gpt planned(o);  // never bound: no rank holds the whole model
+  ParamBuffer params;
+  planned.registerParams(params, "");
+  const InitPlan plan = planModel(planned, Rng(77));
+  for (int world = 1; world <= 4; ++world) {
+    for (int rank = 0; rank < world; ++rank) {
+      const ShardMap map = shardMapOf(params, {.worldSize = world, .rank = rank});
+      ASSERT_EQ(map.numel(), params.numel());
+      ASSERT_EQ(map.units(), params.units().size());
+      EXPECT_GE(map.units(), static_cast<size_t>(o.layers) + 2) << "the blocks, the embeddings and ln_f";
+      std::vector<float> shard(map.shardNumel(), -1.0f), expected(map.shardNumel(), 0.0f);
+      plan.fillShard(params, map, rank, shard.data());
+      map.pack(wholeParams.values().data(), rank, expected.data());
+      ASSERT_EQ(std::memcmp(shard.data(), expected.data(), shard.size() * sizeof(float)), 0)
+          << "rank " << rank << " of " << world;
+    }
+  }
 }
 
 // The message planning `net` throws (empty when it does not).
