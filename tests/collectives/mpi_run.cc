@@ -48,6 +48,9 @@ MpirunResult runMpirun(const MpirunOptions& options) {
   // inherited TMPDIR is dropped above: getenv() would find it before this one.
   const char* tmp = std::getenv("TEST_TMPDIR");
   env.push_back(std::string("TMPDIR=") + (tmp && *tmp ? tmp : "/tmp"));
+  // Its shared-memory transport's segments too (vader: /dev/shm by default, named after a job id
+  // that two sandboxed tests' mpiruns with the same pid share: tests/support/process.cc).
+  if (tmp && *tmp) env.push_back(std::string("OMPI_MCA_btl_vader_backing_directory=") + tmp);
   std::vector<char*> argvPtrs, envPtrs;
   for (auto& a : args) argvPtrs.push_back(a.data());
   argvPtrs.push_back(nullptr);

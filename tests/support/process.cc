@@ -95,17 +95,24 @@ CommandResult runCommand(const std::vector<std::string>& argv, const CommandOpti
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  // TMPDIR is the test's own directory unless the test sets one (Bazel gives every test TMPDIR=/tmp).
+  // TMPDIR is the test's own directory unless the test sets one (Bazel gives every test TMPDIR=/tmp),
+  // and so is the directory of Open MPI's shared-memory transport (vader: /dev/shm by default).
   // Open MPI keeps mpirun's session directory there, <TMPDIR>/ompi.<host>.<uid>/pid.<mpirun's pid>:
   // concurrent tests' mpiruns race to create the first level, and in Bazel's sandboxes (a pid
   // namespace each) two mpiruns can have the same pid, so one job's ranks reach the other's server
-  // ("getting local rank failed", examples_test 1 run in 20 with the cores loaded).
+  // ("getting local rank failed", examples_test 1 run in 20 with the cores loaded). Apart, their
+  // ranks still named their vader segments /dev/shm/vader_segment.<host>.<job id from the pid>.<rank>
+  // alike and mapped each other's (a SIGSEGV in mca_btl_vader_poll_handle_frag, 8 runs in 40).
   const std::string ownTmp = privateTmpdir(options.extraEnvironment);
   std::vector<char*> env;
   for (char** e = environ; *e; ++e) {
     if (!isJobVariable(*e) && (ownTmp.empty() || std::strncmp(*e, "TMPDIR=", 7) != 0)) env.push_back(*e);
   }
-  if (!ownTmp.empty()) env.push_back(const_cast<char*>(ownTmp.c_str()));
+  const std::string ownVader = ownTmp.empty() ? std::string() : "OMPI_MCA_btl_vader_backing_directory=" + ownTmp.substr(7);
+  if (!ownTmp.empty()) {
+    env.push_back(const_cast<char*>(ownTmp.c_str()));
+    env.push_back(const_cast<char*>(ownVader.c_str()));
+  }
   for (const std::string& extra : options.extraEnvironment) env.push_back(const_cast<char*>(extra.c_str()));
   env.push_back(nullptr);
   const char* cwd = options.workingDirectory.empty() ? nullptr : options.workingDirectory.c_str();
