@@ -91,7 +91,8 @@ double timeRun(train::Job& job, nn::Model& model, nn::Loss& loss, Batches& batch
   job.barrier("overlap-bench-run");
   const auto start = Clock::now();
   for (int64_t i = 0; i < steps; ++i) trainStep(job, model, loss, batches, overlap);
-  std::array<double, 1> seconds{std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(steps)};
+  std::array<double, 1> seconds{std::chrono::duration<double>(Clock::now() - start).count() /
+                                static_cast<double>(steps)};
   job.reduce(seconds, train::Reduce::kMax);
   return seconds[0];
 }
@@ -101,7 +102,8 @@ double timeRun(train::Job& job, nn::Model& model, nn::Loss& loss, Batches& batch
 int runOverlapBench(const TrainBenchOptions& o) {
   std::vector<bool> sides;
   for (const std::string& side : o.overlap) {
-    if (side != "on" && side != "off") COHORT_THROW(InvalidArgument) << "bench train: --overlap takes on and off, got '" << side << "'";
+    if (side != "on" && side != "off")
+      COHORT_THROW(InvalidArgument) << "bench train: --overlap takes on and off, got '" << side << "'";
     sides.push_back(side == "on");
   }
   if (sides.empty()) COHORT_THROW(InvalidArgument) << "bench train: --overlap needs at least one of on, off";
@@ -128,9 +130,10 @@ int runOverlapBench(const TrainBenchOptions& o) {
   const int workers = job.world().worldSize;
   const bool print = job.world().rank == 0;
   if (print) {
-    std::printf("# %s: %zu parameters in %zu units, %d workers, batch %lld per worker, %lld steps per run after %d warm-up\n",
-                o.model.c_str(), model->params.numel(), model->params.units().size(), workers,
-                static_cast<long long>(o.batchSize), static_cast<long long>(steps), kWarmupSteps);
+    std::printf(
+        "# %s: %zu parameters in %zu units, %d workers, batch %lld per worker, %lld steps per run after %d warm-up\n",
+        o.model.c_str(), model->params.numel(), model->params.units().size(), workers,
+        static_cast<long long>(o.batchSize), static_cast<long long>(steps), kWarmupSteps);
     std::fflush(stdout);
   }
   std::vector<std::vector<double>> runs(sides.size());
@@ -141,17 +144,18 @@ int runOverlapBench(const TrainBenchOptions& o) {
   for (size_t s = 0; s < sides.size(); ++s) {
     medians.push_back(median(runs[s]));
     if (!print) continue;
-    std::printf("RESULT bench=train_allreduce model=%s device=%s workers=%d batch=%lld overlap=%s step_ms=%.2f min=%.2f max=%.2f "
-                "samples_per_s=%.0f\n",
-                o.model.c_str(), o.device.c_str(), workers, static_cast<long long>(o.batchSize), sides[s] ? "on" : "off",
-                1e3 * medians[s], 1e3 * *std::min_element(runs[s].begin(), runs[s].end()),
-                1e3 * *std::max_element(runs[s].begin(), runs[s].end()),
-                static_cast<double>(workers * o.batchSize) / medians[s]);
+    std::printf(
+        "RESULT bench=train_allreduce model=%s device=%s workers=%d batch=%lld overlap=%s step_ms=%.2f min=%.2f "
+        "max=%.2f samples_per_s=%.0f\n",
+        o.model.c_str(), o.device.c_str(), workers, static_cast<long long>(o.batchSize), sides[s] ? "on" : "off",
+        1e3 * medians[s], 1e3 * *std::min_element(runs[s].begin(), runs[s].end()),
+        1e3 * *std::max_element(runs[s].begin(), runs[s].end()),
+        static_cast<double>(workers * o.batchSize) / medians[s]);
   }
   const auto on = std::find(sides.begin(), sides.end(), true), off = std::find(sides.begin(), sides.end(), false);
   if (print && on != sides.end() && off != sides.end()) {
-    std::printf("RESULT bench=train_allreduce model=%s device=%s workers=%d off_over_on=%.3f\n", o.model.c_str(), o.device.c_str(),
-                workers, medians[off - sides.begin()] / medians[on - sides.begin()]);
+    std::printf("RESULT bench=train_allreduce model=%s device=%s workers=%d off_over_on=%.3f\n", o.model.c_str(),
+                o.device.c_str(), workers, medians[off - sides.begin()] / medians[on - sides.begin()]);
   }
   std::fflush(stdout);
   return 0;

@@ -34,7 +34,8 @@ using runtime::Shape;
 using runtime::Tensor;
 
 void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
-  c.add_option("--model", o.model, "mlp:… | cnn:lenet | cnn:rosetta | gpt:… (GPU only in --mode local)")->capture_default_str();
+  c.add_option("--model", o.model, "mlp:… | cnn:lenet | cnn:rosetta | gpt:… (GPU only in --mode local)")
+      ->capture_default_str();
   c.add_option("--device", o.device, "cpu | cuda[:N]")->capture_default_str();
   c.add_option("--threads", o.threads, "BLAS thread counts to measure")->delimiter(',')->capture_default_str();
   c.add_option("--repeats", o.repeats, "runs per thread count (median reported)")->capture_default_str();
@@ -46,8 +47,9 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
   c.add_flag("--tf32", o.tf32, "--device cuda: TF32 tensor cores for fp32 matrix products and convolutions (as cohort train's)");
   c.add_option("--samples", o.samples, "training samples per run (default: 60000 for MNIST-shaped models, 5000 for "
                                        "cnn:rosetta, the peers' figures)");
-  c.add_option("--mode", o.mode, "local | allreduce (under cohortrun: data-parallel step time with and without "
-                                 "backward overlap)")
+  c.add_option("--mode", o.mode,
+               "local | allreduce (under cohortrun: data-parallel step time with and without "
+               "backward overlap)")
       ->capture_default_str();
   c.add_option("--overlap", o.overlap, "--mode allreduce: the sides to measure, in turn (on, off)")
       ->delimiter(',')
@@ -219,7 +221,8 @@ int runTrainBench(const TrainBenchOptions& options) {
   TrainBenchOptions o = options;
   if (o.repeats < 1 || o.batchSize < 1 || o.samples < 0) COHORT_THROW(InvalidArgument) << "bench train: counts must be positive";
   if (o.mode == "allreduce") return runOverlapBench(o);
-  if (o.mode != "local") COHORT_THROW(InvalidArgument) << "bench train: --mode is local or allreduce, got '" << o.mode << "'";
+  if (o.mode != "local")
+    COHORT_THROW(InvalidArgument) << "bench train: --mode is local or allreduce, got '" << o.mode << "'";
   runtime::parseConvAlgorithms(o.convAlgorithms);  // an unknown name fails before anything runs
   const runtime::DType precision = runtime::parseDType(o.precision, "--precision");
   const runtime::Device device = runtime::selectDevice(o.device, 0);

@@ -197,7 +197,8 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
 #endif
   Pass inner = pass;
   inner.needInputGrad = true;
-  const Tensor* g = &backwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.backward(gradFinal_, inner); });
+  const Tensor* g =
+      &backwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.backward(gradFinal_, inner); });
   const TransformerBlock* later = nullptr;  // the block whose backward ran last
   for (size_t i = blocks_.size(); i-- > 0;) {
     TransformerBlock& block = *blocks_[i];

@@ -154,11 +154,13 @@ decltype(auto) betweenUnitEvents(const Pass& pass, const std::optional<ParamBuff
 // A child's forward (or backward) as one unit's: betweenUnitEvents with that phase's two events.
 template <class F>
 decltype(auto) forwardOfUnit(const Pass& pass, const std::optional<ParamBuffer::Unit>& unit, F&& work) {
-  return betweenUnitEvents(pass, unit, &UnitListener::beforeForward, &UnitListener::afterForward, std::forward<F>(work));
+  return betweenUnitEvents(pass, unit, &UnitListener::beforeForward, &UnitListener::afterForward,
+                           std::forward<F>(work));
 }
 template <class F>
 decltype(auto) backwardOfUnit(const Pass& pass, const std::optional<ParamBuffer::Unit>& unit, F&& work) {
-  return betweenUnitEvents(pass, unit, &UnitListener::beforeBackward, &UnitListener::afterBackward, std::forward<F>(work));
+  return betweenUnitEvents(pass, unit, &UnitListener::beforeBackward, &UnitListener::afterBackward,
+                           std::forward<F>(work));
 }
 
 }  // namespace cohort::nn

@@ -82,7 +82,8 @@ void ParamBuffer::beginUnit(const std::string& name) {
   }
   if (const Unit* other = findUnit(name)) {
     COHORT_THROW(InvalidArgument) << "parameter unit '" << name << "' declared twice"
-                                  << (other->declared ? "" : " (entries outside any unit already form one of that name)");
+                                  << (other->declared ? ""
+                                                      : " (entries outside any unit already form one of that name)");
   }
   openUnits_ = 1;
   openName_ = name;
@@ -95,8 +96,12 @@ std::optional<ParamBuffer::Unit> ParamBuffer::endUnit() {
   if (--openUnits_ > 0 || openFirst_ == entries_.size()) return std::nullopt;  // nested, or no parameters
   const size_t start = unitsEnd();
   const Entry& last = entries_.back();
-  units_.push_back({.name = openName_, .firstEntry = openFirst_, .endEntry = entries_.size(), .offset = start,
-                    .numel = last.offset + last.numel - start, .declared = true});
+  units_.push_back({.name = openName_,
+                    .firstEntry = openFirst_,
+                    .endEntry = entries_.size(),
+                    .offset = start,
+                    .numel = last.offset + last.numel - start,
+                    .declared = true});
   return units_.back();
 }
 

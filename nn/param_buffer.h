@@ -139,8 +139,8 @@ class ParamBuffer {
 
   std::vector<Entry> entries_;
   std::vector<Unit> units_;
-  int openUnits_ = 0;          // the nesting depth of beginUnit() calls
-  std::string openName_;       // the outermost open unit's name and first entry
+  int openUnits_ = 0;     // the nesting depth of beginUnit() calls
+  std::string openName_;  // the outermost open unit's name and first entry
   size_t openFirst_ = 0;
   std::vector<std::pair<Tensor*, Tensor*>> targets_;
   size_t numel_ = 0;

@@ -60,7 +60,8 @@ void GradSync::afterBackward(const nn::ParamBuffer::Unit& unit) {
   // first, so buckets start in index order, as finish() starts those nobody reported.
   for (size_t i = unit.endEntry; i-- > unit.firstEntry;) {
     size_t b = bucketOfEntry_.at(i);
-    COHORT_CHECK(pending_[b] > 0) << "gradient of entry " << i << " (unit " << unit.name << ") reported twice in one step";
+    COHORT_CHECK(pending_[b] > 0) << "gradient of entry " << i << " (unit " << unit.name
+                                  << ") reported twice in one step";
     if (--pending_[b] == 0) start(b);
   }
 }

@@ -86,7 +86,8 @@ TEST(Gpt, TellsTheUnitsInForwardAndBackwardOrderWithEachGradientFinalWhenTold) {
     std::vector<std::pair<ParamBuffer::Unit, Tensor>> told;  // each unit's gradient at its after-backward
     spy.onEvent = [&](const std::string& event, const ParamBuffer::Unit& u) {
       if (event.rfind("after-backward", 0) != 0) return;
-      told.emplace_back(u, params.grads().narrowRows(static_cast<int64_t>(u.offset), static_cast<int64_t>(u.numel)).clone());
+      told.emplace_back(
+          u, params.grads().narrowRows(static_cast<int64_t>(u.offset), static_cast<int64_t>(u.numel)).clone());
     };
     Pass pass;
     pass.units = &spy;
@@ -94,11 +95,13 @@ TEST(Gpt, TellsTheUnitsInForwardAndBackwardOrderWithEachGradientFinalWhenTold) {
     const Tensor& logits = m.forward(tokens(2, 4, 7, 26), pass);
     m.backward(randomTensor(logits.shape(), 27), pass);
     const std::vector<std::string> events = {
-        "before-forward transformer.embeddings", "before-forward transformer.h.0", "after-forward transformer.h.0",
-        "before-forward transformer.h.1",        "after-forward transformer.h.1",  "before-forward transformer.ln_f",
-        "after-forward transformer.ln_f",        "after-forward transformer.embeddings",
-        "before-backward transformer.embeddings", "before-backward transformer.ln_f", "after-backward transformer.ln_f",
-        "before-backward transformer.h.1",        "after-backward transformer.h.1",  "before-backward transformer.h.0",
+        "before-forward transformer.embeddings",  "before-forward transformer.h.0",
+        "after-forward transformer.h.0",          "before-forward transformer.h.1",
+        "after-forward transformer.h.1",          "before-forward transformer.ln_f",
+        "after-forward transformer.ln_f",         "after-forward transformer.embeddings",
+        "before-backward transformer.embeddings", "before-backward transformer.ln_f",
+        "after-backward transformer.ln_f",        "before-backward transformer.h.1",
+        "after-backward transformer.h.1",         "before-backward transformer.h.0",
         "after-backward transformer.h.0",         "after-backward transformer.embeddings"};
     EXPECT_EQ(spy.events, events);
     ASSERT_EQ(told.size(), 4u);

@@ -223,7 +223,8 @@ TEST(ParamBuffer, UnitMisuseIsRefusedNamingTheUnit) {
   EXPECT_NE(message([&] { params.beginUnit("a"); }).find("'a' declared twice"), std::string::npos);
   params.beginUnit("open");
   r.add("open.w", 1);
-  EXPECT_NE(message([&] { params.allocate(runtime::cpuAllocator()); }).find("'open' still open at binding"), std::string::npos);
+  EXPECT_NE(message([&] { params.allocate(runtime::cpuAllocator()); }).find("'open' still open at binding"),
+            std::string::npos);
   params.endUnit();
   params.allocate(runtime::cpuAllocator());
   EXPECT_NE(message([&] { params.beginUnit("late"); }).find("'late' begun after binding"), std::string::npos);

@@ -18,7 +18,9 @@ class UnitRecorder final : public UnitListener {
 
   void beforeForward(const ParamBuffer::Unit& u) override { record("before-forward", u, &UnitListener::beforeForward); }
   void afterForward(const ParamBuffer::Unit& u) override { record("after-forward", u, &UnitListener::afterForward); }
-  void beforeBackward(const ParamBuffer::Unit& u) override { record("before-backward", u, &UnitListener::beforeBackward); }
+  void beforeBackward(const ParamBuffer::Unit& u) override {
+    record("before-backward", u, &UnitListener::beforeBackward);
+  }
   void afterBackward(const ParamBuffer::Unit& u) override { record("after-backward", u, &UnitListener::afterBackward); }
 
   // The units told `event` ("after-backward"), in order.

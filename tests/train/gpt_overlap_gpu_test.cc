@@ -48,7 +48,8 @@ int trainRank(const runtime::WorldInfo& world, const std::string& path, bool ove
   if (runtime::cudaDevices().size() < 2) return kTooFewDevices;
   Job job({.mode = Mode::kAllReduce, .device = "cuda"}, world);
   auto model = nn::buildModel(kModel);
-  auto optimizer = nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 0.01f}, model->params.numel(), job.gpu());
+  auto optimizer =
+      nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 0.01f}, model->params.numel(), job.gpu());
   job.place(*model, *optimizer, {.seed = 1});
   nn::SoftmaxCrossEntropy loss;
   // Every batch is copied to the device before any kernel runs: a copy to the GPU is a blocking
@@ -101,8 +102,8 @@ TEST(GptOverlapGpu, BucketsAllReducedDuringBackwardEndWhereBucketsAfterBackwardE
     const std::string jobId = ipc::testing::freshJobId();
     std::vector<pid_t> children;
     for (int r = 0; r < 2; ++r) {
-      const runtime::WorldInfo world{.rank = r, .worldSize = 2, .localRank = r, .localWorldSize = 2, .jobId = jobId,
-                                     .source = "test"};
+      const runtime::WorldInfo world{
+          .rank = r, .worldSize = 2, .localRank = r, .localWorldSize = 2, .jobId = jobId, .source = "test"};
       const std::string path = dir + (overlap ? "/on-rank" : "/off-rank") + std::to_string(r) + ".bin";
       children.push_back(ipc::testing::forkChild([=] { return trainRank(world, path, overlap); }));
     }

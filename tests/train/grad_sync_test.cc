@@ -150,8 +150,9 @@ TEST(GradSync, AGptsBucketsStartWhileBackwardGoesOn) {
   for (int step = 0; step < 2; ++step) {
     comm.calls.clear();
     const auto spy = trainTelling(sync, comm, *model, ids, ids);
-    EXPECT_EQ(spy->recorder.unitsOf("after-backward"),
-              (std::vector<std::string>{"transformer.ln_f", "transformer.h.1", "transformer.h.0", "transformer.embeddings"}));
+    EXPECT_EQ(
+        spy->recorder.unitsOf("after-backward"),
+        (std::vector<std::string>{"transformer.ln_f", "transformer.h.1", "transformer.h.0", "transformer.embeddings"}));
     EXPECT_EQ(spy->counts, (std::vector<size_t>{1, 7, 13, 15})) << "step " << step;
     sync.finish();
     ASSERT_EQ(comm.calls.size(), 15u) << "finish() started nothing more";
