@@ -13,6 +13,7 @@
 #include "cli/memory_estimate.h"       // a floor of what the run needs, before it allocates
 #include "cli/plot.h"                  // --plot
 #include "cli/stop_signal.h"           // SIGUSR1, SIGTERM, SIGHUP: checkpoint and stop
+#include "cli/test_hooks.h"            // COHORT_TEST_*: faults tests inject
 #include "nn/checkpoint.h"             // checkOutputFile
 #include "nn/loss.h"                   // losses
 #include "nn/model_spec.h"             // --model specs
@@ -242,7 +243,8 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           // Every rank's epoch line (each with its own samples/s: Hogwild workers differ); the
           // start-up lines are this command's own (logStart).
           .logRanks = train::LogRanks::kEveryRank,
-          .logStartLine = false};
+          .logStartLine = false,
+          .testHooks = testHooksFromEnvironment()};
 }
 
 // The start-up lines: what trains on what, the effective batch, Hogwild's averaging, a capped --prefetch.

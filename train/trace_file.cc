@@ -1,8 +1,6 @@
 #include "train/trace_file.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <span>
@@ -106,19 +104,6 @@ nlohmann::json mergedTrace(const std::vector<RankTrace>& ranks) {
             {"dropped_spans", std::move(dropped)}}}};
 }
 
-// A test hook (COHORT_TEST_CLOCK_SKEW="RANK:SECONDS"): that rank's clock reads as if it were that far
-// ahead (what another node's clock may be), so tests can check that the offsets undo it.
-int64_t testClockSkewNs(int rank) {
-  const char* skew = std::getenv("COHORT_TEST_CLOCK_SKEW");
-  int skewedRank = -1;
-  double seconds = 0;
-  if (!skew) return 0;
-  if (std::sscanf(skew, "%d:%lf", &skewedRank, &seconds) != 2 || !(seconds >= 0 && seconds < 1e6)) {
-    COHORT_THROW(InvalidArgument) << "COHORT_TEST_CLOCK_SKEW must be RANK:SECONDS (0 to 1e6), got '" << skew << "'";
-  }
-  return skewedRank == rank ? static_cast<int64_t>(seconds * 1e9) : 0;
-}
-
 }  // namespace
 
 void measureClocks(Job& job, Timeline& timeline) {
@@ -138,7 +123,7 @@ void measureClocks(Job& job, Timeline& timeline) {
   }
 }
 
-void writeTrace(Job& job, const Timeline& timeline, const std::string& path) {
+void writeTrace(Job& job, const Timeline& timeline, const std::string& path, int64_t testSkewNs) {
   const int world = job.world().worldSize, rank = job.world().rank;
   const std::vector<Span> spans = timeline.spans();
   double most = static_cast<double>(spans.size());
@@ -148,7 +133,7 @@ void writeTrace(Job& job, const Timeline& timeline, const std::string& path) {
   {
     std::vector<double> row(rowSize, 0.0);
     size_t at = 0;
-    putInt(row, at, timeline.originClockNs() + testClockSkewNs(rank));
+    putInt(row, at, timeline.originClockNs() + testSkewNs);
     putInt(row, at, static_cast<int64_t>(timeline.dropped()));
     putInt(row, at, static_cast<int64_t>(spans.size()));
     const auto& rounds = timeline.clockRounds();

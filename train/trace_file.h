@@ -18,7 +18,6 @@
 // spans: a step holds its barriers, communication wait and optimizer), tid 1 = the bucket
 // all-reduces (issued -> seen done), args.step = the optimizer step. A ring that overflowed keeps
 // its newest spans; "otherData": "dropped_spans" says how many went per rank.
-// Test hook: COHORT_TEST_CLOCK_SKEW="RANK:SECONDS" makes that rank's clock read SECONDS ahead.
 // Thread safety: the training thread; collective (every rank, same order).
 #pragma once
 
@@ -34,6 +33,8 @@ inline constexpr int kClockRounds = 16;
 // Collective: fills timeline.clockRounds() (nothing in a world of one). Call right after a barrier.
 void measureClocks(Job& job, Timeline& timeline);
 // Collective: gathers every rank's spans and rank 0 writes `path`. IoError (rank 0) when it cannot.
-void writeTrace(Job& job, const Timeline& timeline, const std::string& path);
+// `testSkewNs` (a test hook, TestHooks::clockSkew; 0 otherwise): this rank's clock reads that far
+// ahead, as another node's may, so that tests can check that the offsets undo it.
+void writeTrace(Job& job, const Timeline& timeline, const std::string& path, int64_t testSkewNs = 0);
 
 }  // namespace cohort::train

@@ -69,6 +69,7 @@
 #include "train/evaluate.h"
 #include "train/job.h"
 #include "train/step_times.h"
+#include "train/test_hooks.h"
 
 namespace cohort::train {
 
@@ -156,6 +157,8 @@ struct TrainerOptions {
   // that logs its own, as `cohort train` does).
   LogRanks logRanks = LogRanks::kRankZero;
   bool logStartLine = true;
+  // Faults and records for tests (train/test_hooks.h); all off by default.
+  TestHooks testHooks = {};
 };
 
 enum class Next { kContinue, kStop };
@@ -320,7 +323,7 @@ class Trainer {
   // batch size in checkpoints from before they were recorded); refuses what a changed world size
   // cannot continue.
   void loadPosition(const nn::Metadata& m, Position& pos);
-  // The test hook COHORT_TEST_SAMPLE_LOG=DIR: each rank appends a line "EPOCH SAMPLE" for every
+  // The test hook TestHooks::sampleLogDir: each rank appends a line "EPOCH SAMPLE" for every
   // sample of every batch it trains on to DIR/samples.rank<R>, so tests can check that a resume on
   // another number of ranks neither repeats nor skips a sample.
   void openSampleLog();
@@ -436,10 +439,6 @@ class Trainer {
   Timeline& timeline_;        // the job's
   std::unique_ptr<MetricsSink> metrics_;  // rank 0's, with a metrics path or a TensorBoard directory
   std::unique_ptr<Progress> progress_;              // rank 0's, unless off
-  // A test hook (COHORT_TEST_SLOW_BACKWARD="RANK:MS"): that rank sleeps MS in each backward, so tests
-  // can check that the time report and the trace name it.
-  int slowRank_ = -1;
-  int slowBackwardMs_ = 0;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> sampleLog_{nullptr, &std::fclose};
   std::deque<QueuedStep> queued_;  // deferred steps whose results are not handled yet, oldest first
 };

@@ -219,12 +219,12 @@ bool Trainer::nothingToTrain(const Position& pos) const {
 }
 
 void Trainer::openSampleLog() {
-  const char* dir = std::getenv("COHORT_TEST_SAMPLE_LOG");
-  if (!dir) return;
-  const std::string file = std::string(dir) + "/samples.rank" + std::to_string(job_.world().rank);
+  const std::string& dir = options_.testHooks.sampleLogDir;
+  if (dir.empty()) return;
+  const std::string file = dir + "/samples.rank" + std::to_string(job_.world().rank);
   sampleLog_.reset(std::fopen(file.c_str(), "a"));
   if (!sampleLog_) {
-    COHORT_THROW(IoError) << "COHORT_TEST_SAMPLE_LOG: cannot append to " << file << ": " << std::strerror(errno);
+    COHORT_THROW(IoError) << "the sample log (a test hook): cannot append to " << file << ": " << std::strerror(errno);
   }
 }
 

@@ -2,8 +2,6 @@
 // the data checked against the model and the loss before any step, rank 0's outputs prepared.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -126,11 +124,6 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
       timeline_(job.timeline()) {
   openSampleLog();
   loss_.setGradType(job_.options().precision);  // bf16 passes: the gradient the model's bf16 head reads
-  if (const char* slow = std::getenv("COHORT_TEST_SLOW_BACKWARD")) {
-    if (std::sscanf(slow, "%d:%d", &slowRank_, &slowBackwardMs_) != 2) {
-      COHORT_THROW(InvalidArgument) << "COHORT_TEST_SLOW_BACKWARD must be RANK:MS, got '" << slow << "'";
-    }
-  }
   checkOptions();
   classification_ = inferClassification(options_, loss_, train);
   schedule_ = makeSchedule(options_, job_.optimizer(), loader_.batchesPerEpoch());

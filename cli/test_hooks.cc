@@ -1,0 +1,41 @@
+#include "cli/test_hooks.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime/error.h"
+
+namespace cohort::cli {
+
+namespace {
+
+// "RANK:VALUE" with nothing after it; false when malformed.
+bool parseRankValue(const char* text, int& rank, double& value) {
+  int end = 0;
+  return std::sscanf(text, "%d:%lf%n", &rank, &value, &end) == 2 && text[end] == '\0' && rank >= 0;
+}
+
+}  // namespace
+
+train::TestHooks testHooksFromEnvironment() {
+  train::TestHooks hooks;
+  if (const char* slow = std::getenv("COHORT_TEST_SLOW_BACKWARD")) {
+    double ms = 0;
+    if (!parseRankValue(slow, hooks.slowBackward.rank, ms) || !(ms >= 0 && ms <= 600000) ||
+        ms != static_cast<int>(ms)) {
+      COHORT_THROW(InvalidArgument) << "COHORT_TEST_SLOW_BACKWARD must be RANK:MS (MS a whole number to 600000), got '"
+                                    << slow << "'";
+    }
+    hooks.slowBackward.ms = static_cast<int>(ms);
+  }
+  if (const char* dir = std::getenv("COHORT_TEST_SAMPLE_LOG"); dir && *dir) hooks.sampleLogDir = dir;
+  if (const char* skew = std::getenv("COHORT_TEST_CLOCK_SKEW")) {
+    train::TestHooks::ClockSkew& s = hooks.clockSkew;
+    if (!parseRankValue(skew, s.rank, s.seconds) || !(s.seconds >= 0 && s.seconds < 1e6)) {
+      COHORT_THROW(InvalidArgument) << "COHORT_TEST_CLOCK_SKEW must be RANK:SECONDS (0 to 1e6), got '" << skew << "'";
+    }
+  }
+  return hooks;
+}
+
+}  // namespace cohort::cli

@@ -1,0 +1,37 @@
+// TestHooks: faults and records that tests inject into a training job, passed in options (Trainer,
+// and through it nothing else reads the environment). The library never reads them from the
+// environment itself: a program that wants them fills the struct. `cohort train` fills it from the
+// COHORT_TEST_* variables (cli/test_hooks.h, the one place that reads them), so that tests reach
+// every rank of a launched job the same way.
+// Every hook is off by default (rank -1, empty directory).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cohort::train {
+
+struct TestHooks {
+  // That rank sleeps `ms` in each backward, so that tests can interrupt or lose a rank mid-step
+  // (COHORT_TEST_SLOW_BACKWARD="RANK:MS").
+  struct SlowBackward {
+    int rank = -1;
+    int ms = 0;
+  } slowBackward = {};
+  // Each rank appends "EPOCH SAMPLE" to DIR/samples.rank<R> for every sample it trains on
+  // (COHORT_TEST_SAMPLE_LOG=DIR): tests check the data order across resumes.
+  std::string sampleLogDir = {};
+  // That rank's clock reads `seconds` ahead in the trace's clock measurement, as another node's clock
+  // may, so that tests can check the offsets undo it (COHORT_TEST_CLOCK_SKEW="RANK:SECONDS", 0 to 1e6).
+  struct ClockSkew {
+    int rank = -1;
+    double seconds = 0;
+  } clockSkew = {};
+
+  // The clock skew of `rank` in nanoseconds (0 unless it is the skewed rank).
+  int64_t clockSkewNs(int rank) const {
+    return rank == clockSkew.rank ? static_cast<int64_t>(clockSkew.seconds * 1e9) : 0;
+  }
+};
+
+}  // namespace cohort::train
