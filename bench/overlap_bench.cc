@@ -110,7 +110,7 @@ int runOverlapBench(const TrainBenchOptions& o) {
   const bool cuda = o.device.rfind("cuda", 0) == 0;
   const runtime::DType precision = runtime::parseDType(o.precision, "--precision");
   train::Job job({.mode = train::Mode::kAllReduce,
-                  .replicas = cuda ? std::nullopt : std::optional<bool>(true),  // GradSync on the CPU too
+                  .paramCopies = cuda ? train::ParamCopies::kAuto : train::ParamCopies::kReplicas,  // GradSync on the CPU too
                   .device = o.device,
                   .tf32 = o.tf32,
                   .precision = precision});

@@ -159,8 +159,10 @@ void setThreads(const runtime::Logger& log, const TrainFlags& f) {
 
 train::JobOptions jobOptions(const TrainFlags& f) {
   return {.mode = train::parseMode(f.mode),
-          .backend = f.backend,
-          .replicas = f.replicas || f.noReplicas ? std::optional<bool>(f.replicas) : std::nullopt,
+          .backend = train::parseBackend(f.backend),
+          .paramCopies = f.replicas     ? train::ParamCopies::kReplicas
+                         : f.noReplicas ? train::ParamCopies::kSharedPerNode
+                                        : train::ParamCopies::kAuto,
           .device = f.device,
           .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout"),
           .averageEvery = f.averageEvery,

@@ -41,7 +41,13 @@ int64_t metadataCount(const nn::Metadata& metadata, const std::string& key, cons
 }
 
 Checkpointer::Checkpointer(const Context& c)
-    : strategy_(c.strategy), model_(c.model), optimizer_(c.optimizer), world_(c.world), gpu_(c.gpu), mode_(c.mode) {}
+    : placement_(c.placement),
+      collectives_(c.collectives),
+      model_(c.model),
+      optimizer_(c.optimizer),
+      world_(c.world),
+      gpu_(c.gpu),
+      mode_(c.mode) {}
 
 nn::Metadata Checkpointer::identity() const {
   return {{"model", model_.name},
@@ -53,12 +59,13 @@ nn::Metadata Checkpointer::identity() const {
 
 void Checkpointer::save(const std::string& path, const nn::Metadata& extra) {
   for (const char* key : kIdentityKeys) {
-    if (extra.count(key)) COHORT_THROW(InvalidArgument) << "checkpoint metadata '" << key << "' is written by the job itself";
+    if (extra.count(key))
+      COHORT_THROW(InvalidArgument) << "checkpoint metadata '" << key << "' is written by the job itself";
   }
 #ifdef COHORT_HAVE_CUDA
   if (gpu_) gpu_->stream().synchronize();  // the blocking copies below do not wait for the compute stream
 #endif
-  SavedState state = strategy_.saveState();
+  SavedState state = placement_.saveState();
   if (world_.rank == 0) {
     const nn::ParamBuffer& params = model_.params;
     std::vector<nn::NamedTensor> tensors;
@@ -73,7 +80,7 @@ void Checkpointer::save(const std::string& path, const nn::Metadata& extra) {
     writeCheckpoint(path, tensors, metadata);
   }
   // Shared parameters: nobody updates them while rank 0 writes.
-  if (strategy_.sharedParams()) strategy_.barrier("checkpoint written");
+  if (placement_.sharedParams()) collectives_.barrier("checkpoint written");
 }
 
 void Checkpointer::validate(const nn::Checkpoint& ckpt, const std::string& path, const nn::Metadata& mustMatch) const {
@@ -108,7 +115,8 @@ void Checkpointer::validate(const nn::Checkpoint& ckpt, const std::string& path,
   const nn::ParamBuffer& params = model_.params;
   for (const nn::ParamBuffer::Entry& e : params.entries()) {
     const runtime::Tensor* t = ckpt.find(e.name);
-    if (!t) COHORT_THROW(InvalidArgument) << path << ": checkpoint of another model: it has no parameter '" << e.name << "'";
+    if (!t)
+      COHORT_THROW(InvalidArgument) << path << ": checkpoint of another model: it has no parameter '" << e.name << "'";
     if (t->shape() != e.shape) {
       COHORT_THROW(InvalidArgument) << path << ": checkpoint of another model: parameter '" << e.name << "' is "
                                     << t->shape().str() << " there and " << e.shape.str() << " here";
@@ -123,10 +131,11 @@ std::optional<nn::Metadata> Checkpointer::load(const std::string& path, const nn
   const nn::Checkpoint ckpt = nn::readCheckpoint(path);
   validate(ckpt, path, mustMatch);
   CheckpointReader reader(ckpt, path);
-  strategy_.loadState(reader);
+  placement_.loadState(reader);
   // Model buffers are private to each rank (never shared), so every rank loads its own.
   const nn::ParamBuffer& params = model_.params;
-  for (size_t i = 0; i < params.bufferEntries().size(); ++i) reader.load(params.bufferEntries()[i].name, params.buffer(i));
+  for (size_t i = 0; i < params.bufferEntries().size(); ++i)
+    reader.load(params.bufferEntries()[i].name, params.buffer(i));
   return ckpt.metadata;
 }
 

@@ -1,10 +1,10 @@
 // Checkpointer: a job's state <-> checkpoint files (the safetensors format of nn/checkpoint.h).
 //
 // A checkpoint holds every parameter under its own name ("fc0.weight"), every model buffer under its
-// own ("bn0.running_mean"), the optimizer state as the strategy stores it ("optimizer.<state>", or
+// own ("bn0.running_mean"), the optimizer state as the placement stores it ("optimizer.<state>", or
 // "optimizer.rank<k>.<state>" per Hogwild worker), and metadata: what must match to resume (model
 // name, optimizer, parameter count), what the job was (world size, mode) and whatever the caller
-// adds (a Trainer's epoch, samples seen, step, Rng state...). It asks the strategy what to save and
+// adds (a Trainer's epoch, samples seen, step, Rng state...). It asks the placement what to save and
 // lets it load what this rank holds, so one format serves every mode.
 //
 // A checkpoint loads on any number of ranks (an elastic resume, docs/checkpoints.md): the state of
@@ -18,7 +18,8 @@
 // state, and throws InvalidArgument naming the first difference (another model, optimizer, Hogwild
 // against a lockstep mode, parameter shape, or a caller's `mustMatch` value), IoError for a corrupt
 // file.
-// Ownership: borrows the strategy, model and optimizer. Thread safety: the training thread only.
+// Ownership: borrows the placement, the job's collectives, the model and the optimizer. Thread safety: the training
+// thread only.
 #pragma once
 
 #include <optional>
@@ -28,7 +29,8 @@
 #include "nn/model.h"
 #include "nn/optimizer.h"
 #include "runtime/world_info.h"
-#include "train/strategy.h"
+#include "train/job_collectives.h"
+#include "train/placement.h"
 
 namespace cohort::train {
 
@@ -40,7 +42,8 @@ int64_t metadataCount(const nn::Metadata& metadata, const std::string& key, cons
 class Checkpointer {
  public:
   struct Context {
-    Strategy& strategy;
+    Placement& placement;
+    JobCollectives& collectives;
     nn::Model& model;
     nn::Optimizer& optimizer;
     const runtime::WorldInfo& world;
@@ -58,7 +61,8 @@ class Checkpointer {
   nn::Metadata identity() const;
   void validate(const nn::Checkpoint& checkpoint, const std::string& path, const nn::Metadata& mustMatch) const;
 
-  Strategy& strategy_;
+  Placement& placement_;
+  JobCollectives& collectives_;
   nn::Model& model_;
   nn::Optimizer& optimizer_;
   const runtime::WorldInfo& world_;

@@ -19,6 +19,7 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
 
 HogwildStrategy::HogwildStrategy(const StrategyContext& c, const HogwildOptions& o)
     : SegmentStrategy(c, c.optimizer.stateFloats(), NodeScope::kEachNode),
+      whole_{c.params, c.optimizer, c.gpu},
       rank_(c.world.rank),
       worldSize_(c.world.worldSize) {
   if (c.gpu && c.world.spansNodes()) {
@@ -36,7 +37,7 @@ HogwildStrategy::HogwildStrategy(const StrategyContext& c, const HogwildOptions&
                              .timeout = c.timeout,
                              .every = o.averageEvery,
                              .params = {params_.values().data(), static_cast<size_t>(params_.numel())},
-                             .nodeBarrier = [this](const std::string& what) { SegmentStrategy::barrier(what); },
+                             .nodeBarrier = [this](const std::string& what) { nodeBarrier(what); },
                              .timeline = &timeline_});
   }
 }
@@ -67,8 +68,10 @@ void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
       });
   // Gradients and buffers (BatchNorm's running statistics, private to each rank as on the CPU) move
   // to this rank's GPU with their CPU values: zeros and the initial statistics.
-  params_.relocate({.values = static_cast<float*>(deviceShare_->data()), .device = gpu.device(),
-                    .allocator = &gpu.allocator(), .copyValues = false});
+  params_.relocate({.values = static_cast<float*>(deviceShare_->data()),
+                    .device = gpu.device(),
+                    .allocator = &gpu.allocator(),
+                    .copyValues = false});
   if (localRank() == 0) unlinkAfterFirstBarrier([this] { deviceShare_->unlinkName(); });
 #else
   (void)c;
@@ -77,29 +80,35 @@ void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
 }
 
 // Each worker checks and clips its own gradient: no rank waits for another.
-StepResult HogwildStrategy::step(const StepPlan& plan) {
+void HogwildStrategy::beginStep(const StepPlan&) {
   if (deviceShare_) deviceShare_->throwIfOwnerLost();
-  StepResult result =
-      stepWholeGradient(plan, LossVerdict::own(plan.loss, rank_), rank_, params_, optimizer_, gpu_, timeline_);
+}
+
+void HogwildStrategy::endStep(const StepResult&) {
   if (averaging_) averaging_->afterStep();
-  return result;
 }
 
 // Across nodes the node's barrier comes first, so a missing local worker is named with `what`; the
 // meeting of the whole world then averages the copies when anyone stepped.
 void HogwildStrategy::barrier(const std::string& what) {
-  SegmentStrategy::barrier(what);
+  nodeBarrier(what);
   if (averaging_) averaging_->gather({});
 }
 
-void HogwildStrategy::reduce(std::span<double> values, ScalarOp op) {
-  if (!averaging_) return SegmentStrategy::reduce(values, op);
-  const std::vector<double> all = averaging_->gather(values);
-  reduceRows(values, all, worldSize_, op);
-}
-
-void HogwildStrategy::checkPeers(std::chrono::milliseconds settle) {
-  if (deviceShare_) deviceShare_->throwIfOwnerLost(settle);
+std::unique_ptr<JobCollectives> HogwildStrategy::makeCollectives() {
+  SegmentCollectivesOptions o = nodeCollectives();
+  o.lockstep = false;
+  o.checkPeers = [this](std::chrono::milliseconds settle) {
+    if (deviceShare_) deviceShare_->throwIfOwnerLost(settle);
+  };
+  if (averaging_) {
+    o.barrier = [this](const std::string& what) { barrier(what); };
+    o.gatherRows = [this](std::span<const double> mine, int& ranks) {
+      ranks = worldSize_;
+      return averaging_->gather(mine);
+    };
+  }
+  return std::make_unique<SegmentCollectives>(std::move(o));
 }
 
 SavedState HogwildStrategy::saveState() {

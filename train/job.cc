@@ -16,12 +16,10 @@
 #include "runtime/random.h"
 #include "runtime/timeout.h"
 #include "train/checkpointer.h"
-#include "train/hogwild_strategy.h"
-#include "train/local_strategy.h"
-#include "train/replica_strategy.h"
+#include "train/placement_factory.h"
 #include "train/settings_agreement.h"
-#include "train/sharded_strategy.h"
 #include "train/step_guard.h"
+#include "train/step_pipeline.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -41,25 +39,6 @@ namespace {
 std::atomic<bool> gJobExists{false};
 
 }  // namespace
-
-Mode parseMode(const std::string& name) {
-  if (name == "local") return Mode::kLocal;
-  if (name == "hogwild") return Mode::kHogwild;
-  if (name == "allreduce") return Mode::kAllReduce;
-  COHORT_THROW(InvalidArgument) << "unknown mode '" << name << "': expected local, hogwild or allreduce";
-}
-
-const char* toString(Mode mode) {
-  switch (mode) {
-    case Mode::kLocal:
-      return "local";
-    case Mode::kHogwild:
-      return "hogwild";
-    case Mode::kAllReduce:
-      return "allreduce";
-  }
-  return "?";
-}
 
 // The claim on gJobExists, taken first and released last (also when a constructor throws).
 struct Job::Token {
@@ -98,53 +77,45 @@ namespace {
 void validate(const JobOptions& o, const runtime::WorldInfo& world) {
   const std::string mode = toString(o.mode);
   if (o.mode == Mode::kLocal && !world.isSingle()) {
-    COHORT_THROW(InvalidArgument) << "mode local trains in one process, but this process is rank " << world.rank << " of "
-                                  << world.worldSize << " (from " << world.source
+    COHORT_THROW(InvalidArgument) << "mode local trains in one process, but this process is rank " << world.rank
+                                  << " of " << world.worldSize << " (from " << world.source
                                   << " variables): use mode allreduce or hogwild";
   }
-  if (o.averageEvery < 0) COHORT_THROW(InvalidArgument) << "averageEvery must be >= 0 steps (0: the default), got " << o.averageEvery;
+  if (o.averageEvery < 0)
+    COHORT_THROW(InvalidArgument) << "averageEvery must be >= 0 steps (0: the default), got " << o.averageEvery;
   if (o.averageEvery > 0 && o.mode != Mode::kHogwild) {
     COHORT_THROW(InvalidArgument) << "averageEvery applies to mode hogwild only, not " << mode;
   }
   if (o.timeout.count() <= 0) COHORT_THROW(InvalidArgument) << "the job's timeout must be positive";
-  if (!o.backend.empty() && o.mode != Mode::kAllReduce) {
-    COHORT_THROW(InvalidArgument) << "backend '" << o.backend << "' applies to mode allreduce only, not " << mode;
-  }
-  if (o.replicas.has_value() && o.mode != Mode::kAllReduce) {
-    COHORT_THROW(InvalidArgument) << "replicas apply to mode allreduce only";
-  }
-  if (o.replicas == false && o.backend == "mpi") {
-    COHORT_THROW(InvalidArgument) << "one shared parameter copy per node (replicas false) needs backend shm on one node "
-                                     "or hierarchical across nodes, not mpi";
-  }
   const bool onGpu = runtime::Device::parse(o.device).isCuda();
-  if (onGpu && o.mode == Mode::kAllReduce && !o.backend.empty() && o.backend != "nccl") {
-    COHORT_THROW(InvalidArgument) << "backend " << o.backend << " all-reduces CPU memory; on device " << o.device
-                                  << " use backend nccl (the default on a GPU)";
-  }
-  if (!onGpu && o.backend == "nccl") {
-    COHORT_THROW(InvalidArgument) << "backend nccl all-reduces GPU memory: train on device cuda (or use shm, mpi or hierarchical)";
-  }
-  if (onGpu && o.replicas.has_value()) COHORT_THROW(InvalidArgument) << "replicas apply to CPU training (GPU all-reduce always replicates)";
-  if (!onGpu && o.tf32) COHORT_THROW(InvalidArgument) << "tf32 applies to GPUs (the CPU's matrix products are plain fp32)";
+  if (!onGpu && o.tf32)
+    COHORT_THROW(InvalidArgument) << "tf32 applies to GPUs (the CPU's matrix products are plain fp32)";
   if (!onGpu && o.precision != runtime::DType::kF32) {
     COHORT_THROW(InvalidArgument) << "precision " << runtime::dtypeName(o.precision)
                                   << " needs a GPU (on the CPU every pass computes in fp32): train on device cuda";
   }
   if (onGpu && o.mode == Mode::kHogwild && world.spansNodes()) {
-    COHORT_THROW(InvalidArgument) << "mode hogwild across nodes averages the nodes' copies on the CPU, but this job has "
-                                  << world.worldSize << " ranks with " << world.localWorldSize
-                                  << " on this node: train on device cpu, or use mode allreduce on GPUs";
+    COHORT_THROW(InvalidArgument)
+        << "mode hogwild across nodes averages the nodes' copies on the CPU, but this job has " << world.worldSize
+        << " ranks with " << world.localWorldSize
+        << " on this node: train on device cpu, or use mode allreduce on GPUs";
   }
 }
 
 }  // namespace
+
+ResolvedPlacement resolvePlacement(const JobOptions& options, const runtime::WorldInfo& world) {
+  return resolvePlacement({.mode = options.mode, .backend = options.backend, .paramCopies = options.paramCopies}, world,
+                          runtime::Device::parse(options.device).isCuda());
+}
 
 Job::Job(const JobOptions& options) : Job(options, runtime::WorldInfo::detect()) {}
 
 Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
     : token_(std::make_unique<Token>()), options_(options), world_(world), log_(world_, {.fd = 1}) {
   validate(options_, world_);
+  // An unknown backend, or one this build or world lacks, fails here rather than at place().
+  choice_ = resolvePlacement(options_, world_);
   options_.timeout = runtime::saturateTimeout(options_.timeout);  // deadlines are now + timeout
   if (!world_.isSingle()) membership_ = std::make_unique<Membership>(world_);
   // One worker per GPU: "cuda" is the GPU of this worker's local rank.
@@ -152,49 +123,41 @@ Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
 #ifdef COHORT_HAVE_CUDA
   if (device_.isCuda()) {
     gpu_ = std::make_unique<runtime::cuda::GpuContext>(
-        device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms, .tf32 = options_.tf32}, .tf32 = options_.tf32});
+        device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms, .tf32 = options_.tf32},
+                                     .tf32 = options_.tf32});
   }
 #endif
-  // An unknown backend, or one this build or world lacks, fails here rather than at place().
-  if (options_.mode == Mode::kAllReduce) backend_ = resolveBackend();
 }
 
 Job::~Job() {
-  // The strategy (segments, communicator, device share) goes before the GPU context it may use.
+  // The placement (segments, communicator, device share) goes before the GPU context it may use.
   checkpointer_.reset();
   guard_.reset();
-  strategy_.reset();
+  placed_.reset();
   gpu_.reset();
 }
 
 runtime::cuda::GpuContext* Job::gpu() const { return gpu_.get(); }
 
-std::string Job::resolveBackend() const {
-  if (device_.isCuda()) return options_.backend.empty() ? "nccl" : options_.backend;
-  return collectives::resolveBackend({.backend = options_.backend, .world = world_});
-}
+std::string Job::backend() const { return placed_ ? placed_->backend : choice_.backendName(); }
 
-std::string Job::backend() const { return backend_.empty() ? "none" : backend_; }
-
-bool Job::replicas() const {
-  if (options_.mode != Mode::kAllReduce) return false;
-  if (gpu_ || backend_ == "mpi" || (backend_ == "hierarchical" && !world_.spansNodes())) return true;
-  return options_.replicas.value_or(world_.spansNodes());
-}
+bool Job::replicas() const { return placed_ ? placed_->replicas : choice_.replicas(); }
 
 int64_t Job::averageEvery() const {
   if (options_.mode != Mode::kHogwild || !world_.spansNodes()) return 0;
   return options_.averageEvery > 0 ? options_.averageEvery : kDefaultAverageEvery;
 }
 
-void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& o) {
-  if (strategy_) {
+void Job::checkPlaceable(const nn::Model& model, const nn::Optimizer& optimizer) const {
+  if (placed_) {
     COHORT_THROW(InvalidArgument) << "this job already placed the parameters of model '" << model_->name
                                   << "': a Job trains one model, placed once";
   }
   if (model.params.bound()) {
-    COHORT_THROW(InvalidArgument) << "model '" << model.name << "' is already bound: give place() a model whose "
-                                     "parameters are registered but not allocated (the job puts them where its mode needs them)";
+    COHORT_THROW(InvalidArgument)
+        << "model '" << model.name
+        << "' is already bound: give place() a model whose "
+           "parameters are registered but not allocated (the job puts them where its mode needs them)";
   }
   if (optimizer.numel() != model.params.numel()) {
     COHORT_THROW(InvalidArgument) << "the optimizer was made for " << optimizer.numel() << " parameters, but model '"
@@ -208,9 +171,16 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
   }
   if (options_.precision != runtime::DType::kF32 && !model.net->takesBf16()) {
     COHORT_THROW(InvalidArgument) << "model '" << model.name << "' does not implement "
-                                  << runtime::dtypeName(options_.precision) << " passes yet (its layers compute in fp32 only): "
+                                  << runtime::dtypeName(options_.precision)
+                                  << " passes yet (its layers compute in fp32 only): "
                                   << "train it in fp32 (docs/gpu.md, \"Precision\", lists the models that take bf16)";
   }
+}
+
+// The choice was resolved by the constructor; the ranks agree on it (with everything else) before
+// the one factory makes exactly it.
+void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& o) {
+  checkPlaceable(model, optimizer);
   agree(builtInSettings(model, optimizer, o));
   model.params.allocate(runtime::cpuAllocator());
   StrategyContext context{.params = model.params,
@@ -218,50 +188,28 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                           .world = world_,
                           .timeout = options_.timeout,
                           .gpu = gpu_.get(),
-                          .initialise = [&] {
-                            if (o.initialise) {
-                              o.initialise(model);
-                            } else {
-                              runtime::Rng rng(runtime::mix(o.seed, 0x696e6974ull /* "init" */));
-                              model.net->resetParams(rng);
-                            }
-                          },
+                          .initialise =
+                              [&] {
+                                if (o.initialise) {
+                                  o.initialise(model);
+                                } else {
+                                  runtime::Rng rng(runtime::mix(o.seed, 0x696e6974ull /* "init" */));
+                                  model.net->resetParams(rng);
+                                }
+                              },
                           .timeline = timeline_};
-  // One shared copy per node on the CPU: by default over shm on one node; asked for, also across
-  // nodes over hierarchical, which needs every node the same size (else replicas over flat mpi by
-  // default; asked for, a refusal).
-  const bool sharded = options_.mode == Mode::kAllReduce && !gpu_ && !replicas();
-  if (options_.mode == Mode::kHogwild) {
-    strategy_ = std::make_unique<HogwildStrategy>(context, HogwildOptions{.averageEvery = std::max<int64_t>(averageEvery(), 1)});
-  } else if (sharded && backend_ == "shm") {
-    strategy_ = std::make_unique<ShardedStrategy>(context);
-  } else if (sharded && backend_ == "hierarchical" && world_.spansNodes()) {
-    collectives::NodeGroups groups = collectives::makeNodeGroups(
-        {.backend = backend_, .world = world_, .timeout = options_.timeout}, options_.backend.empty());
-    if (groups.cross) {
-      strategy_ = std::make_unique<ShardedStrategy>(context, std::move(groups));
-    } else {
-      backend_ = "mpi";
-      strategy_ = std::make_unique<ReplicaStrategy>(context, backend_);
-    }
-  } else if (options_.mode == Mode::kAllReduce) {
-    // The default backend is left to makeCommunicator, which falls back from hierarchical to flat
-    // mpi where the nodes run different numbers of workers: the job reports what it got.
-    auto replicas = std::make_unique<ReplicaStrategy>(context, gpu_ || !options_.backend.empty() ? backend_ : "");
-    backend_ = replicas->communicator().backend();
-    strategy_ = std::move(replicas);
-  } else {
-    strategy_ = std::make_unique<LocalStrategy>(context);
-  }
+  placed_ =
+      std::make_unique<Placed>(makePlacement(choice_, context, {.averageEvery = std::max<int64_t>(averageEvery(), 1)}));
   model_ = &model;
   optimizer_ = &optimizer;
   guard_ = std::make_unique<StepGuard>(gpu_.get(), options_.timeout);
-  checkpointer_ = std::make_unique<Checkpointer>(Checkpointer::Context{.strategy = *strategy_,
-                                                                        .model = model,
-                                                                        .optimizer = optimizer,
-                                                                        .world = world_,
-                                                                        .gpu = gpu_.get(),
-                                                                        .mode = toString(options_.mode)});
+  checkpointer_ = std::make_unique<Checkpointer>(Checkpointer::Context{.placement = *placed_->placement,
+                                                                       .collectives = *placed_->collectives,
+                                                                       .model = model,
+                                                                       .optimizer = optimizer,
+                                                                       .world = world_,
+                                                                       .gpu = gpu_.get(),
+                                                                       .mode = toString(options_.mode)});
 }
 
 Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& o) const {
@@ -274,6 +222,7 @@ Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optim
   Settings s = {{"mode", toString(options_.mode)},
                 {"backend", backend()},
                 {"replicas", replicas() ? "yes" : "no"},
+                {"uneven_nodes", toString(choice_.unevenNodes)},
                 {"device", device_.isCuda() ? "cuda" : "cpu"},
                 {"world_size", std::to_string(world_.worldSize)},
                 {"model", model.name},
@@ -304,7 +253,7 @@ void Job::agree(const Settings& settings) {
 }
 
 void Job::requirePlaced(const char* what) const {
-  if (!strategy_) COHORT_THROW(InvalidArgument) << what << " needs the model placed first: call Job::place()";
+  if (!placed_) COHORT_THROW(InvalidArgument) << what << " needs the model placed first: call Job::place()";
 }
 
 void Job::requireSettled(const char* what) const {
@@ -336,7 +285,7 @@ nn::Pass Job::pass(const PassOptions& o) {
   pass.needInputGrad = false;
   pass.accumulateGrads = o.microBatch > 0;
   pass.rng = o.rng;
-  pass.units = last ? strategy_->unitListener() : nullptr;
+  pass.units = last ? placed_->placement->unitListener() : nullptr;
   pass.gpu = gpu_.get();
   pass.precision = options_.precision;
   if (last) microBatches_ = o.microBatches;
@@ -358,7 +307,7 @@ decltype(auto) Job::failingTogether(F&& f) {
   try {
     return f();
   } catch (const Error& error) {
-    strategy_->abandon(error);
+    placed_->collectives->abandon(error);
     collectives::markProcessFailing();
     throw;
   }
@@ -397,17 +346,19 @@ StepResult Job::step(const StepOptions& options) {
   Timeline::Scope span(timeline_, SpanKind::kStep);
   timeline_.addStep();
   StepResult result = failingTogether([&] {
-    return strategy_->step({.gradScale = 1.0f / static_cast<float>(microBatches_),
-                            .clipGradNorm = options.clipGradNorm,
-                            .loss = {.finite = finiteLoss,
-                                     .spike = z > 0 && options.loss && finiteLoss && *options.loss > lossHistory_.limit(z)},
-                            .exchangeLoss = options.loss.has_value() && world_.worldSize > 1,
-                            .maxGradNorm = z > 0 ? gradNormHistory_.limit(z) : std::numeric_limits<double>::infinity(),
-                            .guard = guard_.get(),
-                            .defer = defer,
-                            .skipsLeft = options.skipNonFinite,
-                            .lrIfSettled = lrIfSettled,
-                            .lrIfOneMore = lrIfOneMore});
+    return runStep(*placed_->placement,
+                   {.gradScale = 1.0f / static_cast<float>(microBatches_),
+                    .clipGradNorm = options.clipGradNorm,
+                    .loss = {.finite = finiteLoss,
+                             .spike = z > 0 && options.loss && finiteLoss && *options.loss > lossHistory_.limit(z)},
+                    .exchangeLoss = options.loss.has_value() && world_.worldSize > 1,
+                    .maxGradNorm = z > 0 ? gradNormHistory_.limit(z) : std::numeric_limits<double>::infinity(),
+                    .guard = guard_.get(),
+                    .defer = defer,
+                    .skipsLeft = options.skipNonFinite,
+                    .lrIfSettled = lrIfSettled,
+                    .lrIfOneMore = lrIfOneMore},
+                   {.rank = world_.rank, .worldSize = world_.worldSize, .timeline = timeline_});
   });
   if (defer) {
     deferredLrs_.push_back(
@@ -450,23 +401,25 @@ size_t Job::pendingSteps() const { return readyResults_.size() + deferredLrs_.si
 
 bool Job::lockstep() const {
   requirePlaced("Job::lockstep()");
-  return strategy_->lockstep();
+  return placed_->collectives->lockstep();
 }
 
 bool Job::sharedParams() const {
   requirePlaced("Job::sharedParams()");
-  return strategy_->sharedParams();
+  return placed_->placement->sharedParams();
 }
 
 void Job::barrier(const std::string& what) {
   requirePlaced("Job::barrier()");
-  failingTogether([&] { strategy_->barrier(what); });
+  failingTogether([&] { placed_->collectives->barrier(what); });
 }
 
 void Job::reduce(std::span<double> values, Reduce op) {
   requirePlaced("Job::reduce()");
-  const ScalarOp scalarOp = op == Reduce::kMax ? ScalarOp::kMax : op == Reduce::kMean ? ScalarOp::kMean : ScalarOp::kSum;
-  failingTogether([&] { strategy_->reduce(values, scalarOp); });
+  const ScalarOp scalarOp = op == Reduce::kMax    ? ScalarOp::kMax
+                            : op == Reduce::kMean ? ScalarOp::kMean
+                                                  : ScalarOp::kSum;
+  failingTogether([&] { placed_->collectives->reduce(values, scalarOp); });
 }
 
 double Job::mean(double value) {
@@ -492,17 +445,17 @@ std::optional<nn::Metadata> Job::load(const std::string& path, const nn::Metadat
   return checkpointer_->load(path, mustMatch);
 }
 
-runtime::data::DataLoaderOptions Job::shard(runtime::data::DataLoaderOptions options) const {
+runtime::data::DataLoaderOptions Job::dataSplit(runtime::data::DataLoaderOptions options) const {
   options.rank = world_.rank;
   options.worldSize = world_.worldSize;
   return options;
 }
 
 void Job::checkPeers(std::chrono::milliseconds settle) {
-  if (strategy_) strategy_->checkPeers(settle);
+  if (placed_) placed_->collectives->checkPeers(settle);
 }
 
-uint64_t Job::gradientReductions() const { return strategy_ ? strategy_->gradientReductions() : 0; }
+uint64_t Job::gradientReductions() const { return placed_ ? placed_->placement->gradientReductions() : 0; }
 
 std::optional<runtime::AllocatorStats> Job::deviceMemoryStats() const {
 #ifdef COHORT_HAVE_CUDA

@@ -12,7 +12,7 @@
 //              (CPU): the nodes' copies are averaged over MPI every `averageEvery` steps, overlapped
 //              with training, and fully at every collective (train/node_averaging.h).
 //   allreduce  synchronous data parallel: every step applies the average of all workers'
-//              gradients. Over shm on one node: one shared copy, each worker updating its shard
+//              gradients. Over shm on one node: one shared copy, each worker updating its slice
 //              (or, with `replicas`, a replica per worker and bucketed all-reduce); over mpi (any
 //              number of nodes) and nccl (GPUs): a replica per worker, rank 0's parameters
 //              broadcast, gradient buckets all-reduced while backward runs.
@@ -47,9 +47,9 @@
 // node's roster of the job (ipc/rank_roster.h; InvalidArgument naming the holder when another live
 // process holds it: two jobs of one id), so that peers know this process from then on; ending the
 // Job normally (destroyed other than by an exception) marks the rank finished. A process that exits
-// 0 while its Job exists and other ranks still run counts as having left early (cohortrun exit 4). Errors: InvalidArgument for misuse (messages name the
-// problem), TimeoutError / PeerError naming the rank a collective waited for, IoError for files.
-// Thread safety: one thread drives a Job (the training thread).
+// 0 while its Job exists and other ranks still run counts as having left early (cohortrun exit 4). Errors:
+// InvalidArgument for misuse (messages name the problem), TimeoutError / PeerError naming the rank a collective waited
+// for, IoError for files. Thread safety: one thread drives a Job (the training thread).
 //
 //   train::Job job({.mode = train::Mode::kAllReduce});
 //   job.place(model, *optimizer, {.seed = 1});
@@ -80,6 +80,7 @@
 #include "runtime/gpu_options.h"
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
+#include "train/placement_choice.h"
 #include "train/settings.h"
 #include "train/spike_detector.h"
 #include "train/step.h"
@@ -91,25 +92,21 @@ class GpuContext;
 
 namespace cohort::train {
 
-class Strategy;
 class Checkpointer;
 class StepGuard;
+struct Placed;
 
-enum class Mode { kLocal, kHogwild, kAllReduce };
-// "local", "hogwild", "allreduce"; InvalidArgument naming the accepted ones otherwise.
-Mode parseMode(const std::string& name);
-const char* toString(Mode mode);
-
+// Mode, Backend, ParamCopies and their words: train/placement_choice.h.
 struct JobOptions {
   Mode mode = Mode::kLocal;
-  // kAllReduce: "shm", "mpi", "hierarchical" or "nccl"; empty: nccl on a GPU, shm on one node,
-  // hierarchical across nodes (flat mpi where the nodes run different numbers of workers).
-  std::string backend = {};
-  // kAllReduce on the CPU: a full replica per rank and the bucketed all-reduce (true), or one shared
-  // copy per node that the node's ranks update in shards (false: over shm, or hierarchical across
-  // nodes). Unset: shared on one node; replicas across nodes, where the buckets' all-reduce overlaps
-  // backward and trains faster (docs/nn.md).
-  std::optional<bool> replicas = std::nullopt;
+  // kAllReduce: what carries the gradients; kAuto: nccl on a GPU, shm on one node, hierarchical
+  // across nodes (flat mpi where the nodes run different numbers of workers).
+  Backend backend = Backend::kAuto;
+  // kAllReduce on the CPU: a full replica per rank and the bucketed all-reduce (kReplicas), or one
+  // shared copy per node that the node's ranks update in slices (kSharedPerNode: over shm, or
+  // hierarchical across nodes). kAuto: shared on one node; replicas across nodes, where the
+  // buckets' all-reduce overlaps backward and trains faster (docs/nn.md).
+  ParamCopies paramCopies = ParamCopies::kAuto;
   // "cpu", "cuda" (the GPU of this rank's local rank: one worker per GPU) or "cuda:N".
   std::string device = "cpu";
   // Every wait for other ranks (start-up, barriers, collectives); then TimeoutError naming them.
@@ -131,6 +128,10 @@ struct JobOptions {
   runtime::DType precision = runtime::DType::kF32;
 };
 
+// The placement a Job with `options` makes on `world` (train/placement_choice.h): a pure function,
+// the one Job's constructor calls (InvalidArgument as resolvePlacement).
+ResolvedPlacement resolvePlacement(const JobOptions& options, const runtime::WorldInfo& world);
+
 // JobOptions::averageEvery when 0: a round every 16 steps of a node's leader (with 2 workers a node,
 // about 32 updates of each copy per round).
 inline constexpr int64_t kDefaultAverageEvery = 16;
@@ -149,8 +150,8 @@ struct PlaceOptions {
 };
 
 struct PassOptions {
-  int microBatch = 0;    // k in [0, microBatches)
-  int microBatches = 1;  // K >= 1: gradients of K micro-batches per step (see the header comment)
+  int microBatch = 0;           // k in [0, microBatches)
+  int microBatches = 1;         // K >= 1: gradients of K micro-batches per step (see the header comment)
   runtime::Rng* rng = nullptr;  // dropout masks; layers with dropout need one while training
 };
 
@@ -159,7 +160,7 @@ enum class Reduce { kSum, kMean, kMax };
 
 class Job {
  public:
-  explicit Job(const JobOptions& options);                              // the world from the environment
+  explicit Job(const JobOptions& options);  // the world from the environment
   Job(const JobOptions& options, const runtime::WorldInfo& world);
   ~Job();
   Job(const Job&) = delete;
@@ -170,7 +171,9 @@ class Job {
   runtime::Device device() const { return device_; }
   // This rank's GPU (stream, caching allocator, cuBLAS/cuDNN handles); nullptr on the CPU.
   runtime::cuda::GpuContext* gpu() const;
-  // Where the gradients are averaged: "none" (local, hogwild), "shm", "mpi" or "nccl".
+  // Where the gradients are averaged: "none" (local, hogwild), "shm", "mpi", "hierarchical" or
+  // "nccl": the resolved choice, and after place() what the communicator got (flat "mpi" where
+  // the nodes turned out uneven and the choice allowed it).
   std::string backend() const;
   // Hogwild across nodes: the leader steps between two averaging rounds (averageEvery resolved); 0
   // where the mode does not average parameters (other modes, Hogwild on one node).
@@ -186,7 +189,7 @@ class Job {
   // the optimizer and its hyper-parameters; the seed; the convolution algorithms; and options.settings. Another rank's
   // different setting is an InvalidArgument on every rank, naming both ranks and both values.
   void place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& options = {});
-  bool placed() const { return strategy_ != nullptr; }
+  bool placed() const { return placed_ != nullptr; }
   nn::Model& model() const;
   nn::Optimizer& optimizer() const;
 
@@ -216,9 +219,13 @@ class Job {
   // Whether the ranks of a node share one copy of the parameters (Hogwild; allreduce on the CPU
   // without replicas), rather than each holding its own.
   bool sharedParams() const;
-  // kAllReduce: whether every rank keeps a replica (JobOptions::replicas resolved; always on a GPU
+  // kAllReduce: whether every rank keeps a replica (JobOptions::paramCopies resolved; always on a GPU
   // and over mpi). False in the other modes.
   bool replicas() const;
+  // Where the parameters live and what carries the collectives, resolved from the options and the
+  // world by resolvePlacement (train/placement_choice.h) when the Job was made; place() agrees on it
+  // and makes exactly that.
+  const ResolvedPlacement& placementChoice() const { return choice_; }
 
   // Collective: InvalidArgument on every rank when any rank's `settings` differ from rank 0's,
   // naming the ranks and the first differing setting with both values (nothing happens in a world
@@ -242,13 +249,13 @@ class Job {
   void save(const std::string& path, const nn::Metadata& extra = {});
   std::optional<nn::Metadata> load(const std::string& path, const nn::Metadata& mustMatch = {});
 
-  // This rank's shard of a dataset: `options` with rank and worldSize set (DistributedSampler's split).
-  runtime::data::DataLoaderOptions shard(runtime::data::DataLoaderOptions options) const;
+  // This rank's part of a dataset: `options` with rank and worldSize set (DistributedSampler's split).
+  runtime::data::DataLoaderOptions dataSplit(runtime::data::DataLoaderOptions options) const;
   // After a failure in the loop: throws PeerError when the cause is a rank this one depends on
   // having gone (GPU Hogwild: the owner of the shared parameters), looking for up to `settle`.
   void checkPeers(std::chrono::milliseconds settle = std::chrono::seconds(1));
   // How many times this rank has reduced gradients across ranks: bucket all-reduces (replicas,
-  // mpi, nccl) or sharded reductions (shm); 0 in local and Hogwild. With K micro-batches per step
+  // mpi, nccl) or slice reductions (the shared copy); 0 in local and Hogwild. With K micro-batches per step
   // it grows once per step (per bucket), not K times.
   uint64_t gradientReductions() const;
   // The GPU caching allocator's counters; nullopt on the CPU.
@@ -262,11 +269,11 @@ class Job {
   struct Token;
   void requirePlaced(const char* what) const;
   void requireSettled(const char* what) const;  // InvalidArgument while deferred results are pending
-  // Runs `f`; when it throws, the strategy tells the ranks waiting for this one why first, and MPI
+  // Runs `f`; when it throws, the collectives tell the ranks waiting for this one why first, and MPI
   // will not be finalised (collectives::markProcessFailing).
   template <class F>
   decltype(auto) failingTogether(F&& f);  // job.cc
-  std::string resolveBackend() const;
+  void checkPlaceable(const nn::Model& model, const nn::Optimizer& optimizer) const;
   Settings builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& options) const;
 
   std::unique_ptr<Token> token_;  // first in, last out: one Job per process
@@ -275,16 +282,16 @@ class Job {
   // leaving it at the normal end marks it finished (not an early exit) for them and for cohortrun.
   struct Membership;
   std::unique_ptr<Membership> membership_;
-  Timeline timeline_;             // before the strategy, which records into it
+  Timeline timeline_;  // before the placement, which records into it
   JobOptions options_;
   runtime::WorldInfo world_;
   runtime::Logger log_;
   runtime::Device device_;
   std::unique_ptr<runtime::cuda::GpuContext> gpu_;
-  std::string backend_;  // allreduce: shm, mpi or nccl
+  ResolvedPlacement choice_;  // resolved once, by the constructor
   nn::Model* model_ = nullptr;
   nn::Optimizer* optimizer_ = nullptr;
-  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<Placed> placed_;  // the placement and the job's collectives
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<StepGuard> guard_;  // measures and (GPU, deferred) judges the steps
   // The learning rates a deferred GPU step was queued with, oldest first (settleStep picks one).
@@ -298,8 +305,8 @@ class Job {
   void addToHistory(const StepResult& result, std::optional<double> loss);
   std::deque<DeferredLr> deferredLrs_;
   std::deque<StepResult> readyResults_;  // deferred steps on the CPU, already done
-  int agreements_ = 0;      // agree() calls so far: each has a segment of its own
-  int microBatches_ = 1;    // of the pass that synchronised last
+  int agreements_ = 0;                   // agree() calls so far: each has a segment of its own
+  int microBatches_ = 1;                 // of the pass that synchronised last
   bool readyToStep_ = false;
 };
 

@@ -2,19 +2,14 @@
 
 namespace cohort::train {
 
-LocalStrategy::LocalStrategy(const StrategyContext& c)
-    : params_(c.params), optimizer_(c.optimizer), gpu_(c.gpu), timeline_(c.timeline) {
+LocalStrategy::LocalStrategy(const StrategyContext& c) : WholeGradientPlacement({c.params, c.optimizer, c.gpu}) {
   c.initialise();
-  moveToGpu(params_, gpu_);
-}
-
-StepResult LocalStrategy::step(const StepPlan& plan) {
-  return stepWholeGradient(plan, LossVerdict::own(plan.loss, 0), 0, params_, optimizer_, gpu_, timeline_);
+  moveToGpu(c.params, c.gpu);
 }
 
 void LocalStrategy::loadState(const CheckpointReader& reader) {
-  loadParams(reader, params_);
-  loadSingleOptimizerState(reader, optimizer_);
+  loadParams(reader, whole_.params);
+  loadSingleOptimizerState(reader, whole_.optimizer);
 }
 
 }  // namespace cohort::train

@@ -1,27 +1,23 @@
-// LocalStrategy: one process trains alone (mode local), on the CPU or one GPU: initialises the
-// parameters, moves them to the GPU if there is one, and steps the optimizer; collectives are
-// trivial. Ownership: borrows the parameters and the optimizer. Thread safety: as Strategy.
+// LocalStrategy: the placement of mode local — one process trains alone, on the CPU or one GPU:
+// initialises the parameters, moves them to the GPU if there is one, and steps the optimizer on its
+// own whole gradient (train/placement.h); its collectives are LocalCollectives.
+// Ownership: borrows the parameters and the optimizer. Thread safety: as Placement.
 #pragma once
 
-#include "train/strategy.h"
+#include "train/placement.h"
 
 namespace cohort::train {
 
-class LocalStrategy final : public Strategy {
+class LocalStrategy final : public WholeGradientPlacement {
  public:
   explicit LocalStrategy(const StrategyContext& context);
 
-  StepResult step(const StepPlan& plan) override;
-  void barrier(const std::string&) override {}
-  void reduce(std::span<double>, ScalarOp) override {}  // one rank: the values are the job's
-  SavedState saveState() override { return singleOptimizerState(optimizer_); }
+  std::unique_ptr<JobCollectives> makeCollectives() override { return std::make_unique<LocalCollectives>(); }
+  SavedState saveState() override { return singleOptimizerState(whole_.optimizer); }
   void loadState(const CheckpointReader& reader) override;
 
- private:
-  nn::ParamBuffer& params_;
-  nn::Optimizer& optimizer_;
-  runtime::cuda::GpuContext* gpu_;
-  Timeline& timeline_;
+  void reduceGradients(const StepPlan&, LossVote&) override {}  // one rank: its gradient is the job's
+  int gradientRank() const override { return 0; }
 };
 
 }  // namespace cohort::train

@@ -7,7 +7,7 @@
 #include "collectives/mpi/mpi_communicator.h"
 #include "runtime/digest.h"
 #include "runtime/error.h"
-#include "train/strategy.h"
+#include "train/job_collectives.h"
 
 namespace cohort::train {
 

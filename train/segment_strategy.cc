@@ -50,15 +50,21 @@ std::unique_ptr<ipc::SharedParams> SegmentStrategy::shareParams(const StrategyCo
         c.initialise();
         std::copy_n(params_.values().data(), n, values);
       });
-  params_.relocate({.values = shared->values(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator(),
+  params_.relocate({.values = shared->values(),
+                    .device = runtime::Device::cpu(),
+                    .allocator = &runtime::cpuAllocator(),
                     .copyValues = false});
   unlinkAfterFirstBarrier([segment = shared.get()] { segment->unlinkName(); });
   return shared;
 }
 
-void SegmentStrategy::abandon(const Error& error) { segment_.barrier().abandon(segment_.localRank(), error); }
+SegmentCollectivesOptions SegmentStrategy::nodeCollectives() {
+  return {.barrier = [this](const std::string& what) { nodeBarrier(what); },
+          .gatherRows = [this](std::span<const double> mine, int& ranks) { return gatherNode(mine, ranks); },
+          .abandon = [this](const Error& error) { segment_.barrier().abandon(segment_.localRank(), error); }};
+}
 
-void SegmentStrategy::barrier(const std::string& what) {
+void SegmentStrategy::nodeBarrier(const std::string& what) {
   Timeline::Scope span(timeline_, SpanKind::kBarrier);
   segment_.barrier().arriveAndWait(segment_.localRank(), {.what = what, .timeout = nodeTimeout_});
   if (!unlinked_ && segment_.localRank() == 0) {
@@ -68,12 +74,19 @@ void SegmentStrategy::barrier(const std::string& what) {
   unlinked_ = true;
 }
 
-void SegmentStrategy::reduce(std::span<double> values, ScalarOp op) {
-  for (size_t first = 0; first < values.size(); first += ipc::JobSegment::kMaxScalars) {
-    std::span<double> part = values.subspan(first, std::min(ipc::JobSegment::kMaxScalars, values.size() - first));
-    std::span<const double> all = segment_.allGather(part, {.what = "reduce", .timeout = nodeTimeout_});
-    reduceRows(part, all, segment_.localWorldSize(), op);
+std::vector<double> SegmentStrategy::gatherNode(std::span<const double> mine, int& ranks) {
+  ranks = localWorldSize();
+  std::vector<double> all(static_cast<size_t>(ranks) * mine.size());
+  for (size_t first = 0; first < mine.size(); first += ipc::JobSegment::kMaxScalars) {
+    const size_t n = std::min(ipc::JobSegment::kMaxScalars, mine.size() - first);
+    std::span<const double> part =
+        segment_.allGather(mine.subspan(first, n), {.what = "reduce", .timeout = nodeTimeout_});
+    for (int r = 0; r < ranks; ++r) {
+      std::copy_n(part.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(r) * n), n,
+                  all.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(r) * mine.size() + first));
+    }
   }
+  return all;
 }
 
 }  // namespace cohort::train

@@ -19,7 +19,7 @@ using runtime::Shape;
 namespace {
 
 runtime::data::DataLoaderOptions loaderOptions(const Job& job, const TrainerOptions& o) {
-  return job.shard({.batchSize = o.batchSize, .seed = o.seed, .prefetch = o.prefetch, .augment = o.augment});
+  return job.dataSplit({.batchSize = o.batchSize, .seed = o.seed, .prefetch = o.prefetch, .augment = o.augment});
 }
 
 // A digest of the training set that costs microseconds: every target, and the inputs of 64 samples

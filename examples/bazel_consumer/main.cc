@@ -45,7 +45,7 @@ int run(const std::string& mode) {
 
   nn::SoftmaxCrossEntropy loss;
   runtime::Rng dropout(job.world().rank);  // this rank's dropout masks
-  runtime::data::DataLoader loader(*trainSet, job.shard({.batchSize = 32, .seed = 4}));
+  runtime::data::DataLoader loader(*trainSet, job.dataSplit({.batchSize = 32, .seed = 4}));
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     loader.startEpoch(epoch);
     for (runtime::data::Batch b; loader.next(b);) {
@@ -56,7 +56,7 @@ int run(const std::string& mode) {
     }
   }
   // Each rank evaluates its shard of the test set; the job adds up the counts.
-  runtime::data::DataLoader test(*testSet, job.shard({.batchSize = 250, .shuffle = false}));
+  runtime::data::DataLoader test(*testSet, job.dataSplit({.batchSize = 250, .shuffle = false}));
   test.startEpoch(0);
   double counts[2] = {0, 0};  // correct, samples
   for (runtime::data::Batch b; test.next(b);) {

@@ -12,7 +12,6 @@
 // --batch-size K·b --max-steps N` with the same seed (to 1e-5; tests/examples check it), and it
 // runs at the Trainer's speed (bench/compare_own_loop.sh). Prints one RESULT line on rank 0.
 #include <CLI/CLI.hpp>  // flags
-
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -32,7 +31,7 @@ struct Flags {
 };
 
 int run(const Flags& f) {
-  train::Job job({.mode = train::parseMode(f.mode), .backend = f.backend});
+  train::Job job({.mode = train::parseMode(f.mode), .backend = train::parseBackend(f.backend)});
   auto data = runtime::data::openDataset("synthetic", runtime::data::Split::kTrain);
   auto model = nn::buildModel(f.model);
   auto optimizer = nn::makeOptimizer({.lr = static_cast<float>(f.lr), .momentum = static_cast<float>(f.momentum)},
@@ -41,12 +40,13 @@ int run(const Flags& f) {
 
   // Resume: the job restores parameters and optimizer state; the loop keeps its own position.
   int64_t step = 0;
-  const nn::Metadata mustMatch = {{"micro_batch", std::to_string(f.batch)}, {"micro_batches", std::to_string(f.microBatches)}};
+  const nn::Metadata mustMatch = {{"micro_batch", std::to_string(f.batch)},
+                                  {"micro_batches", std::to_string(f.microBatches)}};
   if (f.resume) {
     if (auto meta = job.load(f.checkpoint, mustMatch)) step = std::stoll(meta->at("step"));
   }
 
-  runtime::data::DataLoader loader(*data, job.shard({.batchSize = f.batch, .seed = f.seed}));
+  runtime::data::DataLoader loader(*data, job.dataSplit({.batchSize = f.batch, .seed = f.seed}));
   nn::SoftmaxCrossEntropy loss;
   int64_t next = step * f.microBatches;  // the micro-batch to train next, counted over the epochs
   int64_t epoch = next / loader.batchesPerEpoch();
@@ -76,9 +76,10 @@ int run(const Flags& f) {
   job.reduce({figures, 1}, train::Reduce::kMean);
   job.reduce({figures + 1, 1}, train::Reduce::kSum);
   if (job.world().rank == 0) {
-    std::printf("RESULT example=own_loop mode=%s backend=%s world_size=%d steps=%lld train_loss=%.6f samples_per_s=%.0f\n",
-                f.mode.c_str(), job.backend().c_str(), job.world().worldSize, static_cast<long long>(step), figures[0],
-                figures[1]);
+    std::printf(
+        "RESULT example=own_loop mode=%s backend=%s world_size=%d steps=%lld train_loss=%.6f samples_per_s=%.0f\n",
+        f.mode.c_str(), job.backend().c_str(), job.world().worldSize, static_cast<long long>(step), figures[0],
+        figures[1]);
   }
   return 0;
 }

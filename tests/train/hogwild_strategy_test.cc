@@ -8,6 +8,8 @@
 // (Over the whole buffer, as real Hogwild training does, a step rewrites every element, and two
 // workers' read-modify-writes of the same element can lose one update: accepted by design, so not
 // what this test checks.) Values are exactly representable (lr = 0.25, K = 8, multiples of 1/4).
+#include "train/hogwild_strategy.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +20,6 @@
 
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
-#include "train/hogwild_strategy.h"
 
 namespace cohort::train {
 namespace {
@@ -39,19 +40,21 @@ int worker(const std::string& jobId, int rank, int world) {
   auto model = buildModel("mlp:7,5,3");
   model->params.allocate(runtime::cpuAllocator());
   auto whole = makeOptimizer({.kind = OptimizerKind::kSgd, .lr = kLr}, model->params.numel());
-  const runtime::WorldInfo info{.rank = rank, .worldSize = world, .localRank = rank, .localWorldSize = world, .jobId = jobId};
+  const runtime::WorldInfo info{
+      .rank = rank, .worldSize = world, .localRank = rank, .localWorldSize = world, .jobId = jobId};
   int initialised = 0;
   train::Timeline timeline;  // inactive
   HogwildStrategy sync({.params = model->params,
                         .optimizer = *whole,
                         .world = info,
                         .timeout = std::chrono::seconds(30),
-                        .initialise = [&] {
-                          ++initialised;
-                          for (size_t i = 0; i < model->params.numel(); ++i) {
-                            model->params.values().at(static_cast<int64_t>(i)) = initialValue(i);
-                          }
-                        },
+                        .initialise =
+                            [&] {
+                              ++initialised;
+                              for (size_t i = 0; i < model->params.numel(); ++i) {
+                                model->params.values().at(static_cast<int64_t>(i)) = initialValue(i);
+                              }
+                            },
                         .timeline = timeline});
   if (initialised != (rank == 0 ? 1 : 0)) return 4;  // only the creator initialises
   const int64_t n = static_cast<int64_t>(model->params.numel());
@@ -61,16 +64,17 @@ int worker(const std::string& jobId, int rank, int world) {
   model->params.grads().fill(1.0f);
   Tensor mySlice = model->params.values().narrowRows(begin, end - begin);
   Tensor myGrads = model->params.grads().narrowRows(begin, end - begin);
-  sync.barrier("start");
+  std::unique_ptr<JobCollectives> collectives = sync.makeCollectives();
+  collectives->barrier("start");
   for (int s = 0; s < kSteps; ++s) opt->step(mySlice, myGrads);
   double samples = kSteps;
-  sync.reduce({&samples, 1}, ScalarOp::kSum);
+  collectives->reduce({&samples, 1}, ScalarOp::kSum);
   int bad = 0;
   for (size_t i = 0; i < model->params.numel(); ++i) {
     bad += model->params.values().at(static_cast<int64_t>(i)) != initialValue(i) - kSteps * kLr;
   }
   if (samples != double{kSteps} * world) return 3;
-  sync.barrier("checked");
+  collectives->barrier("checked");
   return bad == 0 ? 0 : 2;
 }
 

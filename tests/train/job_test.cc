@@ -1,16 +1,18 @@
 // train::Job in process: every mode and strategy driven through the public API by ranks that are
 // forked processes of this test (no `cohort` binary), each with a fresh job id and shared-memory
 // directory.
-//   - allreduce (sharded shm, and replicas over shm): N ranks x batch b train like 1 rank x batch
+//   - allreduce (one shared copy per node over shm, and replicas over shm): N ranks x batch b train like 1 rank x batch
 //     N·b (to 1e-5 after 12 steps), with and without K micro-batches per step;
 //   - K micro-batches of b equal one batch of K·b in one process;
-//   - a checkpoint saved mid-run and loaded into a fresh job continues bit for bit (local, sharded,
+//   - a checkpoint saved mid-run and loaded into a fresh job continues bit for bit (local, shared copy,
 //     replicas), and Hogwild restores every worker's own optimizer state;
 //   - Hogwild workers see one copy of the parameters;
-//   - clipping by global norm: a case by hand, and N ranks (sharded, replicas) clip the averaged
+//   - clipping by global norm: a case by hand, and N ranks (shared copy, replicas) clip the averaged
 //     gradient like 1 rank with the combined batch (to 1e-5 after 20 clipped steps);
 //   - a non-finite loss (any rank's) or gradient is applied nowhere, and every rank says which;
 //   - misuse is an InvalidArgument naming the problem.
+#include "train/job.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,16 +33,15 @@
 #include "runtime/data/dataset.h"
 #include "tests/support/process.h"
 #include "tests/train/ranks.h"
-#include "train/job.h"
 
 namespace cohort::train {
 namespace {
 
 using ipc::testing::ScopedShmDir;
 using runtime::Shape;
-using testing::runRanks;
 using runtime::Tensor;
 using runtime::data::Dataset;
+using testing::runRanks;
 
 constexpr const char* kSpec = "mlp:20,16,3";
 
@@ -52,7 +53,7 @@ struct Run {
   int64_t steps = 12;
   float clip = 0;  // > 0: clip every step's gradient to this norm, and most steps must need it
   nn::OptimizerKind optimizer = nn::OptimizerKind::kSgd;
-  std::string saveAt;     // checkpoint path written after `saveAfter` steps
+  std::string saveAt;  // checkpoint path written after `saveAfter` steps
   int64_t saveAfter = -1;
   std::string resumeFrom;  // checkpoint to load before training (its "step" says where to start)
   std::string finalPath;   // checkpoint written at the end
@@ -63,7 +64,8 @@ int trainRank(const Run& run, const runtime::WorldInfo& world) {
   auto data = testing::teacherData();
   auto model = nn::buildModel(kSpec);
   Job job(run.job, world);
-  auto optimizer = nn::makeOptimizer({.kind = run.optimizer, .lr = 0.05f, .momentum = 0.9f}, model->params.numel(), job.gpu());
+  auto optimizer =
+      nn::makeOptimizer({.kind = run.optimizer, .lr = 0.05f, .momentum = 0.9f}, model->params.numel(), job.gpu());
   job.place(*model, *optimizer, {.seed = 3});
   int64_t step = 0;
   if (!run.resumeFrom.empty()) {
@@ -71,7 +73,7 @@ int trainRank(const Run& run, const runtime::WorldInfo& world) {
     if (!meta) return 10;
     step = std::stoll(meta->at("step"));
   }
-  runtime::data::DataLoader loader(*data, job.shard({.batchSize = run.batch, .seed = 7, .prefetch = 0}));
+  runtime::data::DataLoader loader(*data, job.dataSplit({.batchSize = run.batch, .seed = 7, .prefetch = 0}));
   nn::SoftmaxCrossEntropy loss;
   // Batches in order from `step` on: micro-batch k of step s is batch s·K + k of the epochs' stream.
   int64_t next = step * run.microBatches;
@@ -98,7 +100,8 @@ int trainRank(const Run& run, const runtime::WorldInfo& world) {
   if (!run.finalPath.empty()) job.save(run.finalPath, {{"step", std::to_string(step)}});
   // Accumulation synchronises once per step: one reduction per step and bucket, whatever K.
   if (run.expectReductions >= 0 && job.gradientReductions() != static_cast<uint64_t>(run.expectReductions)) {
-    std::fprintf(stderr, "%llu gradient reductions, expected %lld\n", static_cast<unsigned long long>(job.gradientReductions()),
+    std::fprintf(stderr, "%llu gradient reductions, expected %lld\n",
+                 static_cast<unsigned long long>(job.gradientReductions()),
                  static_cast<long long>(run.expectReductions));
     return 50;
   }
@@ -148,9 +151,13 @@ class JobTest : public ::testing::Test {
   std::string dir_;
 };
 
-JobOptions allreduce(bool replicas) { return {.mode = Mode::kAllReduce, .backend = "shm", .replicas = replicas}; }
+JobOptions allreduce(bool replicas) {
+  return {.mode = Mode::kAllReduce,
+          .backend = Backend::kShm,
+          .paramCopies = replicas ? ParamCopies::kReplicas : ParamCopies::kSharedPerNode};
+}
 
-TEST_F(JobTest, ShardedRanksTrainLikeOneRankWithTheirCombinedBatch) {
+TEST_F(JobTest, SharedCopyRanksTrainLikeOneRankWithTheirCombinedBatch) {
   for (int ranks : {2, 3}) {
     train(1, {.batch = 16 * ranks, .finalPath = path("one.st")});
     train(ranks, {.job = allreduce(false), .finalPath = path("many.st")});
@@ -168,21 +175,27 @@ TEST_F(JobTest, MicroBatchesAccumulateLikeOneBatch) {
   train(1, {.batch = 32, .finalPath = path("whole.st")});
   train(1, {.batch = 8, .microBatches = 4, .finalPath = path("micro.st")});
   EXPECT_LE(worstDifference(path("whole.st"), path("micro.st")), 1e-5);
-  // With workers: 2 ranks x 2 micro-batches of 8 = one batch of 32 (sharded and replicas).
-  train(2, {.job = allreduce(false), .batch = 8, .microBatches = 2, .expectReductions = 12, .finalPath = path("sharded.st")});
-  EXPECT_LE(worstDifference(path("whole.st"), path("sharded.st")), 1e-5);
-  train(2, {.job = allreduce(true), .batch = 8, .microBatches = 2, .expectReductions = 12, .finalPath = path("replicas.st")});
+  // With workers: 2 ranks x 2 micro-batches of 8 = one batch of 32 (shared copy and replicas).
+  train(
+      2,
+      {.job = allreduce(false), .batch = 8, .microBatches = 2, .expectReductions = 12, .finalPath = path("shared.st")});
+  EXPECT_LE(worstDifference(path("whole.st"), path("shared.st")), 1e-5);
+  train(2, {.job = allreduce(true),
+            .batch = 8,
+            .microBatches = 2,
+            .expectReductions = 12,
+            .finalPath = path("replicas.st")});
   EXPECT_LE(worstDifference(path("whole.st"), path("replicas.st")), 1e-5);
 }
 
 // Issue 16: the averaged gradient is clipped, its norm the same on every rank: 2 and 3 ranks (the
-// sharded shm path, whose ranks each hold a shard of it, and replicas) after 20 clipped steps equal
+// shared-copy shm path, whose ranks each update a slice of it, and replicas) after 20 clipped steps equal
 // one rank with the combined batch. Hogwild clips each worker's own gradient.
 TEST_F(JobTest, RanksClipTheAveragedGradientLikeOneRankWithTheCombinedBatch) {
   for (int ranks : {2, 3}) {
     train(1, {.batch = 16 * ranks, .steps = 20, .clip = 0.1f, .finalPath = path("one.st")});
-    train(ranks, {.job = allreduce(false), .steps = 20, .clip = 0.1f, .finalPath = path("sharded.st")});
-    EXPECT_LE(worstDifference(path("one.st"), path("sharded.st")), 1e-5) << ranks << " ranks, sharded";
+    train(ranks, {.job = allreduce(false), .steps = 20, .clip = 0.1f, .finalPath = path("shared.st")});
+    EXPECT_LE(worstDifference(path("one.st"), path("shared.st")), 1e-5) << ranks << " ranks, shared copy";
     train(ranks, {.job = allreduce(true), .steps = 20, .clip = 0.1f, .finalPath = path("replicas.st")});
     EXPECT_LE(worstDifference(path("one.st"), path("replicas.st")), 1e-5) << ranks << " ranks, replicas";
   }
@@ -230,13 +243,14 @@ TEST_F(JobTest, ClippingByHand) {
     const auto& entries = model->params.entries();
     for (size_t i = 0; i < entries.size(); ++i) {
       const Tensor v = model->params.value(i);
-      const std::vector<double> want = entries[i].name.find("weight") != std::string::npos ? std::vector<double>{10 * c, 20 * c}
-                                                                                          : std::vector<double>{10 * c};
+      const std::vector<double> want = entries[i].name.find("weight") != std::string::npos
+                                           ? std::vector<double>{10 * c, 20 * c}
+                                           : std::vector<double>{10 * c};
       if (v.numel() != static_cast<int64_t>(want.size())) return 31;
       for (int64_t k = 0; k < v.numel(); ++k) {
         if (std::fabs(v.at(k) - want[static_cast<size_t>(k)]) > 1e-6) {
-          std::fprintf(stderr, "%s[%lld] = %.9g, want %.9g\n", entries[i].name.c_str(), static_cast<long long>(k), v.at(k),
-                       want[static_cast<size_t>(k)]);
+          std::fprintf(stderr, "%s[%lld] = %.9g, want %.9g\n", entries[i].name.c_str(), static_cast<long long>(k),
+                       v.at(k), want[static_cast<size_t>(k)]);
           return 32;
         }
       }
@@ -252,7 +266,7 @@ int nonFiniteSteps(const JobOptions& options, const runtime::WorldInfo& world) {
   Job job(options, world);
   auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel());
   job.place(*model, *optimizer, {.seed = 3});
-  runtime::data::DataLoader loader(*data, job.shard({.batchSize = 16, .seed = 7, .prefetch = 0}));
+  runtime::data::DataLoader loader(*data, job.dataSplit({.batchSize = 16, .seed = 7, .prefetch = 0}));
   nn::SoftmaxCrossEntropy loss;
   loader.startEpoch(0);
   const int last = world.worldSize - 1;
@@ -278,13 +292,15 @@ int nonFiniteSteps(const JobOptions& options, const runtime::WorldInfo& world) {
   job.barrier("saved");
   StepResult r = step(1);
   if (hogwild) {  // each worker judges its own step
-    if (r.applied != (world.rank != last) || (!r.applied && (r.nonFinite != NonFinite::kLoss || r.rank != last))) return 61;
+    if (r.applied != (world.rank != last) || (!r.applied && (r.nonFinite != NonFinite::kLoss || r.rank != last)))
+      return 61;
     return 0;
   }
   if (r.applied || r.nonFinite != NonFinite::kLoss || r.rank != last) return 62;
   if (r.describe().find("loss is non-finite on rank " + std::to_string(last)) == std::string::npos) return 63;
   r = step(2);
-  if (r.applied || r.nonFinite != NonFinite::kGradient || r.rank != (world.worldSize == 1 ? 0 : -1) || std::isfinite(r.gradNorm)) {
+  if (r.applied || r.nonFinite != NonFinite::kGradient || r.rank != (world.worldSize == 1 ? 0 : -1) ||
+      std::isfinite(r.gradNorm)) {
     return 64;
   }
   job.barrier("skipped");
@@ -314,7 +330,8 @@ TEST_F(JobTest, ACheckpointContinuesBitForBitInEveryLockstepMode) {
     int ranks;
     JobOptions job;
   };
-  for (const Case& c : {Case{"local", 1, {}}, Case{"sharded", 2, allreduce(false)}, Case{"replicas", 2, allreduce(true)}}) {
+  for (const Case& c :
+       {Case{"local", 1, {}}, Case{"shared copy", 2, allreduce(false)}, Case{"replicas", 2, allreduce(true)}}) {
     const std::string whole = path(std::string(c.name) + "-whole.st"), half = path(std::string(c.name) + "-half.st"),
                       resumed = path(std::string(c.name) + "-resumed.st");
     for (auto kind : {nn::OptimizerKind::kSgd, nn::OptimizerKind::kAdam}) {
@@ -336,7 +353,7 @@ TEST_F(JobTest, HogwildWorkersShareOneCopyAndGetTheirOwnOptimizerStateBack) {
     auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel());
     job.place(*model, *optimizer, {.seed = 3});
     if (job.lockstep()) return 20;
-    runtime::data::DataLoader loader(*data, job.shard({.batchSize = 16, .seed = 7, .prefetch = 0}));
+    runtime::data::DataLoader loader(*data, job.dataSplit({.batchSize = 16, .seed = 7, .prefetch = 0}));
     nn::SoftmaxCrossEntropy loss;
     loader.startEpoch(0);
     for (runtime::data::Batch b; loader.next(b);) {
@@ -413,45 +430,51 @@ TEST_F(JobTest, DeferredResultsComeInStepOrderFromSettleStep) {
   });
 }
 
+// Misuse of one job: a wrong optimizer, steps out of order, a second placement or Job, a clipping
+// norm that is no norm; saves a checkpoint at `ckpt` for the checks on loading it.
+int misuseOneJob(const runtime::WorldInfo& world, const std::string& ckpt) {
+  auto model = nn::buildModel(kSpec);
+  auto other = nn::buildModel("mlp:20,8,3");
+  Job job({}, world);
+  // An optimizer made for another model.
+  auto wrongSize = nn::makeOptimizer({.lr = 0.1f}, other->params.numel());
+  if (invalidArgument([&] { job.place(*model, *wrongSize); }).find("made for") == std::string::npos) return 30;
+  // Before place(): nothing to step.
+  if (invalidArgument([&] { job.step(); }).find("place()") == std::string::npos) return 31;
+  auto optimizer = nn::makeOptimizer({.lr = 0.1f, .momentum = 0.9f}, model->params.numel());
+  job.place(*model, *optimizer);
+  // A second model (or the same again) after the job placed its parameters.
+  auto otherOptimizer = nn::makeOptimizer({.lr = 0.1f}, other->params.numel());
+  if (invalidArgument([&] { job.place(*other, *otherOptimizer); }).find("already placed") == std::string::npos)
+    return 32;
+  // A parameter registered after placing.
+  Tensor v, g;
+  if (invalidArgument([&] { model->params.add("late.weight", Shape{2}, &v, &g); }).find("late.weight") ==
+      std::string::npos) {
+    return 33;
+  }
+  // Two jobs in one process.
+  if (invalidArgument([&] { Job second({}, world); }).find("already exists") == std::string::npos) return 34;
+  // step() without the backward of the last micro-batch.
+  job.pass({.microBatch = 0, .microBatches = 2});
+  if (invalidArgument([&] { job.step(); }).find("last micro-batch") == std::string::npos) return 35;
+  if (invalidArgument([&] { job.pass({.microBatch = 2, .microBatches = 2}); }).find("micro-batch") ==
+      std::string::npos) {
+    return 36;
+  }
+  // A clipping norm that is no norm.
+  job.pass();
+  if (invalidArgument([&] { job.step({.clipGradNorm = -1}); }).find("clipGradNorm") == std::string::npos) return 37;
+  if (invalidArgument([&] { job.step({.clipGradNorm = NAN}); }).find("clipGradNorm") == std::string::npos) return 38;
+  job.save(ckpt);
+  return 0;
+}
+
 // Misuse, one process. Runs in a child so that no GEMM thread pool exists in the test process when
 // the other tests fork.
 TEST_F(JobTest, MisuseIsAnInvalidArgumentNamingTheProblem) {
   const std::string ckpt = path("mlp.st");
-  runRanks(1, [&](const runtime::WorldInfo& world) {
-    auto model = nn::buildModel(kSpec);
-    auto other = nn::buildModel("mlp:20,8,3");
-    Job job({}, world);
-    // An optimizer made for another model.
-    auto wrongSize = nn::makeOptimizer({.lr = 0.1f}, other->params.numel());
-    if (invalidArgument([&] { job.place(*model, *wrongSize); }).find("made for") == std::string::npos) return 30;
-    // Before place(): nothing to step.
-    if (invalidArgument([&] { job.step(); }).find("place()") == std::string::npos) return 31;
-    auto optimizer = nn::makeOptimizer({.lr = 0.1f, .momentum = 0.9f}, model->params.numel());
-    job.place(*model, *optimizer);
-    // A second model (or the same again) after the job placed its parameters.
-    auto otherOptimizer = nn::makeOptimizer({.lr = 0.1f}, other->params.numel());
-    if (invalidArgument([&] { job.place(*other, *otherOptimizer); }).find("already placed") == std::string::npos) return 32;
-    // A parameter registered after placing.
-    Tensor v, g;
-    if (invalidArgument([&] { model->params.add("late.weight", Shape{2}, &v, &g); }).find("late.weight") ==
-        std::string::npos) {
-      return 33;
-    }
-    // Two jobs in one process.
-    if (invalidArgument([&] { Job second({}, world); }).find("already exists") == std::string::npos) return 34;
-    // step() without the backward of the last micro-batch.
-    job.pass({.microBatch = 0, .microBatches = 2});
-    if (invalidArgument([&] { job.step(); }).find("last micro-batch") == std::string::npos) return 35;
-    if (invalidArgument([&] { job.pass({.microBatch = 2, .microBatches = 2}); }).find("micro-batch") == std::string::npos) {
-      return 36;
-    }
-    // A clipping norm that is no norm.
-    job.pass();
-    if (invalidArgument([&] { job.step({.clipGradNorm = -1}); }).find("clipGradNorm") == std::string::npos) return 37;
-    if (invalidArgument([&] { job.step({.clipGradNorm = NAN}); }).find("clipGradNorm") == std::string::npos) return 38;
-    job.save(ckpt);
-    return 0;
-  });
+  runRanks(1, [&](const runtime::WorldInfo& world) { return misuseOneJob(world, ckpt); });
   runRanks(1, [&](const runtime::WorldInfo& world) {
     // A checkpoint of another model: another name, or the same name with other shapes.
     auto other = nn::buildModel("mlp:20,8,3");
@@ -464,7 +487,9 @@ TEST_F(JobTest, MisuseIsAnInvalidArgumentNamingTheProblem) {
   });
   runRanks(1, [&](const runtime::WorldInfo& world) {
     auto net = std::make_unique<nn::Sequential>();
-    net->add(std::make_unique<nn::Linear>(20, 7), "fc0").add(nn::relu(), "relu0").add(std::make_unique<nn::Linear>(7, 3), "fc1");
+    net->add(std::make_unique<nn::Linear>(20, 7), "fc0")
+        .add(nn::relu(), "relu0")
+        .add(std::make_unique<nn::Linear>(7, 3), "fc1");
     nn::Model impostor(std::move(net), {.name = kSpec});
     Job job({}, world);
     auto optimizer = nn::makeOptimizer({.lr = 0.1f, .momentum = 0.9f}, impostor.params.numel());

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "train/spike_detector.h"
-#include "train/strategy.h"
+#include "train/step_pipeline.h"
 
 namespace cohort::train {
 namespace {
@@ -49,7 +49,9 @@ TEST(SpikeDetectorTest, WindowForgetsOldValues) {
 
 TEST(LossVerdictTest, VotesNameTheLowestRankNonFiniteFirst) {
   const int w = 4;
-  auto vote = [&](bool finite, bool spike, int rank) { return LossVerdict::vote({.finite = finite, .spike = spike}, rank, w); };
+  auto vote = [&](bool finite, bool spike, int rank) {
+    return LossVerdict::vote({.finite = finite, .spike = spike}, rank, w);
+  };
   EXPECT_EQ(vote(true, false, 2), 0.0f);
   LossVerdict v = LossVerdict::ofVotes(std::max({vote(true, true, 3), vote(true, true, 1), vote(true, false, 0)}), w);
   EXPECT_EQ(v.spikeRank, 1);

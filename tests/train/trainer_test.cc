@@ -3,6 +3,8 @@
 // epoch on every rank (even when only rank 0 asks), with a checkpoint the run resumes from; a
 // non-finite loss on one rank stops every rank at that step (Diverged) or is skipped by all of them,
 // counted in the reports and the checkpoint.
+#include "train/trainer.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +22,6 @@
 #include "tests/train/ranks.h"
 #include "train/evaluate.h"
 #include "train/job.h"
-#include "train/trainer.h"
 
 namespace cohort::train {
 namespace {
@@ -120,8 +121,13 @@ TEST_F(TrainerTest, ANonFiniteLossStopsEveryRankAtItsStepOrIsSkippedByAll) {
       };
       callbacks.onEpochEnd = [&](EpochReport& e) { return e.skippedSteps == 1 ? Next::kContinue : Next::kStop; };
       Trainer trainer(job, loss, *data, nullptr,
-                      {.epochs = epochs, .batchSize = 16, .seed = 2, .checkpointPath = ckpt, .resume = true,
-                       .metricsPath = metrics, .skipNonFinite = skips},
+                      {.epochs = epochs,
+                       .batchSize = 16,
+                       .seed = 2,
+                       .checkpointPath = ckpt,
+                       .resume = true,
+                       .metricsPath = metrics,
+                       .skipNonFinite = skips},
                       std::move(callbacks));
       try {
         TrainResult r = trainer.run();
@@ -131,8 +137,10 @@ TEST_F(TrainerTest, ANonFiniteLossStopsEveryRankAtItsStepOrIsSkippedByAll) {
       } catch (const Diverged& e) {
         const std::string m = e.what();
         // Issue 33: no checkpoint was written before step 3, so the message must not name one as kept.
-        if (skips != 0 || m.find("step 3 ") == std::string::npos || m.find("loss is non-finite on rank 1") == std::string::npos ||
-            m.find("holds the last checkpoint") != std::string::npos || m.find("nothing was checkpointed") == std::string::npos) {
+        if (skips != 0 || m.find("step 3 ") == std::string::npos ||
+            m.find("loss is non-finite on rank 1") == std::string::npos ||
+            m.find("holds the last checkpoint") != std::string::npos ||
+            m.find("nothing was checkpointed") == std::string::npos) {
           std::fprintf(stderr, "%s\n", m.c_str());
           return 62;
         }
@@ -168,8 +176,8 @@ class CountingLoss final : public nn::Loss {
 };
 
 // The test set's evaluation is split over the ranks that all hold it (chunks of 50 of 300: 6, three
-// each) and gives rank 0 exactly the figures it computes alone, through the replicas' float
-// all-reduce of scalars as through the shared copy's double gather; with the test set on rank 0
+// each) and gives rank 0 exactly the figures it computes alone, with replicas as with the shared
+// copy (the job's one reduce: raw doubles gathered, added in rank order); with the test set on rank 0
 // only, rank 0 evaluates alone; with 7 chunks on 2 ranks, 3 and 4. The ranks hold the same
 // parameters, so rank 0's own evaluation after the run is the reference.
 TEST_F(TrainerTest, TheRanksShareTheTestSetsEvaluationExactly) {
@@ -179,14 +187,16 @@ TEST_F(TrainerTest, TheRanksShareTheTestSetsEvaluationExactly) {
     int64_t rank1Chunks;  // evaluation forwards rank 1 makes
   };
   for (const Case c : {Case{300, true, 3}, Case{350, true, 4}, Case{300, false, 0}}) {
-    for (bool replicas : {true, false}) {  // a float all-reduce of the scalars; the shared copy's double gather
+    for (bool replicas : {true, false}) {
       SCOPED_TRACE((replicas ? "replicas, test size " : "shared, test size ") + std::to_string(c.testSize));
       runRanks(2, [&](const runtime::WorldInfo& world) {
         auto data = testing::teacherData();
         auto test = testing::teacherData(c.testSize, 12);
         auto model = nn::buildModel("mlp:20,16,3");
         auto optimizer = nn::makeOptimizer({.lr = 0.05f, .momentum = 0.9f}, model->params.numel());
-        Job job({.mode = Mode::kAllReduce, .replicas = replicas}, world);
+        Job job(
+            {.mode = Mode::kAllReduce, .paramCopies = replicas ? ParamCopies::kReplicas : ParamCopies::kSharedPerNode},
+            world);
         job.place(*model, *optimizer, {.seed = 1});
         CountingLoss loss;
         const bool holds = c.everyRank || world.rank == 0;

@@ -1,9 +1,10 @@
-// ShardReduce: the reduction of sharded synchronous training on one node (train/sharded_strategy.h),
-// where every local rank's gradients lie in shared memory that every rank maps.
+// SliceReduce: the gradient reduction of the one-shared-copy-per-node placement on one node
+// (train/shared_copy_strategy.h), where every local rank's gradients lie in shared memory that every
+// rank maps. ("Slice", not "shard": in Cohort a shard is only ZeRO's, nn/shard_map.h.)
 //
-// Each rank owns one shard of the flat buffer, shardOf(numel, rank, ranks): whole cache lines,
+// Each rank owns one slice of the flat buffer, sliceOf(numel, rank, ranks): whole cache lines,
 // about 1/ranks of it. After a barrier that ends every rank's backward, a rank averages its own
-// shard block by block: averageBlock(begin, end) writes into this rank's buffer, at [begin, end),
+// slice block by block: averageBlock(begin, end) writes into this rank's buffer, at [begin, end),
 // the mean over all ranks' buffers (this rank's first, then the others in rank order; summed, then
 // multiplied by float(1/ranks) times `scale`) — the arithmetic of the shm all-reduce's average, so
 // results equal the replicas' that all-reduce with it. The caller steps the optimizer on each block
@@ -12,9 +13,9 @@
 // No rank may write a buffer while others read it: the barriers around the step order that.
 //
 // Ownership: borrows the buffers (shared memory the caller keeps mapped). Thread safety: one thread
-// per rank; the ranks' calls touch disjoint shards of their own buffers.
+// per rank; the ranks' calls touch disjoint slices of their own buffers.
 //
-//   ShardReduce reduce(gradientsOfEveryRank, localRank, numel);
+//   SliceReduce reduce(gradientsOfEveryRank, localRank, numel);
 //   optimizer.stepSlice(params, grads, reduce.begin(), reduce.end(),
 //                       [&](int64_t b, int64_t e) { reduce.averageBlock(b, e); });
 #pragma once
@@ -26,21 +27,21 @@
 
 namespace cohort::collectives {
 
-// This rank's shard [begin, end) of a flat buffer of `numel` elements split over `ranks`: shards
+// This rank's slice [begin, end) of a flat buffer of `numel` elements split over `ranks`: slices
 // start on whole cache lines (16 floats) and tile the buffer; the last is shorter, possibly empty.
-std::pair<int64_t, int64_t> shardOf(int64_t numel, int rank, int ranks);
+std::pair<int64_t, int64_t> sliceOf(int64_t numel, int rank, int ranks);
 
-class ShardReduce {
+class SliceReduce {
  public:
   static constexpr int kMaxRanks = 64;
 
   // `buffers[r]` is rank r's buffer of `numel` floats, as this process maps it. InvalidArgument for
   // more than kMaxRanks ranks or a rank outside them.
-  ShardReduce(std::span<float* const> buffers, int rank, int64_t numel, float scale = 1.0f);
+  SliceReduce(std::span<float* const> buffers, int rank, int64_t numel, float scale = 1.0f);
 
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
-  // buffers[rank][i] = scale · mean over ranks of buffers[r][i], for i in [begin, end) ⊂ the shard.
+  // buffers[rank][i] = scale · mean over ranks of buffers[r][i], for i in [begin, end) ⊂ the slice.
   void averageBlock(int64_t begin, int64_t end) const;
   // Sets the extra factor (e.g. 1/K for K accumulated micro-batches).
   void setScale(float scale) { scale_ = scale; }

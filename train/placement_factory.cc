@@ -1,0 +1,62 @@
+#include "train/placement_factory.h"
+
+#include "collectives/hierarchical/hierarchical_communicator.h"
+#include "runtime/error.h"
+#include "train/hogwild_strategy.h"
+#include "train/local_strategy.h"
+#include "train/replica_strategy.h"
+#include "train/shared_copy_strategy.h"
+
+namespace cohort::train {
+
+namespace {
+
+// Replicas over the chosen backend; with UnevenNodes::kFlatMpi the communicator gets the world's
+// default instead (hierarchical, flat mpi where the nodes are uneven: collectives::makeCommunicator).
+std::unique_ptr<ReplicaStrategy> makeReplicas(const ResolvedPlacement& choice, const StrategyContext& context) {
+  const bool flatWhenUneven = choice.unevenNodes == UnevenNodes::kFlatMpi;
+  return std::make_unique<ReplicaStrategy>(context, flatWhenUneven ? std::string() : choice.backendName());
+}
+
+// One copy per node: on one node over shm; across nodes over hierarchical, whose node groups tell the
+// nodes' sizes: uneven, the choice's rule applies (flat mpi replicas, or makeNodeGroups refuses).
+std::unique_ptr<Placement> makeSharedCopy(const ResolvedPlacement& choice, const StrategyContext& context) {
+  if (!context.world.spansNodes()) return std::make_unique<SharedCopyStrategy>(context);
+  COHORT_CHECK(choice.backend == Backend::kHierarchical) << "a shared copy across nodes over " << choice.backendName();
+  collectives::NodeGroups groups =
+      collectives::makeNodeGroups({.backend = "hierarchical", .world = context.world, .timeout = context.timeout},
+                                  choice.unevenNodes == UnevenNodes::kFlatMpi);
+  if (groups.cross) return std::make_unique<SharedCopyStrategy>(context, std::move(groups));
+  return std::make_unique<ReplicaStrategy>(context, "mpi");
+}
+
+}  // namespace
+
+Placed makePlacement(const ResolvedPlacement& choice, const StrategyContext& context, const PlacementOptions& options) {
+  Placed placed;
+  placed.backend = choice.backendName();
+  switch (choice.kind) {
+    case PlacementKind::kLocal:
+      placed.placement = std::make_unique<LocalStrategy>(context);
+      break;
+    case PlacementKind::kHogwild:
+      placed.placement =
+          std::make_unique<HogwildStrategy>(context, HogwildOptions{.averageEvery = options.averageEvery});
+      break;
+    case PlacementKind::kReplicas:
+      placed.placement = makeReplicas(choice, context);
+      break;
+    case PlacementKind::kSharedCopy:
+      placed.placement = makeSharedCopy(choice, context);
+      break;
+  }
+  // The backend the communicator got (flat mpi where the nodes turned out uneven).
+  if (const auto* replicas = dynamic_cast<const ReplicaStrategy*>(placed.placement.get())) {
+    placed.backend = replicas->communicator().backend();
+    placed.replicas = true;
+  }
+  placed.collectives = placed.placement->makeCollectives();
+  return placed;
+}
+
+}  // namespace cohort::train
