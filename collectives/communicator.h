@@ -14,8 +14,8 @@
 // After an error the communicator is unusable (every later wait() rethrows it).
 // Each collective takes its options struct (Gloo's style): the element type (fp32 or bf16; `count`
 // is in elements of it), the reduction where there is one, the root of a broadcast. bf16
-// reductions accumulate in fp32 and round to bf16 once, at the end (shm, mpi, hierarchical; nccl
-// reduces with NCCL's own bf16 arithmetic). Buffers are CPU memory for shm, mpi and hierarchical,
+// reductions accumulate in fp32 and round to bf16 once, at the end, on every backend (nccl widens
+// into fp32 on its stream and reduces in fp32). Buffers are CPU memory for shm, mpi and hierarchical,
 // device memory on the rank's GPU (cuda:<local rank>) for nccl.
 // In place: allReduce and broadcast with input == output; reduceScatter and allGather in NCCL's
 // layout, where this rank's chunk lies at offset rank * countPerRank of the full buffer
@@ -64,7 +64,7 @@ struct Fingerprint {
   CollectiveKind kind = CollectiveKind::kBarrier;
   ReduceOp op = ReduceOp::kSum;
   runtime::DType dtype = runtime::DType::kF32;
-  int32_t root = -1;  // broadcast only
+  int32_t root = -1;   // broadcast only
   uint64_t count = 0;  // elements (per rank for reduceScatter/allGather)
   bool operator==(const Fingerprint& o) const;
   // "#12 allreduce(sum, fp32, 1000 elements)"
@@ -147,7 +147,13 @@ struct BroadcastOptions {
   int root = 0;
   runtime::DType dtype = runtime::DType::kF32;
 };
-
+// Communicator::split's (MPI_Comm_split's and ncclCommSplit's pair): the ranks that pass the same
+// color form one group, ordered by key, ties by their rank in the parent.
+struct SplitOptions {
+  static constexpr int kNoGroup = -1;  // this rank joins no group: split() returns nullptr
+  int color = 0;                       // >= 0, or kNoGroup
+  int key = 0;
+};
 
 class Communicator {
  public:
@@ -166,9 +172,21 @@ class Communicator {
   // data on options.root is copied to every rank's data.
   virtual WorkPtr broadcast(void* data, size_t count, const BroadcastOptions& options) = 0;
   // The fp32 shorthand: broadcast(data, count, {.root = root}).
-  WorkPtr broadcast(float* data, size_t count, int root) { return broadcast(data, count, BroadcastOptions{.root = root}); }
+  WorkPtr broadcast(float* data, size_t count, int root) {
+    return broadcast(data, count, BroadcastOptions{.root = root});
+  }
   virtual WorkPtr barrier() = 0;
 
+  // Sub-groups (MPI_Comm_split, ncclCommSplit): a new communicator over the ranks of this one that
+  // pass the same options.color, numbered by (key, rank here); nullptr for SplitOptions::kNoGroup.
+  // Collective over this communicator: every rank calls it, in the same order as its collectives
+  // (the collectives issued before it complete first). The groups are independent of each other and
+  // of this communicator, which stays usable; each has the backend, timeout and element types of
+  // this one (hierarchical: a group inside one node is shm, any other mpi). Waits are bounded by the
+  // communicator's timeout. Throws InvalidArgument for a color below kNoGroup (naming the rank, on
+  // every rank), and as the collectives do. The group may outlive this communicator. This default,
+  // for communicators of one's own, throws InvalidArgument.
+  virtual std::unique_ptr<Communicator> split(const SplitOptions& options);
 
   // A buffer of `count` floats for collectives (see Buffer); call from the issuing thread, on every
   // rank alike (collective). This default gives ordinary memory.
@@ -188,6 +206,15 @@ struct CommunicatorOptions {
   // it wait for the collective (no host synchronisation). nullptr: collectives start at once (their
   // input must already be on the device) and Work::wait blocks the host until they finish.
   const runtime::Stream* computeStream = nullptr;
+  // For tests of the failure paths; the default injects nothing. mpi: the process of world rank
+  // `rank` issues its collective #mismatchAt (on every mpi communicator it has, sub-groups
+  // included) with one element fewer (one more when it has none), as a rank with a bug would, so a
+  // test can check that every rank reports the mismatch before any data moves.
+  struct FaultInjection {
+    int rank = -1;
+    int64_t mismatchAt = -1;
+  };
+  FaultInjection faultInjection{};  // {}: no -Wmissing-field-initializers where it is left out
 };
 
 // The backends compiled into this binary, e.g. {"shm", "mpi"} or {"shm", "mpi", "nccl"}.

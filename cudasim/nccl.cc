@@ -369,6 +369,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  const std::string& path() const { return path_; }
+  // ncclCommSplit's count on this communicator: every rank splits in the same order, so the k-th
+  // split's groups get the same names on every rank.
+  uint64_t nextSplit() { return splits_++; }
 
   // Creates or opens the segment, claims this rank's place, waits for every rank (file comment).
   Outcome join();
@@ -446,6 +450,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   bool finalizing_ = false;
   uint64_t issued_ = 0, finished_ = 0, nextStep_ = 1;
   int running_ = 0;
+  uint64_t splits_ = 0;  // the issuing thread's
 };
 
 // Opens the segment, creating it when this rank is the first, and maps it once its creator has
@@ -870,15 +875,13 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
-  if (!comm) return refuse(ncclInvalidArgument, "ncclCommInitRankConfig: comm is null");
-  *comm = nullptr;
-  if (nranks < 1 || rank < 0 || rank >= nranks) {
-    return refuse(ncclInvalidArgument, "ncclCommInitRankConfig: rank " + std::to_string(rank) + " of " +
-                                           std::to_string(nranks) + " is not a rank");
-  }
-  std::string path;
-  if (const Outcome named = pathOf(commId, path); !named.ok()) return refuse(named.result, named.message);
+}  // extern "C"
+
+namespace cudasim::nccl {
+namespace {
+
+// ncclCommInitRankConfig and ncclCommSplit: joins the communicator whose segment is `path`.
+ncclResult_t initAt(ncclComm_t* comm, int nranks, const std::string& path, int rank, ncclConfig_t* config) {
   if (config && config->magic != kConfigMagic) {
     return refuse(ncclInvalidArgument, "ncclCommInitRankConfig: config was not set from NCCL_CONFIG_INITIALIZER");
   }
@@ -906,6 +909,76 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
   handle->joiner = std::thread([state = handle->state] { state->finishInit(state->join()); });
   *comm = publish(std::move(handle));
   return ncclInProgress;
+}
+
+// Every rank's (color, key), gathered over `parent` as one of its collectives, on a stream of its
+// own that the host waits for (NCCL's split is a host call). The result's first error, if any.
+ncclResult_t gatherColors(const std::shared_ptr<Comm>& parent, int color, int key, std::vector<int32_t>& all) {
+  const int32_t mine[2] = {color, key};
+  all.assign(2 * static_cast<size_t>(parent->nranks()), 0);
+  Operation op{.kind = Kind::kAllGather, .send = mine, .recv = all.data(), .count = 2, .type = ncclInt32};
+  op.elementBytes = sizeof(int32_t);
+  op.steps = 1;
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    return refuse(ncclUnhandledCudaError, "ncclCommSplit: cannot create a stream");
+  }
+  ncclResult_t result = parent->issue(op, stream);
+  cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  if (result == ncclSuccess) result = parent->asyncError();
+  return result;
+}
+
+}  // namespace
+}  // namespace cudasim::nccl
+
+extern "C" {
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
+  if (!comm) return refuse(ncclInvalidArgument, "ncclCommInitRankConfig: comm is null");
+  *comm = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    return refuse(ncclInvalidArgument, "ncclCommInitRankConfig: rank " + std::to_string(rank) + " of " +
+                                           std::to_string(nranks) + " is not a rank");
+  }
+  std::string path;
+  if (const Outcome named = pathOf(commId, path); !named.ok()) return refuse(named.result, named.message);
+  return initAt(comm, nranks, path, rank, config);
+}
+
+// The groups' segments are named after the parent's: <parent's path>-s<k>c<color>, k counting the
+// parent's splits. The new communicator's rank is its place by (key, parent rank), as in NCCL.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (!newcomm) return refuse(ncclInvalidArgument, "ncclCommSplit: newcomm is null");
+  *newcomm = nullptr;
+  std::shared_ptr<Comm> parent = find(comm);
+  if (!parent) return refuse(ncclInvalidArgument, "ncclCommSplit: not a live communicator");
+  if (color < NCCL_SPLIT_NOCOLOR) {
+    return refuse(ncclInvalidArgument, "ncclCommSplit: color " + std::to_string(color) + " is negative");
+  }
+  std::vector<int32_t> all;
+  if (const ncclResult_t r = gatherColors(parent, color, key, all); r != ncclSuccess) return r;
+  const uint64_t index = parent->nextSplit();
+  if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+  std::vector<int> members;
+  for (int r = 0; r < parent->nranks(); ++r) {
+    if (all[2 * static_cast<size_t>(r)] == color) members.push_back(r);
+  }
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
+  });
+  const int rank = static_cast<int>(std::find(members.begin(), members.end(), parent->rank()) - members.begin());
+  const std::string path = parent->path() + "-s" + std::to_string(index) + "c" + std::to_string(color);
+  if (!config) {  // NCCL: the parent's configuration; here, whether it blocks
+    static ncclConfig_t nonBlocking = [] {
+      ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+      c.blocking = 0;
+      return c;
+    }();
+    if (!comm->blocking) config = &nonBlocking;
+  }
+  return initAt(newcomm, static_cast<int>(members.size()), path, rank, config);
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {

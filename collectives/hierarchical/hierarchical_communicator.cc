@@ -15,6 +15,7 @@
 #include "collectives/mpi/mpi_communicator.h"
 #include "collectives/placement.h"
 #include "collectives/shm/shm_communicator.h"
+#include "collectives/split.h"
 #include "collectives/work_pool.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
@@ -121,6 +122,22 @@ class HierarchicalCommunicator : public Communicator {
   }
   WorkPtr barrier() override { return enqueue({.kind = CollectiveKind::kBarrier}, nullptr, nullptr); }
 
+  // A group inside one node is split from the node's shm communicator, any other from the world's
+  // MPI one: both splits run on every rank (each is collective over its communicator), a rank
+  // passing kNoGroup to the one its group does not use.
+  std::unique_ptr<Communicator> split(const SplitOptions& options) override {
+    waitIdle();  // the communicator's thread is done with world_ and node_ until the next issue
+    const SplitPlan plan = planSplit(*world_, options, timeout_);
+    bool oneNode = plan.rank >= 0;
+    for (int member : plan.members) oneNode = oneNode && layout_.crossRank(member) == layout_.crossRank(rank());
+    const bool inNode = oneNode && node_ != nullptr;
+    const int noGroup = SplitOptions::kNoGroup;
+    std::unique_ptr<Communicator> group;
+    if (node_) group = node_->split({.color = inNode ? plan.color : noGroup, .key = plan.rank});
+    std::unique_ptr<Communicator> flat = world_->split({.color = inNode ? noGroup : plan.color, .key = plan.rank});
+    return inNode ? std::move(group) : std::move(flat);
+  }
+
   // Called by HierarchicalWork::wait; returns once `work` has finished (QueuedWork rethrows its error).
   void waitFor(HierarchicalWork& work, std::chrono::milliseconds timeout) {
     auto deadline = Clock::now() + timeout;
@@ -143,7 +160,8 @@ class HierarchicalCommunicator : public Communicator {
 
  private:
   WorkPtr enqueue(Fingerprint fingerprint, const void* input, void* output) {
-    if (fingerprint.kind != CollectiveKind::kBarrier) checkBuffers(input, output, fingerprint.count, toString(fingerprint.kind));
+    if (fingerprint.kind != CollectiveKind::kBarrier)
+      checkBuffers(input, output, fingerprint.count, toString(fingerprint.kind));
     fingerprint.sequence = nextSequence_++;
     PooledPtr<HierarchicalWork> work = pool_.acquire(*this);
     work->start(fingerprint, input, output);
@@ -153,6 +171,16 @@ class HierarchicalCommunicator : public Communicator {
     }
     wake_.notify_all();
     return work;
+  }
+
+  // Until everything issued has run (bounded by the timeout); rethrows the communicator's error.
+  void waitIdle() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!wake_.wait_for(lock, timeout_, [&] { return queue_.empty() && !running_; })) {
+      COHORT_THROW(TimeoutError) << "hierarchical split on rank " << rank() << ": the collectives issued before it "
+                                 << "did not complete within " << timeout_.count() / 1000.0 << " s";
+    }
+    if (broken_) std::rethrow_exception(broken_);
   }
 
   // The communicator's thread: runs the collectives in issue order; after an error, fails the rest.
@@ -187,10 +215,15 @@ class HierarchicalCommunicator : public Communicator {
     void* output = work.output();
     const bool bf16 = f.dtype == runtime::DType::kBF16;
     if (size() == 1) return runSingleRank(f, input, output);
+    const bool reduction = f.kind == CollectiveKind::kAllReduce || f.kind == CollectiveKind::kReduceScatter;
+    if (reduction || f.kind == CollectiveKind::kAllGather) {
+      if (!inTwoLevels(f)) return flat(f, input, output);
+      checkSameEverywhere(f);
+      if (bf16 && reduction) return reduceWidened(f, input, output);
+    }
     switch (f.kind) {
       case CollectiveKind::kAllReduce:
-        if (bf16) return reduceWidened(f, input, output);
-        return allReduce(f, static_cast<const float*>(input), static_cast<float*>(output));
+        return allReduceInStages(static_cast<const float*>(input), static_cast<float*>(output), f.count, f.op);
       case CollectiveKind::kBroadcast:
         return broadcastInStages(output, f.count, {.root = f.root, .dtype = f.dtype});
       case CollectiveKind::kBarrier:
@@ -199,7 +232,6 @@ class HierarchicalCommunicator : public Communicator {
         stage(node_.get(), "node barrier", [](Communicator& c) { return c.barrier(); });
         return;
       case CollectiveKind::kReduceScatter:
-        if (bf16) return reduceWidened(f, input, output);
         return reduceScatter(f, static_cast<const float*>(input), static_cast<float*>(output));
       case CollectiveKind::kAllGather:
         return allGather(f, input, output);
@@ -213,27 +245,65 @@ class HierarchicalCommunicator : public Communicator {
     std::memmove(output, input, f.count * runtime::sizeOf(f.dtype));
   }
 
-  // Latency-bound all-reduces are one MPI collective (fewer hops); larger ones go in stages.
-  void allReduce(const Fingerprint& f, const float* input, float* output) {
-    if (f.count * sizeof(float) <= kFlatBytes) {
-      return stage(world_.get(), "all-reduce",
-                   [&](Communicator& c) { return c.allReduce(input, output, f.count, {.op = f.op}); });
-    }
-    allReduceInStages(input, output, f.count, f.op);
+  // Latency-bound all-reduces, reduce-scatters and all-gathers (a full buffer of at most kFlatBytes
+  // as fp32, whatever the element type, so that every rank given the same count decides alike) are
+  // one MPI collective over the world (fewer hops); larger ones go in two levels.
+  bool inTwoLevels(const Fingerprint& f) const {
+    const size_t whole = f.kind == CollectiveKind::kAllReduce ? f.count : f.count * static_cast<size_t>(size());
+    return whole * sizeof(float) > kFlatBytes;
+  }
+  void flat(const Fingerprint& f, const void* input, void* output) {
+    const char* what = f.kind == CollectiveKind::kAllReduce       ? "all-reduce"
+                       : f.kind == CollectiveKind::kReduceScatter ? "reduce-scatter"
+                                                                  : "all-gather";
+    stage(world_.get(), what, [&](Communicator& c) {
+      switch (f.kind) {
+        case CollectiveKind::kAllReduce:
+          return c.allReduce(input, output, f.count, {.op = f.op, .dtype = f.dtype});
+        case CollectiveKind::kReduceScatter:
+          return c.reduceScatter(input, output, f.count, {.op = f.op, .dtype = f.dtype});
+        default:
+          return c.allGather(input, output, f.count, {.dtype = f.dtype});
+      }
+    });
   }
 
-  // bf16 all-reduce and reduce-scatter: widened to fp32 (wide_), reduced as fp32 by every stage,
-  // and rounded to bf16 once at the end, as docs/collectives.md promises.
-  // Latency-bound ones go to MPI over the world as bf16 (its fingerprints name the element type).
+  // The stages of a two-level reduction move fp32 (bf16 widened), so their own fingerprints cannot
+  // see a rank that issued another element type; every rank's whole fingerprint is compared first
+  // (one small all-gather over the world, beside more than kFlatBytes of data), and a difference is
+  // the InvalidArgument every backend gives, on every rank, before any data moves.
+  void checkSameEverywhere(const Fingerprint& f) {
+    constexpr size_t kWords = 8;  // uint16 words of a packed fingerprint (no value lost as in floats)
+    uint16_t mine[kWords] = {static_cast<uint16_t>(f.kind), static_cast<uint16_t>(f.op), static_cast<uint16_t>(f.dtype),
+                             0};
+    std::memcpy(mine + 4, &f.count, sizeof f.count);
+    const auto n = static_cast<size_t>(size());
+    if (agreement_.size() < kWords * n) agreement_.resize(kWords * n);
+    stage(world_.get(), "agreement", [&](Communicator& c) {
+      return c.allGather(mine, agreement_.data(), kWords, {.dtype = runtime::DType::kBF16});
+    });
+    for (size_t r = 0; r < n; ++r) {
+      const uint16_t* theirs = agreement_.data() + kWords * r;
+      if (std::equal(mine, mine + kWords, theirs)) continue;
+      Fingerprint other = f;
+      other.kind = static_cast<CollectiveKind>(theirs[0]);
+      other.op = static_cast<ReduceOp>(theirs[1]);
+      other.dtype = static_cast<runtime::DType>(theirs[2]);
+      std::memcpy(&other.count, theirs + 4, sizeof other.count);
+      const size_t first = r < static_cast<size_t>(rank()) ? r : static_cast<size_t>(rank());
+      const Fingerprint& a = first == r ? other : f;
+      const Fingerprint& b = first == r ? f : other;
+      COHORT_THROW(InvalidArgument) << "collective mismatch: rank " << first << " issued " << a.str() << " but rank "
+                                    << (first == r ? rank() : static_cast<int>(r)) << " issued " << b.str()
+                                    << " (hierarchical, no data was exchanged)";
+    }
+  }
+
+  // bf16 all-reduce and reduce-scatter in two levels: widened to fp32 (wide_), reduced as fp32 by
+  // every stage, and rounded to bf16 once at the end, as docs/collectives.md promises.
   void reduceWidened(const Fingerprint& f, const void* input, void* output) {
     const bool scatter = f.kind == CollectiveKind::kReduceScatter;
     const size_t inCount = scatter ? f.count * static_cast<size_t>(size()) : f.count;
-    if (inCount * sizeof(float) <= kFlatBytes) {
-      return stage(world_.get(), scatter ? "reduce-scatter" : "all-reduce", [&](Communicator& c) {
-        return scatter ? c.reduceScatter(input, output, f.count, {.op = f.op, .dtype = f.dtype})
-                       : c.allReduce(input, output, f.count, {.op = f.op, .dtype = f.dtype});
-      });
-    }
     if (wide_.size() < inCount + f.count) wide_.resize(inCount + f.count);
     float* in = wide_.data();
     float* out = wide_.data() + inCount;
@@ -244,7 +314,7 @@ class HierarchicalCommunicator : public Communicator {
     if (scatter) {
       reduceScatter(wide, in, out);
     } else {
-      allReduce(wide, in, out);
+      allReduceInStages(in, out, f.count, f.op);
     }
     auto* result = static_cast<uint16_t*>(output);
     for (size_t i = 0; i < f.count; ++i) result[i] = runtime::toBf16(out[i]).bits;
@@ -257,13 +327,8 @@ class HierarchicalCommunicator : public Communicator {
   //     gets the node's sum of part k: N chunks), then across nodes (this rank's chunk).
   //   all-gather: all-gather this rank's chunk across nodes (part k), all-gather the parts in the
   //     node into byNode_, permute that into the output.
-  // Latency-bound ones (a full buffer of at most kFlatBytes) are one MPI collective over the world.
   void reduceScatter(const Fingerprint& f, const float* input, float* output) {
     const size_t c = f.count, W = static_cast<size_t>(size());
-    if (c * W * sizeof(float) <= kFlatBytes) {
-      return stage(world_.get(), "reduce-scatter",
-                   [&](Communicator& comm) { return comm.reduceScatter(input, output, c, {.op = f.op}); });
-    }
     const size_t N = static_cast<size_t>(layout_.nodes), L = static_cast<size_t>(layout_.localSize);
     const ReduceOp partial = f.op == ReduceOp::kAvg ? ReduceOp::kSum : f.op;
     float* byNode = grow(byNode_, W * c);
@@ -290,10 +355,6 @@ class HierarchicalCommunicator : public Communicator {
   void allGather(const Fingerprint& f, const void* input, void* output) {
     const size_t bytes = f.count * runtime::sizeOf(f.dtype), W = static_cast<size_t>(size());
     const AllGatherOptions options{.dtype = f.dtype};
-    if (bytes * W <= kFlatBytes) {
-      return stage(world_.get(), "all-gather",
-                   [&](Communicator& comm) { return comm.allGather(input, output, f.count, options); });
-    }
     const size_t N = static_cast<size_t>(layout_.nodes), L = static_cast<size_t>(layout_.localSize);
     auto* byNode = reinterpret_cast<char*>(grow(byNode_, (W * bytes + 3) / 4));
     auto* part = reinterpret_cast<char*>(grow(part_, (N * bytes + 3) / 4));
@@ -309,7 +370,8 @@ class HierarchicalCommunicator : public Communicator {
     } else {
       std::memcpy(byNode, part, N * bytes);
     }
-    for (size_t w = 0; w < W; ++w) std::memcpy(static_cast<char*>(output) + w * bytes, byNode + byNodeChunk_[w] * bytes, bytes);
+    for (size_t w = 0; w < W; ++w)
+      std::memcpy(static_cast<char*>(output) + w * bytes, byNode + byNodeChunk_[w] * bytes, bytes);
   }
 
   static float* grow(std::vector<float>& v, size_t n) {
@@ -415,7 +477,8 @@ class HierarchicalCommunicator : public Communicator {
     }
     for (Segment& g : seg) await(g.work, node, "node all-gather");
     const Segment& last = seg.back();
-    if (last.gathered != output + last.begin) std::memcpy(output + last.begin, last.gathered, last.count * sizeof(float));
+    if (last.gathered != output + last.begin)
+      std::memcpy(output + last.begin, last.gathered, last.count * sizeof(float));
   }
 
   // From the root to its local rank's partners on every node, then inside every node.
@@ -491,13 +554,14 @@ class HierarchicalCommunicator : public Communicator {
   std::unique_ptr<Communicator> node_;   // this node's workers (shared memory); null for one per node
   std::string where_;                    // "node HOST", for messages
   std::vector<size_t> byNodeChunk_;      // by world rank: where its chunk lies in byNode_
-  std::vector<float> staging_;  // the padded whole when the count does not split evenly
-  std::vector<float> shard_;    // this local rank's chunk
-  std::vector<float> piece_;    // this rank's piece of it across nodes
-  std::vector<float> wide_;     // a bf16 reduction's input and result in fp32
-  std::vector<float> byNode_;   // reduce-scatter and all-gather: the full buffer by local rank, then node
-  std::vector<float> part_;     // ... and this local rank's part of it
-  uint64_t nextSequence_ = 0;   // issuing thread only
+  std::vector<float> staging_;           // the padded whole when the count does not split evenly
+  std::vector<float> shard_;             // this local rank's chunk
+  std::vector<float> piece_;             // this rank's piece of it across nodes
+  std::vector<float> wide_;              // a bf16 reduction's input and result in fp32
+  std::vector<float> byNode_;            // reduce-scatter and all-gather: the full buffer by local rank, then node
+  std::vector<float> part_;              // ... and this local rank's part of it
+  std::vector<uint16_t> agreement_;      // every rank's packed fingerprint (checkSameEverywhere)
+  uint64_t nextSequence_ = 0;            // issuing thread only
   std::mutex mutex_;
   std::condition_variable wake_;
   WorkQueue<HierarchicalWork> queue_;  // guarded by mutex_
@@ -510,35 +574,6 @@ class HierarchicalCommunicator : public Communicator {
 void HierarchicalWork::waitUntilFinished(std::chrono::milliseconds timeout) { comm_.waitFor(*this, timeout); }
 
 }  // namespace
-
-int NodeGroups::crossRank(int w) const {
-  int position = 0;
-  for (int r = 0; r < w; ++r) position += localRank[r] == localRank[w];
-  return position;
-}
-
-NodeGroups makeNodeGroups(const CommunicatorOptions& options, bool flatWhenUneven) {
-  NodeGroups groups;
-  groups.world = makeMpiCommunicator(options);
-  const Communicator& world = *groups.world;
-  // Every rank's workers per node and local rank (small integers: exact in floats).
-  const float mine[2] = {static_cast<float>(options.world.localWorldSize), static_cast<float>(options.world.localRank)};
-  std::vector<float> all(2 * static_cast<size_t>(world.size()));
-  groups.world->allGather(mine, all.data(), 2, {})->wait(options.timeout);
-  groups.localSize = options.world.localWorldSize;
-  for (int r = 0; r < world.size(); ++r) {
-    groups.localRank.push_back(static_cast<int>(all[2 * r + 1]));
-    const int theirs = static_cast<int>(all[2 * r]);
-    if (theirs == groups.localSize) continue;
-    if (flatWhenUneven) return groups;
-    COHORT_THROW(InvalidArgument) << "the hierarchical backend needs the same number of workers on every node, but rank "
-                                  << world.rank() << "'s node runs " << groups.localSize << " and rank " << r
-                                  << "'s node runs " << theirs << ": use --backend mpi";
-  }
-  groups.nodes = world.size() / groups.localSize;
-  groups.cross = makeMpiCommunicator(options, options.world.localRank);
-  return groups;
-}
 
 std::unique_ptr<Communicator> makeHierarchicalCommunicator(const CommunicatorOptions& options, bool flatWhenUneven) {
   NodeGroups groups = makeNodeGroups(options, flatWhenUneven);

@@ -9,10 +9,14 @@
 //     the data, so every link carries the node's sum once instead of every worker's gradient;
 //  3. inside the node, an all-gather over shared memory gives every worker the whole result.
 // avg divides the sum by the world size at the end: float(sum) * float(1/W), as in every backend.
-// All-reduces of up to 256 KiB, whose time is latency, run as one MPI all-reduce over the world.
-// Barrier and broadcast take the same path (node, then same local rank across nodes, then node);
-// reduceScatter and allGather, whose results follow world-rank order, run over MPI on the whole
-// world.
+// All-reduces, reduce-scatters and all-gathers of up to 256 KiB (the full buffer as fp32), whose
+// time is latency, run as one MPI collective over the world. Larger reduce-scatters and all-gathers
+// run in two levels too (node, then across nodes, or the reverse), their chunks permuted from
+// world-rank order; a larger reduction first compares every rank's whole fingerprint over the
+// world, since its stages move fp32 and cannot see a rank that issued bf16 where others issued fp32.
+// Barrier and broadcast take the same path (node, then same local rank across nodes, then node).
+// split(): a group inside one node is split from the node's shm communicator (backend "shm"), any
+// other from the world's MPI one ("mpi").
 //
 // Collectives run one after another in issue order on the communicator's own thread, which is the
 // only thread that touches the node's shm communicator and the MPI ones; callers issue and return
@@ -52,8 +56,9 @@ struct NodeGroups {
 };
 
 // Collective over the whole world: every rank's local rank and node size from one all-gather over
-// MPI, then the cross-node communicators. Nodes with different numbers of workers: `cross` stays
-// null with `flatWhenUneven`, else InvalidArgument naming two of them, on every rank.
+// MPI, then the cross-node communicators (the world's split by local rank: splitSameLocalRank).
+// Nodes with different numbers of workers: `cross` stays null with `flatWhenUneven`, else
+// InvalidArgument naming two of them, on every rank.
 NodeGroups makeNodeGroups(const CommunicatorOptions& options, bool flatWhenUneven);
 
 }  // namespace cohort::collectives

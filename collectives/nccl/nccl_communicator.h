@@ -2,12 +2,12 @@
 //
 // Local rank k runs on cuda:k. Buffers passed to its collectives are device pointers on that GPU
 // (host memory, or another GPU's, is an InvalidArgument at issue; allReduce and broadcast of at most
-// 32 host floats are staged through device scratch, and their Work::wait waits on the host). Set-up: the node's local ranks
-// meet through a job segment (node_rendezvous.h), where each publishes its GPU's PCI bus id (two
-// ranks on one GPU are refused, naming both) and, when the job is on one node, local rank 0 publishes
-// the NCCL unique id; a job that spans nodes gets the id from global rank 0 through the MpiStore.
-// The communicator is created non-blocking (ncclConfig_t::blocking = 0), polled up to
-// options.timeout.
+// 32 host floats are staged through device scratch, and their Work::wait waits on the host).
+// Set-up: the node's local ranks meet through a job segment (node_rendezvous.h), where each
+// publishes its GPU's PCI bus id (two ranks on one GPU are refused, naming both) and, when the job
+// is on one node, local rank 0 publishes the NCCL unique id; a job that spans nodes gets the id from
+// global rank 0 through the MpiStore. The communicator is created non-blocking
+// (ncclConfig_t::blocking = 0), polled up to options.timeout.
 //
 // Streams: all collectives run in issue order on the backend's one communication stream (a
 // non-blocking CUDA stream on the rank's GPU). With options.computeStream, each collective first
@@ -25,6 +25,8 @@
 // detected before data moves (no fingerprint exchange): a different count or kind usually leaves a
 // collective stuck, which the watchdog reports.
 //
+// split(): the colors gathered through a device buffer (bounded), then ncclCommSplit, non-blocking
+// and polled up to options.timeout; each group has its own stream and watchdog.
 // Ownership: the communicator owns the NCCL communicator, the stream, the events and the watchdog;
 // its Works share that state (a Work must still not outlive its communicator, as for every backend).
 // Destruction: the watchdog stops first, then ncclCommFinalize (polled up to options.timeout) and

@@ -12,6 +12,7 @@ NcclLibrary::NcclLibrary()
           {.what = "NCCL", .fileName = "libnccl.so." + std::to_string(NCCL_MAJOR), .fallbackDir = COHORT_NCCL_DIR})),
       getUniqueId(COHORT_LIBRARY_FUNCTION(library, ncclGetUniqueId)),
       commInitRankConfig(COHORT_LIBRARY_FUNCTION(library, ncclCommInitRankConfig)),
+      commSplit(COHORT_LIBRARY_FUNCTION(library, ncclCommSplit)),
       commGetAsyncError(COHORT_LIBRARY_FUNCTION(library, ncclCommGetAsyncError)),
       commFinalize(COHORT_LIBRARY_FUNCTION(library, ncclCommFinalize)),
       commDestroy(COHORT_LIBRARY_FUNCTION(library, ncclCommDestroy)),

@@ -20,6 +20,7 @@ struct NcclLibrary {
   runtime::SharedLibrary library;  // first: the functions below are resolved from it
   decltype(&::ncclGetUniqueId) const getUniqueId;
   decltype(&::ncclCommInitRankConfig) const commInitRankConfig;
+  decltype(&::ncclCommSplit) const commSplit;
   decltype(&::ncclCommGetAsyncError) const commGetAsyncError;
   decltype(&::ncclCommFinalize) const commFinalize;
   decltype(&::ncclCommDestroy) const commDestroy;

@@ -6,8 +6,8 @@
 
 namespace cohort::collectives::shm {
 
-std::string bufferSegmentName(int rank, uint64_t id) {
-  return "buf-" + std::to_string(rank) + "-" + std::to_string(id);
+std::string bufferSegmentName(const std::string& scope, int rank, uint64_t id) {
+  return scope + "buf-" + std::to_string(rank) + "-" + std::to_string(id);
 }
 
 namespace {
@@ -20,8 +20,8 @@ float* dataOf(const ipc::ShmRegion& region) {
 // One allocateBuffer() result: the owner's mapping of its segment.
 class BufferRegistry::SharedBuffer : public Buffer {
  public:
-  SharedBuffer(std::shared_ptr<BufferRegistry> registry, ipc::ShmRegion region, size_t count) :
-      Buffer(dataOf(region), count), registry_(std::move(registry)), region_(std::move(region)) {}
+  SharedBuffer(std::shared_ptr<BufferRegistry> registry, ipc::ShmRegion region, size_t count)
+      : Buffer(dataOf(region), count), registry_(std::move(registry)), region_(std::move(region)) {}
 
   ~SharedBuffer() override {
     registry_->forget(reinterpret_cast<uintptr_t>(data()));
@@ -41,13 +41,13 @@ BufferPtr BufferRegistry::allocate(size_t count, const std::function<void(uint64
   }
   const size_t bytes = count * sizeof(float);
   ipc::ShmRegion region = ipc::ShmRegion::create({.jobId = jobId_,
-                                                  .name = bufferSegmentName(rank_, id),
+                                                  .name = bufferSegmentName(scope_, rank_, id),
                                                   .payloadBytes = kBufferDataOffset + bytes,
                                                   .generation = generation_,
                                                   .unlinkOnDestroy = true});
   auto* header = new (region.payload()) BufferHeader{};
   header->dataBytes = bytes;
-  region.publish();  // the pages are fresh from fallocate: already zero
+  region.publish();           // the pages are fresh from fallocate: already zero
   shareWithPeers(id, bytes);  // on a throw, region's unlinkOnDestroy removes the name
   region.unlink();
   const auto address = reinterpret_cast<uintptr_t>(dataOf(region));
@@ -84,7 +84,7 @@ void PeerBuffers::open(int owner, uint64_t id, size_t dataBytes) {
     }
   }
   ipc::ShmRegion region = ipc::ShmRegion::open({.jobId = jobId_,
-                                                .name = bufferSegmentName(owner, id),
+                                                .name = bufferSegmentName(scope_, owner, id),
                                                 .payloadBytes = kBufferDataOffset + dataBytes,
                                                 .generation = generation_,
                                                 .timeout = timeout_,

@@ -2,7 +2,8 @@
 // input and output lie in it skips the staging copies (docs/collectives.md, "Shared buffers").
 //
 // Communicator::allocateBuffer() is collective: every rank creates one segment,
-// segmentName(jobId, "buf-<rank>-<id>") (ids count allocations, so they agree across ranks), every
+// segmentName(jobId, "<scope>buf-<rank>-<id>") (scope: "" for the job's communicator, the group's
+// for a split one: ShmEngine::Options::scope) (ids count allocations, so they agree across ranks), every
 // rank maps every peer's, and then each owner removes its name, so a crash later leaves nothing in
 // /dev/shm. A collective names its buffers to the peers by BufferRef (owner's id and byte offset,
 // published with the fingerprint), which a peer looks up among its mappings. An owner that frees its
@@ -46,12 +47,12 @@ struct BufferHeader {
 };
 inline constexpr size_t kBufferDataOffset = 64;
 
-std::string bufferSegmentName(int rank, uint64_t id);  // "buf-<rank>-<id>"
+std::string bufferSegmentName(const std::string& scope, int rank, uint64_t id);  // "<scope>buf-<rank>-<id>"
 
 class BufferRegistry : public std::enable_shared_from_this<BufferRegistry> {
  public:
-  BufferRegistry(std::string jobId, int rank, uint64_t generation) :
-      jobId_(std::move(jobId)), rank_(rank), generation_(generation) {}
+  BufferRegistry(std::string jobId, std::string scope, int rank, uint64_t generation)
+      : jobId_(std::move(jobId)), scope_(std::move(scope)), rank_(rank), generation_(generation) {}
 
   // A zero-filled buffer of `count` floats in a new segment (count 0 gives an empty buffer).
   // shareWithPeers(id, dataBytes) runs once the segment is published and must return once every
@@ -65,6 +66,7 @@ class BufferRegistry : public std::enable_shared_from_this<BufferRegistry> {
   void forget(uintptr_t address);
 
   const std::string jobId_;
+  const std::string scope_;
   const int rank_;
   const uint64_t generation_;
   mutable std::mutex mutex_;
@@ -79,8 +81,8 @@ class BufferRegistry : public std::enable_shared_from_this<BufferRegistry> {
 // Thread safety: internally locked (open() runs on the allocating thread, find() on the engine's).
 class PeerBuffers {
  public:
-  PeerBuffers(std::string jobId, uint64_t generation, std::chrono::milliseconds timeout) :
-      jobId_(std::move(jobId)), generation_(generation), timeout_(timeout) {}
+  PeerBuffers(std::string jobId, std::string scope, uint64_t generation, std::chrono::milliseconds timeout)
+      : jobId_(std::move(jobId)), scope_(std::move(scope)), generation_(generation), timeout_(timeout) {}
 
   // Maps rank `owner`'s buffer `id` of `dataBytes` (published by now); first drops the mappings of
   // buffers their owners have freed. Throws TimeoutError/IoError from the mapping.
@@ -91,6 +93,7 @@ class PeerBuffers {
 
  private:
   const std::string jobId_;
+  const std::string scope_;
   const uint64_t generation_;
   const std::chrono::milliseconds timeout_;
   mutable std::mutex mutex_;

@@ -20,6 +20,7 @@
 
 #include "collectives/placement.h"
 #include "collectives/shm/shm_engine.h"
+#include "collectives/split.h"
 #include "collectives/work_pool.h"
 #include "runtime/error.h"
 
@@ -74,14 +75,17 @@ size_t bytesFromEnvironment(const char* name, size_t fallback, unsigned long lon
 
 class ShmCommunicator : public Communicator, public WorkRunner {
  public:
-  explicit ShmCommunicator(const CommunicatorOptions& options)
-      : timeout_(options.timeout),
+  // scope: "" for the job's communicator; a group's (split) prefixes its segment names.
+  ShmCommunicator(const CommunicatorOptions& options, const std::string& scope)
+      : options_(options),
+        scope_(scope),
         engine_(
             {.world = options.world,
              .timeout = options.timeout,
              .chunkBytes = bytesFromEnvironment("COHORT_SHM_CHUNK_BYTES", shm::kDefaultChunkBytes, 4096, 1ull << 30),
-             .streamingBytes = bytesFromEnvironment("COHORT_SHM_STREAMING_BYTES", shm::kStreamingBytes, 0, ~0ull)}),
-        buffers_(std::make_shared<shm::BufferRegistry>(options.world.jobId, options.world.localRank,
+             .streamingBytes = bytesFromEnvironment("COHORT_SHM_STREAMING_BYTES", shm::kStreamingBytes, 0, ~0ull),
+             .scope = scope}),
+        buffers_(std::make_shared<shm::BufferRegistry>(options.world.jobId, scope, options.world.localRank,
                                                        static_cast<uint64_t>(options.world.restartCount))),
         thread_([this] { progressLoop(); }) {}
 
@@ -123,6 +127,19 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     return buffers_->allocate(count, [&](uint64_t id, size_t bytes) { shareBuffer(id, bytes); });
   }
 
+  // A group is a communicator of its own over a segment of its own, named in the job's private
+  // directory like every segment (ipc/shm_names.h) after this one's scope, the split's number and
+  // the color, so groups never share a name; its rank 0 creates it, the others open it.
+  std::unique_ptr<Communicator> split(const SplitOptions& options) override {
+    const SplitPlan plan = planSplit(*this, options, options_.timeout);
+    const uint64_t index = splits_++;
+    if (plan.rank < 0) return nullptr;
+    CommunicatorOptions group = options_;
+    group.world.rank = group.world.localRank = plan.rank;
+    group.world.worldSize = group.world.localWorldSize = plan.size();
+    return std::make_unique<ShmCommunicator>(group, scope_ + groupScope(index, plan.color));
+  }
+
  private:
   // Every rank's (count, id) of this allocation, exactly in floats (count < 2^48, id < 2^24); the
   // gather is also the barrier after which every segment exists. Then each rank maps its peers'.
@@ -135,7 +152,7 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     constexpr uint64_t kLow = (uint64_t{1} << 24) - 1;
     const float mine[3] = {static_cast<float>(count >> 24), static_cast<float>(count & kLow), static_cast<float>(id)};
     std::vector<float> all(3 * static_cast<size_t>(size()));
-    allGather(mine, all.data(), 3, {})->wait(timeout_);
+    allGather(mine, all.data(), 3, {})->wait(options_.timeout);
     auto countOf = [&](int q) {
       return static_cast<uint64_t>(all[3 * q]) << 24 | static_cast<uint64_t>(all[3 * q + 1]);
     };
@@ -148,7 +165,7 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     for (int q = 0; q < size(); ++q) {
       if (q != rank()) engine_.mapPeerBuffer(q, static_cast<uint64_t>(all[3 * q + 2]), bytes);
     }
-    barrier()->wait(timeout_);  // every rank has mapped every buffer: the owners may remove the names
+    barrier()->wait(options_.timeout);  // every rank has mapped every buffer: the owners may remove the names
   }
 
   // Where the buffers lie when a direct path may use them (shm_engine.h): looked up at issue.
@@ -248,11 +265,13 @@ class ShmCommunicator : public Communicator, public WorkRunner {
     wake_.notify_all();
   }
 
-  WorkPool<ShmWork> pool_;  // destroyed last: it frees the idle Works (in-use ones free themselves)
-  std::chrono::milliseconds timeout_;
+  WorkPool<ShmWork> pool_;             // destroyed last: it frees the idle Works (in-use ones free themselves)
+  const CommunicatorOptions options_;  // its world: this communicator's ranks
+  const std::string scope_;
   shm::ShmEngine engine_;
   std::shared_ptr<shm::BufferRegistry> buffers_;
   uint64_t nextSequence_ = 0;  // issuing thread only
+  uint64_t splits_ = 0;        // issuing thread only
   std::mutex mutex_;
   std::condition_variable wake_;
   WorkQueue<ShmWork> queue_;  // guarded by mutex_
@@ -265,7 +284,7 @@ class ShmCommunicator : public Communicator, public WorkRunner {
 }  // namespace
 
 std::unique_ptr<Communicator> makeShmCommunicator(const CommunicatorOptions& options) {
-  return std::make_unique<ShmCommunicator>(options);
+  return std::make_unique<ShmCommunicator>(options, "");
 }
 
 }  // namespace cohort::collectives

@@ -61,8 +61,10 @@ void ShmEngine::setUp(const Options& options) {
   const SegmentLayout layout(numRanks_, chunkBytes);
   const auto generation = static_cast<uint64_t>(options.world.restartCount);
   if (rank_ == 0) {
-    region_.emplace(ipc::ShmRegion::create(
-        {.jobId = options.world.jobId, .name = "comm", .payloadBytes = layout.totalBytes, .generation = generation}));
+    region_.emplace(ipc::ShmRegion::create({.jobId = options.world.jobId,
+                                            .name = options.scope + "comm",
+                                            .payloadBytes = layout.totalBytes,
+                                            .generation = generation}));
     char* base = static_cast<char*>(region_->payload());
     auto* control = new (base) ShmControl{};
     control->numRanks = static_cast<uint32_t>(numRanks_);
@@ -74,7 +76,7 @@ void ShmEngine::setUp(const Options& options) {
     region_->publish();
   } else {
     region_.emplace(ipc::ShmRegion::open({.jobId = options.world.jobId,
-                                          .name = "comm",
+                                          .name = options.scope + "comm",
                                           .payloadBytes = layout.totalBytes,
                                           .generation = generation,
                                           .timeout = options.timeout}));
@@ -99,7 +101,7 @@ void ShmEngine::setUp(const Options& options) {
   // crash later leaves nothing behind.
   if (rank_ == 0) region_->unlink();
   waiter_.emplace(slots_, numRanks_, rank_);
-  peerBuffers_.emplace(options.world.jobId, generation, options.timeout);
+  peerBuffers_.emplace(options.world.jobId, options.scope, generation, options.timeout);
   published_.resize(numRanks_);
   peerInputs_.resize(numRanks_);
   peerOutputs_.resize(numRanks_);
@@ -108,7 +110,8 @@ void ShmEngine::setUp(const Options& options) {
 namespace {
 // The one-shot all-reduce stages the whole input in one slot, so it must fit there.
 bool isSmallAllReduce(const Fingerprint& fp, size_t slotBytes) {
-  return fp.kind == CollectiveKind::kAllReduce && fp.count * runtime::sizeOf(fp.dtype) <= std::min(kSmallBytes, slotBytes);
+  return fp.kind == CollectiveKind::kAllReduce &&
+         fp.count * runtime::sizeOf(fp.dtype) <= std::min(kSmallBytes, slotBytes);
 }
 }  // namespace
 
@@ -153,7 +156,8 @@ void ShmEngine::run(const CollectiveArgs& args) {
 void ShmEngine::runSingleRank(const CollectiveArgs& args) const {
   const Fingerprint& fp = args.fingerprint;
   if (fp.kind == CollectiveKind::kBarrier || fp.kind == CollectiveKind::kBroadcast) return;
-  if (args.output != args.input && fp.count > 0) std::memmove(args.output, args.input, fp.count * runtime::sizeOf(fp.dtype));
+  if (args.output != args.input && fp.count > 0)
+    std::memmove(args.output, args.input, fp.count * runtime::sizeOf(fp.dtype));
 }
 
 // --- fingerprints -------------------------------------------------------------------------------
@@ -199,7 +203,8 @@ ShmEngine::Sharing ShmEngine::exchangeFingerprints(const CollectiveArgs& args) {
     if (!readPublished(q, fp.sequence, published_[q], passed) || passed) {
       // Only a collective that needs no later step of this rank can be passed: a barrier, a
       // broadcast's root, a small all-reduce. A direct collective reads the refs of every rank.
-      COHORT_CHECK(directBytes(fp).input == 0) << "rank " << q << " moved past " << fp.str() << " before this rank read it";
+      COHORT_CHECK(directBytes(fp).input == 0)
+          << "rank " << q << " moved past " << fp.str() << " before this rank read it";
       return {false, false};
     }
     shared.inputs = shared.inputs && published_[q].input.shared();

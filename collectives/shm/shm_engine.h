@@ -1,5 +1,7 @@
-// ShmEngine: runs one collective at a time over the job segment "cohort.<jobId>.comm"
-// (shm_layout.h); the ShmCommunicator calls it from its progress thread. Algorithm: docs/collectives.md.
+// ShmEngine: runs one collective at a time over the job segment "cohort.<jobId>.<scope>comm"
+// (shm_layout.h; scope "" for the job's communicator, "s<k>c<color>-" and so on for a group made
+// by split()); the ShmCommunicator calls it from its progress thread. Algorithm:
+// docs/collectives.md.
 //
 // Reduce-scatter then all-gather, in chunks. A chunk of an all-reduce is split into one segment per
 // rank; chunk g (counted over the communicator's life) uses staging slot g % kSlots of every rank:
@@ -39,6 +41,7 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -72,6 +75,9 @@ class ShmEngine {
     std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // set-up and every collective
     size_t chunkBytes = kDefaultChunkBytes;                        // rounded down to a multiple of 64 * numRanks
     size_t streamingBytes = kStreamingBytes;                       // outputs at least this large use streaming stores
+    // Prefixed to the names of the segments (the communicator's and its shared buffers'): "" for
+    // the job's communicator, the parent's scope and groupScope() for a group made by split().
+    std::string scope;
   };
 
   // Creates (local rank 0) or opens the segment, registers this rank and waits for all ranks.
@@ -145,14 +151,14 @@ class ShmEngine {
   size_t chunkElems_ = 0;  // elements per chunk (a multiple of 16 * numRanks)
   size_t segElems_ = 0;    // chunkElems_ / numRanks: one segment, 64-byte aligned
   size_t streamingBytes_ = kStreamingBytes;
-  uint64_t chunkBase_ = 0;  // chunks completed by earlier collectives
+  uint64_t chunkBase_ = 0;                       // chunks completed by earlier collectives
   runtime::DType dtype_ = runtime::DType::kF32;  // the running collective's
   std::optional<ipc::ShmRegion> region_;
   RankSlot* slots_ = nullptr;
   char* staging_ = nullptr;
   std::optional<Waiter> waiter_;
   std::optional<PeerBuffers> peerBuffers_;
-  std::vector<Published> published_;      // every rank's, from the last exchangeFingerprints
+  std::vector<Published> published_;     // every rank's, from the last exchangeFingerprints
   std::vector<const char*> peerInputs_;  // direct paths: each rank's input, mapped here
   std::vector<const char*> peerOutputs_;
 };

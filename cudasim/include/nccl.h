@@ -137,6 +137,11 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
 // On the current device; config may be null (blocking). A blocking call that fails leaves *comm null.
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+// Collective over comm: the ranks with the same color form a new communicator, ordered by key (ties
+// by rank in comm); NCCL_SPLIT_NOCOLOR leaves *newcomm null. The colors are gathered as a
+// collective of comm (in issue order with its others); config null: blocking as comm is.
+#define NCCL_SPLIT_NOCOLOR -1
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 // Waits (blocking) or lets ncclCommGetAsyncError say ncclInProgress (non-blocking) until the
 // communicator's collectives have run; later collectives are ncclInvalidUsage.
 ncclResult_t ncclCommFinalize(ncclComm_t comm);

@@ -10,7 +10,8 @@
 // allGather in NCCL's layout, communicator.h: this rank's chunk at offset rank*countPerRank of the
 // full buffer); counts 0, 1, 7, 13*n+5 (not divisible by n), 1000003 and 2^20+3; several
 // collectives issued before the first wait; each in fp32 and, up to 1000003, in bf16 (the values
-// below are exact in bf16 too, so are their sums). Last, rank 1 issues an all-reduce in bf16 where
+// below are exact in bf16 too, so are their sums). Then split() (split_checks.h): the node group,
+// the same-local-rank group, and more. Last, rank 1 issues an all-reduce in bf16 where
 // the others issue fp32: every rank must throw InvalidArgument naming both element types.
 // --simulate-nodes K tells the backend that the job's ranks are K nodes of size/K consecutive
 // ranks each (local rank, node size, and a job id per node), so the hierarchical backend runs both
@@ -35,10 +36,11 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator.h"  // Communicator, makeCommunicator
-#include "runtime/dtype.h"             // DType, bf16 conversions
-#include "runtime/error.h"             // cohort::Error and its exit codes
-#include "runtime/world_info.h"        // WorldInfo::detect
+#include "collectives/communicator.h"        // Communicator, makeCommunicator
+#include "runtime/dtype.h"                   // DType, bf16 conversions
+#include "runtime/error.h"                   // cohort::Error and its exit codes
+#include "runtime/world_info.h"              // WorldInfo::detect
+#include "tests/collectives/split_checks.h"  // checkSplit
 
 namespace {
 
@@ -143,9 +145,7 @@ class Suite {
   }
 
   // The element type, by name, in this suite's failure lines.
-  std::string typed(const std::string& what) const {
-    return dtype_ == DType::kBF16 ? what + " bf16" : what;
-  }
+  std::string typed(const std::string& what) const { return dtype_ == DType::kBF16 ? what + " bf16" : what; }
 
  private:
   // Reports the first wrong element of one case (one line) and counts the case as failed.
@@ -158,7 +158,7 @@ class Suite {
       if (dtype_ == DType::kBF16) want = cohort::runtime::roundToBf16(static_cast<float>(want));
       const float x = got.get(offset + i);
       if (dtype_ == DType::kBF16 && op == ReduceOp::kAvg ? std::fabs(x - want) <= std::fabs(want) * std::ldexp(1.0, -8)
-                                                          : ref_.matches(op, x, want)) {
+                                                         : ref_.matches(op, x, want)) {
         continue;
       }
       std::printf("rank %d: %s count %zu %s: element %zu = %.9g, expected %.9g\n", rank_, typed(what).c_str(), count,
@@ -243,19 +243,21 @@ class Suite {
   int failures_ = 0;
 };
 
-// Rank 1 issues an all-reduce in bf16 where the others issue fp32: every rank must throw
-// InvalidArgument naming both element types before any data moves. Leaves the communicator broken,
-// so it comes last. Returns the failures.
-int checkDtypeMismatch(Communicator& comm, std::chrono::milliseconds timeout) {
+// Rank 1 issues an all-reduce of `count` elements in bf16 where the others issue fp32: every rank
+// must throw InvalidArgument naming both element types before any data moves (1000 elements, and
+// 2^17, which the hierarchical backend reduces in two levels). Leaves the communicator broken, so
+// it comes last. Returns the failures.
+int checkDtypeMismatch(Communicator& comm, size_t count, std::chrono::milliseconds timeout) {
   if (comm.size() < 2 || comm.backend() == "nccl") return 0;  // nccl compares no fingerprints
-  std::vector<float> data(1000, 1.0f);
+  std::vector<float> data(count, 1.0f);
   const DType dtype = comm.rank() == 1 ? DType::kBF16 : DType::kF32;
   try {
     comm.allReduce(data.data(), data.data(), data.size(), {.dtype = dtype})->wait(timeout);
   } catch (const cohort::InvalidArgument& e) {
     const std::string message = e.what();
-    if (message.find("allreduce(sum, float32, 1000 elements)") != std::string::npos &&
-        message.find("allreduce(sum, bfloat16, 1000 elements)") != std::string::npos) {
+    const std::string elements = std::to_string(count) + " elements)";
+    if (message.find("allreduce(sum, float32, " + elements) != std::string::npos &&
+        message.find("allreduce(sum, bfloat16, " + elements) != std::string::npos) {
       return 0;
     }
     std::printf("rank %d: dtype mismatch: the message names not both fingerprints: %s\n", comm.rank(), e.what());
@@ -314,7 +316,12 @@ int main(int argc, char** argv) {
     Suite suite(*comm, timeout, buffers);
     suite.run();
     int failures = suite.failures();
-    failures += checkDtypeMismatch(*comm, timeout);
+    failures += cohort::collectives::testing::checkSplit(*comm, world, timeout);
+    {  // a communicator of its own, which the mismatch breaks
+      auto second = cohort::collectives::makeCommunicator({.backend = backend, .world = world, .timeout = timeout});
+      failures += checkDtypeMismatch(*second, size_t{1} << 17, timeout);
+    }
+    failures += checkDtypeMismatch(*comm, 1000, timeout);
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("rank %d: conformance %s on %d ranks, %s buffers: %d failure(s), %.2f s\n", comm->rank(),
                 comm->backend().c_str(), comm->size(), buffers.c_str(), failures, secs);

@@ -45,6 +45,18 @@ TEST(MpiMismatchTest, CountMismatchIsReportedByEveryRank) {
   }
 }
 
+// The same through CommunicatorOptions::faultInjection: every rank issues 1000 elements, and the
+// communicator of the last rank turns its collective #1 into 999.
+TEST(MpiMismatchTest, InjectedMismatchIsReportedByEveryRank) {
+  MpirunResult r = runScenario(3, "injected-mismatch");
+  ASSERT_FALSE(r.timedOut) << r.output;
+  EXPECT_NE(r.exitCode, 0) << r.output;
+  const std::string message = "collective mismatch: ranks " + member(0) + ", " + member(1) +
+                              " issued #1 allreduce(sum, float32, 1000 elements) but rank " + member(2) +
+                              " issued #1 allreduce(sum, float32, 999 elements)";
+  EXPECT_EQ(countOf(r.output, message), 3) << r.output;
+}
+
 TEST(MpiMismatchTest, DifferentCollectivesAreReportedByEveryRank) {
   MpirunResult r = runScenario(3, "kind-mismatch");
   ASSERT_FALSE(r.timedOut) << r.output;

@@ -1,7 +1,8 @@
 // A small program run under mpirun by mpi_smoke_test and mpi_mismatch_test: it checks every
 // collective of the mpi backend with exact data, or provokes one error on purpose.
 //
-//   mpi_smoke_worker [--scenario ok|store|count-mismatch|kind-mismatch|missing-rank|finished-rank] [--timeout-ms N]
+//   mpi_smoke_worker [--scenario ok|store|count-mismatch|injected-mismatch|kind-mismatch|missing-rank|finished-rank]
+//   [--timeout-ms N]
 // Prints "WORLD rank=R size=N source=S" first, "OK rank=R" on success; on a cohort::Error prints
 // "[rank R] ERROR: <message>" to stderr and exits with its exit code (2 mismatch, 3 timeout).
 #include <cstdio>
@@ -146,7 +147,10 @@ int run(const std::string& scenario) {
   const cohort::runtime::WorldInfo world = cohort::runtime::WorldInfo::detect();
   std::printf("WORLD rank=%d size=%d source=%s\n", world.rank, world.worldSize, world.source.c_str());
   std::fflush(stdout);
-  auto comm = cohort::collectives::makeMpiCommunicator({.backend = "mpi", .world = world, .timeout = gTimeout});
+  cohort::collectives::CommunicatorOptions options{.backend = "mpi", .world = world, .timeout = gTimeout};
+  // The last rank issues its collective #1 with one element fewer (CommunicatorOptions::FaultInjection).
+  if (scenario == "injected-mismatch") options.faultInjection = {.rank = world.worldSize - 1, .mismatchAt = 1};
+  auto comm = cohort::collectives::makeMpiCommunicator(options);
   const int rank = comm->rank();
   const int last = comm->size() - 1;
   std::vector<float> buffer(1000, 1.0f);
@@ -154,9 +158,9 @@ int run(const std::string& scenario) {
     checkAll(*comm);
   } else if (scenario == "store") {
     checkStore(*comm);
-  } else if (scenario == "count-mismatch") {
+  } else if (scenario == "count-mismatch" || scenario == "injected-mismatch") {
     comm->barrier()->wait(gTimeout);
-    const size_t count = rank == last ? 999 : 1000;
+    const size_t count = rank == last && scenario == "count-mismatch" ? 999 : 1000;
     comm->allReduce(buffer.data(), buffer.data(), count, {})->wait(gTimeout);
   } else if (scenario == "kind-mismatch") {
     if (rank == 0)
