@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/collective_case.h"
 #include "bench/device_bench_memory.h"
 #include "collectives/communicator.h"
 #include "runtime/error.h"
@@ -49,7 +50,8 @@ size_t parseByteSize(const std::string& text) {
 
 void addAllReduceBenchFlags(CLI::App& c, AllReduceBenchOptions& o) {
   c.add_option("--backend", o.backend,
-               "shm | mpi | hierarchical | nccl (default: shm on one node, hierarchical across nodes; nccl: buffers on the GPU)");
+               "shm | mpi | hierarchical | nccl (default: shm on one node, hierarchical across nodes; nccl: buffers on "
+               "the GPU)");
   c.add_option_function<std::string>(
       "--min-bytes", [&o](const std::string& s) { o.minBytes = parseByteSize(s); },
       "smallest message, bytes (K/M/G suffixes; default 4K)");
@@ -61,7 +63,13 @@ void addAllReduceBenchFlags(CLI::App& c, AllReduceBenchOptions& o) {
   c.add_option("--iters", o.iters, "timed iterations per size (default: 200 up to 64K, 50 up to 1M, else 20)");
   c.add_option("--warmup", o.warmup, "untimed iterations per size (default: 5, 2 from 256M)");
   c.add_option("--op", o.op, "reduction: sum | avg | max | min")->capture_default_str();
-  c.add_flag("--in-place", o.inPlace, "reduce in place (output == input); default out of place");
+  c.add_flag("--in-place", o.inPlace,
+             "in place (all-reduce: output == input; reduce-scatter and all-gather: NCCL's layout, this rank's "
+             "chunk of the full buffer); default out of place");
+  c.add_option("--collectives", o.collectives, "allreduce, reducescatter, allgather (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  c.add_option("--dtypes", o.dtypes, "fp32, bf16 (comma-separated)")->delimiter(',')->capture_default_str();
   c.add_option("--buffers", o.buffers,
                "shared: from Communicator::allocateBuffer (shm: mapped by every rank, no staging copies); "
                "user: ordinary memory")
@@ -125,49 +133,9 @@ int warmupFor(const AllReduceBenchOptions& o, size_t bytes) {
   return bytes >= (size_t{256} << 20) ? 2 : 5;
 }
 
-float inputValue(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 13 + 1)); }
-
-void fillInput(float* data, size_t count, int rank) {
-  for (size_t i = 0; i < count; ++i) data[i] = inputValue(rank, i);
-}
-
-// The exact result for element i: Σ(r+1) = n(n+1)/2, max n, min 1, times (i mod 13 + 1).
-double expectedValue(ReduceOp op, int n, size_t i) {
-  double base = static_cast<double>(i % 13 + 1);
-  switch (op) {
-    case ReduceOp::kSum:
-      return base * n * (n + 1) / 2;
-    case ReduceOp::kAvg:
-      return base * (n + 1) / 2;
-    case ReduceOp::kMax:
-      return base * n;
-    case ReduceOp::kMin:
-      return base;
-  }
-  return 0;
-}
-
-// Mismatching elements of one rank's output (and, out of place, of its input). Sums, maxima and
-// minima are small integers, exact in float32 whatever the reduction order. An average is exact too
-// when n is a power of two; otherwise a backend may compute sum·(1/n) instead of sum/n, which can
-// round to a neighbouring float, so avg accepts the exact value's float neighbours as well.
-size_t countWrong(const float* input, const float* output, size_t count, int rank, int n, ReduceOp op, bool inPlace) {
-  size_t wrong = 0;
-  for (size_t i = 0; i < count; ++i) {
-    float want = static_cast<float>(expectedValue(op, n, i));
-    float got = output[i];
-    bool ok = got == want;
-    if (!ok && op == ReduceOp::kAvg) {
-      ok = got == std::nextafter(want, 0.0f) || got == std::nextafter(want, 2 * want);
-    }
-    if (!ok) ++wrong;
-    if (!inPlace && input[i] != inputValue(rank, i)) ++wrong;
-  }
-  return wrong;
-}
-
 struct Row {
-  size_t bytes = 0;
+  CollectiveCase which;
+  size_t bytes = 0;  // the full buffer (collective_case.h)
   int iters = 0;
   int warmup = 0;
   double timeUs = 0;  // median over iterations of the slowest rank's time
@@ -181,8 +149,7 @@ struct Row {
 
 struct Setup {
   Communicator& comm;
-  ReduceOp op;
-  bool inPlace;
+  CollectiveCase which;
   std::chrono::milliseconds timeout;
   float* input;  // == output when in place; device memory with `device`
   float* output;
@@ -196,10 +163,12 @@ struct Setup {
 void barrier(const Setup& s) { s.comm.barrier()->wait(s.timeout); }
 
 // Without a compute stream, the nccl backend's wait() blocks until the GPU has finished the
-// all-reduce (a sync per iteration), like the CPU backends' wait().
-void allReduceOnce(const Setup& s, size_t count) {
-  s.comm.allReduce(s.input, s.output, count, {.op = s.op})->wait(s.timeout);
+// collective (a sync per iteration), like the CPU backends' wait().
+void runOnce(const Setup& s, const CaseLayout& layout) {
+  issue(s.comm, s.which, layout, s.input, s.output)->wait(s.timeout);
 }
+
+size_t floatsFor(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
 
 // The harness's own all-reduce of a few host values (times, counts); via device scratch for nccl.
 void allReduceHostValues(const Setup& s, float* values, size_t count, ReduceOp op) {
@@ -212,31 +181,29 @@ void allReduceHostValues(const Setup& s, float* values, size_t count, ReduceOp o
   s.device->download(values, s.device->scratch(), count);
 }
 
-void fillInput(const Setup& s, size_t count) {
-  if (s.device == nullptr) {
-    fillInput(s.input, count, s.comm.rank());
-    return;
-  }
-  fillInput(s.hostInput->data(), count, s.comm.rank());
-  s.device->upload(s.input, s.hostInput->data(), count);
+// The host side of the buffers: themselves, or (nccl) the host copies, whole: in place the input
+// lies in the output buffer.
+float* hostInput(const Setup& s) { return s.device == nullptr ? s.input : s.hostInput->data(); }
+float* hostOutput(const Setup& s) { return s.device == nullptr ? s.output : s.hostOutput->data(); }
+
+// In place, the output buffer is cleared first and the input written into it.
+void fillInput(const Setup& s, const CaseLayout& layout) {
+  const bool inPlace = s.which.inPlace;
+  if (!inPlace) std::fill(hostOutput(s), hostOutput(s) + floatsFor(layout.outputBytes + layout.outputOffset), -1.0f);
+  if (inPlace) std::fill(hostOutput(s), hostOutput(s) + floatsFor(layout.wholeBytes), -1.0f);
+  fillInput(s.which, layout, s.comm.rank(), inPlace ? hostOutput(s) : hostInput(s));
+  if (s.device == nullptr) return;
+  s.device->upload(s.output, s.hostOutput->data(), floatsFor(std::max(layout.wholeBytes, layout.outputBytes)));
+  if (!inPlace) s.device->upload(s.input, s.hostInput->data(), floatsFor(layout.inputBytes));
 }
 
-void clearOutput(const Setup& s, size_t count) {
-  if (s.device == nullptr) {
-    std::fill(s.output, s.output + count, -1.0f);
-    return;
+size_t countWrong(const Setup& s, const CaseLayout& layout) {
+  if (s.device != nullptr) {
+    s.device->download(s.hostOutput->data(), s.output, floatsFor(std::max(layout.wholeBytes, layout.outputBytes)));
+    if (!s.which.inPlace) s.device->download(s.hostInput->data(), s.input, floatsFor(layout.inputBytes));
   }
-  std::fill(s.hostOutput->begin(), s.hostOutput->begin() + count, -1.0f);
-  s.device->upload(s.output, s.hostOutput->data(), count);
-}
-
-size_t countWrong(const Setup& s, size_t count) {
-  const int n = s.comm.size();
-  if (s.device == nullptr) return countWrong(s.input, s.output, count, s.comm.rank(), n, s.op, s.inPlace);
-  s.device->download(s.hostOutput->data(), s.output, count);
-  if (!s.inPlace) s.device->download(s.hostInput->data(), s.input, count);
-  const float* input = s.inPlace ? s.hostOutput->data() : s.hostInput->data();
-  return countWrong(input, s.hostOutput->data(), count, s.comm.rank(), n, s.op, s.inPlace);
+  const float* input = s.which.inPlace ? hostOutput(s) : hostInput(s);
+  return countWrong(s.which, layout, s.comm.rank(), s.comm.size(), input, hostOutput(s));
 }
 
 double median(std::vector<float> v) {
@@ -254,16 +221,16 @@ uint64_t sumOverRanks(const Setup& s, uint64_t mine) {
 }
 
 Row measureSize(const Setup& s, size_t bytes, int iters, int warmup) {
-  const size_t count = bytes / sizeof(float);
   const int n = s.comm.size();
-  Row row{.bytes = bytes, .iters = iters, .warmup = warmup};
-  fillInput(s, count);
-  for (int i = 0; i < warmup; ++i) allReduceOnce(s, count);
+  const CaseLayout layout = layoutOf(s.which, bytes, s.comm.rank(), n);
+  Row row{.which = s.which, .bytes = layout.wholeBytes, .iters = iters, .warmup = warmup};
+  fillInput(s, layout);
+  for (int i = 0; i < warmup; ++i) runOnce(s, layout);
 
   for (int i = 0; i < iters; ++i) {
     barrier(s);
     auto t0 = Clock::now();
-    allReduceOnce(s, count);
+    runOnce(s, layout);
     auto t1 = Clock::now();
     s.times[i] = static_cast<float>(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
@@ -275,29 +242,28 @@ Row measureSize(const Setup& s, size_t bytes, int iters, int warmup) {
 
   barrier(s);
   auto b0 = Clock::now();
-  for (int i = 0; i < iters; ++i) allReduceOnce(s, count);
+  for (int i = 0; i < iters; ++i) runOnce(s, layout);
   float elapsedUs = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - b0).count());
   allReduceHostValues(s, &elapsedUs, 1, ReduceOp::kMax);
   row.b2bUs = elapsedUs / iters;
 
   // Check a fresh operation: the timed ones may have reduced in place repeatedly.
-  fillInput(s, count);
-  if (!s.inPlace) clearOutput(s, count);
-  allReduceOnce(s, count);
-  row.wrong = sumOverRanks(s, countWrong(s, count));
+  fillInput(s, layout);
+  runOnce(s, layout);
+  row.wrong = sumOverRanks(s, countWrong(s, layout));
 
-  row.algbwGbps = static_cast<double>(bytes) / (row.timeUs * 1e-6) / 1e9;
-  row.busbwGbps = row.algbwGbps * 2.0 * (n - 1) / n;
+  row.algbwGbps = static_cast<double>(row.bytes) / (row.timeUs * 1e-6) / 1e9;
+  row.busbwGbps = row.algbwGbps * busFactor(s.which.kind, n);
   return row;
 }
 
 // The table for people, laid out like nccl-tests' (src/common.cu): one group of time, algbw, busbw
 // and #wrong columns, named after this run's mode (a run is either in place or out of place). Times
 // keep about four significant digits, as there.
-void printTableHeader(const AllReduceBenchOptions& o) {
+void printTableHeader(const AllReduceBenchOptions& o, const CollectiveCase& which) {
   const std::string mode = o.inPlace ? "in-place" : "out-of-place";
   const int groupWidth = 33;  // "  %7s  %6s  %6s  %6s" below: the label is centred over it
-  std::printf("#\n");
+  std::printf("# %s, %s\n#\n", collectiveName(which.kind), dtypeShortName(which.dtype));
   std::printf("# %10s  %12s  %8s  %6s%*s%s\n", "", "", "", "", (groupWidth - static_cast<int>(mode.size())) / 2, "",
               mode.c_str());
   std::printf("# %10s  %12s  %8s  %6s  %7s  %6s  %6s  %6s\n", "size", "count", "type", "redop", "time", "algbw",
@@ -310,8 +276,11 @@ void printTableRow(const Row& r, const AllReduceBenchOptions& o) {
   const char* timeFormat = r.timeUs >= 10000 ? "%7.0f" : r.timeUs >= 100 ? "%7.1f" : "%7.2f";
   char time[32];
   std::snprintf(time, sizeof time, timeFormat, r.timeUs);
-  std::printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6llu\n", r.bytes, r.bytes / sizeof(float), "float",
-              o.op.c_str(), time, r.algbwGbps, r.busbwGbps, static_cast<unsigned long long>(r.wrong));
+  const bool bf16 = r.which.dtype == runtime::DType::kBF16;
+  const char* op = r.which.kind == CollectiveKind::kAllGather ? "none" : o.op.c_str();
+  std::printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6llu\n", r.bytes, r.bytes / runtime::sizeOf(r.which.dtype),
+              bf16 ? "bfloat16" : "float", op, time, r.algbwGbps, r.busbwGbps,
+              static_cast<unsigned long long>(r.wrong));
   std::fflush(stdout);
 }
 
@@ -332,19 +301,26 @@ void printResultLine(const Row& r, const std::string& backend, int ranks, const 
   std::printf(
       "RESULT bench=allreduce backend=%s ranks=%d bytes=%zu time_us=%.2f algbw_gbps=%.4f busbw_gbps=%.4f "
       "wrong=%llu time_b2b_us=%.2f time_min_us=%.2f time_max_us=%.2f op=%s inplace=%d buffers=%s iters=%d "
-      "warmup=%d\n",
+      "warmup=%d collective=%s dtype=%s\n",
       backend.c_str(), ranks, r.bytes, r.timeUs, r.algbwGbps, r.busbwGbps, static_cast<unsigned long long>(r.wrong),
-      r.b2bUs, r.minUs, r.maxUs, o.op.c_str(), o.inPlace ? 1 : 0, o.buffers.c_str(), r.iters, r.warmup);
+      r.b2bUs, r.minUs, r.maxUs, o.op.c_str(), o.inPlace ? 1 : 0, o.buffers.c_str(), r.iters, r.warmup,
+      collectiveName(r.which.kind), dtypeShortName(r.which.dtype));
   std::fflush(stdout);
 }
 
 void writeJson(const std::string& path, const std::vector<Row>& rows, const std::string& backend, int ranks,
                const AllReduceBenchOptions& o) {
-  nlohmann::json out = {{"bench", "allreduce"}, {"backend", backend},   {"ranks", ranks},
-                        {"op", o.op},           {"inplace", o.inPlace}, {"buffers", o.buffers},
+  nlohmann::json out = {{"bench", "allreduce"},
+                        {"backend", backend},
+                        {"ranks", ranks},
+                        {"op", o.op},
+                        {"inplace", o.inPlace},
+                        {"buffers", o.buffers},
                         {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
-    out["rows"].push_back({{"bytes", r.bytes},
+    out["rows"].push_back({{"collective", collectiveName(r.which.kind)},
+                           {"dtype", dtypeShortName(r.which.dtype)},
+                           {"bytes", r.bytes},
                            {"time_us", r.timeUs},
                            {"algbw_gbps", r.algbwGbps},
                            {"busbw_gbps", r.busbwGbps},
@@ -373,82 +349,118 @@ std::unique_ptr<DeviceBenchMemory> deviceMemoryFor(Communicator& comm, const Dev
 #endif
 }
 
+// The two buffers of the largest size (a rank's input and output), their pages touched now: on the
+// device (nccl) with host copies, from allocateBuffer (--buffers shared), or ordinary memory.
+struct Buffers {
+  collectives::BufferPtr sharedOutput, sharedInput;
+  AlignedFloats userOutput, userInput;
+  std::unique_ptr<DeviceBenchMemory> device;
+  std::vector<float> hostInput, hostOutput;
+  float* output = nullptr;
+  float* input = nullptr;
+  std::string text;  // for the header line
+};
+
+Buffers allocateBuffers(Communicator& comm, const AllReduceBenchOptions& o, const runtime::WorldInfo& world,
+                        size_t maxCount, size_t scratchCount, std::chrono::milliseconds timeout) {
+  Buffers b;
+  const bool shared = o.buffers == "shared";
+  if (comm.backend() == "nccl") {
+    b.device = deviceMemoryFor(comm, {.device = world.localRank,
+                                      .maxCount = maxCount,
+                                      .scratchCount = scratchCount,
+                                      .inPlace = o.inPlace,
+                                      .fromCommunicator = shared,
+                                      .timeout = timeout});
+    b.hostInput.resize(maxCount);
+    b.hostOutput.resize(maxCount);
+    b.output = b.device->output();
+    b.input = b.device->input();
+    const std::string where = " on cuda:" + std::to_string(world.localRank);
+    b.text = (shared ? "buffers from Communicator::allocateBuffer" : "buffers from cudaMalloc") + where;
+    return b;
+  }
+  b.sharedOutput = shared ? comm.allocateBuffer(maxCount) : nullptr;
+  b.sharedInput = shared && !o.inPlace ? comm.allocateBuffer(maxCount) : nullptr;
+  b.userOutput = shared ? nullptr : allocateFloats(maxCount);
+  b.userInput = shared || o.inPlace ? nullptr : allocateFloats(maxCount);
+  b.output = shared ? b.sharedOutput->data() : b.userOutput.get();
+  b.input = o.inPlace ? b.output : (shared ? b.sharedInput->data() : b.userInput.get());
+  // Touch every page now, not in a timed region (allocateBuffer's pages are reserved but unmapped).
+  std::memset(b.output, 0, maxCount * sizeof(float));
+  std::memset(b.input, 0, maxCount * sizeof(float));
+  b.text = shared ? "buffers from Communicator::allocateBuffer" : "buffers in ordinary memory";
+  return b;
+}
+
+// Every collective in every element type of the options, in that order.
+std::vector<CollectiveCase> casesOf(const AllReduceBenchOptions& o) {
+  const ReduceOp op = parseOp(o.op);
+  std::vector<CollectiveCase> cases;
+  for (const std::string& collective : o.collectives) {
+    for (const std::string& dtype : o.dtypes) {
+      cases.push_back(
+          {.kind = parseCollective(collective), .dtype = parseDType(dtype), .op = op, .inPlace = o.inPlace});
+    }
+  }
+  if (cases.empty()) COHORT_THROW(InvalidArgument) << "bench allreduce: no --collectives or no --dtypes";
+  return cases;
+}
+
 }  // namespace
 
 int runAllReduceBench(const AllReduceBenchOptions& o) {
-  const ReduceOp op = parseOp(o.op);
+  const std::vector<CollectiveCase> cases = casesOf(o);
   const std::vector<size_t> sizes = messageSizes(o);
   if (o.timeoutSeconds <= 0) COHORT_THROW(InvalidArgument) << "bench allreduce: --timeout must be positive";
   const auto timeout = runtime::timeoutFromSeconds(o.timeoutSeconds, "--timeout");
   const runtime::WorldInfo world = runtime::WorldInfo::detect();
   auto comm = collectives::makeCommunicator({.backend = o.backend, .world = world, .timeout = timeout});
   const int rank = comm->rank(), ranks = comm->size();
-
-  const size_t maxCount = sizes.back() / sizeof(float);
-  const bool shared = o.buffers == "shared";
   int maxIters = 0;
   for (size_t b : sizes) maxIters = std::max(maxIters, itersFor(o, b));
   std::vector<float> times(static_cast<size_t>(maxIters));
-  const bool onDevice = comm->backend() == "nccl";
-  collectives::BufferPtr sharedOutput, sharedInput;
-  AlignedFloats userOutput, userInput;
-  std::unique_ptr<DeviceBenchMemory> device;  // declared after comm: freed before it
-  std::vector<float> hostInput, hostOutput;
-  float* output = nullptr;
-  float* input = nullptr;
-  if (onDevice) {
-    device = deviceMemoryFor(*comm, {.device = world.localRank,
-                                     .maxCount = maxCount,
-                                     .scratchCount = std::max<size_t>(2, times.size()),
-                                     .inPlace = o.inPlace,
-                                     .fromCommunicator = shared,
-                                     .timeout = timeout});
-    hostInput.resize(maxCount);
-    hostOutput.resize(maxCount);
-    output = device->output();
-    input = device->input();
-  } else {
-    sharedOutput = shared ? comm->allocateBuffer(maxCount) : nullptr;
-    sharedInput = shared && !o.inPlace ? comm->allocateBuffer(maxCount) : nullptr;
-    userOutput = shared ? nullptr : allocateFloats(maxCount);
-    userInput = shared || o.inPlace ? nullptr : allocateFloats(maxCount);
-    output = shared ? sharedOutput->data() : userOutput.get();
-    input = o.inPlace ? output : (shared ? sharedInput->data() : userInput.get());
-    // Touch every page now, not in a timed region (allocateBuffer's pages are reserved but unmapped).
-    std::memset(output, 0, maxCount * sizeof(float));
-    std::memset(input, 0, maxCount * sizeof(float));
-  }
-  Setup setup{*comm, op, o.inPlace, timeout, input, output, times, device.get(), &hostInput, &hostOutput};
-  const std::string where = onDevice ? " on cuda:" + std::to_string(world.localRank) : std::string();
-  const std::string bufferText = shared ? "buffers from Communicator::allocateBuffer" + where
-                                        : (onDevice ? "buffers from cudaMalloc" + where : "buffers in ordinary memory");
-
+  // After comm: freed before it.
+  Buffers buffers =
+      allocateBuffers(*comm, o, world, sizes.back() / sizeof(float), std::max<size_t>(2, times.size()), timeout);
   if (rank == 0) {
-    std::printf(
-        "# cohort bench allreduce: backend=%s ranks=%d (world from %s, %d on this node) op=%s %s, float32, %s\n",
-        comm->backend().c_str(), ranks, world.source.c_str(), world.localWorldSize, o.op.c_str(),
-        o.inPlace ? "in place" : "out of place", bufferText.c_str());
+    std::printf("# cohort bench allreduce: backend=%s ranks=%d (world from %s, %d on this node) op=%s %s, %s\n",
+                comm->backend().c_str(), ranks, world.source.c_str(), world.localWorldSize, o.op.c_str(),
+                o.inPlace ? "in place" : "out of place", buffers.text.c_str());
     std::printf(
         "# sizes %zu..%zu bytes x%d; time = median over iterations of the slowest rank's "
         "barrier-separated op; time_b2b = back to back, per op; %ld online cores\n",
         sizes.front(), sizes.back(), o.stepFactor, sysconf(_SC_NPROCESSORS_ONLN));
     std::fflush(stdout);
   }
-  // The table's rows appear as the sizes finish; the RESULT lines, for scripts, after the table, so
-  // that they do not break it up.
-  if (rank == 0) printTableHeader(o);
+  // Per case a table whose rows appear as the sizes finish; the RESULT lines, for scripts, after
+  // the tables, so that they do not break them up.
   std::vector<Row> rows;
   uint64_t wrong = 0;
-  for (size_t bytes : sizes) {
-    rows.push_back(measureSize(setup, bytes, itersFor(o, bytes), warmupFor(o, bytes)));
-    wrong += rows.back().wrong;
-    if (rank == 0) printTableRow(rows.back(), o);
+  for (const CollectiveCase& which : cases) {
+    Setup setup{*comm,
+                which,
+                timeout,
+                buffers.input,
+                buffers.output,
+                times,
+                buffers.device.get(),
+                &buffers.hostInput,
+                &buffers.hostOutput};
+    if (rank == 0) printTableHeader(o, which);
+    std::vector<Row> caseRows;
+    for (size_t bytes : sizes) {
+      caseRows.push_back(measureSize(setup, bytes, itersFor(o, bytes), warmupFor(o, bytes)));
+      wrong += caseRows.back().wrong;
+      if (rank == 0) printTableRow(caseRows.back(), o);
+    }
+    if (rank == 0) printTableSummary(caseRows);
+    rows.insert(rows.end(), caseRows.begin(), caseRows.end());
   }
   if (rank == 0) {
-    printTableSummary(rows);
     for (const Row& r : rows) printResultLine(r, comm->backend(), ranks, o);
+    if (!o.jsonPath.empty()) writeJson(o.jsonPath, rows, comm->backend(), ranks, o);
   }
-  if (rank == 0 && !o.jsonPath.empty()) writeJson(o.jsonPath, rows, comm->backend(), ranks, o);
   if (wrong > 0) {
     if (rank == 0)
       std::fprintf(stderr, "cohort bench allreduce: %llu wrong elements\n", static_cast<unsigned long long>(wrong));

@@ -1,6 +1,8 @@
 // `cohort bench allreduce`: all-reduce latency and bandwidth per message size, in the manner of
-// nccl-tests (bench/README.md). Every rank of the job (runtime::WorldInfo::detect(): cohortrun, mpirun,
-// srun) runs it; run it as
+// nccl-tests (bench/README.md); with --collectives also reduce-scatter and all-gather, with --dtypes
+// in bf16 too (bench/collective_case.h: their sizes are the full buffer, busbw = algbw·(n−1)/n,
+// in place is NCCL's layout), one table per collective and element type. Every rank of the job
+// (runtime::WorldInfo::detect(): cohortrun, mpirun, srun) runs it; run it as
 //   cohortrun --nproc-per-node 2 -- cohort bench allreduce --backend shm
 //   mpirun -np 2 cohort bench allreduce --backend mpi
 //   cohortrun --nproc-per-node 8 -- cohort bench allreduce --backend nccl   (one rank per GPU)
@@ -22,6 +24,7 @@
 // elements and the mean busbw), then, for scripts, one line per size (bench/README.md):
 //   RESULT bench=allreduce backend=shm ranks=2 bytes=4096 time_us=.. algbw_gbps=.. busbw_gbps=.. wrong=0
 //          time_b2b_us=.. time_min_us=.. time_max_us=.. op=sum inplace=0 buffers=shared iters=200 warmup=5
+//          collective=allreduce dtype=fp32
 // and, with --json, the same rows as a JSON file. Scripts read the RESULT lines (or the JSON), never
 // the table, whose layout is for reading. The two buffers are allocated once at the largest
 // size (64-byte aligned) and written before any timing, so no page faults land in a timed region.
@@ -37,6 +40,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -53,9 +57,13 @@ struct AllReduceBenchOptions {
   int warmup = -1;         // untimed iterations per size; -1: by size (5, or 2 from 256 MiB)
   std::string op = "sum";  // sum | avg | max | min
   bool inPlace = false;
+  // What to time, each collective in each element type (collective_case.h): allreduce,
+  // reducescatter, allgather; fp32, bf16.
+  std::vector<std::string> collectives = {"allreduce"};
+  std::vector<std::string> dtypes = {"fp32"};
   std::string buffers = "shared";  // "shared": Communicator::allocateBuffer; "user": ordinary memory
-  std::string jsonPath;         // also write the rows here (rank 0); empty: no file
-  double timeoutSeconds = 120;  // for the rendezvous and every wait
+  std::string jsonPath;            // also write the rows here (rank 0); empty: no file
+  double timeoutSeconds = 120;     // for the rendezvous and every wait
 };
 
 // "4096", "4K", "16k", "256M", "1G", "64KiB": bytes (K = 1024). Throws InvalidArgument.

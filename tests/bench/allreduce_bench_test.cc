@@ -4,8 +4,6 @@
 // (COHORT_SHM_DIR), and an environment without any rank variables.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-
-#include "tests/support/process.h"
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -23,11 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/process.h"
 
 using cohort::testing::runfile;
 
 namespace {
-
 
 std::string freshDir() {
   const char* base = std::getenv("TEST_TMPDIR");
@@ -121,7 +119,7 @@ void expectResultLineFormat(const std::string& text) {
   const std::regex format(
       R"(RESULT bench=allreduce backend=\w+ ranks=\d+ bytes=\d+ time_us=\d+\.\d\d algbw_gbps=\d+\.\d{4} )"
       R"(busbw_gbps=\d+\.\d{4} wrong=\d+ time_b2b_us=\d+\.\d\d time_min_us=\d+\.\d\d time_max_us=\d+\.\d\d )"
-      R"(op=\w+ inplace=[01] buffers=(shared|user) iters=\d+ warmup=\d+)");
+      R"(op=\w+ inplace=[01] buffers=(shared|user) iters=\d+ warmup=\d+ collective=\w+ dtype=(fp32|bf16))");
   // What compare_allreduce_peers.sh extracts: bytes, time_us, busbw_gbps, wrong.
   const std::regex script(R"(.*RESULT bench=allreduce .* bytes=([0-9]+) time_us=([0-9.]+) .* busbw_gbps=([0-9.]+) )"
                           R"(wrong=([0-9]+).*)");
@@ -236,6 +234,41 @@ TEST(AllReduceBench, TwoShmRanksInPlaceAverage) {
   for (const auto& f : rows) {
     EXPECT_EQ(f.at("op"), "avg");
     EXPECT_EQ(f.at("inplace"), "1");
+  }
+}
+
+// `cohort bench allreduce` under cohortrun on two shm ranks, with `flags`.
+std::vector<std::string> twoShmRanks(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {runfile("launcher/cohortrun")};
+  for (const char* word : {"--nproc-per-node", "2", "--"}) argv.emplace_back(word);
+  argv.push_back(runfile("cli/cohort"));
+  for (const char* word : {"bench", "allreduce", "--backend", "shm"}) argv.emplace_back(word);
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return argv;
+}
+
+// Reduce-scatter and all-gather beside all-reduce, in fp32 and bf16, in NCCL's in-place layout:
+// a row per collective, element type and size, each checked exactly (wrong=0), with the bus factor
+// of its collective ((n-1)/n for reduce-scatter and all-gather).
+TEST(AllReduceBench, ReduceScatterAndAllGatherInBothTypes) {
+  std::string dir = freshDir();
+  ChildRun r = runIn(dir, twoShmRanks({"--min-bytes", "4K", "--max-bytes", "1M", "--step-factor", "16", "--iters", "3",
+                                       "--warmup", "1", "--in-place", "--collectives",
+                                       "allreduce,reducescatter,allgather", "--dtypes", "fp32,bf16"}));
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  expectResultLineFormat(r.out);
+  const auto rows = resultLines(r.out);
+  ASSERT_EQ(rows.size(), 3u * 2u * 3u) << r.out;
+  std::map<std::string, int> perCase;
+  for (const auto& f : rows) {
+    ++perCase[f.at("collective") + " " + f.at("dtype")];
+    EXPECT_EQ(f.at("wrong"), "0") << f.at("collective") << " " << f.at("dtype") << " " << f.at("bytes");
+    const double factor = f.at("collective") == "allreduce" ? 1.0 : 0.5;
+    EXPECT_NEAR(std::stod(f.at("busbw_gbps")), std::stod(f.at("algbw_gbps")) * factor,
+                1e-3 + 1e-3 * std::stod(f.at("algbw_gbps")));
+  }
+  for (const char* c : {"allreduce", "reducescatter", "allgather"}) {
+    for (const char* t : {"fp32", "bf16"}) EXPECT_EQ((perCase[std::string(c) + " " + t]), 3) << c << " " << t;
   }
 }
 
