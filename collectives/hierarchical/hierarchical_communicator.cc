@@ -390,21 +390,15 @@ class HierarchicalCommunicator : public Communicator {
     WorkPtr work;                  // the stage under way
   };
 
-  // Reduce-scatter in the node, all-reduce of this local rank's chunk across nodes, all-gather in
-  // the node (see the header). The all-reduce across nodes is itself a reduce-scatter and an
-  // all-gather: every node sends and receives (N-1)/N of the chunk twice, both directions at once.
-  // Large messages go in segments, pipelined so that the node's stages of one segment overlap the
-  // network's work on the others, in one fixed order on every rank:
-  //   node:   RS(0) RS(1) ... RS(S-1)  AG(0) AG(1) ... AG(S-1)
-  //   across: RS(0) RS(1) AG(0) RS(2) AG(1) ... RS(S-1) AG(S-2) AG(S-1)
-  void allReduceInStages(const float* input, float* output, size_t count, ReduceOp op) {
+  // The segments of a pipelined all-reduce of `count` floats (see allReduceInStages), their shards and
+  // pieces in shard_ and piece_, and the last one padded in staging_ when it does not split evenly.
+  std::vector<Segment> planSegments(const float* input, float* output, size_t count) {
     const size_t L = static_cast<size_t>(layout_.localSize), N = static_cast<size_t>(layout_.nodes);
     const size_t unit = L * N;  // every segment but the last is a multiple: no padding
     const size_t target = std::max<size_t>(unit, kSegmentBytes / sizeof(float) / unit * unit);
     const size_t wanted = std::min<size_t>(kMaxSegments, std::max<size_t>(1, count / target));
     const size_t length = (count / wanted + unit - 1) / unit * unit;  // count > kFlatBytes: not 0
     const size_t segments = (count + length - 1) / length;            // none of them empty
-    const ReduceOp partial = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
 
     std::vector<Segment> seg(segments);
     size_t shardTotal = 0, pieceTotal = 0, staged = 0;
@@ -436,6 +430,21 @@ class HierarchicalCommunicator : public Communicator {
       shardAt += g.chunk;
       pieceAt += g.piece;
     }
+    return seg;
+  }
+
+  // Reduce-scatter in the node, all-reduce of this local rank's chunk across nodes, all-gather in
+  // the node (see the header). The all-reduce across nodes is itself a reduce-scatter and an
+  // all-gather: every node sends and receives (N-1)/N of the chunk twice, both directions at once.
+  // Large messages go in segments, pipelined so that the node's stages of one segment overlap the
+  // network's work on the others, in one fixed order on every rank:
+  //   node:   RS(0) RS(1) ... RS(S-1)  AG(0) AG(1) ... AG(S-1)
+  //   across: RS(0) RS(1) AG(0) RS(2) AG(1) ... RS(S-1) AG(S-2) AG(S-1)
+  void allReduceInStages(const float* input, float* output, size_t count, ReduceOp op) {
+    const size_t L = static_cast<size_t>(layout_.localSize), N = static_cast<size_t>(layout_.nodes);
+    const ReduceOp partial = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    std::vector<Segment> seg = planSegments(input, output, count);
+    const size_t segments = seg.size();
 
     Communicator* node = L > 1 ? node_.get() : nullptr;
     Communicator* cross = N > 1 ? cross_.get() : nullptr;
