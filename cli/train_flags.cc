@@ -38,12 +38,14 @@ void addModelAndDataFlags(CLI::App& c, TrainFlags& f) {
 // The flags of how the workers train together and where.
 void addJobFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--mode", f.mode, "local | hogwild | allreduce")->capture_default_str();
-  c.add_option("--backend", f.backend, "all-reduce backend: shm | mpi | nccl");
+  c.add_option("--backend", f.backend,
+               "all-reduce backend: shm | mpi | hierarchical | nccl (default: nccl on a GPU, shm on one node, "
+               "hierarchical across nodes)");
   c.add_flag("--replicas", f.replicas,
              "--mode allreduce on the CPU: a full replica per worker and bucketed gradient all-reduce, instead of "
-             "one shared parameter copy per node that each worker updates a shard of (the default across nodes)");
+             "one shared parameter copy per node that each worker updates a slice of (the default across nodes)");
   c.add_flag("--no-replicas", f.noReplicas,
-             "--mode allreduce on the CPU: one shared parameter copy per node, each worker updating a shard of it "
+             "--mode allreduce on the CPU: one shared parameter copy per node, each worker updating a slice of it "
              "(the default on one node; across nodes over --backend hierarchical, the default there)");
   c.add_option("--device", f.device, "cpu | cuda[:N]")->capture_default_str();
 }

@@ -1,6 +1,6 @@
 // Ranks of one job started with different settings (issue 15): every rank fails at once, exit 2,
 // naming both ranks and the first differing setting with both values, before any training step —
-// over shm (sharded and --replicas), under mpirun (MPMD, the mpi backend) and in Hogwild. The ranks
+// over shm (one shared copy and --replicas), under mpirun (MPMD, the mpi backend) and in Hogwild. The ranks
 // here are started by hand with cohortrun's variables (as a user's own launcher would) or by
 // mpirun, so nothing but the workers themselves can stop the job.
 #include <gtest/gtest.h>
@@ -82,7 +82,7 @@ class AgreementCliTest : public ShmDirTest {
   double reportedAfter_ = 0;
 };
 
-TEST_F(AgreementCliTest, ShardedRanksWithAnotherBatchSizeAreRefused) {
+TEST_F(AgreementCliTest, SharedCopyRanksWithAnotherBatchSizeAreRefused) {
   auto results = runRanks({{"--mode", "allreduce", "--batch-size", "64"}, {"--mode", "allreduce", "--batch-size", "32"}});
   expectRefused(results, "ranks 0 (" + hostName() + ") and 1 (" + hostName() + ") were started with different settings: batch_size is 64 on rank 0 but 32 on rank 1");
 }

@@ -86,7 +86,7 @@ class AllreduceCliTest : public ShmDirTest {
 };
 
 // Issue 16: K micro-batches per step equal one batch of K times the samples (20 steps, 1e-5), alone
-// (mode local), and with 2 and 3 workers over shm (sharded and replicas) and mpi.
+// (mode local), and with 2 and 3 workers over shm (one shared copy and replicas) and mpi.
 TEST_F(AllreduceCliTest, AccumulatedMicroBatchesEqualOneBatchAlone) {
   expectEquivalent({}, 1, "", {"--mode", "local"}, 4);
 }
@@ -96,8 +96,8 @@ TEST_F(AllreduceCliTest, AccumulatedMicroBatchesEqualOneBatchWithTwoAndThreeWork
   expectEquivalent(mpirun(2), 2, "mpi", {}, 2);
 }
 
-// Issue 16: clipping applies to the averaged gradient, whose norm every rank knows (the sharded
-// path adds up its shards'): 2 workers equal one worker with the combined batch after 20 clipped steps.
+// Issue 16: clipping applies to the averaged gradient, whose norm every rank knows (the shared
+// copy adds up its slices'): 2 workers equal one worker with the combined batch after 20 clipped steps.
 TEST_F(AllreduceCliTest, ClippedWorkersEqualOneClippedWorkerWithTheCombinedBatch) {
   expectEquivalent(cohortrun(2), 2, "shm", {}, 1, 0.1);
   expectEquivalent(cohortrun(2), 2, "shm", {"--replicas"}, 1, 0.1);
@@ -107,7 +107,7 @@ TEST_F(AllreduceCliTest, ClippedWorkersEqualOneClippedWorkerWithTheCombinedBatch
 TEST_F(AllreduceCliTest, TwoShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(2), 2, "shm"); }
 TEST_F(AllreduceCliTest, ThreeShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(3), 3, "shm"); }
 TEST_F(AllreduceCliTest, TwoMpiWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(mpirun(2), 2, "mpi"); }
-// --replicas: the shm communicator's bucketed gradient all-reduce instead of the shared sharded copy.
+// --replicas: the shm communicator's bucketed gradient all-reduce instead of the shared copy updated in slices.
 TEST_F(AllreduceCliTest, TwoShmReplicaWorkersEqualOneWorkerWithTheCombinedBatch) {
   expectEquivalent(cohortrun(2), 2, "shm", {"--replicas"});
 }
@@ -115,9 +115,9 @@ TEST_F(AllreduceCliTest, ThreeShmReplicaWorkersEqualOneWorkerWithTheCombinedBatc
   expectEquivalent(cohortrun(3), 3, "shm", {"--replicas"});
 }
 
-// Sharded shm training keeps one optimizer state in shared memory, each rank updating its shard:
+// Shared-copy shm training keeps one optimizer state in shared memory, each rank updating its slice:
 // the checkpoint must still hold all of it, so 10 steps + 10 resumed equal 20 in one go, bit for bit.
-TEST_F(AllreduceCliTest, ShardedShmTrainingResumesBitForBit) {
+TEST_F(AllreduceCliTest, SharedCopyShmTrainingResumesBitForBit) {
   for (const std::string optimizer : {"sgd", "adam"}) {
     std::string whole = dir_ + "/whole-" + optimizer + ".st", split = dir_ + "/split-" + optimizer + ".st";
     auto job = [&](const std::string& path, const std::string& steps, bool resume) {

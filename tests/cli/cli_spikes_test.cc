@@ -90,7 +90,7 @@ TEST_F(SpikesTest, OneWorkerSkipsTheCorruptBatchOnly) {
 
 // Two workers, each with half of the epoch: only the one whose shard holds the corrupt row sees the
 // spike, and both skip the same steps (the votes travel with the loss flags), naming that rank; in
-// the shared-parameter (sharded) mode and with replicas.
+// the shared-parameter (one copy per node) mode and with replicas.
 TEST_F(SpikesTest, AllreduceWorkersSkipTogether) {
   for (const char* layout : {"--no-replicas", "--replicas"}) {
     SCOPED_TRACE(layout);

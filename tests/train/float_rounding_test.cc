@@ -25,8 +25,10 @@ bool floatHolds(double x) {
   return exponent >= -126 && exponent <= 127 && (bits & ((uint64_t{1} << 29) - 1)) == 0;
 }
 
-// ReplicaStrategy::reduce with kSum: every rank's values rounded to float and added in float. The
-// sum goes through memory (volatile), as it does through a communicator's buffers.
+// A reduce through float32 (ReplicaStrategy::reduce's, before Job::reduce became one reduce of raw
+// doubles): every rank's values rounded to float and added in float. The sum goes through memory
+// (volatile), as it does through a communicator's buffers. The split must survive it still: a
+// program may reduce the pieces over a communicator of its own.
 std::vector<double> reduceThroughFloat32(const std::vector<std::vector<double>>& perRank) {
   std::vector<double> out(perRank.front().size());
   for (size_t i = 0; i < out.size(); ++i) {
