@@ -1,9 +1,9 @@
 // StepGuard: measures the gradient a step is about to apply and, on a GPU, decides the step on the
 // device so that the host never waits inside it (issue 31, "no host synchronisation inside a step").
 //
-// Two ways to use it (internal to train/: Job::step and the strategies):
-//   sumOfSquares(grads)  the gradient's Σ g² for a step the host judges itself (train/strategy.cc's
-//                        judgeStep): on the CPU, or on a GPU waiting for the compute stream.
+// Two ways to use it (internal to train/: the step pipeline and the placements):
+//   sumOfSquares(grads)  the gradient's Σ g² for a step the host judges itself (judgeStep,
+//                        train/step_pipeline.h): on the CPU, or on a GPU waiting for the stream.
 //   judge(grads, j)      GPU: enqueues Σ g², the judge kernel (runtime/cuda/step_guard.h) and an
 //                        asynchronous copy of the step's record into pinned host memory, and returns
 //                        the device StepControl the optimizer's deferred step reads. No host wait.

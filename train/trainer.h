@@ -11,7 +11,7 @@
 //     TrainerOptions::logRanks says every rank); append one metrics line; checkpoint
 //
 // Every rank runs it with the same options and the same full training set: the loader takes this
-// rank's shard of it (Job::shard). A rank given other data (its own part, or data seeded by rank) is
+// rank's part of it (Job::dataSplit). A rank given other data (its own part, or data seeded by rank) is
 // refused at construction on every rank, naming the setting that differs (the data's name, size,
 // sample shape or digest) and this fix. All ranks meet at a barrier at the start and at each
 // epoch's end, where they evaluate (each a share of the test set when every rank holds it, else
