@@ -17,7 +17,7 @@ size_t hogwildSweepStart(size_t numel, int localRank, int localWorldSize) {
   return start / 16 * 16;  // a whole cache line of floats
 }
 
-HogwildStrategy::HogwildStrategy(const StrategyContext& c, const HogwildOptions& o)
+HogwildStrategy::HogwildStrategy(const PlacementContext& c, const HogwildOptions& o)
     : SegmentStrategy(c, c.optimizer.stateFloats(), NodeScope::kEachNode),
       whole_{c.params, c.optimizer, c.gpu},
       rank_(c.world.rank),
@@ -44,12 +44,12 @@ HogwildStrategy::HogwildStrategy(const StrategyContext& c, const HogwildOptions&
 
 HogwildStrategy::~HogwildStrategy() = default;
 
-void HogwildStrategy::placeOnCpu(const StrategyContext& c) {
+void HogwildStrategy::placeOnCpu(const PlacementContext& c) {
   shared_ = shareParams(c, 0, 0);
   optimizer_.setSweepStart(hogwildSweepStart(params_.numel(), localRank(), localWorldSize()));
 }
 
-void HogwildStrategy::placeOnGpu(const StrategyContext& c) {
+void HogwildStrategy::placeOnGpu(const PlacementContext& c) {
 #ifdef COHORT_HAVE_CUDA
   runtime::cuda::GpuContext& gpu = *c.gpu;
   memory_ = std::make_unique<ipc::CudaDeviceMemory>(gpu.device());

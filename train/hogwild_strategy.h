@@ -56,7 +56,7 @@ class HogwildStrategy final : public SegmentStrategy {
   // Every rank of the job constructs one, with the same model (collective). Throws InvalidArgument
   // (GPU Hogwild in a build without CUDA, or across nodes; across nodes without MPI), and as
   // ipc::SharedParams / ipc::DeviceShare / collectives::makeMpiCommunicator.
-  explicit HogwildStrategy(const StrategyContext& context, const HogwildOptions& options = {});
+  explicit HogwildStrategy(const PlacementContext& context, const HogwildOptions& options = {});
   ~HogwildStrategy() override;
 
   std::unique_ptr<JobCollectives> makeCollectives() override;
@@ -77,8 +77,8 @@ class HogwildStrategy final : public SegmentStrategy {
   const NodeAveraging* averaging() const { return averaging_.get(); }
 
  private:
-  void placeOnCpu(const StrategyContext& c);
-  void placeOnGpu(const StrategyContext& c);
+  void placeOnCpu(const PlacementContext& c);
+  void placeOnGpu(const PlacementContext& c);
   SavedState saveAcrossNodes();
   // Across nodes: the node's barrier (naming a missing local worker), then the meeting of the whole
   // world, which averages the copies when anyone stepped.

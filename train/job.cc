@@ -183,21 +183,21 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
   checkPlaceable(model, optimizer);
   agree(builtInSettings(model, optimizer, o));
   model.params.allocate(runtime::cpuAllocator());
-  StrategyContext context{.params = model.params,
-                          .optimizer = optimizer,
-                          .world = world_,
-                          .timeout = options_.timeout,
-                          .gpu = gpu_.get(),
-                          .initialise =
-                              [&] {
-                                if (o.initialise) {
-                                  o.initialise(model);
-                                } else {
-                                  runtime::Rng rng(runtime::mix(o.seed, 0x696e6974ull /* "init" */));
-                                  model.net->resetParams(rng);
-                                }
-                              },
-                          .timeline = timeline_};
+  PlacementContext context{.params = model.params,
+                           .optimizer = optimizer,
+                           .world = world_,
+                           .timeout = options_.timeout,
+                           .gpu = gpu_.get(),
+                           .initialise =
+                               [&] {
+                                 if (o.initialise) {
+                                   o.initialise(model);
+                                 } else {
+                                   runtime::Rng rng(runtime::mix(o.seed, 0x696e6974ull /* "init" */));
+                                   model.net->resetParams(rng);
+                                 }
+                               },
+                           .timeline = timeline_};
   placed_ =
       std::make_unique<Placed>(makePlacement(choice_, context, {.averageEvery = std::max<int64_t>(averageEvery(), 1)}));
   model_ = &model;

@@ -2,7 +2,7 @@
 
 namespace cohort::train {
 
-LocalStrategy::LocalStrategy(const StrategyContext& c) : WholeGradientPlacement({c.params, c.optimizer, c.gpu}) {
+LocalStrategy::LocalStrategy(const PlacementContext& c) : WholeGradientPlacement({c.params, c.optimizer, c.gpu}) {
   c.initialise();
   moveToGpu(c.params, c.gpu);
 }

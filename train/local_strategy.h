@@ -10,7 +10,7 @@ namespace cohort::train {
 
 class LocalStrategy final : public WholeGradientPlacement {
  public:
-  explicit LocalStrategy(const StrategyContext& context);
+  explicit LocalStrategy(const PlacementContext& context);
 
   std::unique_ptr<JobCollectives> makeCollectives() override { return std::make_unique<LocalCollectives>(); }
   SavedState saveState() override { return singleOptimizerState(whole_.optimizer); }

@@ -151,7 +151,7 @@ class Placement {
 // What every placement is made from. The parameters arrive bound on the CPU; `initialise` fills them
 // there (a seeded reset, or the user's own); the placement decides which ranks run it and moves the
 // parameters where it keeps them (a GPU, shared memory, a GPU share).
-struct StrategyContext {
+struct PlacementContext {
   nn::ParamBuffer& params;
   nn::Optimizer& optimizer;
   const runtime::WorldInfo& world;

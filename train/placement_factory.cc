@@ -13,14 +13,14 @@ namespace {
 
 // Replicas over the chosen backend; with UnevenNodes::kFlatMpi the communicator gets the world's
 // default instead (hierarchical, flat mpi where the nodes are uneven: collectives::makeCommunicator).
-std::unique_ptr<ReplicaStrategy> makeReplicas(const ResolvedPlacement& choice, const StrategyContext& context) {
+std::unique_ptr<ReplicaStrategy> makeReplicas(const ResolvedPlacement& choice, const PlacementContext& context) {
   const bool flatWhenUneven = choice.unevenNodes == UnevenNodes::kFlatMpi;
   return std::make_unique<ReplicaStrategy>(context, flatWhenUneven ? std::string() : choice.backendName());
 }
 
 // One copy per node: on one node over shm; across nodes over hierarchical, whose node groups tell the
 // nodes' sizes: uneven, the choice's rule applies (flat mpi replicas, or makeNodeGroups refuses).
-std::unique_ptr<Placement> makeSharedCopy(const ResolvedPlacement& choice, const StrategyContext& context) {
+std::unique_ptr<Placement> makeSharedCopy(const ResolvedPlacement& choice, const PlacementContext& context) {
   if (!context.world.spansNodes()) return std::make_unique<SharedCopyStrategy>(context);
   COHORT_CHECK(choice.backend == Backend::kHierarchical) << "a shared copy across nodes over " << choice.backendName();
   collectives::NodeGroups groups =
@@ -32,7 +32,8 @@ std::unique_ptr<Placement> makeSharedCopy(const ResolvedPlacement& choice, const
 
 }  // namespace
 
-Placed makePlacement(const ResolvedPlacement& choice, const StrategyContext& context, const PlacementOptions& options) {
+Placed makePlacement(const ResolvedPlacement& choice, const PlacementContext& context,
+                     const PlacementOptions& options) {
   Placed placed;
   placed.backend = choice.backendName();
   switch (choice.kind) {

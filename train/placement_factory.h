@@ -37,6 +37,6 @@ struct PlacementOptions {
   int64_t averageEvery = 1;  // Hogwild across nodes: the averaging period (>= 1)
 };
 
-Placed makePlacement(const ResolvedPlacement& choice, const StrategyContext& context, const PlacementOptions& options);
+Placed makePlacement(const ResolvedPlacement& choice, const PlacementContext& context, const PlacementOptions& options);
 
 }  // namespace cohort::train

@@ -20,7 +20,7 @@ const runtime::Stream* computeStreamOf(runtime::cuda::GpuContext* gpu) {
 
 }  // namespace
 
-ReplicaStrategy::ReplicaStrategy(const StrategyContext& c, const std::string& backend)
+ReplicaStrategy::ReplicaStrategy(const PlacementContext& c, const std::string& backend)
     : WholeGradientPlacement({c.params, c.optimizer, c.gpu}), timeout_(c.timeout), timeline_(c.timeline) {
   // On a GPU the gradient buckets are all-reduced over NCCL, ordered after backward's kernels by events.
   comm_ = collectives::makeCommunicator(

@@ -25,7 +25,7 @@ class ReplicaStrategy final : public WholeGradientPlacement {
  public:
   // `backend`: shm, mpi, hierarchical or nccl, or empty for the world's default with flat mpi where
   // the nodes are uneven (collectives::makeCommunicator). Throws as makeCommunicator.
-  ReplicaStrategy(const StrategyContext& context, const std::string& backend);
+  ReplicaStrategy(const PlacementContext& context, const std::string& backend);
 
   std::unique_ptr<JobCollectives> makeCollectives() override;
   nn::UnitListener* unitListener() override { return gradSync_.get(); }

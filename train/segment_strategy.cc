@@ -9,7 +9,7 @@ namespace cohort::train {
 
 namespace {
 
-const StrategyContext& checkScope(const StrategyContext& c, NodeScope scope) {
+const PlacementContext& checkScope(const PlacementContext& c, NodeScope scope) {
   if (scope == NodeScope::kOneNode && c.world.spansNodes()) {
     COHORT_THROW(InvalidArgument) << "this mode shares memory, so every rank must be on one node, but this job has "
                                   << c.world.worldSize << " ranks with " << c.world.localWorldSize << " on this node";
@@ -19,7 +19,7 @@ const StrategyContext& checkScope(const StrategyContext& c, NodeScope scope) {
 
 }  // namespace
 
-SegmentStrategy::SegmentStrategy(const StrategyContext& c, size_t exchangeFloatsPerRank, NodeScope scope)
+SegmentStrategy::SegmentStrategy(const PlacementContext& c, size_t exchangeFloatsPerRank, NodeScope scope)
     : params_(checkScope(c, scope).params),
       optimizer_(c.optimizer),
       gpu_(c.gpu),
@@ -34,7 +34,7 @@ SegmentStrategy::SegmentStrategy(const StrategyContext& c, size_t exchangeFloats
                 .timeout = c.timeout,
                 .unlinkOnDestroy = c.world.localRank == 0}) {}
 
-std::unique_ptr<ipc::SharedParams> SegmentStrategy::shareParams(const StrategyContext& c, size_t perRankFloats,
+std::unique_ptr<ipc::SharedParams> SegmentStrategy::shareParams(const PlacementContext& c, size_t perRankFloats,
                                                                 size_t extraFloats) {
   auto shared = std::make_unique<ipc::SharedParams>(
       ipc::SharedParams::Options{.jobId = c.world.jobId,

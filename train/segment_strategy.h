@@ -67,12 +67,12 @@ class SegmentStrategy : public Placement {
  protected:
   // Every local rank of the job constructs one (same options); with kOneNode all ranks must be on
   // this node (InvalidArgument otherwise).
-  SegmentStrategy(const StrategyContext& context, size_t exchangeFloatsPerRank, NodeScope scope = NodeScope::kOneNode);
+  SegmentStrategy(const PlacementContext& context, size_t exchangeFloatsPerRank, NodeScope scope = NodeScope::kOneNode);
   // The parameters as one copy for the node, in a SharedParams segment with `perRankFloats` per
   // rank and `extraFloats` shared beside them: local rank 0 runs `initialise` (on the CPU) and
   // copies the values in before publishing it; every rank points its ParamBuffer there (gradients
   // and buffers stay private) and the segment's name goes after the first barrier.
-  std::unique_ptr<ipc::SharedParams> shareParams(const StrategyContext& context, size_t perRankFloats,
+  std::unique_ptr<ipc::SharedParams> shareParams(const PlacementContext& context, size_t perRankFloats,
                                                  size_t extraFloats);
   // Local rank 0 runs `unlink` after the first barrier (removing another segment's name).
   void unlinkAfterFirstBarrier(std::function<void()> unlink) { unlinks_.push_back(std::move(unlink)); }

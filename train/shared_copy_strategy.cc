@@ -9,7 +9,7 @@
 
 namespace cohort::train {
 
-SharedCopyStrategy::SharedCopyStrategy(const StrategyContext& c, collectives::NodeGroups groups)
+SharedCopyStrategy::SharedCopyStrategy(const PlacementContext& c, collectives::NodeGroups groups)
     : SegmentStrategy(c, 0, groups.cross ? NodeScope::kEachNode : NodeScope::kOneNode),
       world_(std::move(groups.world)),
       cross_(std::move(groups.cross)) {

@@ -47,7 +47,7 @@ class SharedCopyStrategy final : public SegmentStrategy {
   // Every rank of the job constructs one, with the same model and optimizer. The optimizer must be
   // on the CPU; its state moves into the segment. A job across nodes passes the world's groups
   // (collectives::makeNodeGroups, with its cross-node communicators: every node the same size).
-  explicit SharedCopyStrategy(const StrategyContext& context, collectives::NodeGroups groups = {});
+  explicit SharedCopyStrategy(const PlacementContext& context, collectives::NodeGroups groups = {});
 
   std::unique_ptr<JobCollectives> makeCollectives() override;
   uint64_t gradientReductions() const override { return reductions_; }
