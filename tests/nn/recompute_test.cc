@@ -198,5 +198,27 @@ TEST(Recompute, GptGivesTheSameBitsInEveryMode) {
   }
 }
 
+// The GPT's units hear the same events in the same order in every mode: a block's recomputed
+// forward runs inside its backward, between the GPT's beforeBackward and afterBackward.
+TEST(Recompute, GptTellsItsUnitsTheSameEventsInEveryMode) {
+  std::vector<std::string> reference;
+  for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {
+    SCOPED_TRACE(recomputeName(mode));
+    Gpt gpt({.vocab = 13, .layers = 2, .heads = 2, .dim = 16, .context = 8, .recompute = mode});
+    ParamBuffer params;
+    bindParams(gpt, params, 4);
+    UnitRecorder recorder;
+    runtime::Rng rng(1);
+    const Pass pass{.training = true, .rng = &rng, .units = &recorder};
+    const Tensor& y = gpt.forward(tokens(2, 8, 13, 1), pass);
+    gpt.backward(Tensor::zeros(y.shape()), pass);
+    EXPECT_EQ(recorder.events.size(), 4u * 4u);  // embeddings, two blocks, ln_f: four events each
+    if (mode == RecomputeMode::kNone)
+      reference = recorder.events;
+    else
+      EXPECT_EQ(recorder.events, reference);
+  }
+}
+
 }  // namespace
 }  // namespace cohort::nn::testing
