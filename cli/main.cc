@@ -16,6 +16,7 @@
 #include <new>
 
 #include "bench/allreduce_bench.h"   // cohort bench allreduce
+#include "bench/recompute_bench.h"   // cohort bench recompute
 #include "bench/train_bench.h"       // cohort bench train
 #include "cli/eval_command.h"        // cohort eval, cohort predict
 #include "cli/export_command.h"      // cohort export
@@ -61,6 +62,10 @@ int run(int argc, char** argv) {
   bench::AllReduceBenchOptions allReduceOptions;
   CLI::App* benchAllReduce = bench->add_subcommand("allreduce", "all-reduce time and bandwidth per message size");
   bench::addAllReduceBenchFlags(*benchAllReduce, allReduceOptions);
+  bench::RecomputeBenchOptions recomputeOptions;
+  CLI::App* benchRecompute =
+      bench->add_subcommand("recompute", "a GPT's activation bytes and step time at each --recompute mode (CPU)");
+  bench::addRecomputeBenchFlags(*benchRecompute, recomputeOptions);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -82,6 +87,7 @@ int run(int argc, char** argv) {
   }
   if (benchTrain->parsed()) return bench::runTrainBench(benchOptions);
   if (benchAllReduce->parsed()) return bench::runAllReduceBench(allReduceOptions);
+  if (benchRecompute->parsed()) return bench::runRecomputeBench(recomputeOptions);
   return static_cast<int>(ExitCode::kUsage);
 }
 

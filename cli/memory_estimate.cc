@@ -3,6 +3,7 @@
 #include <string>
 
 #include "nn/gpt.h"
+#include "nn/gpt_memory.h"
 #include "nn/model.h"
 #include "nn/optimizer.h"
 #include "runtime/data/dataset.h"
@@ -27,14 +28,7 @@ double stateFloatsPerParameter(const nn::OptimizerOptions& o) {
   return 2.0;
 }
 
-// What a GPT's forward keeps for its backward, and the gradients backward writes beside them, in
-// floats (the buffers of nn/gpt.h, nn/transformer_block.h, nn/attention.h, nn/linear.h and
-// nn/layer_norm.h, which live as long as the model). Per block, N = batch × context rows of width
-// D: ln_1, ln_2 (output and input gradient, 2ND each), c_attn (3ND and ND), the attention core's
-// permuted q, k, v, y and their gradients (12ND), c_proj (2ND), c_fc with its GELU (13ND), the MLP's
-// c_proj (5ND) and the block's own h, output and gradients (4ND): 44ND, counted as 40ND so the floor
-// stays one. On the CPU the attention also keeps its probabilities and their gradient, B·H·T² floats
-// each: at long contexts the largest of all. The model's embeddings, ln_f and the stream: 5ND.
+// What a GPT's pass holds at its recompute mode (nn/gpt_memory.h), in floats.
 struct Activations {
   double total = 0;      // floats
   double attention = 0;  // of which the T×T scores (CPU)
@@ -43,14 +37,29 @@ struct Activations {
 Activations gptActivations(const nn::Model& model, int64_t batch, int64_t context, bool onGpu) {
   const auto* gpt = dynamic_cast<const nn::Gpt*>(model.net.get());
   if (!gpt) return {};
-  const nn::GptOptions& o = gpt->options();
-  const double b = static_cast<double>(batch), t = static_cast<double>(context > 0 ? context : o.context),
-               d = static_cast<double>(o.dim);
-  const double layers = static_cast<double>(o.layers), rows = b * t;
-  Activations a;
-  a.attention = onGpu ? 0.0 : layers * 2.0 * b * static_cast<double>(o.heads) * t * t;
-  a.total = layers * 40.0 * rows * d + 5.0 * rows * d + a.attention;
-  return a;
+  const nn::GptActivationBytes b =
+      nn::gptActivationBytes(gpt->options(), {.batch = batch, .context = context, .onGpu = onGpu});
+  return {.total = b.total() / sizeof(float), .attention = b.attention / sizeof(float)};
+}
+
+// "--recompute MODE fits (X); " for the first mode after the GPT's own whose floor fits in
+// `perWorker`, given the floor without activations; empty when none does or the model is no GPT.
+std::string fitHint(const MemoryEstimateInputs& in, double withoutActivations, double perWorker) {
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(in.model.net.get());
+  if (!gpt) return "";
+  nn::GptOptions o = gpt->options();
+  for (nn::RecomputeMode mode : {nn::RecomputeMode::kSelective, nn::RecomputeMode::kFull}) {
+    if (mode <= o.recompute) continue;
+    o.recompute = mode;
+    const double floor =
+        withoutActivations +
+        nn::gptActivationBytes(o, {.batch = in.batchSize, .context = in.context, .onGpu = in.onGpu}).total();
+    if (floor <= perWorker) {
+      return "--recompute " + nn::recomputeName(mode) + " would fit (" +
+             runtime::formatBytes(static_cast<size_t>(floor)) + "); or ";
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -70,7 +79,9 @@ void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInf
       "at least " + bytes(floor) + " per worker (parameters, gradients and optimizer state " + bytes(state);
   if (logits > 0) what += ", the logits of a step and their gradient " + bytes(logits);
   if (activations > 0) {
-    what += ", the activations its backward keeps " + bytes(activations);
+    const auto* gpt = dynamic_cast<const nn::Gpt*>(in.model.net.get());
+    what += ", the activations its backward keeps at --recompute " + nn::recomputeName(gpt->options().recompute) + " " +
+            bytes(activations);
     if (kept.attention > 0)
       what += " (attention's T×T scores and their gradient " + bytes(kept.attention * floatBytes) + ")";
   }
@@ -89,8 +100,8 @@ void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInf
       COHORT_THROW(OutOfMemory) << "model " << in.model.name << " at batch " << in.batchSize << " needs " << what
                                 << ", more than the " << world.localWorldSize
                                 << " worker(s) of this node can have: " << bytes(available) << " available ("
-                                << headroom.describe()
-                                << "; lower --batch-size, the context, the model's size or its vocabulary)";
+                                << headroom.describe() << "; " << fitHint(in, floor - activations, available / workers)
+                                << "lower --batch-size, the context, the model's size or its vocabulary)";
     }
   }
   if (floor >= double(1 << 30) && world.rank == 0) log.info() << "memory: model " << in.model.name << " needs " << what;

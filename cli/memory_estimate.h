@@ -4,10 +4,11 @@
 // The estimate per worker is a floor, not a forecast: the parameters, their gradients and the
 // optimizer's state, and for a language model the logits of one step and their gradient (batch ×
 // context × vocabulary floats each, where the model spends most of its activation memory once the
-// vocabulary is large), and for a GPT the activations its backward keeps and the gradients beside
-// them (about 40 × batch × context × width floats per block, and on the CPU attention's
-// probabilities and their gradient, 2 × batch × heads × context² floats per block: the largest at
-// long contexts; issue 44, item 16). Other models' activations come on top. On the CPU a floor
+// vocabulary is large), and for a GPT the activations its backward keeps at its recompute mode and
+// the gradients beside them (nn/gpt_memory.h: about 22 × batch × context × width floats per block
+// without recompute, 1 with --recompute full, and on the CPU attention's probabilities, batch ×
+// heads × context² floats per block: the largest at long contexts; issues 44, item 16, and 46,
+// item 2). Other models' activations come on top. A refusal names the --recompute that would fit. On the CPU a floor
 // beyond what the node's workers can have (runtime::memoryHeadroom: the least of MemAvailable and
 // what the cgroup limits of this process leave, shared by its local workers) is refused with
 // OutOfMemory (exit 5) naming both and which limit applied; a floor of 1 GiB or more is logged on

@@ -191,6 +191,7 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   if (!f.initFrom.empty()) init = nn::readModelWeights(f.initFrom);
   run.spec = modelSpec(f, init ? &*init : nullptr);
   run.model = nn::buildModel(run.spec);
+  applyRecompute(f, *run.model);  // --recompute, before the memory floor counts its activations
   if (init) nn::checkWeightsFit(*run.model, *init);
   run.lr = scaledLr(f, world);
   run.hints = train::datasetHints(*run.model, f.seed);

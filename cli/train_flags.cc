@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/flag_values.h"       // --seed
+#include "nn/gpt.h"                // --recompute
 #include "runtime/data/data_loader.h"  // kMaxBatchSize
 #include "runtime/device.h"        // --device
 #include "runtime/dtype.h"         // --precision
@@ -137,6 +138,11 @@ void addOutputFlags(CLI::App& c, TrainFlags& f) {
       ->capture_default_str();
   c.add_flag("--step-report", f.stepReport,
              "at each epoch's end, where the steps spent their time and which rank is slowest (on with --trace)");
+  c.add_option("--recompute", f.recompute,
+               "a GPT's activation recompute: none, selective (LayerNorm, GELU and attention probabilities again "
+               "in backward), full (each block's forward again in its backward); the same gradients, less memory")
+      ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str();
   c.add_flag("--memory-report", f.memoryReport,
              "print the memory the run used at the end (GPU: the caching allocator's allocated, reserved and peak bytes)");
 }
@@ -310,6 +316,16 @@ void validateTrainFlags(const TrainFlags& f, const runtime::WorldInfo& world) {
   validateDeviceFlags(f);
   validateNumbers(f);
   validateOutputFlags(f);
+}
+
+void applyRecompute(const TrainFlags& f, nn::Model& model) {
+  const nn::RecomputeMode mode = nn::parseRecompute(f.recompute);
+  auto* gpt = dynamic_cast<nn::Gpt*>(model.net.get());
+  if (gpt) return gpt->setRecompute(mode);
+  if (mode != nn::RecomputeMode::kNone) {
+    COHORT_THROW(InvalidArgument) << "--recompute " << f.recompute << " is for a GPT (--model gpt:...), not "
+                                  << model.name << " (wrap a layer in nn::Recompute in a program of your own)";
+  }
 }
 
 int64_t batchFactor(const TrainFlags& f, const runtime::WorldInfo& world) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nn/lr_schedule.h"
+#include "nn/model.h"
 #include "nn/optimizer.h"
 #include "runtime/world_info.h"
 
@@ -73,11 +74,16 @@ struct TrainFlags {
   std::string convAlgorithms;  // --device cuda: fastest | exact; empty: fastest
   std::string precision = "fp32";  // fp32 | bf16 (--device cuda, a model that takes bf16)
   bool tf32 = false;               // --device cuda: TF32 tensor cores for fp32 matrix products
+  std::string recompute = "none";  // none | selective | full: a GPT's activation recompute (nn/recompute.h)
 };
 
 void addTrainFlags(CLI::App& command, TrainFlags& flags);
 // Refuses (InvalidArgument, naming the flag) what no run could do with these flags in this world.
 void validateTrainFlags(const TrainFlags& flags, const runtime::WorldInfo& world);
+
+// --recompute on the model: a GPT's GptOptions::recompute (set before anything runs). The ranks need
+// not agree on it, since it changes no bit of the training. InvalidArgument for another model.
+void applyRecompute(const TrainFlags& flags, nn::Model& model);
 
 // The CPUs this process may run on (its affinity mask: cohortrun --bind, taskset, a SLURM cgroup).
 int allowedCpus();

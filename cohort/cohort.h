@@ -50,6 +50,7 @@
 #include "nn/module.h"      // nn::Module (the contract your layers implement), nn::Pass
 #include "nn/pool.h"        // nn::MaxPool2d, nn::AvgPool2d
 #include "nn/precision.h"   // nn::precision::forChild, toFp32: bf16 passes in composites you write
+#include "nn/recompute.h"   // nn::Recompute: activation recompute around any module (torch.utils.checkpoint)
 #include "nn/reshape.h"     // nn::Flatten, nn::Unflatten
 #include "nn/residual.h"    // nn::Residual: y = x + f(x)
 #include "nn/sequential.h"  // nn::Sequential: modules in order

@@ -69,6 +69,24 @@ void CausalSelfAttention::shareBackwardBuffers(const CausalSelfAttention& peer) 
   gradQkv_ = peer.gradQkv_;
 }
 
+void CausalSelfAttention::shareSelectiveBuffers(const CausalSelfAttention& peer, runtime::Device device) {
+  cProj_.shareOutput(peer.cProj_);  // added into the stream at once, never read by backward
+  if (device.isCuda()) return;      // the fused backward reads q, k, v in c_attn's output
+  cAttn_.shareOutput(peer.cAttn_);  // the CPU backward reads the permuted q, k, v instead
+  probs_ = peer.probs_;
+  headsOut_ = peer.headsOut_;
+}
+
+void CausalSelfAttention::shareForwardBuffers(const CausalSelfAttention& peer) {
+  cAttn_.shareForwardBuffers(peer.cAttn_);
+  cProj_.shareForwardBuffers(peer.cProj_);
+  heads_ = peer.heads_;
+  probs_ = peer.probs_;
+  headsOut_ = peer.headsOut_;
+  lse_ = peer.lse_;
+  y_ = peer.y_;
+}
+
 std::string CausalSelfAttention::name() const {
   return "CausalSelfAttention(" + std::to_string(options_.dim) + ", " + std::to_string(options_.heads) + " heads)";
 }
@@ -145,22 +163,13 @@ const Tensor& CausalSelfAttention::attend(const Tensor& qkv, const Pass& pass) {
 #endif
   (void)pass;
   const int64_t B = batch_, T = time_, H = options_.heads, D = options_.dim, hd = D / H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int t = static_cast<int>(T), e = static_cast<int>(hd);
   runtime::ensureShape(heads_, Shape{B, 3 * H, T, hd});
-  runtime::ensureShape(probs_, Shape{B, H, T, T});
   runtime::ensureShape(headsOut_, Shape{B, H, T, hd});
   runtime::ensureShape(y_, Shape{B, T, D});
   // [B, T, 3, H, hd] -> [B, 3H, T, hd]: every head's q, k and v contiguous [T, hd] blocks.
   permute0213(qkv.data(), heads_.data(), B, T, 3 * H, hd);
-  for (int64_t h = 0; h < H; ++h) {  // S = q·kᵀ/√hd, for every sample at once
-    const HeadBlocks at = headBlocks(h, H, T, hd);
-    runtime::cpu::gemmBatched(
-        {.m = t, .n = t, .k = e, .transB = true, .alpha = scale},
-        {.count = static_cast<int>(B), .strideA = at.qkvStride, .strideB = at.qkvStride, .strideC = at.pStride},
-        heads_.data() + at.q, heads_.data() + at.k, probs_.data() + at.p);
-  }
-  softmaxRows(probs_.data(), probs_.data(), B * H * T, T, false, /*causal=*/true);  // P
+  scores();
   for (int64_t h = 0; h < H; ++h) {  // P·v
     const HeadBlocks at = headBlocks(h, H, T, hd);
     runtime::cpu::gemmBatched(
@@ -170,6 +179,28 @@ const Tensor& CausalSelfAttention::attend(const Tensor& qkv, const Pass& pass) {
   }
   permute0213(headsOut_.data(), y_.data(), B, H, T, hd);  // [B, H, T, hd] -> [B, T, H, hd]
   return y_;
+}
+
+void CausalSelfAttention::scores() {
+  const int64_t B = batch_, T = time_, H = options_.heads, hd = options_.dim / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int t = static_cast<int>(T), e = static_cast<int>(hd);
+  runtime::ensureShape(probs_, Shape{B, H, T, T});
+  for (int64_t h = 0; h < H; ++h) {  // S = q·kᵀ/√hd, for every sample at once
+    const HeadBlocks at = headBlocks(h, H, T, hd);
+    runtime::cpu::gemmBatched(
+        {.m = t, .n = t, .k = e, .transB = true, .alpha = scale},
+        {.count = static_cast<int>(B), .strideA = at.qkvStride, .strideB = at.qkvStride, .strideC = at.pStride},
+        heads_.data() + at.q, heads_.data() + at.k, probs_.data() + at.p);
+  }
+  softmaxRows(probs_.data(), probs_.data(), B * H * T, T, false, /*causal=*/true);  // P
+}
+
+void CausalSelfAttention::recomputeProbabilities() {
+  if (!probs_.defined() || !heads_.defined() || heads_.device().isCuda()) {
+    COHORT_THROW(InvalidArgument) << name() << ": the probabilities are recomputed after a CPU forward only";
+  }
+  scores();
 }
 
 const Tensor& CausalSelfAttention::attendBackward(const Tensor& gradY, const Pass& pass) {

@@ -61,6 +61,16 @@ class CausalSelfAttention final : public Module, public PlannedInit {
   // once the next one has run: TransformerBlock::shareBackwardBuffers, which a GPT calls for its
   // blocks. A buffer that must grow is reallocated for this layer alone until it shares again.
   void shareBackwardBuffers(const CausalSelfAttention& peer);
+  // Recompute (nn/recompute.h): aliases to `peer`'s what a backward on `device` does not read as the
+  // forward left it (shareSelectiveBuffers: c_proj's output; on the CPU also P, which
+  // recomputeProbabilities writes again before backward, and the forward's own scratch, c_attn's
+  // output and y per head), or everything forward writes (shareForwardBuffers), for layers whose
+  // forward runs again before their backward (TransformerBlock's).
+  void shareSelectiveBuffers(const CausalSelfAttention& peer, runtime::Device device);
+  void shareForwardBuffers(const CausalSelfAttention& peer);
+  // After a CPU forward: P again from the kept q and k, the forward's own products and softmax (the
+  // same bits). InvalidArgument after a GPU forward (the fused kernels recompute P themselves).
+  void recomputeProbabilities();
 
   Linear& cAttn() { return cAttn_; }
   Linear& cProj() { return cProj_; }
@@ -72,6 +82,7 @@ class CausalSelfAttention final : public Module, public PlannedInit {
  private:
   // The core between the projections: qkv [B, T, 3D] -> y [B, T, D], and back.
   const Tensor& attend(const Tensor& qkv, const Pass& pass);
+  void scores();  // CPU: P = softmax(q·kᵀ/√hd) with the causal mask, from heads_ into probs_
   const Tensor& attendBackward(const Tensor& gradY, const Pass& pass);
   // The same on a GPU, through the fused kernels (CUDA builds only).
   const Tensor& attendOnGpu(const Tensor& qkv, const Pass& pass);

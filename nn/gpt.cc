@@ -33,6 +33,28 @@ Gpt::Gpt(const GptOptions& o)
       lnF_(o.dim) {
   for (int64_t i = 0; i < o.layers; ++i) blocks_.push_back(std::make_unique<TransformerBlock>(AttentionOptions{o.dim, o.heads}));
   blockUnits_.resize(blocks_.size());
+  setRecompute(o.recompute);
+}
+
+void Gpt::setRecompute(RecomputeMode mode) {
+  if (forwardRan_) COHORT_THROW(InvalidArgument) << name() << ": the recompute mode is set before the first forward";
+  options_.recompute = mode;
+  recomputed_.clear();
+  for (auto& block : blocks_) {
+    block->setRecompute(mode == RecomputeMode::kSelective ? mode : RecomputeMode::kNone);
+    if (mode == RecomputeMode::kFull) recomputed_.push_back(std::make_unique<Recompute>(*block));
+  }
+}
+
+// Block i's forward, its buffers shared with block 0's as the recompute mode allows (block 0 has run
+// this pass, so a buffer it grew is the one shared).
+const Tensor& Gpt::blockForward(size_t i, const Tensor& input, const Pass& pass) {
+  TransformerBlock& block = *blocks_[i];
+  if (i > 0 && options_.recompute == RecomputeMode::kFull) block.shareForwardBuffers(*blocks_[0]);
+  if (i > 0 && options_.recompute == RecomputeMode::kSelective)
+    block.shareSelectiveBuffers(*blocks_[0], input.device());
+  if (options_.recompute == RecomputeMode::kFull) return recomputed_[i]->forward(input, pass);
+  return block.forward(input, pass);
 }
 
 std::string Gpt::name() const {
@@ -90,6 +112,7 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
   batch_ = input.dim(0);
   time_ = input.dim(1);
   const int64_t B = batch_, T = time_, D = options_.dim;
+  forwardRan_ = true;
   if (!positions_.defined() || positions_.numel() != T || positions_.device() != input.device()) {
     Tensor ids = Tensor::zeros(Shape{T});
     for (int64_t t = 0; t < T; ++t) ids.at(t) = static_cast<float>(t);
@@ -120,7 +143,7 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
   }
   const Tensor* h = &x_;
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    h = &forwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return blocks_[i]->forward(*h, pass); });
+    h = &forwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return blockForward(i, *h, pass); });
   }
   const Tensor& f = forwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.forward(*h, pass); });
   final_ = &f;
@@ -203,7 +226,8 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
   for (size_t i = blocks_.size(); i-- > 0;) {
     TransformerBlock& block = *blocks_[i];
     if (later) block.shareBackwardBuffers(*later);  // one set of gradient buffers for every block
-    g = &backwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return block.backward(*g, inner); });
+    Module& backward = recomputed_.empty() ? static_cast<Module&>(block) : *recomputed_[i];
+    g = &backwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return backward.backward(*g, inner); });
     later = &block;
   }
   // The position embedding's gradient: d(x) summed over the batch.

@@ -20,7 +20,8 @@
 // afterBackward(embeddings) last, after the token embedding's gradient has been added: only then is
 // wte's gradient final. Backward's afterBackward order is therefore ln_f, h.L-1, ..., h.0,
 // embeddings, so the gradient buckets of the later blocks are all-reduced while the earlier blocks'
-// backward runs (train/grad_sync.h).
+// backward runs (train/grad_sync.h). GptOptions::recompute changes none of this: a block's
+// recomputed forward runs inside its backward, between beforeBackward and afterBackward.
 // CPU and CUDA (the head through oneDNN or cuBLAS). Thread safety: as Module.
 #pragma once
 
@@ -32,6 +33,7 @@
 #include "nn/init_plan.h"
 #include "nn/layer_norm.h"
 #include "nn/module.h"
+#include "nn/recompute.h"
 #include "nn/transformer_block.h"
 
 namespace cohort::nn {
@@ -42,6 +44,13 @@ struct GptOptions {
   int64_t heads = 1;
   int64_t dim = 64;
   int64_t context = 64;
+  // What backward recomputes instead of keeping (nn/recompute.h; docs/sharding.md, "Activation
+  // recompute"): kFull wraps each block in nn::Recompute and the blocks share one set of forward
+  // buffers, so each keeps only its input; kSelective keeps the blocks and shares, between them, the
+  // outputs of both LayerNorms and (CPU) GELU's and the attention's probabilities, written again in
+  // backward, and what backward never reads (TransformerBlock::shareSelectiveBuffers). The
+  // gradients are the same bits in every mode; only memory and time differ.
+  RecomputeMode recompute = RecomputeMode::kNone;
 };
 
 class Gpt final : public Module, public PlannedInit {
@@ -66,11 +75,16 @@ class Gpt final : public Module, public PlannedInit {
   void checkInputs(const Pass& pass) const override;
 
   const GptOptions& options() const { return options_; }
+  // Sets options().recompute; InvalidArgument once a forward has run (the blocks' buffers would be
+  // shared, or not, from an earlier mode's forward).
+  void setRecompute(RecomputeMode mode);
 
  private:
   GptOptions options_;
   Embedding wte_, wpe_;
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  std::vector<std::unique_ptr<Recompute>> recomputed_;  // kFull: a wrapper per block (borrowing it)
+  bool forwardRan_ = false;
   LayerNorm lnF_;
   // The units this model declared (none when a container declared one around it).
   std::optional<ParamBuffer::Unit> embeddingsUnit_, lnFUnit_;
@@ -89,6 +103,7 @@ class Gpt final : public Module, public PlannedInit {
 
   void headForward(const Tensor& f, const Tensor& logits, const Pass& pass);
   void headBackward(const Tensor& gradLogits, const Pass& pass);
+  const Tensor& blockForward(size_t i, const Tensor& input, const Pass& pass);
 };
 
 }  // namespace cohort::nn

@@ -62,6 +62,15 @@ class LayerNorm final : public Module, public PlannedInit {
     gradInput_ = peer.gradInput_;
     scratch_ = peer.scratch_;
   }
+  // Recompute (nn/recompute.h): aliases the output to `peer`'s (shareOutput), or everything forward
+  // writes, the per-row statistics too (shareForwardBuffers), for layers whose forward runs again
+  // before their backward or their output's reader's backward reads it (TransformerBlock's).
+  void shareOutput(const LayerNorm& peer) { output_ = peer.output_; }
+  void shareForwardBuffers(const LayerNorm& peer) {
+    output_ = peer.output_;
+    mean_ = peer.mean_;
+    rstd_ = peer.rstd_;
+  }
 
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }

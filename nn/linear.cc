@@ -100,6 +100,21 @@ void Linear::forwardCpu(const Shape& outShape) {
   }
 }
 
+void Linear::shareForwardBuffers(const Linear& peer) {
+  output_ = peer.output_;
+  preActivation_ = peer.preActivation_;
+  inputCast_ = peer.inputCast_;
+}
+
+const Tensor& Linear::recomputeGelu() {
+  if (!options_.gelu || !preActivation_.defined() || preActivation_.device().isCuda()) {
+    COHORT_THROW(InvalidArgument) << name() << ": only a GELU Linear's CPU forward can recompute its GELU";
+  }
+  runtime::ensureShape(output_, preActivation_.shape());
+  geluForward(preActivation_.data(), output_.data(), preActivation_.numel());
+  return output_;
+}
+
 const Tensor& Linear::backward(const Tensor& gradOutput, const Pass& pass) {
   if (!options_.gelu) return backwardFromPreActivation(gradOutput, pass);
   COHORT_CHECK(gradOutput.numel() == preActivation_.numel()) << gradOutput.shape().str();

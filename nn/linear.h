@@ -59,6 +59,17 @@ class Linear final : public Module, public PlannedInit {
   // once the next one has run: TransformerBlock::shareBackwardBuffers, which a GPT calls for its
   // blocks. A buffer that must grow is reallocated for this layer alone until it shares again.
   void shareBackwardBuffers(const Linear& peer);
+  // Recompute (nn/recompute.h): aliases the output to `peer`'s (shareOutput: a GELU Linear's GELU
+  // output, which recomputeGelu writes again), or everything forward writes (shareForwardBuffers:
+  // the output, the pre-activation and a bf16 pass's input copy), for layers whose forward runs again
+  // before their backward (TransformerBlock::shareForwardBuffers).
+  void shareOutput(const Linear& peer) { output_ = peer.output_; }
+  void shareForwardBuffers(const Linear& peer);
+  // A GELU Linear on the CPU: writes GELU(preActivation()) into the output again, the forward's own
+  // arithmetic (the same bits), for a reader whose backward needs it after another layer's forward
+  // overwrote it (shareOutput). InvalidArgument for a Linear without GELU or on a GPU, whose forward
+  // may compute the GELU in the product's epilogue.
+  const Tensor& recomputeGelu();
 
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }

@@ -25,6 +25,24 @@ void TransformerBlock::shareBackwardBuffers(const TransformerBlock& peer) {
   gradOutputCast_ = peer.gradOutputCast_;
 }
 
+void TransformerBlock::shareForwardBuffers(const TransformerBlock& peer) {
+  ln1_.shareForwardBuffers(peer.ln1_);
+  attn_.shareForwardBuffers(peer.attn_);
+  ln2_.shareForwardBuffers(peer.ln2_);
+  fc_.shareForwardBuffers(peer.fc_);
+  mlpProj_.shareForwardBuffers(peer.mlpProj_);
+  h_ = peer.h_;
+  inputCast_ = peer.inputCast_;
+}
+
+void TransformerBlock::shareSelectiveBuffers(const TransformerBlock& peer, runtime::Device device) {
+  ln1_.shareOutput(peer.ln1_);
+  ln2_.shareOutput(peer.ln2_);
+  mlpProj_.shareOutput(peer.mlpProj_);  // read by addInto at once, never by backward
+  attn_.shareSelectiveBuffers(peer.attn_, device);
+  if (!device.isCuda()) fc_.shareOutput(peer.fc_);
+}
+
 std::string TransformerBlock::name() const {
   return "TransformerBlock(" + std::to_string(options_.dim) + ", " + std::to_string(options_.heads) + " heads)";
 }
@@ -55,6 +73,7 @@ void TransformerBlock::planInit(InitPlan& plan) const {
 const Tensor& TransformerBlock::forward(const Tensor& input, const Pass& pass) {
   outputShape(input.shape());
   const Tensor& x = precision::toFp32(input, inputCast_, pass, *this);
+  input_ = recompute_ == RecomputeMode::kSelective && pass.training ? x : Tensor();
   addInto(h_, x, attn_.forward(ln1_.forward(x, pass), pass), pass);
   addInto(output_, h_, mlpProj_.forward(fc_.forward(ln2_.forward(h_, pass), pass), pass), pass);
   return output_;
@@ -65,8 +84,18 @@ const Tensor& TransformerBlock::backward(const Tensor& gradOutput, const Pass& p
   Pass inner = pass;
   inner.needInputGrad = true;  // every part but the first feeds a gradient on
   const Tensor& dy = precision::toFp32(gradOutput, gradOutputCast_, pass, *this);
+  // kSelective: each shared output is written again right before the backward that reads it (the
+  // projection after it keeps a handle on that buffer as its input), from what the block kept.
+  const bool selective = input_.defined();
+  const bool onCpu = !dy.device().isCuda();
+  if (selective && onCpu) fc_.recomputeGelu();
   const Tensor& gu = mlpProj_.backwardThroughGelu(dy, inner, fc_.preActivation());
+  if (selective) ln2_.forward(h_, pass);
   addInto(gradH_, dy, ln2_.backward(fc_.backwardFromPreActivation(gu, inner), inner), pass);
+  if (selective) {
+    ln1_.forward(input_, pass);
+    if (onCpu) attn_.recomputeProbabilities();
+  }
   const Tensor& ga = ln1_.backward(attn_.backward(gradH_, inner), pass);
   if (!pass.needInputGrad) {
     gradInput_ = Tensor();

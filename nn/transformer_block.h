@@ -17,6 +17,7 @@
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "nn/recompute.h"
 
 namespace cohort::nn {
 
@@ -41,6 +42,20 @@ class TransformerBlock final : public Module, public PlannedInit {
   // gradient buffers between them instead of one each (about 48 bytes per activation and layer in
   // bf16). Handles only: nothing is allocated or copied.
   void shareBackwardBuffers(const TransformerBlock& peer);
+  // Recompute (nn/recompute.h). shareForwardBuffers aliases every buffer the block's forward
+  // writes, but its output, to `peer`'s: for `full`, where each block's forward runs again right
+  // before its backward (nn::Recompute), so the blocks of a GPT hold one set of them and each keeps
+  // only its output (the next block's input). shareSelectiveBuffers aliases what a `selective`
+  // backward writes again (both LayerNorms' outputs; on the CPU GELU's output and the attention's
+  // probabilities) and what no backward reads (the two output projections' outputs, added into the
+  // stream at once; on the CPU c_attn's output and y per head). On a GPU the GELU may be the
+  // product's epilogue, whose bits a separate kernel need not give, and the fused attention keeps
+  // q, k, v in c_attn's output and no probabilities. Handles only.
+  void shareForwardBuffers(const TransformerBlock& peer);
+  void shareSelectiveBuffers(const TransformerBlock& peer, runtime::Device device);
+  // With kSelective, backward recomputes what shareSelectiveBuffers shares, just before the part of
+  // the backward that reads it; kNone and kFull (which the wrapper does) change nothing here.
+  void setRecompute(RecomputeMode mode) { recompute_ = mode; }
   // In a bf16 pass (GPU) the four projections compute in bf16, and the activations between the
   // block's layers are bf16 (LayerNorm's and GELU's outputs, the attention core's input and output);
   // the residual stream stays fp32, as do LayerNorm's statistics and every sum inside the kernels.
@@ -56,7 +71,9 @@ class TransformerBlock final : public Module, public PlannedInit {
   LayerNorm ln2_;
   Linear fc_;  // with the GELU
   Linear mlpProj_;
+  RecomputeMode recompute_ = RecomputeMode::kNone;
   Tensor h_, output_, gradH_, gradInput_;
+  Tensor input_;  // kSelective: the last forward's input (ln_1's, kept by it too), for the recompute
   // bf16 passes: fp32 copies of a bf16 input or output gradient (from a bf16 layer around the block).
   Tensor inputCast_, gradOutputCast_;
 };

@@ -194,6 +194,41 @@ TEST_F(GptCliTest, AllreduceWithReplicasResumesBitForBit) {
   expectResumesBitForBit(2, {"--mode", "allreduce", "--backend", "shm", "--replicas", "--epochs", "1"});
 }
 
+// --recompute (issue 46, item 2) changes no bit of training: a 3-block GPT (its blocks share buffers
+// with recompute) trained 6 steps of 2 accumulated micro-batches, alone and on 2 ranks (one shared
+// copy, and replicas), ends with the checkpoint of the run without recompute in every mode. (Hogwild
+// races by design: its runs do not repeat bit for bit, with or without recompute.)
+TEST_F(GptCliTest, RecomputeTrainsTheSameBitsAloneAndOnTwoRanks) {
+  int runs = 0;
+  for (const auto& [workers, mode] : std::vector<std::pair<int, std::vector<std::string>>>{
+           {1, {"--mode", "local"}}, {2, {"--mode", "allreduce"}}, {2, {"--mode", "allreduce", "--replicas"}}}) {
+    std::string reference;
+    for (const std::string& recompute : {std::string("none"), std::string("selective"), std::string("full")}) {
+      SCOPED_TRACE(std::to_string(workers) + " workers, --recompute " + recompute);
+      const std::string checkpoint = dir_ + "/" + std::to_string(++runs) + "-" + recompute + ".st";
+      std::vector<std::string> a = mode;
+      for (const std::string& s :
+           {std::string("--max-steps"), std::string("6"), std::string("--accumulate-steps"), std::string("2"),
+            std::string("--recompute"), recompute, std::string("--checkpoint"), checkpoint}) {
+        a.push_back(s);
+      }
+      std::vector<std::string> argv = train(a);
+      *std::find(argv.begin(), argv.end(), "gpt:layers=1,heads=2,dim=32,ctx=16") = "gpt:layers=3,heads=2,dim=32,ctx=16";
+      const CommandResult r = cohortrun(workers, argv);
+      ASSERT_EQ(r.exitCode, 0) << r.describe();
+      if (!reference.empty()) expectIdenticalCheckpoints(reference, checkpoint);
+      if (reference.empty()) reference = checkpoint;
+    }
+  }
+}
+
+TEST_F(GptCliTest, RecomputeIsForAGpt) {
+  const CommandResult r = runCommand({cohortBinary(), "train", "--model", "mlp:784,10", "--recompute", "full",
+                                      "--max-steps", "1", "--progress-every", "0"});
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find("--recompute full is for a GPT"), std::string::npos) << r.stderrText;
+}
+
 // One Hogwild worker is deterministic (several race by design): its resume is bit-exact too.
 // Hogwild checkpoints at the ends of epochs: 1 epoch, then resumed to 2.
 TEST_F(GptCliTest, HogwildResumesBitForBit) { expectResumesBitForBit(1, {"--mode", "hogwild"}, "--epochs", "1", "2"); }

@@ -93,9 +93,11 @@ TEST_F(MemoryCliTest, TwoWorkersAllReduceOverShm) {
 TEST_F(MemoryCliTest, TwoHogwildWorkers) { expectWithinBudget(2, {"--mode", "hogwild"}); }
 
 // Issue 44, item 16: a GPT's activations count in the floor. At a context of 16384 attention's
-// probabilities and their gradient alone are 256 GiB over 4 blocks at batch 2: refused before
-// anything is allocated (exit 5), the message naming them and the limit that applied. Before, the
-// floor counted the weights and the logits (1 GiB) only, and the run went on to allocate.
+// probabilities (32 GiB per block at batch 2) over 4 blocks and their gradient (one for all blocks:
+// nn/gpt_memory.h) alone are 160 GiB: refused before anything is allocated (exit 5), the message
+// naming them and the limit that applied. Before, the floor counted the weights and the logits
+// (1 GiB) only, and the run went on to allocate. With --recompute full (issue 46, item 2) one
+// block's probabilities are held, and their gradient: 64 GiB.
 TEST_F(MemoryCliTest, AGptsAttentionAtALongContextCountsInTheFloor) {
   writeFile(dir_ + "/text.txt", std::string(200000, 'a'));
   CommandResult r =
@@ -104,10 +106,19 @@ TEST_F(MemoryCliTest, AGptsAttentionAtALongContextCountsInTheFloor) {
                 {.timeout = std::chrono::seconds(60)});
   EXPECT_EQ(r.exitCode, 5) << r.describe();
   EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
-  EXPECT_NE(r.stderrText.find("the activations its backward keeps "), std::string::npos) << r.describe();
-  EXPECT_NE(r.stderrText.find("(attention's T×T scores and their gradient 256.0 GiB)"), std::string::npos)
+  EXPECT_NE(r.stderrText.find("the activations its backward keeps at --recompute none "), std::string::npos)
+      << r.describe();
+  EXPECT_NE(r.stderrText.find("(attention's T×T scores and their gradient 160.0 GiB)"), std::string::npos)
       << r.describe();
   EXPECT_NE(r.stderrText.find(" available (the "), std::string::npos) << "which limit applied?\n" << r.describe();
+  r = runCohort({"train", "--threads", "1", "--data", "text:" + dir_ + "/text.txt", "--model",
+                 "gpt:layers=4,heads=16,dim=64,ctx=16384,vocab=256", "--batch-size", "2", "--progress-every", "0",
+                 "--recompute", "full"},
+                {.timeout = std::chrono::seconds(60)});
+  EXPECT_EQ(r.exitCode, 5) << r.describe();
+  EXPECT_NE(r.stderrText.find("at --recompute full "), std::string::npos) << r.describe();
+  EXPECT_NE(r.stderrText.find("(attention's T×T scores and their gradient 64.0 GiB)"), std::string::npos)
+      << r.describe();
 }
 
 }  // namespace
