@@ -35,6 +35,15 @@ train::TestHooks testHooksFromEnvironment() {
       COHORT_THROW(InvalidArgument) << "COHORT_TEST_CLOCK_SKEW must be RANK:SECONDS (0 to 1e6), got '" << skew << "'";
     }
   }
+  if (const char* dir = std::getenv("COHORT_TEST_AVERAGE_LOG"); dir && *dir) hooks.averageLogDir = dir;
+  if (const char* mismatch = std::getenv("COHORT_TEST_MPI_MISMATCH"); mismatch && *mismatch) {
+    double sequence = 0;
+    if (!parseRankValue(mismatch, hooks.mpiMismatch.rank, sequence) || !(sequence >= 0 && sequence < 1e15) ||
+        sequence != static_cast<double>(static_cast<int64_t>(sequence))) {
+      COHORT_THROW(InvalidArgument) << "COHORT_TEST_MPI_MISMATCH must be RANK:SEQUENCE, got '" << mismatch << "'";
+    }
+    hooks.mpiMismatch.sequence = static_cast<int64_t>(sequence);
+  }
   return hooks;
 }
 

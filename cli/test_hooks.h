@@ -4,6 +4,8 @@
 //   COHORT_TEST_SLOW_BACKWARD="RANK:MS"      that rank sleeps MS in each backward
 //   COHORT_TEST_SAMPLE_LOG=DIR               every rank logs the samples it trains on
 //   COHORT_TEST_CLOCK_SKEW="RANK:SECONDS"    that rank's trace clock reads SECONDS ahead (0 to 1e6)
+//   COHORT_TEST_AVERAGE_LOG=DIR              Hogwild across nodes: the leaders log each average
+//   COHORT_TEST_MPI_MISMATCH="RANK:SEQUENCE" that rank's mpi collective #SEQUENCE has one element fewer
 // A malformed value is an InvalidArgument naming the variable and the expected form.
 #pragma once
 

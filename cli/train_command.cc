@@ -168,7 +168,8 @@ train::JobOptions jobOptions(const TrainFlags& f) {
           .averageEvery = f.averageEvery,
           .convAlgorithms = runtime::parseConvAlgorithms(f.convAlgorithms.empty() ? "fastest" : f.convAlgorithms),
           .tf32 = f.tf32,
-          .precision = runtime::parseDType(f.precision, "--precision")};
+          .precision = runtime::parseDType(f.precision, "--precision"),
+          .testHooks = testHooksFromEnvironment()};
 }
 
 // What a run trains: the model (from --model or --init-from's weights), its data and optimizer.
@@ -246,8 +247,7 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           // Every rank's epoch line (each with its own samples/s: Hogwild workers differ); the
           // start-up lines are this command's own (logStart).
           .logRanks = train::LogRanks::kEveryRank,
-          .logStartLine = false,
-          .testHooks = testHooksFromEnvironment()};
+          .logStartLine = false};
 }
 
 // The start-up lines: what trains on what, the effective batch, Hogwild's averaging, a capped --prefetch.

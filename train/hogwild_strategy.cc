@@ -38,7 +38,9 @@ HogwildStrategy::HogwildStrategy(const PlacementContext& c, const HogwildOptions
                              .every = o.averageEvery,
                              .params = {params_.values().data(), static_cast<size_t>(params_.numel())},
                              .nodeBarrier = [this](const std::string& what) { nodeBarrier(what); },
-                             .timeline = &timeline_});
+                             .timeline = &timeline_,
+                             .faultInjection = faultInjectionOf(c.testHooks),
+                             .testLogDir = c.testHooks.averageLogDir});
   }
 }
 

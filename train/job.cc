@@ -197,7 +197,8 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                                    model.net->resetParams(rng);
                                  }
                                },
-                           .timeline = timeline_};
+                           .timeline = timeline_,
+                           .testHooks = options_.testHooks};
   placed_ =
       std::make_unique<Placed>(makePlacement(choice_, context, {.averageEvery = std::max<int64_t>(averageEvery(), 1)}));
   model_ = &model;

@@ -84,6 +84,7 @@
 #include "train/settings.h"
 #include "train/spike_detector.h"
 #include "train/step.h"
+#include "train/test_hooks.h"
 #include "train/timeline.h"
 
 namespace cohort::runtime::cuda {
@@ -126,6 +127,8 @@ struct JobOptions {
   // on a GPU. bf16 on the CPU is InvalidArgument, and so is a model that does not take bf16
   // (Module::takesBf16) at place().
   runtime::DType precision = runtime::DType::kF32;
+  // Faults and records for tests (train/test_hooks.h); all off by default.
+  TestHooks testHooks = {};
 };
 
 // The placement a Job with `options` makes on `world` (train/placement_choice.h): a pure function,

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include "collectives/mpi/mpi_communicator.h"
 #include "runtime/digest.h"
@@ -27,7 +26,8 @@ NodeAveraging::NodeAveraging(const NodeAveragingOptions& o)
       nodeBarrier_(o.nodeBarrier),
       timeline_(o.timeline) {
   COHORT_CHECK(every_ >= 1 && timeline_ && nodeBarrier_) << "averaging every " << every_ << " steps";
-  const collectives::CommunicatorOptions options{.backend = "mpi", .world = world_, .timeout = timeout_};
+  const collectives::CommunicatorOptions options{
+      .backend = "mpi", .world = world_, .timeout = timeout_, .faultInjection = o.faultInjection};
   all_ = collectives::makeMpiCommunicator(options);
   leaders_ = collectives::makeMpiCommunicator(options, leader() ? 0 : 1);
   if (leader()) {
@@ -36,9 +36,7 @@ NodeAveraging::NodeAveraging(const NodeAveragingOptions& o)
     leaders_->broadcast(params_.data(), params_.size(), 0)->wait(timeout_);
   }
   nodeBarrier_("the first node's parameters");
-  if (const char* dir = std::getenv("COHORT_TEST_AVERAGE_LOG"); dir && *dir && leader()) {
-    logPath_ = std::string(dir) + "/average.rank" + std::to_string(world_.rank);
-  }
+  if (!o.testLogDir.empty() && leader()) logPath_ = o.testLogDir + "/average.rank" + std::to_string(world_.rank);
 }
 
 // A round nobody waited for is finished by the communicator's destructor (bounded by the timeout).
@@ -131,7 +129,7 @@ void NodeAveraging::log(const std::string& what, const std::string& after) const
   runtime::Digest digest;
   digest.add(params_.data(), params_.size_bytes());
   std::FILE* f = std::fopen(logPath_.c_str(), "a");
-  if (!f) COHORT_THROW(IoError) << "COHORT_TEST_AVERAGE_LOG: cannot open " << logPath_;
+  if (!f) COHORT_THROW(IoError) << "the averaging log (a test hook): cannot open " << logPath_;
   std::fputs((what + " " + digest.hex() + after + "\n").c_str(), f);
   std::fclose(f);
 }

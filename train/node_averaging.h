@@ -28,9 +28,10 @@
 // training thread only. Collective: the constructor and gather() on every rank of the world, in the
 // same order; afterStep() after each of this rank's optimizer steps. Every wait is bounded by the
 // timeout and names the ranks it waited for (TimeoutError, PeerError).
-// Test hook: COHORT_TEST_AVERAGE_LOG=DIR makes each leader append to DIR/average.rank<R> a line
-// "average K DIGEST rounds N" after the K-th full average (DIGEST: of the node's copy then; N: the
-// overlapped rounds finished so far) and "loaded DIGEST" after a checkpoint was loaded.
+// Test hook: NodeAveragingOptions::testLogDir (TestHooks::averageLogDir) = DIR makes each leader
+// append to DIR/average.rank<R> a line "average K DIGEST rounds N" after the K-th full average
+// (DIGEST: of the node's copy then; N: the overlapped rounds finished so far) and "loaded DIGEST"
+// after a checkpoint was loaded.
 #pragma once
 
 #include <chrono>
@@ -55,6 +56,10 @@ struct NodeAveragingOptions {
   // Lines up the workers of this node (named by what they wait for).
   std::function<void(const std::string& what)> nodeBarrier;
   Timeline* timeline = nullptr;
+  // Test hooks (train/test_hooks.h): the communicators' fault injection, and the log's directory
+  // (see the header comment; empty: none).
+  collectives::CommunicatorOptions::FaultInjection faultInjection = {};
+  std::string testLogDir = {};
 };
 
 class NodeAveraging {

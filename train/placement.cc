@@ -34,6 +34,10 @@ int64_t CheckpointReader::count(const std::string& key) const {
   return metadataCount(checkpoint_.metadata, key, path_);
 }
 
+collectives::CommunicatorOptions::FaultInjection faultInjectionOf(const TestHooks& hooks) {
+  return {.rank = hooks.mpiMismatch.rank, .mismatchAt = hooks.mpiMismatch.sequence};
+}
+
 void moveToGpu(nn::ParamBuffer& params, runtime::cuda::GpuContext* gpu) {
   if (!gpu) return;
 #ifdef COHORT_HAVE_CUDA

@@ -56,6 +56,7 @@
 #include "train/job_collectives.h"
 #include "train/step.h"
 #include "train/step_guard.h"
+#include "train/test_hooks.h"
 #include "train/timeline.h"
 
 namespace cohort::runtime::cuda {
@@ -160,7 +161,13 @@ struct PlacementContext {
   std::function<void()> initialise;
   // The job's timeline (train/timeline.h): placements record their barriers, all-reduces and updates.
   Timeline& timeline;
+  // The job's test hooks (JobOptions::testHooks): its mpi communicators' fault injection, the
+  // averaging's log.
+  TestHooks testHooks = {};
 };
+
+// The fault injection TestHooks::mpiMismatch asks of every communicator a placement makes.
+collectives::CommunicatorOptions::FaultInjection faultInjectionOf(const TestHooks& hooks);
 
 // The stages of a rank that holds the whole gradient it applies (local, Hogwild, replicas once
 // averaged): its norm is plan.gradScale times the buffer's (plan.guard measures it); the update

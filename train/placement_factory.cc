@@ -24,7 +24,10 @@ std::unique_ptr<Placement> makeSharedCopy(const ResolvedPlacement& choice, const
   if (!context.world.spansNodes()) return std::make_unique<SharedCopyStrategy>(context);
   COHORT_CHECK(choice.backend == Backend::kHierarchical) << "a shared copy across nodes over " << choice.backendName();
   collectives::NodeGroups groups =
-      collectives::makeNodeGroups({.backend = "hierarchical", .world = context.world, .timeout = context.timeout},
+      collectives::makeNodeGroups({.backend = "hierarchical",
+                                   .world = context.world,
+                                   .timeout = context.timeout,
+                                   .faultInjection = faultInjectionOf(context.testHooks)},
                                   choice.unevenNodes == UnevenNodes::kFlatMpi);
   if (groups.cross) return std::make_unique<SharedCopyStrategy>(context, std::move(groups));
   return std::make_unique<ReplicaStrategy>(context, "mpi");

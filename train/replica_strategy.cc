@@ -24,7 +24,11 @@ ReplicaStrategy::ReplicaStrategy(const PlacementContext& c, const std::string& b
     : WholeGradientPlacement({c.params, c.optimizer, c.gpu}), timeout_(c.timeout), timeline_(c.timeline) {
   // On a GPU the gradient buckets are all-reduced over NCCL, ordered after backward's kernels by events.
   comm_ = collectives::makeCommunicator(
-      {.backend = backend, .world = c.world, .timeout = c.timeout, .computeStream = computeStreamOf(c.gpu)});
+      {.backend = backend,
+       .world = c.world,
+       .timeout = c.timeout,
+       .computeStream = computeStreamOf(c.gpu),
+       .faultInjection = faultInjectionOf(c.testHooks)});
   // Each rank initialises its own replica (BatchNorm buffers included), then rank 0's parameters
   // are broadcast to all of them.
   c.initialise();

@@ -1,6 +1,7 @@
-// TestHooks: faults and records that tests inject into a training job, passed in options (Trainer,
-// and through it nothing else reads the environment). The library never reads them from the
-// environment itself: a program that wants them fills the struct. `cohort train` fills it from the
+// TestHooks: faults and records that tests inject into a training job, passed in options
+// (JobOptions::testHooks: the Job hands them to its placements and communicators, the Trainer reads
+// them from its job). The library never reads them from the environment: a program that wants them
+// fills the struct. `cohort train` fills it from the
 // COHORT_TEST_* variables (cli/test_hooks.h, the one place that reads them), so that tests reach
 // every rank of a launched job the same way.
 // Every hook is off by default (rank -1, empty directory).
@@ -27,6 +28,18 @@ struct TestHooks {
     int rank = -1;
     double seconds = 0;
   } clockSkew = {};
+
+  // Hogwild across nodes: each node's leader appends to DIR/average.rank<R> a line "average K DIGEST
+  // rounds N" after the K-th full average and "loaded DIGEST" after a checkpoint was loaded
+  // (train/node_averaging.h; COHORT_TEST_AVERAGE_LOG=DIR).
+  std::string averageLogDir = {};
+  // On every mpi communicator of the job (sub-groups included), the process of world rank `rank`
+  // issues its collective #sequence with one element fewer, as a rank with a bug would
+  // (collectives::CommunicatorOptions::FaultInjection; COHORT_TEST_MPI_MISMATCH="RANK:SEQUENCE").
+  struct MpiMismatch {
+    int rank = -1;
+    int64_t sequence = -1;
+  } mpiMismatch = {};
 
   // The clock skew of `rank` in nanoseconds (0 unless it is the skewed rank).
   int64_t clockSkewNs(int rank) const {

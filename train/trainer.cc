@@ -215,7 +215,7 @@ void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass&
   Timeline::Scope span(timeline_, SpanKind::kBackward);
   model_.backward(loss_.backward(), pass);
   // The test hook TestHooks::slowBackward (a test slows one rank on purpose).
-  if (const TestHooks::SlowBackward& slow = options_.testHooks.slowBackward; slow.rank == job_.world().rank) {
+  if (const TestHooks::SlowBackward& slow = job_.options().testHooks.slowBackward; slow.rank == job_.world().rank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(slow.ms));
   }
 }
@@ -271,7 +271,7 @@ bool Trainer::stopsAfterEpoch(const Position& pos, TrainResult& result) {
 void Trainer::finishRun(TrainResult& result, Clock::time_point start) {
   if (!options_.tracePath.empty()) {
     const auto merge = Clock::now();
-    writeTrace(job_, timeline_, options_.tracePath, options_.testHooks.clockSkewNs(job_.world().rank));
+    writeTrace(job_, timeline_, options_.tracePath, job_.options().testHooks.clockSkewNs(job_.world().rank));
     if (job_.world().rank == 0) {
       job_.log().info() << "trace of " << job_.world().worldSize << " rank(s) merged in " << secondsSince(merge)
                  << " s and written to " << options_.tracePath << " (open it in https://ui.perfetto.dev or chrome://tracing)";

@@ -69,7 +69,6 @@
 #include "train/evaluate.h"
 #include "train/job.h"
 #include "train/step_times.h"
-#include "train/test_hooks.h"
 
 namespace cohort::train {
 
@@ -157,8 +156,6 @@ struct TrainerOptions {
   // that logs its own, as `cohort train` does).
   LogRanks logRanks = LogRanks::kRankZero;
   bool logStartLine = true;
-  // Faults and records for tests (train/test_hooks.h); all off by default.
-  TestHooks testHooks = {};
 };
 
 enum class Next { kContinue, kStop };
@@ -323,7 +320,7 @@ class Trainer {
   // batch size in checkpoints from before they were recorded); refuses what a changed world size
   // cannot continue.
   void loadPosition(const nn::Metadata& m, Position& pos);
-  // The test hook TestHooks::sampleLogDir: each rank appends a line "EPOCH SAMPLE" for every
+  // The test hook TestHooks::sampleLogDir (the job's options): each rank appends a line "EPOCH SAMPLE" for every
   // sample of every batch it trains on to DIR/samples.rank<R>, so tests can check that a resume on
   // another number of ranks neither repeats nor skips a sample.
   void openSampleLog();

@@ -219,7 +219,7 @@ bool Trainer::nothingToTrain(const Position& pos) const {
 }
 
 void Trainer::openSampleLog() {
-  const std::string& dir = options_.testHooks.sampleLogDir;
+  const std::string& dir = job_.options().testHooks.sampleLogDir;
   if (dir.empty()) return;
   const std::string file = dir + "/samples.rank" + std::to_string(job_.world().rank);
   sampleLog_.reset(std::fopen(file.c_str(), "a"));

@@ -126,21 +126,6 @@ MPI_Comm duplicateWorld(std::chrono::milliseconds timeout, const char* purpose) 
   return comm;
 }
 
-// The environment's COHORT_TEST_MPI_MISMATCH="RANK:SEQUENCE" as CommunicatorOptions::FaultInjection,
-// for a communicator whose maker filled in none. tests/cluster/fault_test sets it for `cohort train`
-// under mpirun; once the train command passes it in its options this function goes.
-CommunicatorOptions::FaultInjection faultInjectionFromEnvironment() {
-  const char* hook = std::getenv("COHORT_TEST_MPI_MISMATCH");
-  if (hook == nullptr || *hook == '\0') return {};
-  int rank = -1;
-  long long sequence = -1;
-  char rest = 0;
-  if (std::sscanf(hook, "%d:%lld%c", &rank, &sequence, &rest) != 2 || rank < 0 || sequence < 0) {
-    COHORT_THROW(InvalidArgument) << "COHORT_TEST_MPI_MISMATCH must be RANK:SEQUENCE, got '" << hook << "'";
-  }
-  return {.rank = rank, .mismatchAt = sequence};
-}
-
 }  // namespace
 
 std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options) {
@@ -157,11 +142,8 @@ std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& opt
   }
   MPI_Comm data = duplicateWorld(options.timeout, "data");
   MPI_Comm fingerprints = duplicateWorld(options.timeout, "fingerprints");
-  const bool injects = options.faultInjection.rank >= 0;
   return communicatorOver(data, fingerprints,
-                          {.worldRank = rank,
-                           .timeout = options.timeout,
-                           .faultInjection = injects ? options.faultInjection : faultInjectionFromEnvironment()});
+                          {.worldRank = rank, .timeout = options.timeout, .faultInjection = options.faultInjection});
 }
 
 std::unique_ptr<Communicator> makeMpiCommunicator(const CommunicatorOptions& options, int color) {
