@@ -1,5 +1,5 @@
 // SliceReduce: the gradient reduction of the one-shared-copy-per-node placement on one node
-// (train/shared_copy_strategy.h), where every local rank's gradients lie in shared memory that every
+// (train/placement/shared_copy_placement.h), where every local rank's gradients lie in shared memory that every
 // rank maps. ("Slice", not "shard": in Cohort a shard is only ZeRO's, nn/shard_map.h.)
 //
 // Each rank owns one slice of the flat buffer, sliceOf(numel, rank, ranks): whole cache lines,

@@ -61,7 +61,7 @@ struct LaunchPlan {
   // The CPUs each rank is bound to (--bind); empty: not bound.
   std::vector<std::vector<int>> cpusOfRank;
   // cohortrun's stdout is a terminal: rank 0's live progress is shown as a status line there
-  // (OutputPump), so the workers get COHORT_PROGRESS=live (train/progress.h) unless the user set
+  // (OutputPump), so the workers get COHORT_PROGRESS=live (train/observe/progress.h) unless the user set
   // COHORT_PROGRESS=plain or off, which pass through. An inherited "live" (a cohortrun inside a
   // worker) or any other value is the launcher's to set: dropped when the status line is off.
   bool liveStatus = false;
@@ -88,7 +88,7 @@ struct PlanInputs {
 };
 
 // Whether cohortrun's stdout is a terminal that can show a status line: isatty(1) and TERM is not
-// "dumb" (no "erase to end of line"), as train/progress.h decides for a worker.
+// "dumb" (no "erase to end of line"), as train/observe/progress.h decides for a worker.
 bool stdoutIsTerminal();
 
 // The CPUs this process may run on (sched_getaffinity), in increasing order.

@@ -180,7 +180,7 @@ void OutputPump::emitLine(int rank, StreamKind stream, std::string_view line) {
 }
 
 void OutputPump::progressLine(int rank, StreamKind stream, std::string_view text) {
-  // Only rank 0 reports progress (train/progress.h); one status line cannot show several ranks'.
+  // Only rank 0 reports progress (train/observe/progress.h); one status line cannot show several ranks'.
   if (!options_.liveStatus || rank != 0 || stream != StreamKind::kStdout) return;
   if (text.empty()) {  // the marker alone: the epoch ended
     clearStatus();

@@ -11,7 +11,7 @@
 // streams, in arrival order) are kept for failure reports.
 //
 // Status line (liveStatus: cohortrun's own stdout is a terminal, so it set COHORT_PROGRESS=live for
-// the workers, train/progress.h): a line of rank 0's stdout that starts with kProgressMarker is not
+// the workers, train/observe/progress.h): a line of rank 0's stdout that starts with kProgressMarker is not
 // a line of output but rank 0's live progress. It is shown as one status line at the bottom of the
 // terminal, "\r[rank 0] TEXT\x1b[K" with no newline, cut to the terminal's width; the marker alone
 // clears it. Every other line is written around it: "\r\x1b[K" (erase the status line), the line,
@@ -41,7 +41,7 @@ namespace cohort::launcher {
 
 enum class StreamKind { kStdout = 0, kStderr = 1 };
 
-// Starts a progress line of a worker (train::kProgressMarker, train/progress.h: the launcher may not
+// Starts a progress line of a worker (train::kProgressMarker, train/observe/progress.h: the launcher may not
 // include train/, so the bytes are repeated here; tests/launcher/output_pump_test checks they agree).
 inline constexpr std::string_view kProgressMarker = "\x1b_cohort-progress\x1b\\";
 

@@ -20,7 +20,7 @@
 // afterBackward(embeddings) last, after the token embedding's gradient has been added: only then is
 // wte's gradient final. Backward's afterBackward order is therefore ln_f, h.L-1, ..., h.0,
 // embeddings, so the gradient buckets of the later blocks are all-reduced while the earlier blocks'
-// backward runs (train/grad_sync.h). GptOptions::recompute changes none of this: a block's
+// backward runs (train/placement/grad_sync.h). GptOptions::recompute changes none of this: a block's
 // recomputed forward runs inside its backward, between beforeBackward and afterBackward.
 // CPU and CUDA (the head through oneDNN or cuBLAS). Thread safety: as Module.
 #pragma once

@@ -10,7 +10,7 @@
 // may run against shared parameters (Hogwild): it reads and writes each parameter element once.
 // GPU (CUDA builds): made with a GpuContext, the state lives on that GPU and step() enqueues one
 // fused kernel over the flat buffers on its stream (runtime/cuda/elementwise.h, kernels.h).
-// stepDeferred() is the same kernel for a step the device decides (train/step_guard.h): applied or
+// stepDeferred() is the same kernel for a step the device decides (train/step/step_guard.h): applied or
 // not, the gradient's multiplier and the step count are device values the host learns later.
 // Sharded (ZeRO-3 / FSDP2) training: makeShardOptimizer builds one over a rank's packed shard of an
 // nn::ShardMap, its state sized to the shard, and stepShard() updates the real elements of each

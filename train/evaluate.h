@@ -48,7 +48,7 @@ Evaluation evaluationOf(std::span<const double> sums, int64_t samples, int64_t p
 
 // The chunks' sums as whole numbers below 2^16, kPiecesPerSum to a sum (its bits, 16 at a time), so
 // that they cross Job::reduce(kSum) exactly where one rank holds each sum and the others send 0:
-// ReplicaStrategy reduces through float32, which holds such numbers exactly. splitSums writes
+// ReplicaPlacement reduces through float32, which holds such numbers exactly. splitSums writes
 // pieces[kPiecesPerSum * i + k] for sums[i]; joinSums is its inverse, bit for bit (NaN, infinity,
 // -0 and subnormals included). Not floats that add up to each sum: GCC 12.2 drops the rounding of
 // (double)(float)x in such a loop (docs/build.md, "Floating point and GCC 12").

@@ -15,11 +15,11 @@
 #include "runtime/error.h"
 #include "runtime/random.h"
 #include "runtime/timeout.h"
-#include "train/checkpointer.h"
-#include "train/placement_factory.h"
+#include "train/checkpoint/checkpointer.h"
+#include "train/placement/placement_factory.h"
 #include "train/settings_agreement.h"
-#include "train/step_guard.h"
-#include "train/step_pipeline.h"
+#include "train/step/step_guard.h"
+#include "train/step/step_pipeline.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"

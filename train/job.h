@@ -10,7 +10,7 @@
 //   hogwild    every worker of the node updates the node's one shared copy without locks (CPU:
 //              shared memory; GPU: one device allocation shared through CUDA IPC). Across nodes
 //              (CPU): the nodes' copies are averaged over MPI every `averageEvery` steps, overlapped
-//              with training, and fully at every collective (train/node_averaging.h).
+//              with training, and fully at every collective (train/placement/node_averaging.h).
 //   allreduce  synchronous data parallel: every step applies the average of all workers'
 //              gradients. Over shm on one node: one shared copy, each worker updating its slice
 //              (or, with `replicas`, a replica per worker and bucketed all-reduce); over mpi (any
@@ -80,12 +80,12 @@
 #include "runtime/gpu_options.h"
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
-#include "train/placement_choice.h"
+#include "train/observe/timeline.h"
+#include "train/placement/placement_choice.h"
 #include "train/settings.h"
 #include "train/spike_detector.h"
 #include "train/step.h"
 #include "train/test_hooks.h"
-#include "train/timeline.h"
 
 namespace cohort::runtime::cuda {
 class GpuContext;
@@ -97,7 +97,7 @@ class Checkpointer;
 class StepGuard;
 struct Placed;
 
-// Mode, Backend, ParamCopies and their words: train/placement_choice.h.
+// Mode, Backend, ParamCopies and their words: train/placement/placement_choice.h.
 struct JobOptions {
   Mode mode = Mode::kLocal;
   // kAllReduce: what carries the gradients; kAuto: nccl on a GPU, shm on one node, hierarchical
@@ -131,7 +131,7 @@ struct JobOptions {
   TestHooks testHooks = {};
 };
 
-// The placement a Job with `options` makes on `world` (train/placement_choice.h): a pure function,
+// The placement a Job with `options` makes on `world` (train/placement/placement_choice.h): a pure function,
 // the one Job's constructor calls (InvalidArgument as resolvePlacement).
 ResolvedPlacement resolvePlacement(const JobOptions& options, const runtime::WorldInfo& world);
 
@@ -226,7 +226,7 @@ class Job {
   // and over mpi). False in the other modes.
   bool replicas() const;
   // Where the parameters live and what carries the collectives, resolved from the options and the
-  // world by resolvePlacement (train/placement_choice.h) when the Job was made; place() agrees on it
+  // world by resolvePlacement (train/placement/placement_choice.h) when the Job was made; place() agrees on it
   // and makes exactly that.
   const ResolvedPlacement& placementChoice() const { return choice_; }
 
@@ -263,7 +263,7 @@ class Job {
   uint64_t gradientReductions() const;
   // The GPU caching allocator's counters; nullopt on the CPU.
   std::optional<runtime::AllocatorStats> deviceMemoryStats() const;
-  // Where this rank's time goes (train/timeline.h): inactive until started (the Trainer starts it
+  // Where this rank's time goes (train/observe/timeline.h): inactive until started (the Trainer starts it
   // for --trace and --step-report); step() and the strategies' barriers and all-reduces record
   // into it, a loop of one's own may record its own spans.
   Timeline& timeline() { return timeline_; }

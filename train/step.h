@@ -10,7 +10,7 @@
 // When results arrive. By default Job::step returns the step's result: on a GPU it waits for the
 // gradient's norm. A deferred step (StepOptions::deferResult, GPU) waits for nothing: the check,
 // the clip coefficient and the decision to apply or skip are made on the device
-// (train/step_guard.h), and Job::step returns a result with `pending` set. Job::settleStep()
+// (train/step/step_guard.h), and Job::step returns a result with `pending` set. Job::settleStep()
 // returns the results in step order, waiting only for the one it returns; a loop calls it after
 // queueing the next step, so the GPU runs step n while the host queues step n + 1, and drains the
 // rest before it reads the parameters (checkpoints, evaluation, the end). A deferred non-finite step

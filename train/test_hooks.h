@@ -31,7 +31,7 @@ struct TestHooks {
 
   // Hogwild across nodes: each node's leader appends to DIR/average.rank<R> a line "average K DIGEST
   // rounds N" after the K-th full average and "loaded DIGEST" after a checkpoint was loaded
-  // (train/node_averaging.h; COHORT_TEST_AVERAGE_LOG=DIR).
+  // (train/placement/node_averaging.h; COHORT_TEST_AVERAGE_LOG=DIR).
   std::string averageLogDir = {};
   // On every mpi communicator of the job (sub-groups included), the process of world rank `rank`
   // issues its collective #sequence with one element fewer, as a rank with a bug would

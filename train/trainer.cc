@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "runtime/error.h"
-#include "train/checkpointer.h"
-#include "train/metrics_sink.h"
-#include "train/progress.h"
-#include "train/trace_file.h"
+#include "train/checkpoint/checkpointer.h"
+#include "train/observe/metrics_sink.h"
+#include "train/observe/progress.h"
+#include "train/observe/trace_file.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -434,7 +434,7 @@ std::optional<Evaluation> Trainer::evaluateTest() {
   const int64_t first = chunks * rank / ranks, last = chunks * (rank + 1) / ranks;
   std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0), pieces(kPiecesPerSum * sums.size(), 0.0);
   evaluateChunks(*test_, chunk, first, last, sums);
-  // Job::reduce may go through float32 (ReplicaStrategy): the sums cross it as whole numbers.
+  // Job::reduce may go through float32 (ReplicaPlacement): the sums cross it as whole numbers.
   const size_t mine = 2 * static_cast<size_t>(first), count = 2 * static_cast<size_t>(last - first);
   splitSums(std::span<const double>(sums).subspan(mine, count),
             std::span<double>(pieces).subspan(kPiecesPerSum * mine, kPiecesPerSum * count));

@@ -18,7 +18,7 @@
 // rank 0 alone) and rank 0 checkpoints while the others wait, so nothing changes the parameters
 // meanwhile.
 //
-// Checkpoints (train/checkpointer.h) hold the job's state plus the loop's position: the epoch, the
+// Checkpoints (train/checkpoint/checkpointer.h) hold the job's state plus the loop's position: the epoch, the
 // samples of its order the job has seen and the next batch of the loader, the step, the dropout Rng
 // state and the running epoch sums, so a run resumed from any checkpoint continues bit for bit like
 // the uninterrupted run (on the CPU). They are written every `checkpointEvery` steps (if > 0) and at
@@ -68,7 +68,7 @@
 #include "runtime/random.h"
 #include "train/evaluate.h"
 #include "train/job.h"
-#include "train/step_times.h"
+#include "train/observe/step_times.h"
 
 namespace cohort::train {
 
@@ -134,15 +134,15 @@ struct TrainerOptions {
   double skipSpikes = 0;
   int64_t maxSpikesInARow = 10;
   // Seeing the run (docs/api.md, "Seeing a run"):
-  // live progress on rank 0 within an epoch (train/progress.h): a line rewritten in place on a
+  // live progress on rank 0 within an epoch (train/observe/progress.h): a line rewritten in place on a
   // terminal, else a plain line every progressEverySeconds; 0: none.
   double progressEverySeconds = 10;
-  // The job's trace (train/trace_file.h): every rank's spans, merged by rank 0 into this Chrome trace
+  // The job's trace (train/observe/trace_file.h): every rank's spans, merged by rank 0 into this Chrome trace
   // / Perfetto JSON file at the end of the run; empty: none. traceSpans: the ring of each rank
   // (24 bytes a span; the newest are kept).
   std::string tracePath = {};
   size_t traceSpans = size_t{1} << 16;
-  // The time report at each epoch's end (train/step_times.h): logged by rank 0, in the metrics and
+  // The time report at each epoch's end (train/observe/step_times.h): logged by rank 0, in the metrics and
   // EpochReport::times. On with tracePath.
   bool stepReport = false;
   // GPU: wait inside each step for its decision (the finite check, the clip coefficient), as before

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "runtime/error.h"
-#include "train/checkpointer.h"
+#include "train/checkpoint/checkpointer.h"
+#include "train/observe/timeline.h"
 #include "train/settings.h"
-#include "train/timeline.h"
 
 namespace cohort::train {
 
@@ -26,7 +26,7 @@ std::string hexDouble(double v) {
 
 }  // namespace
 
-// The loop's position, beside the job's state (train/checkpointer.h); the loss sum as a hex float
+// The loop's position, beside the job's state (train/checkpoint/checkpointer.h); the loss sum as a hex float
 // so it round-trips exactly.
 void Trainer::saveCheckpoint(const Position& pos) {
   if (options_.checkpointPath.empty()) return;

@@ -8,8 +8,8 @@
 
 #include "runtime/digest.h"
 #include "runtime/error.h"
-#include "train/metrics_sink.h"
-#include "train/progress.h"
+#include "train/observe/metrics_sink.h"
+#include "train/observe/progress.h"
 #include "train/trainer.h"
 
 namespace cohort::train {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "runtime/error.h"
-#include "train/metrics_sink.h"
-#include "train/progress.h"
+#include "train/observe/metrics_sink.h"
+#include "train/observe/progress.h"
 #include "train/trainer.h"
 
 #ifdef COHORT_HAVE_CUDA

@@ -42,7 +42,7 @@ namespace cohort::collectives {
 std::unique_ptr<Communicator> makeHierarchicalCommunicator(const CommunicatorOptions& options, bool flatWhenUneven);
 
 // The world split by node, for work that is shared inside each node and replicated across nodes
-// (this backend; the shared-copy placement across nodes, train/shared_copy_strategy.h).
+// (this backend; the shared-copy placement across nodes, train/placement/shared_copy_placement.h).
 struct NodeGroups {
   std::unique_ptr<Communicator> world;  // every rank, over MPI
   // This local rank of every node, over MPI, numbered by node (world-rank order); null when the

@@ -1,4 +1,4 @@
-// The device side of a step that never waits for the host (train/step_guard.h): one tiny kernel
+// The device side of a step that never waits for the host (train/step/step_guard.h): one tiny kernel
 // that judges a step from its gradient's sum of squares, and the values the optimizer kernels read
 // to apply it or not.
 //

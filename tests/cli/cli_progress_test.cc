@@ -1,4 +1,4 @@
-// Live progress on rank 0 (issue 18, train/progress.h, docs/launcher.md) end to end: `cohort train`
+// Live progress on rank 0 (issue 18, train/observe/progress.h, docs/launcher.md) end to end: `cohort train`
 // in a pseudo-terminal rewrites one line in place (carriage returns, never a newline between two
 // updates of an epoch, erased before the epoch's summary line); through a pipe it writes a plain
 // "progress:" line per --progress-every interval and never a carriage return; --progress-every 0

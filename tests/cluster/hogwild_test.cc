@@ -1,7 +1,7 @@
 // Hogwild across nodes (issue 19, item 3) on the simulated cluster: 2 nodes x 2 workers, each node
 // with its own /dev/shm and so its own parameter copy, the copies averaged over MPI every
 // --average-every steps of each node's first worker and fully at every epoch's end
-// (train/node_averaging.h).
+// (train/placement/node_averaging.h).
 //  - the job reaches the accuracy of Hogwild with the same 4 workers on one node (median of three
 //    runs each: Hogwild's races make every run's accuracy a random variable);
 //  - right after each epoch's full average both nodes hold the same bits, and every node's leader

@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "cohort/cohort.h"
-#include "train/tensorboard_writer.h"
+#include "train/observe/tensorboard_writer.h"
 
 namespace cohort::docs_fragments {
 

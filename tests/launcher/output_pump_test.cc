@@ -15,7 +15,7 @@
 #include "runtime/error.h"
 #include "runtime/unique_fd.h"
 #include "tests/launcher/launcher_test_support.h"
-#include "train/progress.h"
+#include "train/observe/progress.h"
 
 namespace cohort::launcher {
 namespace {

@@ -17,7 +17,7 @@
 //   --print N               print N lines on stdout and N on stderr, naming the stream
 //   --long-line BYTES       print one line of BYTES 'x' characters on stdout
 //   --progress N            N times: a progress line "step i of N" (kProgressMarker first, as
-//                           train/progress.h writes under cohortrun on a terminal), then
+//                           train/observe/progress.h writes under cohortrun on a terminal), then
 //                           "work i of rank <k>" on stdout and "note i of rank <k>" on stderr
 //   --report-signal         on SIGTERM print "rank <k> got SIGTERM" and exit 143; on SIGUSR1 print
 //                           "rank <k> got SIGUSR1" and go on

@@ -60,7 +60,7 @@ fake=$(mktemp -d)
 trap 'rm -rf "$fake"' EXIT
 mkdir -p "$fake/nn" "$fake/cli" "$fake/train"
 printf '#include "runtime/tensor.h"\n#include "collectives/communicator.h"\n' > "$fake/nn/bad.cc"
-printf '#include "train/job.h"\n#include "train/hogwild_strategy.h"\n' > "$fake/cli/bad.cc"
+printf '#include "train/job.h"\n#include "train/placement/hogwild_placement.h"\n' > "$fake/cli/bad.cc"
 check "$fake" > "$fake/out"
 if [ "$bad" -ne 2 ] || ! grep -q 'nn/ may not include collectives/communicator.h' "$fake/out" ||
    ! grep -q "cli/ may include only train/'s public API" "$fake/out"; then

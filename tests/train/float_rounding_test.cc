@@ -25,7 +25,7 @@ bool floatHolds(double x) {
   return exponent >= -126 && exponent <= 127 && (bits & ((uint64_t{1} << 29) - 1)) == 0;
 }
 
-// A reduce through float32 (ReplicaStrategy::reduce's, before Job::reduce became one reduce of raw
+// A reduce through float32 (ReplicaPlacement::reduce's, before Job::reduce became one reduce of raw
 // doubles): every rank's values rounded to float and added in float. The sum goes through memory
 // (volatile), as it does through a communicator's buffers. The split must survive it still: a
 // program may reduce the pieces over a communicator of its own.

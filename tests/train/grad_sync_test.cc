@@ -2,7 +2,7 @@
 // boundaries, reverse order, tiling the flat buffer), a bucket's all-reduce starting as soon as its
 // units finish backward (before earlier layers' backward; the GPT's blocks too), and finish()
 // waiting for all of them.
-#include "train/grad_sync.h"
+#include "train/placement/grad_sync.h"
 
 #include <gtest/gtest.h>
 

@@ -13,8 +13,8 @@
 
 #include "runtime/error.h"
 #include "runtime/world_info.h"
-#include "train/node_averaging.h"
-#include "train/timeline.h"
+#include "train/observe/timeline.h"
+#include "train/placement/node_averaging.h"
 
 namespace {
 

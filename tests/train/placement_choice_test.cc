@@ -1,7 +1,7 @@
 // resolvePlacement: the placement every option and world resolve to, as a table — one node, across
 // nodes (even or not: the rule for uneven nodes), GPUs, explicit backends — and the refusals, with
 // the words of the enums both ways.
-#include "train/placement_choice.h"
+#include "train/placement/placement_choice.h"
 
 #include <gtest/gtest.h>
 

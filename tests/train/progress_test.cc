@@ -1,9 +1,9 @@
-// Progress (train/progress.h) on a fake clock, writing into a pipe (or a pseudo-terminal where the
+// Progress (train/observe/progress.h) on a fake clock, writing into a pipe (or a pseudo-terminal where the
 // terminal's width matters): one plain line per interval and never a carriage return; in-place
 // redraws throttled to 10 a second and no newline; marker lines for cohortrun; the figures (rate,
 // running loss, ETAs) on exact numbers; no allocation per step; which mode a process gets.
 // The clock steps in binary fractions (1/4, 1/64 s) so every time and quotient is exact.
-#include "train/progress.h"
+#include "train/observe/progress.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "train/spike_detector.h"
-#include "train/step_pipeline.h"
+#include "train/step/step_pipeline.h"
 
 namespace cohort::train {
 namespace {

@@ -1,7 +1,7 @@
 // runStep: the one pipeline calls a placement's stages in one order — begin, reduce (with the vote),
 // norm, the partial sums' reduction only where the gradient is split, update only when applied, end
 // always — and judges from the norm and the vote it reduced. A fake placement records the calls.
-#include "train/step_pipeline.h"
+#include "train/step/step_pipeline.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reads a TensorBoard event file and prints its events as JSON lines, checking every byte on the way.
 
-An independent check of train/tensorboard_writer.h for tests: it shares no code with Cohort and needs
+An independent check of train/observe/tensorboard_writer.h for tests: it shares no code with Cohort and needs
 nothing but Python 3's standard library (no protobuf package, no TensorBoard). It implements CRC32C
 (table-driven, the reflected Castagnoli polynomial 0x82F63B78) and the protobuf wire format itself.
 

@@ -3,7 +3,7 @@
 // and must print exactly the scalars written. The reader in turn must refuse every corruption planted
 // here (a flipped byte in a record's length, data or CRCs, a file cut mid-record, bad wire data),
 // naming the record, so neither a broken writer nor a broken reader lets the test pass.
-#include "train/tensorboard_writer.h"
+#include "train/observe/tensorboard_writer.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -23,7 +23,7 @@
 #include "nn/checkpoint.h"  // nn::crc32c, to build records of the test's own
 #include "runtime/error.h"
 #include "tests/support/process.h"
-#include "train/tensorboard_event.pb.h"
+#include "train/observe/tensorboard_event.pb.h"
 
 namespace cohort::train {
 namespace {

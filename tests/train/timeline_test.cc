@@ -1,6 +1,6 @@
-// Timeline (train/timeline.h): inactive it records nothing; its ring keeps the newest spans and
+// Timeline (train/observe/timeline.h): inactive it records nothing; its ring keeps the newest spans and
 // counts the dropped; totals add up per kind and reset when taken; Scope times its block.
-#include "train/timeline.h"
+#include "train/observe/timeline.h"
 
 #include <gtest/gtest.h>
 
