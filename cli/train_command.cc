@@ -163,6 +163,8 @@ train::JobOptions jobOptions(const TrainFlags& f) {
           .paramCopies = f.replicas     ? train::ParamCopies::kReplicas
                          : f.noReplicas ? train::ParamCopies::kSharedPerNode
                                         : train::ParamCopies::kAuto,
+          .zero = f.zero,
+          .zeroScope = train::parseZeroScope(f.zeroScope),
           .device = f.device,
           .timeout = runtime::timeoutFromSeconds(f.timeout, "--timeout"),
           .averageEvery = f.averageEvery,

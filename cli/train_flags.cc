@@ -48,6 +48,14 @@ void addJobFlags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--no-replicas", f.noReplicas,
              "--mode allreduce on the CPU: one shared parameter copy per node, each worker updating a slice of it "
              "(the default on one node; across nodes over --backend hierarchical, the default there)");
+  c.add_option("--zero", f.zero,
+               "--mode allreduce, sharded data parallel (docs/sharding.md): 0 a full replica per worker, 1 the "
+               "optimizer state sharded over the workers, 2 the gradients too, 3 the parameters too")
+      ->capture_default_str();
+  c.add_option("--zero-scope", f.zeroScope,
+               "with --zero: shard over every worker of the job, or within each node (the shards replicated across "
+               "nodes): job | node")
+      ->capture_default_str();
   c.add_option("--device", f.device, "cpu | cuda[:N]")->capture_default_str();
 }
 

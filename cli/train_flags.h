@@ -30,6 +30,8 @@ struct TrainFlags {
   std::string backend;
   bool replicas = false;    // allreduce on the CPU: full replicas and gradient all-reduce, not one shared copy per node
   bool noReplicas = false;  // allreduce on the CPU: one shared copy per node (the default on one node)
+  int zero = 0;                   // --zero: the ZeRO stage (train::JobOptions::zero)
+  std::string zeroScope = "job";  // --zero-scope: job | node
   std::string device = "cpu";
   int64_t epochs = 1;
   int64_t batchSize = 64;

@@ -33,16 +33,16 @@ class Sgd final : public Optimizer {
   }
   std::string name() const override { return "sgd"; }
 
-  void stepRange(float* __restrict p, const float* __restrict g, int64_t begin, int64_t end) override {
+  void stepRange(float* __restrict p, const float* __restrict g, int64_t stateBegin, int64_t n) override {
     const float lr = options_.lr, wd = options_.weightDecay, m = options_.momentum;
     if (m == 0.0f) {
-      for (int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+      for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
       return;
     }
-    float* __restrict b = buf_.data();
+    float* __restrict b = buf_.data() + stateBegin;
     const bool first = steps_ == 0;
     const bool nesterov = options_.nesterov;
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       float d = g[i] + wd * p[i];
       float bi = first ? d : m * b[i] + d;
       b[i] = bi;
@@ -106,15 +106,15 @@ class Adam final : public Optimizer {
 
   void beginStep() override { biasCorrections(steps_, options_.lr, stepSize_, bc2Sqrt_); }
 
-  void stepRange(float* __restrict p, const float* __restrict g, int64_t begin, int64_t end) override {
-    float* __restrict m = expAvg_.data();
-    float* __restrict v = expAvgSq_.data();
+  void stepRange(float* __restrict p, const float* __restrict g, int64_t stateBegin, int64_t n) override {
+    float* __restrict m = expAvg_.data() + stateBegin;
+    float* __restrict v = expAvgSq_.data() + stateBegin;
     const float lr = options_.lr, b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
     const float wd = options_.weightDecay;
     const float decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
     const float coupledWd = decoupled_ ? 0.0f : wd;
     const float stepSize = stepSize_, bc2Sqrt = bc2Sqrt_;
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       float pi = p[i] * decay;
       float gi = g[i] + coupledWd * pi;
       float mi = b1 * m[i] + (1.0f - b1) * gi;
@@ -226,7 +226,7 @@ void Optimizer::sweep(float* params, const float* grads, int64_t begin, int64_t 
     const int64_t e = std::min(end, b + kSweepBlock);
     if (prepareBlock) (*prepareBlock)(b, e);
     runtime::prefetchRangeForWrite(params + e, static_cast<size_t>(std::min(end, e + kSweepBlock) - e) * sizeof(float));
-    stepRange(params, grads, b, e);
+    stepRange(params + b, grads + b, b, e - b);
   }
 }
 
@@ -258,6 +258,34 @@ void Optimizer::stepShard(const Tensor& values, const Tensor& grads) {
     sweep(values.data(), grads.data(), begin, begin + static_cast<int64_t>(p.realNumel()));
   }
   ++steps_;
+}
+
+void Optimizer::stepPieces(const PieceBuffers& b) {
+  if (!sharded_) {
+    COHORT_THROW(InvalidArgument) << name() << " was not made over a shard map: make it with makeShardOptimizer";
+  }
+  COHORT_CHECK(!gpu_) << "stepPieces steps CPU buffers (a GPU shard steps with stepShard)";
+  COHORT_CHECK(b.values && b.grads) << "stepPieces without buffers";
+  beginStep();
+  for (const ShardMap::Piece& p : pieces_) {
+    const auto stateBegin = static_cast<int64_t>(p.shardOffset);
+    float* values = b.values + (b.valuesPacked ? p.shardOffset : p.flatBegin);
+    const float* grads = b.grads + (b.gradsPacked ? p.shardOffset : p.flatBegin);
+    if (b.prepare) b.prepare(p);
+    stepRange(values, grads, stateBegin, static_cast<int64_t>(p.realNumel()));
+  }
+  ++steps_;
+}
+
+void Optimizer::shardOver(const ShardMap& map) {
+  if (steps_ != 0) {
+    COHORT_THROW(InvalidArgument) << name() << " has taken " << steps_
+                                  << " steps: only a fresh optimizer can be sharded (its state would be lost)";
+  }
+  for (Tensor* t : stateTensors()) *t = zeroState(map.shardNumel());
+  numel_ = map.shardNumel();
+  sharded_ = true;
+  pieces_ = map.pieces(map.rank());
 }
 
 runtime::Device Optimizer::device() const {
@@ -294,8 +322,7 @@ OptimizerKind parseOptimizerKind(const std::string& name) {
 std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions& options, const ShardMap& map,
                                               runtime::cuda::GpuContext* gpu) {
   std::unique_ptr<Optimizer> optimizer = makeOptimizer(options, map.shardNumel(), gpu);
-  optimizer->sharded_ = true;
-  optimizer->pieces_ = map.pieces(map.rank());
+  optimizer->shardOver(map);
   return optimizer;
 }
 

@@ -87,6 +87,23 @@ class Optimizer {
   // buffers zero (p = 0, g = 0 and zero state give 0 under every rule). Counts as one step. Throws
   // InvalidArgument for an optimizer not made over a shard map or buffers of another size.
   void stepShard(const Tensor& values, const Tensor& grads);
+  // The same on the CPU where the values or the gradients are not packed: each piece's real
+  // elements read from the packed shard (packed) or from the piece's place in a flat buffer of the
+  // whole model (flatBegin..flatEnd); the state is the shard's. ZeRO 1 and 2 keep the whole
+  // parameter buffer and step its owned pieces in place. `prepare`, when set, runs before each
+  // piece is updated (e.g. to scale its gradient while it is hot). Counts as one step.
+  struct PieceBuffers {
+    float* values = nullptr;
+    bool valuesPacked = false;
+    const float* grads = nullptr;
+    bool gradsPacked = false;
+    std::function<void(const ShardMap::Piece&)> prepare = {};
+  };
+  void stepPieces(const PieceBuffers& buffers);
+  // Makes a fresh optimizer (no step taken: InvalidArgument otherwise) one over `map`'s rank's
+  // shard, as makeShardOptimizer would have: its state is replaced by zeroed shard-sized state.
+  // What a sharded placement does with the optimizer a program made for the whole model.
+  void shardOver(const ShardMap& map);
   bool sharded() const { return sharded_; }
   const std::vector<ShardMap::Piece>& shardPieces() const { return pieces_; }
 
@@ -116,8 +133,9 @@ class Optimizer {
       : options_(options), numel_(numel), gpu_(gpu) {}
   // A zeroed state buffer of `numel` floats on the optimizer's device.
   Tensor zeroState(size_t numel) const;
-  // Updates elements [begin, end) for the step being taken (steps_ not yet incremented).
-  virtual void stepRange(float* params, const float* grads, int64_t begin, int64_t end) = 0;
+  // Updates n elements for the step being taken (steps_ not yet incremented): params[0..n) and
+  // grads[0..n) with the state's elements [stateBegin, stateBegin + n).
+  virtual void stepRange(float* params, const float* grads, int64_t stateBegin, int64_t n) = 0;
   virtual void beginStep() {}
   // stepRange over [begin, end) in blocks, prefetching the parameter lines ahead for writing.
   void sweep(float* params, const float* grads, int64_t begin, int64_t end, const BlockHook* prepareBlock = nullptr);

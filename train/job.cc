@@ -105,8 +105,12 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
 }  // namespace
 
 ResolvedPlacement resolvePlacement(const JobOptions& options, const runtime::WorldInfo& world) {
-  return resolvePlacement({.mode = options.mode, .backend = options.backend, .paramCopies = options.paramCopies}, world,
-                          runtime::Device::parse(options.device).isCuda());
+  return resolvePlacement({.mode = options.mode,
+                           .backend = options.backend,
+                           .paramCopies = options.paramCopies,
+                           .zero = options.zero,
+                           .zeroScope = options.zeroScope},
+                          world, runtime::Device::parse(options.device).isCuda());
 }
 
 Job::Job(const JobOptions& options) : Job(options, runtime::WorldInfo::detect()) {}
@@ -224,6 +228,8 @@ Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optim
                 {"backend", backend()},
                 {"replicas", replicas() ? "yes" : "no"},
                 {"uneven_nodes", toString(choice_.unevenNodes)},
+                {"zero", std::to_string(choice_.zero)},
+                {"zero_scope", toString(choice_.zeroScope)},
                 {"device", device_.isCuda() ? "cuda" : "cpu"},
                 {"world_size", std::to_string(world_.worldSize)},
                 {"model", model.name},

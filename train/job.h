@@ -108,6 +108,13 @@ struct JobOptions {
   // hierarchical across nodes). kAuto: shared on one node; replicas across nodes, where the
   // buckets' all-reduce overlaps backward and trains faster (docs/nn.md).
   ParamCopies paramCopies = ParamCopies::kAuto;
+  // kAllReduce: sharded data parallel (ZeRO, docs/sharding.md): 0 keeps a full replica per rank; 1
+  // shards the optimizer state over the ranks (gradients reduce-scattered, each rank updates its
+  // shard, the parameters all-gathered); 2 shards the gradients too; 3 the parameters too. Other
+  // modes refuse a stage above 0 (InvalidArgument), and so does ParamCopies::kSharedPerNode.
+  int zero = 0;
+  // Over which ranks ZeRO shards: the job's, or each node's (the shards replicated across nodes).
+  ZeroScope zeroScope = ZeroScope::kJob;
   // "cpu", "cuda" (the GPU of this rank's local rank: one worker per GPU) or "cuda:N".
   std::string device = "cpu";
   // Every wait for other ranks (start-up, barriers, collectives); then TimeoutError naming them.

@@ -66,11 +66,16 @@ void scaleInPlace(float* __restrict__ out, size_t n, float scale) {
   for (size_t i = 0; i < n; ++i) out[i] *= scale;
 }
 
-}  // namespace
+// Whether `out` is one of the sources after the first: the loops above would overwrite it before
+// reading it (and their __restrict__ forbids it).
+bool aliasesLaterSource(const float* out, const float* const* sources, int numSources) {
+  for (int s = 1; s < numSources; ++s) {
+    if (sources[s] == out) return true;
+  }
+  return false;
+}
 
-void reduceInto(float* out, const float* const* sources, int numSources, size_t count, ReduceOp op, float scale) {
-  COHORT_CHECK(numSources >= 1 && numSources <= kMaxSources) << numSources << " sources";
-  if (count == 0) return;
+void reduceUnaliased(float* out, const float* const* sources, int numSources, size_t count, ReduceOp op, float scale) {
   switch (op) {
     case ReduceOp::kSum:
       reduceBlocked(out, sources, numSources, count, Sum{});
@@ -93,6 +98,33 @@ void reduceInto(float* out, const float* const* sources, int numSources, size_t 
       reduceBlocked(out, sources, numSources, count, Min{});
       break;
   }
+}
+
+// Block by block into a buffer on the stack, then out: every source's block is read before `out`'s
+// is written.
+void reduceThroughBlock(float* out, const float* const* sources, int numSources, size_t count, ReduceOp op,
+                        float scale) {
+  constexpr size_t kBlock = 4096;
+  alignas(64) float block[kBlock];
+  const float* shifted[kMaxSources];
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t len = std::min(kBlock, count - at);
+    for (int s = 0; s < numSources; ++s) shifted[s] = sources[s] + at;
+    reduceUnaliased(block, shifted, numSources, len, op, scale);
+    std::memcpy(out + at, block, len * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void reduceInto(float* out, const float* const* sources, int numSources, size_t count, ReduceOp op, float scale) {
+  COHORT_CHECK(numSources >= 1 && numSources <= kMaxSources) << numSources << " sources";
+  if (count == 0) return;
+  if (aliasesLaterSource(out, sources, numSources)) {
+    reduceThroughBlock(out, sources, numSources, count, op, scale);
+    return;
+  }
+  reduceUnaliased(out, sources, numSources, count, op, scale);
 }
 
 void reduceIntoBf16(uint16_t* out, const uint16_t* const* sources, int numSources, size_t count, ReduceOp op,

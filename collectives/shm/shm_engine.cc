@@ -271,10 +271,7 @@ void ShmEngine::allReduceSmall(const CollectiveArgs& args) {
   std::memcpy(stage(rank_, g, 0), args.input, fp.count * elementBytes());
   exchangeFingerprints(args);
   const void* sources[kMaxSources];
-  sources[0] = args.input;
-  for (int q = 0, k = 1; q < numRanks_; ++q) {
-    if (q != rank_) sources[k++] = stage(q, g, 0);
-  }
+  rankOrder(args.input, [&](int q) { return stage(q, g, 0); }, sources);
   reduceInto(fp.dtype, args.output, sources, numRanks_, fp.count, fp.op, 1.0f / static_cast<float>(numRanks_));
   RankSlot& mine = slots_[rank_];
   mine.copied.store(g + 1, std::memory_order_relaxed);

@@ -135,6 +135,13 @@ class ShmEngine {
   void gather(const CollectiveArgs& args, size_t chunk);
   void allReduceDirect(const CollectiveArgs& args);
   void reduceDirect(const CollectiveArgs& args, size_t chunk);
+  // The sources of a reduction in rank order: this rank's `own`, every other rank q's `peer(q)`, so
+  // that every element is added in the same order whichever rank reduces it (an all-reduce and a
+  // reduce-scatter of the same inputs give the same bits; docs/collectives.md).
+  template <class Peer>
+  void rankOrder(const void* own, Peer peer, const void** sources) const {
+    for (int q = 0; q < numRanks_; ++q) sources[q] = q == rank_ ? own : peer(q);
+  }
   void gatherDirect(const CollectiveArgs& args, size_t chunk);
   void mapPeers(const CollectiveArgs& args, bool outputs);
   void reduceScatterDirect(const CollectiveArgs& args);

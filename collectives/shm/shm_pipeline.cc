@@ -99,10 +99,7 @@ void ShmEngine::reduce(const CollectiveArgs& args, size_t chunk) {
   const size_t e = elementBytes();
   auto* output = static_cast<char*>(args.output);
   const void* sources[kMaxSources];
-  sources[0] = static_cast<const char*>(args.input) + s.in * e;
-  for (int q = 0, k = 1; q < numRanks_; ++q) {
-    if (q != rank_) sources[k++] = stage(q, g, rank_);
-  }
+  rankOrder(static_cast<const char*>(args.input) + s.in * e, [&](int q) { return stage(q, g, rank_); }, sources);
   const float scale = 1.0f / static_cast<float>(numRanks_);
   RankSlot& mine = slots_[rank_];
   if (fp.kind == CollectiveKind::kAllReduce) {
@@ -112,7 +109,7 @@ void ShmEngine::reduce(const CollectiveArgs& args, size_t chunk) {
     publish(mine.reduced, g + 1);
     copyOut(output + s.out * e, reducedSegment, s.len, fp.count);
   } else {
-    // In place (NCCL's layout) the output segment is sources[0], which reduceInto allows.
+    // In place (NCCL's layout) the output segment is this rank's source, which reduceInto allows.
     reduceInto(fp.dtype, output + s.out * e, sources, numRanks_, s.len, fp.op, scale);
     mine.reduced.store(g + 1, std::memory_order_relaxed);
     publish(mine.consumed, g + 1);  // reduce-scatter has no gather: this rank's reads are done
@@ -182,10 +179,8 @@ void ShmEngine::reduceScatterDirect(const CollectiveArgs& args) {
   for (size_t c = 0; c < chunks; ++c) {
     const Span s = segment(fp, c, rank_);
     const size_t at = (s.in - static_cast<size_t>(rank_) * fp.count) * e;
-    sources[0] = static_cast<const char*>(args.input) + mine + at;
-    for (int q = 0, k = 1; q < numRanks_; ++q) {
-      if (q != rank_) sources[k++] = peerInputs_[q] + mine + at;
-    }
+    rankOrder(static_cast<const char*>(args.input) + mine + at, [&](int q) { return peerInputs_[q] + mine + at; },
+              sources);
     reduceInto(fp.dtype, static_cast<char*>(args.output) + s.out * e, sources, numRanks_, s.len, fp.op,
                1.0f / static_cast<float>(numRanks_));
   }
@@ -218,10 +213,7 @@ void ShmEngine::reduceDirect(const CollectiveArgs& args, size_t chunk) {
   const Span s = segment(fp, chunk, rank_);
   const size_t e = elementBytes();
   const void* sources[kMaxSources];
-  sources[0] = static_cast<const char*>(args.input) + s.in * e;
-  for (int q = 0, k = 1; q < numRanks_; ++q) {
-    if (q != rank_) sources[k++] = peerInputs_[q] + s.in * e;
-  }
+  rankOrder(static_cast<const char*>(args.input) + s.in * e, [&](int q) { return peerInputs_[q] + s.in * e; }, sources);
   reduceInto(fp.dtype, static_cast<char*>(args.output) + s.out * e, sources, numRanks_, s.len, fp.op,
              1.0f / static_cast<float>(numRanks_));
   RankSlot& mine = slots_[rank_];

@@ -20,6 +20,7 @@
 #include "runtime/cuda/gpu_context.h"
 #include "runtime/device_query.h"
 #include "tests/ipc/multiproc.h"
+#include "tests/support/float_file.h"
 #include "train/job.h"
 
 namespace cohort::train {
@@ -73,13 +74,7 @@ int trainRank(const runtime::WorldInfo& world, const std::string& path, bool ove
   return out.good() ? 0 : 1;
 }
 
-std::vector<float> readFloats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  return values;
-}
+using cohort::testing::readFloats;
 
 // How many values differ in their bits, and the first one that does ("none").
 std::string difference(const std::vector<float>& a, const std::vector<float>& b) {

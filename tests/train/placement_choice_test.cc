@@ -83,6 +83,25 @@ std::vector<Row> table() {
        nodesOf(2, 4),
        false,
        {.kind = K::kReplicas, .backend = B::kMpi}},
+      {"zero 1, one node",
+       {.mode = ar, .zero = 1},
+       oneNode(4),
+       false,
+       {.kind = K::kSharded, .backend = B::kShm, .zero = 1}},
+      {"zero 2 with replicas asked for, mpi",
+       {.mode = ar, .backend = B::kMpi, .paramCopies = C::kReplicas, .zero = 2},
+       oneNode(2),
+       false,
+       {.kind = K::kSharded, .backend = B::kMpi, .zero = 2}},
+      {"zero 1 across nodes, scope node",
+       {.mode = ar, .zero = 1, .zeroScope = ZeroScope::kNode},
+       nodesOf(2, 4),
+       false,
+       {.kind = K::kSharded,
+        .backend = B::kHierarchical,
+        .unevenNodes = U::kFlatMpi,
+        .zero = 1,
+        .zeroScope = ZeroScope::kNode}},
       {"GPUs", {.mode = ar}, oneNode(2), true, {.kind = K::kReplicas, .backend = B::kNccl}},
       {"GPUs, nccl asked for",
        {.mode = ar, .backend = B::kNccl},
@@ -126,6 +145,18 @@ TEST(ResolvePlacement, WhatCannotTrainIsRefused) {
       {"nccl on the CPU", {.mode = ar, .backend = Backend::kNccl}, oneNode(2), false, "train on device cuda"},
       {"copies on a GPU", {.mode = ar, .paramCopies = ParamCopies::kReplicas}, oneNode(2), true, "CPU training"},
       {"shm across nodes", {.mode = ar, .backend = Backend::kShm}, nodesOf(2, 4), false, "works on one node"},
+      {"zero in mode local", {.zero = 1}, oneNode(1), false, "mode local has nothing to shard"},
+      {"zero in mode hogwild", {.mode = Mode::kHogwild, .zero = 2}, oneNode(2), false, "use mode allreduce"},
+      {"zero 4", {.mode = ar, .zero = 4}, oneNode(2), false, "ZeRO stage 4 does not exist"},
+      {"zero -1", {.mode = ar, .zero = -1}, oneNode(2), false, "does not exist"},
+      {"zero with one copy per node",
+       {.mode = ar, .paramCopies = ParamCopies::kSharedPerNode, .zero = 1},
+       oneNode(2),
+       false,
+       "drop one of them"},
+      {"a scope without a stage", {.mode = ar, .zeroScope = ZeroScope::kNode}, oneNode(2), false, "give a stage"},
+      {"zero on GPUs (not built yet)", {.mode = ar, .zero = 1}, oneNode(2), true, "CPU only so far"},
+      {"zero 3 (not built yet)", {.mode = ar, .zero = 3}, oneNode(2), false, "stage 3"},
   };
   for (const auto& r : refusals) {
     try {
@@ -150,6 +181,8 @@ TEST(ResolvePlacement, TheWordsOfTheEnumsReadBack) {
   EXPECT_EQ(parseBackend(""), Backend::kAuto);
   EXPECT_THROW(parseBackend("gloo"), InvalidArgument);
   for (Mode m : {Mode::kLocal, Mode::kHogwild, Mode::kAllReduce}) EXPECT_EQ(parseMode(toString(m)), m);
+  for (ZeroScope z : {ZeroScope::kJob, ZeroScope::kNode}) EXPECT_EQ(parseZeroScope(toString(z)), z);
+  EXPECT_THROW(parseZeroScope("rack"), InvalidArgument);
   EXPECT_STREQ(ResolvedPlacement{}.backendName(), "none");
   EXPECT_STREQ((ResolvedPlacement{.kind = PlacementKind::kReplicas, .backend = Backend::kMpi}.backendName()), "mpi");
 }

@@ -29,6 +29,7 @@
 #include "runtime/dtype.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
 #include "tests/train/ranks.h"
+#include "tests/support/float_file.h"
 #include "train/job.h"
 #include "train/trainer.h"
 
@@ -286,13 +287,7 @@ int trainBf16Rank(const runtime::WorldInfo& world, const std::string& dir) {
   return out.good() ? 0 : 1;
 }
 
-std::vector<float> readFloats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  return values;
-}
+using cohort::testing::readFloats;
 
 // Two replicas all-reducing over NCCL in bf16 (issue 31) end bit for bit alike: both average the
 // same fp32 gradients and take the same device decisions, and bf16's rounding is deterministic. The

@@ -62,6 +62,15 @@ const char* toString(ParamCopies copies) {
   return "?";
 }
 
+ZeroScope parseZeroScope(const std::string& name) {
+  if (name == "job") return ZeroScope::kJob;
+  if (name == "node") return ZeroScope::kNode;
+  COHORT_THROW(InvalidArgument) << "unknown ZeRO scope '" << name
+                                << "': expected job (shard over every rank) or node (shard within each node)";
+}
+
+const char* toString(ZeroScope scope) { return scope == ZeroScope::kNode ? "node" : "job"; }
+
 const char* toString(PlacementKind kind) {
   switch (kind) {
     case PlacementKind::kLocal:
@@ -72,6 +81,8 @@ const char* toString(PlacementKind kind) {
       return "replicas";
     case PlacementKind::kSharedCopy:
       return "shared copy";
+    case PlacementKind::kSharded:
+      return "sharded";
   }
   return "?";
 }
@@ -93,6 +104,30 @@ const char* ResolvedPlacement::backendName() const {
 }
 
 namespace {
+
+// ZeRO: a stage in 0..3, in mode allreduce, over replicas (the shared copy per node is one copy
+// already).
+void checkZero(const PlacementRequest& r) {
+  if (r.zero < 0 || r.zero > kMaxZeroStage) {
+    COHORT_THROW(InvalidArgument) << "ZeRO stage " << r.zero
+                                  << " does not exist: 0 (full replicas), 1 (optimizer state sharded), 2 (gradients "
+                                     "too) or 3 (parameters too)";
+  }
+  if (r.zero == 0) {
+    if (r.zeroScope != ZeroScope::kJob) {
+      COHORT_THROW(InvalidArgument) << "a ZeRO scope applies to ZeRO stages 1-3: give a stage too";
+    }
+    return;
+  }
+  if (r.mode != Mode::kAllReduce) {
+    COHORT_THROW(InvalidArgument) << "ZeRO stage " << r.zero << " shards what mode allreduce replicates; mode "
+                                  << toString(r.mode) << " has nothing to shard: use mode allreduce";
+  }
+  if (r.paramCopies == ParamCopies::kSharedPerNode) {
+    COHORT_THROW(InvalidArgument) << "ZeRO stage " << r.zero
+                                  << " shards the replicas; one shared copy per node is no replica: drop one of them";
+  }
+}
 
 // The refusals that need no world: options of another mode, and the device's backends.
 void checkRequest(const PlacementRequest& r, bool onGpu) {
@@ -120,6 +155,7 @@ void checkRequest(const PlacementRequest& r, bool onGpu) {
   if (onGpu && r.paramCopies != ParamCopies::kAuto) {
     COHORT_THROW(InvalidArgument) << "replicas apply to CPU training (GPU all-reduce always replicates)";
   }
+  checkZero(r);
 }
 
 // Mode allreduce on the CPU. Over mpi, and over hierarchical on one node, every rank keeps a
@@ -138,6 +174,28 @@ ResolvedPlacement resolveCpuAllReduce(const PlacementRequest& r, const runtime::
   return p;
 }
 
+// ZeRO: nccl on a GPU; on the CPU the backend as for replicas (shm on one node, hierarchical across
+// nodes, flat mpi where those turn out uneven; the sharded placement splits its groups from it).
+ResolvedPlacement resolveSharded(const PlacementRequest& r, const runtime::WorldInfo& world, bool onGpu) {
+  ResolvedPlacement p{.kind = PlacementKind::kSharded, .zero = r.zero, .zeroScope = r.zeroScope};
+  if (onGpu) {
+    COHORT_THROW(InvalidArgument) << "ZeRO stage " << r.zero
+                                  << " runs on the CPU only so far (docs/sharding.md, \"What is not built yet\"): "
+                                     "train on device cpu, or without a ZeRO stage on GPUs";
+  }
+  if (r.zero == 3) {
+    COHORT_THROW(InvalidArgument) << "ZeRO stage 3 (parameters sharded) is not built yet (docs/sharding.md, \"What is "
+                                     "not built yet\"): use stage 1 or 2";
+  }
+  const std::string name = collectives::resolveBackend(
+      {.backend = r.backend == Backend::kAuto ? std::string() : toString(r.backend), .world = world});
+  p.backend = parseBackend(name);
+  if (p.backend == Backend::kHierarchical && world.spansNodes()) {
+    p.unevenNodes = r.backend == Backend::kAuto ? UnevenNodes::kFlatMpi : UnevenNodes::kRefuse;
+  }
+  return p;
+}
+
 }  // namespace
 
 ResolvedPlacement resolvePlacement(const PlacementRequest& request, const runtime::WorldInfo& world, bool onGpu) {
@@ -148,6 +206,7 @@ ResolvedPlacement resolvePlacement(const PlacementRequest& request, const runtim
     case Mode::kHogwild:
       return {.kind = PlacementKind::kHogwild};
     case Mode::kAllReduce:
+      if (request.zero > 0) return resolveSharded(request, world, onGpu);
       if (onGpu) return {.kind = PlacementKind::kReplicas, .backend = Backend::kNccl};
       return resolveCpuAllReduce(request, world);
   }

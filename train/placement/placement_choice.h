@@ -2,7 +2,8 @@
 // the ranks agree on their settings, by a pure function of typed options (docs/architecture.md,
 // "Choosing the strategy"):
 //
-//   resolvePlacement({mode, backend, paramCopies}, world, onGpu) -> {kind, backend, unevenNodes}
+//   resolvePlacement({mode, backend, paramCopies, zero, zeroScope}, world, onGpu)
+//       -> {kind, backend, unevenNodes, zero, zeroScope}
 //
 // The options are enums, parsed from the CLI's and the settings' words by parse*/toString; the
 // result is a value every rank computes alike from its own options and WorldInfo, which Job::place
@@ -43,12 +44,25 @@ const char* toString(Backend backend);  // "auto" for kAuto
 enum class ParamCopies { kAuto, kReplicas, kSharedPerNode };
 const char* toString(ParamCopies copies);  // "auto", "replicas", "shared per node"
 
+// Mode allreduce's sharded data parallel (ZeRO; docs/sharding.md): what each rank keeps only its
+// shard of. 0: nothing (full replicas), 1: the optimizer state, 2: the gradients too, 3: the
+// parameters too (PyTorch FSDP's FULL_SHARD).
+inline constexpr int kMaxZeroStage = 3;
+// Over which ranks a sharded job shards: every rank of the job, or the ranks of each node, each
+// node's shards replicated across nodes (PyTorch's HYBRID_SHARD: the per-unit gathers stay inside
+// the node).
+enum class ZeroScope { kJob, kNode };
+// "job", "node"; InvalidArgument otherwise.
+ZeroScope parseZeroScope(const std::string& name);
+const char* toString(ZeroScope scope);
+
 // Where the parameters live (the placement the factory makes).
 enum class PlacementKind {
   kLocal,       // one process, private parameters (CPU or one GPU)
   kHogwild,     // one copy per node, updated without locks (train/placement/hogwild_placement.h)
   kReplicas,    // a replica per rank, gradients all-reduced (train/placement/replica_placement.h)
   kSharedCopy,  // one copy per node, updated in slices (train/placement/shared_copy_placement.h)
+  kSharded,     // ZeRO 1-3: each rank keeps its shard (train/placement/sharded_placement.h)
 };
 const char* toString(PlacementKind kind);
 
@@ -65,12 +79,16 @@ struct PlacementRequest {
   Mode mode = Mode::kLocal;
   Backend backend = Backend::kAuto;
   ParamCopies paramCopies = ParamCopies::kAuto;
+  int zero = 0;  // the ZeRO stage, 0..kMaxZeroStage; above 0 mode allreduce only
+  ZeroScope zeroScope = ZeroScope::kJob;
 };
 
 struct ResolvedPlacement {
   PlacementKind kind = PlacementKind::kLocal;
   Backend backend = Backend::kAuto;  // kAuto only where nothing is all-reduced (local, hogwild)
   UnevenNodes unevenNodes = UnevenNodes::kNotApplicable;
+  int zero = 0;  // kSharded: the stage (1..3); 0 otherwise
+  ZeroScope zeroScope = ZeroScope::kJob;  // kSharded: over which ranks
 
   // "none" (local, hogwild), "shm", "mpi", "hierarchical", "nccl".
   const char* backendName() const;
@@ -82,7 +100,8 @@ struct ResolvedPlacement {
 // The placement for `request` on `world` (onGpu: the job trains on a GPU). Pure: the same inputs
 // give the same result on every rank and in every call. InvalidArgument for what cannot train (an
 // option of another mode, a CPU backend on a GPU, nccl on the CPU, shm across nodes, one shared
-// copy over mpi, a backend this build lacks).
+// copy over mpi, a backend this build lacks, a ZeRO stage outside 0..3 or outside mode allreduce,
+// a ZeRO stage with one shared copy per node).
 ResolvedPlacement resolvePlacement(const PlacementRequest& request, const runtime::WorldInfo& world, bool onGpu);
 
 }  // namespace cohort::train

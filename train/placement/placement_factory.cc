@@ -6,6 +6,7 @@
 #include "train/placement/local_placement.h"
 #include "train/placement/replica_placement.h"
 #include "train/placement/shared_copy_placement.h"
+#include "train/placement/sharded_placement.h"
 
 namespace cohort::train {
 
@@ -53,11 +54,21 @@ Placed makePlacement(const ResolvedPlacement& choice, const PlacementContext& co
     case PlacementKind::kSharedCopy:
       placed.placement = makeSharedCopy(choice, context);
       break;
+    case PlacementKind::kSharded:
+      placed.placement = std::make_unique<ShardedPlacement>(
+          context, ShardedOptions{.stage = choice.zero,
+                                  .scope = choice.zeroScope,
+                                  .backend = choice.unevenNodes == UnevenNodes::kFlatMpi ? "" : choice.backendName()});
+      break;
   }
   // The backend the communicator got (flat mpi where the nodes turned out uneven).
   if (const auto* replicas = dynamic_cast<const ReplicaPlacement*>(placed.placement.get())) {
     placed.backend = replicas->communicator().backend();
     placed.replicas = true;
+  }
+  if (const auto* sharded = dynamic_cast<const ShardedPlacement*>(placed.placement.get())) {
+    placed.backend = sharded->communicator().backend();
+    placed.replicas = true;  // each rank holds the whole parameters (stages 1 and 2)
   }
   placed.collectives = placed.placement->makeCollectives();
   return placed;

@@ -1,0 +1,77 @@
+// ShardedPlacement: mode allreduce with ZeRO's sharding (docs/sharding.md): the ranks of the shard
+// group (the job's, or each node's with scope node) each keep only their shard of the optimizer
+// state (stage 1) and of the averaged gradient (stage 2), over an nn::ShardMap of the model's
+// parameter units. Its stages of the one step (train/placement/placement.h):
+//   reduceGradients  the loss vote starts on the world's communicator; the units' reduce-scatters
+//                    (averages), started as backward reported each unit (ShardSync, the pass's unit
+//                    listener), are waited for; scope node averages each piece across the nodes;
+//   squaredNorm      Σ g² of this rank's pieces (real elements), with gradScale not yet applied;
+//   reducePartials   the shard group's (sum, ballot) rows gathered as raw bits and added in rank
+//                    order: every rank gets the same norm and verdict;
+//   update           each piece's gradient scaled by gradScale times the clip coefficient (one
+//                    multiply, as the whole-gradient update does) and the optimizer, made over the
+//                    map (nn::Optimizer::shardOver), stepping this rank's pieces in place;
+//   endStep          after an applied step, every unit's parameters all-gathered from the pieces.
+// Every rank holds the whole parameter buffer (stages 1 and 2). The averages are the replicas'
+// arithmetic where the reduce-scatter adds in the all-reduce's order (shm, mpi: the same bits as
+// stage 0 for the same gradients); the global norm's sum runs over the pieces instead of the
+// whole buffer, so the clip coefficient can differ from stage 0's in the last bit.
+// CPU only for now (a GPU job refuses ZeRO at construction: docs/sharding.md says what is left).
+// Ownership: owns its communicators; borrows the parameters and the optimizer, whose state it
+// replaces by the shard's. Thread safety: as Placement; every stage is collective.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "collectives/communicator.h"
+#include "nn/shard_map.h"
+#include "train/placement/placement.h"
+#include "train/placement/placement_choice.h"
+#include "train/placement/shard_sync.h"
+
+namespace cohort::train {
+
+struct ShardedOptions {
+  int stage = 1;  // 1 or 2
+  ZeroScope scope = ZeroScope::kJob;
+  std::string backend;  // the world's communicator ("" : the world's default)
+};
+
+class ShardedPlacement final : public Placement {
+ public:
+  ShardedPlacement(const PlacementContext& context, const ShardedOptions& options);
+  ~ShardedPlacement() override;
+
+  std::unique_ptr<JobCollectives> makeCollectives() override;
+  nn::UnitListener* unitListener() override { return sync_.get(); }
+  uint64_t gradientReductions() const override { return sync_->reduceScatters(); }
+  SavedState saveState() override;
+  void loadState(const CheckpointReader& reader) override;
+
+  void reduceGradients(const StepPlan& plan, LossVote& vote) override;
+  PartialNorm squaredNorm(const StepPlan& plan) override;
+  bool splitsGradient() const override { return true; }
+  void reducePartials(std::span<double, 2> sumAndBallot) override;
+  int gradientRank() const override { return -1; }
+  void update(const StepPlan& plan, float clip) override;
+  void endStep(const StepResult& result) override;
+
+  const collectives::Communicator& communicator() const { return *world_; }
+  const nn::ShardMap& shardMap() const { return *map_; }
+
+ private:
+  nn::ParamBuffer& params_;
+  nn::Optimizer& optimizer_;
+  std::chrono::milliseconds timeout_;
+  Timeline& timeline_;
+  ShardedOptions options_;
+  std::unique_ptr<collectives::Communicator> world_;
+  std::unique_ptr<collectives::Communicator> node_;   // scope node: this node's ranks
+  std::unique_ptr<collectives::Communicator> cross_;  // scope node: this local rank on every node
+  collectives::BufferPtr values_, grads_;
+  std::optional<nn::ShardMap> map_;
+  std::unique_ptr<ShardSync> sync_;
+};
+
+}  // namespace cohort::train
