@@ -111,6 +111,7 @@ int runOverlapBench(const TrainBenchOptions& o) {
   const runtime::DType precision = runtime::parseDType(o.precision, "--precision");
   train::Job job({.mode = train::Mode::kAllReduce,
                   .paramCopies = cuda ? train::ParamCopies::kAuto : train::ParamCopies::kReplicas,  // GradSync on the CPU too
+                  .zero = o.zero,
                   .device = o.device,
                   .tf32 = o.tf32,
                   .precision = precision});
@@ -145,9 +146,9 @@ int runOverlapBench(const TrainBenchOptions& o) {
     medians.push_back(median(runs[s]));
     if (!print) continue;
     std::printf(
-        "RESULT bench=train_allreduce model=%s device=%s workers=%d batch=%lld overlap=%s step_ms=%.2f min=%.2f "
-        "max=%.2f samples_per_s=%.0f\n",
-        o.model.c_str(), o.device.c_str(), workers, static_cast<long long>(o.batchSize), sides[s] ? "on" : "off",
+        "RESULT bench=train_allreduce model=%s device=%s workers=%d batch=%lld zero=%d overlap=%s step_ms=%.2f "
+        "min=%.2f max=%.2f samples_per_s=%.0f\n",
+        o.model.c_str(), o.device.c_str(), workers, static_cast<long long>(o.batchSize), o.zero, sides[s] ? "on" : "off",
         1e3 * medians[s], 1e3 * *std::min_element(runs[s].begin(), runs[s].end()),
         1e3 * *std::max_element(runs[s].begin(), runs[s].end()),
         static_cast<double>(workers * o.batchSize) / medians[s]);

@@ -8,7 +8,9 @@
 // run is --samples windows/samples per rank (default 30 batches) after 5 warm-up steps; its time is
 // the slowest rank's. Each worker computes with the first of --threads BLAS threads.
 // Prints per side
-//   RESULT bench=train_allreduce model=… device=… workers=N batch=B overlap=on step_ms=.. min=.. max=..
+// With --zero Z the job shards at ZeRO stage Z (docs/sharding.md; `off` then means the reduce-scatters
+// all start after backward).
+//   RESULT bench=train_allreduce model=… device=… workers=N batch=B zero=Z overlap=on step_ms=.. min=.. max=..
 //          samples_per_s=..   (one line)
 // and, with both sides, one line `… off_over_on=..` (the step time without overlap over with it).
 // Models: mlp:…, cnn:…, gpt:… (windows of random bytes, AdamW as bench train's GPT).

@@ -54,6 +54,10 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
   c.add_option("--overlap", o.overlap, "--mode allreduce: the sides to measure, in turn (on, off)")
       ->delimiter(',')
       ->capture_default_str();
+  c.add_option("--zero", o.zero,
+               "--mode allreduce: the ZeRO stage of the job (as cohort train's --zero; bench/compare_zero.sh runs "
+               "the stages side by side)")
+      ->capture_default_str();
 }
 
 bool isGpt(const std::string& model) { return model.rfind("gpt:", 0) == 0; }

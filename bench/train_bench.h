@@ -41,6 +41,7 @@ struct TrainBenchOptions {
   // backward overlap (bench/overlap_bench.h).
   std::string mode = "local";
   std::vector<std::string> overlap = {"on", "off"};  // --mode allreduce: the sides measured, in turn
+  int zero = 0;  // --mode allreduce: the job's ZeRO stage (train::JobOptions::zero)
 };
 
 void addTrainBenchFlags(CLI::App& command, TrainBenchOptions& options);
