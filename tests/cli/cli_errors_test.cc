@@ -215,6 +215,11 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError({"--mode", "hogwild", "--no-replicas"}, {"--no-replicas applies to --mode allreduce only"});
   expectInputError({"--mode", "allreduce", "--backend", "mpi", "--no-replicas"},
                    {"--no-replicas", "hierarchical across nodes, not mpi"});
+  // ZeRO: mode allreduce only, a stage that exists, a scope that exists.
+  expectInputError({"--mode", "local", "--zero", "1"}, {"ZeRO stage 1", "mode local has nothing to shard"});
+  expectInputError({"--mode", "hogwild", "--zero", "2"}, {"ZeRO stage 2", "use mode allreduce"});
+  expectInputError({"--mode", "allreduce", "--zero", "5"}, {"ZeRO stage 5 does not exist"});
+  expectInputError({"--mode", "allreduce", "--zero", "1", "--zero-scope", "rack"}, {"unknown ZeRO scope 'rack'"});
   // The schedule's and Adam's settings.
   expectInputError({"--decay-steps", "10"}, {"--decay-steps", "cosine", "not constant"});
   expectInputError({"--lr-schedule", "cosine", "--decay-steps", "-1"}, {"--decay-steps must be > 0"});
