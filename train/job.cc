@@ -217,6 +217,14 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                                                                        .mode = toString(options_.mode)});
 }
 
+StateBytes Job::stateBytes() const {
+  requirePlaced("Job::stateBytes()");
+  if (std::optional<StateBytes> own = placed_->placement->stateBytes()) return *own;
+  return {.params = model_->params.bytes(),
+          .grads = model_->params.bytes(),
+          .optimizer = optimizer_->stateFloats() * sizeof(float)};
+}
+
 Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& o) const {
   // The layout as text, digested: two models of one name and size whose parameters are shaped
   // otherwise would place their shards and checkpoints wrongly.

@@ -84,6 +84,7 @@
 #include "train/placement/placement_choice.h"
 #include "train/settings.h"
 #include "train/spike_detector.h"
+#include "train/state_bytes.h"
 #include "train/step.h"
 #include "train/test_hooks.h"
 
@@ -268,6 +269,10 @@ class Job {
   // mpi, nccl) or slice reductions (the shared copy); 0 in local and Hogwild. With K micro-batches per step
   // it grows once per step (per bucket), not K times.
   uint64_t gradientReductions() const;
+  // What this rank holds of the model's training state (parameters, gradients, optimizer state, the
+  // collectives' staging), from the placement's own buffers: ZeRO's stages shrink it
+  // (docs/sharding.md, "Memory per rank"). Where the ranks of a node share one copy it is that copy.
+  StateBytes stateBytes() const;
   // The GPU caching allocator's counters; nullopt on the CPU.
   std::optional<runtime::AllocatorStats> deviceMemoryStats() const;
   // Where this rank's time goes (train/observe/timeline.h): inactive until started (the Trainer starts it

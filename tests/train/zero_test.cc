@@ -90,6 +90,12 @@ int trainRank(const ZeroRun& run, const runtime::WorldInfo& world) {
     const StepResult r = job.step({.clipGradNorm = 0.5f, .loss = mine});
     if (r.applied != (step != 20)) return 10 + step;
   }
+  // The optimizer state (AdamW: two floats an element) is the shard's: N/W elements and the padding
+  // of at most W - 1 per unit.
+  const size_t n = model->params.numel(), w = static_cast<size_t>(world.worldSize);
+  const size_t stateFloats = job.stateBytes().optimizer / sizeof(float);
+  const size_t shardMax = run.zero == 0 ? n : (n + model->params.units().size() * (w - 1)) / w;
+  if (stateFloats < 2 * (run.zero == 0 ? n : n / w) || stateFloats > 2 * shardMax) return 5;
   job.save(checkpointOf(run));
   const Tensor& v = model->params.values();
   return cohort::testing::writeFloats(pathOf(run, world.rank), {v.data(), static_cast<size_t>(v.numel())}) ? 0 : 1;

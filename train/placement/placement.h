@@ -44,6 +44,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,7 @@
 #include "runtime/world_info.h"
 #include "train/observe/timeline.h"
 #include "train/placement/job_collectives.h"
+#include "train/state_bytes.h"
 #include "train/step.h"
 #include "train/step/step_guard.h"
 #include "train/test_hooks.h"
@@ -128,6 +130,9 @@ class Placement {
   // How many times this rank has reduced gradients across ranks (bucket all-reduces, or slice
   // reductions); 0 where gradients are never reduced (local, Hogwild).
   virtual uint64_t gradientReductions() const { return 0; }
+  // What this rank holds of the model's state, from the placement's own buffers; nullopt: the
+  // whole model's buffers and optimizer state (Job::stateBytes counts them).
+  virtual std::optional<StateBytes> stateBytes() const { return std::nullopt; }
   // Collective; the result is complete on rank 0, the rank that writes.
   virtual SavedState saveState() = 0;
   // Collective: loads what this rank holds of the checkpoint's parameters and optimizer state.

@@ -33,6 +33,12 @@ ShardSync::ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, 
   }
 }
 
+size_t ShardSync::stagingBytes() const {
+  size_t floats = 0;
+  for (const UnitState& s : units_) floats += s.staging.size();
+  return floats * sizeof(float);
+}
+
 size_t ShardSync::unitAt(size_t flatOffset) const {
   const auto it = unitOfOffset_.find(flatOffset);
   COHORT_CHECK(it != unitOfOffset_.end()) << "no parameter unit starts at element " << flatOffset;

@@ -58,6 +58,8 @@ class ShardSync final : public nn::UnitListener {
   // numel()), e.g. an optimizer state for a checkpoint; waits.
   void gatherShard(const float* shard, float* flat);
 
+  // The padded units' staging buffers.
+  size_t stagingBytes() const;
   // Reduce-scatters issued so far.
   uint64_t reduceScatters() const { return reduceScatters_; }
 

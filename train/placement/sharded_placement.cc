@@ -59,6 +59,13 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
 
 ShardedPlacement::~ShardedPlacement() = default;
 
+std::optional<StateBytes> ShardedPlacement::stateBytes() const {
+  return StateBytes{.params = params_.bytes(),
+                    .grads = params_.bytes(),
+                    .optimizer = optimizer_.stateFloats() * sizeof(float),
+                    .staging = sync_->stagingBytes()};
+}
+
 std::unique_ptr<JobCollectives> ShardedPlacement::makeCollectives() {
   return std::make_unique<CommCollectives>(*world_, timeout_, timeline_);
 }

@@ -46,6 +46,7 @@ class ShardedPlacement final : public Placement {
   std::unique_ptr<JobCollectives> makeCollectives() override;
   nn::UnitListener* unitListener() override { return sync_.get(); }
   uint64_t gradientReductions() const override { return sync_->reduceScatters(); }
+  std::optional<StateBytes> stateBytes() const override;
   SavedState saveState() override;
   void loadState(const CheckpointReader& reader) override;
 
