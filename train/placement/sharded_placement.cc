@@ -117,35 +117,24 @@ void ShardedPlacement::update(const StepPlan& plan, float clip) {
   optimizer_.stepPieces(buffers);
 }
 
-// A skipped step changed no piece: nothing to gather.
-void ShardedPlacement::endStep(const StepResult& result) {
-  if (!result.applied) return;
+void ShardedPlacement::packParams(float* shard) const { map_->pack(params_.values().data(), map_->rank(), shard); }
+
+void ShardedPlacement::unpackParams(const float* shard) {
+  float* values = params_.values().data();
+  for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
+    std::copy(shard + p.shardOffset, shard + p.shardOffset + p.realNumel(), values + p.flatBegin);
+  }
+}
+
+void ShardedPlacement::gatherParams() {
   Timeline::Scope span(timeline_, SpanKind::kCommWait);
   sync_->gatherParams();
 }
 
-// The optimizer state gathered whole, under the names a replica's checkpoint gives it, so that a
-// sharded job's checkpoint resumes at any stage and world size (docs/sharding.md, "Checkpoints").
-SavedState ShardedPlacement::saveState() {
-  SavedState saved;
-  for (const auto& s : optimizer_.state()) {
-    runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
-    sync_->gatherShard(s.tensor.data(), whole.data());
-    saved.tensors.push_back({"optimizer." + s.name, whole});
-  }
-  saved.metadata["optimizer_steps"] = std::to_string(optimizer_.steps());
-  return saved;
-}
-
-// Every rank loads the whole parameters and packs its pieces of each whole state tensor.
-void ShardedPlacement::loadState(const CheckpointReader& reader) {
-  loadParams(reader, params_);
-  runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
-  for (const auto& s : optimizer_.state()) {
-    reader.load("optimizer." + s.name, whole);
-    map_->pack(whole.data(), map_->rank(), s.tensor.data());
-  }
-  optimizer_.setSteps(reader.count("optimizer_steps"));
+// A skipped step changed no piece: nothing to gather.
+void ShardedPlacement::endStep(const StepResult& result) {
+  if (!result.applied) return;
+  gatherParams();
 }
 
 }  // namespace cohort::train

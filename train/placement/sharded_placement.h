@@ -47,8 +47,10 @@ class ShardedPlacement final : public Placement {
   nn::UnitListener* unitListener() override { return sync_.get(); }
   uint64_t gradientReductions() const override { return sync_->reduceScatters(); }
   std::optional<StateBytes> stateBytes() const override;
+  // --- checkpoints: defined in sharded_placement_checkpoint.cc ---
   SavedState saveState() override;
   void loadState(const CheckpointReader& reader) override;
+  // --- end of checkpoints ---
 
   void reduceGradients(const StepPlan& plan, LossVote& vote) override;
   PartialNorm squaredNorm(const StepPlan& plan) override;
@@ -59,7 +61,17 @@ class ShardedPlacement final : public Placement {
   void endStep(const StepResult& result) override;
 
   const collectives::Communicator& communicator() const { return *world_; }
+  // The map of this rank's shard group (the job's ranks, or this node's with scope node).
   const nn::ShardMap& shardMap() const { return *map_; }
+  // Whether this rank's shard is the one a checkpoint keeps: every rank with scope job; with scope
+  // node, the ranks of the first node (every node holds the same shards).
+  bool keepsShard() const { return !cross_ || cross_->rank() == 0; }
+  // This rank's packed shard of the parameters (map.shardNumel() floats, zero padding), and back:
+  // the piece of every unit set from a packed shard (then gathered by the caller's next step; call
+  // gatherParams() to make the whole parameters current at once). Collective: gatherParams().
+  void packParams(float* shard) const;
+  void unpackParams(const float* shard);
+  void gatherParams();
 
  private:
   nn::ParamBuffer& params_;
