@@ -97,6 +97,12 @@ double timeRun(train::Job& job, nn::Model& model, nn::Loss& loss, Batches& batch
   return seconds[0];
 }
 
+bool prefetchOn(const std::string& prefetch) {
+  if (prefetch != "on" && prefetch != "off")
+    COHORT_THROW(InvalidArgument) << "bench train: --prefetch takes on or off, got '" << prefetch << "'";
+  return prefetch == "on";
+}
+
 }  // namespace
 
 int runOverlapBench(const TrainBenchOptions& o) {
@@ -112,6 +118,7 @@ int runOverlapBench(const TrainBenchOptions& o) {
   train::Job job({.mode = train::Mode::kAllReduce,
                   .paramCopies = cuda ? train::ParamCopies::kAuto : train::ParamCopies::kReplicas,  // GradSync on the CPU too
                   .zero = o.zero,
+                  .zeroPrefetch = prefetchOn(o.prefetch),
                   .device = o.device,
                   .tf32 = o.tf32,
                   .precision = precision});
@@ -146,9 +153,10 @@ int runOverlapBench(const TrainBenchOptions& o) {
     medians.push_back(median(runs[s]));
     if (!print) continue;
     std::printf(
-        "RESULT bench=train_allreduce model=%s device=%s workers=%d batch=%lld zero=%d overlap=%s step_ms=%.2f "
-        "min=%.2f max=%.2f samples_per_s=%.0f\n",
-        o.model.c_str(), o.device.c_str(), workers, static_cast<long long>(o.batchSize), o.zero, sides[s] ? "on" : "off",
+        "RESULT bench=train_allreduce model=%s device=%s workers=%d batch=%lld zero=%d prefetch=%s overlap=%s "
+        "step_ms=%.2f min=%.2f max=%.2f samples_per_s=%.0f\n",
+        o.model.c_str(), o.device.c_str(), workers, static_cast<long long>(o.batchSize), o.zero, o.prefetch.c_str(),
+        sides[s] ? "on" : "off",
         1e3 * medians[s], 1e3 * *std::min_element(runs[s].begin(), runs[s].end()),
         1e3 * *std::max_element(runs[s].begin(), runs[s].end()),
         static_cast<double>(workers * o.batchSize) / medians[s]);

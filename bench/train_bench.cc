@@ -58,6 +58,8 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
                "--mode allreduce: the ZeRO stage of the job (as cohort train's --zero; bench/compare_zero.sh runs "
                "the stages side by side)")
       ->capture_default_str();
+  c.add_option("--prefetch", o.prefetch, "--zero 3: gather the next unit while one computes: on | off")
+      ->capture_default_str();
 }
 
 bool isGpt(const std::string& model) { return model.rfind("gpt:", 0) == 0; }

@@ -42,6 +42,7 @@ struct TrainBenchOptions {
   std::string mode = "local";
   std::vector<std::string> overlap = {"on", "off"};  // --mode allreduce: the sides measured, in turn
   int zero = 0;  // --mode allreduce: the job's ZeRO stage (train::JobOptions::zero)
+  std::string prefetch = "on";  // --zero 3: on | off (train::JobOptions::zeroPrefetch)
 };
 
 void addTrainBenchFlags(CLI::App& command, TrainBenchOptions& options);

@@ -181,6 +181,7 @@ void ParamBuffer::placeGrads(float* grads) {
 }
 
 void ParamBuffer::bind(runtime::Allocator& bufferAllocator) {
+  bound_ = true;
   // The buffers' initial values (BatchNorm's running variance starts at 1), written on the CPU and
   // copied to a device: a device's fresh memory holds anything.
   const Shape shape{static_cast<int64_t>(bufferNumel_)};
@@ -218,5 +219,33 @@ Tensor ParamBuffer::buffer(size_t index) const {
 }
 
 void ParamBuffer::zeroGrads() const { grads_.fill(0.0f); }
+
+void ParamBuffer::dropWhole(const WholeBuffers& which) {
+  COHORT_CHECK(bound() && (!values_.defined() || values_.device().isCpu())) << "dropWhole needs a CPU binding";
+  if (which.values) values_ = Tensor();
+  if (which.grads) grads_ = Tensor();
+  for (auto& [value, grad] : targets_) {
+    if (which.values) *value = Tensor();
+    if (which.grads) *grad = Tensor();
+  }
+}
+
+void ParamBuffer::clearUnit(size_t unit, const WholeBuffers& which) {
+  const Unit& u = units_.at(unit);
+  for (size_t i = u.firstEntry; i < u.endEntry; ++i) {
+    if (which.values) *targets_[i].first = Tensor();
+    if (which.grads) *targets_[i].second = Tensor();
+  }
+}
+
+void ParamBuffer::placeUnit(size_t unit, float* values, float* grads) {
+  const Unit& u = units_.at(unit);
+  for (size_t i = u.firstEntry; i < u.endEntry; ++i) {
+    const Entry& e = entries_[i];
+    const size_t at = e.offset - u.offset;
+    if (values) *targets_[i].first = Tensor::view(values + at, e.shape);
+    if (grads) *targets_[i].second = Tensor::view(grads + at, e.shape);
+  }
+}
 
 }  // namespace cohort::nn

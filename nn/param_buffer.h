@@ -108,7 +108,21 @@ class ParamBuffer {
   // sharded training); every registered gradient Tensor is pointed there.
   void placeGrads(float* grads);
 
-  bool bound() const { return values_.defined(); }
+  // Sharded training (ZeRO 2 and 3; train/placement/shard_sync.h) keeps no whole buffer: after binding
+  // on the CPU, dropWhole releases the whole gradient buffer (and with `values` the value buffer),
+  // leaving every registered Tensor of that kind undefined until placeUnit points a unit's at memory
+  // of its own; grads()/values() are then undefined too. bytes() and the layout stay. A unit's
+  // memory is `unit.numel` floats (the unit's slice, padding between entries included): each entry
+  // at its offset within the unit. Null leaves that kind as it is.
+  struct WholeBuffers {
+    bool values = false;
+    bool grads = false;
+  };
+  void dropWhole(const WholeBuffers& which);
+  void placeUnit(size_t unit, float* values, float* grads);
+  // Leaves the unit's registered Tensors of the kinds `which` names undefined (its window is gone).
+  void clearUnit(size_t unit, const WholeBuffers& which);
+  bool bound() const { return bound_; }
   size_t numel() const { return numel_; }
   size_t bytes() const { return numel_ * sizeof(float); }
   const std::vector<Entry>& entries() const { return entries_; }
@@ -146,6 +160,7 @@ class ParamBuffer {
   size_t numel_ = 0;
   Tensor values_;
   Tensor grads_;
+  bool bound_ = false;  // binding happened (the whole buffers may have been dropped since)
   std::vector<Entry> bufferEntries_;
   std::vector<Tensor*> bufferTargets_;
   std::vector<float> bufferInitial_;

@@ -204,7 +204,8 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                            .timeline = timeline_,
                            .testHooks = options_.testHooks};
   placed_ =
-      std::make_unique<Placed>(makePlacement(choice_, context, {.averageEvery = std::max<int64_t>(averageEvery(), 1)}));
+      std::make_unique<Placed>(makePlacement(choice_, context,
+                                    {.zeroPrefetch = options_.zeroPrefetch, .averageEvery = std::max<int64_t>(averageEvery(), 1)}));
   model_ = &model;
   optimizer_ = &optimizer;
   guard_ = std::make_unique<StepGuard>(gpu_.get(), options_.timeout);
@@ -238,6 +239,7 @@ Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optim
                 {"uneven_nodes", toString(choice_.unevenNodes)},
                 {"zero", std::to_string(choice_.zero)},
                 {"zero_scope", toString(choice_.zeroScope)},
+                {"zero_prefetch", options_.zeroPrefetch ? "yes" : "no"},
                 {"device", device_.isCuda() ? "cuda" : "cpu"},
                 {"world_size", std::to_string(world_.worldSize)},
                 {"model", model.name},
@@ -300,7 +302,9 @@ nn::Pass Job::pass(const PassOptions& o) {
   pass.needInputGrad = false;
   pass.accumulateGrads = o.microBatch > 0;
   pass.rng = o.rng;
-  pass.units = last ? placed_->placement->unitListener() : nullptr;
+  Placement& placement = *placed_->placement;
+  pass.units = last || placement.listensEveryMicroBatch() ? placement.unitListener() : nullptr;
+  placement.beginPass(o.microBatch, o.microBatches);
   pass.gpu = gpu_.get();
   pass.precision = options_.precision;
   if (last) microBatches_ = o.microBatches;
@@ -448,9 +452,36 @@ bool Job::any(bool mine) {
   return v != 0.0;
 }
 
+Job::ParamsGathered::ParamsGathered(Placement* placement) : placement_(placement) {
+  if (placement_) placement_->gatherAllParams();
+}
+
+Job::ParamsGathered::~ParamsGathered() {
+  if (placement_) placement_->releaseGatheredParams();
+}
+
+Job::ParamsGathered Job::gatherParams() {
+  requirePlaced("Job::gatherParams()");
+  return failingTogether([&] { return ParamsGathered(placed_->placement.get()); });
+}
+
+runtime::Tensor Job::wholeParams() {
+  requirePlaced("Job::wholeParams()");
+  if (std::optional<runtime::Tensor> gathered = failingTogether([&] { return placed_->placement->gatherWholeParams(); })) {
+    return std::move(*gathered);
+  }
+  runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(model_->params.numel())});
+  whole.copyFrom(model_->params.values());
+  return whole;
+}
+
 void Job::save(const std::string& path, const nn::Metadata& extra) {
   requirePlaced("Job::save()");
   requireSettled("Job::save()");
+  if (choice_.zero == 3) {
+    COHORT_THROW(InvalidArgument) << "checkpoints of ZeRO stage 3 are not built yet (docs/sharding.md, \"What is not "
+                                     "built yet\"): save at stage 1 or 2, or take Job::wholeParams()";
+  }
   checkpointer_->save(path, extra);
 }
 

@@ -68,6 +68,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/checkpoint.h"
@@ -95,6 +96,7 @@ class GpuContext;
 namespace cohort::train {
 
 class Checkpointer;
+class Placement;
 class StepGuard;
 struct Placed;
 
@@ -116,6 +118,9 @@ struct JobOptions {
   int zero = 0;
   // Over which ranks ZeRO shards: the job's, or each node's (the shards replicated across nodes).
   ZeroScope zeroScope = ZeroScope::kJob;
+  // ZeRO 3: gather the next unit's parameters while the current one computes (forward: the next
+  // unit; backward: the previous one). Off only to measure what it buys (bench/compare_zero.sh).
+  bool zeroPrefetch = true;
   // "cpu", "cuda" (the GPU of this rank's local rank: one worker per GPU) or "cuda:N".
   std::string device = "cpu";
   // Every wait for other ranks (start-up, barriers, collectives); then TimeoutError naming them.
@@ -273,6 +278,29 @@ class Job {
   // collectives' staging), from the placement's own buffers: ZeRO's stages shrink it
   // (docs/sharding.md, "Memory per rank"). Where the ranks of a node share one copy it is that copy.
   StateBytes stateBytes() const;
+  // Collective: every parameter, whole, in a fresh CPU tensor laid out as the ParamBuffer
+  // (model.params.entries()' offsets): with ZeRO 3 gathered from the ranks' shards (PyTorch's
+  // full_state_dict), otherwise a copy of the parameters.
+  runtime::Tensor wholeParams();
+  // Collective with ZeRO 3 (nothing otherwise): every parameter unit gathered whole into the model's
+  // tensors while the returned guard lives, so that passes without the job's unit listener (an
+  // evaluation split over the ranks, a program's own forward) read them (PyTorch FSDP's
+  // summon_full_params); it costs the whole parameters' memory meanwhile. Destroy it before the
+  // next training pass.
+  class ParamsGathered {
+   public:
+    ~ParamsGathered();
+    ParamsGathered(ParamsGathered&& other) noexcept : placement_(std::exchange(other.placement_, nullptr)) {}
+    ParamsGathered(const ParamsGathered&) = delete;
+    ParamsGathered& operator=(const ParamsGathered&) = delete;
+    ParamsGathered& operator=(ParamsGathered&&) = delete;
+
+   private:
+    friend class Job;
+    explicit ParamsGathered(Placement* placement);
+    Placement* placement_;
+  };
+  [[nodiscard]] ParamsGathered gatherParams();
   // The GPU caching allocator's counters; nullopt on the CPU.
   std::optional<runtime::AllocatorStats> deviceMemoryStats() const;
   // Where this rank's time goes (train/observe/timeline.h): inactive until started (the Trainer starts it

@@ -427,6 +427,8 @@ std::optional<Evaluation> Trainer::evaluateTest() {
   if (ranks > 1) job_.reduce(keys, Reduce::kMax);
   bool shared = ranks > 1;
   for (int i = 0; i < 3; ++i) shared = shared && keys[i] >= 0 && -keys[3 + i] == keys[i];
+  // ZeRO 3: every unit gathered for the evaluation's passes, which the ranks run unevenly.
+  const Job::ParamsGathered gathered = job_.gatherParams();
   if (!shared && (!test_ || rank != 0)) return std::nullopt;
   Timeline::Scope span(timeline_, SpanKind::kEvaluate);
   if (!shared) return evaluate(*test_);

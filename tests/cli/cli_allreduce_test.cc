@@ -104,6 +104,14 @@ TEST_F(AllreduceCliTest, ClippedWorkersEqualOneClippedWorkerWithTheCombinedBatch
   expectEquivalent(mpirun(2), 2, "mpi", {}, 1, 0.1);
 }
 
+// ZeRO: the sharded stages train as one worker with the combined batch does, micro-batches and
+// clipping included, over shm and over mpi (docs/sharding.md).
+TEST_F(AllreduceCliTest, ZeroStagesEqualOneWorkerWithTheCombinedBatch) {
+  expectEquivalent(cohortrun(3), 3, "shm", {"--zero", "2"}, 2, 0.1);
+  expectEquivalent(mpirun(2), 2, "mpi", {"--zero", "1"}, 2, 0.1);
+  expectEquivalent(mpirun(3), 3, "mpi", {"--zero", "2"});
+}
+
 TEST_F(AllreduceCliTest, TwoShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(2), 2, "shm"); }
 TEST_F(AllreduceCliTest, ThreeShmWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(cohortrun(3), 3, "shm"); }
 TEST_F(AllreduceCliTest, TwoMpiWorkersEqualOneWorkerWithTheCombinedBatch) { expectEquivalent(mpirun(2), 2, "mpi"); }

@@ -98,6 +98,41 @@ TEST(ParamBuffer, PlaceGradsPointsEveryGradientIntoOutsideMemory) {
   for (float v : outside) EXPECT_EQ(v, 0.0f);  // zeroed
 }
 
+// ZeRO 2 and 3 keep no whole buffer: dropWhole leaves the tensors of the dropped kind undefined,
+// placeUnit points one unit's at a window (each entry at its offset in the unit), clearUnit undoes it.
+TEST(ParamBuffer, WholeBuffersDroppedAndUnitsPlacedInWindows) {
+  ParamBuffer params;
+  Tensor w0, g0, w1, g1, b1, gb1;
+  params.beginUnit("a");
+  params.add("a.w", Shape{3}, &w0, &g0);
+  params.endUnit();
+  params.beginUnit("b");
+  params.add("b.w", Shape{2, 2}, &w1, &g1);
+  params.add("b.bias", Shape{2}, &b1, &gb1);
+  params.endUnit();
+  params.allocate(runtime::cpuAllocator());
+  const size_t bytes = params.bytes();
+  params.dropWhole({.grads = true});
+  EXPECT_TRUE(params.bound());
+  EXPECT_FALSE(params.grads().defined());
+  EXPECT_FALSE(g0.defined());
+  EXPECT_FALSE(gb1.defined());
+  EXPECT_TRUE(w1.defined());
+  EXPECT_EQ(params.bytes(), bytes);
+  const ParamBuffer::Unit& b = params.units()[1];
+  std::vector<float> values(b.numel), grads(b.numel);
+  params.placeUnit(1, values.data(), grads.data());
+  const ParamBuffer::Entry& bias = params.entries()[2];
+  EXPECT_EQ(gb1.data(), grads.data() + (bias.offset - b.offset));
+  EXPECT_EQ(b1.data(), values.data() + (bias.offset - b.offset));
+  EXPECT_EQ(g1.data(), grads.data() + (params.entries()[1].offset - b.offset));
+  EXPECT_EQ(gb1.shape(), (Shape{2}));
+  EXPECT_FALSE(g0.defined());  // another unit's stay as they were
+  params.clearUnit(1, {.values = true});
+  EXPECT_FALSE(b1.defined());
+  EXPECT_EQ(gb1.data(), grads.data() + (bias.offset - b.offset));
+}
+
 // Parameters of `numel` elements each, named "<module>.w<i>", held alive for the ParamBuffer.
 class Registrar {
  public:

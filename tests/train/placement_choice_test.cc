@@ -156,7 +156,7 @@ TEST(ResolvePlacement, WhatCannotTrainIsRefused) {
        "drop one of them"},
       {"a scope without a stage", {.mode = ar, .zeroScope = ZeroScope::kNode}, oneNode(2), false, "give a stage"},
       {"zero on GPUs (not built yet)", {.mode = ar, .zero = 1}, oneNode(2), true, "CPU only so far"},
-      {"zero 3 (not built yet)", {.mode = ar, .zero = 3}, oneNode(2), false, "stage 3"},
+
   };
   for (const auto& r : refusals) {
     try {

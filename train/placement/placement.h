@@ -124,12 +124,26 @@ class Placement {
   virtual std::unique_ptr<JobCollectives> makeCollectives() = 0;
   // Goes into the pass that synchronises (nn::Pass::units); nullptr: nothing to overlap.
   virtual nn::UnitListener* unitListener() { return nullptr; }
+  // Whether every micro-batch's pass carries unitListener() (not only the last's, which
+  // synchronises); beginPass is told before each training pass (micro-batch k of K).
+  virtual bool listensEveryMicroBatch() const { return false; }
+  // Where the parameters are sharded (ZeRO 3): collective, every unit's parameters gathered until
+  // releaseGatheredParams (Job::ParamsGathered); nothing elsewhere.
+  virtual void gatherAllParams() {}
+  virtual void releaseGatheredParams() {}
+  virtual void beginPass(int microBatch, int microBatches) {
+    (void)microBatch;
+    (void)microBatches;
+  }
   // Whether the parameters are one copy that several ranks share (only one rank may load them,
   // and nobody may update them while rank 0 writes a checkpoint).
   virtual bool sharedParams() const { return false; }
   // How many times this rank has reduced gradients across ranks (bucket all-reduces, or slice
   // reductions); 0 where gradients are never reduced (local, Hogwild).
   virtual uint64_t gradientReductions() const { return 0; }
+  // Collective where the parameters are sharded (ZeRO 3): the whole parameters gathered into a fresh
+  // CPU tensor; nullopt: they are whole in the ParamBuffer already (Job::wholeParams copies them).
+  virtual std::optional<runtime::Tensor> gatherWholeParams() { return std::nullopt; }
   // What this rank holds of the model's state, from the placement's own buffers; nullopt: the
   // whole model's buffers and optimizer state (Job::stateBytes counts them).
   virtual std::optional<StateBytes> stateBytes() const { return std::nullopt; }

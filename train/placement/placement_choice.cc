@@ -183,10 +183,7 @@ ResolvedPlacement resolveSharded(const PlacementRequest& r, const runtime::World
                                   << " runs on the CPU only so far (docs/sharding.md, \"What is not built yet\"): "
                                      "train on device cpu, or without a ZeRO stage on GPUs";
   }
-  if (r.zero == 3) {
-    COHORT_THROW(InvalidArgument) << "ZeRO stage 3 (parameters sharded) is not built yet (docs/sharding.md, \"What is "
-                                     "not built yet\"): use stage 1 or 2";
-  }
+
   const std::string name = collectives::resolveBackend(
       {.backend = r.backend == Backend::kAuto ? std::string() : toString(r.backend), .world = world});
   p.backend = parseBackend(name);

@@ -58,6 +58,7 @@ Placed makePlacement(const ResolvedPlacement& choice, const PlacementContext& co
       placed.placement = std::make_unique<ShardedPlacement>(
           context, ShardedOptions{.stage = choice.zero,
                                   .scope = choice.zeroScope,
+                                  .prefetch = options.zeroPrefetch,
                                   .backend = choice.unevenNodes == UnevenNodes::kFlatMpi ? "" : choice.backendName()});
       break;
   }

@@ -34,6 +34,7 @@ struct Placed {
 };
 
 struct PlacementOptions {
+  bool zeroPrefetch = true;  // JobOptions::zeroPrefetch
   int64_t averageEvery = 1;  // Hogwild across nodes: the averaging period (>= 1)
 };
 

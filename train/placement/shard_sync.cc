@@ -11,32 +11,41 @@ namespace {
 
 using collectives::ReduceOp;
 
-size_t paddedNumel(const nn::ShardMap& map, size_t u) {
-  return map.pieceNumel(u) * static_cast<size_t>(map.worldSize());
-}
-
 }  // namespace
 
-ShardSync::ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, const nn::ParamBuffer& params,
+ShardSync::ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, nn::ParamBuffer& params,
                      const ShardSyncOptions& options)
-    : shard_(shard), map_(map), params_(params), options_(options), units_(map.units()) {
+    : shard_(shard), map_(map), params_(params), options_(options), stage_(options.stage), units_(map.units()) {
+  COHORT_CHECK(stage_ >= 1 && stage_ <= 3) << "ZeRO stage " << stage_;
   COHORT_CHECK(map.worldSize() == shard.size() && map.rank() == shard.rank())
       << "a shard map of " << map.worldSize() << " ranks over a communicator of " << shard.size();
-  COHORT_CHECK(map.numel() == params.numel()) << "a shard map of " << map.numel() << " elements for "
-                                              << params.numel();
+  COHORT_CHECK(map.numel() == params.numel() && map.units() == params.units().size())
+      << "a shard map of " << map.numel() << " elements for " << params.numel();
   for (size_t u = 0; u < map.units(); ++u) {
     unitOfOffset_[map.unitOffset(u)] = u;
-    if (map.unit(u).numel < paddedNumel(map, u)) {
-      units_[u].padded = true;
-      units_[u].staging.assign(paddedNumel(map, u), 0.0f);
+    units_[u].declared = params.units()[u].declared;
+    units_[u].padded = map.unit(u).numel < padded(u);
+    if (stage_ == 1 && units_[u].padded) units_[u].staging.assign(padded(u), 0.0f);
+  }
+  if (stage_ == 1) return;
+  gradShard_.assign(map.shardNumel(), 0.0f);
+  if (stage_ == 3) {
+    valueShard_.assign(map.shardNumel(), 0.0f);
+    map.pack(params.values().data(), map.rank(), valueShard_.data());
+  }
+  // The units nobody reports keep their windows; the others get theirs when computed with.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].declared) continue;
+    units_[u].gradWindow = pool_.take(padded(u));
+    if (stage_ == 3) {
+      units_[u].valueWindow = pool_.take(padded(u));
+      std::memcpy(units_[u].valueWindow, params.values().data() + map.unitOffset(u), map.unit(u).numel * sizeof(float));
     }
   }
-}
-
-size_t ShardSync::stagingBytes() const {
-  size_t floats = 0;
-  for (const UnitState& s : units_) floats += s.staging.size();
-  return floats * sizeof(float);
+  params_.dropWhole({.values = stage_ == 3, .grads = true});
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].declared) params_.placeUnit(u, units_[u].valueWindow, units_[u].gradWindow);
+  }
 }
 
 size_t ShardSync::unitAt(size_t flatOffset) const {
@@ -45,94 +54,214 @@ size_t ShardSync::unitAt(size_t flatOffset) const {
   return it->second;
 }
 
-void ShardSync::afterBackward(const nn::ParamBuffer::Unit& unit) {
-  const size_t u = unitAt(unit.offset);
-  COHORT_CHECK(!units_[u].started) << "unit " << unit.name << " reported twice in one backward";
-  start(u);
+size_t ShardSync::neighbour(size_t u, int direction) const {
+  for (auto v = static_cast<ptrdiff_t>(u) + direction; v >= 0 && v < static_cast<ptrdiff_t>(units_.size());
+       v += direction) {
+    if (units_[static_cast<size_t>(v)].declared) return static_cast<size_t>(v);
+  }
+  return units_.size();
 }
 
-// The unit's reduce-scatter (average): in place in the flat gradient buffer, or through its staging.
-void ShardSync::start(size_t u) {
+void ShardSync::beginPass(int microBatch, int microBatches) {
+  microBatch_ = microBatch;
+  microBatches_ = microBatches;
+}
+
+// Stage 3: the unit's parameters gathered (prefetched, or now), the next unit's gather started.
+void ShardSync::beforeForward(const nn::ParamBuffer::Unit& unit) {
+  if (stage_ != 3) return;
+  const size_t u = unitAt(unit.offset);
+  ensureGathered(u);
+  if (const size_t next = neighbour(u, +1); options_.prefetch && next < units_.size()) startGather(next);
+}
+
+void ShardSync::afterForward(const nn::ParamBuffer::Unit& unit) {
+  if (stage_ == 3) releaseValues(unitAt(unit.offset));
+}
+
+// Stage 3: gathered again (the previous unit's prefetched); stages 2 and 3: the gradient's window.
+void ShardSync::beforeBackward(const nn::ParamBuffer::Unit& unit) {
+  if (stage_ == 1) return;
+  const size_t u = unitAt(unit.offset);
+  if (stage_ == 3) {
+    ensureGathered(u);
+    const size_t previous = neighbour(u, -1);
+    if (options_.prefetch && previous < units_.size()) startGather(previous);
+  }
+  reapReduced();
+  UnitState& s = units_[u];
+  if (s.gradWindow) return;  // a later micro-batch: the layers add to it
+  s.gradWindow = pool_.take(padded(u));
+  params_.placeUnit(u, nullptr, s.gradWindow);
+}
+
+void ShardSync::afterBackward(const nn::ParamBuffer::Unit& unit) {
+  const size_t u = unitAt(unit.offset);
+  if (stage_ == 3) releaseValues(u);
+  if (microBatch_ + 1 < microBatches_) return;  // the next micro-batch adds to the gradient
+  COHORT_CHECK(!units_[u].reduced) << "unit " << unit.name << " reported twice in one backward";
+  startReduce(u);
+}
+
+// The unit's reduce-scatter (average), in place: in the whole gradient buffer or its staging (stage
+// 1), in its window (stages 2 and 3).
+void ShardSync::startReduce(size_t u) {
   UnitState& s = units_[u];
   const size_t n = map_.unit(u).numel, piece = map_.pieceNumel(u);
-  const size_t at = map_.unitOffset(u);
-  float* grads = params_.grads().data() + at;
-  const ReduceOp avg = ReduceOp::kAvg;
-  if (s.padded) {
-    std::memcpy(s.staging.data(), grads, n * sizeof(float));
+  const size_t mine = static_cast<size_t>(map_.rank()) * piece;
+  float* input = nullptr;
+  if (stage_ >= 2) {
+    COHORT_CHECK(s.gradWindow) << "unit " << map_.unit(u).name
+                               << "'s gradient has no window: its beforeBackward was not told";
+    input = s.gradWindow;
+  } else if (s.padded) {
+    std::memcpy(s.staging.data(), params_.grads().data() + map_.unitOffset(u), n * sizeof(float));
     std::fill(s.staging.begin() + static_cast<std::ptrdiff_t>(n), s.staging.end(), 0.0f);
-    float* out = s.staging.data() + static_cast<size_t>(map_.rank()) * piece;
-    s.work = shard_.reduceScatter(s.staging.data(), out, piece, {.op = avg});
+    input = s.staging.data();
   } else {
-    float* out = grads + static_cast<size_t>(map_.rank()) * piece;
-    s.work = shard_.reduceScatter(grads, out, piece, {.op = avg});
+    input = params_.grads().data() + map_.unitOffset(u);
   }
-  s.started = true;
+  s.reduce = shard_.reduceScatter(input, input + mine, piece, {.op = ReduceOp::kAvg});
+  s.reduced = true;
   ++reduceScatters_;
 }
 
-// Waits for the unit's reduce-scatter and copies a staged piece's real part to its flat place.
-void ShardSync::waitAndPlace(size_t u) {
+// Waits for the unit's reduce-scatter and puts its piece where the optimizer reads it; a reported
+// unit's gradient window goes back to the pool.
+void ShardSync::placeReduced(size_t u) {
   UnitState& s = units_[u];
-  s.work->wait(options_.timeout);
-  s.work.reset();
-  s.started = false;
+  s.reduce->wait(options_.timeout);
+  s.reduce.reset();
   const nn::ShardMap::Piece p = map_.piece(u, map_.rank());
-  if (s.padded && p.realNumel() > 0) {
-    std::memcpy(params_.grads().data() + p.flatBegin, s.staging.data() + p.inUnit, p.realNumel() * sizeof(float));
+  if (stage_ == 1) {
+    if (s.padded && p.realNumel() > 0) {
+      std::memcpy(params_.grads().data() + p.flatBegin, s.staging.data() + p.inUnit, p.realNumel() * sizeof(float));
+    }
+    return;
+  }
+  std::memcpy(gradShard_.data() + p.shardOffset, s.gradWindow + p.inUnit, p.numel * sizeof(float));
+  if (!s.declared) return;
+  pool_.give(s.gradWindow);
+  s.gradWindow = nullptr;
+  params_.clearUnit(u, {.grads = true});
+}
+
+// Reduce-scatters already done give their windows back (stages 2 and 3): the pool stays at the
+// windows really in flight.
+void ShardSync::reapReduced() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].reduce && units_[u].declared && units_[u].reduce->done()) placeReduced(u);
   }
 }
 
 void ShardSync::finishGradients() {
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (!units_[u].started) start(u);
+    if (!units_[u].reduced) startReduce(u);
   }
-  for (size_t u = 0; u < units_.size(); ++u) waitAndPlace(u);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].reduce) placeReduced(u);
+    units_[u].reduced = false;
+    COHORT_CHECK(!units_[u].declared || !units_[u].valueWindow)
+        << "unit " << map_.unit(u).name << "'s parameters are still gathered after backward";
+  }
   if (!options_.cross || options_.cross->size() == 1) return;
   // Scope node: every node's same piece, averaged across the nodes (its real elements only).
   std::vector<collectives::WorkPtr> work;
   for (size_t u = 0; u < units_.size(); ++u) {
     const nn::ShardMap::Piece p = map_.piece(u, map_.rank());
     if (p.realNumel() == 0) continue;
-    float* mine = params_.grads().data() + p.flatBegin;
+    float* mine = stage_ == 1 ? params_.grads().data() + p.flatBegin : gradShard_.data() + p.shardOffset;
     work.push_back(options_.cross->allReduce(mine, mine, p.realNumel(), {.op = ReduceOp::kAvg}));
   }
   for (auto& w : work) w->wait(options_.timeout);
 }
 
+// Stage 3: the unit's parameters into a window of their own, from every rank's piece.
+void ShardSync::startGather(size_t u) {
+  UnitState& s = units_[u];
+  if (s.valueWindow) return;  // gathered, or on its way
+  s.valueWindow = pool_.take(padded(u));
+  s.gather = shard_.allGather(valueShard_.data() + map_.shardOffset(u), s.valueWindow, map_.pieceNumel(u), {});
+  params_.placeUnit(u, s.valueWindow, nullptr);
+}
+
+void ShardSync::ensureGathered(size_t u) {
+  startGather(u);
+  UnitState& s = units_[u];
+  if (!s.gather) return;
+  s.gather->wait(options_.timeout);
+  s.gather.reset();
+}
+
+void ShardSync::releaseValues(size_t u) {
+  UnitState& s = units_[u];
+  if (!s.declared || !s.valueWindow) return;
+  COHORT_CHECK(!s.gather) << "unit " << map_.unit(u).name << " released while its gather is in flight";
+  pool_.give(s.valueWindow);
+  s.valueWindow = nullptr;
+  params_.clearUnit(u, {.values = true});
+}
+
+void ShardSync::gatherAll() {
+  if (stage_ != 3) return;
+  for (size_t u = 0; u < units_.size(); ++u) startGather(u);
+  for (size_t u = 0; u < units_.size(); ++u) ensureGathered(u);
+}
+
+void ShardSync::releaseAll() {
+  for (size_t u = 0; u < units_.size(); ++u) releaseValues(u);
+}
+
 void ShardSync::gatherParams() {
-  float* values = params_.values().data();
   std::vector<collectives::WorkPtr> work(units_.size());
+  std::vector<float*> staged(units_.size(), nullptr);  // padded units: staging (stage 1) or a window
   for (size_t u = 0; u < units_.size(); ++u) {
     const size_t piece = map_.pieceNumel(u);
     const nn::ShardMap::Piece p = map_.piece(u, map_.rank());
-    float* unit = values + map_.unitOffset(u);
     UnitState& s = units_[u];
+    if (stage_ == 3) {
+      if (!s.declared) work[u] = shard_.allGather(valueShard_.data() + p.shardOffset, s.valueWindow, piece, {});
+      continue;
+    }
+    float* unit = params_.values().data() + map_.unitOffset(u);
     if (!s.padded) {
       work[u] = shard_.allGather(unit + p.inUnit, unit, piece, {});
       continue;
     }
-    float* mine = s.staging.data() + p.inUnit;
-    std::memcpy(mine, values + p.flatBegin, p.realNumel() * sizeof(float));
+    staged[u] = stage_ == 1 ? s.staging.data() : pool_.take(padded(u));
+    float* mine = staged[u] + p.inUnit;
+    std::memcpy(mine, params_.values().data() + p.flatBegin, p.realNumel() * sizeof(float));
     std::fill(mine + p.realNumel(), mine + piece, 0.0f);
-    work[u] = shard_.allGather(mine, s.staging.data(), piece, {});
+    work[u] = shard_.allGather(mine, staged[u], piece, {});
   }
   for (size_t u = 0; u < units_.size(); ++u) {
+    if (!work[u]) continue;
     work[u]->wait(options_.timeout);
-    if (units_[u].padded) {
-      std::memcpy(values + map_.unitOffset(u), units_[u].staging.data(), map_.unit(u).numel * sizeof(float));
-    }
+    if (!staged[u]) continue;
+    std::memcpy(params_.values().data() + map_.unitOffset(u), staged[u], map_.unit(u).numel * sizeof(float));
+    if (stage_ == 2) pool_.give(staged[u]);
   }
 }
 
 void ShardSync::gatherShard(const float* shard, float* flat) {
   std::vector<float> unit;
   for (size_t u = 0; u < units_.size(); ++u) {
-    const size_t piece = map_.pieceNumel(u);
-    unit.resize(paddedNumel(map_, u));
-    shard_.allGather(shard + map_.shardOffset(u), unit.data(), piece, {})->wait(options_.timeout);
+    unit.resize(padded(u));
+    shard_.allGather(shard + map_.shardOffset(u), unit.data(), map_.pieceNumel(u), {})->wait(options_.timeout);
     std::memcpy(flat + map_.unitOffset(u), unit.data(), map_.unit(u).numel * sizeof(float));
   }
 }
+
+float* ShardSync::grads() { return stage_ >= 2 ? gradShard_.data() : params_.grads().data(); }
+
+float* ShardSync::values() { return stage_ == 3 ? valueShard_.data() : params_.values().data(); }
+
+size_t ShardSync::stagingBytes() const {
+  size_t floats = 0;
+  for (const UnitState& s : units_) floats += s.staging.size();
+  return floats * sizeof(float) + pool_.bytes();
+}
+
+size_t ShardSync::shardBytes() const { return (gradShard_.size() + valueShard_.size()) * sizeof(float); }
 
 }  // namespace cohort::train

@@ -1,25 +1,36 @@
-// ShardSync: the collectives of sharded data parallel (ZeRO 1 and 2) over an nn::ShardMap of the
-// model's parameter units (docs/sharding.md): each unit's gradient is reduce-scattered (averaged)
-// as backward reports the unit final, so that this rank ends with the average of its pieces only,
-// and after the update each unit's parameters are all-gathered from the ranks' updated pieces.
+// ShardSync: the collectives and buffers of sharded data parallel (ZeRO 1-3) over an nn::ShardMap of
+// the model's parameter units (docs/sharding.md). It is the pass's unit listener: the model tells
+// it as each unit is computed with, and it gathers, reduce-scatters and frees around that.
 //
-// A unit of n elements at flat offset o is cut into W pieces of P elements (the map: P = ceil(n/W)).
-// Where n = P·W (no padding) the collectives work in place in the flat buffers, in NCCL's in-place
-// layout: the reduce-scatter's input is the unit's slice [o, o + n) and its output this rank's piece
-// [o + r·P, o + (r + 1)·P) of it; the all-gather's input is that piece and its output the slice.
-// Where the unit is padded (n < P·W) the unit goes through a staging buffer of P·W elements of its
-// own (zeroed padding), and the real part of the result is copied where it belongs. Either way this
-// rank's averaged gradient piece, and its updated parameter piece, live at the piece's place in the
-// flat buffers (ShardMap::Piece::flatBegin..flatEnd): the optimizer steps them there
-// (nn::Optimizer::stepPieces).
-// Scope node (PyTorch's HYBRID_SHARD): the map and `shard` span this node's ranks; `cross` joins this
-// local rank of every node, over which each averaged piece is averaged again (every node holds the
-// same shards, replicated), after its reduce-scatter.
-// Order: every rank builds the same map and issues the same collectives in the same order (units
-// in the order backward reports them, then the unreported ones in map order), which the
-// communicators' fingerprints check. Every wait is bounded by the timeout.
-// Ownership: borrows the communicators, the map and the ParamBuffer (CPU buffers). Thread safety:
-// the training thread only.
+// A unit of n elements at flat offset o is cut into W pieces of P elements (P = ceil(n/W)); rank r
+// owns piece r. What lives where, by stage:
+//   stage 1  the whole parameter and gradient buffers (ParamBuffer's); each unit's gradient is
+//            reduce-scattered (averaged) in place, NCCL's layout: input [o, o + n), output this
+//            rank's piece [o + r·P, o + (r + 1)·P), or through the unit's staging buffer of P·W
+//            floats where the unit is padded (n < P·W), the real part copied back to its place;
+//   stage 2  the whole parameter buffer; no whole gradient buffer: a unit's gradient lives in a
+//            window (WindowPool, P·W zeroed floats) from its beforeBackward to its reduce-scatter,
+//            which runs in place in the window, its piece then added to the packed gradient shard
+//            (shardNumel floats) and the window handed back;
+//   stage 3  no whole buffer at all: the packed parameter shard; a unit's parameters are gathered
+//            into a window before its forward (the next unit's gather prefetched meanwhile), freed
+//            after it, gathered again before its backward (the previous unit's prefetched), freed
+//            after it; gradients as stage 2.
+// Units nobody reports (implicit units, ParamBuffer::Unit::declared false) keep windows for the
+// whole run at stages 2 and 3 (their parameters gathered after every update).
+// Micro-batches: the gradient of every micro-batch of a step adds into the unit's gradient (the
+// layers accumulate), and the reduce-scatter runs after the last one, as stage 0's all-reduce does:
+// the same arithmetic, so the same bits. At stages 2 and 3 the windows of a unit therefore stay
+// from the first micro-batch's backward to the last's (FSDP's no_sync): with K > 1 micro-batches
+// the whole gradient is held during the step's backward passes.
+// Scope node (PyTorch's HYBRID_SHARD): the map spans this node's ranks; `cross` joins this local rank
+// of every node, over which each averaged piece is averaged again after its reduce-scatter.
+// Order: every rank builds the same map and issues the same collectives in the same order (the
+// model's events are the same on every rank), which the communicators' fingerprints check. Every
+// wait is bounded by the timeout.
+// Ownership: borrows the communicators, the map and the ParamBuffer (CPU, bound; at stages 2 and 3
+// it drops the ParamBuffer's whole buffers and points each unit's tensors at its windows).
+// Thread safety: the training thread only.
 #pragma once
 
 #include <chrono>
@@ -31,10 +42,13 @@
 #include "nn/param_buffer.h"
 #include "nn/shard_map.h"
 #include "train/observe/timeline.h"
+#include "train/placement/window_pool.h"
 
 namespace cohort::train {
 
 struct ShardSyncOptions {
+  int stage = 1;                               // 1, 2 or 3
+  bool prefetch = true;  // stage 3: gather the next unit (forward) or the previous (backward) meanwhile
   collectives::Communicator* cross = nullptr;  // scope node across nodes; nullptr: none
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   Timeline* timeline = nullptr;
@@ -42,44 +56,75 @@ struct ShardSyncOptions {
 
 class ShardSync final : public nn::UnitListener {
  public:
-  ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, const nn::ParamBuffer& params,
+  // The parameters must be current in the ParamBuffer's whole buffer: stage 3 packs this rank's
+  // pieces from it before dropping it.
+  ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, nn::ParamBuffer& params,
             const ShardSyncOptions& options);
 
-  // The unit's gradient is final: starts its reduce-scatter. A unit reported twice in one step is
-  // a broken model (COHORT_CHECK).
+  // The pass of micro-batch k of K is about to run (the gradient windows stay until the last's
+  // reduce-scatter).
+  void beginPass(int microBatch, int microBatches);
+  void beforeForward(const nn::ParamBuffer::Unit& unit) override;
+  void afterForward(const nn::ParamBuffer::Unit& unit) override;
+  void beforeBackward(const nn::ParamBuffer::Unit& unit) override;
+  // The unit's gradient is final: starts its reduce-scatter after the last micro-batch. A unit
+  // reported twice in one backward is a broken model (COHORT_CHECK).
   void afterBackward(const nn::ParamBuffer::Unit& unit) override;
   // Starts the reduce-scatters nobody reported, waits for all of them, averages the pieces across
-  // nodes (scope node) and readies the next step. This rank's averaged pieces are then in the flat
-  // gradient buffer at their places.
+  // nodes (scope node) and readies the next step. This rank's averaged pieces are then at their
+  // places: the whole gradient buffer's pieces (stage 1) or the packed gradient shard.
   void finishGradients();
-  // All-gathers every unit's parameters from the ranks' pieces (after the update), and waits.
+  // After the update: stages 1 and 2 all-gather every unit's parameters into the whole buffer;
+  // stage 3 the implicit units' into their windows (the others are gathered when computed with).
   void gatherParams();
+  // Stage 3 (nothing at 1 and 2): every unit's parameters gathered into windows, until releaseAll()
+  // gives them back; collective.
+  void gatherAll();
+  void releaseAll();
   // All-gathers rank-packed `shard` (map.shardNumel() floats) into the flat buffer `flat` (the map's
   // numel()), e.g. an optimizer state for a checkpoint; waits.
   void gatherShard(const float* shard, float* flat);
 
-  // The padded units' staging buffers.
-  size_t stagingBytes() const;
-  // Reduce-scatters issued so far.
+  // Where the optimizer finds this rank's gradient pieces and parameter pieces.
+  bool gradsPacked() const { return stage_ >= 2; }
+  float* grads();  // the packed gradient shard, or the whole gradient buffer
+  bool valuesPacked() const { return stage_ == 3; }
+  float* values();  // the packed parameter shard, or the whole parameter buffer
+
+  size_t stagingBytes() const;  // the padded units' staging and the windows' pool
+  size_t shardBytes() const;    // the packed shards this object holds (gradients, parameters)
   uint64_t reduceScatters() const { return reduceScatters_; }
 
  private:
   struct UnitState {
     bool padded = false;
-    std::vector<float> staging;  // padded units: P·W elements
-    collectives::WorkPtr work;
-    bool started = false;
+    bool declared = false;
+    std::vector<float> staging;  // stage 1, padded units: P·W floats
+    float* gradWindow = nullptr;   // stages 2, 3
+    float* valueWindow = nullptr;  // stage 3
+    collectives::WorkPtr reduce, gather;
+    bool reduced = false;  // its reduce-scatter started this step
   };
-  void start(size_t unit);
-  void waitAndPlace(size_t unit);
+  size_t padded(size_t u) const { return map_.pieceNumel(u) * static_cast<size_t>(map_.worldSize()); }
   size_t unitAt(size_t flatOffset) const;
+  void startReduce(size_t u);
+  void placeReduced(size_t u);
+  void reapReduced();
+  void startGather(size_t u);
+  void ensureGathered(size_t u);
+  void releaseValues(size_t u);
+  size_t neighbour(size_t u, int direction) const;  // the next declared unit that way, or units()
 
   collectives::Communicator& shard_;
   const nn::ShardMap& map_;
-  const nn::ParamBuffer& params_;
+  nn::ParamBuffer& params_;
   ShardSyncOptions options_;
+  int stage_;
   std::vector<UnitState> units_;
   std::map<size_t, size_t> unitOfOffset_;  // a unit's flat offset -> its index in the map
+  std::vector<float> gradShard_, valueShard_;
+  WindowPool pool_;
+  int microBatch_ = 0, microBatches_ = 1;
   uint64_t reduceScatters_ = 0;
 };
 

@@ -31,7 +31,7 @@ void requireEvenNodes(collectives::Communicator& world, int nodeSize, std::chron
 ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptions& options)
     : params_(c.params), optimizer_(c.optimizer), timeout_(c.timeout), timeline_(c.timeline), options_(options) {
   COHORT_CHECK(!c.gpu) << "the sharded placement runs on the CPU";
-  COHORT_CHECK(options.stage == 1 || options.stage == 2) << "ZeRO stage " << options.stage;
+  COHORT_CHECK(options.stage >= 1 && options.stage <= 3) << "ZeRO stage " << options.stage;
   world_ = collectives::makeCommunicator({.backend = options.backend,
                                           .world = c.world,
                                           .timeout = c.timeout,
@@ -46,25 +46,43 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
   // differ between ranks), as replicas do.
   c.initialise();
   world_->broadcast(params_.values().data(), params_.numel(), 0)->wait(timeout_);
-  // The flat buffers in the shard communicator's memory: shm reduces and gathers where they lie.
-  values_ = shard.allocateBuffer(params_.numel());
-  params_.relocate({.values = values_->data(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator()});
-  grads_ = shard.allocateBuffer(params_.numel());
-  params_.placeGrads(grads_->data());
+  // The whole buffers that the stage keeps in the shard communicator's memory, where shm reduces
+  // and gathers them in place (ShardSync drops the others).
+  if (options.stage <= 2) {
+    values_ = shard.allocateBuffer(params_.numel());
+    params_.relocate({.values = values_->data(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator()});
+  }
+  if (options.stage == 1) {
+    grads_ = shard.allocateBuffer(params_.numel());
+    params_.placeGrads(grads_->data());
+  }
   map_.emplace(nn::shardMapOf(params_, {.worldSize = shard.size(), .rank = shard.rank()}));
   optimizer_.shardOver(*map_);
-  sync_ = std::make_unique<ShardSync>(shard, *map_, params_,
-                                      ShardSyncOptions{.cross = cross_.get(), .timeout = c.timeout, .timeline = &c.timeline});
+  sync_ = std::make_unique<ShardSync>(
+      shard, *map_, params_,
+      ShardSyncOptions{.stage = options.stage,
+                       .prefetch = options.prefetch,
+                       .cross = cross_.get(), .timeout = c.timeout, .timeline = &c.timeline});
 }
 
 ShardedPlacement::~ShardedPlacement() = default;
 
 std::optional<StateBytes> ShardedPlacement::stateBytes() const {
-  return StateBytes{.params = params_.bytes(),
-                    .grads = params_.bytes(),
+  const size_t shard = map_->shardNumel() * sizeof(float);
+  return StateBytes{.params = options_.stage == 3 ? shard : params_.bytes(),
+                    .grads = options_.stage >= 2 ? shard : params_.bytes(),
                     .optimizer = optimizer_.stateFloats() * sizeof(float),
                     .staging = sync_->stagingBytes()};
 }
+
+std::optional<runtime::Tensor> ShardedPlacement::gatherWholeParams() {
+  if (options_.stage != 3) return std::nullopt;
+  runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
+  sync_->gatherShard(sync_->values(), whole.data());
+  return whole;
+}
+
+void ShardedPlacement::beginPass(int microBatch, int microBatches) { sync_->beginPass(microBatch, microBatches); }
 
 std::unique_ptr<JobCollectives> ShardedPlacement::makeCollectives() {
   return std::make_unique<CommCollectives>(*world_, timeout_, timeline_);
@@ -80,10 +98,10 @@ void ShardedPlacement::reduceGradients(const StepPlan&, LossVote& vote) {
 }
 
 PartialNorm ShardedPlacement::squaredNorm(const StepPlan& plan) {
-  const float* grads = params_.grads().data();
+  const float* grads = sync_->grads();
   double squares = 0;
   for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
-    squares += nn::sumOfSquares({grads + p.flatBegin, p.realNumel()});
+    squares += nn::sumOfSquares({grads + (sync_->gradsPacked() ? p.shardOffset : p.flatBegin), p.realNumel()});
   }
   return {.squares = squares, .scale = plan.gradScale};
 }
@@ -103,24 +121,46 @@ void ShardedPlacement::reducePartials(std::span<double, 2> sumAndBallot) {
 }
 
 // Each piece's gradient scaled once (gradScale times the clip coefficient, the whole-gradient
-// update's one multiply) while it is hot, then stepped in place.
+// update's one multiply) while it is hot, then stepped in place; stage 3 steps the packed shards
+// (their padding is zero and stays so).
 void ShardedPlacement::update(const StepPlan& plan, float clip) {
   Timeline::Scope span(timeline_, SpanKind::kOptimizer);
   const float scale = plan.gradScale * clip;
-  float* grads = params_.grads().data();
-  nn::Optimizer::PieceBuffers buffers{.values = params_.values().data(), .grads = grads};
+  float* grads = sync_->grads();
+  const bool packed = sync_->gradsPacked();
+  if (options_.stage == 3) {
+    const size_t n = map_->shardNumel();
+    if (scale != 1.0f) {
+      for (size_t i = 0; i < n; ++i) grads[i] *= scale;
+    }
+    const runtime::Shape shape{static_cast<int64_t>(n)};
+    optimizer_.stepShard(runtime::Tensor::view(sync_->values(), shape), runtime::Tensor::view(grads, shape));
+    return;
+  }
+  nn::Optimizer::PieceBuffers buffers{.values = sync_->values(), .grads = grads, .gradsPacked = packed};
   if (scale != 1.0f) {
-    buffers.prepare = [grads, scale](const nn::ShardMap::Piece& p) {
-      for (size_t i = p.flatBegin; i < p.flatEnd; ++i) grads[i] *= scale;
+    buffers.prepare = [grads, scale, packed](const nn::ShardMap::Piece& p) {
+      float* g = grads + (packed ? p.shardOffset : p.flatBegin);
+      for (size_t i = 0; i < p.realNumel(); ++i) g[i] *= scale;
     };
   }
   optimizer_.stepPieces(buffers);
 }
 
-void ShardedPlacement::packParams(float* shard) const { map_->pack(params_.values().data(), map_->rank(), shard); }
+void ShardedPlacement::packParams(float* shard) const {
+  if (options_.stage == 3) {
+    std::copy_n(sync_->values(), map_->shardNumel(), shard);
+    return;
+  }
+  map_->pack(params_.values().data(), map_->rank(), shard);
+}
 
 void ShardedPlacement::unpackParams(const float* shard) {
-  float* values = params_.values().data();
+  float* values = sync_->values();
+  if (options_.stage == 3) {
+    std::copy_n(shard, map_->shardNumel(), values);
+    return;
+  }
   for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
     std::copy(shard + p.shardOffset, shard + p.shardOffset + p.realNumel(), values + p.flatBegin);
   }

@@ -33,8 +33,9 @@
 namespace cohort::train {
 
 struct ShardedOptions {
-  int stage = 1;  // 1 or 2
+  int stage = 1;  // 1, 2 or 3
   ZeroScope scope = ZeroScope::kJob;
+  bool prefetch = true;  // stage 3 (JobOptions::zeroPrefetch)
   std::string backend;  // the world's communicator ("" : the world's default)
 };
 
@@ -45,8 +46,14 @@ class ShardedPlacement final : public Placement {
 
   std::unique_ptr<JobCollectives> makeCollectives() override;
   nn::UnitListener* unitListener() override { return sync_.get(); }
+  // Stages 2 and 3 hear every micro-batch's pass (the gradient windows; stage 3's gathers).
+  bool listensEveryMicroBatch() const override { return options_.stage >= 2; }
+  void gatherAllParams() override { sync_->gatherAll(); }
+  void releaseGatheredParams() override { sync_->releaseAll(); }
+  void beginPass(int microBatch, int microBatches) override;
   uint64_t gradientReductions() const override { return sync_->reduceScatters(); }
   std::optional<StateBytes> stateBytes() const override;
+  std::optional<runtime::Tensor> gatherWholeParams() override;
   // --- checkpoints: defined in sharded_placement_checkpoint.cc ---
   SavedState saveState() override;
   void loadState(const CheckpointReader& reader) override;
