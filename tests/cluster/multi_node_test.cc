@@ -45,14 +45,19 @@ std::vector<std::string> mpirunAcross(const std::string& cluster, const std::str
           "--bind-to", "none", "--host", hosts, "-np", std::to_string(np)};
 }
 
-// A backend, and whether each worker keeps a replica (the default across nodes): hierarchical with
-// --no-replicas keeps one shared copy per node (the sharded strategy across nodes).
-using Layout = std::pair<std::string, bool>;
+// A backend, whether each worker keeps a replica (the default across nodes; hierarchical with
+// --no-replicas keeps one shared copy per node), and a ZeRO stage and scope (0: none; docs/sharding.md).
+struct Layout {
+  std::string backend;
+  bool replicas = true;
+  int zero = 0;
+  std::string zeroScope = "job";
+};
 
 class MultiNodeTraining : public MultiNodeTest, public ::testing::WithParamInterface<Layout> {};
 
 TEST_P(MultiNodeTraining, TwoNodesOfTwoWorkersEqualOneWorkerWithTheCombinedBatch) {
-  const auto& [backend, replicas] = GetParam();
+  const auto& [backend, replicas, zero, zeroScope] = GetParam();
   const std::string many = dir_ + "/many.st", one = dir_ + "/one.st";
   // 12 steps, then the rest from the checkpoint: every node's copy (or replica) is loaded from it.
   auto across = [&](int steps, bool resume) {
@@ -60,6 +65,10 @@ TEST_P(MultiNodeTraining, TwoNodesOfTwoWorkersEqualOneWorkerWithTheCombinedBatch
     for (const std::string& a : trainArgs(8, many, steps)) argv.push_back(a);
     for (const std::string& a : {std::string("--mode"), std::string("allreduce"), std::string("--backend"), backend}) argv.push_back(a);
     if (!replicas) argv.push_back("--no-replicas");
+    if (zero > 0) {
+      for (const std::string& a : {std::string("--zero"), std::to_string(zero), std::string("--zero-scope"), zeroScope})
+        argv.push_back(a);
+    }
     if (resume) argv.push_back("--resume");
     return runCommand(argv, {.timeout = std::chrono::seconds(240), .extraEnvironment = env_});
   };
@@ -81,16 +90,20 @@ TEST_P(MultiNodeTraining, TwoNodesOfTwoWorkersEqualOneWorkerWithTheCombinedBatch
   ASSERT_EQ(s.exitCode, 0) << s.describe();
   EXPECT_EQ(nn::readCheckpoint(many).metadata["step"], "20");
   EXPECT_EQ(expectSameParameters(one, many, 1e-5,
-                                 "(2 nodes x 2 workers over " + backend + (replicas ? " with replicas)" : ")")),
+                                 "(2 nodes x 2 workers over " + backend + (replicas ? " with replicas" : "") +
+                                     (zero > 0 ? ", ZeRO " + std::to_string(zero) + " scope " + zeroScope : "") + ")"),
             4);
   CommandResult status = runCommand({cluster_, "status"}, {.extraEnvironment = env_});
   EXPECT_NE(status.stdoutText.find(": down"), std::string::npos) << "the cluster is gone: " << status.describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MultiNodeTraining,
-                         ::testing::Values(Layout{"mpi", true}, Layout{"hierarchical", false}, Layout{"hierarchical", true}),
+                         ::testing::Values(Layout{"mpi", true}, Layout{"hierarchical", false}, Layout{"hierarchical", true},
+                                           Layout{"hierarchical", true, 2, "job"}, Layout{"hierarchical", true, 1, "node"}),
                          [](const ::testing::TestParamInfo<Layout>& info) {
-                           return info.param.first + (info.param.second ? "_replicas" : "_shared_per_node");
+                           const Layout& l = info.param;
+                           return l.backend + (l.replicas ? "_replicas" : "_shared_per_node") +
+                                  (l.zero > 0 ? "_zero" + std::to_string(l.zero) + "_" + l.zeroScope : "");
                          });
 
 // Sizes 4 x 7^k bytes: 1, 7, 49, ... elements (odd: padded chunks), small ones over MPI directly,
