@@ -8,26 +8,26 @@
 //   bench    benchmarks (bench/)
 // and --version ("cohort MAJOR.MINOR.PATCH", from VERSION: runtime/version.h).
 // The one place (with launcher/'s main) where errors become exit codes (docs/errors.md).
-#include <CLI/CLI.hpp>   // CLI11: flags and subcommands
-
+#include <CLI/CLI.hpp>  // CLI11: flags and subcommands
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <new>
 
-#include "bench/allreduce_bench.h"   // cohort bench allreduce
-#include "bench/recompute_bench.h"   // cohort bench recompute
-#include "bench/train_bench.h"       // cohort bench train
-#include "cli/eval_command.h"        // cohort eval, cohort predict
-#include "cli/export_command.h"      // cohort export
-#include "cli/flag_values.h"         // describeParseError
-#include "cli/generate_command.h"    // cohort generate
-#include "cli/plot_command.h"        // cohort plot
-#include "cli/train_command.h"       // cohort train
-#include "runtime/device_query.h"    // cohort devices
-#include "runtime/error.h"           // exit codes
-#include "runtime/version.h"         // cohort --version
-#include "runtime/world_info.h"      // rank for error messages
+#include "bench/allreduce_bench.h"    // cohort bench allreduce
+#include "bench/recompute_bench.h"    // cohort bench recompute
+#include "bench/train_bench.h"        // cohort bench train
+#include "bench/zero_memory_bench.h"  // cohort bench memory
+#include "cli/eval_command.h"         // cohort eval, cohort predict
+#include "cli/export_command.h"       // cohort export
+#include "cli/flag_values.h"          // describeParseError
+#include "cli/generate_command.h"     // cohort generate
+#include "cli/plot_command.h"         // cohort plot
+#include "cli/train_command.h"        // cohort train
+#include "runtime/device_query.h"     // cohort devices
+#include "runtime/error.h"            // exit codes
+#include "runtime/version.h"          // cohort --version
+#include "runtime/world_info.h"       // rank for error messages
 
 namespace {
 
@@ -48,7 +48,8 @@ int run(int argc, char** argv) {
   CLI::App* generate = app.add_subcommand("generate", "text from a gpt checkpoint, continuing a prompt");
   cli::addGenerateFlags(*generate, generateFlags);
   cli::ExportFlags exportFlags;
-  CLI::App* exportCommand = app.add_subcommand("export", "a gpt's weights as HuggingFace's GPT-2 or llm.c's model file");
+  CLI::App* exportCommand =
+      app.add_subcommand("export", "a gpt's weights as HuggingFace's GPT-2 or llm.c's model file");
   cli::addExportFlags(*exportCommand, exportFlags);
   CLI::App* devices = app.add_subcommand("devices", "list CPU and CUDA devices");
   cli::PlotFlags plotFlags;
@@ -66,6 +67,10 @@ int run(int argc, char** argv) {
   CLI::App* benchRecompute =
       bench->add_subcommand("recompute", "a GPT's activation bytes and step time at each --recompute mode (CPU)");
   bench::addRecomputeBenchFlags(*benchRecompute, recomputeOptions);
+  bench::ZeroMemoryBenchOptions memoryOptions;
+  CLI::App* benchMemory = bench->add_subcommand(
+      "memory", "what a rank of a ZeRO job holds at one stage, measured against the formula (under cohortrun)");
+  bench::addZeroMemoryBenchFlags(*benchMemory, memoryOptions);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -88,6 +93,7 @@ int run(int argc, char** argv) {
   if (benchTrain->parsed()) return bench::runTrainBench(benchOptions);
   if (benchAllReduce->parsed()) return bench::runAllReduceBench(allReduceOptions);
   if (benchRecompute->parsed()) return bench::runRecomputeBench(recomputeOptions);
+  if (benchMemory->parsed()) return bench::runZeroMemoryBench(memoryOptions);
   return static_cast<int>(ExitCode::kUsage);
 }
 
@@ -96,7 +102,6 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   // cohortrun prefixes its workers' lines with the rank itself.
   const bool underCohortrun = std::getenv("COHORT_JOB_ID") && std::getenv("RANK");
-  const std::string prefix =
-      underCohortrun ? "cohort: " : "[rank " + cohort::runtime::rankForMessages() + "] cohort: ";
+  const std::string prefix = underCohortrun ? "cohort: " : "[rank " + cohort::runtime::rankForMessages() + "] cohort: ";
   return cohort::runMain(prefix, [&] { return run(argc, argv); });
 }

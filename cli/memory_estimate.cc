@@ -1,6 +1,8 @@
 #include "cli/memory_estimate.h"
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "nn/gpt.h"
 #include "nn/gpt_memory.h"
@@ -12,6 +14,7 @@
 #include "runtime/logging.h"
 #include "runtime/process_memory.h"
 #include "runtime/world_info.h"
+#include "train/zero_memory.h"
 
 namespace cohort::cli {
 
@@ -22,89 +25,154 @@ int64_t dataVocabulary(const runtime::data::Dataset& d) {
   return d.name().rfind("tokens:", 0) == 0 ? int64_t{65536} : d.numClasses();
 }
 
-// The floats of state the optimizer keeps per parameter: momentum for SGD with it, m and v for Adam.
-double stateFloatsPerParameter(const nn::OptimizerOptions& o) {
-  if (o.kind == nn::OptimizerKind::kSgd) return o.momentum != 0.0f ? 1.0 : 0.0;
-  return 2.0;
-}
+std::string bytes(double b) { return runtime::formatBytes(static_cast<size_t>(b)); }
 
-// What a GPT's pass holds at its recompute mode (nn/gpt_memory.h), in floats.
-struct Activations {
-  double total = 0;      // floats
-  double attention = 0;  // of which the T×T scores (CPU)
+const nn::Gpt* gptOf(const nn::Model& model) { return dynamic_cast<const nn::Gpt*>(model.net.get()); }
+
+// One rank's floor at one --zero stage and --recompute mode, in bytes.
+struct Floor {
+  int zero = 0;
+  std::optional<nn::RecomputeMode> recompute;  // a GPT's
+  train::StateBytes state;
+  double logits = 0;       // a language model's logits of a step and their gradient
+  double activations = 0;  // what a GPT's pass keeps (nn/gpt_memory.h)
+  double attention = 0;    // of which the CPU attention's T×T scores
+  double total() const { return static_cast<double>(state.total()) + logits + activations; }
 };
 
-Activations gptActivations(const nn::Model& model, int64_t batch, int64_t context, bool onGpu) {
-  const auto* gpt = dynamic_cast<const nn::Gpt*>(model.net.get());
-  if (!gpt) return {};
-  const nn::GptActivationBytes b =
-      nn::gptActivationBytes(gpt->options(), {.batch = batch, .context = context, .onGpu = onGpu});
-  return {.total = b.total() / sizeof(float), .attention = b.attention / sizeof(float)};
+Floor floorAt(const MemoryEstimateInputs& in, int zero, std::optional<nn::RecomputeMode> recompute) {
+  std::vector<size_t> units;
+  for (const auto& u : in.model.params.units()) units.push_back(u.numel);
+  Floor f{.zero = zero, .recompute = recompute};
+  f.state =
+      train::zeroStateBytes({.units = units, .stage = zero, .groupSize = in.shardGroup, .optimizer = in.optimizer});
+  const double vocabulary = in.context > 0 ? static_cast<double>(in.model.outputs) : 0.0;
+  f.logits = 2.0 * static_cast<double>(in.batchSize) * static_cast<double>(in.context) * vocabulary * sizeof(float);
+  if (const nn::Gpt* gpt = gptOf(in.model)) {
+    nn::GptOptions o = gpt->options();
+    o.recompute = *recompute;
+    const nn::GptActivationBytes b =
+        nn::gptActivationBytes(o, {.batch = in.batchSize, .context = in.context, .onGpu = in.onGpu});
+    f.activations = b.total();
+    f.attention = b.attention;
+  }
+  return f;
 }
 
-// "--recompute MODE fits (X); " for the first mode after the GPT's own whose floor fits in
-// `perWorker`, given the floor without activations; empty when none does or the model is no GPT.
-std::string fitHint(const MemoryEstimateInputs& in, double withoutActivations, double perWorker) {
-  const auto* gpt = dynamic_cast<const nn::Gpt*>(in.model.net.get());
-  if (!gpt) return "";
-  nn::GptOptions o = gpt->options();
-  for (nn::RecomputeMode mode : {nn::RecomputeMode::kSelective, nn::RecomputeMode::kFull}) {
-    if (mode <= o.recompute) continue;
-    o.recompute = mode;
-    const double floor =
-        withoutActivations +
-        nn::gptActivationBytes(o, {.batch = in.batchSize, .context = in.context, .onGpu = in.onGpu}).total();
-    if (floor <= perWorker) {
-      return "--recompute " + nn::recomputeName(mode) + " would fit (" +
-             runtime::formatBytes(static_cast<size_t>(floor)) + "); or ";
+Floor floorOfTheRun(const MemoryEstimateInputs& in) {
+  std::optional<nn::RecomputeMode> recompute;
+  if (const nn::Gpt* gpt = gptOf(in.model)) recompute = gpt->options().recompute;
+  return floorAt(in, in.zero, recompute);
+}
+
+// "--zero 2 --recompute full": the flags of `f` that differ from `run`'s.
+std::string changedFlags(const Floor& f, const Floor& run) {
+  std::string flags;
+  if (f.zero != run.zero) flags = "--zero " + std::to_string(f.zero);
+  if (f.recompute != run.recompute) {
+    flags += (flags.empty() ? "" : " ") + std::string("--recompute ") + nn::recomputeName(*f.recompute);
+  }
+  return flags;
+}
+
+// The changes of --zero and --recompute to try, smallest first (the header's order).
+std::vector<Floor> changes(const MemoryEstimateInputs& in, const Floor& run) {
+  std::vector<int> stages;
+  if (in.zeroRuns) {
+    for (int z = run.zero + 1; z <= train::kMaxZeroStage; ++z) stages.push_back(z);
+  }
+  std::vector<nn::RecomputeMode> modes;
+  for (nn::RecomputeMode m : {nn::RecomputeMode::kSelective, nn::RecomputeMode::kFull}) {
+    if (run.recompute && m > *run.recompute) modes.push_back(m);
+  }
+  std::vector<Floor> tried;
+  for (int z : stages) tried.push_back(floorAt(in, z, run.recompute));
+  for (nn::RecomputeMode m : modes) tried.push_back(floorAt(in, run.zero, m));
+  for (int z : stages) {
+    for (nn::RecomputeMode m : modes) tried.push_back(floorAt(in, z, m));
+  }
+  return tried;
+}
+
+// "--zero 2 would fit (X per worker); or " for the smallest change whose floor fits in `perWorker`,
+// stage 3 only where nothing built does; empty when nothing fits.
+std::string fitHint(const MemoryEstimateInputs& in, const Floor& run, double perWorker) {
+  const std::vector<Floor> tried = changes(in, run);
+  for (bool built : {true, false}) {
+    for (const Floor& f : tried) {
+      if ((f.zero < 3) != built || f.total() > perWorker) continue;
+      return changedFlags(f, run) + " would fit (" + bytes(f.total()) + " per worker" +
+             (built ? "" : "; ZeRO stage 3 is not built yet, docs/sharding.md") + "); or ";
     }
   }
   return "";
 }
 
+// "at least X per worker (parameters, gradients and optimizer state Y, …)": what the floor counts.
+std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
+  const train::StateBytes& s = f.state;
+  std::string what = "at least " + bytes(f.total()) + " per worker (parameters, gradients and optimizer state " +
+                     bytes(static_cast<double>(s.params + s.grads + s.optimizer));
+  if (in.zero > 0)
+    what += " at --zero " + std::to_string(in.zero) + " over " + std::to_string(in.shardGroup) + " ranks";
+  if (s.staging > 0) what += ", the shards' temporary buffers " + bytes(static_cast<double>(s.staging));
+  if (f.logits > 0) what += ", the logits of a step and their gradient " + bytes(f.logits);
+  if (f.activations > 0) {
+    what += ", the activations its backward keeps at --recompute " + nn::recomputeName(*f.recompute) + " " +
+            bytes(f.activations);
+    if (f.attention > 0) what += " (attention's T×T scores and their gradient " + bytes(f.attention) + ")";
+  }
+  return what + ")";
+}
+
+// --memory-report, before anything is allocated: the floor by kind, per rank.
+void reportEstimate(const MemoryEstimateInputs& in, const Floor& f, const runtime::Logger& log) {
+  auto line = log.info();
+  line << "memory estimate per rank (--zero " << in.zero << " over " << in.shardGroup << " rank(s)";
+  if (f.recompute) line << ", --recompute " << nn::recomputeName(*f.recompute);
+  line << "): parameters " << bytes(static_cast<double>(f.state.params)) << ", gradients "
+       << bytes(static_cast<double>(f.state.grads)) << ", optimizer state "
+       << bytes(static_cast<double>(f.state.optimizer)) << ", temporary buffers "
+       << bytes(static_cast<double>(f.state.staging)) << ", activations " << bytes(f.activations + f.logits);
+  if (f.logits > 0) line << " (logits and their gradient " << bytes(f.logits) << ")";
+  line << "; " << bytes(f.total()) << " in all";
+}
+
+void warnVocabulary(const MemoryEstimateInputs& in, const runtime::Logger& log) {
+  if (in.context <= 0 || in.model.outputs <= dataVocabulary(in.data)) return;
+  log.warn() << "model " << in.model.name << " has a vocabulary of " << in.model.outputs << " tokens, but "
+             << in.data.name() << " holds ids below " << dataVocabulary(in.data) << ": the other "
+             << in.model.outputs - dataVocabulary(in.data)
+             << " are never a target, and their weights and logits cost memory and time";
+}
+
 }  // namespace
 
 void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInfo& world, const runtime::Logger& log) {
-  const double floatBytes = sizeof(float);
-  const double state =
-      (2.0 + stateFloatsPerParameter(in.optimizer)) * static_cast<double>(in.model.params.numel()) * floatBytes;
-  const double vocabulary = in.context > 0 ? static_cast<double>(in.model.outputs) : 0.0;
-  const double logits =
-      2.0 * static_cast<double>(in.batchSize) * static_cast<double>(in.context) * vocabulary * floatBytes;
-  const Activations kept = gptActivations(in.model, in.batchSize, in.context, in.onGpu);
-  const double activations = kept.total * floatBytes;
-  const double floor = state + logits + activations;
-  auto bytes = [](double b) { return runtime::formatBytes(static_cast<size_t>(b)); };
-  std::string what =
-      "at least " + bytes(floor) + " per worker (parameters, gradients and optimizer state " + bytes(state);
-  if (logits > 0) what += ", the logits of a step and their gradient " + bytes(logits);
-  if (activations > 0) {
-    const auto* gpt = dynamic_cast<const nn::Gpt*>(in.model.net.get());
-    what += ", the activations its backward keeps at --recompute " + nn::recomputeName(gpt->options().recompute) + " " +
-            bytes(activations);
-    if (kept.attention > 0)
-      what += " (attention's T×T scores and their gradient " + bytes(kept.attention * floatBytes) + ")";
-  }
-  what += ")";
-  if (in.context > 0 && world.rank == 0 && in.model.outputs > dataVocabulary(in.data)) {
-    log.warn() << "model " << in.model.name << " has a vocabulary of " << in.model.outputs << " tokens, but "
-               << in.data.name() << " holds ids below " << dataVocabulary(in.data) << ": the other "
-               << in.model.outputs - dataVocabulary(in.data)
-               << " are never a target, and their weights and logits cost memory and time";
-  }
+  const Floor run = floorOfTheRun(in);
+  const std::string what = describeFloor(in, run);
+  if (world.rank == 0) warnVocabulary(in, log);
+  if (in.report && world.rank == 0) reportEstimate(in, run, log);
   if (!in.onGpu) {
-    const runtime::MemoryHeadroom headroom = runtime::memoryHeadroom();
+    runtime::MemoryHeadroom headroom = runtime::memoryHeadroom();
+    std::string limit = headroom.describe();
+    if (in.testAvailableBytes > 0) {
+      headroom = {.availableBytes = in.testAvailableBytes, .hostAvailableBytes = in.testAvailableBytes};
+      limit = "COHORT_TEST_MEMORY_AVAILABLE";
+    }
     const double available = static_cast<double>(headroom.availableBytes);
     const double workers = static_cast<double>(world.localWorldSize > 0 ? world.localWorldSize : 1);
-    if (headroom.known() && floor * workers > available) {
+    if (headroom.known() && run.total() * workers > available) {
       COHORT_THROW(OutOfMemory) << "model " << in.model.name << " at batch " << in.batchSize << " needs " << what
                                 << ", more than the " << world.localWorldSize
-                                << " worker(s) of this node can have: " << bytes(available) << " available ("
-                                << headroom.describe() << "; " << fitHint(in, floor - activations, available / workers)
+                                << " worker(s) of this node can have: " << bytes(available) << " available (" << limit
+                                << "; " << fitHint(in, run, available / workers)
                                 << "lower --batch-size, the context, the model's size or its vocabulary)";
     }
   }
-  if (floor >= double(1 << 30) && world.rank == 0) log.info() << "memory: model " << in.model.name << " needs " << what;
+  if (run.total() >= double(1 << 30) && world.rank == 0) {
+    log.info() << "memory: model " << in.model.name << " needs " << what;
+  }
 }
 
 }  // namespace cohort::cli

@@ -1,22 +1,32 @@
 // What a `cohort train` run will need at least, said before anything large is allocated (issue 33,
 // item 20): `--model gpt:…,vocab=1000000` on byte text used to allocate 18 GB without a word.
 //
-// The estimate per worker is a floor, not a forecast: the parameters, their gradients and the
-// optimizer's state, and for a language model the logits of one step and their gradient (batch ×
-// context × vocabulary floats each, where the model spends most of its activation memory once the
-// vocabulary is large), and for a GPT the activations its backward keeps at its recompute mode and
-// the gradients beside them (nn/gpt_memory.h: about 22 × batch × context × width floats per block
-// without recompute, 1 with --recompute full, and on the CPU attention's probabilities, batch ×
-// heads × context² floats per block: the largest at long contexts; issues 44, item 16, and 46,
-// item 2). Other models' activations come on top. A refusal names the --recompute that would fit. On the CPU a floor
-// beyond what the node's workers can have (runtime::memoryHeadroom: the least of MemAvailable and
-// what the cgroup limits of this process leave, shared by its local workers) is refused with
-// OutOfMemory (exit 5) naming both and which limit applied; a floor of 1 GiB or more is logged on
-// rank 0. A language model whose
+// The estimate per worker is a floor, not a forecast: what the rank holds of the model's state at
+// the run's --zero stage over its shard group (train/zero_memory.h: parameters, gradients, the
+// optimizer's state and the sharded placement's temporary buffers; ZeRO's Figure 1 in
+// docs/sharding.md, "Memory per rank"), and for a language model the logits of one step and their
+// gradient (batch × context × vocabulary floats each, where the model spends most of its activation
+// memory once the vocabulary is large), and for a GPT the activations its backward keeps at its
+// recompute mode and the gradients beside them (nn/gpt_memory.h: about 22 × batch × context × width
+// floats per block without recompute, 1 with --recompute full, and on the CPU attention's
+// probabilities, batch × heads × context² floats per block: the largest at long contexts; issues
+// 44, item 16, and 46, items 2 and 4). Other models' activations come on top. With --memory-report
+// rank 0 prints the estimate by kind before anything is allocated.
+//
+// On the CPU a floor beyond what the node's workers can have (runtime::memoryHeadroom: the least of
+// MemAvailable and what the cgroup limits of this process leave, shared by its local workers; a
+// test sets the limit with COHORT_TEST_MEMORY_AVAILABLE, cli/test_hooks.h) is refused with
+// OutOfMemory (exit 5) naming both and which limit applied, and the smallest change of --zero and
+// --recompute that would fit: one flag before two, a ZeRO stage before a recompute mode (recompute
+// costs a forward; stages 1 and 2 step within 3% of stage 0's rate, docs/sharding.md), lower stages
+// and modes first. A ZeRO stage is named only where one runs (mode allreduce on the CPU over
+// replicas, more than one rank in the shard group); stage 3 only when nothing built fits, saying it
+// is not built yet. A floor of 1 GiB or more is logged on rank 0. A language model whose
 // vocabulary is larger than the ids its data can hold (256 for text:, 65536 for tokens:) gets a
 // warning: those rows of wte and columns of the logits are never a target.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace cohort {
@@ -42,6 +52,11 @@ struct MemoryEstimateInputs {
   int64_t batchSize = 0;  // per worker and micro-batch
   int64_t context = 0;    // a language model's (0: not one)
   bool onGpu = false;
+  int zero = 0;                   // --zero
+  int shardGroup = 1;             // W: train::shardGroupSize(world, --zero-scope)
+  bool zeroRuns = false;          // whether another --zero stage could run here (see above)
+  bool report = false;            // --memory-report: rank 0 prints the estimate by kind
+  size_t testAvailableBytes = 0;  // COHORT_TEST_MEMORY_AVAILABLE (0: the machine's limit)
 };
 
 void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInfo& world, const runtime::Logger& log);

@@ -47,4 +47,16 @@ train::TestHooks testHooksFromEnvironment() {
   return hooks;
 }
 
+size_t testMemoryAvailableFromEnvironment() {
+  const char* text = std::getenv("COHORT_TEST_MEMORY_AVAILABLE");
+  if (!text || !*text) return 0;
+  unsigned long long bytes = 0;
+  int end = 0;
+  if (*text < '0' || *text > '9' || std::sscanf(text, "%llu%n", &bytes, &end) != 1 || text[end] != '\0' || bytes == 0) {
+    COHORT_THROW(InvalidArgument) << "COHORT_TEST_MEMORY_AVAILABLE must be a number of bytes above 0, got '" << text
+                                  << "'";
+  }
+  return static_cast<size_t>(bytes);
+}
+
 }  // namespace cohort::cli

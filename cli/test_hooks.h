@@ -6,13 +6,20 @@
 //   COHORT_TEST_CLOCK_SKEW="RANK:SECONDS"    that rank's trace clock reads SECONDS ahead (0 to 1e6)
 //   COHORT_TEST_AVERAGE_LOG=DIR              Hogwild across nodes: the leaders log each average
 //   COHORT_TEST_MPI_MISMATCH="RANK:SEQUENCE" that rank's mpi collective #SEQUENCE has one element fewer
+//   COHORT_TEST_MEMORY_AVAILABLE=BYTES       the memory floor's limit for the node's workers instead of
+//                                            the machine's (cli/memory_estimate.h): a refusal a test can
+//                                            place between two stages' figures on any machine
 // A malformed value is an InvalidArgument naming the variable and the expected form.
 #pragma once
+
+#include <cstddef>
 
 #include "train/test_hooks.h"
 
 namespace cohort::cli {
 
 train::TestHooks testHooksFromEnvironment();
+// COHORT_TEST_MEMORY_AVAILABLE's bytes; 0 when unset.
+size_t testMemoryAvailableFromEnvironment();
 
 }  // namespace cohort::cli

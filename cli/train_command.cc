@@ -30,6 +30,7 @@
 #include "runtime/world_info.h"
 #include "train/job.h"                 // the job: world, device, placement, collectives
 #include "train/trainer.h"             // the training loop
+#include "train/zero_memory.h"         // the shard group the memory floor counts
 
 namespace cohort::cli {
 
@@ -88,11 +89,19 @@ void reportEffectiveBatch(const runtime::Logger& log, const TrainFlags& f, const
   }
 }
 
-// --memory-report: what the run held, in the terms of torch.cuda.memory_allocated/_reserved and
-// max_memory_allocated on a GPU; on the CPU the process's peak resident size and what is resident
-// now, by kind (runtime/process_memory.h): the private part is what each further worker costs.
-void reportMemory(const runtime::Logger& log, const runtime::Device& device,
-                  const std::optional<runtime::AllocatorStats>& gpu) {
+// --memory-report: what the rank holds of the model's state (Job::stateBytes(), from the
+// placement's buffers: beside the estimate rank 0 printed before the run), and what the run held, in
+// the terms of torch.cuda.memory_allocated/_reserved and max_memory_allocated on a GPU; on the CPU
+// the process's peak resident size and what is resident now, by kind (runtime/process_memory.h):
+// the private part is what each further worker costs.
+void reportMemory(const runtime::Logger& log, const train::Job& job) {
+  const train::StateBytes s = job.stateBytes();
+  log.info() << "memory report (model state, --zero " << job.options().zero
+             << "): parameters " << runtime::formatBytes(s.params) << ", gradients " << runtime::formatBytes(s.grads)
+             << ", optimizer state " << runtime::formatBytes(s.optimizer) << ", temporary buffers "
+             << runtime::formatBytes(s.staging);
+  const runtime::Device& device = job.device();
+  const std::optional<runtime::AllocatorStats> gpu = job.deviceMemoryStats();
   if (gpu) {
     log.info() << "memory report (" << device.str() << " caching allocator): allocated "
                << runtime::formatBytes(gpu->allocatedBytes) << ", reserved " << runtime::formatBytes(gpu->reservedBytes)
@@ -203,8 +212,18 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   checkFits(*run.model, *run.trainSet, run.classification);
   if (run.testSet) checkFits(*run.model, *run.testSet, run.classification);
   // Before the optimizer's state or the parameters are allocated.
-  checkMemoryEstimate({.model = *run.model, .optimizer = optimizerOptions(f, run.lr), .data = *run.trainSet,
-                       .batchSize = f.batchSize, .context = run.hints.context, .onGpu = job.device().isCuda()},
+  const int shardGroup = train::shardGroupSize(world, train::parseZeroScope(f.zeroScope));
+  checkMemoryEstimate({.model = *run.model,
+                       .optimizer = optimizerOptions(f, run.lr),
+                       .data = *run.trainSet,
+                       .batchSize = f.batchSize,
+                       .context = run.hints.context,
+                       .onGpu = job.device().isCuda(),
+                       .zero = f.zero,
+                       .shardGroup = shardGroup,
+                       .zeroRuns = f.mode == "allreduce" && !job.device().isCuda() && !f.noReplicas && shardGroup > 1,
+                       .report = f.memoryReport,
+                       .testAvailableBytes = testMemoryAvailableFromEnvironment()},
                       world, log);
   run.optimizer = nn::makeOptimizer(optimizerOptions(f, run.lr), run.model->params.numel(), job.gpu());
   job.place(*run.model, *run.optimizer,
@@ -286,7 +305,7 @@ int finishTrain(const runtime::Logger& log, const TrainFlags& f, const runtime::
   if (world.rank == 0) std::printf("%s\n", resultLine(job, result, run.classification, tokensPerSample).c_str());
   std::fflush(stdout);
   if (job.device().isCuda()) log.info() << "input wait on " << job.device().str() << ": " << result.inputWaitMs << " ms in all";
-  if (f.memoryReport) reportMemory(log, job.device(), job.deviceMemoryStats());
+  if (f.memoryReport) reportMemory(log, job);
   if (!f.plot.empty() && world.rank == 0) {
     cli::PlotSummary drawn = cli::writePlot({{.metricsPath = metricsPath, .label = run.spec}}, {.outputPath = f.plot});
     log.info() << "plot of " << drawn.points << " points written to " << f.plot;

@@ -30,6 +30,7 @@
 #include "train/job.h"      // train::Job: world, device, parameter placement, step, collectives, checkpoints
 #include "train/evaluate.h"  // train::evaluate, loadWeights: a trained model without a job
 #include "train/trainer.h"  // train::Trainer: the ready-made loop (epochs, evaluation, callbacks, resume)
+#include "train/zero_memory.h"  // train::zeroStateBytes: a rank's model state per ZeRO stage, before allocating
 
 // Networks: the Module contract, compositions, layers.
 #include "nn/activation.h"  // nn::Activation, nn::relu(), nn::tanhActivation(), nn::sigmoid()

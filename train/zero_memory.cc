@@ -1,0 +1,60 @@
+#include "train/zero_memory.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "runtime/error.h"
+
+namespace cohort::train {
+
+namespace {
+
+constexpr size_t kFloat = sizeof(float);
+
+size_t ceilDiv(size_t n, size_t w) { return (n + w - 1) / w; }
+
+// The bytes of the `count` largest units, each padded to ceil(n/W)·W floats.
+size_t largestPaddedBytes(std::vector<size_t> units, size_t w, size_t count) {
+  std::sort(units.begin(), units.end(), std::greater<>());
+  size_t floats = 0;
+  for (size_t u = 0; u < std::min(count, units.size()); ++u) floats += ceilDiv(units[u], w) * w;
+  return floats * kFloat;
+}
+
+}  // namespace
+
+size_t optimizerStateFloats(const nn::OptimizerOptions& optimizer) {
+  if (optimizer.kind == nn::OptimizerKind::kSgd) return optimizer.momentum != 0.0f ? 1 : 0;
+  return 2;
+}
+
+int shardGroupSize(const runtime::WorldInfo& world, ZeroScope scope) {
+  return scope == ZeroScope::kNode ? world.localWorldSize : world.worldSize;
+}
+
+StateBytes zeroStateBytes(const ZeroMemoryOptions& o) {
+  if (o.stage < 0 || o.stage > kMaxZeroStage) {
+    COHORT_THROW(InvalidArgument) << "ZeRO stage " << o.stage << " does not exist: 0, 1, 2 or 3";
+  }
+  if (o.groupSize < 1) COHORT_THROW(InvalidArgument) << "a shard group of " << o.groupSize << " ranks";
+  // Every precision keeps fp32 master weights, gradients and optimizer state (the header).
+  const size_t w = static_cast<size_t>(o.groupSize);
+  size_t whole = 0, shard = 0, padded = 0;  // floats: N, N/W as packed, the padded units' staging
+  for (size_t n : o.units) {
+    whole += n;
+    shard += ceilDiv(n, w);
+    if (n % w != 0) padded += ceilDiv(n, w) * w;
+  }
+  const size_t state = optimizerStateFloats(o.optimizer);
+  StateBytes b{.params = whole * kFloat, .grads = whole * kFloat, .optimizer = state * whole * kFloat};
+  if (o.stage == 0) return b;
+  b.optimizer = state * shard * kFloat;
+  if (o.stage >= 2) b.grads = shard * kFloat;
+  if (o.stage == 3) b.params = shard * kFloat;
+  if (o.stage <= 2) b.staging = padded * kFloat;
+  if (o.stage >= 2) b.staging += largestPaddedBytes(o.units, w, kGradientWindows);
+  if (o.stage == 3) b.staging += largestPaddedBytes(o.units, w, kParameterWindows);
+  return b;
+}
+
+}  // namespace cohort::train
