@@ -94,16 +94,11 @@ std::vector<Floor> changes(const MemoryEstimateInputs& in, const Floor& run) {
   return tried;
 }
 
-// "--zero 2 would fit (X per worker); or " for the smallest change whose floor fits in `perWorker`,
-// stage 3 only where nothing built does; empty when nothing fits.
+// "--zero 2 would fit (X per worker); or " for the smallest change whose floor fits in `perWorker`;
+// empty when nothing fits.
 std::string fitHint(const MemoryEstimateInputs& in, const Floor& run, double perWorker) {
-  const std::vector<Floor> tried = changes(in, run);
-  for (bool built : {true, false}) {
-    for (const Floor& f : tried) {
-      if ((f.zero < 3) != built || f.total() > perWorker) continue;
-      return changedFlags(f, run) + " would fit (" + bytes(f.total()) + " per worker" +
-             (built ? "" : "; ZeRO stage 3 is not built yet, docs/sharding.md") + "); or ";
-    }
+  for (const Floor& f : changes(in, run)) {
+    if (f.total() <= perWorker) return changedFlags(f, run) + " would fit (" + bytes(f.total()) + " per worker); or ";
   }
   return "";
 }

@@ -166,9 +166,11 @@ void ParamBuffer::relocate(const Placement& where) {
   const Tensor oldValues = values_, oldGrads = grads_, oldBuffers = buffers_;
   const Shape shape{static_cast<int64_t>(numel_)};
   values_ = where.values ? Tensor::view(where.values, shape, where.device) : Tensor::empty(shape, *where.allocator);
-  grads_ = Tensor::empty(shape, *where.allocator);
   if (where.copyValues || !where.values) values_.copyFrom(oldValues);
-  grads_.copyFrom(oldGrads);
+  if (oldGrads.defined()) {  // dropped (dropWhole): they stay so
+    grads_ = Tensor::empty(shape, *where.allocator);
+    grads_.copyFrom(oldGrads);
+  }
   bind(*where.allocator);  // fresh buffers; then the current values go over the initial ones
   buffers_.copyFrom(oldBuffers);
 }
@@ -198,7 +200,7 @@ void ParamBuffer::bind(runtime::Allocator& bufferAllocator) {
   }
   for (size_t i = 0; i < entries_.size(); ++i) {
     *targets_[i].first = value(i);
-    *targets_[i].second = grad(i);
+    if (grads_.defined()) *targets_[i].second = grad(i);
   }
   for (size_t i = 0; i < bufferEntries_.size(); ++i) *bufferTargets_[i] = buffer(i);
 }

@@ -93,7 +93,8 @@ class ParamBuffer {
   // `where.allocator`; gradients and buffers always to fresh memory from `where.allocator`. The
   // current values (unless copyValues is false: the external memory already holds them), gradients
   // and buffers are copied over (blocking copies, any devices), and every registered Tensor is
-  // pointed at the new place. Used to initialise a model on the CPU and then place it on a GPU or
+  // pointed at the new place (gradients that dropWhole dropped stay dropped). Used to initialise a
+  // model on the CPU and then place it on a GPU or
   // in memory the ranks of a job share (train::Job). The old memory is released (owned) or left to
   // its owner (attached).
   struct Placement {

@@ -116,11 +116,10 @@ TEST_F(ZeroMemoryCliTest, ARefusalNamesTheSmallestChangeThatFits) {
   const std::vector<Case> cases = {
       {3300000, "(COHORT_TEST_MEMORY_AVAILABLE; --zero 1 would fit (3.1 MiB per worker); or lower"},
       {3100000, "(COHORT_TEST_MEMORY_AVAILABLE; --zero 2 would fit (2.9 MiB per worker); or lower"},
-      {2900000,
+      {2900000, "(COHORT_TEST_MEMORY_AVAILABLE; --zero 3 would fit (2.7 MiB per worker); or lower"},
+      {2800000,
        "(COHORT_TEST_MEMORY_AVAILABLE; --zero 1 --recompute selective would fit (2.5 MiB per worker); or lower"},
-      {1880000,
-       "(COHORT_TEST_MEMORY_AVAILABLE; --zero 3 --recompute full would fit (1.8 MiB per worker; ZeRO stage 3 is not "
-       "built yet, docs/sharding.md); or lower"},
+      {1880000, "(COHORT_TEST_MEMORY_AVAILABLE; --zero 3 --recompute full would fit (1.8 MiB per worker); or lower"},
       {1800000, "(COHORT_TEST_MEMORY_AVAILABLE; lower"}};
   for (const Case& c : cases) {
     const CommandResult r = train(gpt(12), 0, {}, {"COHORT_TEST_MEMORY_AVAILABLE=" + std::to_string(2 * c.perWorker)});

@@ -42,13 +42,18 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
     requireEvenNodes(*world_, node_->size(), c.timeout);
   }
   collectives::Communicator& shard = node_ ? *node_ : *world_;
+  // The optimizer's whole state goes first, before anything else is allocated: the placement's peak
+  // stays the whole parameters and gradients Job::place bound.
+  map_.emplace(nn::shardMapOf(params_, {.worldSize = shard.size(), .rank = shard.rank()}));
+  optimizer_.shardOver(*map_);
   // Every rank initialises the whole model, then takes rank 0's (a program's own initialisation may
   // differ between ranks), as replicas do.
   c.initialise();
   world_->broadcast(params_.values().data(), params_.numel(), 0)->wait(timeout_);
-  // The whole buffers that the stage keeps in the shard communicator's memory, where shm reduces
-  // and gathers them in place (ShardSync drops the others).
+  // The whole buffers that the stage keeps go into the shard communicator's memory, where shm
+  // reduces and gathers them in place; stage 3 keeps none (ShardSync packs its shard and drops them).
   if (options.stage <= 2) {
+    params_.dropWhole({.grads = true});
     values_ = shard.allocateBuffer(params_.numel());
     params_.relocate({.values = values_->data(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator()});
   }
@@ -56,13 +61,13 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
     grads_ = shard.allocateBuffer(params_.numel());
     params_.placeGrads(grads_->data());
   }
-  map_.emplace(nn::shardMapOf(params_, {.worldSize = shard.size(), .rank = shard.rank()}));
-  optimizer_.shardOver(*map_);
   sync_ = std::make_unique<ShardSync>(
       shard, *map_, params_,
       ShardSyncOptions{.stage = options.stage,
                        .prefetch = options.prefetch,
-                       .cross = cross_.get(), .timeout = c.timeout, .timeline = &c.timeline});
+                       .cross = cross_.get(),
+                       .timeout = c.timeout,
+                       .timeline = &c.timeline});
 }
 
 ShardedPlacement::~ShardedPlacement() = default;
