@@ -17,6 +17,7 @@
 #include "runtime/timeout.h"
 #include "train/checkpoint/checkpointer.h"
 #include "train/placement/placement_factory.h"
+#include "train/placement/sharded_placement.h"
 #include "train/settings_agreement.h"
 #include "train/step/step_guard.h"
 #include "train/step/step_pipeline.h"
@@ -214,7 +215,10 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                                                                        .optimizer = optimizer,
                                                                        .world = world_,
                                                                        .gpu = gpu_.get(),
-                                                                       .mode = toString(options_.mode)});
+                                                                       .mode = toString(options_.mode),
+                                                                       .sharded = dynamic_cast<ShardedPlacement*>(
+                                                                           placed_->placement.get()),
+                                                                       .timeout = options_.timeout});
 }
 
 StateBytes Job::stateBytes() const {
@@ -448,11 +452,18 @@ bool Job::any(bool mine) {
   return v != 0.0;
 }
 
-void Job::save(const std::string& path, const nn::Metadata& extra) {
+void Job::save(const std::string& path, const nn::Metadata& extra, const SaveOptions& options) {
   requirePlaced("Job::save()");
   requireSettled("Job::save()");
-  checkpointer_->save(path, extra);
+  checkpointer_->save(path, extra, options);
 }
+
+std::optional<CheckpointCommit> Job::settleCheckpoint(const SettleOptions& options) {
+  requirePlaced("Job::settleCheckpoint()");
+  return checkpointer_->settle(options);
+}
+
+bool Job::checkpointInFlight() const { return checkpointer_ && checkpointer_->inFlight(); }
 
 std::optional<nn::Metadata> Job::load(const std::string& path, const nn::Metadata& mustMatch) {
   requirePlaced("Job::load()");

@@ -22,6 +22,7 @@
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
+#include "nn/sharded_checkpoint.h"
 #include "tests/support/process.h"
 #include "tests/train/ranks.h"
 #include "tests/support/float_file.h"
@@ -144,8 +145,9 @@ TEST(Zero, StagesOneAndTwoTrainToStageZerosParameters) {
       std::printf("%s: %zu of %zu parameters differ from stage 0's bits, worst relative %.3g\n", run.label().c_str(),
                   d.bitsDiffer, reference.size(), d.worstRelative);
       for (int r = 1; r < ranks; ++r) EXPECT_EQ(compare(readFloats(pathOf(run, r)), rank0).bitsDiffer, 0u) << r;
-      // The checkpoint: the optimizer state gathered whole, every tensor stage 0's bits.
-      const nn::Checkpoint checkpoint = nn::readCheckpoint(checkpointOf(run));
+      // The checkpoint (sharded: a shard file per rank), assembled whole: every tensor stage 0's bits.
+      const nn::Checkpoint checkpoint =
+          nn::readAnyCheckpoint(checkpointOf(run), {.split = nn::buildModel(kModel)->params.entries()});
       ASSERT_EQ(checkpoint.tensors.size(), referenceCheckpoint.tensors.size()) << run.label();
       for (const nn::NamedTensor& t : referenceCheckpoint.tensors) {
         const Tensor* mine = checkpoint.find(t.name);
