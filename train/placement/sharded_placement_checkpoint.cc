@@ -3,8 +3,9 @@
 
 namespace cohort::train {
 
-// The optimizer state gathered whole, under the names a replica's checkpoint gives it, so that a
-// sharded job's checkpoint resumes at any stage and world size (docs/sharding.md, "Checkpoints").
+// The optimizer state gathered whole, under the names a replica's checkpoint gives it: the
+// whole-model form of the placement's state. Job::save does not use it: a sharded job writes shard
+// files (train/checkpoint/sharded_checkpointer.h), which gather nothing.
 SavedState ShardedPlacement::saveState() {
   SavedState saved;
   for (const auto& s : optimizer_.state()) {
@@ -16,7 +17,8 @@ SavedState ShardedPlacement::saveState() {
   return saved;
 }
 
-// Every rank loads the whole parameters and packs its pieces of each whole state tensor.
+// A whole-model checkpoint into a sharded job: every rank loads the whole parameters and packs its
+// pieces of each whole state tensor (a sharded checkpoint is resharded by ShardedCheckpointer::load).
 void ShardedPlacement::loadState(const CheckpointReader& reader) {
   loadParams(reader, params_);
   runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
