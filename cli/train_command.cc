@@ -250,6 +250,7 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           .checkpointEvery = f.checkpointEvery,
           .resume = f.resume,
           .resumeOnNewData = f.resumeOnNewData,
+          .asyncCheckpoints = f.asyncCheckpoints,
           .maxSteps = f.maxSteps,
           .stopRequested = &stop.requested,
           .stopSignal = &stop.signal,

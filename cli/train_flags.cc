@@ -124,6 +124,9 @@ void addRunFlags(CLI::App& c, TrainFlags& f) {
              "with --resume: accept training data other than the checkpoint's (refused otherwise), keeping the "
              "weights, optimizer state and step count, and start the checkpoint's epoch afresh on it (a new order)");
   c.add_option("--max-steps", f.maxSteps, "stop after N optimizer steps in all (a checkpoint is written)");
+  c.add_flag("--async-checkpoints", f.asyncCheckpoints,
+             "with --zero: each checkpoint's shards are copied to memory and written in the background while "
+             "training goes on, and committed at a later step once every worker's file is on disk");
 }
 
 // The flags of what the run reports: metrics, progress, TensorBoard, plot, trace and reports.
@@ -313,6 +316,10 @@ void validateOutputFlags(const TrainFlags& f) {
   if (f.resumeOnNewData && !f.resume) COHORT_THROW(InvalidArgument) << "--resume-on-new-data needs --resume";
   if ((f.resume || f.checkpointEvery > 0) && f.checkpoint.empty()) {
     COHORT_THROW(InvalidArgument) << (f.resume ? "--resume" : "--checkpoint-every") << " needs --checkpoint PATH";
+  }
+  if (f.asyncCheckpoints && (f.checkpoint.empty() || f.zero == 0)) {
+    COHORT_THROW(InvalidArgument) << "--async-checkpoints needs --checkpoint PATH and --zero 1 or more (the shard files "
+                                  << "are what is written in the background)";
   }
   if (f.loss != "ce" && f.loss != "mse") COHORT_THROW(InvalidArgument) << "unknown --loss '" << f.loss << "': expected ce or mse";
 }

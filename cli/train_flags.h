@@ -49,6 +49,7 @@ struct TrainFlags {
   int64_t checkpointEvery = 0;
   bool resume = false;
   bool resumeOnNewData = false;  // --resume on data other than the checkpoint's: a new epoch order
+  bool asyncCheckpoints = false;  // --async-checkpoints (with --zero): shard files written in the background
   int64_t maxSteps = 0;
   std::string metrics;
   bool memoryReport = false;

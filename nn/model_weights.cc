@@ -8,6 +8,7 @@
 #include "nn/gpt.h"
 #include "nn/gpt_files.h"
 #include "nn/model_spec.h"
+#include "nn/sharded_checkpoint.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -85,10 +86,21 @@ ModelWeights readModelWeights(const std::string& path) {
   }
   const auto spec = contents.metadata.find("model");
   if (spec == contents.metadata.end()) COHORT_THROW(IoError) << path << ": checkpoint metadata lacks 'model'";
-  ModelWeights w{.path = path, .format = "Cohort checkpoint", .spec = spec->second, .tensors = std::move(contents.tensors)};
+  auto model = modelOfMetadata(spec->second, path, "model");  // the spec is printed from here on: one Cohort builds
+  if (isShardedManifest(contents)) {
+    // A sharded checkpoint (ZeRO): its shard files assembled into the whole model, cut into its
+    // parameters as a whole-model checkpoint holds them (nn/sharded_checkpoint.h).
+    Checkpoint whole = readShardedCheckpoint(file, {.split = model->params.entries()});
+    whole.metadata["format"] = format->second;
+    contents = std::move(whole);
+    format = contents.metadata.find("format");
+  }
+  ModelWeights w{.path = path,
+                 .format = "Cohort checkpoint",
+                 .spec = contents.metadata.at("model"),
+                 .tensors = std::move(contents.tensors)};
   contents.metadata.erase(format);
   w.metadata = std::move(contents.metadata);
-  auto model = modelOfMetadata(w.spec, path, "model");  // the spec is printed from here on: one Cohort builds
   if (const Gpt* gpt = gptOf(*model)) w.vocabulary = gpt->options().vocab;
   requireFinite(w);
   return w;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -52,6 +53,15 @@ void refuseStaleGeneration(const std::string& path, uint64_t generation) {
   }
 }
 
+// The file at `path` with the CRC `given` reports, its size from lstat (no symbolic link, a regular
+// file): ShardedCommit::rereadFiles false.
+ShardFile statFile(const std::string& path, const ShardFile& given) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) COHORT_THROW(IoError) << path << ": missing shard file: " << std::strerror(errno);
+  if (!S_ISREG(st.st_mode)) COHORT_THROW(IoError) << path << ": is not a regular file";
+  return {.path = path, .bytes = static_cast<uint64_t>(st.st_size), .crc32c = given.crc32c};
+}
+
 // The files `commit` names, each checked: given by the caller (size checked here) or read back
 // and validated against the map, the generation and the tensors.
 std::vector<ShardFile> checkedFiles(const ShardMap& map, const ShardedCommit& commit, const Layout& layout) {
@@ -62,7 +72,8 @@ std::vector<ShardFile> checkedFiles(const ShardMap& map, const ShardedCommit& co
   std::vector<ShardFile> files;
   for (int r = 0; r < w; ++r) {
     const std::string expected = shardFilePath(commit.path, commit.generation, r, w);
-    ShardFile measured = measureFile(expected);
+    ShardFile measured = !commit.files.empty() && !commit.rereadFiles ? statFile(expected, commit.files[static_cast<size_t>(r)])
+                                                                       : measureFile(expected);
     if (!commit.files.empty()) {
       const ShardFile& given = commit.files[static_cast<size_t>(r)];
       if (given.path != expected) COHORT_THROW(InvalidArgument) << given.path << ": is not rank " << r << "'s shard file, " << expected;
@@ -174,10 +185,15 @@ CommitReport commitShardedCheckpoint(const ShardMap& map, const ShardedCommit& c
                       .worldSize = map.worldSize(),
                       .units = unitsOf(map),
                       .tensors = commit.tensors};
+  for (const NamedTensor& t : commit.whole) {
+    if (std::find(commit.tensors.begin(), commit.tensors.end(), t.name) != commit.tensors.end()) {
+      COHORT_THROW(InvalidArgument) << commit.path << ": '" << t.name << "' is both sharded and whole";
+    }
+  }
   const std::vector<ShardFile> files = checkedFiles(map, commit, layout);
   Metadata metadata = commit.metadata;
   metadata[kShardedCheckpointKey] = encodeManifest(layout, files);
-  writeCheckpoint(commit.path, {}, metadata);  // the commit point
+  writeCheckpoint(commit.path, commit.whole, metadata);  // the commit point
   return removeOtherGenerations(commit.path, commit.generation, files);
 }
 

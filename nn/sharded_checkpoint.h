@@ -11,8 +11,10 @@
 //       kShardFileKey: the generation, W, r and the units' names and real sizes) and the caller's metadata.
 //   P   the manifest, written last: a safetensors file without tensors whose metadata key
 //       kShardedCheckpointKey holds JSON naming the generation, W, the units, the tensor names and
-//       each rank's file with its size in bytes and CRC32C; the caller's metadata beside it. A file
-//       at P with that key is a sharded checkpoint; any other is a whole-model one (readAnyCheckpoint).
+//       each rank's file with its size in bytes and CRC32C; the caller's metadata beside it, and the
+//       caller's whole tensors (ShardedCommit::whole: small ones every rank holds alike, such as a
+//       model's BatchNorm running statistics). A file at P with that key is a sharded checkpoint; any
+//       other is a whole-model one (readAnyCheckpoint).
 // The commit point is the manifest's rename. A generation is written only above the committed one
 // (writeShardFile refuses the others), so a new checkpoint never overwrites the files the manifest
 // names: a crash at any moment leaves the last committed checkpoint whole. After the rename the
@@ -88,6 +90,13 @@ struct ShardedCommit {
   // Every rank's writeShardFile result in rank order (gathered by the caller); when empty, the
   // commit reads every shard file back and validates it (the map, the generation, the tensors).
   std::vector<ShardFile> files = {};
+  // With `files` given: true reads every file back and compares its size and CRC32C with them;
+  // false compares the sizes only (lstat) and takes the CRCs as given, where each rank computed its
+  // own from the durable file (writeShardFile does), so the commit reads no shard bytes.
+  bool rereadFiles = true;
+  // Tensors kept whole in the manifest itself (e.g. a model's buffers, identical on every rank): no
+  // name of `tensors`, any size, on the CPU. Readers return them after the sharded tensors.
+  std::vector<NamedTensor> whole = {};
 };
 
 struct CommitReport {
@@ -117,6 +126,7 @@ struct ShardedManifest {
   std::vector<std::string> tensors = {};
   std::vector<ShardFile> files = {};  // rank order; paths in the manifest's directory
   Metadata metadata = {};             // the caller's
+  std::vector<NamedTensor> whole = {};  // ShardedCommit::whole
 };
 
 // True when `ckpt` (as readCheckpoint returns it) is a sharded checkpoint's manifest.
@@ -135,7 +145,8 @@ struct ShardedReadOptions {
 };
 
 // The whole model of the sharded checkpoint at `path`: each sharded tensor assembled into its flat
-// buffer (split as the options say), in the manifest's order, and the caller's metadata.
+// buffer (split as the options say), in the manifest's order, then the manifest's whole tensors,
+// and the caller's metadata.
 Checkpoint readShardedCheckpoint(const std::string& path, const ShardedReadOptions& options = {});
 
 // A whole-model checkpoint from either kind of file: readCheckpoint's result for a whole-model

@@ -18,8 +18,13 @@ ShardedManifest manifestOf(const std::string& path, const Checkpoint& ckpt) {
   if (record == ckpt.metadata.end()) {
     COHORT_THROW(IoError) << path << ": not a sharded checkpoint (no '" << kShardedCheckpointKey << "' in its metadata)";
   }
-  if (!ckpt.tensors.empty()) COHORT_THROW(IoError) << path << ": a sharded checkpoint's manifest holds tensors";
   ShardedManifest manifest = decodeManifest(path, record->second);
+  for (const NamedTensor& t : ckpt.tensors) {
+    if (std::find(manifest.tensors.begin(), manifest.tensors.end(), t.name) != manifest.tensors.end()) {
+      COHORT_THROW(IoError) << path << ": the manifest holds '" << t.name << "' whole, and its shard files sharded";
+    }
+  }
+  manifest.whole = ckpt.tensors;
   manifest.metadata = ckpt.metadata;
   manifest.metadata.erase(kShardedCheckpointKey);
   return manifest;
@@ -136,6 +141,7 @@ Checkpoint assemble(const std::string& path, ShardedManifest manifest, const Sha
       ckpt.tensors.push_back(std::move(t));
     }
   }
+  for (NamedTensor& t : manifest.whole) ckpt.tensors.push_back(std::move(t));
   return ckpt;
 }
 

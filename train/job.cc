@@ -17,6 +17,7 @@
 #include "runtime/timeout.h"
 #include "train/checkpoint/checkpointer.h"
 #include "train/placement/placement_factory.h"
+#include "train/placement/sharded_placement.h"
 #include "train/settings_agreement.h"
 #include "train/step/step_guard.h"
 #include "train/step/step_pipeline.h"
@@ -215,7 +216,10 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                                                                        .optimizer = optimizer,
                                                                        .world = world_,
                                                                        .gpu = gpu_.get(),
-                                                                       .mode = toString(options_.mode)});
+                                                                       .mode = toString(options_.mode),
+                                                                       .sharded = dynamic_cast<ShardedPlacement*>(
+                                                                           placed_->placement.get()),
+                                                                       .timeout = options_.timeout});
 }
 
 StateBytes Job::stateBytes() const {
@@ -475,15 +479,18 @@ runtime::Tensor Job::wholeParams() {
   return whole;
 }
 
-void Job::save(const std::string& path, const nn::Metadata& extra) {
+void Job::save(const std::string& path, const nn::Metadata& extra, const SaveOptions& options) {
   requirePlaced("Job::save()");
   requireSettled("Job::save()");
-  if (choice_.zero == 3) {
-    COHORT_THROW(InvalidArgument) << "checkpoints of ZeRO stage 3 are not built yet (docs/sharding.md, \"What is not "
-                                     "built yet\"): save at stage 1 or 2, or take Job::wholeParams()";
-  }
-  checkpointer_->save(path, extra);
+  checkpointer_->save(path, extra, options);
 }
+
+std::optional<CheckpointCommit> Job::settleCheckpoint(const SettleOptions& options) {
+  requirePlaced("Job::settleCheckpoint()");
+  return checkpointer_->settle(options);
+}
+
+bool Job::checkpointInFlight() const { return checkpointer_ && checkpointer_->inFlight(); }
 
 std::optional<nn::Metadata> Job::load(const std::string& path, const nn::Metadata& mustMatch) {
   requirePlaced("Job::load()");

@@ -81,6 +81,7 @@
 #include "runtime/gpu_options.h"
 #include "runtime/logging.h"
 #include "runtime/world_info.h"
+#include "train/checkpoint/checkpoint_options.h"
 #include "train/observe/timeline.h"
 #include "train/placement/placement_choice.h"
 #include "train/settings.h"
@@ -262,8 +263,23 @@ class Job {
   // there is no file at `path`; it refuses (InvalidArgument) a checkpoint of another model,
   // optimizer or world size, or whose `mustMatch` values differ. Both refuse (InvalidArgument)
   // while deferred results are pending.
-  void save(const std::string& path, const nn::Metadata& extra = {});
+  // A sharded job (zero >= 1) writes a sharded checkpoint: each rank its shard file, rank 0 the
+  // manifest at `path` once every file is durable (the commit point; docs/checkpoints.md, "Sharded
+  // checkpoints in training"); nothing is gathered on one rank. With options.async (sharded jobs
+  // only, InvalidArgument otherwise) save() returns once this rank's shard is copied to staging; the
+  // checkpoint is committed by settleCheckpoint(), the next save() or a load(), and one is in flight
+  // at most. load() takes either kind of checkpoint in any job (resharded for another world size or
+  // stage, or assembled whole for a job that is not sharded).
+  void save(const std::string& path, const nn::Metadata& extra = {}, const SaveOptions& options = {});
   std::optional<nn::Metadata> load(const std::string& path, const nn::Metadata& mustMatch = {});
+  // Collective: commits the asynchronous checkpoint in flight once every rank's shard file is
+  // durable: waiting for that (up to the job's timeout, TimeoutError), or with wait false only if it
+  // already is. Returns what was committed; nullopt when nothing was (none in flight, or not yet).
+  // IoError on every rank when a rank's write or the commit failed: that checkpoint is dropped and
+  // the previous one stays. Call it before the program ends: an uncommitted checkpoint is lost.
+  std::optional<CheckpointCommit> settleCheckpoint(const SettleOptions& options = {});
+  // Whether an asynchronous checkpoint awaits settleCheckpoint() (the same on every rank).
+  bool checkpointInFlight() const;
 
   // This rank's part of a dataset: `options` with rank and worldSize set (DistributedSampler's split).
   runtime::data::DataLoaderOptions dataSplit(runtime::data::DataLoaderOptions options) const;

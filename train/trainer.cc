@@ -221,6 +221,7 @@ void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass&
 }
 
 bool Trainer::stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& result) {
+  settleCheckpoint(false);  // an asynchronous checkpoint committed as soon as every rank's file is durable
   const bool midEpoch = pos.batch < loader_.endBatch();
   const bool maxStepsDue = options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch;
   const bool checkpointDue = options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch;
@@ -269,6 +270,7 @@ bool Trainer::stopsAfterEpoch(const Position& pos, TrainResult& result) {
 }
 
 void Trainer::finishRun(TrainResult& result, Clock::time_point start) {
+  settleCheckpoint(true);
   if (!options_.tracePath.empty()) {
     const auto merge = Clock::now();
     writeTrace(job_, timeline_, options_.tracePath, job_.options().testHooks.clockSkewNs(job_.world().rank));

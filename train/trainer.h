@@ -102,6 +102,11 @@ struct TrainerOptions {
   // naming both) unless this is set: then the weights, the optimizer state and the step count are
   // kept and the checkpoint's epoch starts afresh (its order from the first sample) on the new data.
   bool resumeOnNewData = false;
+  // Sharded jobs (JobOptions::zero >= 1; InvalidArgument otherwise): each checkpoint only stages the
+  // shards (Job::save's SaveOptions::async) and is committed at a later step boundary, once every
+  // rank's file is durable (Job::settleCheckpoint; the run's end waits for it). Rank 0 logs each
+  // commit: how long training waited, the staging memory per rank, how long the write took.
+  bool asyncCheckpoints = false;
   int64_t maxSteps = 0;          // > 0: stop after this many optimizer steps in all (checkpointed; not in Hogwild)
   // Set asynchronously (e.g. by a SIGUSR1 handler): stop after the current step (agreed by all
   // ranks), write the checkpoint and return.
@@ -304,6 +309,9 @@ class Trainer {
   void prepareOnRankZero(const std::function<void()>& prepare, const std::string& what);
   void prepareOutputs();
   void saveCheckpoint(const Position& pos);
+  // Asynchronous checkpoints: commits the one in flight (waiting for it, or only if every rank's file
+  // is durable) and logs the commit on rank 0 (trainer_checkpoint.cc).
+  void settleCheckpoint(bool wait);
   bool loadCheckpoint(Position& pos);
   // The training data of the checkpoint's run (metadata `m`) against this run's: the same (false),
   // or, where the checkpoint does not record it, false with a warning; other data is refused

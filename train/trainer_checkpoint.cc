@@ -58,8 +58,21 @@ void Trainer::saveCheckpoint(const Position& pos) {
   // What a resume checks against (checkResumedData, noteChangedSettings).
   metadata.insert(trainData_.begin(), trainData_.end());
   for (const auto& [key, value] : runSettings()) metadata[key] = value;
-  job_.save(options_.checkpointPath, metadata);
+  job_.save(options_.checkpointPath, metadata, {.async = options_.asyncCheckpoints});
   checkpointHeld_ = true;
+}
+
+void Trainer::settleCheckpoint(bool wait) {
+  if (!job_.checkpointInFlight()) return;
+  Timeline::Scope span(timeline_, SpanKind::kCheckpoint);
+  const std::optional<CheckpointCommit> c = job_.settleCheckpoint({.wait = wait});
+  if (!c || job_.world().rank != 0) return;
+  char figures[160];
+  std::snprintf(figures, sizeof figures, "training waited %.1f ms to stage %.1f MiB per rank; written in %.1f ms",
+                c->stagedSeconds * 1e3, static_cast<double>(c->stagingBytes) / (1 << 20), c->writtenSeconds * 1e3);
+  job_.log().info() << "checkpoint of step " << c->step << " committed to " << c->path << " (generation "
+                    << c->generation << ", " << c->shardFiles << " shard files): " << figures;
+  for (const std::string& line : c->cleanupErrors) job_.log().warn() << line;
 }
 
 bool Trainer::loadCheckpoint(Position& pos) {

@@ -193,6 +193,10 @@ void Trainer::checkOptions() const {
     COHORT_THROW(InvalidArgument) << "checkpointEvery and maxSteps need ranks that step together: Hogwild workers meet "
                                      "(and checkpoint) only at the end of each epoch";
   }
+  if (options_.asyncCheckpoints && (job_.options().zero == 0 || options_.checkpointPath.empty())) {
+    COHORT_THROW(InvalidArgument) << "asyncCheckpoints needs a checkpoint path and a sharded job (zero >= 1): the shard "
+                                     "files are what is written in the background";
+  }
   if (options_.epochs <= 0) COHORT_THROW(InvalidArgument) << "epochs must be positive, got " << options_.epochs;
   if (options_.accumulateSteps < 1) {
     COHORT_THROW(InvalidArgument) << "accumulateSteps must be at least 1, got " << options_.accumulateSteps;

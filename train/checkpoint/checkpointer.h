@@ -14,7 +14,13 @@
 //
 // save() and load() are collective: every rank calls them at the same point. Rank 0 writes
 // (atomically: temporary file, fsync, rename); where ranks share the parameters, the others wait
-// until it has written them. load() validates everything that must match before it changes any
+// until it has written them. A sharded job (ZeRO, Context::sharded) writes a sharded checkpoint
+// instead: each rank its shard file, rank 0 the manifest that commits them, synchronously or in the
+// background (SaveOptions::async; settle() commits; train/checkpoint/sharded_checkpointer.h).
+// load() takes either kind of file in any job: a sharded checkpoint is resharded onto a sharded
+// job's map, or assembled whole (nn::readAnyCheckpoint) for any other job; a whole-model one loads
+// as always. Both kinds are validated alike before any state changes (a sharded checkpoint's
+// parameters by the names and shapes its manifest records, "param_shapes"). load() validates everything that must match before it changes any
 // state, and throws InvalidArgument naming the first difference (another model, optimizer, Hogwild
 // against a lockstep mode, parameter shape, or a caller's `mustMatch` value), IoError for a corrupt
 // file.
@@ -22,6 +28,9 @@
 // thread only.
 #pragma once
 
+#include <chrono>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -29,6 +38,7 @@
 #include "nn/model.h"
 #include "nn/optimizer.h"
 #include "runtime/world_info.h"
+#include "train/checkpoint/checkpoint_options.h"
 #include "train/placement/job_collectives.h"
 #include "train/placement/placement.h"
 
@@ -38,6 +48,9 @@ namespace cohort::train {
 // metadataCount, not a non-negative integer).
 const std::string& metadataText(const nn::Metadata& metadata, const std::string& key, const std::string& path);
 int64_t metadataCount(const nn::Metadata& metadata, const std::string& key, const std::string& path);
+
+class ShardedCheckpointer;
+class ShardedPlacement;
 
 class Checkpointer {
  public:
@@ -49,17 +62,27 @@ class Checkpointer {
     const runtime::WorldInfo& world;
     runtime::cuda::GpuContext* gpu = nullptr;
     std::string mode;  // "local", "hogwild", "allreduce": written, and compared on load
+    ShardedPlacement* sharded = nullptr;  // the placement, where it is ZeRO's: sharded checkpoints
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // the job's
   };
   explicit Checkpointer(const Context& context);
+  ~Checkpointer();
 
-  // `extra` may not use the keys the checkpointer writes itself (InvalidArgument).
-  void save(const std::string& path, const nn::Metadata& extra);
+  // `extra` may not use the keys the checkpointer writes itself (InvalidArgument); options.async
+  // only where the job is sharded (InvalidArgument otherwise).
+  void save(const std::string& path, const nn::Metadata& extra, const SaveOptions& options = {});
+  // Commits the sharded checkpoint in flight (nullopt: none, or not durable yet with wait false).
+  std::optional<CheckpointCommit> settle(const SettleOptions& options);
+  bool inFlight() const;
   // nullopt when there is no file at `path` (on every rank alike: a path every rank sees).
   std::optional<nn::Metadata> load(const std::string& path, const nn::Metadata& mustMatch);
 
  private:
   nn::Metadata identity() const;
-  void validate(const nn::Checkpoint& checkpoint, const std::string& path, const nn::Metadata& mustMatch) const;
+  // `shapes`: each parameter's shape as Shape::str() writes it, by name, as the checkpoint has them.
+  void validate(const nn::Metadata& metadata, const std::map<std::string, std::string>& shapes, const std::string& path,
+                const nn::Metadata& mustMatch) const;
+  void loadWhole(const nn::Checkpoint& checkpoint, const std::string& path);
 
   Placement& placement_;
   JobCollectives& collectives_;
@@ -68,6 +91,7 @@ class Checkpointer {
   const runtime::WorldInfo& world_;
   runtime::cuda::GpuContext* gpu_;
   std::string mode_;
+  std::unique_ptr<ShardedCheckpointer> sharded_;  // where the placement is ZeRO's
 };
 
 }  // namespace cohort::train
