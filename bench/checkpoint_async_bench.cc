@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   train::Job job({.mode = train::Mode::kAllReduce, .backend = train::Backend::kShm,
                   .paramCopies = train::ParamCopies::kReplicas, .zero = f.zero});
   auto model = nn::buildModel(f.model);
-  auto optimizer = nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 1e-4f}, model->params.numel());
+  auto optimizer = job.makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 1e-4f}, *model);
   job.place(*model, *optimizer, {.seed = 1});
   const int64_t in = model->params.entries().front().shape[1];
   Trainer t{job, *model, runtime::Tensor::zeros({f.batch, in}), runtime::Tensor::zeros({f.batch})};

@@ -61,8 +61,7 @@ Measured placeAndMeasure(train::Job& job, nn::Model& model, const ZeroMemoryBenc
   Measured m;
   const bool peak = resetPeakResident();
   const runtime::ProcessMemory before = runtime::processMemory();
-  auto optimizer = nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f},
-                                     model.params.numel(), job.gpu());
+  auto optimizer = job.makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f}, model);
   job.place(model, *optimizer, {.seed = 1});
   const runtime::ProcessMemory after = runtime::processMemory();
   m.heldRss = static_cast<double>(after.residentBytes) - static_cast<double>(before.residentBytes);

@@ -1,5 +1,6 @@
 #include "cli/memory_estimate.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,15 +38,20 @@ struct Floor {
   double logits = 0;       // a language model's logits of a step and their gradient
   double activations = 0;  // what a GPT's pass keeps (nn/gpt_memory.h)
   double attention = 0;    // of which the CPU attention's T×T scores
-  double total() const { return static_cast<double>(state.total()) + logits + activations; }
+  double placement = 0;    // the most held while the job places the model (train/zero_memory.h)
+  double total() const {
+    return std::max(static_cast<double>(state.total()) + logits + activations, placement);
+  }
 };
 
 Floor floorAt(const MemoryEstimateInputs& in, int zero, std::optional<nn::RecomputeMode> recompute) {
   std::vector<size_t> units;
   for (const auto& u : in.model.params.units()) units.push_back(u.numel);
   Floor f{.zero = zero, .recompute = recompute};
-  f.state =
-      train::zeroStateBytes({.units = units, .stage = zero, .groupSize = in.shardGroup, .optimizer = in.optimizer});
+  const train::ZeroMemoryOptions zeroOptions{
+      .units = units, .stage = zero, .groupSize = in.shardGroup, .optimizer = in.optimizer};
+  f.state = train::zeroStateBytes(zeroOptions);
+  f.placement = static_cast<double>(train::zeroPlacementPeakBytes(zeroOptions));
   const double vocabulary = in.context > 0 ? static_cast<double>(in.model.outputs) : 0.0;
   f.logits = 2.0 * static_cast<double>(in.batchSize) * static_cast<double>(in.context) * vocabulary * sizeof(float);
   if (const nn::Gpt* gpt = gptOf(in.model)) {
@@ -112,6 +118,9 @@ std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
     what += " at --zero " + std::to_string(in.zero) + " over " + std::to_string(in.shardGroup) + " ranks";
   if (s.staging > 0) what += ", the shards' temporary buffers " + bytes(static_cast<double>(s.staging));
   if (f.logits > 0) what += ", the logits of a step and their gradient " + bytes(f.logits);
+  if (f.placement > static_cast<double>(s.total()) + f.logits + f.activations) {
+    what += "; while the job places the model " + bytes(f.placement) + " (the whole parameters before they are sharded)";
+  }
   if (f.activations > 0) {
     what += ", the activations its backward keeps at --recompute " + nn::recomputeName(*f.recompute) + " " +
             bytes(f.activations);

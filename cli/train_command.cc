@@ -225,7 +225,7 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
                        .report = f.memoryReport,
                        .testAvailableBytes = testMemoryAvailableFromEnvironment()},
                       world, log);
-  run.optimizer = nn::makeOptimizer(optimizerOptions(f, run.lr), run.model->params.numel(), job.gpu());
+  run.optimizer = job.makeOptimizer(optimizerOptions(f, run.lr), *run.model);  // a ZeRO job's: the shard's
   job.place(*run.model, *run.optimizer,
             {.seed = f.seed,
              .initialise = init ? std::function<void(nn::Model&)>([&](nn::Model& m) { nn::copyWeights(m, *init); }) : nullptr,

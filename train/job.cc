@@ -21,6 +21,7 @@
 #include "train/settings_agreement.h"
 #include "train/step/step_guard.h"
 #include "train/step/step_pipeline.h"
+#include "train/zero_memory.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -164,7 +165,12 @@ void Job::checkPlaceable(const nn::Model& model, const nn::Optimizer& optimizer)
         << "' is already bound: give place() a model whose "
            "parameters are registered but not allocated (the job puts them where its mode needs them)";
   }
-  if (optimizer.numel() != model.params.numel()) {
+  if (optimizer.sharded()) {
+    if (choice_.kind != PlacementKind::kSharded) {
+      COHORT_THROW(InvalidArgument) << "the optimizer was made over a shard map, but this job keeps whole replicas (no "
+                                       "ZeRO stage): make it with job.makeOptimizer(options, model)";
+    }
+  } else if (optimizer.numel() != model.params.numel()) {
     COHORT_THROW(InvalidArgument) << "the optimizer was made for " << optimizer.numel() << " parameters, but model '"
                                   << model.name << "' has " << model.params.numel()
                                   << ": make it with makeOptimizer(options, model.params.numel(), job.gpu())";
@@ -188,6 +194,8 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
   checkPlaceable(model, optimizer);
   agree(builtInSettings(model, optimizer, o));
   model.params.allocate(runtime::cpuAllocator());
+  // A sharded job never keeps the whole gradient beside the whole parameters it initialises.
+  if (choice_.kind == PlacementKind::kSharded) model.params.dropWhole({.grads = true});
   PlacementContext context{.params = model.params,
                            .optimizer = optimizer,
                            .world = world_,
@@ -228,6 +236,13 @@ StateBytes Job::stateBytes() const {
   return {.params = model_->params.bytes(),
           .grads = model_->params.bytes(),
           .optimizer = optimizer_->stateFloats() * sizeof(float)};
+}
+
+std::unique_ptr<nn::Optimizer> Job::makeOptimizer(const nn::OptimizerOptions& options, const nn::Model& model) const {
+  if (choice_.kind != PlacementKind::kSharded) return nn::makeOptimizer(options, model.params.numel(), gpu_.get());
+  const int group = shardGroupSize(world_, choice_.zeroScope);
+  const int rank = choice_.zeroScope == ZeroScope::kNode && world_.spansNodes() ? world_.localRank : world_.rank;
+  return nn::makeShardOptimizer(options, nn::shardMapOf(model.params, {.worldSize = group, .rank = rank}), gpu_.get());
 }
 
 Settings Job::builtInSettings(const nn::Model& model, const nn::Optimizer& optimizer, const PlaceOptions& o) const {

@@ -206,6 +206,11 @@ class Job {
   // the optimizer and its hyper-parameters; the seed; the convolution algorithms; and options.settings. Another rank's
   // different setting is an InvalidArgument on every rank, naming both ranks and both values.
   void place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& options = {});
+  // The optimizer place() wants for `model` (registered, not bound): with a ZeRO stage, one over
+  // the rank's shard of the model's units (nn::makeShardOptimizer), so that the whole state is never
+  // allocated; otherwise nn::makeOptimizer's for the whole model, on this job's device. An optimizer
+  // made for the whole model is accepted too: place() then shards it, after allocating it whole.
+  std::unique_ptr<nn::Optimizer> makeOptimizer(const nn::OptimizerOptions& options, const nn::Model& model) const;
   bool placed() const { return placed_ != nullptr; }
   nn::Model& model() const;
   nn::Optimizer& optimizer() const;

@@ -57,4 +57,14 @@ StateBytes zeroStateBytes(const ZeroMemoryOptions& o) {
   return b;
 }
 
+size_t zeroPlacementPeakBytes(const ZeroMemoryOptions& o) {
+  const StateBytes steady = zeroStateBytes(o);
+  if (o.stage == 0) return steady.total();
+  size_t whole = 0;
+  for (size_t n : o.units) whole += n;
+  const size_t wholeBytes = whole * kFloat;
+  if (o.stage <= 2) return 2 * wholeBytes + steady.optimizer;
+  return wholeBytes + steady.params + steady.optimizer;
+}
+
 }  // namespace cohort::train

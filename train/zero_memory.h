@@ -52,6 +52,14 @@ struct ZeroMemoryOptions {
 // The figures above. InvalidArgument for a stage outside 0..3 or a group size below 1.
 StateBytes zeroStateBytes(const ZeroMemoryOptions& options);
 
+// The most a rank holds while Job::place places the model, before the first step, with the optimizer
+// made by Job::makeOptimizer (already the shard's): stage 0 its steady state; stages 1 and 2 the whole
+// parameters Job::place bound and their copy in the communicator's memory, beside the optimizer's
+// shard (4N + 4N + 4sN/W); stage 3 the whole parameters the initialisation fills, the packed
+// parameter shard and the optimizer's (4N + 4N/W + 4sN/W). An optimizer made for the whole model
+// adds its whole state until the placement shards it.
+size_t zeroPlacementPeakBytes(const ZeroMemoryOptions& options);
+
 // The floats of state the optimizer keeps per parameter: 2 for Adam and AdamW, 1 for SGD with
 // momentum, 0 for plain SGD.
 size_t optimizerStateFloats(const nn::OptimizerOptions& optimizer);

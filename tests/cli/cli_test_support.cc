@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "nn/checkpoint.h"
+#include "nn/model_weights.h"
 
 namespace cohort::testing {
 
@@ -181,7 +182,9 @@ double jsonNumber(const std::string& line, const std::string& key) {
 
 int expectSameParameters(const std::string& reference, const std::string& actual, double tolerance,
                          const std::string& context) {
-  nn::Checkpoint ref = nn::readCheckpoint(reference), other = nn::readCheckpoint(actual);
+  // A ZeRO job's checkpoint is sharded: read as one model (its parameters by name), as eval reads it.
+  nn::Checkpoint ref = nn::readCheckpoint(reference), other;
+  other.tensors = nn::readModelWeights(actual).tensors;
   int compared = 0;
   for (const auto& t : ref.tensors) {
     if (t.name.rfind("optimizer.", 0) == 0) continue;

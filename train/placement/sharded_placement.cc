@@ -45,7 +45,13 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
   // The optimizer's whole state goes first, before anything else is allocated: the placement's peak
   // stays the whole parameters and gradients Job::place bound.
   map_.emplace(nn::shardMapOf(params_, {.worldSize = shard.size(), .rank = shard.rank()}));
-  optimizer_.shardOver(*map_);
+  if (!optimizer_.sharded()) {
+    optimizer_.shardOver(*map_);
+  } else if (optimizer_.numel() != map_->shardNumel() || optimizer_.shardPieces().size() != map_->units()) {
+    COHORT_THROW(InvalidArgument) << "the optimizer was sharded over another map (" << optimizer_.numel()
+                                  << " elements, this rank's shard has " << map_->shardNumel()
+                                  << "): make it with job.makeOptimizer(options, model)";
+  }
   // Every rank initialises the whole model, then takes rank 0's (a program's own initialisation may
   // differ between ranks), as replicas do.
   c.initialise();
