@@ -94,6 +94,12 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
     COHORT_THROW(InvalidArgument) << "precision " << runtime::dtypeName(o.precision)
                                   << " needs a GPU (on the CPU every pass computes in fp32): train on device cuda";
   }
+  if (onGpu && o.zero > 0 && o.precision != runtime::DType::kF32) {
+    COHORT_THROW(InvalidArgument) << "ZeRO on GPUs trains in fp32 only so far (docs/sharding.md, \"What is not built "
+                                     "yet\"): precision "
+                                  << runtime::dtypeName(o.precision) << " with ZeRO stage " << o.zero
+                                  << " is not built; use precision fp32, or no ZeRO stage";
+  }
   if (onGpu && o.mode == Mode::kHogwild && world.spansNodes()) {
     COHORT_THROW(InvalidArgument)
         << "mode hogwild across nodes averages the nodes' copies on the CPU, but this job has " << world.worldSize
@@ -345,7 +351,8 @@ StepResult Job::step(const StepOptions& options) {
     COHORT_THROW(InvalidArgument) << "clipGradNorm must be a finite number >= 0 (0: no clipping), got "
                                   << options.clipGradNorm;
   }
-  const bool defer = options.deferResult && gpu_;
+  // A split gradient (ZeRO) is judged on the host: its step is synchronous, its result ready.
+  const bool defer = options.deferResult && gpu_ && !placed_->placement->splitsGradient();
   if (pendingSteps() > (options.deferResult ? 1u : 0u)) {
     COHORT_THROW(InvalidArgument) << "Job::step() with " << pendingSteps() << " deferred result(s) pending: take them "
                                   << "with settleStep() first (a deferred step may follow at most one, a "

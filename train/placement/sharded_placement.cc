@@ -4,13 +4,29 @@
 #include <vector>
 
 #include "collectives/split.h"
-#include "nn/grad_norm.h"
 #include "runtime/error.h"
 #include "train/step/step_pipeline.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/gpu_context.h"
+#endif
 
 namespace cohort::train {
 
 namespace {
+
+// GPU: the caching allocator's freed blocks go back to the driver (after the stream's work, which
+// may still read them). Blocks are never split, so a shard would otherwise take a whole buffer's
+// block and hold as much memory as the whole buffer did.
+void releaseCache(runtime::cuda::GpuContext* gpu, std::chrono::milliseconds timeout) {
+#ifdef COHORT_HAVE_CUDA
+  if (!gpu) return;
+  gpu->stream().synchronize(timeout);
+  gpu->allocator().emptyCache();
+#endif
+  (void)gpu;
+  (void)timeout;
+}
 
 // Scope node needs every node to run as many ranks (the nodes' maps must cut alike): refused on
 // every rank otherwise, naming two sizes.
@@ -30,11 +46,13 @@ void requireEvenNodes(collectives::Communicator& world, int nodeSize, std::chron
 
 ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptions& options)
     : params_(c.params), optimizer_(c.optimizer), timeout_(c.timeout), timeline_(c.timeline), options_(options) {
-  COHORT_CHECK(!c.gpu) << "the sharded placement runs on the CPU";
   COHORT_CHECK(options.stage >= 1 && options.stage <= 3) << "ZeRO stage " << options.stage;
+  COHORT_CHECK(!c.gpu || options.scope == ZeroScope::kJob) << "ZeRO scope node on GPUs";
+  // On a GPU the collectives run over NCCL, ordered against the compute stream (shard_sync.h).
   world_ = collectives::makeCommunicator({.backend = options.backend,
                                           .world = c.world,
                                           .timeout = c.timeout,
+                                          .computeStream = computeStreamOf(c.gpu),
                                           .faultInjection = faultInjectionOf(c.testHooks)});
   if (options.scope == ZeroScope::kNode && c.world.spansNodes()) {
     node_ = collectives::splitNodeRanks(*world_, c.world);
@@ -45,24 +63,35 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
   // Every rank initialises the whole model, then takes rank 0's (a program's own initialisation may
   // differ between ranks), as replicas do.
   c.initialise();
+  moveToGpu(params_, c.gpu);
   world_->broadcast(params_.values().data(), params_.numel(), 0)->wait(timeout_);
-  // The whole buffers that the stage keeps in the shard communicator's memory, where shm reduces
-  // and gathers them in place (ShardSync drops the others).
-  if (options.stage <= 2) {
-    values_ = shard.allocateBuffer(params_.numel());
-    params_.relocate({.values = values_->data(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator()});
-  }
-  if (options.stage == 1) {
-    grads_ = shard.allocateBuffer(params_.numel());
-    params_.placeGrads(grads_->data());
-  }
+  if (!c.gpu) placeWholeBuffers(shard);
   map_.emplace(nn::shardMapOf(params_, {.worldSize = shard.size(), .rank = shard.rank()}));
-  optimizer_.shardOver(*map_);
   sync_ = std::make_unique<ShardSync>(
       shard, *map_, params_,
       ShardSyncOptions{.stage = options.stage,
                        .prefetch = options.prefetch,
-                       .cross = cross_.get(), .timeout = c.timeout, .timeline = &c.timeline});
+                       .cross = cross_.get(),
+                       .timeout = c.timeout,
+                       .timeline = &c.timeline,
+                       .gpu = c.gpu});
+  releaseCache(c.gpu, c.timeout);  // the whole buffers ShardSync dropped
+  optimizer_.shardOver(*map_);
+  releaseCache(c.gpu, c.timeout);  // the whole optimizer state
+}
+
+// On the CPU, the whole buffers that the stage keeps go into the shard communicator's memory, where
+// shm reduces and gathers them in place (ShardSync drops the others). On a GPU they stay where
+// moveToGpu put them (the caching allocator), which NCCL reads as it is.
+void ShardedPlacement::placeWholeBuffers(collectives::Communicator& shard) {
+  if (options_.stage <= 2) {
+    values_ = shard.allocateBuffer(params_.numel());
+    params_.relocate({.values = values_->data(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator()});
+  }
+  if (options_.stage == 1) {
+    grads_ = shard.allocateBuffer(params_.numel());
+    params_.placeGrads(grads_->data());
+  }
 }
 
 ShardedPlacement::~ShardedPlacement() = default;
@@ -76,10 +105,17 @@ std::optional<StateBytes> ShardedPlacement::stateBytes() const {
 }
 
 std::optional<runtime::Tensor> ShardedPlacement::gatherWholeParams() {
-  if (options_.stage != 3) return std::nullopt;
-  runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
-  sync_->gatherShard(sync_->values(), whole.data());
-  return whole;
+  if (options_.stage == 3) return gatherToHost(sync_->values());
+  if (!sync_->memory().onGpu()) return std::nullopt;
+  return sync_->memory().toHost(params_.values().data(), params_.numel(), timeout_);
+}
+
+runtime::Tensor ShardedPlacement::gatherToHost(const float* shard) {
+  const ShardMemory& memory = sync_->memory();
+  runtime::Tensor whole = memory.zeros(params_.numel());
+  sync_->gatherShard(shard, whole.data());
+  if (!memory.onGpu()) return whole;
+  return memory.toHost(whole.data(), params_.numel(), timeout_);
 }
 
 void ShardedPlacement::beginPass(int microBatch, int microBatches) { sync_->beginPass(microBatch, microBatches); }
@@ -97,13 +133,20 @@ void ShardedPlacement::reduceGradients(const StepPlan&, LossVote& vote) {
   vote.finish(timeout_);
 }
 
+// Per piece (the real elements), summed in piece order; on a GPU at stages 2 and 3 one sum over
+// the packed gradient shard instead, whose padding is zero: the same Σ in one kernel.
 PartialNorm ShardedPlacement::squaredNorm(const StepPlan& plan) {
-  const float* grads = sync_->grads();
-  double squares = 0;
-  for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
-    squares += nn::sumOfSquares({grads + (sync_->gradsPacked() ? p.shardOffset : p.flatBegin), p.realNumel()});
+  float* grads = sync_->grads();
+  const ShardMemory& memory = sync_->memory();
+  std::vector<runtime::Tensor> pieces;
+  if (memory.onGpu() && sync_->gradsPacked()) {
+    pieces.push_back(memory.view(grads, map_->shardNumel()));
+  } else {
+    for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
+      pieces.push_back(memory.view(grads + (sync_->gradsPacked() ? p.shardOffset : p.flatBegin), p.realNumel()));
+    }
   }
-  return {.squares = squares, .scale = plan.gradScale};
+  return {.squares = plan.guard->sumOfSquares(pieces), .scale = plan.gradScale};
 }
 
 // The shard group's rows, added in rank order (scope node: every node holds the same pieces, so
@@ -128,26 +171,24 @@ void ShardedPlacement::update(const StepPlan& plan, float clip) {
   const float scale = plan.gradScale * clip;
   float* grads = sync_->grads();
   const bool packed = sync_->gradsPacked();
+  const ShardMemory& memory = sync_->memory();
   if (options_.stage == 3) {
     const size_t n = map_->shardNumel();
-    if (scale != 1.0f) {
-      for (size_t i = 0; i < n; ++i) grads[i] *= scale;
-    }
-    const runtime::Shape shape{static_cast<int64_t>(n)};
-    optimizer_.stepShard(runtime::Tensor::view(sync_->values(), shape), runtime::Tensor::view(grads, shape));
+    memory.scale(grads, n, scale);
+    optimizer_.stepShard(memory.view(sync_->values(), n), memory.view(grads, n));
     return;
   }
   nn::Optimizer::PieceBuffers buffers{.values = sync_->values(), .grads = grads, .gradsPacked = packed};
   if (scale != 1.0f) {
-    buffers.prepare = [grads, scale, packed](const nn::ShardMap::Piece& p) {
-      float* g = grads + (packed ? p.shardOffset : p.flatBegin);
-      for (size_t i = 0; i < p.realNumel(); ++i) g[i] *= scale;
+    buffers.prepare = [&memory, grads, scale, packed](const nn::ShardMap::Piece& p) {
+      memory.scale(grads + (packed ? p.shardOffset : p.flatBegin), p.realNumel(), scale);
     };
   }
   optimizer_.stepPieces(buffers);
 }
 
 void ShardedPlacement::packParams(float* shard) const {
+  COHORT_CHECK(!sync_->memory().onGpu()) << "packParams packs CPU parameters";
   if (options_.stage == 3) {
     std::copy_n(sync_->values(), map_->shardNumel(), shard);
     return;
@@ -156,6 +197,7 @@ void ShardedPlacement::packParams(float* shard) const {
 }
 
 void ShardedPlacement::unpackParams(const float* shard) {
+  COHORT_CHECK(!sync_->memory().onGpu()) << "unpackParams unpacks into CPU parameters";
   float* values = sync_->values();
   if (options_.stage == 3) {
     std::copy_n(shard, map_->shardNumel(), values);
