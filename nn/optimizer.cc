@@ -62,9 +62,14 @@ class Sgd final : public Optimizer {
             .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data(), n) : std::span<float>()};
   }
 #endif
-  void stepGpu(const Tensor& params, const Tensor& grads) override {
+  void stepGpuRange(float* p, const float* g, int64_t stateBegin, int64_t n) override {
 #ifdef COHORT_HAVE_CUDA
-    runtime::cuda::sgdStep(gpuBuffers(params, grads), gpuOptions(steps_, options_.lr), gpu_->stream());
+    const auto count = static_cast<size_t>(n);
+    const runtime::cuda::SgdBuffers buffers{
+        .param = {p, count},
+        .grad = {g, count},
+        .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data() + stateBegin, count) : std::span<float>()};
+    runtime::cuda::sgdStep(buffers, gpuOptions(steps_, options_.lr), gpu_->stream());
 #endif
   }
   void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) override {
@@ -138,10 +143,10 @@ class Adam final : public Optimizer {
     return {params.data(), grads.data(), expAvg_.data(), expAvgSq_.data(), params.numel()};
   }
 #endif
-  void stepGpu(const Tensor& params, const Tensor& grads) override {
+  void stepGpuRange(float* p, const float* g, int64_t stateBegin, int64_t n) override {
 #ifdef COHORT_HAVE_CUDA
-    const runtime::cuda::AdamBuffers b = gpuBuffers(params, grads);
-    runtime::cuda::adamStep(b.param, b.grad, b.expAvg, b.expAvgSq, b.n, gpuOptions(steps_, options_.lr), gpu_->stream());
+    runtime::cuda::adamStep(p, g, expAvg_.data() + stateBegin, expAvgSq_.data() + stateBegin, n,
+                            gpuOptions(steps_, options_.lr), gpu_->stream());
 #endif
   }
   void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) override {
@@ -197,7 +202,7 @@ void Optimizer::step(const Tensor& params, const Tensor& grads) {
   if (onGpu(params) || gpu_) {
     requireGpuBuffers(params, grads);
     beginStep();
-    stepGpu(params, grads);
+    stepGpuRange(params.data(), grads.data(), 0, params.numel());
     ++steps_;
     return;
   }
@@ -264,7 +269,6 @@ void Optimizer::stepPieces(const PieceBuffers& b) {
   if (!sharded_) {
     COHORT_THROW(InvalidArgument) << name() << " was not made over a shard map: make it with makeShardOptimizer";
   }
-  COHORT_CHECK(!gpu_) << "stepPieces steps CPU buffers (a GPU shard steps with stepShard)";
   COHORT_CHECK(b.values && b.grads) << "stepPieces without buffers";
   beginStep();
   for (const ShardMap::Piece& p : pieces_) {
@@ -272,7 +276,11 @@ void Optimizer::stepPieces(const PieceBuffers& b) {
     float* values = b.values + (b.valuesPacked ? p.shardOffset : p.flatBegin);
     const float* grads = b.grads + (b.gradsPacked ? p.shardOffset : p.flatBegin);
     if (b.prepare) b.prepare(p);
-    stepRange(values, grads, stateBegin, static_cast<int64_t>(p.realNumel()));
+    if (gpu_) {
+      stepGpuRange(values, grads, stateBegin, static_cast<int64_t>(p.realNumel()));
+    } else {
+      stepRange(values, grads, stateBegin, static_cast<int64_t>(p.realNumel()));
+    }
   }
   ++steps_;
 }
@@ -282,7 +290,11 @@ void Optimizer::shardOver(const ShardMap& map) {
     COHORT_THROW(InvalidArgument) << name() << " has taken " << steps_
                                   << " steps: only a fresh optimizer can be sharded (its state would be lost)";
   }
-  for (Tensor* t : stateTensors()) *t = zeroState(map.shardNumel());
+  // Every new tensor before the old ones go: a caching allocator would otherwise hand a shard the
+  // whole state's block just freed (runtime/cuda/caching_allocator.h: blocks are never split).
+  std::vector<Tensor> fresh;
+  for (size_t i = 0; i < stateTensors().size(); ++i) fresh.push_back(zeroState(map.shardNumel()));
+  for (size_t i = 0; Tensor* t : stateTensors()) *t = std::move(fresh[i++]);
   numel_ = map.shardNumel();
   sharded_ = true;
   pieces_ = map.pieces(map.rank());

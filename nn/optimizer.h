@@ -87,11 +87,14 @@ class Optimizer {
   // buffers zero (p = 0, g = 0 and zero state give 0 under every rule). Counts as one step. Throws
   // InvalidArgument for an optimizer not made over a shard map or buffers of another size.
   void stepShard(const Tensor& values, const Tensor& grads);
-  // The same on the CPU where the values or the gradients are not packed: each piece's real
-  // elements read from the packed shard (packed) or from the piece's place in a flat buffer of the
-  // whole model (flatBegin..flatEnd); the state is the shard's. ZeRO 1 and 2 keep the whole
-  // parameter buffer and step its owned pieces in place. `prepare`, when set, runs before each
-  // piece is updated (e.g. to scale its gradient while it is hot). Counts as one step.
+  // The same where the values or the gradients are not packed: each piece's real elements read from
+  // the packed shard (packed) or from the piece's place in a flat buffer of the whole model
+  // (flatBegin..flatEnd); the state is the shard's. ZeRO 1 and 2 keep the whole parameter buffer
+  // and step its owned pieces in place. `prepare`, when set, runs before each piece is updated
+  // (e.g. to scale its gradient while it is hot). On a GPU (the buffers device memory of the
+  // optimizer's GPU) one kernel per piece over its offset pointers, enqueued on the stream after
+  // `prepare` enqueued its own; each element's update is the whole-buffer kernel's. Counts as one
+  // step.
   struct PieceBuffers {
     float* values = nullptr;
     bool valuesPacked = false;
@@ -141,8 +144,9 @@ class Optimizer {
   void sweep(float* params, const float* grads, int64_t begin, int64_t end, const BlockHook* prepareBlock = nullptr);
   // The state tensors, for placeState() (a subset of state(), same order).
   virtual std::vector<Tensor*> stateTensors() = 0;
-  // The whole update on the GPU (params and grads are device buffers of gpu_'s device).
-  virtual void stepGpu(const Tensor& params, const Tensor& grads) = 0;
+  // The update of n elements on the GPU (params and grads device buffers of gpu_'s device), with
+  // the state's elements [stateBegin, stateBegin + n), for the step being taken; one kernel.
+  virtual void stepGpuRange(float* params, const float* grads, int64_t stateBegin, int64_t n) = 0;
   virtual void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) = 0;
   // Throws InvalidArgument unless params and grads are on this optimizer's GPU.
   void requireGpuBuffers(const Tensor& params, const Tensor& grads) const;

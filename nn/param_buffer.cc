@@ -223,7 +223,8 @@ Tensor ParamBuffer::buffer(size_t index) const {
 void ParamBuffer::zeroGrads() const { grads_.fill(0.0f); }
 
 void ParamBuffer::dropWhole(const WholeBuffers& which) {
-  COHORT_CHECK(bound() && (!values_.defined() || values_.device().isCpu())) << "dropWhole needs a CPU binding";
+  COHORT_CHECK(bound()) << "dropWhole before binding";
+  if (values_.defined()) unitDevice_ = values_.device();
   if (which.values) values_ = Tensor();
   if (which.grads) grads_ = Tensor();
   for (auto& [value, grad] : targets_) {
@@ -245,8 +246,8 @@ void ParamBuffer::placeUnit(size_t unit, float* values, float* grads) {
   for (size_t i = u.firstEntry; i < u.endEntry; ++i) {
     const Entry& e = entries_[i];
     const size_t at = e.offset - u.offset;
-    if (values) *targets_[i].first = Tensor::view(values + at, e.shape);
-    if (grads) *targets_[i].second = Tensor::view(grads + at, e.shape);
+    if (values) *targets_[i].first = Tensor::view(values + at, e.shape, unitDevice_);
+    if (grads) *targets_[i].second = Tensor::view(grads + at, e.shape, unitDevice_);
   }
 }
 

@@ -110,11 +110,12 @@ class ParamBuffer {
   void placeGrads(float* grads);
 
   // Sharded training (ZeRO 2 and 3; train/placement/shard_sync.h) keeps no whole buffer: after binding
-  // on the CPU, dropWhole releases the whole gradient buffer (and with `values` the value buffer),
+  // (on the CPU or a GPU), dropWhole releases the whole gradient buffer (and with `values` the value buffer),
   // leaving every registered Tensor of that kind undefined until placeUnit points a unit's at memory
   // of its own; grads()/values() are then undefined too. bytes() and the layout stay. A unit's
   // memory is `unit.numel` floats (the unit's slice, padding between entries included): each entry
-  // at its offset within the unit. Null leaves that kind as it is.
+  // at its offset within the unit, on the device the whole buffers were on. Null leaves that kind
+  // as it is.
   struct WholeBuffers {
     bool values = false;
     bool grads = false;
@@ -162,6 +163,7 @@ class ParamBuffer {
   Tensor values_;
   Tensor grads_;
   bool bound_ = false;  // binding happened (the whole buffers may have been dropped since)
+  runtime::Device unitDevice_ = runtime::Device::cpu();  // where placeUnit's memory is (dropWhole)
   std::vector<Entry> bufferEntries_;
   std::vector<Tensor*> bufferTargets_;
   std::vector<float> bufferInitial_;

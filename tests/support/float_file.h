@@ -1,8 +1,11 @@
 // Float32 values in a raw file, for tests whose ranks (forked processes) hand their results to the
-// parent: writeFloats by a rank, readFloats by the parent (an empty vector for a missing file).
+// parent: writeFloats by a rank, readFloats by the parent (an empty vector for a missing file), and
+// compareFloats to say how far two runs' values are apart.
 // Thread safety: none needed (plain functions over files).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -25,6 +28,23 @@ inline std::vector<float> readFloats(const std::string& path) {
   std::vector<float> values(bytes.size() / sizeof(float));
   std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
   return values;
+}
+
+struct FloatDifference {
+  size_t bitsDiffer = 0;
+  double worstRelative = 0;  // |a - b| / max(|b|, 1e-3)
+};
+
+// How many of a's values differ from b's in their bits (a and b of one size), and the worst
+// relative difference among them.
+inline FloatDifference compareFloats(const std::vector<float>& a, const std::vector<float>& b) {
+  FloatDifference d;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
+    ++d.bitsDiffer;
+    d.worstRelative = std::max(d.worstRelative, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), 1e-3));
+  }
+  return d;
 }
 
 }  // namespace cohort::testing

@@ -115,20 +115,8 @@ void train(const ZeroRun& run) {
 
 using cohort::testing::readFloats;
 
-struct Difference {
-  size_t bitsDiffer = 0;
-  double worstRelative = 0;  // |a - b| / max(|b|, 1e-3)
-};
-
-Difference compare(const std::vector<float>& a, const std::vector<float>& b) {
-  Difference d;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
-    ++d.bitsDiffer;
-    d.worstRelative = std::max(d.worstRelative, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), 1e-3));
-  }
-  return d;
-}
+using Difference = cohort::testing::FloatDifference;
+constexpr auto compare = cohort::testing::compareFloats;
 
 TEST(Zero, StagesOneAndTwoTrainToStageZerosParameters) {
   ipc::testing::ScopedShmDir shm;

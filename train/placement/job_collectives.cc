@@ -28,6 +28,20 @@ std::vector<double> gatherDoubles(collectives::Communicator& comm, std::span<con
   static_assert(sizeof(double) == 2 * sizeof(float));
   std::vector<double> all(static_cast<size_t>(comm.size()) * mine.size());
   if (mine.empty()) return all;
+  if (comm.backend() == "nccl") {
+    // NCCL moves host memory only in small staged all-reduces and broadcasts: each rank's values go
+    // out in turn, kBroadcastDoubles at a time, as raw bits (a broadcast copies, it never adds).
+    constexpr size_t kBroadcastDoubles = 16;
+    for (int r = 0; r < comm.size(); ++r) {
+      double* row = all.data() + static_cast<size_t>(r) * mine.size();
+      if (r == comm.rank()) std::copy(mine.begin(), mine.end(), row);
+      for (size_t first = 0; first < mine.size(); first += kBroadcastDoubles) {
+        const size_t n = std::min(kBroadcastDoubles, mine.size() - first);
+        comm.broadcast(reinterpret_cast<float*>(row + first), 2 * n, r)->wait(timeout);
+      }
+    }
+    return all;
+  }
   std::vector<float> sent(2 * mine.size()), received(2 * all.size());
   std::memcpy(sent.data(), mine.data(), mine.size_bytes());
   comm.allGather(sent.data(), received.data(), sent.size(), {})->wait(timeout);
@@ -47,20 +61,7 @@ void CommCollectives::barrier(const std::string&) {
 
 std::vector<double> CommCollectives::gatherRows(std::span<const double> mine, int& ranks) {
   ranks = comm_.size();
-  if (comm_.backend() != "nccl") return gatherDoubles(comm_, mine, timeout_);
-  // NCCL moves host memory only in small staged all-reduces and broadcasts: each rank's values go
-  // out in turn, kBroadcastDoubles at a time, as raw bits (a broadcast copies, it never adds).
-  constexpr size_t kBroadcastDoubles = 16;
-  std::vector<double> all(static_cast<size_t>(ranks) * mine.size());
-  for (int r = 0; r < ranks; ++r) {
-    double* row = all.data() + static_cast<size_t>(r) * mine.size();
-    if (r == comm_.rank()) std::copy(mine.begin(), mine.end(), row);
-    for (size_t first = 0; first < mine.size(); first += kBroadcastDoubles) {
-      const size_t n = std::min(kBroadcastDoubles, mine.size() - first);
-      comm_.broadcast(reinterpret_cast<float*>(row + first), 2 * n, r)->wait(timeout_);
-    }
-  }
-  return all;
+  return gatherDoubles(comm_, mine, timeout_);
 }
 
 }  // namespace cohort::train

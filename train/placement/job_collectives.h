@@ -56,6 +56,7 @@ class JobCollectives {
 void reduceRows(std::span<double> values, std::span<const double> all, int ranks, ScalarOp op);
 // Every rank's `mine` (the same size on every rank), rank-major, gathered over `comm` as raw bits:
 // each rank reduces exactly the values the others had (doubles do not survive a float reduction).
+// Host memory on every backend (nccl: staged broadcasts, each rank's row in turn).
 std::vector<double> gatherDoubles(collectives::Communicator& comm, std::span<const double> mine,
                                   std::chrono::milliseconds timeout);
 

@@ -47,6 +47,14 @@ void moveToGpu(nn::ParamBuffer& params, runtime::cuda::GpuContext* gpu) {
 #endif
 }
 
+const runtime::Stream* computeStreamOf(runtime::cuda::GpuContext* gpu) {
+#ifdef COHORT_HAVE_CUDA
+  if (gpu) return &gpu->stream();
+#endif
+  (void)gpu;
+  return nullptr;
+}
+
 void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::GpuContext* gpu) {
   if (scale == 1.0f) return;
   const runtime::Tensor& g = params.grads();

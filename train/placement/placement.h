@@ -220,6 +220,8 @@ class WholeGradientPlacement : public Placement {
 // Moves CPU-bound parameters to `gpu`'s device (gradients and buffers in its caching allocator);
 // nothing when gpu is nullptr.
 void moveToGpu(nn::ParamBuffer& params, runtime::cuda::GpuContext* gpu);
+// The GPU's compute stream (CommunicatorOptions::computeStream for nccl); nullptr for the CPU.
+const runtime::Stream* computeStreamOf(runtime::cuda::GpuContext* gpu);
 // Multiplies the gradients by `scale` (nothing when it is 1): on the CPU, or on `gpu`'s stream.
 void scaleGradients(const nn::ParamBuffer& params, float scale, runtime::cuda::GpuContext* gpu);
 // The optimizer state of a job with one state (local, replicas, the shared copy): "optimizer.<state>"

@@ -179,9 +179,12 @@ ResolvedPlacement resolveCpuAllReduce(const PlacementRequest& r, const runtime::
 ResolvedPlacement resolveSharded(const PlacementRequest& r, const runtime::WorldInfo& world, bool onGpu) {
   ResolvedPlacement p{.kind = PlacementKind::kSharded, .zero = r.zero, .zeroScope = r.zeroScope};
   if (onGpu) {
-    COHORT_THROW(InvalidArgument) << "ZeRO stage " << r.zero
-                                  << " runs on the CPU only so far (docs/sharding.md, \"What is not built yet\"): "
-                                     "train on device cpu, or without a ZeRO stage on GPUs";
+    if (r.zeroScope == ZeroScope::kNode) {
+      COHORT_THROW(InvalidArgument) << "ZeRO scope node is not built on GPUs yet (docs/sharding.md, \"What is not "
+                                       "built yet\"): use scope job, or train on device cpu";
+    }
+    p.backend = Backend::kNccl;
+    return p;
   }
 
   const std::string name = collectives::resolveBackend(

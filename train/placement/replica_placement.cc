@@ -2,23 +2,7 @@
 
 #include "train/step/step_pipeline.h"
 
-#ifdef COHORT_HAVE_CUDA
-#include "runtime/cuda/gpu_context.h"
-#endif
-
 namespace cohort::train {
-
-namespace {
-
-const runtime::Stream* computeStreamOf(runtime::cuda::GpuContext* gpu) {
-#ifdef COHORT_HAVE_CUDA
-  if (gpu) return &gpu->stream();
-#endif
-  (void)gpu;
-  return nullptr;
-}
-
-}  // namespace
 
 ReplicaPlacement::ReplicaPlacement(const PlacementContext& c, const std::string& backend)
     : WholeGradientPlacement({c.params, c.optimizer, c.gpu}), timeout_(c.timeout), timeline_(c.timeline) {

@@ -1,7 +1,6 @@
 #include "train/placement/shard_sync.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "runtime/error.h"
 
@@ -11,11 +10,20 @@ namespace {
 
 using collectives::ReduceOp;
 
+size_t floatsOf(const runtime::Tensor& t) { return t.defined() ? static_cast<size_t>(t.numel()) : 0; }
+
 }  // namespace
 
 ShardSync::ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, nn::ParamBuffer& params,
                      const ShardSyncOptions& options)
-    : shard_(shard), map_(map), params_(params), options_(options), stage_(options.stage), units_(map.units()) {
+    : shard_(shard),
+      map_(map),
+      params_(params),
+      options_(options),
+      stage_(options.stage),
+      units_(map.units()),
+      memory_(options.gpu),
+      pool_(memory_) {
   COHORT_CHECK(stage_ >= 1 && stage_ <= 3) << "ZeRO stage " << stage_;
   COHORT_CHECK(map.worldSize() == shard.size() && map.rank() == shard.rank())
       << "a shard map of " << map.worldSize() << " ranks over a communicator of " << shard.size();
@@ -25,27 +33,43 @@ ShardSync::ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, 
     unitOfOffset_[map.unitOffset(u)] = u;
     units_[u].declared = params.units()[u].declared;
     units_[u].padded = map.unit(u).numel < padded(u);
-    if (stage_ == 1 && units_[u].padded) units_[u].staging.assign(padded(u), 0.0f);
+    if (stage_ == 1 && units_[u].padded) units_[u].staging = memory_.zeros(padded(u));
   }
   if (stage_ == 1) return;
-  gradShard_.assign(map.shardNumel(), 0.0f);
-  if (stage_ == 3) {
-    valueShard_.assign(map.shardNumel(), 0.0f);
-    map.pack(params.values().data(), map.rank(), valueShard_.data());
-  }
+  gradShard_ = memory_.zeros(map.shardNumel());
+  if (stage_ == 3) packValues();
   // The units nobody reports keep their windows; the others get theirs when computed with.
   for (size_t u = 0; u < units_.size(); ++u) {
     if (units_[u].declared) continue;
     units_[u].gradWindow = pool_.take(padded(u));
     if (stage_ == 3) {
       units_[u].valueWindow = pool_.take(padded(u));
-      std::memcpy(units_[u].valueWindow, params.values().data() + map.unitOffset(u), map.unit(u).numel * sizeof(float));
+      memory_.copy(units_[u].valueWindow, params.values().data() + map.unitOffset(u), map.unit(u).numel);
     }
   }
   params_.dropWhole({.values = stage_ == 3, .grads = true});
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!units_[u].declared) params_.placeUnit(u, units_[u].valueWindow, units_[u].gradWindow);
   }
+}
+
+// The padding stays zero (zeros()); on a GPU the copies are enqueued before dropWhole frees the
+// whole buffer, and the caching allocator hands that memory out again only to later work on the
+// same stream.
+void ShardSync::packValues() {
+  valueShard_ = memory_.zeros(map_.shardNumel());
+  for (const nn::ShardMap::Piece& p : map_.pieces(map_.rank())) {
+    memory_.copy(valueShard_.data() + p.shardOffset, params_.values().data() + p.flatBegin, p.realNumel());
+  }
+}
+
+void ShardSync::await(collectives::WorkPtr& work) {
+  if (const runtime::Stream* stream = memory_.stream()) {
+    work->waitOn(*stream, options_.timeout);
+  } else {
+    work->wait(options_.timeout);
+  }
+  work.reset();
 }
 
 size_t ShardSync::unitAt(size_t flatOffset) const {
@@ -115,14 +139,15 @@ void ShardSync::startReduce(size_t u) {
                                << "'s gradient has no window: its beforeBackward was not told";
     input = s.gradWindow;
   } else if (s.padded) {
-    std::memcpy(s.staging.data(), params_.grads().data() + map_.unitOffset(u), n * sizeof(float));
-    std::fill(s.staging.begin() + static_cast<std::ptrdiff_t>(n), s.staging.end(), 0.0f);
+    memory_.copy(s.staging.data(), params_.grads().data() + map_.unitOffset(u), n);
+    memory_.zero(s.staging.data() + n, padded(u) - n);
     input = s.staging.data();
   } else {
     input = params_.grads().data() + map_.unitOffset(u);
   }
   s.reduce = shard_.reduceScatter(input, input + mine, piece, {.op = ReduceOp::kAvg});
   s.reduced = true;
+  reduceOrder_.push_back(u);
   ++reduceScatters_;
 }
 
@@ -130,16 +155,13 @@ void ShardSync::startReduce(size_t u) {
 // unit's gradient window goes back to the pool.
 void ShardSync::placeReduced(size_t u) {
   UnitState& s = units_[u];
-  s.reduce->wait(options_.timeout);
-  s.reduce.reset();
+  await(s.reduce);
   const nn::ShardMap::Piece p = map_.piece(u, map_.rank());
   if (stage_ == 1) {
-    if (s.padded && p.realNumel() > 0) {
-      std::memcpy(params_.grads().data() + p.flatBegin, s.staging.data() + p.inUnit, p.realNumel() * sizeof(float));
-    }
+    if (s.padded) memory_.copy(params_.grads().data() + p.flatBegin, s.staging.data() + p.inUnit, p.realNumel());
     return;
   }
-  std::memcpy(gradShard_.data() + p.shardOffset, s.gradWindow + p.inUnit, p.numel * sizeof(float));
+  memory_.copy(gradShard_.data() + p.shardOffset, s.gradWindow + p.inUnit, p.numel);
   if (!s.declared) return;
   pool_.give(s.gradWindow);
   s.gradWindow = nullptr;
@@ -147,10 +169,20 @@ void ShardSync::placeReduced(size_t u) {
 }
 
 // Reduce-scatters already done give their windows back (stages 2 and 3): the pool stays at the
-// windows really in flight.
+// windows really in flight. On a GPU, beyond kReduceScattersInFlight the oldest are placed too
+// (the compute stream waits for them; the header says why).
 void ShardSync::reapReduced() {
   for (size_t u = 0; u < units_.size(); ++u) {
     if (units_[u].reduce && units_[u].declared && units_[u].reduce->done()) placeReduced(u);
+  }
+  if (!memory_.onGpu()) return;
+  size_t flying = 0;
+  for (size_t u : reduceOrder_) flying += units_[u].reduce && units_[u].declared ? 1 : 0;
+  for (size_t u : reduceOrder_) {
+    if (flying <= kReduceScattersInFlight) break;
+    if (!units_[u].reduce || !units_[u].declared) continue;
+    placeReduced(u);
+    --flying;
   }
 }
 
@@ -164,6 +196,7 @@ void ShardSync::finishGradients() {
     COHORT_CHECK(!units_[u].declared || !units_[u].valueWindow)
         << "unit " << map_.unit(u).name << "'s parameters are still gathered after backward";
   }
+  reduceOrder_.clear();
   if (!options_.cross || options_.cross->size() == 1) return;
   // Scope node: every node's same piece, averaged across the nodes (its real elements only).
   std::vector<collectives::WorkPtr> work;
@@ -173,7 +206,7 @@ void ShardSync::finishGradients() {
     float* mine = stage_ == 1 ? params_.grads().data() + p.flatBegin : gradShard_.data() + p.shardOffset;
     work.push_back(options_.cross->allReduce(mine, mine, p.realNumel(), {.op = ReduceOp::kAvg}));
   }
-  for (auto& w : work) w->wait(options_.timeout);
+  for (auto& w : work) await(w);
 }
 
 // Stage 3: the unit's parameters into a window of their own, from every rank's piece.
@@ -188,9 +221,7 @@ void ShardSync::startGather(size_t u) {
 void ShardSync::ensureGathered(size_t u) {
   startGather(u);
   UnitState& s = units_[u];
-  if (!s.gather) return;
-  s.gather->wait(options_.timeout);
-  s.gather.reset();
+  if (s.gather) await(s.gather);
 }
 
 void ShardSync::releaseValues(size_t u) {
@@ -230,25 +261,26 @@ void ShardSync::gatherParams() {
     }
     staged[u] = stage_ == 1 ? s.staging.data() : pool_.take(padded(u));
     float* mine = staged[u] + p.inUnit;
-    std::memcpy(mine, params_.values().data() + p.flatBegin, p.realNumel() * sizeof(float));
-    std::fill(mine + p.realNumel(), mine + piece, 0.0f);
+    memory_.copy(mine, params_.values().data() + p.flatBegin, p.realNumel());
+    memory_.zero(mine + p.realNumel(), piece - p.realNumel());
     work[u] = shard_.allGather(mine, staged[u], piece, {});
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!work[u]) continue;
-    work[u]->wait(options_.timeout);
+    await(work[u]);
     if (!staged[u]) continue;
-    std::memcpy(params_.values().data() + map_.unitOffset(u), staged[u], map_.unit(u).numel * sizeof(float));
+    memory_.copy(params_.values().data() + map_.unitOffset(u), staged[u], map_.unit(u).numel);
     if (stage_ == 2) pool_.give(staged[u]);
   }
 }
 
 void ShardSync::gatherShard(const float* shard, float* flat) {
-  std::vector<float> unit;
   for (size_t u = 0; u < units_.size(); ++u) {
-    unit.resize(padded(u));
-    shard_.allGather(shard + map_.shardOffset(u), unit.data(), map_.pieceNumel(u), {})->wait(options_.timeout);
-    std::memcpy(flat + map_.unitOffset(u), unit.data(), map_.unit(u).numel * sizeof(float));
+    float* unit = pool_.take(padded(u));
+    collectives::WorkPtr work = shard_.allGather(shard + map_.shardOffset(u), unit, map_.pieceNumel(u), {});
+    await(work);
+    memory_.copy(flat + map_.unitOffset(u), unit, map_.unit(u).numel);
+    pool_.give(unit);
   }
 }
 
@@ -258,10 +290,12 @@ float* ShardSync::values() { return stage_ == 3 ? valueShard_.data() : params_.v
 
 size_t ShardSync::stagingBytes() const {
   size_t floats = 0;
-  for (const UnitState& s : units_) floats += s.staging.size();
+  for (const UnitState& s : units_) floats += floatsOf(s.staging);
   return floats * sizeof(float) + pool_.bytes();
 }
 
-size_t ShardSync::shardBytes() const { return (gradShard_.size() + valueShard_.size()) * sizeof(float); }
+size_t ShardSync::shardBytes() const {
+  return (floatsOf(gradShard_) + floatsOf(valueShard_)) * sizeof(float);
+}
 
 }  // namespace cohort::train

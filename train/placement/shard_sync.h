@@ -25,15 +25,30 @@
 // the whole gradient is held during the step's backward passes.
 // Scope node (PyTorch's HYBRID_SHARD): the map spans this node's ranks; `cross` joins this local rank
 // of every node, over which each averaged piece is averaged again after its reduce-scatter.
+// On a GPU (ShardSyncOptions::gpu; the communicator nccl given the compute stream) the windows, the
+// shards and the staging are device memory from the GPU's caching allocator (ShardMemory), every
+// copy and fill is enqueued on the compute stream, and nothing here waits on the host: a
+// collective starts after the compute stream's work so far (so after the kernels that wrote its
+// input), and its result is used after Work::waitOn(compute stream) (the stream, not the host,
+// waits). A window is reused only after the collectives that used it are ordered before the reuse:
+// a gradient window goes back to the pool only in placeReduced, after the compute stream was made
+// to wait for its reduce-scatter, and a later take fills it on that stream; a parameter window
+// goes back after the forward or backward kernels that read it were enqueued, and the gather that
+// next writes it starts after them (the communicator's event). The host runs ahead of the device,
+// so a reduce-scatter is rarely seen done when the next unit asks for a window: beyond
+// kReduceScattersInFlight in flight, the oldest is placed (the compute stream waits for it), which
+// bounds the gradient windows as the CPU's done() does.
 // Order: every rank builds the same map and issues the same collectives in the same order (the
 // model's events are the same on every rank), which the communicators' fingerprints check. Every
 // wait is bounded by the timeout.
-// Ownership: borrows the communicators, the map and the ParamBuffer (CPU, bound; at stages 2 and 3
-// it drops the ParamBuffer's whole buffers and points each unit's tensors at its windows).
+// Ownership: borrows the communicators, the map, the ParamBuffer (bound on the CPU, or on the GPU;
+// at stages 2 and 3 it drops the ParamBuffer's whole buffers and points each unit's tensors at its
+// windows) and the GpuContext.
 // Thread safety: the training thread only.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <map>
 #include <vector>
 
@@ -42,9 +57,13 @@
 #include "nn/param_buffer.h"
 #include "nn/shard_map.h"
 #include "train/observe/timeline.h"
+#include "train/placement/shard_memory.h"
 #include "train/placement/window_pool.h"
 
 namespace cohort::train {
+
+// GPU: the reduce-scatters of gradient windows left in flight when a unit asks for a window.
+constexpr size_t kReduceScattersInFlight = 2;
 
 struct ShardSyncOptions {
   int stage = 1;                               // 1, 2 or 3
@@ -52,6 +71,7 @@ struct ShardSyncOptions {
   collectives::Communicator* cross = nullptr;  // scope node across nodes; nullptr: none
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   Timeline* timeline = nullptr;
+  runtime::cuda::GpuContext* gpu = nullptr;  // the buffers on this GPU; nullptr: the CPU
 };
 
 class ShardSync final : public nn::UnitListener {
@@ -82,7 +102,8 @@ class ShardSync final : public nn::UnitListener {
   void gatherAll();
   void releaseAll();
   // All-gathers rank-packed `shard` (map.shardNumel() floats) into the flat buffer `flat` (the map's
-  // numel()), e.g. an optimizer state for a checkpoint; waits.
+  // numel()), e.g. an optimizer state for a checkpoint; both in memory(). On the CPU it waits; on a
+  // GPU the compute stream does.
   void gatherShard(const float* shard, float* flat);
 
   // Where the optimizer finds this rank's gradient pieces and parameter pieces.
@@ -90,6 +111,7 @@ class ShardSync final : public nn::UnitListener {
   float* grads();  // the packed gradient shard, or the whole gradient buffer
   bool valuesPacked() const { return stage_ == 3; }
   float* values();  // the packed parameter shard, or the whole parameter buffer
+  const ShardMemory& memory() const { return memory_; }
 
   size_t stagingBytes() const;  // the padded units' staging and the windows' pool
   size_t shardBytes() const;    // the packed shards this object holds (gradients, parameters)
@@ -99,7 +121,7 @@ class ShardSync final : public nn::UnitListener {
   struct UnitState {
     bool padded = false;
     bool declared = false;
-    std::vector<float> staging;  // stage 1, padded units: P·W floats
+    runtime::Tensor staging;  // stage 1, padded units: P·W floats
     float* gradWindow = nullptr;   // stages 2, 3
     float* valueWindow = nullptr;  // stage 3
     collectives::WorkPtr reduce, gather;
@@ -110,6 +132,9 @@ class ShardSync final : public nn::UnitListener {
   void startReduce(size_t u);
   void placeReduced(size_t u);
   void reapReduced();
+  // The compute stream waits for `work` (GPU), or the host does (CPU); then it is let go.
+  void await(collectives::WorkPtr& work);
+  void packValues();  // stage 3: this rank's pieces of the whole values into the packed shard
   void startGather(size_t u);
   void ensureGathered(size_t u);
   void releaseValues(size_t u);
@@ -122,8 +147,10 @@ class ShardSync final : public nn::UnitListener {
   int stage_;
   std::vector<UnitState> units_;
   std::map<size_t, size_t> unitOfOffset_;  // a unit's flat offset -> its index in the map
-  std::vector<float> gradShard_, valueShard_;
+  ShardMemory memory_;
+  runtime::Tensor gradShard_, valueShard_;
   WindowPool pool_;
+  std::vector<size_t> reduceOrder_;  // this step's reduce-scatters, units in issue order
   int microBatch_ = 0, microBatches_ = 1;
   uint64_t reduceScatters_ = 0;
 };

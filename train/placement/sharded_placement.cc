@@ -4,13 +4,29 @@
 #include <vector>
 
 #include "collectives/split.h"
-#include "nn/grad_norm.h"
 #include "runtime/error.h"
 #include "train/step/step_pipeline.h"
+
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/gpu_context.h"
+#endif
 
 namespace cohort::train {
 
 namespace {
+
+// GPU: the caching allocator's freed blocks go back to the driver (after the stream's work, which
+// may still read them). Blocks are never split, so a shard would otherwise take a whole buffer's
+// block and hold as much memory as the whole buffer did.
+void releaseCache(runtime::cuda::GpuContext* gpu, std::chrono::milliseconds timeout) {
+#ifdef COHORT_HAVE_CUDA
+  if (!gpu) return;
+  gpu->stream().synchronize(timeout);
+  gpu->allocator().emptyCache();
+#endif
+  (void)gpu;
+  (void)timeout;
+}
 
 // Scope node needs every node to run as many ranks (the nodes' maps must cut alike): refused on
 // every rank otherwise, naming two sizes.
@@ -30,11 +46,13 @@ void requireEvenNodes(collectives::Communicator& world, int nodeSize, std::chron
 
 ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptions& options)
     : params_(c.params), optimizer_(c.optimizer), timeout_(c.timeout), timeline_(c.timeline), options_(options) {
-  COHORT_CHECK(!c.gpu) << "the sharded placement runs on the CPU";
   COHORT_CHECK(options.stage >= 1 && options.stage <= 3) << "ZeRO stage " << options.stage;
+  COHORT_CHECK(!c.gpu || options.scope == ZeroScope::kJob) << "ZeRO scope node on GPUs";
+  // On a GPU the collectives run over NCCL, ordered against the compute stream (shard_sync.h).
   world_ = collectives::makeCommunicator({.backend = options.backend,
                                           .world = c.world,
                                           .timeout = c.timeout,
+                                          .computeStream = computeStreamOf(c.gpu),
                                           .faultInjection = faultInjectionOf(c.testHooks)});
   if (options.scope == ZeroScope::kNode && c.world.spansNodes()) {
     node_ = collectives::splitNodeRanks(*world_, c.world);
@@ -47,6 +65,7 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
   map_.emplace(nn::shardMapOf(params_, {.worldSize = shard.size(), .rank = shard.rank()}));
   if (!optimizer_.sharded()) {
     optimizer_.shardOver(*map_);
+    releaseCache(c.gpu, c.timeout);  // the whole optimizer state
   } else if (optimizer_.numel() != map_->shardNumel() || optimizer_.shardPieces().size() != map_->units()) {
     COHORT_THROW(InvalidArgument) << "the optimizer was sharded over another map (" << optimizer_.numel()
                                   << " elements, this rank's shard has " << map_->shardNumel()
@@ -55,25 +74,32 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
   // Every rank initialises the whole model, then takes rank 0's (a program's own initialisation may
   // differ between ranks), as replicas do.
   c.initialise();
+  moveToGpu(params_, c.gpu);
   world_->broadcast(params_.values().data(), params_.numel(), 0)->wait(timeout_);
-  // The whole buffers that the stage keeps go into the shard communicator's memory, where shm
-  // reduces and gathers them in place; stage 3 keeps none (ShardSync packs its shard and drops them).
-  if (options.stage <= 2) {
-    params_.dropWhole({.grads = true});
-    values_ = shard.allocateBuffer(params_.numel());
-    params_.relocate({.values = values_->data(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator()});
-  }
-  if (options.stage == 1) {
-    grads_ = shard.allocateBuffer(params_.numel());
-    params_.placeGrads(grads_->data());
-  }
+  if (!c.gpu) placeWholeBuffers(shard);
   sync_ = std::make_unique<ShardSync>(
       shard, *map_, params_,
       ShardSyncOptions{.stage = options.stage,
                        .prefetch = options.prefetch,
                        .cross = cross_.get(),
                        .timeout = c.timeout,
-                       .timeline = &c.timeline});
+                       .timeline = &c.timeline,
+                       .gpu = c.gpu});
+  releaseCache(c.gpu, c.timeout);  // the whole buffers ShardSync dropped
+}
+
+// On the CPU, the whole buffers that the stage keeps go into the shard communicator's memory, where
+// shm reduces and gathers them in place (ShardSync drops the others). On a GPU they stay where
+// moveToGpu put them (the caching allocator), which NCCL reads as it is.
+void ShardedPlacement::placeWholeBuffers(collectives::Communicator& shard) {
+  if (options_.stage <= 2) {
+    values_ = shard.allocateBuffer(params_.numel());
+    params_.relocate({.values = values_->data(), .device = runtime::Device::cpu(), .allocator = &runtime::cpuAllocator()});
+  }
+  if (options_.stage == 1) {
+    grads_ = shard.allocateBuffer(params_.numel());
+    params_.placeGrads(grads_->data());
+  }
 }
 
 ShardedPlacement::~ShardedPlacement() = default;
@@ -87,10 +113,17 @@ std::optional<StateBytes> ShardedPlacement::stateBytes() const {
 }
 
 std::optional<runtime::Tensor> ShardedPlacement::gatherWholeParams() {
-  if (options_.stage != 3) return std::nullopt;
-  runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
-  sync_->gatherShard(sync_->values(), whole.data());
-  return whole;
+  if (options_.stage == 3) return gatherToHost(sync_->values());
+  if (!sync_->memory().onGpu()) return std::nullopt;
+  return sync_->memory().toHost(params_.values().data(), params_.numel(), timeout_);
+}
+
+runtime::Tensor ShardedPlacement::gatherToHost(const float* shard) {
+  const ShardMemory& memory = sync_->memory();
+  runtime::Tensor whole = memory.zeros(params_.numel());
+  sync_->gatherShard(shard, whole.data());
+  if (!memory.onGpu()) return whole;
+  return memory.toHost(whole.data(), params_.numel(), timeout_);
 }
 
 void ShardedPlacement::beginPass(int microBatch, int microBatches) { sync_->beginPass(microBatch, microBatches); }
@@ -108,13 +141,20 @@ void ShardedPlacement::reduceGradients(const StepPlan&, LossVote& vote) {
   vote.finish(timeout_);
 }
 
+// Per piece (the real elements), summed in piece order; on a GPU at stages 2 and 3 one sum over
+// the packed gradient shard instead, whose padding is zero: the same Σ in one kernel.
 PartialNorm ShardedPlacement::squaredNorm(const StepPlan& plan) {
-  const float* grads = sync_->grads();
-  double squares = 0;
-  for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
-    squares += nn::sumOfSquares({grads + (sync_->gradsPacked() ? p.shardOffset : p.flatBegin), p.realNumel()});
+  float* grads = sync_->grads();
+  const ShardMemory& memory = sync_->memory();
+  std::vector<runtime::Tensor> pieces;
+  if (memory.onGpu() && sync_->gradsPacked()) {
+    pieces.push_back(memory.view(grads, map_->shardNumel()));
+  } else {
+    for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
+      pieces.push_back(memory.view(grads + (sync_->gradsPacked() ? p.shardOffset : p.flatBegin), p.realNumel()));
+    }
   }
-  return {.squares = squares, .scale = plan.gradScale};
+  return {.squares = plan.guard->sumOfSquares(pieces), .scale = plan.gradScale};
 }
 
 // The shard group's rows, added in rank order (scope node: every node holds the same pieces, so
@@ -139,42 +179,59 @@ void ShardedPlacement::update(const StepPlan& plan, float clip) {
   const float scale = plan.gradScale * clip;
   float* grads = sync_->grads();
   const bool packed = sync_->gradsPacked();
+  const ShardMemory& memory = sync_->memory();
   if (options_.stage == 3) {
     const size_t n = map_->shardNumel();
-    if (scale != 1.0f) {
-      for (size_t i = 0; i < n; ++i) grads[i] *= scale;
-    }
-    const runtime::Shape shape{static_cast<int64_t>(n)};
-    optimizer_.stepShard(runtime::Tensor::view(sync_->values(), shape), runtime::Tensor::view(grads, shape));
+    memory.scale(grads, n, scale);
+    optimizer_.stepShard(memory.view(sync_->values(), n), memory.view(grads, n));
     return;
   }
   nn::Optimizer::PieceBuffers buffers{.values = sync_->values(), .grads = grads, .gradsPacked = packed};
   if (scale != 1.0f) {
-    buffers.prepare = [grads, scale, packed](const nn::ShardMap::Piece& p) {
-      float* g = grads + (packed ? p.shardOffset : p.flatBegin);
-      for (size_t i = 0; i < p.realNumel(); ++i) g[i] *= scale;
+    buffers.prepare = [&memory, grads, scale, packed](const nn::ShardMap::Piece& p) {
+      memory.scale(grads + (packed ? p.shardOffset : p.flatBegin), p.realNumel(), scale);
     };
   }
   optimizer_.stepPieces(buffers);
 }
 
+// On a GPU through the host: the parameters copied over once the compute stream is done with them
+// (checkpoints are not the hot loop).
 void ShardedPlacement::packParams(float* shard) const {
+  const ShardMemory& memory = sync_->memory();
+  const size_t n = map_->shardNumel();
   if (options_.stage == 3) {
-    std::copy_n(sync_->values(), map_->shardNumel(), shard);
+    if (!memory.onGpu()) {
+      std::copy_n(sync_->values(), n, shard);
+      return;
+    }
+    const runtime::Tensor host = memory.toHost(sync_->values(), n, timeout_);
+    std::copy_n(host.data(), n, shard);
     return;
   }
-  map_->pack(params_.values().data(), map_->rank(), shard);
+  if (!memory.onGpu()) {
+    map_->pack(params_.values().data(), map_->rank(), shard);
+    return;
+  }
+  const runtime::Tensor host = memory.toHost(params_.values().data(), params_.numel(), timeout_);
+  map_->pack(host.data(), map_->rank(), shard);
 }
 
 void ShardedPlacement::unpackParams(const float* shard) {
+  const ShardMemory& memory = sync_->memory();
   float* values = sync_->values();
+  const size_t n = options_.stage == 3 ? map_->shardNumel() : params_.numel();
+  // On a GPU: the device's values on the host (the stream then idle), the pieces set, copied back.
+  runtime::Tensor host = memory.onGpu() ? memory.toHost(values, n, timeout_) : runtime::Tensor();
+  float* target = memory.onGpu() ? host.data() : values;
   if (options_.stage == 3) {
-    std::copy_n(shard, map_->shardNumel(), values);
-    return;
+    std::copy_n(shard, n, target);
+  } else {
+    for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
+      std::copy(shard + p.shardOffset, shard + p.shardOffset + p.realNumel(), target + p.flatBegin);
+    }
   }
-  for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
-    std::copy(shard + p.shardOffset, shard + p.shardOffset + p.realNumel(), values + p.flatBegin);
-  }
+  if (memory.onGpu()) memory.view(values, n).copyFrom(host);
 }
 
 void ShardedPlacement::gatherParams() {

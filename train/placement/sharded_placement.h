@@ -16,7 +16,11 @@
 // arithmetic where the reduce-scatter adds in the all-reduce's order (shm, mpi: the same bits as
 // stage 0 for the same gradients); the global norm's sum runs over the pieces instead of the
 // whole buffer, so the clip coefficient can differ from stage 0's in the last bit.
-// CPU only for now (a GPU job refuses ZeRO at construction: docs/sharding.md says what is left).
+// On a GPU (PlacementContext::gpu, scope job, fp32) the communicator is nccl on the compute stream
+// and every buffer ShardSync keeps is device memory (shard_sync.h says how the stream orders the
+// collectives, the copies and the windows' reuse); the optimizer's state is on the GPU, stepped one
+// kernel per piece (stages 1, 2) or over the packed shard (3); Σ g² is summed on the device and read
+// once per step (the one host wait inside a step). It never defers a step (splitsGradient).
 // Ownership: owns its communicators; borrows the parameters and the optimizer, whose state it
 // replaces by the shard's. Thread safety: as Placement; every stage is collective.
 #pragma once
@@ -73,7 +77,7 @@ class ShardedPlacement final : public Placement {
   // Whether this rank's shard is the one a checkpoint keeps: every rank with scope job; with scope
   // node, the ranks of the first node (every node holds the same shards).
   bool keepsShard() const { return !cross_ || cross_->rank() == 0; }
-  // This rank's packed shard of the parameters (map.shardNumel() floats, zero padding), and back:
+  // This rank's packed shard of the parameters (map.shardNumel() floats, zero padding), and back (CPU):
   // the piece of every unit set from a packed shard (then gathered by the caller's next step; call
   // gatherParams() to make the whole parameters current at once). Collective: gatherParams().
   void packParams(float* shard) const;
@@ -81,6 +85,9 @@ class ShardedPlacement final : public Placement {
   void gatherParams();
 
  private:
+  void placeWholeBuffers(collectives::Communicator& shard);
+  // The whole flat buffer of a rank-packed `shard` (in ShardSync's memory) in a CPU tensor.
+  runtime::Tensor gatherToHost(const float* shard);
   nn::ParamBuffer& params_;
   nn::Optimizer& optimizer_;
   std::chrono::milliseconds timeout_;

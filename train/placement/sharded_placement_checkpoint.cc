@@ -10,30 +10,28 @@ namespace cohort::train {
 // files (train/checkpoint/sharded_checkpointer.h), which gather nothing.
 SavedState ShardedPlacement::saveState() {
   SavedState saved;
-  for (const auto& s : optimizer_.state()) {
-    runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
-    sync_->gatherShard(s.tensor.data(), whole.data());
-    saved.tensors.push_back({"optimizer." + s.name, whole});
-  }
+  for (const auto& s : optimizer_.state()) saved.tensors.push_back({"optimizer." + s.name, gatherToHost(s.tensor.data())});
   saved.metadata["optimizer_steps"] = std::to_string(optimizer_.steps());
   return saved;
 }
 
 // A whole-model checkpoint into a sharded job: every rank reads the whole parameters, packs its
-// pieces of them and of each whole state tensor, and the units are gathered from the pieces as after
-// an update (stage 3 keeps its shard only). A sharded checkpoint is resharded by
+// pieces of them and of each whole state tensor (on a GPU packed on the host, then copied:
+// CheckpointReader's copies are blocking), and the units are gathered from the pieces as after an
+// update (stage 3 keeps its shard only). A sharded checkpoint is resharded by
 // ShardedCheckpointer::load.
 void ShardedPlacement::loadState(const CheckpointReader& reader) {
   runtime::Tensor whole = runtime::Tensor::zeros({static_cast<int64_t>(params_.numel())});
   for (const nn::ParamBuffer::Entry& e : params_.entries()) {
     reader.load(e.name, runtime::Tensor::view(whole.data() + e.offset, e.shape));
   }
-  std::vector<float> shard(map_->shardNumel());
-  map_->pack(whole.data(), map_->rank(), shard.data());
-  unpackParams(shard.data());
+  runtime::Tensor packed = runtime::Tensor::zeros({static_cast<int64_t>(map_->shardNumel())});
+  map_->pack(whole.data(), map_->rank(), packed.data());
+  unpackParams(packed.data());
   for (const auto& s : optimizer_.state()) {
     reader.load("optimizer." + s.name, whole);
-    map_->pack(whole.data(), map_->rank(), s.tensor.data());
+    map_->pack(whole.data(), map_->rank(), packed.data());
+    s.tensor.copyFrom(packed);
   }
   optimizer_.setSteps(reader.count("optimizer_steps"));
   gatherParams();

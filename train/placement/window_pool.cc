@@ -1,17 +1,10 @@
 #include "train/placement/window_pool.h"
 
 #include <algorithm>
-#include <new>
 
 #include "runtime/error.h"
 
 namespace cohort::train {
-
-namespace {
-constexpr std::align_val_t kAlignment{64};
-}
-
-void WindowPool::AlignedDelete::operator()(float* p) const { ::operator delete[](p, kAlignment); }
 
 float* WindowPool::take(size_t floats) {
   Block* best = nullptr;
@@ -19,19 +12,19 @@ float* WindowPool::take(size_t floats) {
     if (!b.used && b.floats >= floats && (!best || b.floats < best->floats)) best = &b;
   }
   if (!best) {
-    void* memory = ::operator new[](std::max<size_t>(floats, 1) * sizeof(float), kAlignment);
-    blocks_.push_back({.data = std::unique_ptr<float, AlignedDelete>(static_cast<float*>(memory)), .floats = floats});
+    blocks_.push_back({.data = memory_.zeros(std::max<size_t>(floats, 1)), .floats = floats});
     best = &blocks_.back();
+  } else {
+    memory_.zero(best->data.data(), floats);
   }
   best->used = true;
-  std::fill_n(best->data.get(), floats, 0.0f);
-  return best->data.get();
+  return best->data.data();
 }
 
 void WindowPool::give(float* window) {
   if (!window) return;
   for (Block& b : blocks_) {
-    if (b.data.get() != window) continue;
+    if (b.data.data() != window) continue;
     COHORT_CHECK(b.used) << "a window handed back twice";
     b.used = false;
     return;

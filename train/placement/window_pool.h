@@ -4,35 +4,39 @@
 // (the smallest free one that does), so a step's windows come from the same few allocations step
 // after step instead of the allocator: the pool holds at most the windows in flight at the busiest
 // moment of a step (e.g. the GPT's embeddings, one block computing and one block's collective).
-// Windows are zeroed when taken.
-// Ownership: owns its buffers; a window is valid until the pool is destroyed. Thread safety: one
-// thread (the training thread).
+// Windows live in the pool's ShardMemory (host memory, or a GPU's caching allocator) and are zeroed
+// when taken (on a GPU: a fill enqueued on the compute stream, so ordered after whatever the stream
+// was told to wait for before the take; shard_sync.h says what that is).
+// Ownership: owns its buffers; a window is valid until the pool is destroyed. Borrows the memory.
+// Thread safety: one thread (the training thread).
 #pragma once
 
 #include <cstddef>
-#include <memory>
 #include <vector>
+
+#include "runtime/tensor.h"
+#include "train/placement/shard_memory.h"
 
 namespace cohort::train {
 
 class WindowPool {
  public:
+  explicit WindowPool(const ShardMemory& memory) : memory_(memory) {}
+
   // A zeroed window of at least `floats` floats (64-byte aligned).
   float* take(size_t floats);
   // Hands a window back (nullptr: nothing); COHORT_CHECK that it is one of this pool's, in use.
   void give(float* window);
-  size_t bytes() const;            // every buffer the pool holds, in use or not
+  size_t bytes() const;  // every buffer the pool holds, in use or not
   size_t windowsInUse() const;
 
  private:
-  struct AlignedDelete {
-    void operator()(float* p) const;
-  };
   struct Block {
-    std::unique_ptr<float, AlignedDelete> data;
+    runtime::Tensor data;
     size_t floats = 0;
     bool used = false;
   };
+  const ShardMemory& memory_;
   std::vector<Block> blocks_;
 };
 

@@ -1,5 +1,7 @@
 #include "train/step/step_guard.h"
 
+#include <vector>
+
 #include "nn/grad_norm.h"
 #include "runtime/error.h"
 
@@ -61,6 +63,30 @@ double StepGuard::sumOfSquares(const runtime::Tensor& grads) {
   }
 #endif
   return nn::sumOfSquares({grads.data(), static_cast<size_t>(grads.numel())});
+}
+
+double StepGuard::sumOfSquares(std::span<const runtime::Tensor> pieces) {
+  double sum = 0;
+#ifdef COHORT_HAVE_CUDA
+  if (!pieces.empty() && pieces.front().device().isCuda()) {
+    COHORT_CHECK(gpu_) << "gradients on " << pieces.front().device().str() << " without a GPU context";
+    runtime::ensureShape(pieceScratch_, runtime::Shape{floatsFor(pieces.size() * kSumBytes)}, gpu_->allocator());
+    constexpr size_t kDoubles = runtime::cuda::kSumOfSquaresScratch;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      runtime::cuda::sumOfSquares({pieces[i].data(), static_cast<size_t>(pieces[i].numel())},
+                                  at<double>(pieceScratch_, i * kSumBytes), gpu_->stream());
+    }
+    std::vector<double> sums(pieces.size() * kDoubles);
+    runtime::cuda::copyToHost(sums.data(), pieceScratch_.data(), pieces.size() * kSumBytes, gpu_->stream());
+    gpu_->stream().synchronize(timeout_);
+    for (size_t i = 0; i < pieces.size(); ++i) sum += sums[i * kDoubles];
+    return sum;
+  }
+#endif
+  for (const runtime::Tensor& piece : pieces) {
+    sum += nn::sumOfSquares({piece.data(), static_cast<size_t>(piece.numel())});
+  }
+  return sum;
 }
 
 const runtime::cuda::StepControl* StepGuard::judge(const runtime::Tensor& grads, const Judge& j) {

@@ -23,6 +23,7 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <span>
 
 #include "runtime/allocator.h"
 #include "runtime/stream.h"
@@ -67,6 +68,10 @@ class StepGuard {
 
   // Σ g² of a whole flat gradient (nn::sumOfSquares): on the CPU, or on the GPU, waiting.
   double sumOfSquares(const runtime::Tensor& grads);
+  // Σ g² of a gradient held in pieces (a ZeRO shard's, train/placement/sharded_placement.h): each
+  // piece summed as sumOfSquares sums a whole gradient, the sums added in piece order in double. On
+  // the GPU every piece's sum is enqueued and all are read back in one copy and one wait.
+  double sumOfSquares(std::span<const runtime::Tensor> pieces);
 
   struct Judge {
     float gradScale = 1;     // the norm and the update take the gradient times this
@@ -101,6 +106,7 @@ class StepGuard {
   runtime::cuda::GpuContext* gpu_;
   std::chrono::milliseconds timeout_;
   runtime::Tensor scratch_;  // GPU: the sum's partials, then the guard's state and its record
+  runtime::Tensor pieceScratch_;  // GPU: each piece's sum and partials (sumOfSquares of pieces)
   std::unique_ptr<runtime::Allocator> pinned_;  // GPU: page-locked host memory
   runtime::Tensor records_;  // GPU: a ring of kMaxPending StepRecords in pinned_ (declared after it)
   std::array<runtime::Event, kMaxPending> arrived_;  // one per ring slot: its record is on the host

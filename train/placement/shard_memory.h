@@ -1,0 +1,50 @@
+// ShardMemory: where the buffers of sharded data parallel live (train/placement/shard_sync.h: the
+// packed shards, the windows, the staging) and how they are filled, copied and scaled: host memory
+// (cpuAllocator, memcpy and loops, done when the call returns) or one GPU (its caching allocator;
+// cudaMemcpyAsync and the fill and scale kernels enqueued on its compute stream, the call returning
+// at once). On a GPU every operation here is ordered by the compute stream alone, as the step's
+// kernels are; a collective that reads or writes this memory is ordered against them by its
+// communicator (nccl given the compute stream: it starts after the stream's work so far, and
+// Work::waitOn makes the stream wait for it).
+//
+//   ShardMemory memory(job.gpu());                 // nullptr: the CPU
+//   runtime::Tensor shard = memory.zeros(n);
+//   memory.copy(shard.data(), flat + begin, count);
+// Ownership: borrows the GpuContext, which must outlive it. Thread safety: the training thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
+
+namespace cohort::train {
+
+class ShardMemory {
+ public:
+  explicit ShardMemory(runtime::cuda::GpuContext* gpu = nullptr) : gpu_(gpu) {}
+
+  bool onGpu() const { return gpu_ != nullptr; }
+  runtime::Device device() const;
+  // The compute stream (GPU); nullptr on the CPU.
+  const runtime::Stream* stream() const;
+  // `floats` zeroed floats (GPU: zeroed on the stream), at least 64-byte aligned.
+  runtime::Tensor zeros(size_t floats) const;
+  // A view of `floats` floats at `data` in this memory.
+  runtime::Tensor view(float* data, size_t floats) const;
+  void copy(float* dst, const float* src, size_t floats) const;
+  void zero(float* data, size_t floats) const;
+  void scale(float* data, size_t floats, float alpha) const;  // nothing when alpha is 1
+  // `floats` floats of this memory in a fresh CPU tensor (GPU: waits for the stream, at most `timeout`).
+  runtime::Tensor toHost(const float* data, size_t floats, std::chrono::milliseconds timeout) const;
+
+ private:
+  runtime::cuda::GpuContext* gpu_;
+};
+
+}  // namespace cohort::train
