@@ -168,14 +168,13 @@ void ShardSync::placeReduced(size_t u) {
   params_.clearUnit(u, {.grads = true});
 }
 
-// Reduce-scatters already done give their windows back (stages 2 and 3): the pool stays at the
-// windows really in flight. On a GPU, beyond kReduceScattersInFlight the oldest are placed too
-// (the compute stream waits for them; the header says why).
+// Reduce-scatters already done give their windows back (stages 2 and 3), and beyond
+// kReduceScattersInFlight the oldest are placed too (the CPU waits for them; on a GPU the compute
+// stream does; the header says why): the pool stays at the windows really in flight.
 void ShardSync::reapReduced() {
   for (size_t u = 0; u < units_.size(); ++u) {
     if (units_[u].reduce && units_[u].declared && units_[u].reduce->done()) placeReduced(u);
   }
-  if (!memory_.onGpu()) return;
   size_t flying = 0;
   for (size_t u : reduceOrder_) flying += units_[u].reduce && units_[u].declared ? 1 : 0;
   for (size_t u : reduceOrder_) {

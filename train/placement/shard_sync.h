@@ -36,8 +36,9 @@
 // goes back after the forward or backward kernels that read it were enqueued, and the gather that
 // next writes it starts after them (the communicator's event). The host runs ahead of the device,
 // so a reduce-scatter is rarely seen done when the next unit asks for a window: beyond
-// kReduceScattersInFlight in flight, the oldest is placed (the compute stream waits for it), which
-// bounds the gradient windows as the CPU's done() does.
+// kReduceScattersInFlight in flight, the oldest is placed (the compute stream waits for it). The CPU
+// does the same (its host waits), for a backward faster than the reduce-scatters would otherwise
+// take a window for every unit.
 // Order: every rank builds the same map and issues the same collectives in the same order (the
 // model's events are the same on every rank), which the communicators' fingerprints check. Every
 // wait is bounded by the timeout.
