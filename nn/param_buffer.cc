@@ -135,19 +135,23 @@ const ParamBuffer::Entry* ParamBuffer::findBuffer(const std::string& name) const
   return nullptr;
 }
 
-void ParamBuffer::allocate(runtime::Allocator& allocator) {
+void ParamBuffer::allocate(runtime::Allocator& allocator) { allocateWhole(allocator, true); }
+
+void ParamBuffer::allocateValues(runtime::Allocator& allocator) { allocateWhole(allocator, false); }
+
+void ParamBuffer::allocateWhole(runtime::Allocator& allocator, bool withGrads) {
   COHORT_CHECK(!bound()) << "ParamBuffer bound twice";
   requireNoOpenUnit();
   const Shape shape{static_cast<int64_t>(numel_)};
   values_ = Tensor::empty(shape, allocator);
-  grads_ = Tensor::empty(shape, allocator);
+  if (withGrads) grads_ = Tensor::empty(shape, allocator);
   if (allocator.device().isCpu()) {
     values_.fill(0.0f);
-    grads_.fill(0.0f);
+    if (withGrads) grads_.fill(0.0f);
   } else if (numel_ > 0) {
     const Tensor zeros = Tensor::zeros(shape);  // a device's fresh memory holds anything
     values_.copyFrom(zeros);
-    grads_.copyFrom(zeros);
+    if (withGrads) grads_.copyFrom(zeros);
   }
   bind(allocator);
 }

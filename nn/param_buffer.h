@@ -88,6 +88,9 @@ class ParamBuffer {
   // Values live at `values` (numel() floats on `device`, owned by the caller); gradients and
   // buffers are allocated from `gradAllocator`.
   void attach(float* values, runtime::Device device, runtime::Allocator& gradAllocator);
+  // allocate() without the gradients: as if dropWhole({.grads = true}) followed, without the whole
+  // gradient ever being allocated (a sharded job's, train::Job::place).
+  void allocateValues(runtime::Allocator& allocator);
   // Moves a bound buffer elsewhere: the values to `where.values` (external memory of numel() floats
   // on `where.device`, owned by the caller) or, when that is null, to fresh memory from
   // `where.allocator`; gradients and buffers always to fresh memory from `where.allocator`. The
@@ -149,6 +152,7 @@ class ParamBuffer {
 
  private:
   void bind(runtime::Allocator& bufferAllocator);
+  void allocateWhole(runtime::Allocator& allocator, bool withGrads);
   void requireNoOpenUnit() const;
   size_t unitsEnd() const { return units_.empty() ? 0 : units_.back().offset + units_.back().numel; }
   void addToImplicitUnit(size_t entry);

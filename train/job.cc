@@ -199,10 +199,13 @@ void Job::checkPlaceable(const nn::Model& model, const nn::Optimizer& optimizer)
 void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& o) {
   checkPlaceable(model, optimizer);
   agree(builtInSettings(model, optimizer, o));
-  model.params.allocate(runtime::cpuAllocator());
-  // A sharded job on the CPU never keeps the whole gradient beside the whole parameters it
+  // A sharded job on the CPU never allocates the whole gradient beside the whole parameters it
   // initialises (on a GPU, stage 1 keeps it there; the placement drops it at stages 2 and 3).
-  if (choice_.kind == PlacementKind::kSharded && !gpu_) model.params.dropWhole({.grads = true});
+  if (choice_.kind == PlacementKind::kSharded && !gpu_) {
+    model.params.allocateValues(runtime::cpuAllocator());
+  } else {
+    model.params.allocate(runtime::cpuAllocator());
+  }
   PlacementContext context{.params = model.params,
                            .optimizer = optimizer,
                            .world = world_,

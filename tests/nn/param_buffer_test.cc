@@ -133,6 +133,19 @@ TEST(ParamBuffer, WholeBuffersDroppedAndUnitsPlacedInWindows) {
   EXPECT_EQ(gb1.data(), grads.data() + (bias.offset - b.offset));
 }
 
+// allocateValues: bound values, no whole gradient (a sharded job's binding).
+TEST(ParamBuffer, AllocateValuesBindsNoGradient) {
+  ParamBuffer params;
+  Tensor w, g;
+  params.add("w", Shape{4}, &w, &g);
+  params.allocateValues(runtime::cpuAllocator());
+  EXPECT_TRUE(params.bound());
+  EXPECT_TRUE(w.defined());
+  EXPECT_EQ(w.at(3), 0.0f);
+  EXPECT_FALSE(g.defined());
+  EXPECT_FALSE(params.grads().defined());
+}
+
 // Parameters of `numel` elements each, named "<module>.w<i>", held alive for the ParamBuffer.
 class Registrar {
  public:
