@@ -1,10 +1,11 @@
 // The fragments of docs/api.md (a loop of your own, micro-batches, clipping, deferred steps, the
-// Trainer, TensorBoard), each compiled in a function whose parameters are the names the doc's
+// Trainer, TensorBoard, asynchronous sharded checkpoints), each compiled in a function whose parameters are the names the doc's
 // fragment uses, so that a renamed or retyped API breaks this build instead of the doc's readers.
 // Compiled, not run: the loops need a job; tests/train runs the same calls.
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "cohort/cohort.h"
 #include "train/observe/tensorboard_writer.h"
@@ -43,6 +44,14 @@ train::TrainResult trainer(train::Job& job, nn::Loss& loss, const Dataset& train
 
 void tensorboard(int64_t step, double loss, double acc, double t) {
 #include "tests/docs/tensorboard.inc"
+}
+
+template <class Log>
+void asyncCheckpoints(train::Job& job, const std::string& path, int64_t step, Log log) {
+#include "tests/docs/async_checkpoints.inc"
+}
+void asyncCheckpoints(train::Job& job, const std::string& path, int64_t step) {
+  asyncCheckpoints(job, path, step, [](const train::CheckpointCommit&) {});
 }
 
 }  // namespace cohort::docs_fragments
