@@ -23,6 +23,18 @@
 
 namespace cohort::train::testing {
 
+// Token ids below `vocab` for rank `rank`'s micro-batch `micro` of step `step`, 18 of them (a
+// [2, 9] window: a context of 8 and its next-token targets), different for every rank, step and
+// micro-batch, the same in every process that asks.
+inline std::vector<float> tokenWindow(int rank, int step, int micro, int vocab) {
+  std::vector<float> ids(18);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<float>(
+        (static_cast<int>(i) * 7 + rank * 11 + step * 5 + micro * 3 + (step * step) % 13) % vocab);
+  }
+  return ids;
+}
+
 // Runs `body` on `ranks` forked processes of one fresh job on this node; expects each to exit 0.
 inline void runRanks(int ranks, const std::function<int(const runtime::WorldInfo&)>& body) {
   const std::string jobId = ipc::testing::freshJobId();

@@ -25,6 +25,7 @@
 #include "runtime/device_query.h"
 #include "tests/ipc/multiproc.h"
 #include "tests/support/float_file.h"
+#include "tests/train/ranks.h"
 #include "train/job.h"
 
 namespace cohort::train {
@@ -37,14 +38,9 @@ constexpr int kTooFewDevices = 77;  // a rank's exit code: fewer than two CUDA d
 constexpr char kModel[] = "gpt:layers=3,heads=2,dim=32,ctx=8,vocab=40";
 constexpr int kSteps = 8, kMicroBatches = 2;
 
-// Token ids of (rank, step, micro-batch) as a [2, 9] window: inputs its first 8, targets its last.
-std::vector<float> window(int rank, int step, int micro) {
-  std::vector<float> ids(18);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<float>((static_cast<int>(i) * 7 + rank * 11 + step * 5 + micro * 3 + (step * step) % 13) % 40);
-  }
-  return ids;
-}
+// Token ids of (rank, step, micro-batch) as a [2, 9] window (testing::tokenWindow): inputs its first
+// 8, targets its last.
+std::vector<float> window(int rank, int step, int micro) { return testing::tokenWindow(rank, step, micro, 40); }
 
 // The (inputs, targets) of every micro-batch of every step, copied to the device before any kernel
 // runs (a copy to the GPU is a blocking cudaMemcpy that the compute stream does not order).

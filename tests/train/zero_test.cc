@@ -37,14 +37,9 @@ using runtime::Tensor;
 constexpr char kModel[] = "gpt:layers=2,heads=2,dim=32,ctx=8,vocab=40";
 constexpr int kSteps = 50, kMicroBatches = 2;
 
-// Token ids of (rank, step, micro-batch) as a [2, 9] window: inputs are its first 8, targets its last.
-std::vector<float> window(int rank, int step, int micro) {
-  std::vector<float> ids(18);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<float>((static_cast<int>(i) * 7 + rank * 11 + step * 5 + micro * 3 + (step * step) % 13) % 40);
-  }
-  return ids;
-}
+// Token ids of (rank, step, micro-batch) as a [2, 9] window (testing::tokenWindow): inputs are its
+// first 8, targets its last.
+std::vector<float> window(int rank, int step, int micro) { return testing::tokenWindow(rank, step, micro, 40); }
 
 struct ZeroRun {
   int zero = 0;

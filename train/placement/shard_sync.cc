@@ -212,7 +212,7 @@ void ShardSync::finishGradients() {
 void ShardSync::startGather(size_t u) {
   UnitState& s = units_[u];
   if (s.valueWindow) return;  // gathered, or on its way
-  s.valueWindow = pool_.take(padded(u));
+  s.valueWindow = pool_.take(padded(u), WindowPool::Fill::kAsItIs);  // the all-gather fills it
   s.gather = shard_.allGather(valueShard_.data() + map_.shardOffset(u), s.valueWindow, map_.pieceNumel(u), {});
   params_.placeUnit(u, s.valueWindow, nullptr);
 }
@@ -258,7 +258,7 @@ void ShardSync::gatherParams() {
       work[u] = shard_.allGather(unit + p.inUnit, unit, piece, {});
       continue;
     }
-    staged[u] = stage_ == 1 ? s.staging.data() : pool_.take(padded(u));
+    staged[u] = stage_ == 1 ? s.staging.data() : pool_.take(padded(u), WindowPool::Fill::kAsItIs);
     float* mine = staged[u] + p.inUnit;
     memory_.copy(mine, params_.values().data() + p.flatBegin, p.realNumel());
     memory_.zero(mine + p.realNumel(), piece - p.realNumel());
@@ -275,7 +275,7 @@ void ShardSync::gatherParams() {
 
 void ShardSync::gatherShard(const float* shard, float* flat) {
   for (size_t u = 0; u < units_.size(); ++u) {
-    float* unit = pool_.take(padded(u));
+    float* unit = pool_.take(padded(u), WindowPool::Fill::kAsItIs);
     collectives::WorkPtr work = shard_.allGather(shard + map_.shardOffset(u), unit, map_.pieceNumel(u), {});
     await(work);
     memory_.copy(flat + map_.unitOffset(u), unit, map_.unit(u).numel);

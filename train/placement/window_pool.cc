@@ -6,7 +6,7 @@
 
 namespace cohort::train {
 
-float* WindowPool::take(size_t floats) {
+float* WindowPool::take(size_t floats, Fill fill) {
   Block* best = nullptr;
   for (Block& b : blocks_) {
     if (!b.used && b.floats >= floats && (!best || b.floats < best->floats)) best = &b;
@@ -14,7 +14,7 @@ float* WindowPool::take(size_t floats) {
   if (!best) {
     blocks_.push_back({.data = memory_.zeros(std::max<size_t>(floats, 1)), .floats = floats});
     best = &blocks_.back();
-  } else {
+  } else if (fill == Fill::kZeroed) {
     memory_.zero(best->data.data(), floats);
   }
   best->used = true;
