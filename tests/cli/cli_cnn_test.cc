@@ -32,9 +32,9 @@ class CnnCliTest : public ShmDirTest {
     return runCommand(argv, {.timeout = std::chrono::seconds(240)});
   }
 
-  void expectLearns(const std::string& model, const std::string& mode, int workers) {
+  void expectLearns(const std::string& model, const std::string& mode, int workers, const std::string& lr = "0.02") {
     CommandResult r = train(workers, {"--model", model, "--data", "mnist:" + mnist_, "--mode", mode, "--epochs", "6",
-                                      "--batch-size", "32", "--lr", "0.02", "--momentum", "0.9", "--threads", "1"});
+                                      "--batch-size", "32", "--lr", lr, "--momentum", "0.9", "--threads", "1"});
     ASSERT_EQ(r.exitCode, 0) << r.describe();
     ResultLine result = parseResultLine(r.stdoutText);
     ASSERT_EQ(result.count, 1) << r.describe();
@@ -47,7 +47,11 @@ class CnnCliTest : public ShmDirTest {
 };
 
 TEST_F(CnnCliTest, LenetLearnsLocally) { expectLearns("cnn:lenet", "local", 0); }
-TEST_F(CnnCliTest, LenetLearnsWithTwoHogwildWorkers) { expectLearns("cnn:lenet", "hogwild", 2); }
+// Two Hogwild workers apply as many steps to one copy as the local run does, but each from a
+// gradient of parameters the other worker may have moved since (stale): at the local rate, with
+// momentum 0.9, a run could leave the minimum late (a CI run did at epoch 5, test_acc 0.3 after
+// 0.9). Half the rate keeps every run near it.
+TEST_F(CnnCliTest, LenetLearnsWithTwoHogwildWorkers) { expectLearns("cnn:lenet", "hogwild", 2, "0.01"); }
 TEST_F(CnnCliTest, LenetWithBatchNormLearnsWithTwoAllreduceWorkers) { expectLearns("cnn:lenet-bn", "allreduce", 2); }
 
 TEST_F(CnnCliTest, RosettaRunsInEveryModeOnCifarShapedData) {
