@@ -1,5 +1,6 @@
 // The data half of an mpi collective (mpi_state.h): one non-blocking MPI call per collective, and
-// what follows it (reduce-scatter's sum in rank order, avg's scaling, bf16's one rounding).
+// what follows it (reduce-scatter's sum in Open MPI's all-reduce order, avg's scaling, bf16's one
+// rounding).
 #include <openmpi/mpi.h>
 
 #include <algorithm>
@@ -76,7 +77,7 @@ void MpiState::startData(Op& op) {
     }
     case CollectiveKind::kReduceScatter: {
       // Every rank's chunk r goes to rank r (one exchange, both directions at once), and rank r
-      // reduces what it received in rank order (testData). Open MPI's MPI_Ireduce_scatter_block
+      // reduces what it received in the all-reduce's order (testData, reduceRows). Open MPI's MPI_Ireduce_scatter_block
       // reduces to one rank and scatters, which moves the whole buffer one way first: half the
       // bandwidth across nodes. NCCL's in place needs nothing special: the input is only read
       // by the exchange, and the output written after it. bf16: rows at [0, n count), the widened
@@ -135,34 +136,44 @@ void MpiState::finishReduction(Op& op) {
     reduceRows(op.scratch.data(), result, f.count, f.op);
   }
   if (f.op == ReduceOp::kAvg) {
-    // avg is float(sum) * float(1/n) in every backend (docs/collectives.md), so a job gives the
-    // same bits on shm and mpi; exact when n is a power of two.
+    // avg is float(sum) * float(1/n) in every backend (docs/collectives.md): the scaling is the
+    // same arithmetic everywhere; exact when n is a power of two.
     const float scale = 1.0f / static_cast<float>(size_);
     for (uint64_t i = 0; i < f.count; ++i) result[i] *= scale;
   }
   if (bf16) narrow(result, op.output, f.count);
 }
 
-// output[i] = op over ranks r (in rank order) of rows[r * count + i].
-void MpiState::reduceRows(const float* rows, float* output, uint64_t count, ReduceOp op) const {
-  for (uint64_t i = 0; i < count; ++i) output[i] = rows[i];
-  for (int r = 1; r < size_; ++r) {
-    const float* row = rows + static_cast<size_t>(r) * count;
-    for (uint64_t i = 0; i < count; ++i) {
-      switch (op) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-          output[i] += row[i];
-          break;
-        case ReduceOp::kMax:
-          output[i] = std::max(output[i], row[i]);
-          break;
-        case ReduceOp::kMin:
-          output[i] = std::min(output[i], row[i]);
-          break;
+// output[i] = op over ranks r of rows[r * count + i], in the order of Open MPI's MPI_Iallreduce
+// (libnbc's binomial tree rooted at rank 0), so that a reduce-scatter gives each element the bits
+// the all-reduce gives it: in rounds s = 1, 2, 4, ..., row r (a multiple of 2s) takes row r + s into
+// it. 4 ranks: (r0 + r1) + (r2 + r3); 3: (r0 + r1) + r2. Open MPI 4.1 adds in that tree on every
+// world size for messages below 64 KiB or in place, and on 2, 3, 4 and 6 ranks for any message
+// (measured; 5 ranks' large out-of-place all-reduces take another order: docs/collectives.md). The
+// rows are overwritten.
+void MpiState::reduceRows(float* rows, float* output, uint64_t count, ReduceOp op) const {
+  const auto n = static_cast<size_t>(size_);
+  for (size_t stride = 1; stride < n; stride *= 2) {
+    for (size_t r = 0; r + stride < n; r += 2 * stride) {
+      float* into = rows + r * count;
+      const float* from = rows + (r + stride) * count;
+      for (uint64_t i = 0; i < count; ++i) {
+        switch (op) {
+          case ReduceOp::kSum:
+          case ReduceOp::kAvg:
+            into[i] += from[i];
+            break;
+          case ReduceOp::kMax:
+            into[i] = std::max(into[i], from[i]);
+            break;
+          case ReduceOp::kMin:
+            into[i] = std::min(into[i], from[i]);
+            break;
+        }
       }
     }
   }
+  if (output != rows) std::memcpy(output, rows, count * sizeof(float));
 }
 
 }  // namespace cohort::collectives::mpi_detail

@@ -102,7 +102,7 @@ class MpiState {
   void startData(Op& op);
   void testData(Op& op);
   void finishReduction(Op& op);
-  void reduceRows(const float* rows, float* output, uint64_t count, ReduceOp op) const;
+  void reduceRows(float* rows, float* output, uint64_t count, ReduceOp op) const;
   [[noreturn]] void throwTimeout(const Op& op, std::chrono::milliseconds timeout);
   void abandon();
 

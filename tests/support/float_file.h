@@ -33,17 +33,28 @@ inline std::vector<float> readFloats(const std::string& path) {
 struct FloatDifference {
   size_t bitsDiffer = 0;
   double worstRelative = 0;  // |a - b| / max(|b|, 1e-3)
+  // Over the whole vector: max |a - b| / max |b| (the max norm's relative difference) and
+  // ||a - b||_2 / ||b||_2 (the Euclidean norm's); 0 when b is all zeros and a equals it.
+  double maxNormRelative = 0, l2Relative = 0;
 };
 
-// How many of a's values differ from b's in their bits (a and b of one size), and the worst
-// relative difference among them.
+// How many of a's values differ from b's in their bits (a and b of one size), the worst relative
+// difference among them, and the relative differences of the whole vectors.
 inline FloatDifference compareFloats(const std::vector<float>& a, const std::vector<float>& b) {
   FloatDifference d;
+  double maxDiff = 0, maxRef = 0, sumDiff2 = 0, sumRef2 = 0;
   for (size_t i = 0; i < a.size(); ++i) {
+    const double diff = std::fabs(double(a[i]) - b[i]), ref = std::fabs(double(b[i]));
+    maxDiff = std::isnan(diff) ? HUGE_VAL : std::max(maxDiff, diff);  // a NaN is as far as can be
+    maxRef = std::max(maxRef, ref);
+    sumDiff2 += diff * diff;
+    sumRef2 += ref * ref;
     if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
     ++d.bitsDiffer;
-    d.worstRelative = std::max(d.worstRelative, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), 1e-3));
+    d.worstRelative = std::max(d.worstRelative, diff / std::max(ref, 1e-3));
   }
+  d.maxNormRelative = maxDiff == 0 ? 0 : maxDiff / maxRef;
+  d.l2Relative = sumDiff2 == 0 ? 0 : std::sqrt(sumDiff2 / sumRef2);
   return d;
 }
 

@@ -11,7 +11,6 @@
 // stage.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -19,93 +18,27 @@
 #include <vector>
 
 #include "nn/checkpoint.h"
-#include "nn/loss.h"
 #include "nn/model_spec.h"
-#include "nn/optimizer.h"
 #include "nn/sharded_checkpoint.h"
 #include "tests/support/process.h"
-#include "tests/train/ranks.h"
 #include "tests/support/float_file.h"
+#include "tests/train/ranks.h"
+#include "tests/train/zero_run.h"
 #include "train/job.h"
 
 namespace cohort::train {
 namespace {
 
-using runtime::Shape;
 using runtime::Tensor;
 
-constexpr char kModel[] = "gpt:layers=2,heads=2,dim=32,ctx=8,vocab=40";
-constexpr int kSteps = 50, kMicroBatches = 2;
-
-// Token ids of (rank, step, micro-batch) as a [2, 9] window (testing::tokenWindow): inputs are its
-// first 8, targets its last.
-std::vector<float> window(int rank, int step, int micro) { return testing::tokenWindow(rank, step, micro, 40); }
-
-struct ZeroRun {
-  int zero = 0;
-  int ranks = 2;
-  std::string dir;
-  int firstStep = 0, steps = kSteps;
-  std::string resumeFrom = {};  // a checkpoint to load first
-  std::string name = {};        // what the run is called in its files (default: zero<Z>-w<W>)
-  std::string label() const {
-    return name.empty() ? "zero" + std::to_string(zero) + "-w" + std::to_string(ranks) : name;
-  }
-};
-
-std::string pathOf(const ZeroRun& run, int rank) { return run.dir + "/" + run.label() + "-rank" + std::to_string(rank) + ".bin"; }
-std::string checkpointOf(const ZeroRun& run) { return run.dir + "/" + run.label() + ".ckpt"; }
-
-// One rank: the run's steps (a non-finite loss on rank 1 at step 20, skipped), then a checkpoint of
-// the job and this rank's parameters in a file of their own.
-int trainRank(const ZeroRun& run, const runtime::WorldInfo& world) {
-  Job job({.mode = Mode::kAllReduce, .backend = Backend::kShm, .paramCopies = ParamCopies::kReplicas, .zero = run.zero},
-          world);
-  auto model = nn::buildModel(kModel);
-  auto optimizer = nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.1f},
-                                     model->params.numel());
-  job.place(*model, *optimizer, {.seed = 7});
-  if (!run.resumeFrom.empty() && !job.load(run.resumeFrom)) return 4;
-  nn::SoftmaxCrossEntropy loss;
-  Tensor x = Tensor::zeros(Shape{2, 8}), y = Tensor::zeros(Shape{2, 8});
-  for (int step = run.firstStep; step < run.firstStep + run.steps; ++step) {
-    double lossSum = 0;
-    for (int k = 0; k < kMicroBatches; ++k) {
-      const std::vector<float> ids = window(world.rank, step, k);
-      for (int b = 0; b < 2; ++b) {
-        for (int t = 0; t < 8; ++t) {
-          x.at(b * 8 + t) = ids[static_cast<size_t>(b * 9 + t)];
-          y.at(b * 8 + t) = ids[static_cast<size_t>(b * 9 + t + 1)];
-        }
-      }
-      nn::Pass pass = job.pass({.microBatch = k, .microBatches = kMicroBatches});
-      lossSum += loss.forward(model->forward(x, pass), y);
-      model->net->backward(loss.backward(), pass);
-    }
-    const double mine = world.rank == 1 && step == 20 ? NAN : lossSum / kMicroBatches;
-    const StepResult r = job.step({.clipGradNorm = 0.5f, .loss = mine});
-    if (r.applied != (step != 20)) return 10 + step;
-  }
-  // The optimizer state (AdamW: two floats an element) is the shard's: N/W elements and the padding
-  // of at most W - 1 per unit.
-  const size_t n = model->params.numel(), w = static_cast<size_t>(world.worldSize);
-  const size_t stateFloats = job.stateBytes().optimizer / sizeof(float);
-  const size_t shardMax = run.zero == 0 ? n : (n + model->params.units().size() * (w - 1)) / w;
-  if (stateFloats < 2 * (run.zero == 0 ? n : n / w) || stateFloats > 2 * shardMax) return 5;
-  // Stages 2 and 3 keep the gradient's shard only, stage 3 the parameters' too (the windows are
-  // staging).
-  const StateBytes held = job.stateBytes();
-  if (run.zero >= 2 && held.grads != held.optimizer / 2) return 6;
-  if (run.zero == 3 && held.params != held.grads) return 7;
-  if (run.zero < 2 && held.grads != model->params.bytes()) return 8;
-  job.save(checkpointOf(run));
-  const Tensor v = job.wholeParams();
-  return cohort::testing::writeFloats(pathOf(run, world.rank), {v.data(), static_cast<size_t>(v.numel())}) ? 0 : 1;
-}
+constexpr auto kModel = testing::kZeroRunModel;
+using testing::checkpointOf;
+using testing::pathOf;
+using testing::ZeroRun;
 
 void train(const ZeroRun& run) {
   SCOPED_TRACE(run.label());
-  testing::runRanks(run.ranks, [&](const runtime::WorldInfo& world) { return trainRank(run, world); });
+  testing::runRanks(run.ranks, [&](const runtime::WorldInfo& world) { return testing::trainZeroRank(run, world); });
 }
 
 using cohort::testing::readFloats;
