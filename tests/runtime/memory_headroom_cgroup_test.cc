@@ -16,46 +16,22 @@
 #include <string>
 
 #include "runtime/process_memory.h"
+#include "tests/support/memory_cgroup.h"
 
 namespace cohort::runtime {
 namespace {
 
 constexpr size_t kLimit = size_t{512} << 20;
 
-// This process's memory cgroup directory and the name of its limit file, or "" with a reason.
-struct OwnCgroup {
-  std::string directory;
-  std::string limitFile;
-};
-
-OwnCgroup ownMemoryCgroup() {
-  std::ifstream in("/proc/self/cgroup");
-  OwnCgroup v2;
-  for (std::string line; std::getline(in, line);) {
-    const size_t first = line.find(':'), second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) continue;
-    const std::string controllers = line.substr(first + 1, second - first - 1), path = line.substr(second + 1);
-    if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-      return {"/sys/fs/cgroup/memory" + path, "memory.limit_in_bytes"};
-    }
-    if (line.rfind("0::", 0) == 0) v2 = {"/sys/fs/cgroup" + path, "memory.max"};
-  }
-  return v2;
-}
-
-bool writeFile(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
-  return ok;
-}
+using cohort::testing::ownMemoryCgroup;
+using cohort::testing::OwnMemoryCgroup;
+constexpr auto writeFile = cohort::testing::writeCgroupFile;
 
 TEST(MemoryHeadroomCgroup, AProcessInALimitedCgroupReadsItsLimit) {
   if (::geteuid() != 0) GTEST_SKIP() << "making a cgroup needs root";
   const MemoryHeadroom outside = memoryHeadroom();
   if (outside.availableBytes <= 2 * kLimit) GTEST_SKIP() << "this machine has too little memory for the test";
-  const OwnCgroup own = ownMemoryCgroup();
+  const OwnMemoryCgroup own = ownMemoryCgroup();
   if (own.directory.empty()) GTEST_SKIP() << "no memory cgroup in /proc/self/cgroup";
   const std::string dir = own.directory + "/cohort-headroom-test-" + std::to_string(::getpid());
   if (::mkdir(dir.c_str(), 0700) != 0) GTEST_SKIP() << "cannot make " << dir << ": " << std::strerror(errno);
