@@ -5,6 +5,7 @@
 //   - End to end, by sample ids (COHORT_TEST_SAMPLE_LOG): a 2-worker allreduce run stopped
 //     mid-epoch and resumed on 1 and on 3 workers trains every sample of the epoch exactly once,
 //     and ends within a tolerance of the uninterrupted run's test accuracy.
+//   - ZeRO: a stage-2 checkpoint of 2 workers continues the epoch on 3 workers at stage 3.
 //   - Hogwild: a 2-worker checkpoint resumes on 1 and 3 workers with the step counts carried over;
 //     the merge/split rule of the per-worker optimizer states, exactly, through the public Job API.
 //   - What cannot carry over (Hogwild <-> a lockstep mode, a cosine schedule over another number of
@@ -274,6 +275,33 @@ TEST_F(ElasticCliTest, AllreduceCheckpointOfTwoWorkersContinuesTheEpochOnOneAndT
         << context << " against the uninterrupted run on as many";
     EXPECT_NEAR(resumed.number("test_acc"), wholeAcc[2], 0.04) << context << " against the uninterrupted 2-worker run";
   }
+  EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
+}
+
+// ZeRO (issue 46): a sharded checkpoint of 2 workers at stage 2, stopped 100 steps into epoch 1,
+// continues the epoch on 3 workers at stage 3 (resharded on load) without repeat or skip.
+TEST_F(ElasticCliTest, ZeroCheckpointOfTwoWorkersContinuesTheEpochOnThreeAtAnotherStage) {
+  const std::vector<std::string> common = {"--epochs", "1", "--batch-size", "48", "--replicas"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  const std::string stopped = dir_ + "/zero.st";
+  expectSuccess(train(2, "allreduce", with({"--zero", "2", "--checkpoint", stopped, "--max-steps", "100"}),
+                      dir_ + "/zlog.first"));
+  EXPECT_EQ(nn::readCheckpoint(stopped).metadata.at("samples_seen"), "9600");
+  const CommandResult r =
+      train(3, "allreduce", with({"--zero", "3", "--checkpoint", stopped, "--resume"}), dir_ + "/zlog.3");
+  const ResultLine resumed = expectSuccess(r);
+  EXPECT_NE(r.stdoutText.find("elastic resume: the checkpoint's 2 ranks had seen 9600 of the 60000 samples of epoch 1"),
+            std::string::npos)
+      << r.describe();
+  EXPECT_EQ(resumed.number("world_size"), 3);
+  EXPECT_GT(resumed.number("test_acc"), 0.75) << "the resumed ZeRO run did not learn";
+  SampleCounts counts;
+  addSampleLog(dir_ + "/zlog.first", counts);
+  addSampleLog(dir_ + "/zlog.3", counts);
+  expectEachOnce(counts[0], kSamples, "stage 2 on 2 workers, then stage 3 on 3");
   EXPECT_TRUE(listDir(shm_).empty()) << "shared memory left behind";
 }
 
