@@ -18,6 +18,10 @@
 #include "train/job.h"
 #include "train/zero_memory.h"
 
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/gpu_context.h"
+#endif
+
 namespace cohort::bench {
 
 namespace {
@@ -36,6 +40,9 @@ struct Measured {
   train::StateBytes held;  // Job::stateBytes() after the steps
   double heldRss = 0;      // VmRSS after the placement less before the optimizer
   double peakRss = -1;     // VmHWM's growth over the optimizer and the placement; -1: not measured
+  // On a GPU: the caching allocator's allocated bytes after the placement less before the
+  // optimizer, and its peak allocated after the steps less the same (-1: on the CPU).
+  double deviceHeld = -1, devicePeak = -1;
 };
 
 // `steps` AdamW steps on random tokens (a step may allocate what its units in flight need).
@@ -51,7 +58,14 @@ void train(train::Job& job, nn::Model& model, const nn::Gpt& gpt, const ZeroMemo
       targets.at(i) = static_cast<float>(rng.below(static_cast<uint64_t>(vocab)));
     }
     nn::Pass pass = job.pass();
-    loss.forward(model.forward(ids, pass), targets);
+#ifdef COHORT_HAVE_CUDA
+    if (runtime::cuda::GpuContext* gpu = job.gpu()) {
+      loss.forwardGpu(model.forward(ids.clone(gpu->allocator()), pass), targets.clone(gpu->allocator()), *gpu);
+    } else
+#endif
+    {
+      loss.forward(model.forward(ids, pass), targets);
+    }
     model.net->backward(loss.backward(), pass);
     job.step();
   }
@@ -61,12 +75,19 @@ Measured placeAndMeasure(train::Job& job, nn::Model& model, const ZeroMemoryBenc
   Measured m;
   const bool peak = resetPeakResident();
   const runtime::ProcessMemory before = runtime::processMemory();
+  const std::optional<runtime::AllocatorStats> deviceBefore = job.deviceMemoryStats();
   auto optimizer = job.makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f}, model);
   job.place(model, *optimizer, {.seed = 1});
   const runtime::ProcessMemory after = runtime::processMemory();
+  if (const std::optional<runtime::AllocatorStats> s = job.deviceMemoryStats(); s && deviceBefore) {
+    m.deviceHeld = static_cast<double>(s->allocatedBytes) - static_cast<double>(deviceBefore->allocatedBytes);
+  }
   m.heldRss = static_cast<double>(after.residentBytes) - static_cast<double>(before.residentBytes);
   if (peak) m.peakRss = static_cast<double>(after.peakResidentBytes) - static_cast<double>(before.residentBytes);
   train(job, model, dynamic_cast<const nn::Gpt&>(*model.net), o);
+  if (const std::optional<runtime::AllocatorStats> s = job.deviceMemoryStats(); s && deviceBefore) {
+    m.devicePeak = static_cast<double>(s->peakAllocatedBytes) - static_cast<double>(deviceBefore->allocatedBytes);
+  }
   m.held = job.stateBytes();
   return m;
 }
@@ -80,13 +101,19 @@ void printRank(const ZeroMemoryBenchOptions& o, const train::Job& job, int group
   std::printf(
       "RESULT bench=zero_memory model=%s zero=%d scope=%s world_size=%d group=%d rank=%d params=%zu grads=%zu "
       "optimizer=%zu staging=%zu formula_params=%zu formula_grads=%zu formula_optimizer=%zu formula_staging=%zu "
-      "model_state_ratio=%.4f staging_ratio=%.4f held_rss=%.0f held_ratio=%.3f peak_rss=%.0f peak_ratio=%.3f\n",
+      "model_state_ratio=%.4f staging_ratio=%.4f held_rss=%.0f held_ratio=%.3f peak_rss=%.0f peak_ratio=%.3f",
       o.model.c_str(), o.zero, o.zeroScope.c_str(), job.world().worldSize, group, job.world().rank, h.params, h.grads,
       h.optimizer, h.staging, f.params, f.grads, f.optimizer, f.staging,
       ratio(static_cast<double>(h.params + h.grads + h.optimizer),
             static_cast<double>(f.params + f.grads + f.optimizer)),
       ratio(static_cast<double>(h.staging), static_cast<double>(f.staging)), m.heldRss, m.heldRss / total, m.peakRss,
       m.peakRss / total);
+  if (m.deviceHeld >= 0) {
+    std::printf(" device_held=%.0f device_ratio=%.4f device_peak=%.0f device_peak_ratio=%.3f", m.deviceHeld,
+                m.deviceHeld / static_cast<double>(f.params + f.grads + f.optimizer), m.devicePeak,
+                m.devicePeak / static_cast<double>(f.total()));
+  }
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -100,6 +127,8 @@ void addZeroMemoryBenchFlags(CLI::App& c, ZeroMemoryBenchOptions& o) {
   c.add_option("--batch-size", o.batchSize, "samples per step and rank")->capture_default_str();
   c.add_option("--steps", o.steps, "training steps after the placement")->capture_default_str();
   c.add_option("--threads", o.threads, "BLAS threads per rank")->capture_default_str();
+  c.add_option("--device", o.device, "cpu, or cuda (one GPU per rank: the caching allocator's bytes besides)")
+      ->capture_default_str();
 }
 
 int runZeroMemoryBench(const ZeroMemoryBenchOptions& o) {
@@ -114,9 +143,12 @@ int runZeroMemoryBench(const ZeroMemoryBenchOptions& o) {
   try {
     job.emplace(
         train::JobOptions{.mode = train::Mode::kAllReduce,
-                          .paramCopies = o.zero == 0 ? train::ParamCopies::kReplicas : train::ParamCopies::kAuto,
+                          // Stage 0 on the CPU: a replica per rank, ZeRO's baseline (GPUs always replicate).
+                          .paramCopies = o.zero == 0 && o.device == "cpu" ? train::ParamCopies::kReplicas
+                                                                          : train::ParamCopies::kAuto,
                           .zero = o.zero,
-                          .zeroScope = scope});
+                          .zeroScope = scope,
+                          .device = o.device});
   } catch (const InvalidArgument& refused) {
     const runtime::WorldInfo world = runtime::WorldInfo::detect();
     if (world.rank == 0) {

@@ -5,6 +5,7 @@
 //
 //   cohortrun --nproc-per-node 2 -- cohort bench memory --zero 1 [--zero-scope job|node]
 //       [--model gpt:layers=12,heads=4,dim=256,ctx=64,vocab=256] [--batch-size 1] [--steps 1]
+//       [--device cpu|cuda]
 //
 // Each rank builds the model, makes an AdamW optimizer for it, and places both in a Job of mode
 // allreduce at --zero (stage 0: replicas, ZeRO's baseline), then trains --steps steps of random
@@ -17,6 +18,13 @@
 //          held_rss=B held_ratio=x  (VmRSS after the placement less before the optimizer was made,
 //                                    over stateBytes().total())
 //          peak_rss=B peak_ratio=x  (VmHWM's growth over making the optimizer and placing, the same)
+//   and with --device cuda (one GPU per rank) the GPU caching allocator's statistics besides:
+//          device_held=B device_ratio=x  (allocated bytes after the placement less before the
+//                                         optimizer was made, over the formula's model state:
+//                                         params + grads + optimizer; the windows come later)
+//          device_peak=B device_peak_ratio=x  (the peak allocated after the steps less the same,
+//                                              over the formula's total, staging in: it counts
+//                                              the placement's transients and the activations too)
 // The resident figures cross-check the accounting: they count pages the process touched, shared
 // memory included, and what the C library keeps or returns, so they agree loosely (the docs give
 // the measured spread); the peak also counts the placement's transients (the caller's whole-model
@@ -42,6 +50,7 @@ struct ZeroMemoryBenchOptions {
   int64_t batchSize = 1;
   int steps = 1;
   int threads = 1;
+  std::string device = "cpu";  // or "cuda": one GPU per rank
 };
 
 void addZeroMemoryBenchFlags(CLI::App& command, ZeroMemoryBenchOptions& options);
