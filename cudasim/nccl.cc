@@ -2,7 +2,7 @@
 // shared-memory segment, and collectives that run as operations of the emulated streams.
 //
 // The segment. ncclGetUniqueId only names it: <dir>/cudasim-nccl-<pid>-<random>, dir being
-// $COHORT_SHM_DIR or /dev/shm as for Cohort's own segments. The id holds the name and a hash of dir
+// $COHORT_CUDASIM_NCCL_DIR, else $COHORT_SHM_DIR or /dev/shm as for Cohort's own segments. The id holds the name and a hash of dir
 // (a test's dir may not fit in 128 bytes): each rank takes dir from its own environment, and one that
 // sees another dir is refused (ncclInvalidUsage) rather than left waiting. The first rank to join
 // creates the segment (O_EXCL) sized for nranks, the others open it (a size for another nranks is
@@ -734,10 +734,15 @@ ncclResult_t refuse(ncclResult_t result, const std::string& message) {
   return result;
 }
 
-// The directory of the segments: $COHORT_SHM_DIR, else /dev/shm.
+// The directory of the segments: $COHORT_CUDASIM_NCCL_DIR, else $COHORT_SHM_DIR, else /dev/shm. Real
+// NCCL reaches another node over the network, whatever that node's /dev/shm: a test that plays
+// several nodes on one machine gives each its own COHORT_SHM_DIR and every rank this one directory.
 std::string shmDirectory() {
-  const char* dir = std::getenv("COHORT_SHM_DIR");
-  return dir && *dir ? dir : "/dev/shm";
+  for (const char* name : {"COHORT_CUDASIM_NCCL_DIR", "COHORT_SHM_DIR"}) {
+    const char* dir = std::getenv(name);
+    if (dir && *dir) return dir;
+  }
+  return "/dev/shm";
 }
 
 uint64_t hashOf(const std::string& text) {
@@ -766,7 +771,7 @@ Outcome pathOf(const ncclUniqueId& id, std::string& path) {
   if (hashOf(dir) != layout.directoryHash) {
     return Outcome::error(ncclInvalidUsage,
                           "ncclCommInitRankConfig: the unique id was made with another "
-                          "COHORT_SHM_DIR than this rank's (" +
+                          "COHORT_CUDASIM_NCCL_DIR or COHORT_SHM_DIR than this rank's (" +
                               dir + ")");
   }
   path = dir + "/" + std::string(layout.name, length);

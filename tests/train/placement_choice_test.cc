@@ -104,6 +104,11 @@ std::vector<Row> table() {
         .zeroScope = ZeroScope::kNode}},
       {"GPUs", {.mode = ar}, oneNode(2), true, {.kind = K::kReplicas, .backend = B::kNccl}},
       {"zero 3 on GPUs", {.mode = ar, .zero = 3}, nodesOf(2, 4), true, {.kind = K::kSharded, .backend = B::kNccl, .zero = 3}},
+      {"zero 2 on GPUs across nodes, scope node",
+       {.mode = ar, .zero = 2, .zeroScope = ZeroScope::kNode},
+       nodesOf(2, 4),
+       true,
+       {.kind = K::kSharded, .backend = B::kNccl, .zero = 2, .zeroScope = ZeroScope::kNode}},
       {"GPUs, nccl asked for",
        {.mode = ar, .backend = B::kNccl},
        nodesOf(2, 4),
@@ -156,12 +161,6 @@ TEST(ResolvePlacement, WhatCannotTrainIsRefused) {
        false,
        "drop one of them"},
       {"a scope without a stage", {.mode = ar, .zeroScope = ZeroScope::kNode}, oneNode(2), false, "give a stage"},
-      {"zero scope node on GPUs (not built yet)",
-       {.mode = ar, .zero = 1, .zeroScope = ZeroScope::kNode},
-       oneNode(2),
-       true,
-       "not built on GPUs yet"},
-
   };
   for (const auto& r : refusals) {
     try {

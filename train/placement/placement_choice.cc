@@ -179,10 +179,6 @@ ResolvedPlacement resolveCpuAllReduce(const PlacementRequest& r, const runtime::
 ResolvedPlacement resolveSharded(const PlacementRequest& r, const runtime::WorldInfo& world, bool onGpu) {
   ResolvedPlacement p{.kind = PlacementKind::kSharded, .zero = r.zero, .zeroScope = r.zeroScope};
   if (onGpu) {
-    if (r.zeroScope == ZeroScope::kNode) {
-      COHORT_THROW(InvalidArgument) << "ZeRO scope node is not built on GPUs yet (docs/sharding.md, \"What is not "
-                                       "built yet\"): use scope job, or train on device cpu";
-    }
     p.backend = Backend::kNccl;
     return p;
   }

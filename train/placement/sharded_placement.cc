@@ -47,7 +47,6 @@ void requireEvenNodes(collectives::Communicator& world, int nodeSize, std::chron
 ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptions& options)
     : params_(c.params), optimizer_(c.optimizer), timeout_(c.timeout), timeline_(c.timeline), options_(options) {
   COHORT_CHECK(options.stage >= 1 && options.stage <= 3) << "ZeRO stage " << options.stage;
-  COHORT_CHECK(!c.gpu || options.scope == ZeroScope::kJob) << "ZeRO scope node on GPUs";
   // On a GPU the collectives run over NCCL, ordered against the compute stream (shard_sync.h).
   world_ = collectives::makeCommunicator({.backend = options.backend,
                                           .world = c.world,

@@ -16,7 +16,7 @@
 // arithmetic where the reduce-scatter adds in the all-reduce's order (shm, mpi: the same bits as
 // stage 0 for the same gradients); the global norm's sum runs over the pieces instead of the
 // whole buffer, so the clip coefficient can differ from stage 0's in the last bit.
-// On a GPU (PlacementContext::gpu, scope job, fp32) the communicator is nccl on the compute stream
+// On a GPU (PlacementContext::gpu, fp32) the communicator is nccl on the compute stream
 // and every buffer ShardSync keeps is device memory (shard_sync.h says how the stream orders the
 // collectives, the copies and the windows' reuse); the optimizer's state is on the GPU, stepped one
 // kernel per piece (stages 1, 2) or over the packed shard (3); Σ g² is summed on the device and read

@@ -9,6 +9,8 @@
 //                            microseconds (default 200; 0: none), so work on two streams interleaves
 //                            differently run after run and a missing event wait shows
 //   COHORT_CUDASIM_SEED      seeds the delays and the thread and block orders (default: from the pid)
+//   COHORT_CUDASIM_NCCL_DIR  the directory of the emulated NCCL's segments (default: COHORT_SHM_DIR,
+//                            else /dev/shm): one for every rank where a test plays several nodes
 #pragma once
 
 #include <cstddef>
