@@ -39,7 +39,11 @@ std::string Linear::name() const {
 
 void Linear::registerParams(ParamBuffer& params, const std::string& prefix) {
   weightEntry_ = params.add(prefix + "weight", Shape{options_.out, options_.in}, &weight_, &weightGrad_);
-  if (options_.bias) biasEntry_ = params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
+  params.declareReadAsBf16(weightEntry_);  // forwardGpu's weight16_
+  if (options_.bias) {
+    biasEntry_ = params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
+    params.declareReadAsBf16(biasEntry_);  // bias16_, or broadcastToBf16
+  }
 }
 
 void Linear::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }

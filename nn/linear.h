@@ -51,7 +51,8 @@ class Linear final : public Module, public PlannedInit {
   const Tensor& preActivation() const { return preActivation_; }
   // bf16 passes on a GPU (docs/architecture.md): the weight converted to bf16 at each forward, the
   // products on tensor cores with fp32 accumulation, the output and input gradient in bf16, the
-  // weight and bias gradients in fp32.
+  // weight and bias gradients in fp32. So it declares its weight and bias read as bf16
+  // (ParamBuffer::declareReadAsBf16): a sharded bf16 job gathers them in bf16.
   bool takesBf16() const override { return true; }
 
   // Aliases this layer's backward-only buffers (the input gradient, the incoming gradient's bf16 copy, the bias reduction's scratch) to `peer`'s, so that the two hold

@@ -48,6 +48,15 @@ size_t ParamBuffer::add(const std::string& name, const Shape& shape, Tensor* val
   return entries_.size() - 1;
 }
 
+void ParamBuffer::declareReadAsBf16(size_t entry) {
+  if (bound()) COHORT_THROW(InvalidArgument) << "declareReadAsBf16 after binding";
+  if (entry >= entries_.size()) {
+    COHORT_THROW(InvalidArgument) << "declareReadAsBf16 of parameter " << entry << ", but " << entries_.size()
+                                  << " are registered";
+  }
+  entries_[entry].readAsBf16 = true;
+}
+
 // Entries outside any declared unit: the entry extends the implicit unit just before it, or starts
 // one. An implicit unit is named by the path its entries' modules share, or by its first entry's
 // name when they share none, made unique with "@<first entry>" in the rare case another unit has it.

@@ -28,6 +28,14 @@
 // units() always partitions the entries in forward order, and the units' slices
 // [offset, offset + numel) tile the flat buffers [0, numel()) — what a shard map cuts and what
 // ZeRO-3 gathers unit by unit. Buffers (addBuffer) belong to no unit.
+//
+// How a bf16 pass reads each parameter (Entry::readAsBf16): the layer that owns it declares, with
+// declareReadAsBf16(), a parameter that every bf16 pass (Pass::precision kBF16) reads only rounded
+// to bf16 (nn::Linear's weight and bias, converted at each forward); every other parameter is read
+// exactly, in fp32 (LayerNorm's, an embedding table: a GPT's wte is read exactly by its lookup, so
+// its head's rounded read does not make it bf16-read). A sharded job may then send the declared
+// ones over the wire as bf16 (train/placement/gather_plan.h): declare only what holds for every
+// module that reads the parameter.
 // Thread safety: none; binding happens once at start-up.
 //
 //   ParamBuffer params;
@@ -55,6 +63,7 @@ class ParamBuffer {
     Shape shape = {};
     size_t offset = 0;  // in elements from the start of the buffer
     size_t numel = 0;
+    bool readAsBf16 = false;  // every bf16 pass reads it rounded to bf16 (above); false: exactly
   };
   // A unit (above): entries [firstEntry, endEntry) and their slice of the flat value and gradient
   // buffers, [offset, offset + numel): from the end of the previous unit's last entry (0 for the
@@ -69,6 +78,9 @@ class ParamBuffer {
 
   // Registers one parameter; returns its index. Throws if already bound or the name repeats.
   size_t add(const std::string& name, const Shape& shape, Tensor* value, Tensor* grad);
+  // Declares that bf16 passes read parameter `entry` (add()'s index) only rounded to bf16 (above).
+  // Throws InvalidArgument if already bound or for an index add() did not return.
+  void declareReadAsBf16(size_t entry);
   // Registers one non-trainable state tensor, which binding fills with `initial` (on CPU); returns
   // its index among the buffers. Throws if already bound or the name repeats (among parameters too).
   size_t addBuffer(const std::string& name, const Shape& shape, Tensor* value, float initial = 0.0f);

@@ -96,12 +96,6 @@ void validate(const JobOptions& o, const runtime::WorldInfo& world) {
     COHORT_THROW(InvalidArgument) << "precision " << runtime::dtypeName(o.precision)
                                   << " needs a GPU (on the CPU every pass computes in fp32): train on device cuda";
   }
-  if (onGpu && o.zero > 0 && o.precision != runtime::DType::kF32) {
-    COHORT_THROW(InvalidArgument) << "ZeRO on GPUs trains in fp32 only so far (docs/sharding.md, \"What is not built "
-                                     "yet\"): precision "
-                                  << runtime::dtypeName(o.precision) << " with ZeRO stage " << o.zero
-                                  << " is not built; use precision fp32, or no ZeRO stage";
-  }
   if (onGpu && o.mode == Mode::kHogwild && world.spansNodes()) {
     COHORT_THROW(InvalidArgument)
         << "mode hogwild across nodes averages the nodes' copies on the CPU, but this job has " << world.worldSize
@@ -224,7 +218,9 @@ void Job::place(nn::Model& model, nn::Optimizer& optimizer, const PlaceOptions& 
                            .testHooks = options_.testHooks};
   placed_ =
       std::make_unique<Placed>(makePlacement(choice_, context,
-                                    {.zeroPrefetch = options_.zeroPrefetch, .averageEvery = std::max<int64_t>(averageEvery(), 1)}));
+                                    {.zeroPrefetch = options_.zeroPrefetch,
+                                     .averageEvery = std::max<int64_t>(averageEvery(), 1),
+                                     .precision = options_.precision}));
   model_ = &model;
   optimizer_ = &optimizer;
   guard_ = std::make_unique<StepGuard>(gpu_.get(), options_.timeout);
@@ -545,6 +541,8 @@ void Job::checkPeers(std::chrono::milliseconds settle) {
 }
 
 uint64_t Job::gradientReductions() const { return placed_ ? placed_->placement->gradientReductions() : 0; }
+
+uint64_t Job::gatheredBytes() const { return placed_ ? placed_->placement->gatheredBytes() : 0; }
 
 std::optional<runtime::AllocatorStats> Job::deviceMemoryStats() const {
 #ifdef COHORT_HAVE_CUDA

@@ -295,6 +295,11 @@ class Job {
   // mpi, nccl) or slice reductions (the shared copy); 0 in local and Hogwild. With K micro-batches per step
   // it grows once per step (per bucket), not K times.
   uint64_t gradientReductions() const;
+  // How many bytes this rank's all-gathers of parameters have received (ZeRO: stages 1 and 2 after
+  // each applied step, stage 3 per unit around forward and backward; a bf16 run sends the parameters
+  // its passes read as bf16 in bf16, docs/sharding.md; wholeParams() and checkpoints count too);
+  // 0 without ZeRO.
+  uint64_t gatheredBytes() const;
   // What this rank holds of the model's training state (parameters, gradients, optimizer state, the
   // collectives' staging), from the placement's own buffers: ZeRO's stages shrink it
   // (docs/sharding.md, "Memory per rank"). Where the ranks of a node share one copy it is that copy.

@@ -19,7 +19,16 @@
 //                prefetched) and the gradient windows as stage 2; no padded units' staging (the
 //                windows are padded already).
 // Precision: --precision bf16 keeps fp32 master weights, gradients and optimizer state (docs/gpu.md,
-// "Precision"), so its figures are fp32's; the option is there so that the estimate says so.
+// "Precision"), so its model states are fp32's. Its gathers send the parameters the passes read as
+// bf16 in bf16 (train/placement/gather_plan.h): given gatherWords (bf16GatherWords: each unit's
+// words per rank, 0 for a unit gathered in fp32), `staging` counts the message buffers of the units
+// with the largest messages (W·words 16-bit words each, rounded up to whole floats): at stage 1
+// kMessagesInFlight (the gathers after a step); at stage 2 as many, less the gradient windows they
+// reuse (the pool has them back by then), and no padded-unit staging for the units sent as
+// messages (they need none); at stage 3 one (the prefetched unit's, held while backward holds the
+// gradient windows; a model's implicit units, gathered after each step, may hold kMessagesInFlight). Without gatherWords the
+// figures are fp32's. (The wire table, 24 bytes per segment of at most 4096 elements, is not
+// counted: well under 1% of the units' bytes.)
 // Pure arithmetic; thread-safe.
 //
 //   train::StateBytes b = train::zeroStateBytes({.units = sizes, .stage = 2, .groupSize = 4,
@@ -31,6 +40,7 @@
 #include <vector>
 
 #include "nn/optimizer.h"
+#include "nn/param_buffer.h"
 #include "runtime/dtype.h"
 #include "runtime/world_info.h"
 #include "train/placement/placement_choice.h"
@@ -47,10 +57,18 @@ struct ZeroMemoryOptions {
   int groupSize = 1;          // W: the shard group's ranks (shardGroupSize)
   nn::OptimizerOptions optimizer = {};
   runtime::DType precision = runtime::DType::kF32;
+  // bf16: per unit (as `units`), the 16-bit words each rank sends in its gathers (bf16GatherWords
+  // for this group size); empty: every unit gathered in fp32.
+  std::vector<size_t> gatherWords = {};
 };
 
-// The figures above. InvalidArgument for a stage outside 0..3 or a group size below 1.
+// The figures above. InvalidArgument for a stage outside 0..3, a group size below 1, or gatherWords
+// of another length than units.
 StateBytes zeroStateBytes(const ZeroMemoryOptions& options);
+
+// Per unit of `params` (its units() order), the 16-bit words each of `groupSize` ranks sends in the
+// gathers of a bf16 run (GatherPlan::words; 0: the unit goes in fp32): ZeroMemoryOptions::gatherWords.
+std::vector<size_t> bf16GatherWords(const nn::ParamBuffer& params, int groupSize);
 
 // The most a rank holds while Job::place places the model, before the first step, with the optimizer
 // made by Job::makeOptimizer (already the shard's): stage 0 its steady state; stages 1 and 2 the whole

@@ -1,5 +1,6 @@
 // ParamBuffer: parameter and buffer layout, binding by allocate() and attach(), name checks, and
-// parameter units (declared, nested, implicit; they partition the entries and tile the buffer).
+// parameter units (declared, nested, implicit; they partition the entries and tile the buffer), and
+// the parameters layers declare read as bf16.
 #include "nn/param_buffer.h"
 
 #include <gtest/gtest.h>
@@ -8,8 +9,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "nn/embedding.h"
+#include "nn/layer_norm.h"
+#include "nn/linear.h"
 #include "runtime/error.h"
 
 namespace cohort::nn {
@@ -282,6 +287,33 @@ TEST(ParamBuffer, UnitMisuseIsRefusedNamingTheUnit) {
   Registrar ri(implicitFirst);
   ri.add("fc0.w", 1);
   EXPECT_NE(message([&] { implicitFirst.beginUnit("fc0"); }).find("already form one of that name"), std::string::npos);
+}
+
+// The layer that owns a parameter declares it read as bf16 (a Linear's weight and bias); the others
+// (LayerNorm's, an embedding table) stay read exactly; the declaration freezes with the layout.
+TEST(ParamBuffer, LinearsDeclareTheirParametersReadAsBf16) {
+  ParamBuffer params;
+  Linear fc({.in = 3, .out = 2});
+  Linear noBias({.in = 2, .out = 2, .bias = false});
+  LayerNorm norm(2);
+  Embedding table({.vocab = 4, .dim = 2});
+  table.registerParams(params, "wte.");
+  fc.registerParams(params, "fc.");
+  norm.registerParams(params, "ln.");
+  noBias.registerParams(params, "proj.");
+  for (const auto& [name, bf16] : std::vector<std::pair<std::string, bool>>{{"wte.weight", false},
+                                                                            {"fc.weight", true},
+                                                                            {"fc.bias", true},
+                                                                            {"ln.weight", false},
+                                                                            {"ln.bias", false},
+                                                                            {"proj.weight", true}}) {
+    ASSERT_NE(params.find(name), nullptr) << name;
+    EXPECT_EQ(params.find(name)->readAsBf16, bf16) << name;
+  }
+  EXPECT_THROW(params.declareReadAsBf16(params.entries().size()), InvalidArgument);
+  params.allocate(runtime::cpuAllocator());
+  EXPECT_THROW(params.declareReadAsBf16(0), InvalidArgument);
+  EXPECT_FALSE(params.find("wte.weight")->readAsBf16);
 }
 
 }  // namespace

@@ -25,42 +25,17 @@
 #include "runtime/device_query.h"
 #include "tests/ipc/multiproc.h"
 #include "tests/support/float_file.h"
-#include "tests/train/ranks.h"
+#include "tests/train/zero_gpu_steps.h"
 #include "train/job.h"
 
 namespace cohort::train {
 namespace {
 
-using runtime::Shape;
 using runtime::Tensor;
 
 constexpr int kTooFewDevices = 77;  // a rank's exit code: fewer than two CUDA devices (the parent skips)
 constexpr char kModel[] = "gpt:layers=3,heads=2,dim=32,ctx=8,vocab=40";
 constexpr int kSteps = 8, kMicroBatches = 2;
-
-// Token ids of (rank, step, micro-batch) as a [2, 9] window (testing::tokenWindow): inputs its first
-// 8, targets its last.
-std::vector<float> window(int rank, int step, int micro) { return testing::tokenWindow(rank, step, micro, 40); }
-
-// The (inputs, targets) of every micro-batch of every step, copied to the device before any kernel
-// runs (a copy to the GPU is a blocking cudaMemcpy that the compute stream does not order).
-std::vector<std::pair<Tensor, Tensor>> batches(int rank, runtime::cuda::GpuContext& gpu) {
-  std::vector<std::pair<Tensor, Tensor>> all;
-  Tensor x = Tensor::zeros(Shape{2, 8}), y = Tensor::zeros(Shape{2, 8});
-  for (int step = 0; step < kSteps; ++step) {
-    for (int k = 0; k < kMicroBatches; ++k) {
-      const std::vector<float> ids = window(rank, step, k);
-      for (int b = 0; b < 2; ++b) {
-        for (int t = 0; t < 8; ++t) {
-          x.at(b * 8 + t) = ids[static_cast<size_t>(b * 9 + t)];
-          y.at(b * 8 + t) = ids[static_cast<size_t>(b * 9 + t + 1)];
-        }
-      }
-      all.emplace_back(x.clone(gpu.allocator()), y.clone(gpu.allocator()));
-    }
-  }
-  return all;
-}
 
 std::string pathOf(const std::string& dir, int zero, int rank) {
   return dir + "/zero" + std::to_string(zero) + "-rank" + std::to_string(rank) + ".bin";
@@ -80,7 +55,8 @@ int trainRank(const runtime::WorldInfo& world, const std::string& dir, int zero)
   job.place(*model, *optimizer, {.seed = 7});
   const double held =
       static_cast<double>(job.deviceMemoryStats()->allocatedBytes) - static_cast<double>(job.stateBytes().optimizer);
-  const std::vector<std::pair<Tensor, Tensor>> data = batches(world.rank, *job.gpu());
+  const std::vector<std::pair<Tensor, Tensor>> data =
+      testing::gpuTokenBatches(world.rank, kSteps, kMicroBatches, 40, *job.gpu());
   nn::SoftmaxCrossEntropy loss;
   for (int step = 0; step < kSteps; ++step) {
     for (int k = 0; k < kMicroBatches; ++k) {
@@ -89,16 +65,7 @@ int trainRank(const runtime::WorldInfo& world, const std::string& dir, int zero)
       loss.forwardGpu(model->forward(x, pass), y, *job.gpu());
       model->net->backward(loss.backward(), pass);
     }
-    const bool deferred = zero > 0 && step % 2 == 1;
-    StepResult r = job.step({.clipGradNorm = 0.05f, .deferResult = deferred});
-    if (deferred) {
-      if (!r.pending) return 3;
-      const std::optional<StepResult> settled = job.settleStep();
-      if (!settled) return 4;
-      r = *settled;
-    }
-    if (!r.applied) return 10 + step;
-    if (!(r.gradNorm > 0.05)) return 30 + step;  // it clips
+    if (const int failed = testing::clippedStep(job, zero, step)) return failed;
   }
   job.gpu()->stream().synchronize();  // the last update, before Job::wholeParams' blocking copy (stage 0)
   const Tensor v = job.wholeParams();
@@ -157,17 +124,6 @@ TEST(ZeroGpu, StagesOneToThreeTrainToStageZerosParametersInLessMemory) {
   EXPECT_GE(held[0], 2 * readFloats(bytesPathOf(dir, 0))[1]);
   EXPECT_LT(held[2], 0.78 * held[0]) << "stage 2 keeps the gradient's shard: about 3/4 of stage 0's";
   EXPECT_LT(held[3], 0.53 * held[0]) << "stage 3 keeps both shards: about 1/2 of stage 0's";
-}
-
-// bf16 with ZeRO on GPUs is not built: refused in one line when the job is made (before any CUDA).
-TEST(ZeroGpu, Bf16IsRefused) {
-  const runtime::WorldInfo world{.rank = 0, .worldSize = 2, .localRank = 0, .localWorldSize = 2, .jobId = "refused"};
-  try {
-    Job job({.mode = Mode::kAllReduce, .zero = 2, .device = "cuda", .precision = runtime::DType::kBF16}, world);
-    ADD_FAILURE() << "bf16 with ZeRO 2 on a GPU was not refused";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("ZeRO on GPUs trains in fp32 only so far"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // zeroStateBytes: ZeRO's per-rank figures (train/zero_memory.h) against hand-computed bytes for a
-// model of five units, at every stage, for AdamW, SGD with and without momentum, one rank and bf16;
-// the shard it counts against nn::ShardMap's; and the shard group of each scope.
+// model of five units, at every stage, for AdamW, SGD with and without momentum, one rank and bf16
+// (its message buffers); the shard it counts against nn::ShardMap's; and the shard group of each
+// scope.
 #include "train/zero_memory.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +66,38 @@ TEST(ZeroMemoryTest, Bf16KeepsFp32State) {
         {.units = kUnits, .stage = stage, .groupSize = 3, .optimizer = kAdamW, .precision = runtime::DType::kBF16});
     expectBytes(bf16, fp32.params, fp32.grads, fp32.optimizer, fp32.staging, "stage " + std::to_string(stage));
   }
+}
+
+// bf16 gathers: units 10, 3 and 16 sent as messages of 6, 2 and 5 words per rank (4 ranks: 12, 4
+// and 10 floats of message buffer). Stage 1 holds the two largest (22 floats) beside every padded
+// unit's staging (its reduce-scatters); stage 2 holds them in its gradient windows (36 floats, free
+// by then) and stages no padded unit sent as a message (10 and 3: only 7 and 1, 8 + 4 floats); stage
+// 3 holds one message (12 floats) beside its windows. fp32 ignores the words.
+TEST(ZeroMemoryTest, Bf16CountsTheMessageBuffers) {
+  const std::vector<size_t> words = {6, 0, 2, 5, 0};
+  auto at = [&](int stage, runtime::DType precision) {
+    return zeroStateBytes({.units = kUnits,
+                           .stage = stage,
+                           .groupSize = 4,
+                           .optimizer = kAdamW,
+                           .precision = precision,
+                           .gatherWords = words});
+  };
+  const auto bf16 = runtime::DType::kBF16;
+  expectBytes(at(0, bf16), 148, 148, 296, 0, "stage 0 gathers nothing");
+  expectBytes(at(1, bf16), 148, 148, 88, 112 + 88, "stage 1: padded units' 28 floats, messages of 12 + 10");
+  expectBytes(at(2, bf16), 148, 44, 88, 48 + 144, "stage 2: 7 and 1 staged, 3 gradient windows holding 2 messages");
+  expectBytes(at(3, bf16), 44, 44, 88, 144 + 112 + 48, "stage 3: the windows and one message of 12 floats");
+  for (int stage = 0; stage <= 3; ++stage) {
+    const StateBytes fp32 = zeroStateBytes({.units = kUnits, .stage = stage, .groupSize = 4, .optimizer = kAdamW});
+    EXPECT_EQ(at(stage, runtime::DType::kF32).staging, fp32.staging) << "stage " << stage;
+  }
+  EXPECT_THROW(zeroStateBytes({.units = kUnits,
+                               .stage = 2,
+                               .groupSize = 4,
+                               .precision = bf16,
+                               .gatherWords = {1, 2}}),
+               InvalidArgument);
 }
 
 // The shard counted is the one the placement allocates: nn::ShardMap's shardNumel(), on 1 to 5 ranks.

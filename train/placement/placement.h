@@ -141,6 +141,8 @@ class Placement {
   // How many times this rank has reduced gradients across ranks (bucket all-reduces, or slice
   // reductions); 0 where gradients are never reduced (local, Hogwild).
   virtual uint64_t gradientReductions() const { return 0; }
+  // The bytes this rank's all-gathers of parameters have received (ZeRO); 0 where there are none.
+  virtual uint64_t gatheredBytes() const { return 0; }
   // Collective where the parameters are sharded (ZeRO 3): the whole parameters gathered into a fresh
   // CPU tensor; nullopt: they are whole in the ParamBuffer already (Job::wholeParams copies them).
   virtual std::optional<runtime::Tensor> gatherWholeParams() { return std::nullopt; }

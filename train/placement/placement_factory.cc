@@ -59,6 +59,7 @@ Placed makePlacement(const ResolvedPlacement& choice, const PlacementContext& co
           context, ShardedOptions{.stage = choice.zero,
                                   .scope = choice.zeroScope,
                                   .prefetch = options.zeroPrefetch,
+                                  .precision = options.precision,
                                   .backend = choice.unevenNodes == UnevenNodes::kFlatMpi ? "" : choice.backendName()});
       break;
   }

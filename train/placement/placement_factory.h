@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "runtime/dtype.h"
 #include "train/placement/job_collectives.h"
 #include "train/placement/placement.h"
 #include "train/placement/placement_choice.h"
@@ -36,6 +37,7 @@ struct Placed {
 struct PlacementOptions {
   bool zeroPrefetch = true;  // JobOptions::zeroPrefetch
   int64_t averageEvery = 1;  // Hogwild across nodes: the averaging period (>= 1)
+  runtime::DType precision = runtime::DType::kF32;  // JobOptions::precision (ZeRO's bf16 gathers)
 };
 
 Placed makePlacement(const ResolvedPlacement& choice, const PlacementContext& context, const PlacementOptions& options);

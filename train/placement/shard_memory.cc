@@ -8,6 +8,7 @@
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/gpu_context.h"
+#include "runtime/cuda/wire_kernels.h"
 #endif
 
 namespace cohort::train {
@@ -79,6 +80,41 @@ void ShardMemory::scale(float* data, size_t floats, float alpha) const {
   }
 #endif
   for (size_t i = 0; i < floats; ++i) data[i] *= alpha;
+}
+
+runtime::Tensor ShardMemory::wireTable(const std::vector<runtime::WireSegment>& table) const {
+  const size_t bytes = table.size() * sizeof(runtime::WireSegment);
+  runtime::Tensor t = zeros((bytes + sizeof(float) - 1) / sizeof(float));
+  if (bytes == 0) return t;
+#ifdef COHORT_HAVE_CUDA
+  if (gpu_) {
+    runtime::cuda::copyToDevice(t.raw(), table.data(), bytes, gpu_->stream());
+    return t;
+  }
+#endif
+  std::memcpy(t.raw(), table.data(), bytes);
+  return t;
+}
+
+void ShardMemory::packWire(const float* dense, uint16_t* wire, const runtime::WireSegment* table, size_t count) const {
+#ifdef COHORT_HAVE_CUDA
+  if (gpu_) {
+    runtime::cuda::packWire(dense, wire, table, count, gpu_->stream());
+    return;
+  }
+#endif
+  runtime::packWire(dense, wire, {table, count});
+}
+
+void ShardMemory::unpackWire(const uint16_t* wire, float* dense, const runtime::WireSegment* table,
+                             size_t count) const {
+#ifdef COHORT_HAVE_CUDA
+  if (gpu_) {
+    runtime::cuda::unpackWire(wire, dense, table, count, gpu_->stream());
+    return;
+  }
+#endif
+  runtime::unpackWire(wire, dense, {table, count});
 }
 
 runtime::Tensor ShardMemory::toHost(const float* data, size_t floats, std::chrono::milliseconds timeout) const {

@@ -1,5 +1,6 @@
 // ShardMemory: where the buffers of sharded data parallel live (train/placement/shard_sync.h: the
-// packed shards, the windows, the staging) and how they are filled, copied and scaled: host memory
+// packed shards, the windows, the staging) and how they are filled, copied, scaled and packed into
+// and out of the wire messages of bf16 gathers (runtime/wire.h; train/placement/gather_plan.h): host memory
 // (cpuAllocator, memcpy and loops, done when the call returns) or one GPU (its caching allocator;
 // cudaMemcpyAsync and the fill and scale kernels enqueued on its compute stream, the call returning
 // at once). On a GPU every operation here is ordered by the compute stream alone, as the step's
@@ -15,9 +16,12 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "runtime/wire.h"
 
 namespace cohort::runtime::cuda {
 class GpuContext;
@@ -40,6 +44,16 @@ class ShardMemory {
   void copy(float* dst, const float* src, size_t floats) const;
   void zero(float* data, size_t floats) const;
   void scale(float* data, size_t floats, float alpha) const;  // nothing when alpha is 1
+  // A copy of `table` in this memory (GPU: the copy enqueued on the stream, `table` staged before
+  // the call returns), for packWire and unpackWire: segments() of the tensor returned.
+  runtime::Tensor wireTable(const std::vector<runtime::WireSegment>& table) const;
+  static const runtime::WireSegment* segments(const runtime::Tensor& wireTable) {
+    return static_cast<const runtime::WireSegment*>(wireTable.raw());
+  }
+  // runtime/wire.h's packing and unpacking by `count` segments at `table` (in this memory):
+  // runtime/cuda/wire_kernels.h's kernels on the stream, or the host's loops.
+  void packWire(const float* dense, uint16_t* wire, const runtime::WireSegment* table, size_t count) const;
+  void unpackWire(const uint16_t* wire, float* dense, const runtime::WireSegment* table, size_t count) const;
   // `floats` floats of this memory in a fresh CPU tensor (GPU: waits for the stream, at most `timeout`).
   runtime::Tensor toHost(const float* data, size_t floats, std::chrono::milliseconds timeout) const;
 

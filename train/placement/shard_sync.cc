@@ -35,9 +35,17 @@ ShardSync::ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, 
     units_[u].padded = map.unit(u).numel < padded(u);
     if (stage_ == 1 && units_[u].padded) units_[u].staging = memory_.zeros(padded(u));
   }
+  if (options.precision == runtime::DType::kBF16) {
+    plan_.emplace(params, map);
+    if (plan_->table().empty()) {
+      plan_.reset();  // no parameter is read as bf16: every gather in fp32
+    } else {
+      wireTable_ = memory_.wireTable(plan_->table());
+    }
+  }
   if (stage_ == 1) return;
   gradShard_ = memory_.zeros(map.shardNumel());
-  if (stage_ == 3) packValues();
+  if (stage_ == 3) valueShard_ = packedValues();
   // The units nobody reports keep their windows; the others get theirs when computed with.
   for (size_t u = 0; u < units_.size(); ++u) {
     if (units_[u].declared) continue;
@@ -53,14 +61,16 @@ ShardSync::ShardSync(collectives::Communicator& shard, const nn::ShardMap& map, 
   }
 }
 
-// The padding stays zero (zeros()); on a GPU the copies are enqueued before dropWhole frees the
-// whole buffer, and the caching allocator hands that memory out again only to later work on the
-// same stream.
-void ShardSync::packValues() {
-  valueShard_ = memory_.zeros(map_.shardNumel());
+// The padding stays zero (zeros()); on a GPU the copies are enqueued before anything frees the
+// values they read (stage 3: dropWhole, whose memory the caching allocator hands out again only to
+// later work on the same stream).
+runtime::Tensor ShardSync::packedValues() const {
+  runtime::Tensor shard = memory_.zeros(map_.shardNumel());
   for (const nn::ShardMap::Piece& p : map_.pieces(map_.rank())) {
-    memory_.copy(valueShard_.data() + p.shardOffset, params_.values().data() + p.flatBegin, p.realNumel());
+    const float* from = valueShard_.defined() ? valueShard_.data() + p.shardOffset : params_.values().data() + p.flatBegin;
+    memory_.copy(shard.data() + p.shardOffset, from, p.realNumel());
   }
+  return shard;
 }
 
 void ShardSync::await(collectives::WorkPtr& work) {
@@ -95,8 +105,11 @@ void ShardSync::beginPass(int microBatch, int microBatches) {
 void ShardSync::beforeForward(const nn::ParamBuffer::Unit& unit) {
   if (stage_ != 3) return;
   const size_t u = unitAt(unit.offset);
-  ensureGathered(u);
-  if (const size_t next = neighbour(u, +1); options_.prefetch && next < units_.size()) startGather(next);
+  startGather(u, Form::kForPasses);
+  finishGather(u);
+  if (const size_t next = neighbour(u, +1); options_.prefetch && next < units_.size()) {
+    startGather(next, Form::kForPasses);
+  }
 }
 
 void ShardSync::afterForward(const nn::ParamBuffer::Unit& unit) {
@@ -108,9 +121,10 @@ void ShardSync::beforeBackward(const nn::ParamBuffer::Unit& unit) {
   if (stage_ == 1) return;
   const size_t u = unitAt(unit.offset);
   if (stage_ == 3) {
-    ensureGathered(u);
+    startGather(u, Form::kForPasses);
+    finishGather(u);
     const size_t previous = neighbour(u, -1);
-    if (options_.prefetch && previous < units_.size()) startGather(previous);
+    if (options_.prefetch && previous < units_.size()) startGather(previous, Form::kForPasses);
   }
   reapReduced();
   UnitState& s = units_[u];
@@ -208,25 +222,67 @@ void ShardSync::finishGradients() {
   for (auto& w : work) await(w);
 }
 
-// Stage 3: the unit's parameters into a window of their own, from every rank's piece.
-void ShardSync::startGather(size_t u) {
-  UnitState& s = units_[u];
-  if (s.valueWindow) return;  // gathered, or on its way
-  s.valueWindow = pool_.take(padded(u), WindowPool::Fill::kAsItIs);  // the all-gather fills it
-  s.gather = shard_.allGather(valueShard_.data() + map_.shardOffset(u), s.valueWindow, map_.pieceNumel(u), {});
-  params_.placeUnit(u, s.valueWindow, nullptr);
+collectives::WorkPtr ShardSync::allGather(const void* input, void* output, size_t countPerRank, runtime::DType type) {
+  gatheredBytes_ += countPerRank * runtime::sizeOf(type) * static_cast<size_t>(map_.worldSize());
+  return shard_.allGather(input, output, countPerRank, {.dtype = type});
 }
 
-void ShardSync::ensureGathered(size_t u) {
-  startGather(u);
+// The message buffer holds W slots of words(u) 16-bit words (rounded up to whole floats, the pool's
+// unit); the all-gather fills every slot, this rank's in place.
+collectives::WorkPtr ShardSync::startMessage(size_t u, const float* piece) {
+  UnitState& s = units_[u];
+  COHORT_CHECK(!s.message) << "unit " << map_.unit(u).name << " sent twice at once";
+  const size_t words = plan_->words(u), ranks = static_cast<size_t>(map_.worldSize());
+  s.message = pool_.take((words * ranks + 1) / 2, WindowPool::Fill::kAsItIs);
+  auto* message = reinterpret_cast<uint16_t*>(s.message);
+  uint16_t* slot = message + static_cast<size_t>(map_.rank()) * words;
+  const GatherPlan::Slice pack = plan_->pack(u);
+  memory_.packWire(piece, slot, ShardMemory::segments(wireTable_) + pack.first, pack.count);
+  return allGather(slot, message, words, runtime::DType::kBF16);
+}
+
+void ShardSync::finishMessage(size_t u, float* unit, int keep) {
+  UnitState& s = units_[u];
+  const auto unpack = [&](GatherPlan::Ranks ranks) {
+    const GatherPlan::Slice slice = plan_->unpack(u, ranks);
+    memory_.unpackWire(reinterpret_cast<const uint16_t*>(s.message), unit,
+                       ShardMemory::segments(wireTable_) + slice.first, slice.count);
+  };
+  if (keep < 0) {
+    unpack({.first = 0, .end = map_.worldSize()});
+  } else {
+    unpack({.first = 0, .end = keep});
+    unpack({.first = keep + 1, .end = map_.worldSize()});
+  }
+  pool_.give(s.message);  // a later take reuses it after these kernels (the stream's order)
+  s.message = nullptr;
+}
+
+// Stage 3: the unit's parameters into a window of their own, from every rank's piece: a declared
+// unit's once per pass (nothing when gathered or on its way), an implicit unit's (its window kept)
+// whenever asked.
+void ShardSync::startGather(size_t u, Form form) {
+  UnitState& s = units_[u];
+  if (s.gather || (s.declared && s.valueWindow)) return;
+  if (!s.valueWindow) {
+    s.valueWindow = pool_.take(padded(u), WindowPool::Fill::kAsItIs);  // the gather fills it
+    params_.placeUnit(u, s.valueWindow, nullptr);
+  }
+  const float* mine = valueShard_.data() + map_.shardOffset(u);
+  s.gather = sendsWire(u, form) ? startMessage(u, mine)
+                                : allGather(mine, s.valueWindow, map_.pieceNumel(u), runtime::DType::kF32);
+}
+
+void ShardSync::finishGather(size_t u) {
   UnitState& s = units_[u];
   if (s.gather) await(s.gather);
+  if (s.message) finishMessage(u, s.valueWindow, -1);
 }
 
 void ShardSync::releaseValues(size_t u) {
   UnitState& s = units_[u];
   if (!s.declared || !s.valueWindow) return;
-  COHORT_CHECK(!s.gather) << "unit " << map_.unit(u).name << " released while its gather is in flight";
+  COHORT_CHECK(!s.gather && !s.message) << "unit " << map_.unit(u).name << " released while its gather is in flight";
   pool_.give(s.valueWindow);
   s.valueWindow = nullptr;
   params_.clearUnit(u, {.values = true});
@@ -234,49 +290,83 @@ void ShardSync::releaseValues(size_t u) {
 
 void ShardSync::gatherAll() {
   if (stage_ != 3) return;
-  for (size_t u = 0; u < units_.size(); ++u) startGather(u);
-  for (size_t u = 0; u < units_.size(); ++u) ensureGathered(u);
+  for (size_t u = 0; u < units_.size(); ++u) startGather(u, Form::kExact);
+  for (size_t u = 0; u < units_.size(); ++u) finishGather(u);
 }
 
 void ShardSync::releaseAll() {
   for (size_t u = 0; u < units_.size(); ++u) releaseValues(u);
 }
 
+// Stage 3: the implicit units' windows (the others are gathered when computed with), at most
+// kMessagesInFlight messages held.
 void ShardSync::gatherParams() {
+  if (stage_ != 3) {
+    gatherWhole();
+    return;
+  }
+  std::vector<size_t> implicit;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].declared) implicit.push_back(u);
+  }
+  for (size_t i = 0; i < implicit.size(); ++i) {
+    if (i >= kMessagesInFlight) finishGather(implicit[i - kMessagesInFlight]);
+    startGather(implicit[i], Form::kForPasses);
+  }
+  for (size_t u : implicit) finishGather(u);
+}
+
+// Stages 1 and 2: in place in the whole buffer where W divides the unit, else through a staging
+// buffer (stage 1's, or a window at 2); a wire unit through its message, unpacked into the other
+// ranks' pieces (this rank's is the master), at most kMessagesInFlight messages held.
+void ShardSync::gatherWhole() {
   std::vector<collectives::WorkPtr> work(units_.size());
-  std::vector<float*> staged(units_.size(), nullptr);  // padded units: staging (stage 1) or a window
+  std::vector<float*> staged(units_.size(), nullptr);
+  std::vector<size_t> sent;  // units whose message is in flight, oldest first
+  size_t oldest = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     const size_t piece = map_.pieceNumel(u);
     const nn::ShardMap::Piece p = map_.piece(u, map_.rank());
     UnitState& s = units_[u];
-    if (stage_ == 3) {
-      if (!s.declared) work[u] = shard_.allGather(valueShard_.data() + p.shardOffset, s.valueWindow, piece, {});
+    float* unit = params_.values().data() + map_.unitOffset(u);
+    if (sendsWire(u, Form::kForPasses)) {
+      for (; sent.size() - oldest >= kMessagesInFlight; ++oldest) {
+        finishWhole(sent[oldest], work[sent[oldest]], nullptr);
+      }
+      work[u] = startMessage(u, unit + p.inUnit);
+      sent.push_back(u);
       continue;
     }
-    float* unit = params_.values().data() + map_.unitOffset(u);
     if (!s.padded) {
-      work[u] = shard_.allGather(unit + p.inUnit, unit, piece, {});
+      work[u] = allGather(unit + p.inUnit, unit, piece, runtime::DType::kF32);
       continue;
     }
     staged[u] = stage_ == 1 ? s.staging.data() : pool_.take(padded(u), WindowPool::Fill::kAsItIs);
     float* mine = staged[u] + p.inUnit;
     memory_.copy(mine, params_.values().data() + p.flatBegin, p.realNumel());
     memory_.zero(mine + p.realNumel(), piece - p.realNumel());
-    work[u] = shard_.allGather(mine, staged[u], piece, {});
+    work[u] = allGather(mine, staged[u], piece, runtime::DType::kF32);
   }
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (!work[u]) continue;
-    await(work[u]);
-    if (!staged[u]) continue;
-    memory_.copy(params_.values().data() + map_.unitOffset(u), staged[u], map_.unit(u).numel);
-    if (stage_ == 2) pool_.give(staged[u]);
+    if (work[u]) finishWhole(u, work[u], staged[u]);
   }
+}
+
+// Stages 1 and 2: unit u's gather awaited and its elements put in the whole buffer.
+void ShardSync::finishWhole(size_t u, collectives::WorkPtr& work, float* staged) {
+  await(work);
+  UnitState& s = units_[u];
+  float* unit = params_.values().data() + map_.unitOffset(u);
+  if (s.message) finishMessage(u, unit, map_.rank());  // this rank's piece is the master
+  if (!staged) return;
+  memory_.copy(unit, staged, map_.unit(u).numel);
+  if (stage_ == 2) pool_.give(staged);
 }
 
 void ShardSync::gatherShard(const float* shard, float* flat) {
   for (size_t u = 0; u < units_.size(); ++u) {
     float* unit = pool_.take(padded(u), WindowPool::Fill::kAsItIs);
-    collectives::WorkPtr work = shard_.allGather(shard + map_.shardOffset(u), unit, map_.pieceNumel(u), {});
+    collectives::WorkPtr work = allGather(shard + map_.shardOffset(u), unit, map_.pieceNumel(u), runtime::DType::kF32);
     await(work);
     memory_.copy(flat + map_.unitOffset(u), unit, map_.unit(u).numel);
     pool_.give(unit);
@@ -288,7 +378,7 @@ float* ShardSync::grads() { return stage_ >= 2 ? gradShard_.data() : params_.gra
 float* ShardSync::values() { return stage_ == 3 ? valueShard_.data() : params_.values().data(); }
 
 size_t ShardSync::stagingBytes() const {
-  size_t floats = 0;
+  size_t floats = floatsOf(wireTable_);
   for (const UnitState& s : units_) floats += floatsOf(s.staging);
   return floats * sizeof(float) + pool_.bytes();
 }

@@ -23,6 +23,27 @@
 // the same arithmetic, so the same bits. At stages 2 and 3 the windows of a unit therefore stay
 // from the first micro-batch's backward to the last's (FSDP's no_sync): with K > 1 micro-batches
 // the whole gradient is held during the step's backward passes.
+// bf16 runs (ShardSyncOptions::precision kBF16, GPUs): the optimizer updates the fp32 master (this
+// rank's pieces: of the whole buffer at stages 1 and 2, the packed shard at 3), and every gather of
+// parameters for the passes sends each unit that holds a bf16-read parameter as a wire message
+// (GatherPlan, gather_plan.h, says the layout). The pieces cut a unit's mixed layout anywhere (a
+// block's LayerNorm parameters, read exactly, lie between its Linears' in some pieces only), so a
+// piece's message is its elements in order, one 16-bit word for a bf16-read element (rounded as the
+// Linear rounds) and two for an exact one (its fp32 bits), and every rank's slot is as long as the
+// longest piece's: one all-gather moves them all. The rank packs its piece from the master into its
+// slot of a message buffer (pool_, W·words(u) 16-bit words; the pack kernel on the compute stream),
+// one all-gather typed bf16 of words(u) per rank moves every slot, and after waitOn the unpack kernel
+// writes the unit's fp32 elements: the bf16-read ones widened from bf16 (exactly the value a bf16
+// pass reads: nn::Linear's conversion of it gives the same bits), the others exactly, so the passes
+// compute with stage 0's bf16 values. Where: stage 3 unpacks every rank's slot into the unit's
+// window (its own piece too: the window is a copy; the master stays in the shard), the message
+// buffer going back to the pool at once; stages 1 and 2 unpack the other ranks' slots into the whole
+// buffer after an applied step (this rank's piece there is the master: it keeps its fp32 bits), at
+// most kMessagesInFlight messages held, the oldest unpacked (the compute stream waits, not the host)
+// before the next is packed. So the whole buffer of a bf16 run at stages 1 and 2 holds the other
+// ranks' bf16-read parameters rounded (what every bf16 pass reads); gatherAll (stage 3) and
+// gatherShard gather exactly, in fp32. Units without a bf16-read parameter (a GPT's embeddings and
+// ln_f) are gathered in fp32 as in fp32 runs. The host waits for nothing new.
 // Scope node (PyTorch's HYBRID_SHARD): the map spans this node's ranks; `cross` joins this local rank
 // of every node, over which each averaged piece is averaged again after its reduce-scatter.
 // On a GPU (ShardSyncOptions::gpu; the communicator nccl given the compute stream) the windows, the
@@ -51,13 +72,16 @@
 #include <chrono>
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "collectives/communicator.h"
 #include "nn/module.h"
 #include "nn/param_buffer.h"
 #include "nn/shard_map.h"
+#include "runtime/dtype.h"
 #include "train/observe/timeline.h"
+#include "train/placement/gather_plan.h"
 #include "train/placement/shard_memory.h"
 #include "train/placement/window_pool.h"
 
@@ -73,6 +97,8 @@ struct ShardSyncOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   Timeline* timeline = nullptr;
   runtime::cuda::GpuContext* gpu = nullptr;  // the buffers on this GPU; nullptr: the CPU
+  // The passes' precision: kBF16 sends the parameters they read as bf16 in bf16 (the header).
+  runtime::DType precision = runtime::DType::kF32;
 };
 
 class ShardSync final : public nn::UnitListener {
@@ -98,8 +124,8 @@ class ShardSync final : public nn::UnitListener {
   // After the update: stages 1 and 2 all-gather every unit's parameters into the whole buffer;
   // stage 3 the implicit units' into their windows (the others are gathered when computed with).
   void gatherParams();
-  // Stage 3 (nothing at 1 and 2): every unit's parameters gathered into windows, until releaseAll()
-  // gives them back; collective.
+  // Stage 3 (nothing at 1 and 2): every unit's parameters gathered into windows (exactly, in fp32,
+  // in bf16 runs too), until releaseAll() gives them back; collective.
   void gatherAll();
   void releaseAll();
   // All-gathers rank-packed `shard` (map.shardNumel() floats) into the flat buffer `flat` (the map's
@@ -112,11 +138,19 @@ class ShardSync final : public nn::UnitListener {
   float* grads();  // the packed gradient shard, or the whole gradient buffer
   bool valuesPacked() const { return stage_ == 3; }
   float* values();  // the packed parameter shard, or the whole parameter buffer
+  // A fresh packed copy of this rank's pieces of the parameters (map.shardNumel() floats in
+  // memory(), zero padding): the master, whatever the whole buffer holds of the others' pieces.
+  runtime::Tensor packedValues() const;
+  // Whether the passes' gathers send some parameters as bf16 (a bf16 run with a bf16-read one).
+  bool gathersBf16() const { return plan_.has_value(); }
   const ShardMemory& memory() const { return memory_; }
 
-  size_t stagingBytes() const;  // the padded units' staging and the windows' pool
+  size_t stagingBytes() const;  // the padded units' staging, the windows' pool and the wire table
   size_t shardBytes() const;    // the packed shards this object holds (gradients, parameters)
   uint64_t reduceScatters() const { return reduceScatters_; }
+  // The bytes this rank's all-gathers have received so far (W times each one's per-rank count times
+  // its element's size): the parameters' gathers, and gatherShard's.
+  uint64_t gatheredBytes() const { return gatheredBytes_; }
 
  private:
   struct UnitState {
@@ -125,6 +159,7 @@ class ShardSync final : public nn::UnitListener {
     runtime::Tensor staging;  // stage 1, padded units: P·W floats
     float* gradWindow = nullptr;   // stages 2, 3
     float* valueWindow = nullptr;  // stage 3
+    float* message = nullptr;      // bf16 runs: the unit's wire message while it is gathered
     collectives::WorkPtr reduce, gather;
     bool reduced = false;  // its reduce-scatter started this step
   };
@@ -135,10 +170,22 @@ class ShardSync final : public nn::UnitListener {
   void reapReduced();
   // The compute stream waits for `work` (GPU), or the host does (CPU); then it is let go.
   void await(collectives::WorkPtr& work);
-  void packValues();  // stage 3: this rank's pieces of the whole values into the packed shard
-  void startGather(size_t u);
-  void ensureGathered(size_t u);
+  // What a gather of parameters moves: the passes' form (bf16 for a wire unit of a bf16 run), or
+  // every element exactly.
+  enum class Form { kForPasses, kExact };
+  bool sendsWire(size_t u, Form form) const { return form == Form::kForPasses && plan_ && plan_->wire(u); }
+  collectives::WorkPtr allGather(const void* input, void* output, size_t countPerRank, runtime::DType type);
+  // Packs this rank's piece of unit u (its first element at `piece`) into its slot of a fresh message
+  // buffer (s.message) and starts the all-gather of every slot.
+  collectives::WorkPtr startMessage(size_t u, const float* piece);
+  // Unpacks every slot of u's message but rank `keep`'s (-1: none) into the unit's elements at
+  // `unit`, and hands the buffer back to the pool.
+  void finishMessage(size_t u, float* unit, int keep);
+  void startGather(size_t u, Form form);  // stage 3
+  void finishGather(size_t u);            // stage 3: its gather awaited, its message unpacked
   void releaseValues(size_t u);
+  void gatherWhole();  // stages 1 and 2: every unit into the whole buffer (the passes' form)
+  void finishWhole(size_t u, collectives::WorkPtr& work, float* staged);
   size_t neighbour(size_t u, int direction) const;  // the next declared unit that way, or units()
 
   collectives::Communicator& shard_;
@@ -151,9 +198,12 @@ class ShardSync final : public nn::UnitListener {
   ShardMemory memory_;
   runtime::Tensor gradShard_, valueShard_;
   WindowPool pool_;
+  std::optional<GatherPlan> plan_;  // bf16 runs with a bf16-read parameter
+  runtime::Tensor wireTable_;       // plan_->table() in memory_
   std::vector<size_t> reduceOrder_;  // this step's reduce-scatters, units in issue order
   int microBatch_ = 0, microBatches_ = 1;
   uint64_t reduceScatters_ = 0;
+  uint64_t gatheredBytes_ = 0;
 };
 
 }  // namespace cohort::train

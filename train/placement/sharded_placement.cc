@@ -83,7 +83,8 @@ ShardedPlacement::ShardedPlacement(const PlacementContext& c, const ShardedOptio
                        .cross = cross_.get(),
                        .timeout = c.timeout,
                        .timeline = &c.timeline,
-                       .gpu = c.gpu});
+                       .gpu = c.gpu,
+                       .precision = options.precision});
   releaseCache(c.gpu, c.timeout);  // the whole buffers ShardSync dropped
 }
 
@@ -111,8 +112,11 @@ std::optional<StateBytes> ShardedPlacement::stateBytes() const {
                     .staging = sync_->stagingBytes()};
 }
 
+// Stages 1 and 2 of a bf16 run hold the other ranks' bf16-read parameters rounded (shard_sync.h):
+// the masters are gathered from the pieces instead.
 std::optional<runtime::Tensor> ShardedPlacement::gatherWholeParams() {
   if (options_.stage == 3) return gatherToHost(sync_->values());
+  if (sync_->gathersBf16()) return gatherToHost(sync_->packedValues().data());
   if (!sync_->memory().onGpu()) return std::nullopt;
   return sync_->memory().toHost(params_.values().data(), params_.numel(), timeout_);
 }

@@ -16,7 +16,8 @@
 // arithmetic where the reduce-scatter adds in the all-reduce's order (shm, mpi: the same bits as
 // stage 0 for the same gradients); the global norm's sum runs over the pieces instead of the
 // whole buffer, so the clip coefficient can differ from stage 0's in the last bit.
-// On a GPU (PlacementContext::gpu, fp32) the communicator is nccl on the compute stream
+// On a GPU (PlacementContext::gpu, either scope; fp32, or bf16 passes whose gathers send what they
+// read as bf16 in bf16, ShardedOptions::precision) the communicator is nccl on the compute stream
 // and every buffer ShardSync keeps is device memory (shard_sync.h says how the stream orders the
 // collectives, the copies and the windows' reuse); the optimizer's state is on the GPU, stepped one
 // kernel per piece (stages 1, 2) or over the packed shard (3); Σ g² is summed on the device and read
@@ -40,6 +41,7 @@ struct ShardedOptions {
   int stage = 1;  // 1, 2 or 3
   ZeroScope scope = ZeroScope::kJob;
   bool prefetch = true;  // stage 3 (JobOptions::zeroPrefetch)
+  runtime::DType precision = runtime::DType::kF32;  // the passes' (JobOptions::precision): bf16 gathers
   std::string backend;  // the world's communicator ("" : the world's default)
 };
 
@@ -56,6 +58,7 @@ class ShardedPlacement final : public Placement {
   void releaseGatheredParams() override { sync_->releaseAll(); }
   void beginPass(int microBatch, int microBatches) override;
   uint64_t gradientReductions() const override { return sync_->reduceScatters(); }
+  uint64_t gatheredBytes() const override { return sync_->gatheredBytes(); }
   std::optional<StateBytes> stateBytes() const override;
   std::optional<runtime::Tensor> gatherWholeParams() override;
   // --- checkpoints: defined in sharded_placement_checkpoint.cc ---

@@ -32,10 +32,12 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/precision_kernels.h"
+#include "runtime/cuda/wire_kernels.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
 #include "runtime/stream.h"
+#include "runtime/wire.h"
 
 namespace cohort::runtime::cuda {
 namespace {
@@ -195,6 +197,57 @@ TEST_F(PrecisionTest, AddMixedIsTheHostsFloatSum) {
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], a[i] + b[i]) << what << " (fp32 b) at " << i;
       }
     }
+  }
+}
+
+// Wire messages (runtime/cuda/wire_kernels.h) against the host's packWire and unpackWire: runs of
+// both forms, of 1 to 9000 elements (cut into segments of at most kWireSegmentMax), from the
+// conversion inputs (NaNs, infinities, subnormals): the bf16 words are the host's rounding (a NaN
+// stays a NaN), the exact ones carry every bit (a signalling NaN's too), and unpacking gives the
+// host's floats; elements no segment names are left as they were.
+TEST_F(PrecisionTest, WireKernelsPackAndUnpackAsTheHost) {
+  const Floats dense = conversionInputs(20000);
+  std::vector<WireSegment> table;
+  uint64_t at = 0, words = 0;
+  const std::vector<std::pair<uint64_t, WireForm>> runs = {{1, WireForm::kBf16},    {14, WireForm::kExact},
+                                                           {9000, WireForm::kBf16}, {3, WireForm::kBf16},
+                                                           {5000, WireForm::kExact}, {7, WireForm::kExact},
+                                                           {2, WireForm::kBf16}};
+  for (const auto& [count, form] : runs) {
+    appendWireSegments(table, {.dense = at, .wire = words, .count = count, .form = form});
+    at += count + 5;  // 5 elements between runs that no segment names
+    words += wireWords(form, count);
+  }
+  EXPECT_EQ(table.size(), 10u) << "9000 and 5000 elements cut at " << kWireSegmentMax;
+  auto dDense = upload(dense), dTable = upload(table);
+  DeviceBytes dWire(words * 2, 0);
+  packWire(static_cast<const float*>(dDense->data()), static_cast<uint16_t*>(dWire.data()),
+           static_cast<const WireSegment*>(dTable->data()), table.size(), stream());
+  const Halves got = download<uint16_t>(dWire, words);
+  Halves want(words);
+  runtime::packWire(dense.data(), want.data(), table);
+  for (const WireSegment& seg : table) {
+    for (uint32_t i = 0; i < seg.count; ++i) {
+      const float x = dense[seg.dense + i];
+      if (seg.form == WireForm::kBf16 && std::isnan(x)) {
+        EXPECT_TRUE(std::isnan(toFloat(Bf16{got[seg.wire + i]}))) << "bf16 NaN at " << seg.dense + i;
+        continue;
+      }
+      for (uint64_t w = 0; w < wireWords(seg.form, 1); ++w) {
+        const uint64_t word = seg.wire + wireWords(seg.form, i) + w;
+        ASSERT_EQ(got[word], want[word]) << "element " << seg.dense + i << " (" << x << "), word " << w;
+      }
+    }
+  }
+  const Floats sentinel(dense.size(), -3.0f);
+  auto dOut = upload(sentinel);
+  unpackWire(static_cast<const uint16_t*>(dWire.data()), static_cast<float*>(dOut->data()),
+             static_cast<const WireSegment*>(dTable->data()), table.size(), stream());
+  const Floats out = download<float>(*dOut, dense.size());
+  Floats expected = sentinel;
+  runtime::unpackWire(got.data(), expected.data(), table);
+  for (size_t i = 0; i < dense.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(expected[i])) << "element " << i;
   }
 }
 
