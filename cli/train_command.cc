@@ -212,16 +212,23 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   checkFits(*run.model, *run.trainSet, run.classification);
   if (run.testSet) checkFits(*run.model, *run.testSet, run.classification);
   // Before the optimizer's state or the parameters are allocated.
-  const int shardGroup = train::shardGroupSize(world, train::parseZeroScope(f.zeroScope));
+  const train::ZeroScope scope = train::parseZeroScope(f.zeroScope);
+  const int shardGroup = train::shardGroupSize(world, scope);
+  const bool onGpu = job.device().isCuda();
   checkMemoryEstimate({.model = *run.model,
                        .optimizer = optimizerOptions(f, run.lr),
                        .data = *run.trainSet,
                        .batchSize = f.batchSize,
                        .context = run.hints.context,
-                       .onGpu = job.device().isCuda(),
+                       .onGpu = onGpu,
+                       .device = onGpu ? job.device().index : 0,
                        .zero = f.zero,
                        .shardGroup = shardGroup,
-                       .zeroRuns = f.mode == "allreduce" && !job.device().isCuda() && !f.noReplicas && shardGroup > 1,
+                       // On GPUs ZeRO runs with scope job, in fp32 (train/job.cc refuses the rest).
+                       .zeroRuns = f.mode == "allreduce" && !f.noReplicas && shardGroup > 1 &&
+                                   (!onGpu || scope == train::ZeroScope::kJob),
+                       // ZeRO with bf16 on GPUs is refused (train/job.cc): a stage named takes --precision fp32.
+                       .zeroNeedsFp32 = onGpu && job.options().precision != runtime::DType::kF32,
                        .report = f.memoryReport,
                        .testAvailableBytes = testMemoryAvailableFromEnvironment()},
                       world, log);
