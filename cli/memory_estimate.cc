@@ -28,6 +28,8 @@ int64_t dataVocabulary(const runtime::data::Dataset& d) {
 
 std::string bytes(double b) { return runtime::formatBytes(static_cast<size_t>(b)); }
 
+constexpr char kLowerTheRest[] = "lower --batch-size, the context, the model's size or its vocabulary";
+
 const nn::Gpt* gptOf(const nn::Model& model) { return dynamic_cast<const nn::Gpt*>(model.net.get()); }
 
 // One rank's floor at one --zero stage and --recompute mode, in bytes.
@@ -48,8 +50,16 @@ Floor floorAt(const MemoryEstimateInputs& in, int zero, std::optional<nn::Recomp
   std::vector<size_t> units;
   for (const auto& u : in.model.params.units()) units.push_back(u.numel);
   Floor f{.zero = zero, .recompute = recompute};
+  const bool bf16 = in.precision == runtime::DType::kBF16 && zero > 0;
   const train::ZeroMemoryOptions zeroOptions{
-      .units = units, .stage = zero, .groupSize = in.shardGroup, .optimizer = in.optimizer};
+      .units = units,
+      .stage = zero,
+      .groupSize = in.shardGroup,
+      .optimizer = in.optimizer,
+      .precision = in.precision,
+      // bf16 on GPUs: the gathers' message buffers (train/zero_memory.h).
+      .gatherWords = bf16 ? train::bf16GatherWords(in.model.params, in.shardGroup) : std::vector<size_t>{},
+      .onGpu = in.onGpu};
   f.state = train::zeroStateBytes(zeroOptions);
   f.placement = static_cast<double>(train::zeroPlacementPeakBytes(zeroOptions));
   const double vocabulary = in.context > 0 ? static_cast<double>(in.model.outputs) : 0.0;
@@ -72,9 +82,12 @@ Floor floorOfTheRun(const MemoryEstimateInputs& in) {
 }
 
 // "--zero 2 --recompute full": the flags of `f` that differ from `run`'s.
-std::string changedFlags(const Floor& f, const Floor& run) {
+std::string changedFlags(const MemoryEstimateInputs& in, const Floor& f, const Floor& run) {
   std::string flags;
-  if (f.zero != run.zero) flags = "--zero " + std::to_string(f.zero);
+  if (f.zero != run.zero) {
+    flags = "--zero ";
+    flags += std::to_string(f.zero);
+  }
   if (f.recompute != run.recompute) {
     flags += (flags.empty() ? "" : " ") + std::string("--recompute ") + nn::recomputeName(*f.recompute);
   }
@@ -104,7 +117,7 @@ std::vector<Floor> changes(const MemoryEstimateInputs& in, const Floor& run) {
 // empty when nothing fits.
 std::string fitHint(const MemoryEstimateInputs& in, const Floor& run, double perWorker) {
   for (const Floor& f : changes(in, run)) {
-    if (f.total() <= perWorker) return changedFlags(f, run) + " would fit (" + bytes(f.total()) + " per worker); or ";
+    if (f.total() <= perWorker) return changedFlags(in, f, run) + " would fit (" + bytes(f.total()) + " per worker); or ";
   }
   return "";
 }
@@ -119,7 +132,9 @@ std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
   if (s.staging > 0) what += ", the shards' temporary buffers " + bytes(static_cast<double>(s.staging));
   if (f.logits > 0) what += ", the logits of a step and their gradient " + bytes(f.logits);
   if (f.placement > static_cast<double>(s.total()) + f.logits + f.activations) {
-    what += "; while the job places the model " + bytes(f.placement) + " (the whole parameters before they are sharded)";
+    what += "; while the job places the model " + bytes(f.placement) +
+            (in.onGpu ? " (the whole parameters and gradients before they are sharded)"
+                      : " (the whole parameters before they are sharded)");
   }
   if (f.activations > 0) {
     what += ", the activations its backward keeps at --recompute " + nn::recomputeName(*f.recompute) + " " +
@@ -150,6 +165,38 @@ void warnVocabulary(const MemoryEstimateInputs& in, const runtime::Logger& log) 
              << " are never a target, and their weights and logits cost memory and time";
 }
 
+// The CPU: the floor of every local worker against what the node's workers can have.
+void checkHost(const MemoryEstimateInputs& in, const Floor& run, const std::string& what,
+               const runtime::WorldInfo& world) {
+  runtime::MemoryHeadroom headroom = runtime::memoryHeadroom();
+  std::string limit = headroom.describe();
+  if (in.testAvailableBytes > 0) {
+    headroom = {.availableBytes = in.testAvailableBytes, .hostAvailableBytes = in.testAvailableBytes};
+    limit = "COHORT_TEST_MEMORY_AVAILABLE";
+  }
+  const double available = static_cast<double>(headroom.availableBytes);
+  const double workers = static_cast<double>(world.localWorldSize > 0 ? world.localWorldSize : 1);
+  if (headroom.known() && run.total() * workers > available) {
+    COHORT_THROW(OutOfMemory) << "model " << in.model.name << " at batch " << in.batchSize << " needs " << what
+                              << ", more than the " << world.localWorldSize
+                              << " worker(s) of this node can have: " << bytes(available) << " available (" << limit
+                              << "; " << fitHint(in, run, available / workers) << kLowerTheRest << ")";
+  }
+}
+
+// A GPU: this worker's floor against what its device has free now (its context made, nothing of the
+// model allocated yet).
+void checkGpu(const MemoryEstimateInputs& in, const Floor& run, const std::string& what) {
+  const std::optional<runtime::CudaMemory> memory = runtime::cudaMemory(in.device);
+  if (!memory) return;
+  const double available = static_cast<double>(memory->freeBytes);
+  if (run.total() <= available) return;
+  COHORT_THROW(OutOfMemory) << "model " << in.model.name << " at batch " << in.batchSize << " needs " << what
+                            << ", more than cuda:" << in.device << " (" << memory->name << ") has free: "
+                            << bytes(available) << " of " << bytes(static_cast<double>(memory->totalBytes))
+                            << " (cudaMemGetInfo; " << fitHint(in, run, available) << kLowerTheRest << ")";
+}
+
 }  // namespace
 
 void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInfo& world, const runtime::Logger& log) {
@@ -157,22 +204,10 @@ void checkMemoryEstimate(const MemoryEstimateInputs& in, const runtime::WorldInf
   const std::string what = describeFloor(in, run);
   if (world.rank == 0) warnVocabulary(in, log);
   if (in.report && world.rank == 0) reportEstimate(in, run, log);
-  if (!in.onGpu) {
-    runtime::MemoryHeadroom headroom = runtime::memoryHeadroom();
-    std::string limit = headroom.describe();
-    if (in.testAvailableBytes > 0) {
-      headroom = {.availableBytes = in.testAvailableBytes, .hostAvailableBytes = in.testAvailableBytes};
-      limit = "COHORT_TEST_MEMORY_AVAILABLE";
-    }
-    const double available = static_cast<double>(headroom.availableBytes);
-    const double workers = static_cast<double>(world.localWorldSize > 0 ? world.localWorldSize : 1);
-    if (headroom.known() && run.total() * workers > available) {
-      COHORT_THROW(OutOfMemory) << "model " << in.model.name << " at batch " << in.batchSize << " needs " << what
-                                << ", more than the " << world.localWorldSize
-                                << " worker(s) of this node can have: " << bytes(available) << " available (" << limit
-                                << "; " << fitHint(in, run, available / workers)
-                                << "lower --batch-size, the context, the model's size or its vocabulary)";
-    }
+  if (in.onGpu) {
+    checkGpu(in, run, what);
+  } else {
+    checkHost(in, run, what, world);
   }
   if (run.total() >= double(1 << 30) && world.rank == 0) {
     log.info() << "memory: model " << in.model.name << " needs " << what;

@@ -16,18 +16,25 @@
 // On the CPU a floor beyond what the node's workers can have (runtime::memoryHeadroom: the least of
 // MemAvailable and what the cgroup limits of this process leave, shared by its local workers; a
 // test sets the limit with COHORT_TEST_MEMORY_AVAILABLE, cli/test_hooks.h) is refused with
-// OutOfMemory (exit 5) naming both and which limit applied, and the smallest change of --zero and
-// --recompute that would fit: one flag before two, a ZeRO stage before a recompute mode (recompute
-// costs a forward; stages 1 and 2 step within 3% of stage 0's rate, docs/sharding.md), lower stages
-// and modes first. A ZeRO stage is named only where one runs (mode allreduce on the CPU over
-// replicas, more than one rank in the shard group); stage 3 only when nothing built fits, saying it
-// is not built yet. A floor of 1 GiB or more is logged on rank 0. A language model whose
+// OutOfMemory (exit 5) naming both and which limit applied. On a GPU the worker's floor (its
+// device memory: the placement's peak there counts the whole gradients moved to the device too,
+// train/zero_memory.h) is compared with what its device has free once the job's GPU context is
+// made and before the model is placed (runtime::cudaMemory, cudaMemGetInfo; the emulated device
+// reports COHORT_CUDASIM_MEMORY_MB), and a floor beyond it is refused with OutOfMemory (exit 5)
+// naming the GPU, both figures and the same hint. Either refusal names the smallest change of
+// --zero and --recompute that would fit: one flag before two, a ZeRO stage before a recompute mode
+// (recompute costs a forward; stages 1 and 2 step within 3% of stage 0's rate on the CPU,
+// docs/sharding.md), lower stages and modes first. A ZeRO stage is named only where one runs (mode
+// allreduce over replicas, more than one rank in the shard group). A floor of 1 GiB
+// or more is logged on rank 0. A language model whose
 // vocabulary is larger than the ids its data can hold (256 for text:, 65536 for tokens:) gets a
 // warning: those rows of wte and columns of the logits are never a target.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "runtime/dtype.h"
 
 namespace cohort {
 namespace nn {
@@ -52,9 +59,11 @@ struct MemoryEstimateInputs {
   int64_t batchSize = 0;  // per worker and micro-batch
   int64_t context = 0;    // a language model's (0: not one)
   bool onGpu = false;
+  int device = 0;  // onGpu: the CUDA device's index (the job's)
   int zero = 0;                   // --zero
   int shardGroup = 1;             // W: train::shardGroupSize(world, --zero-scope)
   bool zeroRuns = false;          // whether another --zero stage could run here (see above)
+  runtime::DType precision = runtime::DType::kF32;  // --precision (bf16: the gathers' buffers)
   bool report = false;            // --memory-report: rank 0 prints the estimate by kind
   size_t testAvailableBytes = 0;  // COHORT_TEST_MEMORY_AVAILABLE (0: the machine's limit)
 };

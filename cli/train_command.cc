@@ -212,16 +212,20 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   checkFits(*run.model, *run.trainSet, run.classification);
   if (run.testSet) checkFits(*run.model, *run.testSet, run.classification);
   // Before the optimizer's state or the parameters are allocated.
-  const int shardGroup = train::shardGroupSize(world, train::parseZeroScope(f.zeroScope));
+  const train::ZeroScope scope = train::parseZeroScope(f.zeroScope);
+  const int shardGroup = train::shardGroupSize(world, scope);
+  const bool onGpu = job.device().isCuda();
   checkMemoryEstimate({.model = *run.model,
                        .optimizer = optimizerOptions(f, run.lr),
                        .data = *run.trainSet,
                        .batchSize = f.batchSize,
                        .context = run.hints.context,
-                       .onGpu = job.device().isCuda(),
+                       .onGpu = onGpu,
+                       .device = onGpu ? job.device().index : 0,
                        .zero = f.zero,
                        .shardGroup = shardGroup,
-                       .zeroRuns = f.mode == "allreduce" && !job.device().isCuda() && !f.noReplicas && shardGroup > 1,
+                       .zeroRuns = f.mode == "allreduce" && !f.noReplicas && shardGroup > 1,
+                       .precision = job.options().precision,
                        .report = f.memoryReport,
                        .testAvailableBytes = testMemoryAvailableFromEnvironment()},
                       world, log);

@@ -36,27 +36,41 @@ void AsyncShardWriter::waitIdle(std::unique_lock<std::mutex>& lock, const char* 
 }
 
 void AsyncShardWriter::submit(const ShardWrite& write) {
+  StagedShardWrite staged{.path = write.path, .generation = write.generation, .metadata = write.metadata};
   for (const NamedTensor& t : write.shards) {
     if (!t.tensor.defined() || !t.tensor.device().isCpu() || static_cast<size_t>(t.tensor.numel()) != map_.shardNumel()) {
       COHORT_THROW(InvalidArgument) << write.path << ": shard '" << t.name << "' must be a CPU tensor of "
                                     << map_.shardNumel() << " elements (copy a GPU shard to the host first)";
     }
+    staged.names.push_back(t.name);
   }
+  staged.stage = [&](const std::vector<float*>& staging) {
+    const size_t bytes = map_.shardNumel() * sizeof(float);
+    for (size_t i = 0; i < staging.size() && bytes > 0; ++i) std::memcpy(staging[i], write.shards[i].tensor.data(), bytes);
+  };
+  submitStaged(staged);
+}
+
+void AsyncShardWriter::submitStaged(const StagedShardWrite& write) {
+  if (!write.stage) COHORT_THROW(InvalidArgument) << write.path << ": a staged shard write needs its stage function";
   std::unique_lock<std::mutex> lock(mutex_);
   waitIdle(lock, "the previous shard write has not finished");
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   done_.reset();
-  // The thread is idle, so staging_ is ours until job_ is set.
-  staging_.resize(write.shards.size());
+  // The thread is idle, so staging_ is ours until job_ is set. Allocated zeroed once, so that the
+  // padding a stage function never writes stays zero.
+  const auto shape = runtime::Shape{static_cast<int64_t>(map_.shardNumel())};
+  runtime::Allocator& allocator = options_.stagingAllocator ? *options_.stagingAllocator : runtime::cpuAllocator();
+  while (staging_.size() < write.names.size()) staging_.push_back(runtime::Tensor::zeros(shape, allocator));
   Job job{.write = {.path = write.path, .generation = write.generation, .metadata = write.metadata},
-          .file = shardFilePath(write.path, write.generation, map_.rank(), map_.worldSize())};
-  for (size_t i = 0; i < write.shards.size(); ++i) {
-    std::vector<float>& stage = staging_[i];
-    stage.resize(map_.shardNumel());
-    if (!stage.empty()) std::memcpy(stage.data(), write.shards[i].tensor.data(), stage.size() * sizeof(float));
-    job.write.shards.push_back(
-        {write.shards[i].name, runtime::Tensor::view(stage.data(), {static_cast<int64_t>(stage.size())})});
+          .file = shardFilePath(write.path, write.generation, map_.rank(), map_.worldSize()),
+          .ready = write.ready};
+  std::vector<float*> buffers;
+  for (size_t i = 0; i < write.names.size(); ++i) {
+    buffers.push_back(staging_[i].data());
+    job.write.shards.push_back({write.names[i], staging_[i]});
   }
+  write.stage(buffers);
   job_ = std::move(job);
   lock.unlock();
   changed_.notify_all();
@@ -77,7 +91,7 @@ bool AsyncShardWriter::busy() const {
 size_t AsyncShardWriter::stagingBytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t bytes = 0;
-  for (const std::vector<float>& stage : staging_) bytes += stage.capacity() * sizeof(float);
+  for (const runtime::Tensor& stage : staging_) bytes += stage.bytes();
   return bytes;
 }
 
@@ -91,6 +105,7 @@ void AsyncShardWriter::run() {
     std::optional<ShardFile> file;
     std::exception_ptr error;
     try {
+      if (job.ready) job.ready();
       if (options_.beforeWrite) options_.beforeWrite(job.file);
       file = writeShardFile(map_, job.write);
     } catch (...) {

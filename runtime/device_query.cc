@@ -159,6 +159,22 @@ std::vector<CudaDeviceInfo> cudaDevices(std::string* whyNone) {
 #endif
 }
 
+std::optional<CudaMemory> cudaMemory(int index) {
+#ifdef COHORT_HAVE_CUDA
+  cudaDeviceProp prop{};
+  size_t freeBytes = 0, totalBytes = 0;
+  bool known = cudaGetDeviceProperties(&prop, index) == cudaSuccess;
+  if (known) {
+    cuda::CudaDeviceGuard guard(index);
+    known = cudaMemGetInfo(&freeBytes, &totalBytes) == cudaSuccess;
+  }
+  cudaGetLastError();
+  if (known) return CudaMemory{.name = prop.name, .freeBytes = freeBytes, .totalBytes = totalBytes};
+#endif
+  (void)index;
+  return std::nullopt;
+}
+
 std::string formatBytes(size_t bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = static_cast<double>(bytes);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,17 @@ HostInfo hostInfo();
 
 // Every CUDA device, in CUDA's order; empty with a reason in *whyNone (when non-null) if none.
 std::vector<CudaDeviceInfo> cudaDevices(std::string* whyNone = nullptr);
+
+// One CUDA device's memory as the runtime reports it now (cudaMemGetInfo on that device only: what
+// is free beside every context's memory, this process's included; the emulated device reports
+// COHORT_CUDASIM_MEMORY_MB less what this process holds). nullopt when CUDA is not compiled in or
+// the runtime cannot say.
+struct CudaMemory {
+  std::string name;  // the device's ("NVIDIA H200")
+  size_t freeBytes = 0;
+  size_t totalBytes = 0;
+};
+std::optional<CudaMemory> cudaMemory(int index);
 
 // The human-readable report, e.g.
 //   Host: node17, AMD EPYC 9654 96-Core Processor, 192 logical cores, 1.5 TiB memory (1.4 TiB

@@ -294,14 +294,6 @@ void Job::agree(const Settings& settings) {
                              .roster = membership_ ? &membership_->roster : nullptr});
 }
 
-// A ZeRO job's checkpoints on GPUs have not run in a test yet (docs/sharding.md): refused, not risked.
-void Job::requireCheckpointable(const char* what) const {
-  if (choice_.kind == PlacementKind::kSharded && gpu_) {
-    COHORT_THROW(InvalidArgument) << what << ": checkpoints of a ZeRO job on GPUs are not built yet (docs/sharding.md, "
-                                  << "\"What is built\"): train without --zero there, or take Job::wholeParams()";
-  }
-}
-
 void Job::requirePlaced(const char* what) const {
   if (!placed_) COHORT_THROW(InvalidArgument) << what << " needs the model placed first: call Job::place()";
 }
@@ -512,7 +504,6 @@ runtime::Tensor Job::wholeParams() {
 void Job::save(const std::string& path, const nn::Metadata& extra, const SaveOptions& options) {
   requirePlaced("Job::save()");
   requireSettled("Job::save()");
-  requireCheckpointable("Job::save()");
   checkpointer_->save(path, extra, options);
 }
 
@@ -526,7 +517,6 @@ bool Job::checkpointInFlight() const { return checkpointer_ && checkpointer_->in
 std::optional<nn::Metadata> Job::load(const std::string& path, const nn::Metadata& mustMatch) {
   requirePlaced("Job::load()");
   requireSettled("Job::load()");
-  requireCheckpointable("Job::load()");
   return checkpointer_->load(path, mustMatch);
 }
 

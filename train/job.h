@@ -337,8 +337,7 @@ class Job {
  private:
   struct Token;
   void requirePlaced(const char* what) const;
-  void requireSettled(const char* what) const;
-  void requireCheckpointable(const char* what) const;  // InvalidArgument for a ZeRO job on GPUs  // InvalidArgument while deferred results are pending
+  void requireSettled(const char* what) const;  // InvalidArgument while deferred results are pending
   // Runs `f`; when it throws, the collectives tell the ranks waiting for this one why first, and MPI
   // will not be finalised (collectives::markProcessFailing).
   template <class F>

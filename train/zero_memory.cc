@@ -94,6 +94,7 @@ size_t zeroPlacementPeakBytes(const ZeroMemoryOptions& o) {
   size_t whole = 0;
   for (size_t n : o.units) whole += n;
   const size_t wholeBytes = whole * kFloat;
+  if (o.onGpu) return 2 * wholeBytes + steady.optimizer + (o.stage >= 2 ? steady.grads : 0) + (o.stage == 3 ? steady.params : 0);
   if (o.stage <= 2) return 2 * wholeBytes + steady.optimizer;
   return wholeBytes + steady.params + steady.optimizer;
 }

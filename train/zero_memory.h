@@ -60,6 +60,7 @@ struct ZeroMemoryOptions {
   // bf16: per unit (as `units`), the 16-bit words each rank sends in its gathers (bf16GatherWords
   // for this group size); empty: every unit gathered in fp32.
   std::vector<size_t> gatherWords = {};
+  bool onGpu = false;  // where the placement's peak differs (zeroPlacementPeakBytes)
 };
 
 // The figures above. InvalidArgument for a stage outside 0..3, a group size below 1, or gatherWords
@@ -74,8 +75,10 @@ std::vector<size_t> bf16GatherWords(const nn::ParamBuffer& params, int groupSize
 // made by Job::makeOptimizer (already the shard's): stage 0 its steady state; stages 1 and 2 the whole
 // parameters Job::place bound and their copy in the communicator's memory, beside the optimizer's
 // shard (4N + 4N + 4sN/W); stage 3 the whole parameters the initialisation fills, the packed
-// parameter shard and the optimizer's (4N + 4N/W + 4sN/W). An optimizer made for the whole model
-// adds its whole state until the placement shards it.
+// parameter shard and the optimizer's (4N + 4N/W + 4sN/W). On a GPU (onGpu; device memory) the
+// whole parameters and gradients are moved to the device before the shards are made from them:
+// stage 1 4N + 4N + 4sN/W, stage 2 that and the gradient shard 4N/W, stage 3 that and both shards
+// 8N/W. An optimizer made for the whole model adds its whole state until the placement shards it.
 size_t zeroPlacementPeakBytes(const ZeroMemoryOptions& options);
 
 // The floats of state the optimizer keeps per parameter: 2 for Adam and AdamW, 1 for SGD with

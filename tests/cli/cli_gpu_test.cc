@@ -5,7 +5,8 @@
 // GPU Hogwild (issue 7): 4 workers sharing one GPU's parameters through CUDA IPC reach the single-GPU
 // accuracy; killing the owner (local rank 0) makes the other worker exit with a clear error.
 // All-reduce over NCCL with one rank runs the bucket path and matches a local GPU run; two workers on
-// two GPUs train like one GPU with their combined batch.
+// two GPUs train like one GPU with their combined batch, and at --zero 2 write a sharded checkpoint
+// that `cohort eval` reads on the CPU.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "nn/checkpoint.h"
+#include "nn/sharded_checkpoint.h"
 #include "tests/cli/cli_test_support.h"
 
 namespace cohort::testing {
@@ -277,6 +279,35 @@ TEST_F(CliGpuTest, TwoNcclWorkersOnTwoGpusEqualOneGpuWithTheCombinedBatch) {
   EXPECT_NE(traced.find("\"name\":\"allreduce bucket 0\""), std::string::npos);
   EXPECT_NE(b.stdoutText.find("all-reduce busbw"), std::string::npos) << b.stdoutText;
   EXPECT_EQ(expectSameParameters(one, two, 1e-5, "(2 NCCL workers against one GPU)"), 4);
+}
+
+// A ZeRO job's sharded checkpoint written on GPUs (issue 46, item 3): 2 workers on 2 GPUs at --zero 2
+// with --async-checkpoints (each shard copied on the compute stream into pinned staging, written in
+// the background, committed at a later step), and `cohort eval` on the CPU reads it as one model:
+// the test figures of the run's RESULT line, within the CPU's and GPU's rounding.
+TEST_F(CliGpuTest, AZeroCheckpointWrittenOnGpusEvaluatesOnTheCpu) {
+  CommandResult devices = runCohort({"devices"});
+  const size_t at = devices.stdoutText.find("CUDA devices: ");
+  if (at == std::string::npos || std::atoi(devices.stdoutText.c_str() + at + 14) < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices: " << devices.stdoutText.substr(0, devices.stdoutText.find('\n', at));
+  }
+  const std::string data = writeLargestOfThreeCsv(dir_ + "/cls.csv"), sharded = dir_ + "/sharded.st";
+  CommandResult r = runCommand({runfile("launcher/cohortrun"), "--nproc-per-node", "2", "--", cohortBinary(), "train",
+                                "--device", "cuda", "--mode", "allreduce", "--zero", "2", "--async-checkpoints",
+                                "--checkpoint", sharded, "--checkpoint-every", "2", "--data", data, "--test-data", data,
+                                "--model", "mlp:3,16,3", "--optimizer", "adamw", "--lr", "0.01", "--epochs", "2",
+                                "--batch-size", "16", "--seed", "4"},
+                               {.timeout = std::chrono::seconds(240)});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_FALSE(linesWith(r.stdoutText, "committed to " + sharded).empty()) << r.stdoutText;
+  ASSERT_TRUE(nn::isShardedManifest(nn::readCheckpoint(sharded)));
+  const ResultLine trained = parseResultLine(r.stdoutText);
+  CommandResult e = runCohort({"eval", "--data", data, "--checkpoint", sharded});
+  ASSERT_EQ(e.exitCode, 0) << e.describe();
+  const ResultLine figures = parseResultLine(e.stdoutText);
+  EXPECT_NEAR(figures.number("test_loss"), trained.number("test_loss"), 1e-4 * trained.number("test_loss"))
+      << e.stdoutText << r.stdoutText;
+  EXPECT_EQ(figures.fields.at("test_acc"), trained.fields.at("test_acc")) << e.stdoutText << r.stdoutText;
 }
 
 }  // namespace

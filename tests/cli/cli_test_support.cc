@@ -43,6 +43,17 @@ void writeFile(const std::string& path, const std::string& bytes, Compression co
   if (!out) ADD_FAILURE() << "cannot write " << path;
 }
 
+std::string writeLargestOfThreeCsv(const std::string& path) {
+  std::string text = "a,b,c,label\n";
+  for (int i = 0; i < 240; ++i) {
+    const int a = (i * 7) % 10, b = (i * 3 + 1) % 10, c = (i * 11 + 5) % 10;
+    text += std::to_string(a) + "," + std::to_string(b) + "," + std::to_string(c) + "," +
+            std::to_string(a >= b && a >= c ? 0 : (b >= c ? 1 : 2)) + "\n";
+  }
+  writeFile(path, text);
+  return "csv:" + path;
+}
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -34,6 +34,9 @@ enum class Compression { kPlain, kGzip };
 // Writes `bytes` to `path` (replacing it), gzip-compressed for kGzip.
 void writeFile(const std::string& path, const std::string& bytes, Compression compression = Compression::kPlain);
 std::string readFile(const std::string& path);
+// Writes at `path` a 3-class CSV of 240 rows (features a, b, c from 0 to 9; the class is the
+// largest's) and returns its data spec, "csv:PATH".
+std::string writeLargestOfThreeCsv(const std::string& path);
 bool fileExists(const std::string& path);
 // The names in `dir` (including dot files, excluding "." and ".."), sorted. The private
 // shared-memory directory cohort-<euid> (ipc/private_dir.h) is listed by its contents

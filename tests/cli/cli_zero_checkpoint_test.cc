@@ -20,16 +20,7 @@ namespace {
 class ZeroCheckpointCliTest : public ShmDirTest {
  protected:
   // A 3-class CSV whose class is the largest of three features.
-  std::string csv() {
-    std::string text = "a,b,c,label\n";
-    for (int i = 0; i < 240; ++i) {
-      const int a = (i * 7) % 10, b = (i * 3 + 1) % 10, c = (i * 11 + 5) % 10;
-      text += std::to_string(a) + "," + std::to_string(b) + "," + std::to_string(c) + "," +
-              std::to_string(a >= b && a >= c ? 0 : (b >= c ? 1 : 2)) + "\n";
-    }
-    writeFile(dir_ + "/cls.csv", text);
-    return "csv:" + dir_ + "/cls.csv";
-  }
+  std::string csv() { return writeLargestOfThreeCsv(dir_ + "/cls.csv"); }
 };
 
 TEST_F(ZeroCheckpointCliTest, EvalReadsAShardedCheckpointAsTheWholeModel) {

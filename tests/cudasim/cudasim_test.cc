@@ -9,7 +9,8 @@
 //   - a kernel writing past its buffer is reported when the buffer is freed;
 //   - freed device memory faults when touched;
 //   - an IPC handle opened after its owner freed the memory fails;
-//   - a bad launch configuration is cudaErrorInvalidConfiguration.
+//   - a bad launch configuration is cudaErrorInvalidConfiguration;
+//   - an allocation beyond the device's memory (COHORT_CUDASIM_MEMORY_MB) fails.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -297,6 +298,32 @@ TEST(Cudasim, AnIpcHandleOpensInAnotherProcessUntilTheOwnerFreesTheMemory) {
   EXPECT_EQ(y, 7.0f);
   ASSERT_EQ(cudaFree(p), cudaSuccess);
   EXPECT_EQ(child(false), 0) << "a handle opened after its owner freed the memory";
+}
+
+// A device's memory is COHORT_CUDASIM_MEMORY_MB (2048 MiB unless set): cudaMemGetInfo reports it,
+// less what this process holds, and an allocation beyond what is free fails as a GPU's does
+// (cudaErrorMemoryAllocation), taking nothing: a test that trains within the emulated memory (the
+// 512 MiB run of cli_zero_gpu_memory_test) would fail if it went beyond.
+TEST(Cudasim, AnAllocationBeyondTheDevicesMemoryFails) {
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  EXPECT_GT(total, size_t{0});
+  EXPECT_LE(free0, total);
+  void* held = nullptr;
+  ASSERT_EQ(cudaMalloc(&held, size_t{1} << 20), cudaSuccess);
+  size_t free1 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  EXPECT_EQ(free1, free0 - (size_t{1} << 20));
+  void* tooMuch = nullptr;
+  EXPECT_EQ(cudaMalloc(&tooMuch, free1 + 1), cudaErrorMemoryAllocation);
+  EXPECT_EQ(tooMuch, nullptr);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  size_t free2 = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
+  EXPECT_EQ(free2, free1);
+  ASSERT_EQ(cudaFree(held), cudaSuccess);
+  ASSERT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
+  EXPECT_EQ(free2, free0);
 }
 
 TEST(Cudasim, BadLaunchesAndCallsAreErrors) {

@@ -1,9 +1,11 @@
 // AsyncShardWriter (nn/async_shard_writer.h): the copy is taken in submit(), one write in flight,
-// errors reach wait(). The writer's thread is held in its beforeWrite hook where a test needs it
-// to be mid-write; nothing sleeps.
+// errors reach wait(); a staged write is filled by the caller and written after its ready
+// function. The writer's thread is held in its beforeWrite hook (or a staged write's ready) where a
+// test needs it to be mid-write; nothing sleeps.
 #include "nn/async_shard_writer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <future>
 
@@ -56,6 +58,51 @@ TEST(AsyncShardWriter, WritesWhatSubmitSawNotWhatChangedAfter) {
     EXPECT_EQ(std::memcmp(written.tensors[t].tensor.data(), want[t].tensor.data(), want[t].tensor.bytes()), 0)
         << want[t].name;
   }
+}
+
+// submitStaged: the caller's stage function fills the staging (here only each shard's first
+// element: the rest stays the zero it was allocated as), and the thread writes only after the
+// write's ready function returns (here held until the test releases it, as a GPU copy's event
+// would be); a ready that throws is the write's error.
+TEST(AsyncShardWriter, AStagedWriteWaitsForItsReady) {
+  TempDir dir;
+  const std::string path = dir.file("run.st");
+  const ShardMap map = testMap(3, 1);
+  AsyncShardWriter writer(map);
+  std::promise<void> copied;
+  std::shared_future<void> landed = copied.get_future().share();
+  std::vector<float*> given;
+  writer.submitStaged({.path = path,
+                       .generation = 1,
+                       .names = testTensorNames(),
+                       .stage =
+                           [&](const std::vector<float*>& staging) {
+                             given = staging;
+                             for (size_t t = 0; t < staging.size(); ++t) staging[t][0] = 1.0f + static_cast<float>(t);
+                           },
+                       .ready = [landed] { landed.wait(); }});
+  ASSERT_EQ(given.size(), testTensorNames().size());
+  EXPECT_TRUE(writer.busy());  // waiting for ready: nothing written yet
+  EXPECT_NE(::access(shardFilePath(path, 1, 1, 3).c_str(), F_OK), 0);
+  copied.set_value();
+  const std::optional<ShardFile> file = writer.wait();
+  ASSERT_TRUE(file.has_value());
+  const Checkpoint written = readCheckpoint(file->path);
+  ASSERT_EQ(written.tensors.size(), testTensorNames().size());
+  for (size_t t = 0; t < written.tensors.size(); ++t) {
+    const runtime::Tensor& x = written.tensors[t].tensor;
+    ASSERT_EQ(static_cast<size_t>(x.numel()), map.shardNumel());
+    EXPECT_EQ(x.at(0), 1.0f + static_cast<float>(t));
+    for (int64_t i = 1; i < x.numel(); ++i) ASSERT_EQ(x.at(i), 0.0f) << written.tensors[t].name << " " << i;
+  }
+  writer.submitStaged({.path = path,
+                       .generation = 2,
+                       .names = testTensorNames(),
+                       .stage = [](const std::vector<float*>&) {},
+                       .ready = [] { COHORT_THROW(TimeoutError) << "the copies' event did not complete"; }});
+  expectThrowNaming<TimeoutError>([&] { writer.wait(); }, {"the copies' event did not complete"});
+  expectThrowNaming<InvalidArgument>([&] { writer.submitStaged({.path = path, .generation = 3}); },
+                                     {"stage function"});
 }
 
 TEST(AsyncShardWriter, ASecondSubmitWaitsForTheFirst) {

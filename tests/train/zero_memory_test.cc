@@ -1,7 +1,7 @@
 // zeroStateBytes: ZeRO's per-rank figures (train/zero_memory.h) against hand-computed bytes for a
 // model of five units, at every stage, for AdamW, SGD with and without momentum, one rank and bf16
-// (its message buffers); the shard it counts against nn::ShardMap's; and the shard group of each
-// scope.
+// (its message buffers); the shard it counts against nn::ShardMap's; the placement's peak on the
+// CPU and on a GPU; and the shard group of each scope.
 #include "train/zero_memory.h"
 
 #include <gtest/gtest.h>
@@ -37,6 +37,24 @@ TEST(ZeroMemoryTest, EveryStageOfAdamWOnFourRanks) {
   expectBytes(at(1), 148, 148, 88, 112, "stage 1: 4N, 4N, 8·11, the padded units' 28 floats");
   expectBytes(at(2), 148, 44, 88, 112 + 144, "stage 2: 4N, 4·11, 8·11, padded units and 3 gradient windows");
   expectBytes(at(3), 44, 44, 88, 144 + 112, "stage 3: 4·11 each, 3 gradient and 2 parameter windows");
+}
+
+// The placement's peak, N = 148 bytes, the shard 44, AdamW's shard 88: on the CPU the whole
+// parameters and their copy in the communicator's memory (stages 1, 2), or the whole parameters the
+// initialisation fills and the parameter shard (3); on a GPU the whole parameters and gradients
+// moved to the device, and the shards made from them beside them (2: the gradients', 3: both).
+TEST(ZeroMemoryTest, ThePlacementsPeak) {
+  auto peak = [](int stage, bool onGpu) {
+    return zeroPlacementPeakBytes({.units = kUnits, .stage = stage, .groupSize = 4, .optimizer = kAdamW, .onGpu = onGpu});
+  };
+  EXPECT_EQ(peak(0, false), 592u);
+  EXPECT_EQ(peak(1, false), 2 * 148u + 88);
+  EXPECT_EQ(peak(2, false), 2 * 148u + 88);
+  EXPECT_EQ(peak(3, false), 148u + 44 + 88);
+  EXPECT_EQ(peak(0, true), 592u);
+  EXPECT_EQ(peak(1, true), 2 * 148u + 88);
+  EXPECT_EQ(peak(2, true), 2 * 148u + 88 + 44);
+  EXPECT_EQ(peak(3, true), 2 * 148u + 88 + 44 + 44);
 }
 
 TEST(ZeroMemoryTest, TheOptimizersState) {

@@ -209,6 +209,11 @@ std::optional<nn::Metadata> Checkpointer::load(const std::string& path, const nn
 }
 
 void Checkpointer::loadWhole(const nn::Checkpoint& ckpt, const std::string& path) {
+#ifdef COHORT_HAVE_CUDA
+  // The blocking copies below do not wait for the compute stream: work it still holds (the fills of
+  // a fresh optimizer state, the last step) would land after them, over the loaded values.
+  if (gpu_) gpu_->stream().synchronize();
+#endif
   CheckpointReader reader(ckpt, path);
   placement_.loadState(reader);
   // Model buffers are private to each rank (never shared), so every rank loads its own.

@@ -5,6 +5,10 @@
 #include "runtime/error.h"
 #include "train/checkpoint/checkpointer.h"
 
+#ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/pinned_allocator.h"
+#endif
+
 namespace cohort::train {
 
 namespace {
@@ -29,6 +33,9 @@ struct ShardedCheckpointer::Pending {
   std::vector<std::string> tensors;      // the shard files' tensors, in order
   nn::Metadata metadata;                 // the manifest's
   std::vector<nn::NamedTensor> buffers;  // rank 0: the model's buffers as they were at the save
+  // GPU: recorded on the compute stream after this save's copies to the host (the shard's and the
+  // buffers'); shared with the writer's thread, which waits for it before it writes.
+  std::shared_ptr<runtime::Event> copied = std::make_shared<runtime::Event>();
   std::optional<nn::ShardFile> file;     // a synchronous write's result
   std::exception_ptr error;              // this rank's failure to write or stage
   Clock::time_point start;
@@ -41,7 +48,11 @@ ShardedCheckpointer::ShardedCheckpointer(const Context& c)
       params_(c.params),
       optimizer_(c.optimizer),
       world_(c.world),
-      timeout_(c.timeout) {}
+      timeout_(c.timeout) {
+#ifdef COHORT_HAVE_CUDA
+  if (placement_.memory().onGpu()) pinned_ = std::make_unique<runtime::cuda::PinnedHostAllocator>();
+#endif
+}
 
 // The writer's destructor waits for a write in flight; an uncommitted checkpoint stays uncommitted.
 ShardedCheckpointer::~ShardedCheckpointer() = default;
@@ -80,32 +91,75 @@ void ShardedCheckpointer::save(const std::string& path, const nn::Metadata& meta
   for (const auto& s : optimizer_.state()) pending->tensors.push_back("optimizer." + s.name);
   pending->metadata = metadata;
   pending->metadata["optimizer_steps"] = std::to_string(optimizer_.steps());
-  if (world_.rank == 0) {
-    for (size_t i = 0; i < params_.bufferEntries().size(); ++i) {
-      pending->buffers.push_back({params_.bufferEntries()[i].name, params_.buffer(i).clone()});
-    }
-  }
+  if (world_.rank == 0) stageBuffers(*pending);
   if (placement_.keepsShard()) writeShard(*pending, options);
+  if (!pending->copied->recorded()) recordCopied(*pending);  // where no asynchronous write recorded it
   pending->stagedSeconds = secondsSince(pending->start);
   pending_ = std::move(pending);
   if (!options.async) settle({.wait = true});
 }
 
-// The parameters packed into packed_ (the flat buffer is whole; the shard file holds this rank's
-// pieces); the optimizer's state tensors are the packed shards already.
+runtime::Allocator& ShardedCheckpointer::hostAllocator() const {
+  return pinned_ ? *pinned_ : runtime::cpuAllocator();
+}
+
+void ShardedCheckpointer::recordCopied(Pending& pending) const {
+  if (const runtime::Stream* stream = placement_.memory().stream()) pending.copied->record(*stream);
+}
+
+// Rank 0: the buffers, copied in stream order into host memory kept from save to save (one
+// checkpoint is in flight at most); the commit waits for `copied`.
+void ShardedCheckpointer::stageBuffers(Pending& pending) {
+  for (size_t i = 0; i < params_.bufferEntries().size(); ++i) {
+    const runtime::Tensor& buffer = params_.buffer(i);
+    if (bufferStaging_.size() <= i) bufferStaging_.push_back(runtime::Tensor::zeros(buffer.shape(), hostAllocator()));
+    placement_.memory().copyToHost(bufferStaging_[i].data(), buffer.data(), static_cast<size_t>(buffer.numel()));
+    pending.buffers.push_back({params_.bufferEntries()[i].name, bufferStaging_[i]});
+  }
+}
+
+// The parameters into staging[0] (this rank's pieces of the whole buffer, or the packed shard at
+// stage 3), each optimizer state tensor (a packed shard already) into the next; on a GPU enqueued
+// on the compute stream, ahead of whatever training enqueues next.
+void ShardedCheckpointer::stageShards(const std::vector<float*>& staging) const {
+  placement_.stageParams(staging[0]);
+  const std::vector<nn::Optimizer::StateTensor> state = optimizer_.state();
+  for (size_t i = 0; i < state.size(); ++i) {
+    placement_.memory().copyToHost(staging[i + 1], state[i].tensor.data(), placement_.shardMap().shardNumel());
+  }
+}
+
+// Synchronously: the parameters packed into packed_ (the stream waited for), and the optimizer's
+// state tensors as they are (a GPU's copied to the host by writeCheckpoint, after that wait).
+// Asynchronously: the copies only started (stageShards), the writer waiting for them (`copied`).
 void ShardedCheckpointer::writeShard(Pending& pending, const SaveOptions& options) {
   const nn::ShardMap& map = placement_.shardMap();
   try {
-    if (!packed_.defined()) packed_ = runtime::Tensor::zeros({static_cast<int64_t>(map.shardNumel())});
-    placement_.packParams(packed_.data());
-    nn::ShardWrite write{.path = pending.path, .generation = pending.generation, .shards = {{"params", packed_}}};
-    for (const auto& s : optimizer_.state()) write.shards.push_back({"optimizer." + s.name, s.tensor});
     if (!options.async) {
+      if (!packed_.defined()) packed_ = runtime::Tensor::zeros({static_cast<int64_t>(map.shardNumel())});
+      placement_.packParams(packed_.data());
+      nn::ShardWrite write{.path = pending.path, .generation = pending.generation, .shards = {{"params", packed_}}};
+      for (const auto& s : optimizer_.state()) write.shards.push_back({"optimizer." + s.name, s.tensor});
       pending.file = nn::writeShardFile(map, write);
       return;
     }
-    if (!writer_) writer_ = std::make_unique<nn::AsyncShardWriter>(map, nn::AsyncShardWriterOptions{.timeout = timeout_});
-    writer_->submit(write);  // copies; whatever training changes next never reaches the file
+    if (!writer_) {
+      writer_ = std::make_unique<nn::AsyncShardWriter>(
+          map, nn::AsyncShardWriterOptions{.timeout = timeout_, .stagingAllocator = pinned_.get()});
+    }
+    std::function<void()> ready;
+    if (placement_.memory().onGpu()) {
+      ready = [copied = pending.copied, timeout = timeout_] { copied->synchronize(timeout); };
+    }
+    writer_->submitStaged({.path = pending.path,
+                           .generation = pending.generation,
+                           .names = pending.tensors,
+                           .stage =
+                               [&](const std::vector<float*>& staging) {
+                                 stageShards(staging);
+                                 recordCopied(pending);
+                               },
+                           .ready = std::move(ready)});
   } catch (...) {
     pending.error = std::current_exception();
   }
@@ -137,7 +191,7 @@ std::optional<CheckpointCommit> ShardedCheckpointer::settle(const SettleOptions&
                           .step = step == pending->metadata.end() ? std::string() : step->second,
                           .stagedSeconds = pending->stagedSeconds,
                           .writtenSeconds = secondsSince(pending->start),
-                          .stagingBytes = pending->async && writer_ ? writer_->stagingBytes() + packed_.bytes() : 0,
+                          .stagingBytes = pending->async && writer_ ? writer_->stagingBytes() : 0,
                           .cleanupErrors = report.cleanupErrors};
 }
 
@@ -172,6 +226,7 @@ nn::CommitReport ShardedCheckpointer::commit(const Pending& pending, const std::
   std::exception_ptr problem;
   if (world_.rank == 0) {
     try {
+      pending.copied->synchronize(timeout_);  // the buffers' copies (a GPU's)
       report = nn::commitShardedCheckpoint(placement_.shardMap(), {.path = pending.path,
                                                                    .generation = pending.generation,
                                                                    .tensors = pending.tensors,
@@ -210,6 +265,7 @@ void ShardedCheckpointer::load(const std::string& path, const nn::ShardedManifes
     problem = std::current_exception();
   }
   agreeOnFailure(problem, path + ": reading the shard files");  // nothing changed yet on any rank
+  placement_.memory().synchronize(timeout_);  // a GPU's: the blocking copies below do not wait for its stream
   placement_.unpackParams(findNamed(shards, "params")->tensor.data());
   for (const auto& s : optimizer_.state()) s.tensor.copyFrom(findNamed(shards, "optimizer." + s.name)->tensor);
   optimizer_.setSteps(metadataCount(manifest.metadata, "optimizer_steps", path));

@@ -10,6 +10,11 @@
 //            thread). Rank 0 keeps the manifest's part: the metadata and a copy of the model's
 //            buffers (BatchNorm running statistics, identical on every rank), stored whole in the
 //            manifest.
+//            On a GPU the shards are device memory: a synchronous save copies them to the host
+//            after the compute stream is done; an asynchronous one enqueues their copies into the
+//            writer's pinned staging on the compute stream (ahead of the next step's kernels, so
+//            nothing training changes later reaches the file), records an event after them, and
+//            returns; the writer's thread waits for the event (bounded) before it writes.
 //   settle   every rank waits for its write to be durable; ONE reduction over the job carries each
 //            rank's file size and CRC32C (raw bits, rank order) and its failure: this is the
 //            barrier. Rank 0 then writes the manifest (nn::commitShardedCheckpoint, the commit
@@ -40,6 +45,8 @@
 #include "nn/optimizer.h"
 #include "nn/param_buffer.h"
 #include "nn/sharded_checkpoint.h"
+#include "runtime/allocator.h"
+#include "runtime/stream.h"
 #include "runtime/world_info.h"
 #include "train/checkpoint/checkpoint_options.h"
 #include "train/placement/job_collectives.h"
@@ -79,6 +86,11 @@ class ShardedCheckpointer {
   // The generation above the committed one, the same on every rank (their max).
   uint64_t agreedGeneration(const std::string& path);
   void writeShard(Pending& pending, const SaveOptions& options);
+  void stageShards(const std::vector<float*>& staging) const;
+  void stageBuffers(Pending& pending);
+  void recordCopied(Pending& pending) const;
+  // Host memory for the staging: pinned on a GPU, else the CPU's.
+  runtime::Allocator& hostAllocator() const;
   // Every rank's shard file as the manifest names them; throws on every rank when one failed.
   std::vector<nn::ShardFile> gatherFiles(const Pending& pending, const std::optional<nn::ShardFile>& file,
                                          std::exception_ptr mine);
@@ -94,7 +106,9 @@ class ShardedCheckpointer {
   nn::Optimizer& optimizer_;
   const runtime::WorldInfo& world_;
   std::chrono::milliseconds timeout_;
+  std::unique_ptr<runtime::Allocator> pinned_;  // GPU: the staging's; outlives everything below
   runtime::Tensor packed_;  // this rank's parameter shard, packed for a synchronous write
+  std::vector<runtime::Tensor> bufferStaging_;  // rank 0: the model's buffers, copied at a save
   std::unique_ptr<nn::AsyncShardWriter> writer_;  // made at the first asynchronous save
   std::unique_ptr<Pending> pending_;  // the checkpoint in flight (saved, not settled)
 };

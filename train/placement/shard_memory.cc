@@ -119,16 +119,27 @@ void ShardMemory::unpackWire(const uint16_t* wire, float* dense, const runtime::
 
 runtime::Tensor ShardMemory::toHost(const float* data, size_t floats, std::chrono::milliseconds timeout) const {
   runtime::Tensor host = runtime::Tensor::zeros(shapeOf(floats));
+  copyToHost(host.data(), data, floats);
+  synchronize(timeout);
+  return host;
+}
+
+void ShardMemory::copyToHost(float* host, const float* data, size_t floats) const {
+  if (floats == 0) return;
 #ifdef COHORT_HAVE_CUDA
   if (gpu_) {
-    runtime::cuda::copyToHost(host.data(), data, floats * sizeof(float), gpu_->stream());
-    gpu_->stream().synchronize(timeout);
-    return host;
+    runtime::cuda::copyToHost(host, data, floats * sizeof(float), gpu_->stream());
+    return;
   }
 #endif
+  std::copy_n(data, floats, host);
+}
+
+void ShardMemory::synchronize(std::chrono::milliseconds timeout) const {
+#ifdef COHORT_HAVE_CUDA
+  if (gpu_) gpu_->stream().synchronize(timeout);
+#endif
   (void)timeout;
-  std::copy_n(data, floats, host.data());
-  return host;
 }
 
 }  // namespace cohort::train

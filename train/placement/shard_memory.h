@@ -56,6 +56,12 @@ class ShardMemory {
   void unpackWire(const uint16_t* wire, float* dense, const runtime::WireSegment* table, size_t count) const;
   // `floats` floats of this memory in a fresh CPU tensor (GPU: waits for the stream, at most `timeout`).
   runtime::Tensor toHost(const float* data, size_t floats, std::chrono::milliseconds timeout) const;
+  // `floats` floats of this memory copied to `host` (host memory): on the CPU at once; on a GPU
+  // enqueued on the compute stream after its work so far, done when the stream gets there (into
+  // pinned memory the call returns at once; wait with an event recorded after it, or synchronize).
+  void copyToHost(float* host, const float* data, size_t floats) const;
+  // Waits until the compute stream's work so far is done (GPU, at most `timeout`); nothing on the CPU.
+  void synchronize(std::chrono::milliseconds timeout) const;
 
  private:
   runtime::cuda::GpuContext* gpu_;

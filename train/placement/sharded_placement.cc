@@ -198,26 +198,23 @@ void ShardedPlacement::update(const StepPlan& plan, float clip) {
   optimizer_.stepPieces(buffers);
 }
 
-// On a GPU through the host: the parameters copied over once the compute stream is done with them
-// (checkpoints are not the hot loop).
+// Checkpoints: the real elements copied to the host, piece by piece at stages 1 and 2, the packed
+// shard at stage 3; on a GPU ordered after the step's kernels and before the next step's.
 void ShardedPlacement::packParams(float* shard) const {
+  std::fill_n(shard, map_->shardNumel(), 0.0f);
+  stageParams(shard);
+  sync_->memory().synchronize(timeout_);
+}
+
+void ShardedPlacement::stageParams(float* shard) const {
   const ShardMemory& memory = sync_->memory();
-  const size_t n = map_->shardNumel();
   if (options_.stage == 3) {
-    if (!memory.onGpu()) {
-      std::copy_n(sync_->values(), n, shard);
-      return;
-    }
-    const runtime::Tensor host = memory.toHost(sync_->values(), n, timeout_);
-    std::copy_n(host.data(), n, shard);
+    memory.copyToHost(shard, sync_->values(), map_->shardNumel());
     return;
   }
-  if (!memory.onGpu()) {
-    map_->pack(params_.values().data(), map_->rank(), shard);
-    return;
+  for (const nn::ShardMap::Piece& p : optimizer_.shardPieces()) {
+    memory.copyToHost(shard + p.shardOffset, params_.values().data() + p.flatBegin, p.realNumel());
   }
-  const runtime::Tensor host = memory.toHost(params_.values().data(), params_.numel(), timeout_);
-  map_->pack(host.data(), map_->rank(), shard);
 }
 
 void ShardedPlacement::unpackParams(const float* shard) {

@@ -83,7 +83,13 @@ class ShardedPlacement final : public Placement {
   // This rank's packed shard of the parameters (map.shardNumel() floats, zero padding), and back (CPU):
   // the piece of every unit set from a packed shard (then gathered by the caller's next step; call
   // gatherParams() to make the whole parameters current at once). Collective: gatherParams().
+  // stageParams copies the real elements only (the padding of `shard` is left as it is) and, on a
+  // GPU, only enqueues the copies on the compute stream: into pinned memory they are done when an
+  // event recorded after them is (packParams waits for the stream).
   void packParams(float* shard) const;
+  void stageParams(float* shard) const;
+  // Where ShardSync keeps the shards: the CPU's memory or the GPU's, with its compute stream.
+  const ShardMemory& memory() const { return sync_->memory(); }
   void unpackParams(const float* shard);
   void gatherParams();
 
