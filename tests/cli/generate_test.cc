@@ -218,7 +218,7 @@ TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
         path("tokenizer100.bin")},
        "is a tokenizer of 100 tokens, but model"},
       {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "1", "--tokens", "3", "--tokenizer", path("text.txt")},
-       "not an llm.c tokenizer"},
+       "not a tokenizer file"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {"generate"};
