@@ -285,7 +285,7 @@ Vocabulary readFile(const std::string& path) {
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && bytes[first] == '{') {
     const Json json = parseJson(path, bytes);
-    return json.contains("model") ? readTokenizerJson(path, json) : readVocabJson(path, json);
+    return json.contains("model") && json["model"].is_object() ? readTokenizerJson(path, json) : readVocabJson(path, json);
   }
   return readTiktoken(path, bytes);
 }
