@@ -7,14 +7,15 @@
 # every file of /usr/share/common-licenses, 8 times over, about 2 MB of English).
 #
 #   bench/tokenizer_bench.sh
-#   TEXT=corpus.txt SECONDS_EACH=10 CORE=1 bench/tokenizer_bench.sh
+#   TEXT=corpus.txt SECONDS_EACH=10 CORE=1 BAZEL_ARGS=--disk_cache=DIR bench/tokenizer_bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${SECONDS_EACH:-5}
 CORE=${CORE:-0}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-nice -n 10 bazel build --disk_cache=/root/.cache/cohort-disk-cache //bench:tokenizer_bench >"$work/build.log" 2>&1 ||
+# shellcheck disable=SC2086  # BAZEL_ARGS: flags for the build (e.g. a --disk_cache), split on spaces
+nice -n 10 bazel build ${BAZEL_ARGS:-} //bench:tokenizer_bench >"$work/build.log" 2>&1 ||
   { tail -n 20 "$work/build.log" >&2; echo "tokenizer_bench.sh: build failed" >&2; exit 1; }
 node tests/nn/tiktoken_gpt2.js ranks "$work/gpt2.tiktoken"
 text=${TEXT:-}

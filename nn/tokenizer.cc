@@ -12,6 +12,7 @@ namespace cohort::nn {
 struct Tokenizer::State {
   Vocabulary vocabulary;
   BpeRanks ranks;
+  std::string cannotEncode;  // why the vocabulary is not a byte-level BPE; empty when it is
   Gpt2Pattern pattern;
   std::string digest;
 };
@@ -56,7 +57,7 @@ Tokenizer Tokenizer::fromVocabulary(Vocabulary vocabulary) {
   try {
     state->ranks = BpeRanks(ranked);
   } catch (const InvalidArgument& e) {
-    COHORT_THROW(InvalidArgument) << (vocabulary.path.empty() ? "vocabulary" : vocabulary.path) << ": " << e.what();
+    state->cannotEncode = (vocabulary.path.empty() ? "vocabulary" : vocabulary.path) + ": cannot encode: " + e.what();
   }
   state->digest = digestOf(vocabulary);
   state->vocabulary = std::move(vocabulary);
@@ -103,6 +104,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
 
 Tokenizer::Encoder Tokenizer::encoder() const {
   COHORT_CHECK(state_ != nullptr) << "encoding with an empty Tokenizer";
+  if (!state_->cannotEncode.empty()) COHORT_THROW(InvalidArgument) << state_->cannotEncode;
   return Encoder(state_);
 }
 

@@ -12,7 +12,8 @@
 // digest() names the vocabulary (its tokens' bytes, which are special, the end-of-text id): the
 // same for the same vocabulary read from any of the formats; FNV-1a 64 in hex, to tell vocabularies
 // apart, not a cryptographic hash.
-// Errors: read() throws IoError or InvalidArgument naming the file (nn/tokenizer_files.h).
+// Errors: read() throws IoError or InvalidArgument naming the file (nn/tokenizer_files.h); encode()
+// and encoder() throw InvalidArgument for a vocabulary that decodes but is not a byte-level BPE.
 // Ownership and thread safety: a Tokenizer is an immutable, cheaply copied handle on shared state;
 // any number of threads may call it. encode() makes a fresh Encoder per call; a thread that encodes
 // many texts keeps its own Encoder (one per thread: it holds the match state and a cache of pieces).
@@ -39,8 +40,9 @@ class Tokenizer {
 
   Tokenizer() = default;  // empty: size() 0; encode() and decode() are not to be called
   static Tokenizer read(const std::string& pathOrDir);
-  // From a vocabulary in memory (nn/tokenizer_files.h); throws InvalidArgument when it is not a
-  // byte-level BPE (a byte that is not a token, two tokens with the same bytes).
+  // From a vocabulary in memory (nn/tokenizer_files.h). One that is not a byte-level BPE (a byte
+  // that is not a token, two tokens with the same bytes) still decodes; encoding it throws
+  // InvalidArgument naming the file and why.
   static Tokenizer fromVocabulary(Vocabulary vocabulary);
 
   int64_t size() const;

@@ -23,7 +23,7 @@ let tiktoken;
 try {
   tiktoken = require(packageDir);
 } catch (e) {
-  fail(`npm's tiktoken is not installed at ${packageDir} (run scripts/setup): ${e.message}`);
+  fail(`npm's tiktoken is not installed at ${packageDir} (run scripts/setup): ${e.message.split('\n')[0]}`);
 }
 
 function writeRanks(out) {

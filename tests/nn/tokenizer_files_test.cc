@@ -183,7 +183,6 @@ TEST_F(TokenizerFilesTest, MalformedFilesAreRefusedWithTheFileAndTheFault) {
       {"repeat.tiktoken", "IQ== 0\nIg== 0\n", "rank 0 is given twice (line 2)"},
       {"gap.tiktoken", "IQ== 0\nIg== 2\n", "no token has rank 1"},
       {"base64.tiktoken", "IQ== 0\nI*== 1\n", "line 2 is not \"<base64 bytes> <rank>\""},
-      {"bytes.tiktoken", "IQ== 0\nIg== 1\n", "byte 0 is not a token"},
       {"notjson/vocab.json", "{\"a\": 1,", "not valid JSON"},
       {"ids/vocab.json", "{\"a\": 0, \"b\": 5}", "token \"b\" has id 5, not one of 0..1"},
       {"nomerges/vocab.json", vocab, "no merges.txt beside it"},
@@ -205,6 +204,17 @@ TEST_F(TokenizerFilesTest, MalformedFilesAreRefusedWithTheFileAndTheFault) {
     }
   }
   EXPECT_THROW(Tokenizer::read(bad + "/missing.bin"), IoError);
+  // A vocabulary without every byte decodes, and refuses to encode.
+  writeFile(bad + "/bytes.tiktoken", "IQ== 0\nIg== 1\n");
+  const Tokenizer twoBytes = Tokenizer::read(bad + "/bytes.tiktoken");
+  EXPECT_EQ(twoBytes.decode(1), "\"");
+  try {
+    twoBytes.encode("!");
+    ADD_FAILURE() << "a vocabulary of two bytes encoded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(bad + "/bytes.tiktoken: cannot encode: byte 0 is not a token"), std::string::npos)
+        << e.what();
+  }
   fs::create_directories(bad + "/emptydir");
   EXPECT_THROW(
       {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "tests/nn/tiktoken_reference.h"
+#include "tests/support/alloc_counter.h"
 #include "tests/support/process.h"
 
 namespace cohort::nn {
@@ -233,6 +234,23 @@ TEST_F(TokenizerTest, EncodersReusedAndOnThreadsGiveTheSameIds) {
   for (auto& r : results) threads.emplace_back(encodeAll, std::ref(r));
   for (auto& t : threads) t.join();
   for (const auto& r : results) EXPECT_EQ(r, fresh);
+}
+
+// An Encoder that has seen a text once allocates nothing to encode it again (nor a piece of it): the
+// pattern's match state, the merge buffers and the cache are all reused.
+TEST_F(TokenizerTest, AWarmEncoderAllocatesNothingPerPiece) {
+  const std::string corpus = hardCorpus() + std::string(2000, 'z');  // long pieces: the heap merge too
+  Tokenizer::Encoder encoder = gpt2_->encoder();
+  std::vector<int32_t> ids;
+  encoder.encode(corpus, ids);
+  const size_t count = ids.size();
+  ids.clear();
+  ids.reserve(2 * count);  // the output's own growth is the caller's
+  const long before = testing::allocationCount();
+  encoder.encode(corpus, ids);
+  encoder.encode(std::string_view(corpus).substr(1000, 5000), ids);
+  EXPECT_EQ(testing::allocationCount() - before, 0);
+  EXPECT_GE(ids.size(), count);
 }
 
 }  // namespace
