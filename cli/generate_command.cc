@@ -18,7 +18,7 @@
 #include "nn/gpt.h"            // the model generate needs
 #include "nn/gpt_sampler.h"    // KV-cache sampling
 #include "nn/model_weights.h"  // --checkpoint: Cohort's, HuggingFace's or llm.c's
-#include "nn/tokenizer.h"      // llm.c's tokenizer file
+#include "nn/tokenizer.h"      // GPT-2's tokenizer: encodes --prompt, prints tokens as text
 #include "runtime/error.h"
 
 namespace cohort::cli {
@@ -30,7 +30,9 @@ void addGenerateFlags(CLI::App& c, GenerateFlags& f) {
                "checkpoint's own)");
   c.add_option("--prompt", f.prompt, "the text to continue (its bytes are the first tokens; at most the context)");
   c.add_option("--prompt-tokens", f.promptTokens, "the prompt as token ids, e.g. 15496,995 (a vocabulary past bytes)");
-  c.add_option("--tokenizer", f.tokenizer, "llm.c's tokenizer file (gpt2_tokenizer.bin): print tokens as text");
+  c.add_option("--tokenizer", f.tokenizer,
+               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
+               "merges.txt, tiktoken's .tiktoken): encode --prompt, print tokens as text");
   c.add_option("--tokens", f.tokens, "how many tokens (bytes) to generate after the prompt, > 0")->required();
   c.add_option("--temperature", f.temperature, "logits are divided by it before the softmax, > 0")
       ->capture_default_str();
@@ -93,9 +95,8 @@ nn::Tokenizer readTokenizer(const std::string& path, const nn::Model& model, con
 // newline. A reader that has gone (a closed pipe: `| head`) ends the generation, quietly.
 class TextOut {
  public:
-  TextOut(const GenerateFlags& f, const nn::Model& model, const nn::GptOptions& o) : asBytes_(!f.prompt.empty()) {
-    if (!f.tokenizer.empty()) tokenizer_ = readTokenizer(f.tokenizer, model, o);
-  }
+  TextOut(const GenerateFlags& f, std::optional<nn::Tokenizer> tokenizer)
+      : tokenizer_(std::move(tokenizer)), asBytes_(!f.prompt.empty()) {}
 
   // False once the reader is gone.
   bool token(int64_t id) {
@@ -139,13 +140,23 @@ std::unique_ptr<nn::Model> loadModel(const std::string& path, const std::string&
   return model;
 }
 
-// The prompt's bytes as token ids; every one must lie in the model's vocabulary and the generated
+// The prompt's tokens: with a tokenizer, its encoding ("<|endoftext|>" its special id, as a prompt
+// that starts a document); else its bytes, every one in the model's vocabulary, and the generated
 // ids must be writable as bytes.
-std::vector<int64_t> encodePrompt(const std::string& prompt, const nn::Model& model, const nn::GptOptions& o) {
+std::vector<int64_t> encodePrompt(const std::string& prompt, const std::optional<nn::Tokenizer>& tokenizer,
+                                  const nn::Model& model, const nn::GptOptions& o) {
+  if (tokenizer) {
+    const std::vector<int32_t> ids = tokenizer->encodeWithSpecial(prompt);
+    if (static_cast<int64_t>(ids.size()) > o.context) {
+      COHORT_THROW(InvalidArgument) << "--prompt is " << ids.size() << " tokens, more than the context of model "
+                                    << model.name << " (" << o.context << " tokens)";
+    }
+    return std::vector<int64_t>(ids.begin(), ids.end());  // below the vocabulary: readTokenizer checked its size
+  }
   if (o.vocab > 256) {
     COHORT_THROW(InvalidArgument) << "model " << model.name << " has a vocabulary of " << o.vocab
-                                  << " tokens, not bytes: give the prompt as ids with --prompt-tokens (generate "
-                                     "cannot encode text into them)";
+                                  << " tokens, not bytes: give --tokenizer to encode --prompt, or the prompt as ids "
+                                     "with --prompt-tokens";
   }
   if (static_cast<int64_t>(prompt.size()) > o.context) {
     COHORT_THROW(InvalidArgument) << "--prompt is " << prompt.size() << " bytes, longer than the context of model "
@@ -171,9 +182,11 @@ int runGenerate(const GenerateFlags& f) {
   const std::unique_ptr<nn::Model> model = loadModel(f.checkpoint, f.model);
   const auto& gpt = dynamic_cast<const nn::Gpt&>(*model->net);
   const nn::GptOptions& o = gpt.options();
+  std::optional<nn::Tokenizer> tokenizer;  // a bad tokenizer is refused before the sampling
+  if (!f.tokenizer.empty()) tokenizer = readTokenizer(f.tokenizer, *model, o);
   const std::vector<int64_t> prompt =
-      f.prompt.empty() ? parsePromptTokens(f.promptTokens, *model, o) : encodePrompt(f.prompt, *model, o);
-  TextOut out(f, *model, o);  // a bad tokenizer is refused before the sampling
+      f.prompt.empty() ? parsePromptTokens(f.promptTokens, *model, o) : encodePrompt(f.prompt, tokenizer, *model, o);
+  TextOut out(f, std::move(tokenizer));
   nn::GptSampler sampler(gpt, model->params);
   ::signal(SIGPIPE, SIG_IGN);  // a closed pipe is EPIPE from the write, which ends the generation
   for (int64_t id : prompt) {

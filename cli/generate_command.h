@@ -2,6 +2,7 @@
 //
 //   cohort generate --checkpoint F --prompt TEXT --tokens N [--temperature T] [--top-k K] [--seed S]
 //   cohort generate --checkpoint F --prompt-tokens 15496,995 --tokens N [--tokenizer gpt2_tokenizer.bin]
+//   cohort generate --checkpoint F --tokenizer DIR --prompt TEXT --tokens N
 //
 // Reads the checkpoint (a Cohort checkpoint, or a HuggingFace or llm.c GPT-2: anything --init-from
 // reads, nn/model_weights.h), builds the model it is of (a gpt: spec), loads its weights on the CPU and continues the prompt with nn::GptSampler (nn/gpt_sampler.h: a KV cache, one row through the
@@ -12,7 +13,9 @@
 //
 // A vocabulary past bytes (a GPT trained on `--data tokens:…`, issue 32) takes its prompt as ids
 // (--prompt-tokens) and prints the prompt's and the new tokens' ids, comma-separated, or with
-// --tokenizer (llm.c's file, nn/tokenizer.h) their text. A tokenizer must cover the model's
+// --tokenizer FILE|DIR (GPT-2's tokenizer from llm.c's, HuggingFace's or tiktoken's files,
+// nn/tokenizer.h) their text; with a tokenizer --prompt is text, encoded by it ("<|endoftext|>" as
+// its special id). A tokenizer must cover the model's
 // vocabulary but for a padding of fewer than 128 ids (GPT-2's 50257 in llm.c's 50304), whose ids
 // print as "<|id|>".
 //
@@ -24,8 +27,8 @@
 // Exit 2 with one line naming the problem (InvalidArgument, or IoError from the checkpoint reader) for
 // --tokens <= 0, --temperature <= 0 (or not finite), --top-k < 0, an empty prompt, a prompt longer than
 // the context (both lengths named) or holding a byte outside the model's vocabulary, a text prompt
-// for a vocabulary past bytes, both prompt flags, an id that is not a number below the vocabulary, a
-// tokenizer of another vocabulary or not in llm.c's format, a checkpoint of another model than a gpt
+// for a vocabulary past bytes without --tokenizer, both prompt flags, an id that is not a number below
+// the vocabulary, a tokenizer of another vocabulary or not a tokenizer file, a checkpoint of another model than a gpt
 // (its spec named), and a missing or corrupt checkpoint file.
 // --model SPEC (as cohort train's) applies the weights with that model instead, which must fit them;
 // a HuggingFace GPT-2 without config.json has its heads taken as width / 64, said on stderr.
@@ -46,7 +49,7 @@ struct GenerateFlags {
   std::string model;         // --model: the spec the weights are applied with (empty: the checkpoint's own)
   std::string prompt;
   std::string promptTokens;  // "1,2,3": the prompt as ids, instead of --prompt
-  std::string tokenizer;     // llm.c's tokenizer file: print the tokens as its text
+  std::string tokenizer;     // GPT-2's tokenizer (file or folder): encode --prompt, print tokens as text
   int64_t tokens = 0;        // required; > 0
   float temperature = 1.0f;  // > 0
   int64_t topK = 0;          // 0: every token of the vocabulary

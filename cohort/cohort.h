@@ -56,7 +56,7 @@
 #include "nn/residual.h"    // nn::Residual: y = x + f(x)
 #include "nn/sequential.h"  // nn::Sequential: modules in order
 #include "nn/softmax.h"     // nn::Softmax, nn::logSoftmax()
-#include "nn/tokenizer.h"   // nn::Tokenizer: llm.c's tokenizer file, token ids -> text
+#include "nn/tokenizer.h"   // nn::Tokenizer: GPT-2's tokenizer (tiktoken's ids), text <-> token ids
 #include "nn/transformer_block.h"  // nn::TransformerBlock: GPT-2's pre-norm residual block
 
 // Training: losses, optimizers, checkpoints, gradient checks.

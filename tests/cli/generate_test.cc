@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -181,6 +182,14 @@ TEST_F(GenerateCliTest, AVocabularyPastBytesTakesIdsAndPrintsIdsOrATokenizersTex
   CommandResult t = runCohort(withTokenizer);
   ASSERT_EQ(t.exitCode, 0) << t.describe();
   EXPECT_EQ(t.stdoutText, want + "\n");
+  // --prompt as text, encoded by the tokenizer (here its bytes: no merge makes "th"), read from a
+  // folder holding gpt2_tokenizer.bin: the same tokens.
+  std::filesystem::create_directories(path("tokenizer_dir"));
+  std::filesystem::copy_file(path("tokenizer300.bin"), path("tokenizer_dir/gpt2_tokenizer.bin"));
+  CommandResult text = runCohort({"generate", "--checkpoint", path("gpt300.ckpt"), "--prompt", "the", "--tokens", "6",
+                                  "--seed", "3", "--tokenizer", path("tokenizer_dir")});
+  ASSERT_EQ(text.exitCode, 0) << text.describe();
+  EXPECT_EQ(text.stdoutText, want + "\n");
 }
 
 TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
@@ -210,7 +219,7 @@ TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
        "--seed must be a whole number 0..18446744073709551615, got '-1'"},
       {{"--checkpoint", gpt, "--prompt", "hi", "--prompt-tokens", "1", "--tokens", "3"}, "not both"},
       {{"--checkpoint", path("gpt300.ckpt"), "--prompt", "hi", "--tokens", "3"},
-       "has a vocabulary of 300 tokens, not bytes: give the prompt as ids with --prompt-tokens"},
+       "has a vocabulary of 300 tokens, not bytes: give --tokenizer to encode --prompt, or the prompt as ids"},
       {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "1,x", "--tokens", "3"},
        "--prompt-tokens: 'x' is not a token id of model"},
       {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "300", "--tokens", "3"}, "'300' is not a token id"},
@@ -218,7 +227,7 @@ TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
         path("tokenizer100.bin")},
        "is a tokenizer of 100 tokens, but model"},
       {{"--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", "1", "--tokens", "3", "--tokenizer", path("text.txt")},
-       "not an llm.c tokenizer"},
+       "not a tokenizer file"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {"generate"};

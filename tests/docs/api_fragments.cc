@@ -1,5 +1,5 @@
 // The fragments of docs/api.md (a loop of your own, micro-batches, clipping, deferred steps, the
-// Trainer, TensorBoard, asynchronous sharded checkpoints), each compiled in a function whose parameters are the names the doc's
+// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer), each compiled in a function whose parameters are the names the doc's
 // fragment uses, so that a renamed or retyped API breaks this build instead of the doc's readers.
 // Compiled, not run: the loops need a job; tests/train runs the same calls.
 #include <cstdint>
@@ -52,6 +52,10 @@ void asyncCheckpoints(train::Job& job, const std::string& path, int64_t step, Lo
 }
 void asyncCheckpoints(train::Job& job, const std::string& path, int64_t step) {
   asyncCheckpoints(job, path, step, [](const train::CheckpointCommit&) {});
+}
+
+void tokenizer(const std::string& path, const std::string& text) {
+#include "tests/docs/tokenizer.inc"
 }
 
 }  // namespace cohort::docs_fragments
