@@ -3,15 +3,21 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "cli/flag_values.h"    // kDataForms
 #include "nn/checkpoint.h"      // the checkpoint file
 #include "nn/loss.h"            // losses
 #include "nn/model_weights.h"   // --checkpoint: Cohort's, HuggingFace's or llm.c's
+#include "nn/tokenizer.h"       // predict --tokenizer
 #include "runtime/cpu/blas.h"   // --threads
 #include "runtime/data/dataset.h"
 #include "runtime/error.h"
@@ -28,10 +34,19 @@ void addEvalFlags(CLI::App& c, EvalFlags& f, bool predict) {
   c.add_option("--model", f.model,
                "model spec to apply the weights with, as cohort train's --model; it must fit them (default: the "
                "checkpoint's own)");
-  c.add_option("--data", f.data, "data: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE")
+  c.add_option("--data", f.data, std::string("data: ") + kDataForms)
       ->capture_default_str();
   c.add_option("--split", f.split, "test | train: which split of --data (a CSV file is one split)")->capture_default_str();
-  if (predict) c.add_option("--output", f.output, "the CSV file of predictions to write")->required();
+  if (predict) {
+    c.add_option("--output", f.output, "the CSV file of predictions to write")->required();
+    c.add_option("--top-k", f.topK,
+                 "write the K most likely classes (a gpt: next tokens after each window) and their probabilities, "
+                 "best first, instead of all; 0: all")
+        ->capture_default_str();
+    c.add_option("--tokenizer", f.tokenizer,
+                 "with --top-k on a gpt: GPT-2's tokenizer, FILE or DIR (as cohort generate's), to write each "
+                 "token's text beside its id");
+  }
   c.add_option("--batch-size", f.batchSize,
                "samples per forward pass (a gpt's: at most 4096 positions' worth, as training's evaluation)")
       ->capture_default_str();
@@ -108,8 +123,88 @@ int runEval(const EvalFlags& f) {
   return 0;
 }
 
+namespace {
+
+// A text field of a CSV row: quoted, its quotes doubled (RFC 4180).
+std::string csvText(const std::string& text) {
+  std::string quoted = "\"";
+  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+// predict's rows: each sample's outputs as probabilities (all, or the top K) or as values.
+class PredictionRows {
+ public:
+  PredictionRows(const EvalFlags& f, const Applied& a) : k_(a.model->outputs), classification_(a.classification) {
+    if (f.topK < 0) COHORT_THROW(InvalidArgument) << "--top-k must be 0 (all classes) or positive, got " << f.topK;
+    if (f.topK > 0 && !classification_) {
+      COHORT_THROW(InvalidArgument) << "--top-k needs a classifier or a language model; model " << a.model->name
+                                    << " is a regression";
+    }
+    if (!f.tokenizer.empty() && f.topK == 0) COHORT_THROW(InvalidArgument) << "--tokenizer is for --top-k K";
+    topK_ = std::min(f.topK, k_);
+    if (!f.tokenizer.empty()) tokenizer_ = nn::Tokenizer::read(f.tokenizer);
+  }
+
+  std::string header() const {
+    std::ostringstream out;
+    if (topK_ > 0) {
+      for (int64_t r = 1; r <= topK_; ++r) {
+        out << (r > 1 ? "," : "") << "id" << r << ",p" << r << (tokenizer_ ? ",text" + std::to_string(r) : "");
+      }
+    } else {
+      for (int64_t c = 0; c < k_; ++c) out << (c ? "," : "") << (classification_ ? "p" : "y") << c;
+      if (classification_) out << ",predicted";
+    }
+    return out.str() + "\n";
+  }
+
+  void write(std::ostream& out, const float* row) {
+    if (!classification_) {
+      for (int64_t c = 0; c < k_; ++c) out << (c ? "," : "") << row[c];
+      out << '\n';
+      return;
+    }
+    // Softmax in double, the row maximum subtracted; the first maximum is the prediction (as the
+    // loss counts accuracy).
+    int64_t best = 0;
+    for (int64_t c = 1; c < k_; ++c) best = row[c] > row[best] ? c : best;
+    p_.resize(k_);
+    double sum = 0;
+    for (int64_t c = 0; c < k_; ++c) sum += p_[c] = std::exp(static_cast<double>(row[c]) - row[best]);
+    for (double& p : p_) p /= sum;
+    if (topK_ == 0) {
+      for (int64_t c = 0; c < k_; ++c) out << (c ? "," : "") << p_[c];
+      out << ',' << best << '\n';
+      return;
+    }
+    // The K most likely, best first; ties to the lower id (stable), so the first is the prediction.
+    order_.resize(k_);
+    for (int64_t c = 0; c < k_; ++c) order_[c] = c;
+    std::partial_sort(order_.begin(), order_.begin() + topK_, order_.end(),
+                      [&](int64_t x, int64_t y) { return p_[x] > p_[y] || (p_[x] == p_[y] && x < y); });
+    for (int64_t r = 0; r < topK_; ++r) {
+      const int64_t id = order_[r];
+      out << (r ? "," : "") << id << ',' << p_[id];
+      if (tokenizer_) out << ',' << csvText(tokenizer_->decode(static_cast<int32_t>(id)));
+    }
+    out << '\n';
+  }
+
+ private:
+  int64_t k_;
+  bool classification_;
+  int64_t topK_ = 0;
+  std::optional<nn::Tokenizer> tokenizer_;
+  std::vector<double> p_;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace
+
 int runPredict(const EvalFlags& f) {
   Applied a = open(f, "predict");
+  PredictionRows rows(f, a);
   // Written as every output is (runtime/output_file.h): a fresh temporary, renamed over --output.
   runtime::OutputFile file(f.output, {.mode = runtime::OutputMode::kUserVisible});
   {
@@ -119,33 +214,18 @@ int runPredict(const EvalFlags& f) {
       file.write(text.data(), text.size());
       out.str({});
     };
-    const int64_t k = a.model->outputs;
-    for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << (a.classification ? "p" : "y") << c;
-    out << (a.classification ? ",predicted\n" : "\n");
+    out << rows.header();
     out.precision(9);
     nn::Pass pass;
     pass.training = false;
     pass.needInputGrad = false;
-    const int64_t n = a.data->size(), chunk = train::evaluationChunk(*a.model, f.batchSize);
+    const int64_t n = a.data->size(), chunk = train::evaluationChunk(*a.model, f.batchSize), k = a.model->outputs;
     for (int64_t first = 0; first < n; first += chunk) {
       const int64_t count = std::min(chunk, n - first);
       const runtime::Tensor& y = a.model->forward(a.data->rows(first, count).inputs, pass);
-      for (int64_t i = 0; i < count; ++i) {
-        const float* row = y.data() + i * k;
-        if (!a.classification) {
-          for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << row[c];
-          out << '\n';
-          continue;
-        }
-        // Softmax in double, the row maximum subtracted; the first maximum is the prediction (as
-        // the loss counts accuracy).
-        int64_t best = 0;
-        for (int64_t c = 1; c < k; ++c) best = row[c] > row[best] ? c : best;
-        double sum = 0;
-        for (int64_t c = 0; c < k; ++c) sum += std::exp(static_cast<double>(row[c]) - row[best]);
-        for (int64_t c = 0; c < k; ++c) out << (c ? "," : "") << std::exp(static_cast<double>(row[c]) - row[best]) / sum;
-        out << ',' << best << '\n';
-      }
+      // A language model's outputs are [samples, positions, k]: a window's row is its last position's.
+      const int64_t positions = y.rank() == 3 ? y.dim(1) : 1;
+      for (int64_t i = 0; i < count; ++i) rows.write(out, y.data() + ((i + 1) * positions - 1) * k);
       drain();
     }
     drain();

@@ -4,9 +4,12 @@
 //     prints "RESULT eval model=… data=… samples=N test_loss=… [test_acc=…]": for the data a training
 //     run evaluated (its --data's test split, or --test-data / a CSV file), exactly the test figures of
 //     that run's RESULT line;
-//   cohort predict --checkpoint F --data SPEC --output FILE.csv [--split test|train]
+//   cohort predict --checkpoint F --data SPEC --output FILE.csv [--split test|train] [--top-k K]
 //     writes one CSV row per sample: the class probabilities (softmax of the outputs) and the
-//     predicted class, or the regression outputs; written to a temporary file and renamed.
+//     predicted class, or the regression outputs; written to a temporary file and renamed. A
+//     language model's sample is a window, and its row is the distribution of the token after the
+//     window (the last position's). --top-k K writes the K most likely classes instead, best first
+//     (id1,p1,...,idK,pK), and with --tokenizer a gpt's tokens' text too (id1,p1,text1,...).
 // The model spec and the task (classification or regression) are read from the checkpoint (or it is
 // another tool's GPT-2, as --init-from reads them: nn/model_weights.h; a language model); data of
 // another shape than the model takes, or a checkpoint of another model, is exit 2 naming both.
@@ -33,6 +36,8 @@ struct EvalFlags {
   std::string output;          // predict: the CSV file to write
   int64_t batchSize = 1000;
   int threads = 1;
+  int64_t topK = 0;       // predict: > 0 writes the K most likely classes (tokens) and their probabilities
+  std::string tokenizer;  // predict --top-k on a gpt: each token's text beside its id
 };
 
 void addEvalFlags(CLI::App& app, EvalFlags& flags, bool predict);

@@ -15,6 +15,7 @@
 #include "nn/model_weights.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/output_file.h"  // createParentDirectories
 
 namespace cohort::cli {
 
@@ -77,6 +78,7 @@ int runExport(const ExportFlags& f) {
   for (size_t i = 0; i < model->params.entries().size(); ++i) {
     tensors.push_back({model->params.entries()[i].name, model->params.value(i)});
   }
+  runtime::createParentDirectories(f.out);  // as nanoGPT makes its out_dir
   if (f.format == "hf") {
     nn::writeHuggingFaceGpt(f.out, gpt->options(), tensors);
   } else {

@@ -13,6 +13,13 @@ class Option;
 
 namespace cohort::cli {
 
+// Every form --data (and --test-data) takes, for the --help of train, eval and predict
+// (runtime::data::openDataset reads them; docs/data.md).
+inline constexpr char kDataForms[] =
+    "synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE | text:FILE (bytes as tokens) | "
+    "tokens:PATTERN (llm.c's token shards, a file or a glob; cohort tokenize writes them) | tokens:raw:PATTERN "
+    "(headerless uint16 shards, nanoGPT's)";
+
 // "--seed" on `command`, stored in `seed` (whose value is the default shown by --help).
 CLI::Option* addSeedOption(CLI::App& command, uint64_t& seed, const std::string& help);
 

@@ -25,6 +25,7 @@
 #include "runtime/error.h"
 #include "runtime/gpu_options.h"       // --conv-algorithms
 #include "runtime/logging.h"
+#include "runtime/output_file.h"       // the outputs' directories
 #include "runtime/process_memory.h"    // --memory-report on the CPU
 #include "runtime/timeout.h"           // --timeout
 #include "runtime/world_info.h"
@@ -335,8 +336,14 @@ int runTrain(const TrainFlags& f) {
   runtime::Logger log(world, {.fd = 1});
   logRank(log, world);
   setThreads(log, f);
-  // Every output path is checked before anything runs, the same way (nn::checkOutputFile): the
-  // Trainer checks --checkpoint, --metrics, --trace and --tensorboard on rank 0, this the image.
+  // The directories of the outputs are made as nanoGPT makes its out_dir (every rank: a sharded
+  // checkpoint's ranks all write); then every output path is checked before anything runs, the same
+  // way (nn::checkOutputFile): the Trainer checks --checkpoint, --metrics, --trace and --tensorboard
+  // on rank 0, this the image.
+  for (const std::string* path : {&f.checkpoint, &f.metrics, &f.trace, &f.plot}) {
+    if (!path->empty()) runtime::createParentDirectories(*path);
+  }
+  if (!f.tensorboard.empty()) runtime::createDirectories(f.tensorboard);
   if (!f.plot.empty() && world.rank == 0) {
     nn::checkOutputFile(f.plot, "the plot");
     CairoLibrary{};  // a missing cairo fails here (exit 2), not after the run

@@ -30,10 +30,11 @@ void addModelAndDataFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--init-from", f.initFrom,
                "start from these weights (the optimizer starts fresh): a Cohort checkpoint, a HuggingFace GPT-2 "
                "(model.safetensors or its directory) or an llm.c model file (gpt2_124M.bin); --model, if given, must fit them");
-  c.add_option("--data", f.data, "training data: synthetic | synthetic-cifar[:N] | mnist:DIR | cifar10:DIR | csv:FILE")
+  c.add_option("--data", f.data, std::string("training data: ") + kDataForms)
       ->capture_default_str();
   c.add_flag("--augment", f.augment, "random crop (padding 4) and horizontal flip of image samples [C,H,W] while training");
-  c.add_option("--test-data", f.testData, "test data (default: the test split of --data; none for csv)");
+  c.add_option("--test-data", f.testData,
+               "test data, any --data form (default: the test split of --data; none for csv and tokens:)");
 }
 
 // The flags of how the workers train together and where.

@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -87,6 +88,39 @@ mode_t currentUmask() {
 }
 
 }  // namespace
+
+namespace {
+
+// One component of createDirectories: 1 when it made it, 0 when it was there.
+int createDirectory(const std::string& dir, const std::string& component) {
+  struct stat st;
+  if (::stat(component.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) COHORT_THROW(IoError) << dir << ": cannot create directory " << component << ": a file is there";
+    return 0;
+  }
+  if (errno != ENOENT) throwErrno(dir, "cannot create directory " + component);
+  if (::mkdir(component.c_str(), 0777) == 0) return 1;
+  if (errno != EEXIST) throwErrno(dir, "cannot create directory " + component);
+  // Made between the look and the mkdir: another rank of this job, or another user.
+  if (::lstat(component.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+    COHORT_THROW(IoError) << dir << ": cannot create directory " << component
+                          << ": something else was created there meanwhile, not a directory of this user";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int createDirectories(const std::string& dir) {
+  int created = 0;
+  for (size_t end = dir.find('/', 1);; end = dir.find('/', end + 1)) {
+    const std::string component = dir.substr(0, end);
+    if (!component.empty() && component.back() != '/') created += createDirectory(dir, component);
+    if (end == std::string::npos) return created;
+  }
+}
+
+int createParentDirectories(const std::string& path) { return createDirectories(splitOutputPath(path).first); }
 
 std::pair<std::string, std::string> splitOutputPath(const std::string& path) {
   const size_t slash = path.rfind('/');

@@ -79,6 +79,16 @@ std::pair<std::string, std::string> splitOutputPath(const std::string& path);
 // to look are not errors.
 size_t removeStaleTemporaries(const std::string& path);
 
+// Creates the directory `dir` and its missing parents as `mkdir -p` does (mode 0777 minus the
+// umask): for the outputs whose directory a run makes, as nanoGPT makes its out_dir. A component
+// that exists is used as it is (the user's path, symbolic links included). One that appears
+// between the look and the mkdir (another rank making the same path) is taken only when it is a
+// directory of this user and no symbolic link: one another user planted there is refused. Returns
+// how many directories it created. IoError "<dir>: cannot create directory <component>: <why>".
+int createDirectories(const std::string& dir);
+// The directory `path` is in (splitOutputPath), created by createDirectories.
+int createParentDirectories(const std::string& path);
+
 // 12 random hex digits from the kernel's generator, for names another user must not predict.
 std::string unpredictableSuffix();
 

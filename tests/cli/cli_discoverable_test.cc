@@ -1,0 +1,162 @@
+// What a new language-model user finds without reading the source (issue 47, item 8): --help of
+// train, eval and predict names every --data form; the directories of --checkpoint, --metrics,
+// --tensorboard and export's output are made as nanoGPT makes its out_dir; `cohort predict` on a
+// GPT writes the distribution of the token after each window (its last position's), all of it or
+// the --top-k most likely with their text.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/random.h"
+#include "tests/cli/cli_test_support.h"
+
+namespace cohort::testing {
+namespace {
+
+constexpr int kContext = 16;
+
+// About 20 KB of short sentences: a tiny GPT learns their bytes within a few dozen steps.
+std::string sentences() {
+  const char* subjects[] = {"the cat", "a dog", "my friend"};
+  const char* verbs[] = {"sees", "likes"};
+  const char* objects[] = {"the river", "a red ball"};
+  runtime::Rng rng(3);
+  std::string text;
+  while (text.size() < 20000) {
+    text += std::string(subjects[rng.below(3)]) + " " + verbs[rng.below(2)] + " " + objects[rng.below(2)] + ".\n";
+  }
+  return text;
+}
+
+// llm.c's tokenizer layout for 256 tokens: token i is byte i.
+std::string byteTokenizer() {
+  uint32_t header[256] = {20240328, 1, 256};
+  std::string out(reinterpret_cast<const char*>(header), sizeof(header));
+  for (int i = 0; i < 256; ++i) {
+    out += static_cast<char>(1);
+    out += static_cast<char>(i);
+  }
+  return out;
+}
+
+// The records of a CSV text, each split into its fields: quoted fields may hold commas, newlines
+// and doubled quotes (RFC 4180).
+std::vector<std::vector<std::string>> readCsv(const std::string& text) {
+  std::vector<std::vector<std::string>> records(1);
+  std::string field;
+  bool quoted = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted && c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+      field += '"';
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if ((c == ',' || c == '\n') && !quoted) {
+      records.back().push_back(field);
+      field.clear();
+      if (c == '\n' && i + 1 < text.size()) records.emplace_back();
+    } else {
+      field += c;
+    }
+  }
+  return records;
+}
+
+class DiscoverableCliTest : public ShmDirTest {
+ protected:
+  void SetUp() override {
+    ShmDirTest::SetUp();
+    text_ = sentences();
+    writeFile(dir_ + "/corpus.txt", text_);
+  }
+  // A GPT trained 40 steps on the corpus, its outputs under directories that do not exist yet.
+  CommandResult trainGpt() const {
+    return runCohort({"train", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16", "--data", "text:" + dir_ + "/corpus.txt",
+                      "--optimizer", "adamw", "--lr", "0.01", "--batch-size", "16", "--max-steps", "40", "--seed", "5",
+                      "--progress-every", "0", "--checkpoint", dir_ + "/out/ckpt/run.st", "--metrics",
+                      dir_ + "/out/logs/metrics.jsonl", "--tensorboard", dir_ + "/out/tb/run1"});
+  }
+  std::string text_;
+};
+
+TEST_F(DiscoverableCliTest, HelpOfTrainEvalAndPredictNamesEveryDataForm) {
+  for (const char* command : {"train", "eval", "predict"}) {
+    const CommandResult r = runCohort({command, "--help"});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    for (const char* form : {"synthetic", "mnist:DIR", "cifar10:DIR", "csv:FILE", "text:FILE", "tokens:PATTERN",
+                             "tokens:raw:PATTERN"}) {
+      EXPECT_NE(r.stdoutText.find(form), std::string::npos) << command << " --help lacks " << form << ":\n" << r.stdoutText;
+    }
+  }
+}
+
+TEST_F(DiscoverableCliTest, TheOutputsDirectoriesAreMadeAndAFileInTheWayIsNamed) {
+  const CommandResult r = trainGpt();
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_TRUE(fileExists(dir_ + "/out/ckpt/run.st"));
+  EXPECT_TRUE(fileExists(dir_ + "/out/logs/metrics.jsonl"));
+  EXPECT_FALSE(listDir(dir_ + "/out/tb/run1").empty());
+  // export's output: a HuggingFace directory and an llm.c file, each below directories made for it.
+  for (auto [format, out] : {std::pair<std::string, std::string>{"hf", "/exports/hf/gpt"}, {"llmc", "/exports/llmc/gpt.bin"}}) {
+    const CommandResult e = runCohort({"export", dir_ + "/out/ckpt/run.st", dir_ + out, "--format", format});
+    ASSERT_EQ(e.exitCode, 0) << e.describe();
+  }
+  EXPECT_TRUE(fileExists(dir_ + "/exports/hf/gpt/model.safetensors"));
+  EXPECT_TRUE(fileExists(dir_ + "/exports/llmc/gpt.bin"));
+  // A file where a directory should be made: one line naming it, exit 2, nothing written.
+  writeFile(dir_ + "/blocker", "x");
+  const CommandResult refused = runCohort({"train", "--model", "mlp:784,10", "--max-steps", "1", "--checkpoint",
+                                           dir_ + "/blocker/run/run.st"});
+  EXPECT_EQ(refused.exitCode, 2) << refused.describe();
+  EXPECT_NE(refused.stderrText.find("cannot create directory " + dir_ + "/blocker: a file is there"), std::string::npos)
+      << refused.describe();
+}
+
+// predict's row of a window is the distribution of the next token: its most likely token is the one
+// greedy generation appends to the window's text, and --top-k K lists the full distribution's K
+// largest, best first, with the tokens' text.
+TEST_F(DiscoverableCliTest, PredictOnAGptGivesTheNextTokenAfterEachWindow) {
+  ASSERT_EQ(trainGpt().exitCode, 0);
+  const std::string ckpt = dir_ + "/out/ckpt/run.st", data = "text:" + dir_ + "/corpus.txt";
+  writeFile(dir_ + "/bytes.bin", byteTokenizer());
+  const CommandResult all = runCohort({"predict", "--checkpoint", ckpt, "--data", data, "--output", dir_ + "/all.csv"});
+  ASSERT_EQ(all.exitCode, 0) << all.describe();
+  const CommandResult top = runCohort({"predict", "--checkpoint", ckpt, "--data", data, "--output", dir_ + "/top.csv",
+                                       "--top-k", "3", "--tokenizer", dir_ + "/bytes.bin"});
+  ASSERT_EQ(top.exitCode, 0) << top.describe();
+  const auto allRows = readCsv(readFile(dir_ + "/all.csv")), topRows = readCsv(readFile(dir_ + "/top.csv"));
+  ASSERT_EQ(allRows.size(), topRows.size());
+  EXPECT_EQ(topRows[0], (std::vector<std::string>{"id1", "p1", "text1", "id2", "p2", "text2", "id3", "p3", "text3"}));
+  const int64_t testBegin = static_cast<int64_t>(text_.size()) - static_cast<int64_t>(text_.size()) / 10;
+  for (size_t w = 0; w < 4; ++w) {
+    const std::vector<std::string>& p = allRows[w + 1];
+    const std::vector<std::string>& t = topRows[w + 1];
+    ASSERT_EQ(p.size(), 257u);
+    ASSERT_EQ(t.size(), 9u);
+    for (int r = 0; r < 3; ++r) {
+      const int id = std::stoi(t[3 * r]);
+      EXPECT_EQ(t[3 * r + 1], p[id]) << "window " << w << ", rank " << r + 1;
+      EXPECT_EQ(t[3 * r + 2], std::string(1, static_cast<char>(id)));
+      if (r > 0) EXPECT_GE(std::stod(t[3 * r - 2]), std::stod(t[3 * r + 1]));
+    }
+    EXPECT_EQ(std::stoi(p[256]), std::stoi(t[0])) << "the predicted token is the most likely";
+    // Greedy generation from the window's text appends that token (the test windows follow each
+    // other from the last 10% of the text, kContext bytes apart).
+    const std::string window = text_.substr(testBegin + w * kContext, kContext);
+    const CommandResult g = runCohort({"generate", "--checkpoint", ckpt, "--prompt", window, "--tokens", "1", "--top-k", "1"});
+    ASSERT_EQ(g.exitCode, 0) << g.describe();
+    ASSERT_GT(g.stdoutText.size(), window.size()) << g.describe();
+    EXPECT_EQ(static_cast<unsigned char>(g.stdoutText[window.size()]), std::stoi(t[0])) << "window '" << window << "'";
+  }
+  const CommandResult bad = runCohort({"predict", "--checkpoint", ckpt, "--data", data, "--output", dir_ + "/x.csv",
+                                       "--tokenizer", dir_ + "/bytes.bin"});
+  EXPECT_EQ(bad.exitCode, 2) << bad.describe();
+  EXPECT_NE(bad.stderrText.find("--tokenizer is for --top-k K"), std::string::npos) << bad.describe();
+}
+
+}  // namespace
+}  // namespace cohort::testing
