@@ -144,7 +144,11 @@ CheckpointLock::CheckpointLock(const std::string& path) {
     char host[256] = "unknown host";
     ::gethostname(host, sizeof host - 1);
     const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
-    if (::ftruncate(fd.get(), 0) == 0) (void)::pwrite(fd.get(), me.data(), me.size(), 0);  // only says who: best effort
+    // Says who holds it, for the message of a second run; a lock file that cannot take these few
+    // bytes is a directory that will not take a checkpoint either.
+    if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+      refuseWithErrno(path, "cannot record this run in the lock file " + lockPath_);
+    }
     fd_ = fd.release();
     return;
   }
