@@ -48,10 +48,17 @@ bool endsInNonSpace(std::string_view text, size_t end) {
   return false;
 }
 
-// The last place in text(from, size) where a document may be cut (see the header), or 0.
-size_t lastCut(std::string_view text, size_t from) {
-  for (size_t p = text.size() - 1; p > from; --p) {
-    if (isCutSpace(text[p]) && endsInNonSpace(text, p)) return p;
+bool isCut(std::string_view text, size_t p) { return isCutSpace(text[p]) && endsInNonSpace(text, p); }
+
+// A place in text(from, size) where a document may be cut (see the header): the last at or before
+// `target`, else the first after it; 0 when there is none.
+size_t findCut(std::string_view text, size_t from, size_t target) {
+  target = std::min(target, text.size() - 1);
+  for (size_t p = target; p > from; --p) {
+    if (isCut(text, p)) return p;
+  }
+  for (size_t p = target + 1; p < text.size(); ++p) {
+    if (isCut(text, p)) return p;
   }
   return 0;
 }
@@ -170,7 +177,7 @@ bool CorpusReader::takeFilePiece(CorpusBatch& batch) {
     return false;
   }
   if (buffer_.size() - begin_ < options_.batchBytes) return false;
-  const size_t cut = lastCut(buffer_, begin_);
+  const size_t cut = findCut(buffer_, begin_, begin_ + options_.batchBytes);
   if (cut == 0) return false;  // no place to cut yet: read on
   emit(batch, begin_, cut, false);
   begin_ = cut;
@@ -199,7 +206,7 @@ bool CorpusReader::takeLine(CorpusBatch& batch, bool json) {
                                   << options_.maxLineBytes << " bytes";
   }
   if (json || held < options_.batchBytes) return false;
-  const size_t cut = lastCut(buffer_, begin_);
+  const size_t cut = findCut(buffer_, begin_, begin_ + options_.batchBytes);
   if (cut == 0) return false;
   emit(batch, begin_, cut, false);
   begin_ = cut;

@@ -154,7 +154,7 @@ void expectRefused(const std::string& dir, const std::string& tokenizer, const s
   writeFile(file, lines);
   for (const char* threads : {"1", "2"}) {
     const CommandResult r = runCohort({"tokenize", "--tokenizer", tokenizer, "--out-dir", out, "--threads", threads,
-                                       "--shard-tokens", "1000", file});
+                                       "--shard-tokens", "100000", file});
     EXPECT_EQ(r.exitCode, 2) << r.describe();
     EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
     EXPECT_NE(r.stderrText.find(file + ":" + std::to_string(badLine) + ": " + problem), std::string::npos)
@@ -203,6 +203,19 @@ TEST_F(TokenizeTest, ExistingShardsNeedForce) {
   r = tokenize({"--force"});  // one shard of 100M tokens: the old ones it did not replace are removed
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_EQ(listDir(out), (std::vector<std::string>{"data_train_000000.bin", "other.bin"}));
+}
+
+// Not a terminal: plain lines, each whole, never a carriage return or an escape sequence.
+TEST_F(TokenizeTest, ProgressIsPlainLinesOffATerminal) {
+  writeFile(dir_ + "/in.txt", corpus(12));  // 3.6 MB: several batches
+  const CommandResult r = runCohort({"tokenize", "--tokenizer", tokenizer_, "--out-dir", dir_ + "/out", "--threads", "1",
+                                     "--progress-every", "0.001", dir_ + "/in.txt"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  const std::vector<std::string> lines = linesWith(r.stdoutText, "tokenize: ");
+  EXPECT_GE(lines.size(), 1u) << r.stdoutText;
+  for (const std::string& line : lines) EXPECT_NE(line.find(" MB/s "), std::string::npos) << line;
+  EXPECT_EQ(r.stdoutText.find_first_of("\r\x1b"), std::string::npos) << r.stdoutText;
+  EXPECT_NE(r.stdoutText.find("train: "), std::string::npos) << r.stdoutText;
 }
 
 TEST_F(TokenizeTest, RefusesWhatDoesNotFit) {
