@@ -216,6 +216,10 @@ void printSplit(const std::vector<runtime::data::WrittenShard>& shards, runtime:
     if (!first) first = &s;
     last = &s;
   }
+  if (count == 0 && split == runtime::data::TokenSplit::kVal) {
+    std::printf("val: none (--val-tokens N or --val-fraction F makes one)\n");
+    return;
+  }
   std::printf("%s: %lld tokens in %lld shard%s", runtime::data::tokenSplitName(split), static_cast<long long>(tokens),
               static_cast<long long>(count), count == 1 ? "" : "s");
   if (first) std::printf(": %s%s%s", first->path.c_str(), count > 1 ? " .. " : "", count > 1 ? last->path.c_str() : "");

@@ -13,9 +13,11 @@
 // whitespace byte (' ', '\t', '\n', '\r') that follows a character that is not whitespace. No piece of
 // the pattern holds both a non-whitespace character and a whitespace after it, and the pattern has
 // no lookbehind, so the pieces of the whole are the pieces of its parts, and so are its tokens
-// (tests/cli/cli_tokenize_test compares with tiktoken's encoding of the whole). Memory is therefore
-// bounded by the batch size, except for a stretch of text without such a place (a megabyte without
-// a space or line break), which is held whole; and a JSON line, held whole up to maxLineBytes.
+// (tests/nn/corpus_reader_test and tests/cli/cli_tokenize_test compare with the whole's encoding).
+// A piece ends at the last such place within batchBytes, else at the first after it. Memory is
+// therefore bounded by the batch size, except for a stretch of text without such a place (no space
+// or line break after a visible character), which is held whole; and a JSON line, held whole up to
+// maxLineBytes.
 //
 // Errors: IoError naming the file (cannot open, read failed: runtime/data/regular_file.h's rules;
 // a FIFO or device is refused); InvalidArgument "FILE:LINE: a JSON line longer than N bytes".
