@@ -4,7 +4,7 @@
 # each (10^6 bytes of input per second, the command's own summary line: reading, JSON, encoding and
 # writing the shards) and their ratio (issue 47: >= 1.7 on 2 cores; only on a machine with two cores
 # free: the load average is printed beside it), and the CPU seconds each spent per 100 MB; then its peak resident memory
-# (/usr/bin/time's maximum RSS) on a SMALL_MB and a LARGE_MB input, which must stay within 50 MB of
+# (VmHWM, from the summary line) on a SMALL_MB and a LARGE_MB input, which must stay within 50 MB of
 # each other (exit 1 otherwise). The corpus: every paragraph of /usr/share/common-licenses as the
 # "text" of a JSON line, numbered, repeated to the size asked; the tokenizer GPT-2's ranks from npm's
 # tiktoken (tests/nn/tiktoken_gpt2.js; scripts/setup installs it).
@@ -45,14 +45,19 @@ make_corpus() {
   }' "$work/paragraphs" >"$2"
 }
 
-# run_tokenize THREADS INPUT: the MB/s of the run's summary line, and the CPU seconds (user + system,
-# all threads) per 100 MB of input: the work, which a second thread must not grow.
+# run_tokenize THREADS INPUT [FLAGS]: the run's summary line, whose figures the bench reads.
 run_tokenize() {
   rm -rf "$work/out"
-  /usr/bin/time -f "%U %S" -o "$work/cpu" "$cohort" tokenize --tokenizer "$work/gpt2.tiktoken" --out-dir "$work/out" \
-    --threads "$1" --progress-every 0 --val-tokens 100000 "$2" >"$work/run.log"
-  mbs=$(sed -n 's/^tokenized .*: \([0-9.]*\) MB\/s.*/\1/p' "$work/run.log")
-  awk -v mbs="$mbs" -v bytes="$(stat -c %s "$2")" '{ printf "%s %.2f\n", mbs, ($1 + $2) * 1e8 / bytes }' "$work/cpu"
+  "$cohort" tokenize --tokenizer "$work/gpt2.tiktoken" --out-dir "$work/out" --threads "$1" --progress-every 0 \
+    "${@:3}" "$2" | grep '^tokenized '
+}
+
+# speed THREADS INPUT: the MB/s and the CPU seconds (user + system, all threads: the work, which a
+# second thread must not grow) per 100 MB of input.
+speed() {
+  run_tokenize "$1" "$2" --val-tokens 100000 |
+    sed -n 's/.*: \([0-9.]*\) MB\/s.*; CPU \([0-9.]*\) s.*/\1 \2/p' |
+    awk -v bytes="$(stat -c %s "$2")" '{ printf "%s %.2f\n", $1, $2 * 1e8 / bytes }'
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -63,8 +68,8 @@ echo "speed: $(stat -c %s "$work/speed.jsonl") bytes of .jsonl, $REPS runs per t
 : >"$work/t1"
 : >"$work/t2"
 for _ in $(seq "$REPS"); do
-  run_tokenize 1 "$work/speed.jsonl" >>"$work/t1"
-  run_tokenize 2 "$work/speed.jsonl" >>"$work/t2"
+  speed 1 "$work/speed.jsonl" >>"$work/t1"
+  speed 2 "$work/speed.jsonl" >>"$work/t2"
 done
 one=$(cut -d' ' -f1 "$work/t1" | median)
 two=$(cut -d' ' -f1 "$work/t2" | median)
@@ -74,14 +79,12 @@ echo "load average before and after: $load_before / $(cut -d' ' -f1-3 /proc/load
 awk -v a="$one" -v b="$two" 'BEGIN { printf "ratio 2/1 threads %.2f\n", b / a }'
 rm -f "$work/speed.jsonl"
 
-# peak_rss MB: /usr/bin/time's maximum resident set of a default run (every CPU) on MB of input, in MB.
+# peak_rss MB: the peak resident memory of a run with every CPU on MB of input (the summary line's,
+# the kernel's VmHWM), in MB.
 peak_rss() {
   make_corpus "$1" "$work/rss.jsonl"
-  rm -rf "$work/out"
-  /usr/bin/time -f "%M" -o "$work/rss" "$cohort" tokenize --tokenizer "$work/gpt2.tiktoken" --out-dir "$work/out" \
-    --progress-every 0 "$work/rss.jsonl" >"$work/run.log"
+  run_tokenize "$(nproc)" "$work/rss.jsonl" | sed -n 's/.*peak RSS \([0-9.]*\) MB$/\1/p'
   rm -rf "$work/out" "$work/rss.jsonl"
-  awk '{ printf "%.1f\n", $1 / 1024 }' "$work/rss"
 }
 small=$(peak_rss "$SMALL_MB")
 large=$(peak_rss "$LARGE_MB")

@@ -1,6 +1,7 @@
 #include "cli/tokenize_command.h"
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "nn/tokenizer.h"                        // GPT-2's tokenizer
 #include "runtime/data/token_shard_writer.h"     // llm.c's shards
 #include "runtime/error.h"
+#include "runtime/process_memory.h"              // the summary's peak RSS
 
 namespace cohort::cli {
 
@@ -277,9 +279,15 @@ int runTokenize(const TokenizeFlags& flags) {
   const double seconds = std::max(now() - start, 1e-9);
   printSplit(shards, runtime::data::TokenSplit::kVal);
   printSplit(shards, runtime::data::TokenSplit::kTrain);
-  std::printf("tokenized %lld documents, %.1f MB, in %.1f s with %d thread%s: %.1f MB/s, %lld tokens\n",
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const double cpu = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                     static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+  std::printf("tokenized %lld documents, %.1f MB, in %.1f s with %d thread%s: %.1f MB/s, %lld tokens; CPU %.2f s, "
+              "peak RSS %.1f MB\n",
               static_cast<long long>(split.documents()), static_cast<double>(inputBytes) / 1e6, seconds, threads,
-              threads == 1 ? "" : "s", static_cast<double>(inputBytes) / 1e6 / seconds, static_cast<long long>(tokens));
+              threads == 1 ? "" : "s", static_cast<double>(inputBytes) / 1e6 / seconds, static_cast<long long>(tokens),
+              cpu, static_cast<double>(runtime::processMemory().peakResidentBytes) / 1e6);
   return 0;
 }
 

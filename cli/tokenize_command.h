@@ -19,7 +19,9 @@
 // terminal one line rewritten in place, otherwise a plain line every --progress-every seconds (0: none).
 // --out-dir is created (mode 0755, parents too) and must not be a symbolic link; shards of NAME already
 // in it are refused unless --force, which replaces them and removes those of NAME the run did not
-// write. A run that fails removes the shards it wrote.
+// write. A run that fails removes the shards it wrote. stdout ends with one line per split and
+// "tokenized D documents, X MB, in T s with N threads: R MB/s, K tokens; CPU C s, peak RSS M MB"
+// (bench/tokenize_bench.sh reads it).
 // Exit 2 with one line (InvalidArgument, IoError): a bad flag, an unreadable input or tokenizer, a
 // tokenizer of more than 65536 tokens or without "<|endoftext|>", a bad JSON line (FILE:LINE: invalid
 // UTF-8, bad JSON, no "text" string), existing shards without --force, a write that fails.
