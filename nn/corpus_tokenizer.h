@@ -5,9 +5,9 @@
 //
 // How the work flows: the calling thread reads a batch (about a megabyte of text) and queues it; each
 // of options.threads threads takes the next queued batch, parses its JSON lines, and encodes it with
-// its own Encoder; the calling thread hands the oldest batch to `sink` as soon as it is done, so the
-// ids come out in input order whatever the number of threads, and at most 2 x threads + 1 batches are
-// held at once (memory does not grow with the input).
+// its own Encoder; once 2 x threads + 1 batches are held, the calling thread waits for the oldest and
+// hands it to `sink` (the rest at the end), so the ids come out in input order whatever the number of
+// threads, and memory does not grow with the input.
 //
 // A JSON line's document is its "text" string (nlohmann's parser: escapes, \uXXXX and surrogate
 // pairs decoded; a lone surrogate refused). Errors, one line, thrown on the calling thread in input
@@ -15,8 +15,9 @@
 // at byte N of the line", "FILE:LINE: bad JSON: ...", "FILE:LINE: no \"text\" string in the JSON
 // object" (or "a JSON line must be an object"); a tokenizer without "<|endoftext|>", or with ids past
 // 65535 (llm.c's shards hold uint16); the reader's IoError; TimeoutError when a batch is not encoded
-// within 10 minutes (a bug: a megabyte takes milliseconds).
-// Thread safety: one call per reader; `sink` and `progress` run on the calling thread.
+// within 10 minutes (a bug: a megabyte takes tens of milliseconds); whatever `sink` throws. The
+// threads are joined before the call returns or throws.
+// Thread safety: one call per reader; `sink` runs on the calling thread.
 //
 //   tokenizeCorpus(reader, tokenizer, {.threads = 2}, [&](const EncodedBatch& b) { write(b.tokens); });
 #pragma once
