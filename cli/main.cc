@@ -4,6 +4,7 @@
 //   generate text from a gpt checkpoint (cli/generate_command.h)
 //   export   a gpt's weights for HuggingFace or llm.c (cli/export_command.h)
 //   devices  list the CPU and CUDA devices of this machine
+//   tokenize text corpora into llm.c's token shards (cli/tokenize_command.h)
 //   plot     draw loss and accuracy curves from metrics files (cli/plot_command.h)
 //   bench    benchmarks (bench/)
 // and --version ("cohort MAJOR.MINOR.PATCH", from VERSION: runtime/version.h).
@@ -23,6 +24,7 @@
 #include "cli/flag_values.h"          // describeParseError
 #include "cli/generate_command.h"     // cohort generate
 #include "cli/plot_command.h"         // cohort plot
+#include "cli/tokenize_command.h"     // cohort tokenize
 #include "cli/train_command.h"        // cohort train
 #include "runtime/device_query.h"     // cohort devices
 #include "runtime/error.h"            // exit codes
@@ -51,6 +53,9 @@ int run(int argc, char** argv) {
   CLI::App* exportCommand =
       app.add_subcommand("export", "a gpt's weights as HuggingFace's GPT-2 or llm.c's model file");
   cli::addExportFlags(*exportCommand, exportFlags);
+  cli::TokenizeFlags tokenizeFlags;
+  CLI::App* tokenize = app.add_subcommand("tokenize", "text corpora into llm.c's token shards (train and val)");
+  cli::addTokenizeFlags(*tokenize, tokenizeFlags);
   CLI::App* devices = app.add_subcommand("devices", "list CPU and CUDA devices");
   cli::PlotFlags plotFlags;
   CLI::App* plot = app.add_subcommand("plot", "draw loss and accuracy curves from metrics files");
@@ -84,6 +89,7 @@ int run(int argc, char** argv) {
   if (generate->parsed()) return cli::runGenerate(generateFlags);
   if (plot->parsed()) return cli::runPlot(plotFlags);
   if (exportCommand->parsed()) return cli::runExport(exportFlags);
+  if (tokenize->parsed()) return cli::runTokenize(tokenizeFlags);
   if (devices->parsed()) {
     std::string whyNone;
     auto cuda = runtime::cudaDevices(&whyNone);

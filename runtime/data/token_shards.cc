@@ -20,8 +20,8 @@
 namespace cohort::runtime::data {
 namespace {
 
-constexpr int32_t kLlmcMagic = 20240520, kLlmcVersion = 1;
-constexpr int64_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
+constexpr int32_t kLlmcMagic = kLlmcShardMagic, kLlmcVersion = kLlmcShardVersion;
+constexpr int64_t kLlmcHeaderBytes = kLlmcShardHeaderBytes;
 
 // The files `pattern` names, in name order.
 std::vector<std::string> matches(const std::string& pattern) {

@@ -45,6 +45,11 @@ namespace cohort::runtime::data {
 
 enum class ShardLayout { kLlmc, kRaw };
 
+// llm.c's header: 256 little-endian int32, [0] the magic, [1] the version, [2] the token count, the
+// rest zero (written by runtime/data/token_shard_writer.h, `cohort tokenize`).
+inline constexpr int32_t kLlmcShardMagic = 20240520, kLlmcShardVersion = 1;
+inline constexpr int64_t kLlmcShardHeaderBytes = 256 * sizeof(int32_t);
+
 // "llmc", "raw".
 const char* shardLayoutName(ShardLayout layout);
 

@@ -7,6 +7,10 @@
 //                                              per file a uint32 count, then its ids as uint32 (LE)
 //   node tiktoken_gpt2.js bench FILE SECONDS   encode_ordinary of FILE repeated for SECONDS; prints
 //                                              "tiktoken MB/s <figure> tokens <count>"
+//   node tiktoken_gpt2.js shards SPEC.json     llm.c shards as `cohort tokenize` documents its rules
+//                                              (cli/tokenize_command.h), written independently of it
+//                                              from tiktoken's ids: SPEC {inputs, split (file, lines,
+//                                              jsonl), valTokens, valFraction, shardTokens, outDir, name}
 // Exit 2 with one line when the package is missing or an argument is wrong.
 'use strict';
 const fs = require('fs');
@@ -69,6 +73,62 @@ function bench(file, seconds) {
   encoding.free();
 }
 
+// Each document of the inputs as {text, offset}: offset is its first byte in the input, all files one
+// after another. file: the whole file; lines: each non-empty line without its '\n'; jsonl: the "text"
+// of each line that is not blank.
+function documents(spec) {
+  const docs = [];
+  let base = 0;
+  for (const file of spec.inputs) {
+    const bytes = fs.readFileSync(file);
+    if (spec.split === 'file') {
+      docs.push({text: bytes.toString('utf8'), offset: base});
+    } else {
+      for (let start = 0; start < bytes.length;) {
+        let end = bytes.indexOf(0x0a, start);
+        if (end < 0) end = bytes.length;
+        const line = bytes.subarray(start, end).toString('utf8');
+        if (spec.split === 'lines' && line !== '') docs.push({text: line, offset: base + start});
+        if (spec.split === 'jsonl' && !/^[ \t\r]*$/.test(line)) docs.push({text: JSON.parse(line).text, offset: base + start});
+        start = end + 1;
+      }
+    }
+    base += bytes.length;
+  }
+  return {docs, totalBytes: base};
+}
+
+function writeShard(spec, split, index, tokens) {
+  const header = new Int32Array(256);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = tokens.length;
+  const name = `${spec.outDir}/${spec.name}_${split}_${String(index).padStart(6, '0')}.bin`;
+  fs.writeFileSync(name, Buffer.concat([Buffer.from(header.buffer), Buffer.from(Uint16Array.from(tokens).buffer)]));
+}
+
+function shards(specFile) {
+  const spec = JSON.parse(fs.readFileSync(specFile, 'utf8'));
+  const encoding = tiktoken.get_encoding('gpt2');
+  const {docs, totalBytes} = documents(spec);
+  const valBytes = Math.floor((spec.valFraction || 0) * totalBytes);
+  const splits = {val: [], train: []};
+  for (const doc of docs) {
+    const inVal = splits.train.length === 0 &&
+        (spec.valTokens > 0 ? splits.val.length < spec.valTokens : doc.offset < valBytes);
+    const into = inVal ? splits.val : splits.train;
+    into.push(50256);
+    for (const id of encoding.encode_ordinary(doc.text)) into.push(id);
+  }
+  let index = 0;
+  for (const split of ['val', 'train']) {
+    for (let at = 0; at < splits[split].length; at += spec.shardTokens) {
+      writeShard(spec, split, index++, splits[split].slice(at, at + spec.shardTokens));
+    }
+  }
+  encoding.free();
+}
+
 const [command, ...args] = process.argv.slice(2);
 if (command === 'ranks' && args.length === 1) {
   writeRanks(args[0]);
@@ -76,6 +136,8 @@ if (command === 'ranks' && args.length === 1) {
   encodeFiles(args[0], args.slice(1));
 } else if (command === 'bench' && args.length === 2 && Number(args[1]) > 0) {
   bench(args[0], Number(args[1]));
+} else if (command === 'shards' && args.length === 1) {
+  shards(args[0]);
 } else {
-  fail('usage: ranks OUT | encode OUT FILE... | bench FILE SECONDS');
+  fail('usage: ranks OUT | encode OUT FILE... | bench FILE SECONDS | shards SPEC.json');
 }
