@@ -14,6 +14,11 @@
 // a HuggingFace GPT-2 without config.json has its heads taken as width / 64, said on stderr
 // ("cohort eval: PATH (HuggingFace safetensors, gpt:…): heads taken as width / 64, …; give --model
 // to say otherwise").
+//   cohort eval --checkpoint F --task hellaswag FILE.jsonl [--tokenizer T]
+//     scores HellaSwag's jsonl as llm.c does (cli/hellaswag.h) and prints "RESULT hellaswag model=…
+//     items=N acc=… acc_norm=… correct=… correct_norm=…"; the text is encoded by --tokenizer (a byte
+//     model: its bytes). Under cohortrun each rank scores a contiguous share of the items and the
+//     counts are summed (an all-reduce), so the figures are one worker's exactly; rank 0 prints them.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,9 @@ struct EvalFlags {
   std::string output;          // predict: the CSV file to write
   int64_t batchSize = 1000;
   int threads = 1;
+  std::string task;       // eval: "hellaswag" scores taskFile (cli/hellaswag.h) instead of --data
+  std::string taskFile;   // eval: the task's file (HellaSwag's jsonl)
+  std::string tokenizer;  // eval --task: GPT-2's tokenizer (file or folder) that encodes the task's text
 };
 
 void addEvalFlags(CLI::App& app, EvalFlags& flags, bool predict);

@@ -34,6 +34,9 @@ void addModelAndDataFlags(CLI::App& c, TrainFlags& f) {
       ->capture_default_str();
   c.add_flag("--augment", f.augment, "random crop (padding 4) and horizontal flip of image samples [C,H,W] while training");
   c.add_option("--test-data", f.testData, "test data (default: the test split of --data; none for csv)");
+  c.add_option("--tokenizer", f.tokenizer,
+               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
+               "merges.txt, tiktoken's .tiktoken): encode --prompt, print tokens as text");
 }
 
 // The flags of how the workers train together and where.
