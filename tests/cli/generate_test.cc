@@ -249,6 +249,19 @@ TEST_F(GenerateCliTest, AnotherTokenizerThanTheCheckpointsIsWarnedAbout) {
             std::string::npos)
       << r.describe();
   EXPECT_EQ(r.stdoutText.rfind("the", 0), 0u) << r.describe();
+  // `cohort export --format hf` carries the digest, and generate reads it from the export too.
+  CommandResult exported = runCohort({"export", "--format", "hf", path("gpt300.ckpt"), path("gpt300-hf")});
+  ASSERT_EQ(exported.exitCode, 0) << exported.describe();
+  EXPECT_EQ(nn::readSafetensors(path("gpt300-hf/model.safetensors")).metadata.at("cohort_tokenizer_digest"), trained);
+  for (const char* tokenizer : {"other300.bin", "tokenizer300.bin"}) {
+    CommandResult hf = runCohort({"generate", "--checkpoint", path("gpt300-hf"), "--prompt", "the", "--tokens", "3",
+                                  "--tokenizer", path(tokenizer)});
+    ASSERT_EQ(hf.exitCode, 0) << hf.describe();
+    const bool other = std::string(tokenizer) == "other300.bin";
+    EXPECT_EQ(hf.stderrText.find("warning: " + path(tokenizer) + " is tokenizer") != std::string::npos, other)
+        << hf.describe();
+    if (!other) EXPECT_EQ(hf.stderrText, "") << hf.describe();
+  }
   // gpt.ckpt was trained on text:, without a tokenizer: it records none.
   EXPECT_EQ(nn::readCheckpoint(path("gpt.ckpt")).metadata.count("tokenizer_digest"), 0u);
 }

@@ -146,6 +146,24 @@ def bad_input(cohort, base, work):
     return failures
 
 
+def sharded(cohort, cohortrun, spec, shard, tok, data, work):
+    """A sharded (ZeRO-1) checkpoint of two workers records the tokenizer's digest in its manifest, as a
+    whole-model checkpoint does, and --task hellaswag reads it."""
+    manifest = os.path.join(work, "zero.st")
+    subprocess.run([cohortrun, "--nproc-per-node", "2", "--", cohort, "train", "--threads", "1", "--model", spec,
+                    "--data", "tokens:raw:" + shard, "--tokenizer", tok, "--mode", "allreduce", "--zero", "1",
+                    "--max-steps", "3", "--epochs", "1", "--progress-every", "0", "--checkpoint", manifest],
+                   check=True, stdout=subprocess.DEVNULL)
+    _, whole = read_safetensors(os.path.join(work, "gpt.st"))
+    _, metadata = read_safetensors(manifest)
+    n, _, _, line = cohort_counts([cohort, "eval", "--checkpoint", manifest, "--tokenizer", tok, "--task", "hellaswag",
+                                   data])
+    ok = "sharded_checkpoint" in metadata and metadata.get("tokenizer_digest") == whole["tokenizer_digest"] and n == 20
+    print(("ok   " if ok else "FAIL ") + f"a ZeRO-1 checkpoint records tokenizer_digest {metadata.get('tokenizer_digest')} "
+          f"(the whole-model one: {whole.get('tokenizer_digest')}); {line}")
+    return not ok
+
+
 def main():
     if len(sys.argv) != 4:
         print(__doc__)
@@ -197,6 +215,7 @@ def main():
     for what, ok in checks.items():
         print(("ok   " if ok else "FAIL ") + what)
         failures += not ok
+    failures += sharded(cohort, cohortrun, spec, shard, tok, data, work)
     failures += bad_input(cohort, base, work)
     return 1 if failures else 0
 
