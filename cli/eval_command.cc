@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -49,6 +50,7 @@ void addEvalFlags(CLI::App& c, EvalFlags& f, bool predict) {
                "hellaswag: score FILE (HellaSwag's jsonl: ctx, endings, label a line) as llm.c does, acc and "
                "acc_norm, instead of --data");
   c.add_option("file", f.taskFile, "--task's file (FILE.jsonl)");
+  c.add_option("--metrics", f.metrics, "--task: also write the figures to this file, one JSON line");
   c.add_option("--tokenizer", f.tokenizer,
                "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
                "merges.txt, tiktoken's .tiktoken): encodes --task's text (a byte model without one: its bytes)");
@@ -122,12 +124,30 @@ HellaSwagCounts sumOverRanks(const HellaSwagCounts& mine, const runtime::WorldIn
   return {.items = all[0], .correct = all[1], .correctNorm = all[2]};
 }
 
+// --metrics: the figures as one JSON line, written as every output is (runtime/output_file.h).
+void writeTaskMetrics(const std::string& path, const HellaSwagCounts& c) {
+  const double n = static_cast<double>(c.items);
+  auto shortest = [](double v) {  // the shortest text that reads back as v
+    char text[32];
+    return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
+  };
+  std::ostringstream line;
+  line << "{\"task\":\"hellaswag\",\"items\":" << c.items << ",\"acc\":" << shortest(c.correct / n)
+       << ",\"acc_norm\":" << shortest(c.correctNorm / n) << ",\"correct\":" << c.correct
+       << ",\"correct_norm\":" << c.correctNorm << "}\n";
+  runtime::OutputFile file(path, {.mode = runtime::OutputMode::kUserVisible});
+  const std::string text = line.str();
+  file.write(text.data(), text.size());
+  file.commit();
+}
+
 int runHellaSwag(const EvalFlags& f) {
   if (f.task != "hellaswag") COHORT_THROW(InvalidArgument) << "unknown --task '" << f.task << "': expected hellaswag";
   if (f.taskFile.empty())
     COHORT_THROW(InvalidArgument) << "--task hellaswag needs its file: cohort eval --task hellaswag FILE.jsonl";
   const runtime::WorldInfo world = runtime::WorldInfo::detect();
   runtime::cpu::setBlasThreads(f.threads);
+  if (!f.metrics.empty() && world.rank == 0) nn::checkOutputFile(f.metrics, "metrics");  // before the scoring
   const nn::ModelWeights weights = nn::readModelWeights(f.checkpoint);
   std::unique_ptr<nn::Model> model = nn::modelOf(weights, f.model);
   if (weights.headsAssumed && f.model.empty() && world.rank == 0) {
@@ -165,6 +185,7 @@ int runHellaSwag(const EvalFlags& f) {
                                   << " holds " << items.size() << " here: give every rank the same file";
   }
   if (world.rank == 0) {
+    if (!f.metrics.empty()) writeTaskMetrics(f.metrics, all);
     const double n = static_cast<double>(all.items);
     std::printf("RESULT hellaswag model=%s items=%lld acc=%.4f acc_norm=%.4f correct=%lld correct_norm=%lld\n",
                 model->name.c_str(), static_cast<long long>(all.items), all.correct / n, all.correctNorm / n,

@@ -18,7 +18,9 @@
 //     scores HellaSwag's jsonl as llm.c does (cli/hellaswag.h) and prints "RESULT hellaswag model=…
 //     items=N acc=… acc_norm=… correct=… correct_norm=…"; the text is encoded by --tokenizer (a byte
 //     model: its bytes). Under cohortrun each rank scores a contiguous share of the items and the
-//     counts are summed (an all-reduce), so the figures are one worker's exactly; rank 0 prints them.
+//     counts are summed (an all-reduce), so the figures are one worker's exactly; rank 0 prints them,
+//     and with --metrics FILE writes them as one JSON line {"task":"hellaswag","items":N,"acc":…,
+//     "acc_norm":…,"correct":…,"correct_norm":…} (a fresh temporary renamed over FILE).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,7 @@ struct EvalFlags {
   std::string task;       // eval: "hellaswag" scores taskFile (cli/hellaswag.h) instead of --data
   std::string taskFile;   // eval: the task's file (HellaSwag's jsonl)
   std::string tokenizer;  // eval --task: GPT-2's tokenizer (file or folder) that encodes the task's text
+  std::string metrics;    // eval --task: a JSON line of the figures written here (rank 0)
 };
 
 void addEvalFlags(CLI::App& app, EvalFlags& flags, bool predict);

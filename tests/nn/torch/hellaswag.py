@@ -143,6 +143,16 @@ def bad_input(cohort, base, work):
         ok = r.returncode == 2 and r.stderr.count("\n") == 1 and (path + phrase) in r.stderr and r.stdout == ""
         print(("ok   " if ok else "FAIL ") + f"bad line {n}: exit {r.returncode}: {r.stderr.strip()}")
         failures += not ok
+    # Usage: each one line, exit 2 (a vocabulary past bytes needs --tokenizer).
+    usage = [(["--checkpoint", base[1], "--task", "hellaswag"], "--task hellaswag needs its file"),
+             (["--checkpoint", base[1], "--task", "mmlu", path], "unknown --task 'mmlu': expected hellaswag"),
+             (["--checkpoint", base[1], path], "is for --task hellaswag"),
+             (["--checkpoint", base[1], "--task", "hellaswag", path], "not bytes: give --tokenizer")]
+    for args, phrase in usage:
+        r = subprocess.run([cohort, "eval"] + args, capture_output=True, text=True)
+        ok = r.returncode == 2 and r.stderr.count("\n") == 1 and phrase in r.stderr and r.stdout == ""
+        print(("ok   " if ok else "FAIL ") + f"usage: exit {r.returncode}: {r.stderr.strip()}")
+        failures += not ok
     return failures
 
 
@@ -194,7 +204,10 @@ def main():
         f.write("".join(json.dumps(ex) + "\n" for ex in examples))
 
     base = ["--checkpoint", checkpoint, "--tokenizer", tok, "--task", "hellaswag"]
-    n1, c1, cn1, line1 = cohort_counts([cohort, "eval"] + base + [data])
+    metrics = os.path.join(work, "hellaswag.json")
+    n1, c1, cn1, line1 = cohort_counts([cohort, "eval"] + base + ["--metrics", metrics, data])
+    with open(metrics) as f:
+        written = json.loads(f.read())
     n2, c2, cn2, line2 = cohort_counts([cohortrun, "--nproc-per-node", "2", "--", cohort, "eval"] + base + [data])
     torch.set_num_threads(1)
     correct, correct_norm, cropped = reference(checkpoint, examples, ranks, vocab)
@@ -208,6 +221,8 @@ def main():
         "acc (correct) equals the reference's": c1 == correct,
         "acc_norm (correct_norm) equals the reference's": cn1 == correct_norm,
         "two workers give one worker's counts": (c2, cn2) == (c1, cn1),
+        "--metrics holds the same figures": written == {"task": "hellaswag", "items": 20, "acc": c1 / 20,
+                                                        "acc_norm": cn1 / 20, "correct": c1, "correct_norm": cn1},
         "the figures are not trivial (neither 0 nor all)": 0 < correct < len(examples) and 0 < correct_norm < len(examples),
         "some rows were cropped": cropped > 0,
     }
