@@ -4,8 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <span>
+#include <string_view>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -14,15 +19,18 @@
 #include <vector>
 
 #include "cli/flag_values.h"    // kDataForms
+#include "cli/hellaswag.h"      // --task hellaswag
 #include "nn/checkpoint.h"      // the checkpoint file
+#include "nn/gpt.h"             // --task: the model's vocabulary
+#include "nn/tokenizer.h"       // --task: --tokenizer encodes the text
 #include "nn/loss.h"            // losses
 #include "nn/model_weights.h"   // --checkpoint: Cohort's, HuggingFace's or llm.c's
-#include "nn/tokenizer.h"       // predict --tokenizer
 #include "runtime/cpu/blas.h"   // --threads
 #include "runtime/data/dataset.h"
 #include "runtime/error.h"
 #include "runtime/output_file.h"
-#include "train/evaluate.h"     // evaluate
+#include "runtime/world_info.h"
+#include "train/evaluate.h"     // evaluate; sumOverRanks for --task under cohortrun
 
 namespace cohort::cli {
 
@@ -51,6 +59,15 @@ void addEvalFlags(CLI::App& c, EvalFlags& f, bool predict) {
                "samples per forward pass (a gpt's: at most 4096 positions' worth, as training's evaluation)")
       ->capture_default_str();
   c.add_option("--threads", f.threads, "BLAS threads")->capture_default_str();
+  if (predict) return;
+  c.add_option("--task", f.task,
+               "hellaswag: score FILE (HellaSwag's jsonl: ctx, endings, label a line) as llm.c does, acc and "
+               "acc_norm, instead of --data");
+  c.add_option("file", f.taskFile, "--task's file (FILE.jsonl)");
+  c.add_option("--metrics", f.metrics, "--task: also write the figures to this file, one JSON line");
+  c.add_option("--tokenizer", f.tokenizer,
+               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
+               "merges.txt, tiktoken's .tiktoken): encodes --task's text (a byte model without one: its bytes)");
 }
 
 namespace {
@@ -108,9 +125,96 @@ Applied open(const EvalFlags& f, const char* command) {
   return a;
 }
 
+// Each rank's share of n items: [n·r/W, n·(r+1)/W).
+std::pair<size_t, size_t> shareOf(size_t n, const runtime::WorldInfo& world) {
+  const size_t r = static_cast<size_t>(world.rank), w = static_cast<size_t>(world.worldSize);
+  return {n * r / w, n * (r + 1) / w};
+}
+
+// The ranks' counts summed (each scored its share).
+HellaSwagCounts sumOverRanks(const HellaSwagCounts& mine, const runtime::WorldInfo& world) {
+  const int64_t counts[3] = {mine.items, mine.correct, mine.correctNorm};
+  const std::vector<int64_t> all = train::sumOverRanks(counts, world, std::chrono::seconds(300));
+  return {.items = all[0], .correct = all[1], .correctNorm = all[2]};
+}
+
+// --metrics: the figures as one JSON line, written as every output is (runtime/output_file.h).
+void writeTaskMetrics(const std::string& path, const HellaSwagCounts& c) {
+  const double n = static_cast<double>(c.items);
+  auto shortest = [](double v) {  // the shortest text that reads back as v
+    char text[32];
+    return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
+  };
+  std::ostringstream line;
+  line << "{\"task\":\"hellaswag\",\"items\":" << c.items << ",\"acc\":" << shortest(c.correct / n)
+       << ",\"acc_norm\":" << shortest(c.correctNorm / n) << ",\"correct\":" << c.correct
+       << ",\"correct_norm\":" << c.correctNorm << "}\n";
+  runtime::OutputFile file(path, {.mode = runtime::OutputMode::kUserVisible});
+  const std::string text = line.str();
+  file.write(text.data(), text.size());
+  file.commit();
+}
+
+int runHellaSwag(const EvalFlags& f) {
+  if (f.task != "hellaswag") COHORT_THROW(InvalidArgument) << "unknown --task '" << f.task << "': expected hellaswag";
+  if (f.taskFile.empty())
+    COHORT_THROW(InvalidArgument) << "--task hellaswag needs its file: cohort eval --task hellaswag FILE.jsonl";
+  const runtime::WorldInfo world = runtime::WorldInfo::detect();
+  runtime::cpu::setBlasThreads(f.threads);
+  if (!f.metrics.empty() && world.rank == 0) nn::checkOutputFile(f.metrics, "metrics");  // before the scoring
+  const nn::ModelWeights weights = nn::readModelWeights(f.checkpoint);
+  std::unique_ptr<nn::Model> model = nn::modelOf(weights, f.model);
+  if (weights.headsAssumed && f.model.empty() && world.rank == 0) {
+    std::fprintf(stderr, "cohort eval: %s; give --model to say otherwise\n", nn::describeWeights(weights).c_str());
+  }
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(model->net.get());
+  if (gpt == nullptr) {
+    COHORT_THROW(InvalidArgument) << f.checkpoint << " holds model " << model->name
+                                  << ", but --task hellaswag needs a gpt: model (trained with --model gpt:...)";
+  }
+  HellaSwagOptions options{.path = f.taskFile};
+  Encode encode;
+  std::optional<nn::Tokenizer> tokenizer;
+  if (!f.tokenizer.empty()) {
+    tokenizer = nn::Tokenizer::read(f.tokenizer);
+    options.scoredVocab = tokenizer->size();
+    encode = [&](std::string_view text) { return tokenizer->encode(text); };
+  } else if (gpt->options().vocab <= 256) {
+    // The bytes, 0..255 (a signed char would make them negative).
+    encode = [](std::string_view text) {
+      return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                                  reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+    };
+  } else {
+    COHORT_THROW(InvalidArgument) << "model " << model->name << " has a vocabulary of " << gpt->options().vocab
+                                  << " tokens, not bytes: give --tokenizer to encode the task's text";
+  }
+  const std::vector<HellaSwagItem> items = readHellaSwag(f.taskFile, encode);
+  checkHellaSwag(*model, items, options);  // every rank refuses a bad file alike, before any collective
+  const auto [first, last] = shareOf(items.size(), world);
+  const HellaSwagCounts mine = scoreHellaSwag(*model, std::span(items).subspan(first, last - first), options);
+  const HellaSwagCounts all = sumOverRanks(mine, world);
+  if (all.items != static_cast<int64_t>(items.size())) {
+    COHORT_THROW(InvalidArgument) << "the ranks scored " << all.items << " HellaSwag items in all, and " << f.taskFile
+                                  << " holds " << items.size() << " here: give every rank the same file";
+  }
+  if (world.rank == 0) {
+    if (!f.metrics.empty()) writeTaskMetrics(f.metrics, all);
+    const double n = static_cast<double>(all.items);
+    std::printf("RESULT hellaswag model=%s items=%lld acc=%.4f acc_norm=%.4f correct=%lld correct_norm=%lld\n",
+                model->name.c_str(), static_cast<long long>(all.items), all.correct / n, all.correctNorm / n,
+                static_cast<long long>(all.correct), static_cast<long long>(all.correctNorm));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int runEval(const EvalFlags& f) {
+  if (!f.task.empty() || !f.taskFile.empty()) {
+    if (f.task.empty()) COHORT_THROW(InvalidArgument) << "a file (" << f.taskFile << ") is for --task hellaswag";
+    return runHellaSwag(f);
+  }
   Applied a = open(f, "eval");
   const train::Evaluation e = train::evaluate(*a.model, *a.loss, *a.data, train::evaluationChunk(*a.model, f.batchSize));
   // The same figures, formatted as cohort train's RESULT line formats them.

@@ -17,6 +17,13 @@
 // a HuggingFace GPT-2 without config.json has its heads taken as width / 64, said on stderr
 // ("cohort eval: PATH (HuggingFace safetensors, gpt:…): heads taken as width / 64, …; give --model
 // to say otherwise").
+//   cohort eval --checkpoint F --task hellaswag FILE.jsonl [--tokenizer T]
+//     scores HellaSwag's jsonl as llm.c does (cli/hellaswag.h) and prints "RESULT hellaswag model=…
+//     items=N acc=… acc_norm=… correct=… correct_norm=…"; the text is encoded by --tokenizer (a byte
+//     model: its bytes). Under cohortrun each rank scores a contiguous share of the items and the
+//     counts are summed (an all-reduce), so the figures are one worker's exactly; rank 0 prints them,
+//     and with --metrics FILE writes them as one JSON line {"task":"hellaswag","items":N,"acc":…,
+//     "acc_norm":…,"correct":…,"correct_norm":…} (a fresh temporary renamed over FILE).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +44,12 @@ struct EvalFlags {
   int64_t batchSize = 1000;
   int threads = 1;
   int64_t topK = 0;       // predict: > 0 writes the K most likely classes (tokens) and their probabilities
-  std::string tokenizer;  // predict --top-k on a gpt: each token's text beside its id
+  std::string task;       // eval: "hellaswag" scores taskFile (cli/hellaswag.h) instead of --data
+  std::string taskFile;   // eval: the task's file (HellaSwag's jsonl)
+  // GPT-2's tokenizer (file or folder): eval --task encodes the task's text with it, predict --top-k
+  // writes each token's text beside its id
+  std::string tokenizer;
+  std::string metrics;    // eval --task: a JSON line of the figures written here (rank 0)
 };
 
 void addEvalFlags(CLI::App& app, EvalFlags& flags, bool predict);

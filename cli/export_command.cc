@@ -80,7 +80,11 @@ int runExport(const ExportFlags& f) {
   }
   runtime::createParentDirectories(f.out);  // as nanoGPT makes its out_dir
   if (f.format == "hf") {
-    nn::writeHuggingFaceGpt(f.out, gpt->options(), tensors);
+    // The tokenizer the checkpoint records travels in the safetensors metadata (generate reads it back).
+    nn::Metadata extra;
+    auto digest = weights.metadata.find("tokenizer_digest");
+    if (digest != weights.metadata.end()) extra["cohort_tokenizer_digest"] = digest->second;
+    nn::writeHuggingFaceGpt(f.out, gpt->options(), tensors, extra);
   } else {
     nn::writeLlmcGpt(f.out, gpt->options(), tensors, dtype);
   }

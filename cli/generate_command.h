@@ -19,14 +19,20 @@
 // vocabulary but for a padding of fewer than 128 ids (GPT-2's 50257 in llm.c's 50304), whose ids
 // print as "<|id|>".
 //
-// stdout gets the text as it is made, one token at a time, so a long generation can be read as it
-// runs; a reader that goes away (a closed pipe: `cohort generate … | head`) ends the generation at
+// stdout gets the text as it is made, one token at a time (flushed each time, in whole UTF-8
+// characters: one split over tokens is written with its last byte, cli/utf8_stream.h), so a long
+// generation can be read as it runs; ids are printed with a '|' between the prompt's and the new
+// ones ("116,104,101|32,99"); a reader that goes away (a closed pipe: `cohort generate … | head`) ends the generation at
 // once, with exit code 0.
 // Any --tokens: past the model's context the window slides (nn::GptSampler::generate: the cache
-// restarts from the text's last context/2 tokens), as nanoGPT crops its input to the context.
+// restarts from the text's last context/2 tokens), as nanoGPT crops its input to the context. A
+// prompt longer than the context is continued from its last context tokens (nanoGPT's and
+// HuggingFace's crop), said in one line on stderr; stdout still starts with the whole prompt.
+// A checkpoint that records its tokenizer (metadata "tokenizer_digest", from `cohort train
+// --tokenizer`) given another --tokenizer: one warning line on stderr naming both digests.
 // Exit 2 with one line naming the problem (InvalidArgument, or IoError from the checkpoint reader) for
-// --tokens <= 0, --temperature <= 0 (or not finite), --top-k < 0, an empty prompt, a prompt longer than
-// the context (both lengths named) or holding a byte outside the model's vocabulary, a text prompt
+// --tokens <= 0, --temperature <= 0 (or not finite), --top-k < 0, an empty prompt, a prompt
+// holding a byte outside the model's vocabulary, a text prompt
 // for a vocabulary past bytes without --tokenizer, both prompt flags, an id that is not a number below
 // the vocabulary, a tokenizer of another vocabulary or not a tokenizer file, a checkpoint of another model than a gpt
 // (its spec named), and a missing or corrupt checkpoint file.

@@ -18,6 +18,7 @@
 #include "nn/loss.h"                   // losses
 #include "nn/model_spec.h"             // --model specs
 #include "nn/model_weights.h"          // --init-from
+#include "nn/tokenizer.h"              // --tokenizer: its digest goes into the checkpoints
 #include "runtime/cpu/blas.h"          // --threads
 #include "runtime/data/dataset.h"      // --data specs
 #include "runtime/device_query.h"      // formatBytes
@@ -194,6 +195,7 @@ struct Run {
   std::unique_ptr<data::Dataset> testSet;  // every rank holds it: the ranks evaluate a share each
   std::unique_ptr<nn::Optimizer> optimizer;
   bool classification = true;
+  std::string tokenizerDigest;  // --tokenizer's (nn::Tokenizer::digest), recorded in the checkpoints
 };
 
 // Builds the run and has the job place it (the ranks meet and agree on their settings there).
@@ -202,6 +204,7 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   run.classification = f.loss == "ce";
   std::optional<nn::ModelWeights> init;
   if (!f.initFrom.empty()) init = nn::readModelWeights(f.initFrom);
+  if (!f.tokenizer.empty()) run.tokenizerDigest = nn::Tokenizer::read(f.tokenizer).digest();
   run.spec = modelSpec(f, init ? &*init : nullptr);
   run.model = nn::buildModel(run.spec);
   applyRecompute(f, *run.model);  // --recompute, before the memory floor counts its activations
@@ -255,6 +258,7 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           .checkpointEvery = f.checkpointEvery,
           .resume = f.resume,
           .resumeOnNewData = f.resumeOnNewData,
+          .tokenizerDigest = run.tokenizerDigest,
           .asyncCheckpoints = f.asyncCheckpoints,
           .maxSteps = f.maxSteps,
           .stopRequested = &stop.requested,

@@ -35,6 +35,9 @@ void addModelAndDataFlags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--augment", f.augment, "random crop (padding 4) and horizontal flip of image samples [C,H,W] while training");
   c.add_option("--test-data", f.testData,
                "test data, any --data form (default: the test split of --data; none for csv and tokens:)");
+  c.add_option("--tokenizer", f.tokenizer,
+               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
+               "merges.txt, tiktoken's .tiktoken): its digest is recorded in checkpoints, for generate to check");
 }
 
 // The flags of how the workers train together and where.

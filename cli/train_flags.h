@@ -25,6 +25,7 @@ struct TrainFlags {
   std::string initFrom;  // weights to start from: a Cohort checkpoint, HuggingFace GPT-2 or llm.c model file
   std::string data = "synthetic";
   std::string testData;
+  std::string tokenizer;  // GPT-2's tokenizer (file or folder); its digest is recorded in the checkpoint
   bool augment = false;
   std::string mode = "local";
   std::string backend;

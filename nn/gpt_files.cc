@@ -384,7 +384,8 @@ std::string configJson(const GptOptions& o) {
 
 }  // namespace
 
-void writeHuggingFaceGpt(const std::string& out, const GptOptions& o, const std::vector<NamedTensor>& tensors) {
+void writeHuggingFaceGpt(const std::string& out, const GptOptions& o, const std::vector<NamedTensor>& tensors,
+                         const Metadata& extra) {
   std::vector<NamedTensor> hf;
   const int64_t c = o.dim;
   hf.push_back({"transformer.wte.weight", gptTensor(tensors, "transformer.wte.weight", Shape{o.vocab, c})});
@@ -397,7 +398,8 @@ void writeHuggingFaceGpt(const std::string& out, const GptOptions& o, const std:
   }
   hf.push_back({"transformer.ln_f.weight", gptTensor(tensors, "transformer.ln_f.weight", Shape{c})});
   hf.push_back({"transformer.ln_f.bias", gptTensor(tensors, "transformer.ln_f.bias", Shape{c})});
-  const Metadata metadata{{"format", "pt"}, {"cohort_model", gptSpec(o)}};
+  Metadata metadata{{"format", "pt"}, {"cohort_model", gptSpec(o)}};
+  metadata.insert(extra.begin(), extra.end());
   if (out.ends_with(".safetensors")) return writeSafetensors(out, hf, metadata);
   if (::mkdir(out.c_str(), 0755) != 0 && !(errno == EEXIST && isDirectory(out))) {
     COHORT_THROW(IoError) << out << ": cannot create the directory: " << std::strerror(errno);

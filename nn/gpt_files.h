@@ -68,9 +68,11 @@ GptFile readLlmcGpt(const std::string& path);
 
 // Writes `tensors` (nn::Gpt's, e.g. a checkpoint's) as HuggingFace's GPT2LMHeadModel saves them:
 // into the directory `out` (created if missing; its parent must exist) model.safetensors (F32, names
-// "transformer.…", Conv1D layouts, metadata {"format": "pt", "cohort_model": spec}) and config.json;
-// or, where `out` ends in ".safetensors", that file alone. Each file is written atomically.
-void writeHuggingFaceGpt(const std::string& out, const GptOptions& options, const std::vector<NamedTensor>& tensors);
+// "transformer.…", Conv1D layouts, metadata {"format": "pt", "cohort_model": spec} and `extra`'s keys,
+// e.g. "cohort_tokenizer_digest") and config.json; or, where `out` ends in ".safetensors", that file
+// alone. Each file is written atomically.
+void writeHuggingFaceGpt(const std::string& out, const GptOptions& options, const std::vector<NamedTensor>& tensors,
+                         const Metadata& extra = {});
 
 // Writes llm.c's model file: version 3 (fp32) or, for dtype kBF16, 5 (bf16, rounded to nearest
 // even); V = the model's vocabulary, Vp = V rounded up to a multiple of 128 with zero rows. Atomic.

@@ -81,6 +81,9 @@ ModelWeights readModelWeights(const std::string& path) {
   auto format = contents.metadata.find("format");
   if (format == contents.metadata.end() || format->second != kCheckpointFormat) {
     ModelWeights w = fromGptFile(huggingFaceGpt(contents, file), path);
+    // A Cohort export's record of its tokenizer (cohort export --format hf), as a checkpoint's.
+    auto digest = contents.metadata.find("cohort_tokenizer_digest");
+    if (digest != contents.metadata.end()) w.metadata["tokenizer_digest"] = digest->second;
     requireFinite(w);
     return w;
   }

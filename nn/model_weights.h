@@ -34,7 +34,9 @@ struct ModelWeights {
   bool headsAssumed = false;  // a HuggingFace GPT without config.json: heads = width / 64
   int64_t vocabulary = 0;     // a GPT's: the rows of wte that are tokens (an llm.c file may pad past them)
   std::vector<NamedTensor> tensors = {};
-  Metadata metadata = {};  // a Cohort checkpoint's (its "format" removed); other files': none
+  // A Cohort checkpoint's (its "format" removed); a Cohort HuggingFace export's "tokenizer_digest"
+  // (from its "cohort_tokenizer_digest"); other files': none.
+  Metadata metadata = {};
 };
 
 // IoError naming the file and the problem for anything unreadable, malformed or of an unknown kind,

@@ -4,6 +4,7 @@
 #include <bit>
 #include <vector>
 
+#include "collectives/communicator.h"  // sumOverRanks
 #include "nn/model_spec.h"
 #include "runtime/error.h"
 
@@ -103,6 +104,36 @@ void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::
   const nn::ParamBuffer& params = model.params;
   for (size_t i = 0; i < params.entries().size(); ++i) copy(params.entries()[i], params.value(i));
   for (size_t i = 0; i < params.bufferEntries().size(); ++i) copy(params.bufferEntries()[i], params.buffer(i));
+}
+
+namespace {
+constexpr int kCountPieces = 3;  // sumOverRanks: 16 bits each
+constexpr int kCountPieceBits = 16;
+}  // namespace
+
+std::vector<int64_t> sumOverRanks(std::span<const int64_t> counts, const runtime::WorldInfo& world,
+                                  std::chrono::milliseconds timeout) {
+  std::vector<int64_t> sums(counts.begin(), counts.end());
+  if (world.isSingle()) return sums;
+  if (world.worldSize >= 256) {
+    COHORT_THROW(InvalidArgument) << "sumOverRanks: " << world.worldSize << " ranks, at most 255 sum exactly";
+  }
+  std::vector<float> pieces(counts.size() * kCountPieces);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] < 0 || counts[i] >= (int64_t{1} << (kCountPieces * kCountPieceBits - 1))) {
+      COHORT_THROW(InvalidArgument) << "sumOverRanks: count " << counts[i] << " is outside 0..2^47";
+    }
+    for (int k = 0; k < kCountPieces; ++k) {
+      pieces[i * kCountPieces + k] = static_cast<float>((counts[i] >> (k * kCountPieceBits)) & 0xFFFF);
+    }
+  }
+  auto comm = collectives::makeCommunicator({.backend = "", .world = world, .timeout = timeout});
+  comm->allReduce(pieces.data(), pieces.data(), pieces.size(), {})->wait(timeout);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    sums[i] = 0;
+    for (int k = 0; k < kCountPieces; ++k) sums[i] += static_cast<int64_t>(pieces[i * kCountPieces + k]) << (k * kCountPieceBits);
+  }
+  return sums;
 }
 
 }  // namespace cohort::train

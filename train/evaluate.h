@@ -16,15 +16,18 @@
 //   train::Evaluation e = train::evaluate(*model, *loss, *testSet);
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "nn/checkpoint.h"
 #include "nn/loss.h"
 #include "nn/model.h"
 #include "runtime/data/dataset.h"
+#include "runtime/world_info.h"
 
 namespace cohort::train {
 
@@ -55,6 +58,17 @@ Evaluation evaluationOf(std::span<const double> sums, int64_t samples, int64_t p
 inline constexpr size_t kPiecesPerSum = 4;
 void splitSums(std::span<const double> sums, std::span<double> pieces);
 void joinSums(std::span<const double> pieces, std::span<double> sums);
+
+// Whole-number counts summed over the ranks of a program that has no Job, exactly (`cohort eval
+// --task`: each rank scores a share of the items). Collective: every rank of `world` calls it once,
+// in the same order as its other collectives, with as many counts; it makes its own communicator
+// (collectives::makeCommunicator's default backend for the world) for the one all-reduce. A world of
+// one returns the counts as given. Each count must lie in 0..2^47 and the world hold fewer than 256
+// ranks (InvalidArgument otherwise): a count crosses the float32 all-reduce as three 16-bit pieces,
+// whose sums are then exact. TimeoutError when a peer does not arrive within `timeout`, PeerError
+// when one is gone.
+std::vector<int64_t> sumOverRanks(std::span<const int64_t> counts, const runtime::WorldInfo& world,
+                                  std::chrono::milliseconds timeout);
 
 // The samples per forward pass of an evaluation that asks for `requested`: that many, but for a
 // language model (a gpt: spec, T positions a sample) no more than kEvaluationPositions / T, at least

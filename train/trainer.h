@@ -102,6 +102,9 @@ struct TrainerOptions {
   // naming both) unless this is set: then the weights, the optimizer state and the step count are
   // kept and the checkpoint's epoch starts afresh (its order from the first sample) on the new data.
   bool resumeOnNewData = false;
+  // The tokenizer the data was made with (nn::Tokenizer::digest), recorded in every checkpoint's
+  // metadata as "tokenizer_digest" (`cohort generate` warns when given another); empty: none recorded.
+  std::string tokenizerDigest = {};
   // Sharded jobs (JobOptions::zero >= 1; InvalidArgument otherwise): each checkpoint only stages the
   // shards (Job::save's SaveOptions::async) and is committed at a later step boundary, once every
   // rank's file is durable (Job::settleCheckpoint; the run's end waits for it). Rank 0 logs each

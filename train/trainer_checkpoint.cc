@@ -58,6 +58,7 @@ void Trainer::saveCheckpoint(const Position& pos) {
   // What a resume checks against (checkResumedData, noteChangedSettings).
   metadata.insert(trainData_.begin(), trainData_.end());
   for (const auto& [key, value] : runSettings()) metadata[key] = value;
+  if (!options_.tokenizerDigest.empty()) metadata["tokenizer_digest"] = options_.tokenizerDigest;
   job_.save(options_.checkpointPath, metadata, {.async = options_.asyncCheckpoints});
   checkpointHeld_ = true;
 }

@@ -3,9 +3,12 @@
 // newline, greedy decoding (--top-k 1) ignores the seed, a run past the context writes what fits with
 // a note, and every bad input exits 2 with one stderr line naming the problem. A second checkpoint,
 // trained on token shards with a 300-token vocabulary, takes its prompt as ids and prints ids or, with
-// an llm.c tokenizer file written here, their text (issue 32).
+// an llm.c tokenizer file written here, their text (issue 32). Issue 47: a prompt past the context is
+// cropped to its last tokens with a note, ids mark where the prompt ends, and a checkpoint trained with
+// --tokenizer records its digest, against which generate's --tokenizer is checked (a warning).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cstdint>
@@ -13,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "nn/checkpoint.h"
+#include "nn/tokenizer.h"
 #include "tests/cli/cli_test_support.h"
 
 namespace cohort::testing {
@@ -44,12 +49,14 @@ class GenerateCliTest : public ::testing::Test {
     std::string shard;
     for (unsigned char c : text) shard.append({static_cast<char>(c), '\0'});
     writeFile(path("text.bin"), shard);
+    writeFile(path("tokenizer300.bin"), tokenizer(300, 1));
+    writeFile(path("other300.bin"), tokenizer(300, 1, "["));  // the same size, other tokens: another digest
+    writeFile(path("tokenizer100.bin"), tokenizer(100, 2));
+    // Trained with --tokenizer: the checkpoint records its digest.
     CommandResult ids = runCohort({"train", "--threads", "1", "--data", "tokens:raw:" + path("text.bin"), "--model",
                                    std::string(kSpec) + ",vocab=300", "--max-steps", "5", "--epochs", "1",
-                                   "--checkpoint", path("gpt300.ckpt")});
+                                   "--tokenizer", path("tokenizer300.bin"), "--checkpoint", path("gpt300.ckpt")});
     EXPECT_EQ(ids.exitCode, 0) << ids.describe();
-    writeFile(path("tokenizer300.bin"), tokenizer(300, 1));
-    writeFile(path("tokenizer100.bin"), tokenizer(100, 2));
     CommandResult mlp = runCohort({"train", "--threads", "1", "--data", "synthetic", "--model", "mlp:784,16,10",
                                    "--max-steps", "2", "--checkpoint", path("mlp.ckpt")});
     EXPECT_EQ(mlp.exitCode, 0) << mlp.describe();
@@ -62,12 +69,13 @@ class GenerateCliTest : public ::testing::Test {
 
   static std::string path(const std::string& name) { return *dir_ + "/" + name; }
 
-  // llm.c's tokenizer layout for `size` tokens: token i < 256 is byte i, the others "<i>".
-  static std::string tokenizer(uint32_t size, uint32_t version) {
+  // llm.c's tokenizer layout for `size` tokens: token i < 256 is byte i, the others "<i>" (or with
+  // `open` "[": "[i>").
+  static std::string tokenizer(uint32_t size, uint32_t version, const std::string& open = "<") {
     uint32_t header[256] = {20240328, version, size};
     std::string out(reinterpret_cast<const char*>(header), sizeof(header));
     for (uint32_t i = 0; i < size; ++i) {
-      const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : "<" + std::to_string(i) + ">";
+      const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : open + std::to_string(i) + ">";
       out += static_cast<char>(piece.size());
       out += piece;
     }
@@ -164,10 +172,12 @@ TEST_F(GenerateCliTest, AVocabularyPastBytesTakesIdsAndPrintsIdsOrATokenizersTex
                                          "116,104,101", "--tokens", "6", "--seed", "3"};
   CommandResult r = runCohort(base);
   ASSERT_EQ(r.exitCode, 0) << r.describe();
-  ASSERT_EQ(r.stdoutText.rfind("116,104,101,", 0), 0u) << r.stdoutText;
+  // The ids mark where the prompt ends: "116,104,101|new,ids".
+  ASSERT_EQ(r.stdoutText.rfind("116,104,101|", 0), 0u) << r.stdoutText;
+  EXPECT_EQ(std::count(r.stdoutText.begin(), r.stdoutText.end(), '|'), 1) << r.stdoutText;
   std::vector<int64_t> ids;
   for (size_t at = 0; at < r.stdoutText.size();) {
-    size_t end = r.stdoutText.find_first_of(",\n", at);
+    size_t end = r.stdoutText.find_first_of(",|\n", at);
     ids.push_back(std::stoll(r.stdoutText.substr(at, end - at)));
     at = end + 1;
   }
@@ -182,6 +192,7 @@ TEST_F(GenerateCliTest, AVocabularyPastBytesTakesIdsAndPrintsIdsOrATokenizersTex
   CommandResult t = runCohort(withTokenizer);
   ASSERT_EQ(t.exitCode, 0) << t.describe();
   EXPECT_EQ(t.stdoutText, want + "\n");
+  EXPECT_EQ(t.stderrText, "") << "the tokenizer the checkpoint was trained with: no warning\n" << t.describe();
   // --prompt as text, encoded by the tokenizer (here its bytes: no merge makes "th"), read from a
   // folder holding gpt2_tokenizer.bin: the same tokens.
   std::filesystem::create_directories(path("tokenizer_dir"));
@@ -190,6 +201,69 @@ TEST_F(GenerateCliTest, AVocabularyPastBytesTakesIdsAndPrintsIdsOrATokenizersTex
                                   "--seed", "3", "--tokenizer", path("tokenizer_dir")});
   ASSERT_EQ(text.exitCode, 0) << text.describe();
   EXPECT_EQ(text.stdoutText, want + "\n");
+}
+
+// Issue 47: a prompt past the context continues from its last context tokens, as nanoGPT crops it;
+// stdout still starts with the whole prompt, and stderr has one note. Greedy decoding shows the crop:
+// the continuation is the one of the prompt's last 64 bytes.
+TEST_F(GenerateCliTest, APromptPastTheContextIsCroppedToItsLastTokensWithANote) {
+  std::string prompt;
+  for (int i = 0; prompt.size() < kContext + 6; ++i) prompt += i % 3 ? "the dog " : "a cat ";
+  prompt.resize(kContext + 6);
+  CommandResult r = generate({"--prompt", prompt, "--tokens", "12", "--top-k", "1"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
+  EXPECT_NE(r.stderrText.find("the prompt is 70 tokens, more than the context of model " + std::string(kSpec) +
+                              " (64 tokens): it is continued from its last 64 tokens"),
+            std::string::npos)
+      << r.describe();
+  ASSERT_EQ(r.stdoutText.size(), prompt.size() + 12 + 1) << r.describe();
+  EXPECT_EQ(r.stdoutText.substr(0, prompt.size()), prompt);
+  const std::string tail = prompt.substr(prompt.size() - kContext);
+  const std::string cropped = text({"--prompt", tail, "--tokens", "12", "--top-k", "1"});
+  EXPECT_EQ(r.stdoutText.substr(prompt.size()), cropped.substr(tail.size()));
+  // As ids too.
+  std::string ids = "1";
+  for (int i = 1; i < kContext + 2; ++i) ids += ",1";
+  CommandResult asIds = runCohort({"generate", "--checkpoint", path("gpt300.ckpt"), "--prompt-tokens", ids, "--tokens",
+                                   "2"});
+  ASSERT_EQ(asIds.exitCode, 0) << asIds.describe();
+  EXPECT_NE(asIds.stderrText.find("the prompt is 66 tokens"), std::string::npos) << asIds.describe();
+  EXPECT_EQ(asIds.stdoutText.rfind(ids + "|", 0), 0u) << asIds.describe();
+}
+
+// Issue 47: `cohort train --tokenizer` records the tokenizer's digest, and generate with another
+// tokenizer warns with one line naming both; with the same one, nothing (above); a checkpoint that
+// records none (trained without --tokenizer) is never warned about.
+TEST_F(GenerateCliTest, AnotherTokenizerThanTheCheckpointsIsWarnedAbout) {
+  const std::string trained = nn::Tokenizer::read(path("tokenizer300.bin")).digest();
+  const std::string other = nn::Tokenizer::read(path("other300.bin")).digest();
+  ASSERT_NE(trained, other);
+  EXPECT_EQ(nn::readCheckpoint(path("gpt300.ckpt")).metadata.at("tokenizer_digest"), trained);
+  CommandResult r = runCohort({"generate", "--checkpoint", path("gpt300.ckpt"), "--prompt", "the", "--tokens", "3",
+                               "--tokenizer", path("other300.bin")});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(countLines(r.stderrText), 1) << r.describe();
+  EXPECT_NE(r.stderrText.find("warning: " + path("other300.bin") + " is tokenizer " + other +
+                              ", but the checkpoint was trained with tokenizer " + trained),
+            std::string::npos)
+      << r.describe();
+  EXPECT_EQ(r.stdoutText.rfind("the", 0), 0u) << r.describe();
+  // `cohort export --format hf` carries the digest, and generate reads it from the export too.
+  CommandResult exported = runCohort({"export", "--format", "hf", path("gpt300.ckpt"), path("gpt300-hf")});
+  ASSERT_EQ(exported.exitCode, 0) << exported.describe();
+  EXPECT_EQ(nn::readSafetensors(path("gpt300-hf/model.safetensors")).metadata.at("cohort_tokenizer_digest"), trained);
+  for (const char* tokenizer : {"other300.bin", "tokenizer300.bin"}) {
+    CommandResult hf = runCohort({"generate", "--checkpoint", path("gpt300-hf"), "--prompt", "the", "--tokens", "3",
+                                  "--tokenizer", path(tokenizer)});
+    ASSERT_EQ(hf.exitCode, 0) << hf.describe();
+    const bool other = std::string(tokenizer) == "other300.bin";
+    EXPECT_EQ(hf.stderrText.find("warning: " + path(tokenizer) + " is tokenizer") != std::string::npos, other)
+        << hf.describe();
+    if (!other) EXPECT_EQ(hf.stderrText, "") << hf.describe();
+  }
+  // gpt.ckpt was trained on text:, without a tokenizer: it records none.
+  EXPECT_EQ(nn::readCheckpoint(path("gpt.ckpt")).metadata.count("tokenizer_digest"), 0u);
 }
 
 TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
@@ -201,8 +275,6 @@ TEST_F(GenerateCliTest, BadInputExits2WithOneLineNamingTheProblem) {
   const std::vector<Case> cases = {
       {{"--checkpoint", path("mlp.ckpt"), "--prompt", "hi", "--tokens", "3"},
        "holds model mlp:784,16,10, but generate needs a gpt: model"},
-      {{"--checkpoint", gpt, "--prompt", std::string(kContext + 1, 'a'), "--tokens", "3"},
-       "--prompt is 65 bytes, longer than the context of model " + std::string(kSpec) + " (64 tokens)"},
       {{"--checkpoint", gpt, "--prompt", "", "--tokens", "3"}, "--prompt is empty"},
       {{"--checkpoint", gpt, "--prompt", "hi", "--tokens", "0"}, "--tokens must be positive, got 0"},
       {{"--checkpoint", gpt, "--prompt", "hi", "--tokens", "-4"}, "--tokens must be positive, got -4"},
