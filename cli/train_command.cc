@@ -14,6 +14,7 @@
 #include "cli/plot.h"                  // --plot
 #include "cli/stop_signal.h"           // SIGUSR1, SIGTERM, SIGHUP: checkpoint and stop
 #include "cli/test_hooks.h"            // COHORT_TEST_*: faults tests inject
+#include "cli/train_samples.h"         // --sample-every, --tokenizer
 #include "nn/checkpoint.h"             // checkOutputFile
 #include "nn/loss.h"                   // losses
 #include "nn/model_spec.h"             // --model specs
@@ -193,6 +194,7 @@ struct Run {
   std::unique_ptr<data::Dataset> testSet;  // every rank holds it: the ranks evaluate a share each
   std::unique_ptr<nn::Optimizer> optimizer;
   bool classification = true;
+  TrainSamples samples;  // --sample-every's prompt and decoder
 };
 
 // Builds the run and has the job place it (the ranks meet and agree on their settings there).
@@ -209,6 +211,13 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   run.hints = train::datasetHints(*run.model, f.seed);
   run.trainSet = data::openDataset(f.data, data::Split::kTrain, run.hints);
   run.testSet = openTestSet(f, run.hints);
+  if (!run.testSet && world.rank == 0) {
+    const bool tokens = f.data.rfind("tokens:", 0) == 0;
+    log.info() << "no validation: " << f.data << " has no test split of its own; add "
+               << (tokens ? "--test-data tokens:VAL_SHARDS (llm.c's val shards)" : "--test-data csv:FILE") << " to evaluate"
+               << (f.evalEvery > 0 ? " (--eval-every has nothing to evaluate)" : "");
+  }
+  run.samples = trainSamples(f, *run.model);
   checkFits(*run.model, *run.trainSet, run.classification);
   if (run.testSet) checkFits(*run.model, *run.testSet, run.classification);
   // Before the optimizer's state or the parameters are allocated.
@@ -256,11 +265,19 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           .resumeOnNewData = f.resumeOnNewData,
           .asyncCheckpoints = f.asyncCheckpoints,
           .maxSteps = f.maxSteps,
+          .stepsPerEpoch = f.stepsPerEpoch,
           .stopRequested = &stop.requested,
           .stopSignal = &stop.signal,
           .metricsPath = metricsPath,
           .tensorboardDir = f.tensorboard,
           .logEverySteps = f.logEverySteps,
+          .evalEverySteps = f.evalEvery,
+          .evalBatches = f.evalBatches,
+          .sampleEverySteps = f.sampleEvery,
+          .sampleTokens = f.sampleTokens,
+          .samplePrompt = run.samples.prompt,
+          .sampleDecode = run.samples.decode,
+          .peakFlops = f.peakFlops,
           .lrSchedule = lrScheduleOptions(f, run.lr),
           .clipGradNorm = static_cast<float>(f.clipGradNorm),
           .skipNonFinite = f.skipNonFinite,
