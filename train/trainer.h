@@ -1,9 +1,11 @@
 // Trainer: the training loop every worker runs (docs/architecture.md, "One training step"),
 // readable on one screen, for any model placed by a train::Job and any Dataset.
 //
+//   (evaluate at step 0: evalEverySteps)
 //   for epoch: loader.startEpochAfter(epoch, samplesSeen)   (0, or where a resumed epoch stopped)
-//     for batch: forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
-//                -> (checkpoint every N steps)
+//     for batch (up to stepsPerEpoch steps' worth, if set):
+//                forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
+//                -> (step line, evaluation, sample every N steps; trainer_eval.cc) -> (checkpoint every N steps)
 //                a non-finite loss or gradient (train/step.h): stop with Diverged, or skip the step
 //                (skipNonFinite)
 //     the job's mean loss and throughput; evaluate on the test set (shared by the ranks that hold
@@ -276,8 +278,8 @@ struct StepFigures;
 
 class Trainer {
  public:
-  // InvalidArgument for a job that is not placed, for checkpointEvery or maxSteps where ranks do not
-  // step together (Hogwild), for `classification` with a loss that counts no correct predictions,
+  // InvalidArgument for a job that is not placed, for checkpointEvery where ranks do not step
+  // together (Hogwild), for samples of a model that is not a GPT or a prompt outside its vocabulary, for `classification` with a loss that counts no correct predictions,
   // and for data the model cannot take, found before any step: a sample shape other than
   // ModelInfo::sampleShape (its element count, where known; flat rows of 784 for a [1, 28, 28] model
   // are fine), a batch the network refuses (Module::outputShape, naming the layer as nn::LayerError
