@@ -214,8 +214,8 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   if (!run.testSet && world.rank == 0) {
     const bool tokens = f.data.rfind("tokens:", 0) == 0;
     log.info() << "no validation: " << f.data << " has no test split of its own; add "
-               << (tokens ? "--test-data tokens:VAL_SHARDS (llm.c's val shards)" : "--test-data csv:FILE") << " to evaluate"
-               << (f.evalEvery > 0 ? " (--eval-every has nothing to evaluate)" : "");
+               << (tokens ? "--test-data tokens:VAL_SHARDS (llm.c's val shards)" : "--test-data csv:FILE")
+               << " to evaluate" << (f.evalEvery > 0 ? " (--eval-every has nothing to evaluate)" : "");
   }
   run.samples = trainSamples(f, *run.model);
   checkFits(*run.model, *run.trainSet, run.classification);

@@ -168,8 +168,9 @@ void addWatchFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--peak-flops", f.peakFlops,
                "the device's peak FLOP/s for the MFU of the step lines (default: a GPU's from its compute capability, "
                "the CPU's measured by a short sgemm probe)");
-  c.add_option("--eval-every", f.evalEvery,
-               "also evaluate the test set every N optimizer steps and before the first (log, metrics, TensorBoard, plot)");
+  c.add_option(
+      "--eval-every", f.evalEvery,
+      "also evaluate the test set every N optimizer steps and before the first (log, metrics, TensorBoard, plot)");
   c.add_option("--eval-batches", f.evalBatches,
                "evaluations (the epochs' too) cover the test set's first K evaluation batches, the same every time "
                "(default: all of it)");
@@ -179,9 +180,10 @@ void addWatchFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--sample-prompt", f.samplePrompt,
                "the samples' prompt: text, encoded by --tokenizer (<|endoftext|> its special token), else its bytes")
       ->capture_default_str();
-  c.add_option("--tokenizer", f.tokenizer,
-               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
-               "merges.txt, tiktoken's .tiktoken): encode --prompt, print tokens as text");
+  c.add_option(
+      "--tokenizer", f.tokenizer,
+      "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
+      "merges.txt, tiktoken's .tiktoken): encode --prompt, print tokens as text");
 }
 
 // The flags of Hogwild averaging across nodes, the GPU's arithmetic, and the wait for other workers.
@@ -308,8 +310,10 @@ void validateNumbers(const TrainFlags& f) {
                                   << " (2^40); a batch as large as the data set takes all of it";
   }
   if (f.logEverySteps < 0) COHORT_THROW(InvalidArgument) << "--log-every-steps must be >= 0, got " << f.logEverySteps;
-  const std::pair<const char*, int64_t> counts[] = {{"--eval-every", f.evalEvery},     {"--eval-batches", f.evalBatches},
-                                                    {"--sample-every", f.sampleEvery}, {"--steps-per-epoch", f.stepsPerEpoch}};
+  const std::pair<const char*, int64_t> counts[] = {{"--eval-every", f.evalEvery},
+                                                    {"--eval-batches", f.evalBatches},
+                                                    {"--sample-every", f.sampleEvery},
+                                                    {"--steps-per-epoch", f.stepsPerEpoch}};
   for (const auto& [flag, value] : counts) {
     if (value < 0) COHORT_THROW(InvalidArgument) << flag << " must be >= 0, got " << value;
   }

@@ -21,16 +21,19 @@ std::shared_ptr<const nn::Tokenizer> openTokenizer(const std::string& path, cons
 }
 
 std::vector<int64_t> promptBytes(const std::string& prompt, const nn::Model& model, int64_t vocab) {
-  if (vocab < 256) {
-    COHORT_THROW(InvalidArgument) << "model " << model.name << " has a vocabulary of " << vocab
-                                  << " tokens, not bytes: give --tokenizer to encode --sample-prompt";
-  }
   if (vocab > 256) {
-    COHORT_THROW(InvalidArgument) << "--sample-every on model " << model.name << " (a vocabulary of " << vocab
-                                  << " tokens, not bytes) needs --tokenizer to encode --sample-prompt and print the samples";
+    COHORT_THROW(InvalidArgument)
+        << "--sample-every on model " << model.name << " (a vocabulary of " << vocab
+        << " tokens, not bytes) needs --tokenizer to encode --sample-prompt and print the samples";
   }
   std::vector<int64_t> ids;
-  for (char c : prompt) ids.push_back(static_cast<unsigned char>(c));
+  for (char c : prompt) {
+    ids.push_back(static_cast<unsigned char>(c));
+    if (ids.back() >= vocab) {
+      COHORT_THROW(InvalidArgument) << "--sample-prompt byte " << ids.size() - 1 << " is " << ids.back()
+                                    << ", outside the vocabulary of model " << model.name << " (" << vocab << " tokens)";
+    }
+  }
   return ids;
 }
 

@@ -17,8 +17,8 @@
 namespace cohort::cli {
 
 struct TrainSamples {
-  std::vector<int64_t> prompt;                  // empty without --sample-every
-  std::function<std::string(int64_t)> decode;   // id -> text
+  std::vector<int64_t> prompt;                 // empty without --sample-every
+  std::function<std::string(int64_t)> decode;  // id -> text
 };
 
 TrainSamples trainSamples(const TrainFlags& flags, const nn::Model& model);

@@ -278,14 +278,15 @@ struct StepFigures;
 
 class Trainer {
  public:
-  // InvalidArgument for a job that is not placed, for checkpointEvery where ranks do not step
-  // together (Hogwild), for samples of a model that is not a GPT or a prompt outside its vocabulary, for `classification` with a loss that counts no correct predictions,
-  // and for data the model cannot take, found before any step: a sample shape other than
-  // ModelInfo::sampleShape (its element count, where known; flat rows of 784 for a [1, 28, 28] model
-  // are fine), a batch the network refuses (Module::outputShape, naming the layer as nn::LayerError
-  // does), or targets its output cannot match (fewer outputs than classes; another count of
-  // regression values). Both sets are checked, each named with its shape and the model's.
-  // Collective (the settings' agreement), after which ranks given different data fail alike.
+  // InvalidArgument for a job that is not placed, for checkpointEvery where ranks do not step together
+  // (Hogwild), for samples of a model that is not a GPT or a prompt outside its vocabulary, for
+  // `classification` with a loss that counts no correct predictions, and for data the model cannot take,
+  // found before any step: a sample shape other than ModelInfo::sampleShape (its element count, where
+  // known; flat rows of 784 for a [1, 28, 28] model are fine), a batch the network refuses
+  // (Module::outputShape, naming the layer as nn::LayerError does), or targets its output cannot match
+  // (fewer outputs than classes; another count of regression values). Both sets are checked, each named
+  // with its shape and the model's. Collective (the settings' agreement), after which ranks given
+  // different data fail alike.
   Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, const runtime::data::Dataset* test,
           TrainerOptions options, TrainerCallbacks callbacks = {});
   ~Trainer();

@@ -138,7 +138,8 @@ void Trainer::loadPosition(const nn::Metadata& m, Position& pos) {
   if (wasRanks == ranks) return;
   if (options_.stepsPerEpoch > 0 && !newData_) {
     COHORT_THROW(InvalidArgument) << path << ": checkpoint was written by " << wasRanks << " ranks and this job has "
-                                  << ranks << ": an epoch of " << options_.stepsPerEpoch << " steps (--steps-per-epoch) "
+                                  << ranks << ": an epoch of " << options_.stepsPerEpoch
+                                  << " steps (--steps-per-epoch) "
                                   << "ends at a batch that depends on the number of ranks, so it cannot continue "
                                   << "(resume with " << wasRanks << " ranks)";
   }

@@ -28,7 +28,8 @@ void Trainer::evaluateAtStep(const Position& pos) {
   pausedSeconds_ += secondsSince(start);
   if (job_.world().rank != 0) return;
   if (!lastEval_) {
-    if (!warnedNoTest_) job_.log().warn() << "evaluation every " << options_.evalEverySteps << " steps: there is no test set to evaluate";
+    if (!warnedNoTest_)
+      job_.log().warn() << "evaluation every " << options_.evalEverySteps << " steps: there is no test set to evaluate";
     warnedNoTest_ = true;
     return;
   }
@@ -81,7 +82,8 @@ void Trainer::checkSampleOptions() const {
   if (!gpt) {
     COHORT_THROW(InvalidArgument) << "samples while training (sampleEverySteps) need a GPT model, not " << model_.name;
   }
-  if (options_.sampleTokens <= 0) COHORT_THROW(InvalidArgument) << "sampleTokens must be > 0, got " << options_.sampleTokens;
+  if (options_.sampleTokens <= 0)
+    COHORT_THROW(InvalidArgument) << "sampleTokens must be > 0, got " << options_.sampleTokens;
   const int64_t vocab = gpt->options().vocab, context = gpt->options().context;
   if (options_.samplePrompt.empty() || static_cast<int64_t>(options_.samplePrompt.size()) > context) {
     COHORT_THROW(InvalidArgument) << "the sample prompt must be 1 to " << context << " tokens (the context of model "
@@ -107,8 +109,8 @@ void Trainer::sampleAtStep(int64_t step) {
       << sampleModel_->params.numel() << " parameters in the sampler's copy, " << whole.numel() << " gathered";
   sampleModel_->params.values().copyFrom(whole);
   nn::GptSampler sampler(sampleModel_->gpt, sampleModel_->params);
-  const std::vector<int64_t> tokens =
-      sampler.generate(options_.samplePrompt, options_.sampleTokens, {.temperature = 1.0f, .topK = 0, .seed = options_.sampleSeed});
+  const std::vector<int64_t> tokens = sampler.generate(options_.samplePrompt, options_.sampleTokens,
+                                                       {.temperature = 1.0f, .topK = 0, .seed = options_.sampleSeed});
   std::string text;
   for (size_t i = 0; i < tokens.size(); ++i) {
     text += options_.sampleDecode ? options_.sampleDecode(tokens[i]) : (i ? "," : "") + std::to_string(tokens[i]);

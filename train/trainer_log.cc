@@ -41,8 +41,7 @@ void Trainer::logStart() const {
   }
   if (mode == Mode::kHogwild && world.worldSize > 1) line << " (each worker applies its own steps)";
   line << ", " << stepsPerEpoch() << " steps per epoch, " << options_.epochs
-       << (options_.epochs == 1 ? " epoch, " : " epochs, ")
-       << (classification_ ? "accuracy reported" : "no accuracy");
+       << (options_.epochs == 1 ? " epoch, " : " epochs, ") << (classification_ ? "accuracy reported" : "no accuracy");
 }
 
 void Trainer::logEpoch(const EpochReport& report, double epochSeconds, int64_t epochSamples) const {
@@ -103,9 +102,9 @@ void Trainer::prepareMfu() {
     return;
   }
   job_.log().info() << "MFU in the step lines: " << flopsPerSample_ << " FLOPs per sample ("
-                    << (model_.name.rfind("gpt:", 0) == 0 ? "nanoGPT's 6N + 12LHQT per token, N without wpe" : "6N") << ") against a "
-                    << runtime::dtypeName(precision) << " peak of " << flopsText(peakFlops_) << " (" << peak.source
-                    << ")";
+                    << (model_.name.rfind("gpt:", 0) == 0 ? "nanoGPT's 6N + 12LHQT per token, N without wpe" : "6N")
+                    << ") against a " << runtime::dtypeName(precision) << " peak of " << flopsText(peakFlops_) << " ("
+                    << peak.source << ")";
 }
 
 // "step 20/40 | loss 2.315 | lr 0.001 | norm 0.8421 | 12.3 ms/step | 41234 tokens/s | MFU 3.21%",

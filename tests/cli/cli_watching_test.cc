@@ -11,13 +11,12 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/random.h"
 #include "tests/cli/cli_test_support.h"
@@ -49,9 +48,7 @@ std::vector<json> metricsLines(const std::string& path, const std::string& kind)
   std::istringstream in(readFile(path));
   for (std::string text; std::getline(in, text);) {
     json j = json::parse(text);
-    const std::string is = j.value("type", "") == "eval"            ? "eval"
-                           : j.contains("run_samples_per_s")        ? "epoch"
-                                                                    : "steps";
+    const std::string is = j.value("type", "") == "eval" ? "eval" : j.contains("run_samples_per_s") ? "epoch" : "steps";
     if (is == kind) lines.push_back(j);
   }
   return lines;
@@ -73,9 +70,10 @@ class WatchingCliTest : public ShmDirTest {
     writeFile(dir_ + "/corpus.txt", sentences());
   }
   std::vector<std::string> train(const std::vector<std::string>& extra, const std::string& model = kModel) const {
-    std::vector<std::string> a = {cohortBinary(), "train", "--model", model, "--data", "text:" + dir_ + "/corpus.txt",
-                                  "--seed", "4", "--threads", "1", "--progress-every", "0", "--optimizer", "adamw",
-                                  "--lr", "0.01", "--batch-size", "8"};
+    std::vector<std::string> a = {
+        cohortBinary(), "train", "--model",   model,  "--data",           "text:" + dir_ + "/corpus.txt",
+        "--seed",       "4",     "--threads", "1",    "--progress-every", "0",
+        "--optimizer",  "adamw", "--lr",      "0.01", "--batch-size",     "8"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -89,8 +87,8 @@ class WatchingCliTest : public ShmDirTest {
   // log, the metrics, TensorBoard, and the step lines' fields.
   void expectEvaluationsAndStepLines(int workers, const std::vector<std::string>& mode) {
     const std::string metrics = dir_ + "/m.jsonl", tb = dir_ + "/tb";
-    std::vector<std::string> flags = {"--max-steps", "12",           "--eval-every", "4",  "--eval-batches", "1",
-                                      "--log-every-steps", "4",      "--metrics", metrics, "--tensorboard", tb};
+    std::vector<std::string> flags = {"--max-steps",       "12", "--eval-every", "4",     "--eval-batches", "1",
+                                      "--log-every-steps", "4",  "--metrics",    metrics, "--tensorboard",  tb};
     flags.insert(flags.end(), mode.begin(), mode.end());
     CommandResult r = run(workers, train(flags));
     ASSERT_EQ(r.exitCode, 0) << r.describe();
@@ -116,7 +114,8 @@ class WatchingCliTest : public ShmDirTest {
   void expectTensorBoardEvals(const std::string& tb, const std::map<int64_t, double>& loss) const {
     const std::vector<std::string> files = listDir(tb);
     ASSERT_EQ(files.size(), 1u);
-    CommandResult read = runCommand({"/usr/bin/python3", runfile("tests/train/tensorboard_reader.py"), tb + "/" + files[0]});
+    CommandResult read =
+        runCommand({"/usr/bin/python3", runfile("tests/train/tensorboard_reader.py"), tb + "/" + files[0]});
     ASSERT_EQ(read.exitCode, 0) << read.describe();
     std::map<int64_t, double> seen;
     std::istringstream lines(read.stdoutText);
@@ -125,7 +124,8 @@ class WatchingCliTest : public ShmDirTest {
       if (e.value("tag", "") == "eval/loss") seen[e.at("step").get<int64_t>()] = e.at("value").get<double>();
     }
     ASSERT_EQ(seen.size(), loss.size());
-    for (const auto& [step, value] : loss) EXPECT_EQ(seen[step], static_cast<double>(static_cast<float>(value))) << step;
+    for (const auto& [step, value] : loss)
+      EXPECT_EQ(seen[step], static_cast<double>(static_cast<float>(value))) << step;
   }
   // "step 4/12 | loss 3.4 | lr 0.01 | norm 1.1 | 7.2 ms/step | 35552 tokens/s | MFU 3.31%" at 4, 8, 12.
   void expectStepLines(const std::string& out, const std::string& metrics) const {
@@ -174,7 +174,8 @@ TEST_F(WatchingCliTest, EvalBatchesEqualCohortEvalOnTheSameBatches) {
     out << "a,b,c,target\n";
     runtime::Rng rng(static_cast<uint64_t>(seed));
     for (int i = 0; i < rows; ++i) {
-      const int a = static_cast<int>(rng.below(10)), b = static_cast<int>(rng.below(10)), c = static_cast<int>(rng.below(10));
+      const int a = static_cast<int>(rng.below(10)), b = static_cast<int>(rng.below(10)),
+                c = static_cast<int>(rng.below(10));
       out << a << "," << b << "," << c << "," << (a >= b && a >= c ? 0 : b >= c ? 1 : 2) << "\n";
     }
     return out.str();
@@ -186,17 +187,26 @@ TEST_F(WatchingCliTest, EvalBatchesEqualCohortEvalOnTheSameBatches) {
   for (int line = 0; line <= 2000; ++line) cut = test.find('\n', cut) + 1;  // the header and 2000 rows
   writeFile(dir_ + "/first2000.csv", test.substr(0, cut));
   const std::string metrics = dir_ + "/m.jsonl", checkpoint = dir_ + "/c.st";
-  CommandResult r = runCommand({cohortBinary(), "train", "--model", "mlp:3,16,3", "--data", "csv:" + dir_ + "/train.csv",
-                                "--test-data", "csv:" + dir_ + "/test.csv", "--batch-size", "16", "--threads", "1",
-                                "--progress-every", "0", "--max-steps", "8", "--eval-every", "4", "--eval-batches", "2",
-                                "--metrics", metrics, "--checkpoint", checkpoint},
+  CommandResult r = runCommand({cohortBinary(),     "train",
+                                "--model",          "mlp:3,16,3",
+                                "--data",           "csv:" + dir_ + "/train.csv",
+                                "--test-data",      "csv:" + dir_ + "/test.csv",
+                                "--batch-size",     "16",
+                                "--threads",        "1",
+                                "--progress-every", "0",
+                                "--max-steps",      "8",
+                                "--eval-every",     "4",
+                                "--eval-batches",   "2",
+                                "--metrics",        metrics,
+                                "--checkpoint",     checkpoint},
                                {.timeout = std::chrono::seconds(120)});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   const std::vector<json> evals = metricsLines(metrics, "eval");
   ASSERT_EQ(evals.size(), 3u);
   ASSERT_EQ(evals[2].at("step"), 8);
   EXPECT_EQ(evals[2].at("test_samples"), 2000);
-  r = runCohort({"eval", "--checkpoint", checkpoint, "--data", "csv:" + dir_ + "/first2000.csv", "--batch-size", "1000"});
+  r = runCohort(
+      {"eval", "--checkpoint", checkpoint, "--data", "csv:" + dir_ + "/first2000.csv", "--batch-size", "1000"});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   std::ostringstream loss, acc;
   loss << evals[2].at("test_loss").get<double>();
@@ -223,7 +233,8 @@ void writeTokenizer(const std::string& path) {
   std::ostringstream file;
   int rank = 0;
   for (int b = 0; b < 256; ++b) file << base64(std::string(1, static_cast<char>(b))) << " " << rank++ << "\n";
-  for (const char* merge : {"th", "he", " t", "the", " the", "in", "er", "an"}) file << base64(merge) << " " << rank++ << "\n";
+  for (const char* merge : {"th", "he", " t", "the", " the", "in", "er", "an"})
+    file << base64(merge) << " " << rank++ << "\n";
   writeFile(path, file.str());
 }
 
@@ -247,7 +258,8 @@ TEST_F(WatchingCliTest, SamplesAreWhatGenerateSaysAndLeaveTrainingAlone) {
   const std::string tokenizer = dir_ + "/test.tiktoken", model = "gpt:layers=1,heads=2,dim=32,ctx=16,vocab=384";
   writeTokenizer(tokenizer);
   auto job = [&](const std::string& checkpoint, bool samples) {
-    std::vector<std::string> a = {"--max-steps", "10", "--checkpoint", dir_ + "/" + checkpoint, "--tokenizer", tokenizer};
+    std::vector<std::string> a = {"--max-steps",           "10",          "--checkpoint",
+                                  dir_ + "/" + checkpoint, "--tokenizer", tokenizer};
     if (samples) a.insert(a.end(), {"--sample-every", "5"});
     return run(1, train(a, model));
   };
@@ -264,9 +276,9 @@ TEST_F(WatchingCliTest, SamplesAreWhatGenerateSaysAndLeaveTrainingAlone) {
   EXPECT_EQ(logLine(plain.stdoutText, "sample at step"), "");
   expectIdenticalCheckpoints(dir_ + "/plain.st", dir_ + "/sampled.st", "samples change no bit of the training");
   // The checkpoint of step 10, sampled by cohort generate with the trainer's sampler settings.
-  CommandResult generated = runCohort({"generate", "--checkpoint", dir_ + "/sampled.st", "--tokenizer", tokenizer,
-                                       "--prompt", "<|endoftext|>", "--tokens", "32", "--seed", "1337",
-                                       "--temperature", "1", "--top-k", "0"});
+  CommandResult generated =
+      runCohort({"generate", "--checkpoint", dir_ + "/sampled.st", "--tokenizer", tokenizer, "--prompt",
+                 "<|endoftext|>", "--tokens", "32", "--seed", "1337", "--temperature", "1", "--top-k", "0"});
   ASSERT_EQ(generated.exitCode, 0) << generated.describe();
   const std::string prefix = "<|endoftext|>";
   ASSERT_EQ(generated.stdoutText.rfind(prefix, 0), 0u) << generated.stdoutText;
@@ -315,7 +327,8 @@ TEST_F(WatchingCliTest, ATokensRunWithoutTestDataSaysItHasNoValidation) {
   CommandResult r = runCohort({"train", "--model", kModel, "--data", "tokens:raw:" + dir_ + "/train.bin", "--max-steps",
                                "2", "--batch-size", "4", "--progress-every", "0", "--eval-every", "1"});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
-  EXPECT_NE(r.stdoutText.find("no validation: tokens:raw:" + dir_ + "/train.bin has no test split of its own; add "
+  EXPECT_NE(r.stdoutText.find("no validation: tokens:raw:" + dir_ +
+                              "/train.bin has no test split of its own; add "
                               "--test-data tokens:VAL_SHARDS (llm.c's val shards) to evaluate (--eval-every has "
                               "nothing to evaluate)"),
             std::string::npos)

@@ -1,7 +1,8 @@
 // The fragments of docs/api.md (a loop of your own, micro-batches, clipping, deferred steps, the
-// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer, watching a run), each compiled in a function whose parameters are the names the doc's
-// fragment uses, so that a renamed or retyped API breaks this build instead of the doc's readers.
-// Compiled, not run: the loops need a job; tests/train runs the same calls.
+// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer, watching a run), each compiled
+// in a function whose parameters are the names the doc's fragment uses, so that a renamed or retyped API
+// breaks this build instead of the doc's readers. Compiled, not run: the loops need a job; tests/train
+// runs the same calls.
 #include <cstdint>
 #include <memory>
 #include <optional>

@@ -7,11 +7,10 @@
 
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "nn/loss.h"
 #include "nn/model_spec.h"
@@ -46,8 +45,13 @@ TEST_F(TrainerEvalTest, EvaluationsEveryNStepsCoverTheFirstBatchesOnEveryRank) {
     job.place(*model, *optimizer, {.seed = 1});
     nn::SoftmaxCrossEntropy loss;
     Trainer trainer(job, loss, *train, test.get(),
-                    {.epochs = 1, .batchSize = 16, .seed = 2, .metricsPath = metrics, .evalBatchSize = 50,
-                     .evalEverySteps = 5, .evalBatches = 2});
+                    {.epochs = 1,
+                     .batchSize = 16,
+                     .seed = 2,
+                     .metricsPath = metrics,
+                     .evalBatchSize = 50,
+                     .evalEverySteps = 5,
+                     .evalBatches = 2});
     const TrainResult r = trainer.run();
     if (r.steps != 12) return 50;
     if (world.rank != 0) return 0;
@@ -74,7 +78,8 @@ std::unique_ptr<runtime::data::Dataset> bytes(const std::string& dir) {
   std::string text;
   for (int i = 0; i < 100; ++i) text += "the cat sees a dog. ";
   std::ofstream(dir + "/text.txt") << text;
-  return runtime::data::openDataset("text:" + dir + "/text.txt", runtime::data::Split::kTrain, {.context = 8, .seed = 1});
+  return runtime::data::openDataset("text:" + dir + "/text.txt", runtime::data::Split::kTrain,
+                                    {.context = 8, .seed = 1});
 }
 
 TEST_F(TrainerEvalTest, SamplesAreDecodedOnRankZeroAndChangeNoParameter) {

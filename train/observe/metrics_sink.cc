@@ -117,7 +117,8 @@ std::string tensorboardTag(const std::string& key, LineKind kind) {
   static const std::pair<const char*, const char*> kNames[] = {
       {"train_loss", "train/loss"}, {"train_acc", "train/accuracy"}, {"test_loss", "test/loss"}, {"test_acc", "test/accuracy"}};
   if (kind == LineKind::kSteps) return "steps/" + key;
-  if (kind == LineKind::kEval) return key == "test_loss" ? "eval/loss" : key == "test_acc" ? "eval/accuracy" : "eval/" + key;
+  if (kind == LineKind::kEval)
+    return key == "test_loss" ? "eval/loss" : key == "test_acc" ? "eval/accuracy" : "eval/" + key;
   for (const auto& [name, tag] : kNames) {
     if (key == name) return tag;
   }

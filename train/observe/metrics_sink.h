@@ -1,7 +1,8 @@
 // MetricsSink: where rank 0 writes a run's figures — the metrics file (JSON lines, appended) and
 // TensorBoard scalars (train/observe/tensorboard_writer.h) — one line per epoch and, with
-// TrainerOptions::logEverySteps, one every N steps, and with evalEverySteps an "eval" line per evaluation. Every numeric field of a line becomes a scalar
-// at the line's step, under the tag docs/observing.md lists (tensorboardTag).
+// TrainerOptions::logEverySteps, one every N steps, and with evalEverySteps an "eval" line per
+// evaluation. Every numeric field of a line becomes a scalar at the line's step, under the tag
+// docs/observing.md lists (tensorboardTag).
 //
 // The metrics file is opened once, for appending, only when it is a regular file of this user:
 // "PATH: is a FIFO or pipe, not a regular file" (likewise a device, socket; IoError, as --data

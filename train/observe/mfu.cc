@@ -47,13 +47,13 @@ PeakFlops gpuPeakFlops(int index, runtime::DType precision, bool tf32) {
   const std::vector<runtime::CudaDeviceInfo> devices = runtime::cudaDevices(&whyNone);
   if (index < 0 || index >= static_cast<int>(devices.size())) return {0, "no device query (" + whyNone + ")"};
   const runtime::CudaDeviceInfo& d = devices[static_cast<size_t>(index)];
-  const double perClock =
-      flopsPerClockPerSm(d.computeCapabilityMajor, d.computeCapabilityMinor, precision, tf32);
+  const double perClock = flopsPerClockPerSm(d.computeCapabilityMajor, d.computeCapabilityMinor, precision, tf32);
   const char* kind = precision == runtime::DType::kBF16 ? "bf16" : tf32 ? "tf32" : "fp32";
   std::ostringstream source;
   source << d.name << " (compute capability " << d.computeCapability() << "): ";
-  if (perClock == 0) {
-    source << "not in the table of peak rates; give the peak FLOP/s";
+  if (perClock == 0 || d.clockRateKhz <= 0 || d.multiprocessorCount <= 0) {
+    source << (perClock == 0 ? "not in the table of peak rates" : "no clock or SM count reported")
+           << "; give the peak FLOP/s";
     return {0, source.str()};
   }
   source << d.multiprocessorCount << " SMs x " << d.clockRateKhz / 1000 << " MHz x " << perClock << " " << kind
@@ -61,18 +61,25 @@ PeakFlops gpuPeakFlops(int index, runtime::DType precision, bool tf32) {
   return {perClock * d.multiprocessorCount * d.clockRateKhz * 1e3, source.str()};
 }
 
+// Many short products, the fastest counted: one of a few milliseconds mostly runs within one time
+// slice of the scheduler, so a machine loaded by other processes still shows what a core does when
+// it runs (a few long products, each shared with the load, read several times too low).
 PeakFlops cpuPeakFlops() {
-  constexpr int kSize = 1024;
+  constexpr int kSize = 512, kRuns = 32;
+  constexpr double kFlops = 2.0 * kSize * kSize * kSize;
   const size_t elements = size_t{kSize} * kSize;
   std::vector<float> a(elements, 0.5f), b(elements, 0.25f), c(elements, 0.0f);
   double best = 0;
-  for (int i = 0; i < 4; ++i) {  // the first warms the kernels and the pages
+  const auto probe = std::chrono::steady_clock::now();
+  for (int i = 0; i < kRuns; ++i) {  // the first warms the kernels and the pages
     const auto start = std::chrono::steady_clock::now();
     runtime::cpu::gemm({.m = kSize, .n = kSize, .k = kSize}, a.data(), b.data(), c.data());
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (i > 0 && seconds > 0) best = std::max(best, 2.0 * kSize * kSize * kSize / seconds);
+    if (i > 0 && seconds > 0) best = std::max(best, kFlops / seconds);
+    if (std::chrono::steady_clock::now() - probe > std::chrono::milliseconds(500)) break;  // a slow machine
   }
-  return {best, "measured: sgemm 1024^3 on " + std::to_string(runtime::cpu::blasThreads()) + " BLAS thread(s)"};
+  return {best, "measured: the fastest of up to " + std::to_string(kRuns - 1) + " sgemm 512^3 on " +
+                    std::to_string(runtime::cpu::blasThreads()) + " BLAS thread(s)"};
 }
 
 }  // namespace cohort::train

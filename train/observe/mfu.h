@@ -10,9 +10,9 @@
 // which the parameters do not say).
 // The peak: given (TrainerOptions::peakFlops); on a GPU, the compute capability's dense FLOPs per
 // clock and SM (tensor cores for bf16, and for fp32 with TF32; the CUDA cores' FMAs for plain fp32)
-// times the SMs and the clock the device query reports; on the CPU, measured: the best of a few
-// 1024x1024x1024 sgemm products through runtime/cpu/blas on the worker's BLAS threads (tens of
-// milliseconds at start-up).
+// times the SMs and the clock the device query reports; on the CPU, measured: the fastest of up to
+// 31 sgemm products of 512x512x512 through runtime/cpu/blas on the worker's BLAS threads (some 50
+// ms at start-up, at most half a second).
 // Thread safety: plain functions; the probe uses the calling thread's BLAS pool.
 #pragma once
 
@@ -27,8 +27,8 @@ namespace cohort::train {
 double flopsPerSample(const nn::Model& model, std::string* whyNot);
 
 struct PeakFlops {
-  double flops = 0;     // FLOP/s; 0: unknown (source says why)
-  std::string source;   // "measured: sgemm 1024^3 on 1 BLAS thread(s)", "NVIDIA H200 (9.0): 132 SMs x ..."
+  double flops = 0;    // FLOP/s; 0: unknown (source says why)
+  std::string source;  // "measured: the fastest of ... sgemm 512^3 ...", "NVIDIA H200 (9.0): 132 SMs x ..."
 };
 
 // Dense FLOPs per clock and SM for a compute capability and precision; 0 for one the table lacks.
