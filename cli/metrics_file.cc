@@ -209,8 +209,10 @@ MetricsFile readMetricsFile(const std::string& path) {
     m.testAcc = figure(object, "test_acc", at, file.nonFinite);
     if (!plottable(m)) continue;
     ++plottableLines;
-    // Only epoch lines carry the run's throughput so far (train/trainer.cc).
-    (object.contains("run_samples_per_s") ? file.epochs : file.steps).push_back(m);
+    // Only epoch lines carry the run's throughput so far (train/trainer.cc); eval lines say so.
+    const auto type = object.find("type");
+    const bool eval = type != object.end() && type->is_string() && type->get<std::string>() == "eval";
+    (eval ? file.evals : object.contains("run_samples_per_s") ? file.epochs : file.steps).push_back(m);
   }
   if (in.bad()) COHORT_THROW(IoError) << path << ": read failed: " << std::strerror(errno);
   if (lines == 0) COHORT_THROW(InvalidArgument) << path << ": no plottable lines: the file is empty";

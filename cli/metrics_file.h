@@ -1,11 +1,12 @@
 // A metrics file of `cohort train --metrics FILE`, read back for plotting (cli/plot.h).
 //
-// The file holds one JSON object per line (train/trainer.cc writes them): an epoch line per epoch,
-// which alone carries "run_samples_per_s", and with --log-every-steps N a step line every N optimizer
-// steps. Every line has "epoch" (1-based) and "step" (optimizer steps so far in the run); the figures
-// read here are train_loss, test_loss, train_acc and test_acc, any of which may be absent (regression
-// has no accuracy, a run without a test set no test figures, a GPU run's step lines no loss). Other
-// keys (lr, samples/s, a callback's figures) are not read and may hold anything.
+// The file holds one JSON object per line (train/trainer.cc writes them): an epoch line per epoch, which
+// alone carries "run_samples_per_s", with --log-every-steps N a step line every N optimizer steps, and
+// with --eval-every N an evaluation line ("type": "eval", test_loss and test_acc) every N. Every line
+// has "epoch" (1-based) and "step" (optimizer steps so far in the run); the figures read here are
+// train_loss, test_loss, train_acc and test_acc, any of which may be absent (regression has no accuracy,
+// a run without a test set no test figures, a GPU run's step lines no loss). Other keys (lr, samples/s,
+// a callback's figures) are not read and may hold anything.
 //
 // Non-finite values are dropped and counted, never an error: nlohmann writes a NaN loss as null,
 // and Python's json module writes bare NaN, Infinity and -Infinity, which are read as null too, as
@@ -42,6 +43,7 @@ struct MetricsFile {
   std::string path;
   std::vector<MetricsLine> epochs;  // epoch lines, in file order
   std::vector<MetricsLine> steps;   // --log-every-steps lines, in file order
+  std::vector<MetricsLine> evals;   // --eval-every lines ("type": "eval"), in file order
   int64_t nonFinite = 0;            // figures dropped because they were null, NaN or infinite
 };
 

@@ -134,6 +134,16 @@ std::vector<Point> curveOf(const std::vector<MetricsLine>& lines, double Metrics
   return unique;
 }
 
+// The test curve: the epoch lines' figures and, with --eval-every, the eval lines' at their steps
+// (the epoch's evaluation is one of them where both exist: the same samples, the same figure).
+std::vector<Point> testCurve(const MetricsFile& f, double MetricsLine::*figure, const XOf& epochX, const XOf& stepX) {
+  std::vector<MetricsLine> lines = f.evals;
+  lines.insert(lines.end(), f.epochs.begin(), f.epochs.end());
+  // One x for both kinds (curveOf reads `lines` in place): eval lines as step lines, the rest as epochs.
+  const MetricsLine* firstEpoch = lines.data() + f.evals.size();
+  return curveOf(lines, figure, [&](const MetricsLine& m) { return &m < firstEpoch ? stepX(m) : epochX(m); });
+}
+
 std::vector<Panel> panelsOf(const std::vector<MetricsFile>& files, PlotAxis axis) {
   Panel loss{"loss", {}, false}, accuracy{"accuracy", {}, true};
   auto add = [](Panel& panel, int run, Style style, std::vector<Point> points) {
@@ -151,10 +161,10 @@ std::vector<Panel> panelsOf(const std::vector<MetricsFile>& files, PlotAxis axis
     }
     add(loss, run, Style::kTrainSteps, curveOf(f.steps, &MetricsLine::trainLoss, stepX));
     add(loss, run, Style::kTrain, curveOf(f.epochs, &MetricsLine::trainLoss, epochX));
-    add(loss, run, Style::kTest, curveOf(f.epochs, &MetricsLine::testLoss, epochX));
+    add(loss, run, Style::kTest, testCurve(f, &MetricsLine::testLoss, epochX, stepX));
     add(accuracy, run, Style::kTrainSteps, curveOf(f.steps, &MetricsLine::trainAcc, stepX));
     add(accuracy, run, Style::kTrain, curveOf(f.epochs, &MetricsLine::trainAcc, epochX));
-    add(accuracy, run, Style::kTest, curveOf(f.epochs, &MetricsLine::testAcc, epochX));
+    add(accuracy, run, Style::kTest, testCurve(f, &MetricsLine::testAcc, epochX, stepX));
   }
   std::vector<Panel> panels;
   for (Panel* p : {&loss, &accuracy}) {

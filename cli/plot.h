@@ -4,7 +4,8 @@
 // The image has a title, a legend (a colour per run, named by its label; the line styles) and one or
 // two panels side by side (stacked when the image is taller than wide), against the step (default)
 // or the epoch:
-//   loss      train_loss (solid) and test_loss (dashed) of the epoch lines; the step lines'
+//   loss      train_loss (solid) and test_loss (dashed) of the epoch lines, test_loss with the eval
+//             lines' (--eval-every) at their steps; the step lines'
 //             train_loss (--log-every-steps), when there are any, as a thin, light curve beneath;
 //   accuracy  train_acc and test_acc, only when some run has accuracy.
 // Epoch curves mark their points while there are few. Axes have "nice" ticks (1, 2 or 5 times a

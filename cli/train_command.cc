@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "cli/plot.h"                  // --plot
 #include "cli/stop_signal.h"           // SIGUSR1, SIGTERM, SIGHUP: checkpoint and stop
 #include "cli/test_hooks.h"            // COHORT_TEST_*: faults tests inject
+#include "cli/train_samples.h"         // --sample-every, --tokenizer
 #include "nn/checkpoint.h"             // checkOutputFile
 #include "nn/loss.h"                   // losses
 #include "nn/model_spec.h"             // --model specs
@@ -119,8 +121,25 @@ void reportMemory(const runtime::Logger& log, const train::Job& job) {
              << " file-backed (program and libraries), " << runtime::formatBytes(m.sharedMemoryBytes) << " shared memory";
 }
 
-// --model, else the model of --init-from's weights, else the default.
-std::string modelSpec(const TrainFlags& f, const nn::ModelWeights* init) {
+// --model, else the model of --init-from's weights, else the default. A gpt: --model without vocab=
+// takes the tokenizer's size (--pad-vocab: padded to a multiple of 128, as llm.c's 50304); without a
+// tokenizer, token shards need the vocab said.
+std::string modelSpec(const TrainFlags& f, const nn::ModelWeights* init, const nn::Tokenizer* tokenizer) {
+  if (f.padVocab && !tokenizer) COHORT_THROW(InvalidArgument) << "--pad-vocab pads --tokenizer's vocabulary: give --tokenizer";
+  if (f.model.starts_with("gpt:") && f.model.find("vocab=") == std::string::npos) {
+    if (tokenizer) {
+      const int64_t size = tokenizer->size(), padded = (size + 127) / 128 * 128;
+      const std::string pad = f.padVocab && padded != size ? ",padded_vocab=" + std::to_string(padded) : "";
+      return f.model + ",vocab=" + std::to_string(size) + pad;
+    }
+    if (f.data.starts_with("tokens:")) {
+      COHORT_THROW(InvalidArgument) << "--model " << f.model << " has no vocab=, so its vocabulary is bytes (256), but "
+                                    << f.data << " holds a tokenizer's ids: add vocab=50257 for GPT-2's (llm.c's padded "
+                                    << "vocab=50304), or give --tokenizer to take its size";
+    }
+  } else if (f.padVocab) {
+    COHORT_THROW(InvalidArgument) << "--pad-vocab is for a gpt: --model without vocab= (it sets vocab= from --tokenizer)";
+  }
   if (!f.model.empty()) return f.model;
   if (!init) return kDefaultModel;
   if (init->spec.empty()) {
@@ -196,6 +215,7 @@ struct Run {
   std::unique_ptr<nn::Optimizer> optimizer;
   bool classification = true;
   std::string tokenizerDigest;  // --tokenizer's (nn::Tokenizer::digest), recorded in the checkpoints
+  TrainSamples samples;  // --sample-every's prompt and decoder
 };
 
 // Builds the run and has the job place it (the ranks meet and agree on their settings there).
@@ -204,8 +224,10 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   run.classification = f.loss == "ce";
   std::optional<nn::ModelWeights> init;
   if (!f.initFrom.empty()) init = nn::readModelWeights(f.initFrom);
-  if (!f.tokenizer.empty()) run.tokenizerDigest = nn::Tokenizer::read(f.tokenizer).digest();
-  run.spec = modelSpec(f, init ? &*init : nullptr);
+  std::shared_ptr<const nn::Tokenizer> tokenizer;
+  if (!f.tokenizer.empty()) tokenizer = std::make_shared<const nn::Tokenizer>(nn::Tokenizer::read(f.tokenizer));
+  if (tokenizer) run.tokenizerDigest = tokenizer->digest();
+  run.spec = modelSpec(f, init ? &*init : nullptr, tokenizer.get());
   run.model = nn::buildModel(run.spec);
   applyRecompute(f, *run.model);  // --recompute, before the memory floor counts its activations
   if (init) nn::checkWeightsFit(*run.model, *init);
@@ -213,6 +235,13 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   run.hints = train::datasetHints(*run.model, f.seed);
   run.trainSet = data::openDataset(f.data, data::Split::kTrain, run.hints);
   run.testSet = openTestSet(f, run.hints);
+  if (!run.testSet && world.rank == 0) {
+    const bool tokens = f.data.rfind("tokens:", 0) == 0;
+    log.info() << "no validation: " << f.data << " has no test split of its own; add "
+               << (tokens ? "--test-data tokens:VAL_SHARDS (llm.c's val shards)" : "--test-data csv:FILE")
+               << " to evaluate" << (f.evalEvery > 0 ? " (--eval-every has nothing to evaluate)" : "");
+  }
+  run.samples = trainSamples(f, *run.model, tokenizer);
   checkFits(*run.model, *run.trainSet, run.classification);
   if (run.testSet) checkFits(*run.model, *run.testSet, run.classification);
   // Before the optimizer's state or the parameters are allocated.
@@ -261,11 +290,19 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           .tokenizerDigest = run.tokenizerDigest,
           .asyncCheckpoints = f.asyncCheckpoints,
           .maxSteps = f.maxSteps,
+          .stepsPerEpoch = f.stepsPerEpoch,
           .stopRequested = &stop.requested,
           .stopSignal = &stop.signal,
           .metricsPath = metricsPath,
           .tensorboardDir = f.tensorboard,
           .logEverySteps = f.logEverySteps,
+          .evalEverySteps = f.evalEvery,
+          .evalBatches = f.evalBatches,
+          .sampleEverySteps = f.sampleEvery,
+          .sampleTokens = f.sampleTokens,
+          .samplePrompt = run.samples.prompt,
+          .sampleDecode = run.samples.decode,
+          .peakFlops = f.peakFlops,
           .lrSchedule = lrScheduleOptions(f, run.lr),
           .clipGradNorm = static_cast<float>(f.clipGradNorm),
           .skipNonFinite = f.skipNonFinite,

@@ -37,7 +37,11 @@ void addModelAndDataFlags(CLI::App& c, TrainFlags& f) {
                "test data, any --data form (default: the test split of --data; none for csv and tokens:)");
   c.add_option("--tokenizer", f.tokenizer,
                "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
-               "merges.txt, tiktoken's .tiktoken): its digest is recorded in checkpoints, for generate to check");
+               "merges.txt, tiktoken's .tiktoken): a gpt: spec without vocab= takes its size; it encodes "
+               "--sample-prompt and prints the samples; its digest is recorded in checkpoints, for generate to check");
+  c.add_flag("--pad-vocab", f.padVocab,
+             "with --tokenizer and a gpt: spec without vocab=: pad the vocabulary to a multiple of 128 (llm.c's 50304 for "
+             "50257), the padding's logits left out of the loss (padded_vocab=)");
 }
 
 // The flags of how the workers train together and where.
@@ -127,7 +131,11 @@ void addRunFlags(CLI::App& c, TrainFlags& f) {
   c.add_flag("--resume-on-new-data", f.resumeOnNewData,
              "with --resume: accept training data other than the checkpoint's (refused otherwise), keeping the "
              "weights, optimizer state and step count, and start the checkpoint's epoch afresh on it (a new order)");
-  c.add_option("--max-steps", f.maxSteps, "stop after N optimizer steps in all (a checkpoint is written)");
+  c.add_option("--max-steps", f.maxSteps,
+               "stop after N optimizer steps in all (a checkpoint is written); in hogwild each worker counts its own");
+  c.add_option("--steps-per-epoch", f.stepsPerEpoch,
+               "an epoch is N optimizer steps (or the data's, if fewer): evaluation, epoch line and checkpoint there, "
+               "and the next epoch a new order of the data (a run over a large corpus)");
   c.add_flag("--async-checkpoints", f.asyncCheckpoints,
              "with --zero: each checkpoint's shards are copied to memory and written in the background while "
              "training goes on, and committed at a later step once every worker's file is on disk");
@@ -137,7 +145,8 @@ void addRunFlags(CLI::App& c, TrainFlags& f) {
 void addOutputFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--metrics", f.metrics, "append one JSON line per epoch to this file");
   c.add_option("--log-every-steps", f.logEverySteps,
-               "also append a metrics line every N optimizer steps (rank 0's loss, learning rate and samples/s)");
+               "every N optimizer steps rank 0 prints a step line (loss, lr, grad norm, ms/step, tokens/s, MFU) and "
+               "appends it as a metrics line");
   c.add_option("--progress-every", f.progressEvery,
                "rank 0's progress within an epoch: on a terminal one line rewritten in place; otherwise a line every S "
                "seconds (0: none)")
@@ -160,6 +169,25 @@ void addOutputFlags(CLI::App& c, TrainFlags& f) {
       ->capture_default_str();
   c.add_flag("--memory-report", f.memoryReport,
              "print the memory the run used at the end (GPU: the caching allocator's allocated, reserved and peak bytes)");
+}
+
+// The flags of watching a run: evaluation and samples every N steps, the MFU's peak.
+void addWatchFlags(CLI::App& c, TrainFlags& f) {
+  c.add_option("--peak-flops", f.peakFlops,
+               "the device's peak FLOP/s for the MFU of the step lines (default: a GPU's from its compute capability, "
+               "the CPU's measured by a short sgemm probe)");
+  c.add_option(
+      "--eval-every", f.evalEvery,
+      "also evaluate the test set every N optimizer steps and before the first (log, metrics, TensorBoard, plot)");
+  c.add_option("--eval-batches", f.evalBatches,
+               "evaluations (the epochs' too) cover the test set's first K evaluation batches, the same every time "
+               "(default: all of it)");
+  c.add_option("--sample-every", f.sampleEvery,
+               "a gpt: model: every N optimizer steps rank 0 prints a sample continuing --sample-prompt");
+  c.add_option("--sample-tokens", f.sampleTokens, "tokens of each sample")->capture_default_str();
+  c.add_option("--sample-prompt", f.samplePrompt,
+               "the samples' prompt: text, encoded by --tokenizer (<|endoftext|> its special token), else its bytes")
+      ->capture_default_str();
 }
 
 // The flags of Hogwild averaging across nodes, the GPU's arithmetic, and the wait for other workers.
@@ -193,6 +221,7 @@ void addTrainFlags(CLI::App& c, TrainFlags& f) {
   addStepFlags(c, f);
   addRunFlags(c, f);
   addOutputFlags(c, f);
+  addWatchFlags(c, f);
   addTuningFlags(c, f);
 }
 
@@ -224,12 +253,10 @@ void validateJobFlags(const TrainFlags& f, const runtime::WorldInfo& world) {
   }
   if (f.averageEvery < 0) COHORT_THROW(InvalidArgument) << "--average-every must be >= 0 steps (0: the default, 16), got " << f.averageEvery;
   if (f.averageEvery > 0 && f.mode != "hogwild") COHORT_THROW(InvalidArgument) << "--average-every applies to --mode hogwild only";
-  if (f.mode == "hogwild") {
-    if (f.checkpointEvery > 0 || f.maxSteps > 0) {
-      COHORT_THROW(InvalidArgument) << (f.maxSteps > 0 ? "--max-steps" : "--checkpoint-every")
-                                    << " needs workers that step together (--mode local or allreduce): Hogwild workers "
-                                       "meet (and checkpoint) only at the end of each epoch";
-    }
+  if (f.mode == "hogwild" && f.checkpointEvery > 0) {
+    COHORT_THROW(InvalidArgument) << "--checkpoint-every needs workers that step together (--mode local or allreduce): "
+                                     "Hogwild workers meet (and checkpoint) only at the end of each epoch (or at "
+                                     "--max-steps)";
   }
   runtime::timeoutFromSeconds(f.timeout, "--timeout");  // refuses <= 0 and NaN; saturates huge values
   if (!f.backend.empty() && f.mode != "allreduce") COHORT_THROW(InvalidArgument) << "--backend applies to --mode allreduce only";
@@ -287,6 +314,17 @@ void validateNumbers(const TrainFlags& f) {
                                   << " (2^40); a batch as large as the data set takes all of it";
   }
   if (f.logEverySteps < 0) COHORT_THROW(InvalidArgument) << "--log-every-steps must be >= 0, got " << f.logEverySteps;
+  const std::pair<const char*, int64_t> counts[] = {{"--eval-every", f.evalEvery},
+                                                    {"--eval-batches", f.evalBatches},
+                                                    {"--sample-every", f.sampleEvery},
+                                                    {"--steps-per-epoch", f.stepsPerEpoch}};
+  for (const auto& [flag, value] : counts) {
+    if (value < 0) COHORT_THROW(InvalidArgument) << flag << " must be >= 0, got " << value;
+  }
+  if (f.sampleTokens <= 0) COHORT_THROW(InvalidArgument) << "--sample-tokens must be > 0, got " << f.sampleTokens;
+  if (!(f.peakFlops >= 0) || !std::isfinite(f.peakFlops)) {
+    COHORT_THROW(InvalidArgument) << "--peak-flops must be a finite number of FLOP/s >= 0, got " << f.peakFlops;
+  }
   if (f.accumulateSteps < 1 || f.accumulateSteps > kMaxAccumulateSteps) {
     COHORT_THROW(InvalidArgument) << "--accumulate-steps must be 1.." << kMaxAccumulateSteps << ", got " << f.accumulateSteps;
   }

@@ -25,7 +25,10 @@ struct TrainFlags {
   std::string initFrom;  // weights to start from: a Cohort checkpoint, HuggingFace GPT-2 or llm.c model file
   std::string data = "synthetic";
   std::string testData;
-  std::string tokenizer;  // GPT-2's tokenizer (file or folder); its digest is recorded in the checkpoint
+  // GPT-2's tokenizer (file or folder): the vocabulary of a gpt: spec without vocab=, the samples'
+  // encoder and decoder; its digest is recorded in the checkpoint
+  std::string tokenizer;
+  bool padVocab = false;  // --pad-vocab: that vocabulary padded to a multiple of 128
   bool augment = false;
   std::string mode = "local";
   std::string backend;
@@ -56,7 +59,14 @@ struct TrainFlags {
   bool memoryReport = false;
   std::string lrSchedule = "constant";  // constant | step | cosine
   int64_t accumulateSteps = 1;
-  int64_t logEverySteps = 0;            // > 0: a metrics line every N optimizer steps
+  int64_t logEverySteps = 0;            // > 0: a step line (console and metrics) every N optimizer steps
+  double peakFlops = 0;                 // the device's peak FLOP/s for the MFU; 0: found out
+  int64_t evalEvery = 0;                // > 0: evaluate every N optimizer steps (and at step 0)
+  int64_t evalBatches = 0;              // > 0: evaluations cover the test set's first K batches
+  int64_t sampleEvery = 0;              // > 0: rank 0 prints a sample every N optimizer steps (GPT)
+  int64_t sampleTokens = 32;
+  std::string samplePrompt = "<|endoftext|>";
+  int64_t stepsPerEpoch = 0;            // > 0: an epoch is N optimizer steps
   double clipGradNorm = 0;              // > 0: clip the gradient to this global L2 norm
   int64_t skipNonFinite = 0;            // non-finite steps to skip before stopping (exit 6)
   double skipSpikes = 0;                // z of the spike rule; 0: off

@@ -84,6 +84,8 @@ TrainResult Trainer::run() {
   // The schedule is a pure function of the optimizer's step count, which checkpoints hold: a resumed
   // run continues it exactly.
   if (schedule_) lrAt_ = [this](int64_t steps) { return schedule_->lrAt(steps); };
+  // nanoGPT evaluates before the first step too; a resumed run did at its checkpoint's step.
+  if (options_.evalEverySteps > 0 && pos.step == 0) evaluateAtStep(pos);
   TrainResult result;
   for (; pos.epoch < options_.epochs; ++pos.epoch, pos.batch = pos.seen = 0) {
     if (runEpoch(pos, batches, result)) break;
@@ -119,21 +121,31 @@ void Trainer::startObserving() {
   }
   const ProgressMode mode = detectProgressMode(options_.progressEverySeconds);
   if (job_.world().rank != 0 || mode == ProgressMode::kOff) return;
-  const int64_t stepsPerEpoch = (loader_.batchesPerEpoch() + options_.accumulateSteps - 1) / options_.accumulateSteps;
   progress_ = std::make_unique<Progress>(ProgressOptions{.mode = mode,
                                                          .everySeconds = options_.progressEverySeconds,
                                                          .fd = 1,
                                                          .epochs = options_.epochs,
-                                                         .stepsPerEpoch = stepsPerEpoch,
+                                                         .stepsPerEpoch = stepsPerEpoch(),
                                                          .maxSteps = options_.maxSteps,
                                                          .samplesScale = job_.world().worldSize,
                                                          .clock = {},
                                                          .prefix = job_.log().prefix()});
 }
 
+int64_t Trainer::epochEndBatch() const {
+  const int64_t end = loader_.endBatch();
+  return options_.stepsPerEpoch > 0 ? std::min(end, options_.stepsPerEpoch * options_.accumulateSteps) : end;
+}
+
+int64_t Trainer::stepsPerEpoch() const {
+  const int64_t k = options_.accumulateSteps, data = (loader_.batchesPerEpoch() + k - 1) / k;
+  return options_.stepsPerEpoch > 0 ? std::min(data, options_.stepsPerEpoch) : data;
+}
+
 bool Trainer::runEpoch(Position& pos, Batches& batches, TrainResult& result) {
   const auto epochStart = Clock::now();
   const int64_t samplesBefore = pos.samples;
+  pausedSeconds_ = 0;
   // From the samples the job has seen of the epoch, on whatever number of ranks (an elastic resume):
   // the same batches as from pos.batch where that number has not changed.
   batches.startEpoch(pos.epoch, pos.seen);
@@ -143,7 +155,7 @@ bool Trainer::runEpoch(Position& pos, Batches& batches, TrainResult& result) {
   StepWindow window;
   timeline_.setStep(pos.step + 1);
   if (progress_) progress_->startEpoch(pos.epoch, (pos.batch + k - 1) / k);
-  for (runtime::data::Batch batch;;) {
+  for (runtime::data::Batch batch; pos.batch < epochEndBatch();) {
     {
       Timeline::Scope span(timeline_, SpanKind::kData);  // the batch's wait is a span of its own
       if (!batches.next(batch)) break;
@@ -153,7 +165,8 @@ bool Trainer::runEpoch(Position& pos, Batches& batches, TrainResult& result) {
   settleSteps(pos, window, 0);
   collectGpuSums(pos);  // also waits for the epoch's last step, so the time below includes it
   if (progress_) progress_->endEpoch();
-  finishEpoch(pos, result, secondsSince(epochStart), pos.samples - samplesBefore);
+  // Evaluations and samples within the epoch are not training time.
+  finishEpoch(pos, result, std::max(0.0, secondsSince(epochStart) - pausedSeconds_), pos.samples - samplesBefore);
   return stopsAfterEpoch(pos, result);
 }
 
@@ -167,7 +180,7 @@ bool Trainer::trainBatch(const runtime::data::Batch& batch, Position& pos, StepG
   const int64_t k = options_.accumulateSteps;
   const int64_t first = batch.index - (batch.index - loader_.firstBatch()) % k;
   const int micro = static_cast<int>(batch.index - first);
-  const int groupSize = static_cast<int>(std::min(k, loader_.endBatch() - first));
+  const int groupSize = static_cast<int>(std::min(k, epochEndBatch() - first));
   const nn::Pass pass = job_.pass({.microBatch = micro, .microBatches = groupSize, .rng = &rng_});
   forwardBackward(batch, pass, group);
   if (micro + 1 < groupSize) return false;  // more micro-batches before this step
@@ -222,11 +235,19 @@ void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass&
 
 bool Trainer::stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& result) {
   settleCheckpoint(false);  // an asynchronous checkpoint committed as soon as every rank's file is durable
-  const bool midEpoch = pos.batch < loader_.endBatch();
+  const bool midEpoch = pos.batch < epochEndBatch();
   const bool maxStepsDue = options_.maxSteps > 0 && pos.step >= options_.maxSteps && midEpoch;
   const bool checkpointDue = options_.checkpointEvery > 0 && pos.step % options_.checkpointEvery == 0 && midEpoch;
+  const bool evalDue = everyDue(options_.evalEverySteps, pos.step);
+  const bool sampleDue = everyDue(options_.sampleEverySteps, pos.step);
   // Whatever reads the parameters or the step's figures waits for the queued steps first.
-  if (maxStepsDue || checkpointDue || stopVoteDue(pos.step)) settleSteps(pos, window, 0);
+  if (maxStepsDue || checkpointDue || evalDue || sampleDue || stopVoteDue(pos.step)) settleSteps(pos, window, 0);
+  // Before the checkpoint of this step, so that a run resumed from it does not repeat them; their
+  // time is not the step window's.
+  const double paused = pausedSeconds_;
+  if (evalDue) evaluateAtStep(pos);
+  if (sampleDue) sampleAtStep(pos.step);
+  window.start += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(pausedSeconds_ - paused));
   if (stopAgreed(pos.step, false) && midEpoch) {
     settleSteps(pos, window, 0);
     if (progress_) progress_->clearLine();
@@ -360,7 +381,7 @@ EpochReport Trainer::jobFigures(const Position& pos, TrainResult& result, double
   result.skippedSteps = pos.skipped;
   result.skippedSpikes = pos.spikes;
   const double epochJobPerSec = seconds[1] > 0 ? samples[1] / seconds[1] : 0;
-  if (std::optional<Evaluation> e = evaluateTest()) {  // rank 0's; every rank takes part
+  if (std::optional<Evaluation> e = evaluateForEpoch(pos)) {  // rank 0's; every rank takes part
     result.testLoss = e->loss;
     result.testAcc = e->accuracy;
     result.haveTest = true;
@@ -399,7 +420,7 @@ TrainResult Trainer::alreadyDone(const Position& pos, Clock::time_point start) {
   result.skippedSpikes = pos.spikes;
   result.trainLoss = pos.lastTrainLoss;
   result.trainAcc = pos.lastTrainAcc;
-  if (std::optional<Evaluation> e = evaluateTest()) {  // rank 0's; every rank takes part
+  if (std::optional<Evaluation> e = evaluateTestPrefix(evalSamples())) {  // rank 0's; every rank takes part
     result.testLoss = e->loss;
     result.testAcc = e->accuracy;
     result.haveTest = true;
@@ -415,7 +436,9 @@ Evaluation Trainer::evaluate(const runtime::data::Dataset& data) {
   return evaluationOf(sums, data.size(), loss_.positions());
 }
 
-std::optional<Evaluation> Trainer::evaluateTest() {
+std::optional<Evaluation> Trainer::evaluateTest() { return evaluateTestPrefix(0); }
+
+std::optional<Evaluation> Trainer::evaluateTestPrefix(int64_t samples) {
   const int rank = job_.world().rank, ranks = job_.world().worldSize;
   // Shared when every rank holds the same test set and chunks it alike (testKey_, in three 16-bit
   // parts): the largest of each part (-1: none) and of minus each (+1 where a rank holds none) agree.
@@ -433,19 +456,26 @@ std::optional<Evaluation> Trainer::evaluateTest() {
   const Job::ParamsGathered gathered = job_.gatherParams();
   if (!shared && (!test_ || rank != 0)) return std::nullopt;
   Timeline::Scope span(timeline_, SpanKind::kEvaluate);
-  if (!shared) return evaluate(*test_);
-  const int64_t n = test_->size(), chunk = evaluationChunk(model_, options_.evalBatchSize), chunks = chunkCount(n, chunk);
-  const int64_t first = chunks * rank / ranks, last = chunks * (rank + 1) / ranks;
-  std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0), pieces(kPiecesPerSum * sums.size(), 0.0);
+  // A prefix of whole chunks (or the whole set): the chunks are the whole set's first ones.
+  const int64_t n = samples > 0 ? std::min(samples, test_->size()) : test_->size();
+  const int64_t chunk = evaluationChunk(model_, options_.evalBatchSize), chunks = chunkCount(n, chunk);
+  const int64_t first = shared ? chunks * rank / ranks : 0, last = shared ? chunks * (rank + 1) / ranks : chunks;
+  // The last piece: the loss's positions per sample from the rank that evaluated chunk 0 (a rank
+  // that evaluated nothing, e.g. before the first step, does not know them).
+  std::vector<double> sums(2 * static_cast<size_t>(chunks), 0.0), pieces(kPiecesPerSum * sums.size() + 1, 0.0);
   evaluateChunks(*test_, chunk, first, last, sums);
+  if (!shared) return evaluationOf(sums, n, loss_.positions());
+  if (first == 0 && last > 0) pieces.back() = static_cast<double>(loss_.positions());
   // Job::reduce may go through float32 (ReplicaPlacement): the sums cross it as whole numbers.
   const size_t mine = 2 * static_cast<size_t>(first), count = 2 * static_cast<size_t>(last - first);
   splitSums(std::span<const double>(sums).subspan(mine, count),
             std::span<double>(pieces).subspan(kPiecesPerSum * mine, kPiecesPerSum * count));
   job_.reduce(pieces, Reduce::kSum);  // each chunk's from the one rank that has it, 0 from the others
   if (rank != 0) return std::nullopt;
+  const auto positions = static_cast<int64_t>(pieces.back());
+  pieces.pop_back();
   joinSums(pieces, sums);
-  return evaluationOf(sums, n, loss_.positions());
+  return evaluationOf(sums, n, positions);
 }
 
 void Trainer::evaluateChunks(const runtime::data::Dataset& data, int64_t chunk, int64_t first, int64_t last,

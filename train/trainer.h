@@ -1,9 +1,11 @@
 // Trainer: the training loop every worker runs (docs/architecture.md, "One training step"),
 // readable on one screen, for any model placed by a train::Job and any Dataset.
 //
+//   (evaluate at step 0: evalEverySteps)
 //   for epoch: loader.startEpochAfter(epoch, samplesSeen)   (0, or where a resumed epoch stopped)
-//     for batch: forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
-//                -> (checkpoint every N steps)
+//     for batch (up to stepsPerEpoch steps' worth, if set):
+//                forward -> loss -> backward -> (every accumulateSteps batches) job.step() -> onStepEnd
+//                -> (step line, evaluation, sample every N steps; trainer_eval.cc) -> (checkpoint every N steps)
 //                a non-finite loss or gradient (train/step.h): stop with Diverged, or skip the step
 //                (skipNonFinite)
 //     the job's mean loss and throughput; evaluate on the test set (shared by the ranks that hold
@@ -110,7 +112,15 @@ struct TrainerOptions {
   // rank's file is durable (Job::settleCheckpoint; the run's end waits for it). Rank 0 logs each
   // commit: how long training waited, the staging memory per rank, how long the write took.
   bool asyncCheckpoints = false;
-  int64_t maxSteps = 0;          // > 0: stop after this many optimizer steps in all (checkpointed; not in Hogwild)
+  // > 0: stop after this many optimizer steps in all (checkpointed). In Hogwild each worker counts its
+  // own steps (every worker of a run takes as many batches an epoch), so all stop at the same count.
+  int64_t maxSteps = 0;
+  // > 0: an epoch is this many optimizer steps (or the data's steps per epoch, if fewer): it ends
+  // there (evaluation, epoch line, checkpoint) and the next epoch starts a new order of the data, as
+  // the loader's next epoch: over a corpus larger than the run, every epoch is a fresh random draw
+  // of windows, as nanoGPT samples them. 0: an epoch is the whole training set. Not with an elastic
+  // resume (another number of ranks), whose batches are numbered otherwise.
+  int64_t stepsPerEpoch = 0;
   // Set asynchronously (e.g. by a SIGUSR1 handler): stop after the current step (agreed by all
   // ranks), write the checkpoint and return.
   const std::atomic<bool>* stopRequested = nullptr;
@@ -121,8 +131,34 @@ struct TrainerOptions {
   // Rank 0 writes the metrics as TensorBoard scalars into a new event file there (docs/observing.md
   // names the tags); empty: none.
   std::string tensorboardDir = {};
-  int64_t logEverySteps = 0;     // > 0: also a metrics line every N optimizer steps (rank 0's figures)
+  // > 0: every N optimizer steps rank 0 logs a step line as nanoGPT and llm.c print it (step, loss,
+  // lr, gradient norm, ms per step, tokens/s or samples/s, MFU: train/observe/mfu.h) and writes the
+  // same figures as a metrics line (rank 0's figures over the last N steps).
+  int64_t logEverySteps = 0;
   int64_t evalBatchSize = 1000;  // samples per forward pass of the evaluation (train::evaluationChunk)
+  // Evaluation while training (nanoGPT's eval_interval, llm.c's val_loss_every): > 0, the test set is
+  // evaluated after every evalEverySteps optimizer steps and before the first (step 0), every rank
+  // taking part as at an epoch's end; rank 0 logs "eval step S: test_loss ..." and writes an "eval"
+  // metrics line (docs/observing.md). In Hogwild each worker's own step count decides, as for maxSteps.
+  int64_t evalEverySteps = 0;
+  // > 0: every evaluation (the epochs' too) covers the first evalBatches evaluation chunks of the test
+  // set (train::evaluationChunk of evalBatchSize): the same samples every time, so the figures compare
+  // (llm.c's val_max_steps). 0: the whole test set.
+  int64_t evalBatches = 0;
+  // Samples while training (llm.c's sample_every), GPT models only: > 0, after every sampleEverySteps
+  // optimizer steps rank 0 continues samplePrompt (token ids) by sampleTokens tokens with
+  // nn::GptSampler on a CPU copy of the current parameters (gathered where ZeRO 3 shards them:
+  // collective), drawn with a runtime::Rng of its own seeded by sampleSeed (the training's Rng and
+  // data order are untouched: a run ends on the same parameters with and without samples), and logs
+  // them as text through sampleDecode (id -> text; unset: the ids, comma-separated).
+  int64_t sampleEverySteps = 0;
+  int64_t sampleTokens = 32;
+  std::vector<int64_t> samplePrompt = {};  // at least one id below the vocabulary
+  uint64_t sampleSeed = 1337;
+  std::function<std::string(int64_t)> sampleDecode = {};
+  // The model's peak FLOP/s for the MFU of the step lines (train/observe/mfu.h); 0: found out, from
+  // the GPU's compute capability, or on the CPU measured by a short sgemm probe at start-up.
+  double peakFlops = 0;
   // The learning rate of each optimizer step (nn/lr_schedule.h), set on the optimizer before the
   // step; baseLr 0 takes the optimizer's own. totalSteps 0 means the run's: epochs x steps per epoch
   // (maxSteps only stops the run early). Unset: the optimizer's learning rate throughout.
@@ -241,17 +277,19 @@ struct TrainResult {
 
 class MetricsSink;
 class Progress;
+struct StepFigures;
 
 class Trainer {
  public:
-  // InvalidArgument for a job that is not placed, for checkpointEvery or maxSteps where ranks do not
-  // step together (Hogwild), for `classification` with a loss that counts no correct predictions,
-  // and for data the model cannot take, found before any step: a sample shape other than
-  // ModelInfo::sampleShape (its element count, where known; flat rows of 784 for a [1, 28, 28] model
-  // are fine), a batch the network refuses (Module::outputShape, naming the layer as nn::LayerError
-  // does), or targets its output cannot match (fewer outputs than classes; another count of
-  // regression values). Both sets are checked, each named with its shape and the model's.
-  // Collective (the settings' agreement), after which ranks given different data fail alike.
+  // InvalidArgument for a job that is not placed, for checkpointEvery where ranks do not step together
+  // (Hogwild), for samples of a model that is not a GPT or a prompt outside its vocabulary, for
+  // `classification` with a loss that counts no correct predictions, and for data the model cannot take,
+  // found before any step: a sample shape other than ModelInfo::sampleShape (its element count, where
+  // known; flat rows of 784 for a [1, 28, 28] model are fine), a batch the network refuses
+  // (Module::outputShape, naming the layer as nn::LayerError does), or targets its output cannot match
+  // (fewer outputs than classes; another count of regression values). Both sets are checked, each named
+  // with its shape and the model's. Collective (the settings' agreement), after which ranks given
+  // different data fail alike.
   Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, const runtime::data::Dataset* test,
           TrainerOptions options, TrainerCallbacks callbacks = {});
   ~Trainer();
@@ -412,10 +450,34 @@ class Trainer {
     double lossSum = 0;
     int64_t samples = 0;
     double gradNormSum = 0;
-    int64_t steps = 0;  // applied
+    int64_t steps = 0;     // applied
+    int64_t allSteps = 0;  // skipped ones too (ms per step)
     Clock::time_point start = Clock::now();
   };
   void logSteps(const QueuedStep& queued, StepWindow& window);
+  // The step line on the log (rank 0), as nanoGPT and llm.c print it (trainer_log.cc).
+  void logStepLine(const StepFigures& f) const;
+  // The figures of a step window: loss, lr, grad norm, ms per step, tokens/s, MFU.
+  StepFigures stepFigures(const QueuedStep& queued, const StepWindow& window) const;
+  // The MFU's terms (train/observe/mfu.h): found on rank 0 at start when step lines are logged.
+  void prepareMfu();
+  // Where an epoch's batches end: the loader's end, or stepsPerEpoch steps' worth of them.
+  int64_t epochEndBatch() const;
+  // Optimizer steps per epoch (stepsPerEpoch where it is set and fewer than the data's).
+  int64_t stepsPerEpoch() const;
+  // Whether something every `every` steps is due after step `step` (every > 0).
+  static bool everyDue(int64_t every, int64_t step) { return every > 0 && step > 0 && step % every == 0; }
+  // The test samples an evaluation covers: evalBatches chunks, or all (trainer_eval.cc).
+  int64_t evalSamples() const;
+  // evaluateTest() over the test set's first `samples` samples (0: all of them). Collective.
+  std::optional<Evaluation> evaluateTestPrefix(int64_t samples);
+  // The evaluation of evalEverySteps at `pos` (every rank; rank 0 logs it and writes the eval line).
+  void evaluateAtStep(const Position& pos);
+  // The epoch's evaluation: the one just made at this step, else a new one. Collective.
+  std::optional<Evaluation> evaluateForEpoch(const Position& pos);
+  // The sample of sampleEverySteps at `step` (every rank: gathers the parameters; rank 0 logs it).
+  void sampleAtStep(int64_t step);
+  void checkSampleOptions() const;
   bool timed() const { return options_.stepReport || !options_.tracePath.empty(); }
 
   Job& job_;
@@ -449,6 +511,15 @@ class Trainer {
   std::unique_ptr<Progress> progress_;              // rank 0's, unless off
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> sampleLog_{nullptr, &std::fclose};
   std::deque<QueuedStep> queued_;  // deferred steps whose results are not handled yet, oldest first
+  // The last evaluation at a step (evaluateAtStep): its step (-1: none) and rank 0's figures.
+  int64_t lastEvalStep_ = -1;
+  std::optional<Evaluation> lastEval_;
+  bool warnedNoTest_ = false;
+  double pausedSeconds_ = 0;  // this epoch's evaluations and samples at steps: not training time
+  struct SampleModel;  // a CPU copy of the GPT that samples (trainer_sample.cc)
+  std::shared_ptr<SampleModel> sampleModel_;  // shared_ptr: destroyed where the type is incomplete
+  double flopsPerSample_ = 0;  // the model's training FLOPs per sample (0: unknown)
+  double peakFlops_ = 0;       // the device's peak FLOP/s (0: unknown)
 };
 
 }  // namespace cohort::train

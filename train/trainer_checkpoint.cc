@@ -137,6 +137,13 @@ void Trainer::loadPosition(const nn::Metadata& m, Position& pos) {
     COHORT_THROW(IoError) << path << ": checkpoint has seen " << pos.seen << " samples of an epoch of " << n;
   }
   if (wasRanks == ranks) return;
+  if (options_.stepsPerEpoch > 0 && !newData_) {
+    COHORT_THROW(InvalidArgument) << path << ": checkpoint was written by " << wasRanks << " ranks and this job has "
+                                  << ranks << ": an epoch of " << options_.stepsPerEpoch
+                                  << " steps (--steps-per-epoch) "
+                                  << "ends at a batch that depends on the number of ranks, so it cannot continue "
+                                  << "(resume with " << wasRanks << " ranks)";
+  }
   if (schedule_ && schedule_->options().kind == nn::LrScheduleKind::kCosine && options_.lrSchedule->totalSteps == 0) {
     COHORT_THROW(InvalidArgument) << path << ": checkpoint was written by " << wasRanks << " ranks and this job has "
                                   << ranks << ": the cosine schedule spans the run's optimizer steps, whose number "

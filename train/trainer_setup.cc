@@ -72,6 +72,9 @@ Settings trainerSettings(const nn::Metadata& data, const runtime::data::Dataset&
       {"checkpoint_every", std::to_string(o.checkpointEvery)},
       {"resume", o.resume ? (o.resumeOnNewData ? "yes, on new data" : "yes") : "no"},
       {"max_steps", std::to_string(o.maxSteps)},
+      {"steps_per_epoch", std::to_string(o.stepsPerEpoch)},
+      {"eval_every", std::to_string(o.evalEverySteps) + ", " + std::to_string(o.evalBatches) + " batches"},
+      {"sample_every", std::to_string(o.sampleEverySteps)},
       {"accumulate_steps", std::to_string(o.accumulateSteps)},
       {"lr_schedule", schedule ? schedule->describe() : "none"},
       {"clip_grad_norm", std::to_string(o.clipGradNorm)},
@@ -81,13 +84,13 @@ Settings trainerSettings(const nn::Metadata& data, const runtime::data::Dataset&
 
 // The schedule with the run's defaults filled in (see TrainerOptions::lrSchedule).
 std::optional<nn::LrSchedule> makeSchedule(const TrainerOptions& o, const nn::Optimizer& optimizer,
-                                           int64_t batchesPerEpoch) {
+                                           int64_t stepsPerEpoch) {
   if (!o.lrSchedule) return std::nullopt;
   nn::LrScheduleOptions s = *o.lrSchedule;
   if (s.baseLr == 0) s.baseLr = optimizer.options().lr;
   // Over the epochs, whatever maxSteps says: a run stopped by maxSteps and resumed follows the same
   // schedule as one that never stopped.
-  if (s.totalSteps == 0) s.totalSteps = o.epochs * ((batchesPerEpoch + o.accumulateSteps - 1) / o.accumulateSteps);
+  if (s.totalSteps == 0) s.totalSteps = o.epochs * stepsPerEpoch;
   return nn::LrSchedule(s);
 }
 
@@ -126,12 +129,13 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   loss_.setGradType(job_.options().precision);  // bf16 passes: the gradient the model's bf16 head reads
   checkOptions();
   classification_ = inferClassification(options_, loss_, train);
-  schedule_ = makeSchedule(options_, job_.optimizer(), loader_.batchesPerEpoch());
+  schedule_ = makeSchedule(options_, job_.optimizer(), stepsPerEpoch());
   // The settings first, so that ranks given different data fail alike, naming the difference.
   job_.agree(trainerSettings(trainData_, train, options_, classification_, lrSchedule()));
   checkData(train, "training");
   if (test_) checkData(*test_, "test");
   prepareOutputs();
+  prepareMfu();
 }
 
 // Rank 0 writes the checkpoints, the trace and the TensorBoard file: find out now, not after an epoch
@@ -189,10 +193,11 @@ void Trainer::checkOptions() const {
     COHORT_THROW(InvalidArgument) << "progressEverySeconds must be a finite number >= 0 (0: no progress), got "
                                   << options_.progressEverySeconds;
   }
-  if (!job_.lockstep() && (options_.checkpointEvery > 0 || options_.maxSteps > 0)) {
-    COHORT_THROW(InvalidArgument) << "checkpointEvery and maxSteps need ranks that step together: Hogwild workers meet "
-                                     "(and checkpoint) only at the end of each epoch";
+  if (!job_.lockstep() && options_.checkpointEvery > 0) {
+    COHORT_THROW(InvalidArgument) << "checkpointEvery needs ranks that step together: Hogwild workers meet "
+                                     "(and checkpoint) only at the end of each epoch (or at maxSteps)";
   }
+  checkSampleOptions();
   if (options_.asyncCheckpoints && (job_.options().zero == 0 || options_.checkpointPath.empty())) {
     COHORT_THROW(InvalidArgument) << "asyncCheckpoints needs a checkpoint path and a sharded job (zero >= 1): the shard "
                                      "files are what is written in the background";

@@ -160,19 +160,33 @@ void Trainer::checkStepInputs(const QueuedStep& queued) {
 #endif
 }
 
+StepFigures Trainer::stepFigures(const QueuedStep& queued, const StepWindow& window) const {
+  const double seconds = secondsSince(window.start);
+  StepFigures f;
+  f.epoch = queued.epoch + 1;
+  f.step = queued.step;
+  f.lr = job_.optimizer().options().lr;
+  f.samplesPerSec = seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0;
+  if (window.steps > 0) f.gradNorm = window.gradNormSum / static_cast<double>(window.steps);
+  // On a GPU the losses stay on the device until the epoch's end.
+  if (!job_.gpu() && window.samples > 0) f.trainLoss = window.lossSum / static_cast<double>(window.samples);
+  f.msPerStep = window.allSteps > 0 ? 1e3 * seconds / static_cast<double>(window.allSteps) : 0.0;
+  if (loss_.positions() > 1) f.tokensPerSec = f.samplesPerSec * static_cast<double>(loss_.positions());
+  // This rank's FLOPs against one device's peak (each rank has its own device, or its share of the CPU).
+  if (flopsPerSample_ > 0 && peakFlops_ > 0) f.mfu = f.samplesPerSec * flopsPerSample_ / peakFlops_;
+  return f;
+}
+
 void Trainer::logSteps(const QueuedStep& queued, StepWindow& window) {
+  ++window.allSteps;
   if (options_.logEverySteps <= 0 || queued.step % options_.logEverySteps != 0) return;
-  if (metrics_) {
-    const double seconds = secondsSince(window.start);
-    StepFigures f{.epoch = queued.epoch + 1,
-                  .step = queued.step,
-                  .lr = job_.optimizer().options().lr,
-                  .samplesPerSec = seconds > 0 ? static_cast<double>(window.samples) / seconds : 0.0};
-    if (window.steps > 0) f.gradNorm = window.gradNormSum / static_cast<double>(window.steps);
-    // On a GPU the losses stay on the device until the epoch's end.
-    if (!job_.gpu() && window.samples > 0) f.trainLoss = window.lossSum / static_cast<double>(window.samples);
-    metrics_->steps(f);
-    if (!metrics_->failure().empty()) userStop_ = true;  // stop at the next checkpoint (Trainer::run throws)
+  if (job_.world().rank == 0) {
+    const StepFigures f = stepFigures(queued, window);
+    logStepLine(f);
+    if (metrics_) {
+      metrics_->steps(f);
+      if (!metrics_->failure().empty()) userStop_ = true;  // stop at the next checkpoint (Trainer::run throws)
+    }
   }
   window = StepWindow{};
 }

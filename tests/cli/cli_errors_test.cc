@@ -208,8 +208,8 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError({"--resume"}, {"--resume", "--checkpoint"});
   expectInputError({"--resume", "--metrics", dir_ + "/metrics.jsonl"}, {"--resume", "--checkpoint"});
   // Hogwild's limits name the modes that have what it lacks.
-  expectInputError(withOutputs({"--mode", "hogwild", "--max-steps", "5"}),
-                   {"--max-steps", "step together (--mode local or allreduce)"});
+  expectInputError(withOutputs({"--mode", "hogwild", "--checkpoint-every", "5"}),
+                   {"--checkpoint-every", "step together (--mode local or allreduce)"});
   // How allreduce keeps the parameters: one choice, where it applies.
   expectInputError({"--mode", "allreduce", "--replicas", "--no-replicas"}, {"--replicas and --no-replicas", "give one"});
   expectInputError({"--mode", "hogwild", "--no-replicas"}, {"--no-replicas applies to --mode allreduce only"});

@@ -1,7 +1,8 @@
 // The fragments of docs/api.md (a loop of your own, micro-batches, clipping, deferred steps, the
-// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer), each compiled in a function whose parameters are the names the doc's
-// fragment uses, so that a renamed or retyped API breaks this build instead of the doc's readers.
-// Compiled, not run: the loops need a job; tests/train runs the same calls.
+// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer, watching a run), each compiled
+// in a function whose parameters are the names the doc's fragment uses, so that a renamed or retyped API
+// breaks this build instead of the doc's readers. Compiled, not run: the loops need a job; tests/train
+// runs the same calls.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -52,6 +53,12 @@ void asyncCheckpoints(train::Job& job, const std::string& path, int64_t step, Lo
 }
 void asyncCheckpoints(train::Job& job, const std::string& path, int64_t step) {
   asyncCheckpoints(job, path, step, [](const train::CheckpointCommit&) {});
+}
+
+void watching(train::Job& job, nn::Loss& loss, const Dataset& trainSet, const Dataset& valSet,
+              const nn::Tokenizer& tokenizer) {
+#include "tests/docs/watching.inc"
+  trainer.run();
 }
 
 void tokenizer(const std::string& path, const std::string& text) {

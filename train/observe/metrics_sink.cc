@@ -100,23 +100,25 @@ void MetricsSink::append(const std::string& line) {
 }
 
 // One line to the metrics file and as TensorBoard scalars at its step.
-void MetricsSink::publish(const nlohmann::json& j, bool stepLine) {
+void MetricsSink::publish(const nlohmann::json& j, LineKind kind) {
   append(j.dump() + "\n");
   if (tensorboard_) {
     const int64_t step = j.at("step").get<int64_t>();
     for (const auto& [key, value] : j.items()) {
       if (key != "epoch" && key != "step" && value.is_number()) {
-        tensorboard_->scalar(tensorboardTag(key, stepLine), step, value.get<double>());
+        tensorboard_->scalar(tensorboardTag(key, kind), step, value.get<double>());
       }
     }
     tensorboard_->flush();
   }
 }
 
-std::string tensorboardTag(const std::string& key, bool stepLine) {
+std::string tensorboardTag(const std::string& key, LineKind kind) {
   static const std::pair<const char*, const char*> kNames[] = {
       {"train_loss", "train/loss"}, {"train_acc", "train/accuracy"}, {"test_loss", "test/loss"}, {"test_acc", "test/accuracy"}};
-  if (stepLine) return "steps/" + key;
+  if (kind == LineKind::kSteps) return "steps/" + key;
+  if (kind == LineKind::kEval)
+    return key == "test_loss" ? "eval/loss" : key == "test_acc" ? "eval/accuracy" : "eval/" + key;
   for (const auto& [name, tag] : kNames) {
     if (key == name) return tag;
   }
@@ -155,14 +157,24 @@ void MetricsSink::epoch(const EpochReport& r, bool classification) {
   if (r.times) {
     for (const auto& [name, value] : metricsOf(*r.times)) j[name] = value;
   }
-  publish(j, false);
+  publish(j, LineKind::kEpoch);
 }
 
 void MetricsSink::steps(const StepFigures& f) {
   nlohmann::json j = {{"epoch", f.epoch}, {"step", f.step}, {"lr", f.lr}, {"samples_per_s", f.samplesPerSec}};
   if (f.gradNorm) j["grad_norm"] = *f.gradNorm;
   if (f.trainLoss) j["train_loss"] = *f.trainLoss;
-  publish(j, true);
+  j["ms_per_step"] = f.msPerStep;
+  if (f.tokensPerSec) j["tokens_per_s"] = *f.tokensPerSec;
+  if (f.mfu) j["mfu"] = *f.mfu;
+  publish(j, LineKind::kSteps);
+}
+
+void MetricsSink::eval(const EvalFigures& f) {
+  nlohmann::json j = {{"type", "eval"}, {"epoch", f.epoch}, {"step", f.step}, {"test_loss", f.testLoss}};
+  if (f.testAcc) j["test_acc"] = *f.testAcc;
+  j["test_samples"] = f.samples;
+  publish(j, LineKind::kEval);
 }
 
 }  // namespace cohort::train

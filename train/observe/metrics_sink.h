@@ -1,7 +1,8 @@
 // MetricsSink: where rank 0 writes a run's figures — the metrics file (JSON lines, appended) and
 // TensorBoard scalars (train/observe/tensorboard_writer.h) — one line per epoch and, with
-// TrainerOptions::logEverySteps, one every N steps. Every numeric field of a line becomes a scalar
-// at the line's step, under the tag docs/observing.md lists (tensorboardTag).
+// TrainerOptions::logEverySteps, one every N steps, and with evalEverySteps an "eval" line per
+// evaluation. Every numeric field of a line becomes a scalar at the line's step, under the tag
+// docs/observing.md lists (tensorboardTag).
 //
 // The metrics file is opened once, for appending, only when it is a regular file of this user:
 // "PATH: is a FIFO or pipe, not a regular file" (likewise a device, socket; IoError, as --data
@@ -41,12 +42,28 @@ struct StepFigures {
   double samplesPerSec = 0;
   std::optional<double> gradNorm;   // mean over the applied steps; none when none was
   std::optional<double> trainLoss;  // none on a GPU (the loss stays on the device until the epoch's end)
+  double msPerStep = 0;             // wall time per optimizer step over the window
+  std::optional<double> tokensPerSec;  // a language model's (samples/s x its positions per sample)
+  std::optional<double> mfu;           // model FLOPs utilisation in [0, 1] (train/observe/mfu.h), where known
 };
 
+// An evaluation while training (TrainerOptions::evalEverySteps): an "eval" line.
+struct EvalFigures {
+  int64_t epoch = 0;  // from 1: the epoch the step is in
+  int64_t step = 0;   // optimizer steps so far (0: before the first)
+  double testLoss = 0;
+  std::optional<double> testAcc;  // classification only
+  int64_t samples = 0;            // test samples evaluated
+};
+
+// Which line a figure comes from: an epoch's, a step line (--log-every-steps) or an eval line.
+enum class LineKind { kEpoch, kSteps, kEval };
+
 // The TensorBoard tag of a metrics key: train_loss -> train/loss (also train_acc, test_loss,
-// test_acc -> .../accuracy), the time report's keys under time/, a step line's under steps/, the
-// others as they are.
-std::string tensorboardTag(const std::string& key, bool stepLine);
+// test_acc -> .../accuracy), the time report's keys under time/, a step line's under steps/, an eval
+// line's test_loss and test_acc as eval/loss and eval/accuracy (others under eval/), the others as
+// they are.
+std::string tensorboardTag(const std::string& key, LineKind kind);
 
 class MetricsSink {
  public:
@@ -58,6 +75,8 @@ class MetricsSink {
 
   void epoch(const EpochReport& report, bool classification);
   void steps(const StepFigures& figures);
+  // {"type": "eval", "epoch", "step", "test_loss", "test_acc" (classification), "test_samples"}.
+  void eval(const EvalFigures& figures);
 
   // Where a torn last line was cut off at open (its byte offset), if the file had one.
   std::optional<uint64_t> tornLineCutAt() const { return tornLineCutAt_; }
@@ -65,7 +84,7 @@ class MetricsSink {
   const std::string& failure() const { return failure_; }
 
  private:
-  void publish(const nlohmann::json& line, bool stepLine);
+  void publish(const nlohmann::json& line, LineKind kind);
   void append(const std::string& line);
 
   std::string metricsPath_;
