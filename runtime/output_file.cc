@@ -91,7 +91,8 @@ mode_t currentUmask() {
 
 namespace {
 
-// One component of createDirectories: 1 when it made it, 0 when it was there.
+// One component of createDirectories: 1 when it made it, 0 when it was there. `dir`: the name
+// messages give.
 int createDirectory(const std::string& dir, const std::string& component) {
   struct stat st;
   if (::stat(component.c_str(), &st) == 0) {
@@ -111,16 +112,23 @@ int createDirectory(const std::string& dir, const std::string& component) {
 
 }  // namespace
 
-int createDirectories(const std::string& dir) {
+namespace {
+
+// createDirectories, its messages naming `named` (the output path whose directory it makes).
+int createDirectoriesFor(const std::string& dir, const std::string& named) {
   int created = 0;
   for (size_t end = dir.find('/', 1);; end = dir.find('/', end + 1)) {
     const std::string component = dir.substr(0, end);
-    if (!component.empty() && component.back() != '/') created += createDirectory(dir, component);
+    if (!component.empty() && component.back() != '/') created += createDirectory(named, component);
     if (end == std::string::npos) return created;
   }
 }
 
-int createParentDirectories(const std::string& path) { return createDirectories(splitOutputPath(path).first); }
+}  // namespace
+
+int createDirectories(const std::string& dir) { return createDirectoriesFor(dir, dir); }
+
+int createParentDirectories(const std::string& path) { return createDirectoriesFor(splitOutputPath(path).first, path); }
 
 std::pair<std::string, std::string> splitOutputPath(const std::string& path) {
   const size_t slash = path.rfind('/');

@@ -86,7 +86,7 @@ size_t removeStaleTemporaries(const std::string& path);
 // directory of this user and no symbolic link: one another user planted there is refused. Returns
 // how many directories it created. IoError "<dir>: cannot create directory <component>: <why>".
 int createDirectories(const std::string& dir);
-// The directory `path` is in (splitOutputPath), created by createDirectories.
+// The directory `path` is in (splitOutputPath), created by createDirectories; messages name `path`.
 int createParentDirectories(const std::string& path);
 
 // 12 random hex digits from the kernel's generator, for names another user must not predict.

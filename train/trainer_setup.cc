@@ -169,7 +169,8 @@ void Trainer::prepareOutputs() {
         },
         "checkpoints to " + options_.checkpointPath);
   }
-  // Every output file the same way (nn::checkOutputFile): its directory must exist, nothing is created.
+  // Every output file the same way (nn::checkOutputFile): its directory must exist (the library makes none;
+  // cohort train makes them before, runtime::createParentDirectories).
   if (!options_.tracePath.empty()) {
     prepareOnRankZero([&] { nn::checkOutputFile(options_.tracePath, "the trace"); },
                       "the trace to " + options_.tracePath);

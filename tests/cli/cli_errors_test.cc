@@ -117,32 +117,36 @@ TEST_F(CliErrorsTest, OutOfRangeSeedThreadsAndTimeout) {
 }
 
 // Issue 15: the checkpoint's directory is checked before any training (it used to fail after the
-// first epoch).
+// first epoch). Since issue 47 a missing directory is made, so what fails is one that cannot be: a
+// file in the way, or a place no directory can be made (/proc).
 TEST_F(CliErrorsTest, AnUnwritableCheckpointDestinationFailsBeforeTraining) {
   writeTinyCsv();
-  for (const std::string& where : {std::string("/nonexistent/dir/c.st"), dir_ + "/tiny.csv/c.st"}) {
+  for (const auto& [where, why] : {std::pair<std::string, std::string>{"/proc/cohort-no-such/dir/c.st",
+                                                                       ": cannot create directory /proc/cohort-no-such: "},
+                                   {dir_ + "/tiny.csv/c.st", ": cannot create directory " + dir_ + "/tiny.csv: a file is there"}}) {
     std::vector<std::string> argv = {"train", "--threads", "1", "--data", "csv:" + dir_ + "/tiny.csv", "--model", "mlp:3,3",
                                      "--epochs", "1", "--batch-size", "16", "--checkpoint", where};
     CommandResult r = runCohort(argv);
     EXPECT_EQ(r.exitCode, 2) << r.describe();
-    EXPECT_NE(r.stderrText.find(where + ": cannot write checkpoints into"), std::string::npos) << r.describe();
+    EXPECT_NE(r.stderrText.find(where + why), std::string::npos) << r.describe();
     EXPECT_EQ(r.stdoutText.find("epoch 1"), std::string::npos) << "trained before checking\n" << r.describe();
   }
 }
 
 // Issue 33, item 14: every output path is checked before the first step, the same way: a path that
-// is a directory, or whose directory is missing (nothing is created) or cannot be written, is exit 2
-// naming the flag's path. --metrics used to fail after epoch 1 (losing it), --checkpoint and --trace
-// on an existing directory after training, --plot on a side file the user never named, and
-// --trace, --plot and --tensorboard created missing directories.
+// is a directory, or whose directory cannot be made (a file in the way) or written, is exit 2 naming
+// the flag's path. --metrics used to fail after epoch 1 (losing it), --checkpoint and --trace on an
+// existing directory after training, --plot on a side file the user never named. Issue 47 makes
+// every output's missing directories (as nanoGPT its out_dir), all of them the same way: a file in
+// the way of one is refused.
 TEST_F(CliErrorsTest, EveryOutputPathIsCheckedBeforeTheFirstStep) {
   writeTinyCsv();
-  const std::string missing = dir_ + "/no/such";
+  const std::string blocked = dir_ + "/tiny.csv/such";
   ::mkdir((dir_ + "/adir").c_str(), 0755);
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--metrics", missing + "/m.jsonl"},  {"--metrics", dir_ + "/adir"},     {"--checkpoint", dir_ + "/adir"},
-      {"--trace", dir_ + "/adir"},          {"--trace", missing + "/t.json"},  {"--plot", missing + "/p.png"},
-      {"--plot", "/proc/p.png"},             {"--tensorboard", missing + "/tb"},
+      {"--metrics", blocked + "/m.jsonl"},  {"--metrics", dir_ + "/adir"},     {"--checkpoint", dir_ + "/adir"},
+      {"--trace", dir_ + "/adir"},          {"--trace", blocked + "/t.json"},  {"--plot", blocked + "/p.png"},
+      {"--plot", "/proc/p.png"},             {"--tensorboard", blocked + "/tb"},
   };
   for (const auto& [flag, path] : cases) {
     std::vector<std::string> argv = {"train", "--threads", "1", "--data", "csv:" + dir_ + "/tiny.csv", "--model", "mlp:3,3",
@@ -153,7 +157,6 @@ TEST_F(CliErrorsTest, EveryOutputPathIsCheckedBeforeTheFirstStep) {
     EXPECT_NE(r.stderrText.find(path + ":"), std::string::npos) << "the message names the path\n" << r.describe();
     EXPECT_EQ(r.stdoutText.find("epoch 1"), std::string::npos) << "trained before checking\n" << r.describe();
   }
-  EXPECT_FALSE(fileExists(dir_ + "/no")) << "a missing directory was created";
 }
 
 // Issue 33, item 20: a vocabulary far past what the data holds used to allocate 18 GB without a word.

@@ -324,7 +324,8 @@ TEST_F(WatchingCliTest, ATokensRunWithoutTestDataSaysItHasNoValidation) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 200);
   std::string bytes(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
   writeFile(dir_ + "/train.bin", bytes);
-  CommandResult r = runCohort({"train", "--model", kModel, "--data", "tokens:raw:" + dir_ + "/train.bin", "--max-steps",
+  CommandResult r = runCohort({"train", "--model", std::string(kModel) + ",vocab=256", "--data",
+                               "tokens:raw:" + dir_ + "/train.bin", "--max-steps",
                                "2", "--batch-size", "4", "--progress-every", "0", "--eval-every", "1"});
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_NE(r.stdoutText.find("no validation: tokens:raw:" + dir_ +
