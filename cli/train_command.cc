@@ -276,7 +276,7 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
 
 train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const std::string& metricsPath,
                                      StopSignals& stop) {
-  return {.epochs = f.epochs,
+  return {.epochs = f.epochs > 0 ? f.epochs : (f.maxSteps > 0 ? 0 : 1),
           .batchSize = f.batchSize,
           .accumulateSteps = f.accumulateSteps,
           .seed = f.seed,

@@ -69,7 +69,9 @@ void addJobFlags(CLI::App& c, TrainFlags& f) {
 
 // The flags of the optimizer step: batch, optimizer, learning rate, accumulation, clipping and skipping, the loss.
 void addStepFlags(CLI::App& c, TrainFlags& f) {
-  c.add_option("--epochs", f.epochs, "epochs to train")->capture_default_str();
+  c.add_option("--epochs", f.epochs,
+               "epochs to train (default 1; with --max-steps, as many as it takes, nanoGPT's max_iters, and "
+               "--lr-schedule cosine then decays over --max-steps)");
   c.add_option("--batch-size", f.batchSize, "samples per step and worker")->capture_default_str();
   c.add_option("--lr", f.lr, "learning rate")->capture_default_str();
   c.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
@@ -110,7 +112,7 @@ void addStepFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--min-lr", f.minLr, "cosine: the learning rate at the last step")->capture_default_str();
   c.add_option("--decay-steps", f.decaySteps,
                "cosine: the optimizer step (warmup included) at which the rate reaches --min-lr and stays "
-               "(nanoGPT's lr_decay_iters; default: the last step of --epochs)");
+               "(nanoGPT's lr_decay_iters; default: the last step of --epochs, or --max-steps without --epochs)");
   c.add_option("--step-size", f.stepSize, "step: optimizer steps between decays");
   c.add_option("--gamma", f.gamma, "step: the decay factor")->capture_default_str();
   c.add_option("--optimizer", f.optimizer, "sgd | adam | adamw")->capture_default_str();
@@ -307,7 +309,7 @@ void validateNumbers(const TrainFlags& f) {
   if (f.threads < 1 || f.threads > kMaxThreads) {
     COHORT_THROW(InvalidArgument) << "--threads must be 1.." << kMaxThreads << " BLAS threads per worker, got " << f.threads;
   }
-  if (f.epochs <= 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
+  if (f.epochs < 0) COHORT_THROW(InvalidArgument) << "--epochs must be positive, got " << f.epochs;
   if (f.batchSize <= 0) COHORT_THROW(InvalidArgument) << "--batch-size must be positive, got " << f.batchSize;
   if (f.batchSize > data::kMaxBatchSize) {
     COHORT_THROW(InvalidArgument) << "--batch-size " << f.batchSize << " is above the largest supported, " << data::kMaxBatchSize

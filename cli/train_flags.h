@@ -37,7 +37,7 @@ struct TrainFlags {
   int zero = 0;                   // --zero: the ZeRO stage (train::JobOptions::zero)
   std::string zeroScope = "job";  // --zero-scope: job | node
   std::string device = "cpu";
-  int64_t epochs = 1;
+  int64_t epochs = 0;  // 0 (not given): 1, or with --max-steps as many as it takes
   int64_t batchSize = 64;
   double lr = 0.05;
   double momentum = 0.0;

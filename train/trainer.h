@@ -82,6 +82,8 @@ enum class LogRanks {
 };
 
 struct TrainerOptions {
+  // 0: as many as maxSteps takes (maxSteps > 0 needed; nanoGPT's max_iters), and a schedule's default
+  // length is then maxSteps rather than the epochs' steps.
   int64_t epochs = 1;
   int64_t batchSize = 64;        // samples per micro-batch and rank
   // K >= 1 micro-batches per optimizer step: their gradients summed and scaled by 1/K (PyTorch's

@@ -83,14 +83,13 @@ Settings trainerSettings(const nn::Metadata& data, const runtime::data::Dataset&
 }
 
 // The schedule with the run's defaults filled in (see TrainerOptions::lrSchedule).
-std::optional<nn::LrSchedule> makeSchedule(const TrainerOptions& o, const nn::Optimizer& optimizer,
-                                           int64_t stepsPerEpoch) {
+// `runSteps`: the run's steps (over the epochs, whatever maxSteps says: a run stopped by maxSteps and
+// resumed follows the same schedule as one that never stopped; maxSteps where the epochs follow it).
+std::optional<nn::LrSchedule> makeSchedule(const TrainerOptions& o, const nn::Optimizer& optimizer, int64_t runSteps) {
   if (!o.lrSchedule) return std::nullopt;
   nn::LrScheduleOptions s = *o.lrSchedule;
   if (s.baseLr == 0) s.baseLr = optimizer.options().lr;
-  // Over the epochs, whatever maxSteps says: a run stopped by maxSteps and resumed follows the same
-  // schedule as one that never stopped.
-  if (s.totalSteps == 0) s.totalSteps = o.epochs * stepsPerEpoch;
+  if (s.totalSteps == 0) s.totalSteps = runSteps;
   return nn::LrSchedule(s);
 }
 
@@ -129,9 +128,12 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
   loss_.setGradType(job_.options().precision);  // bf16 passes: the gradient the model's bf16 head reads
   checkOptions();
   classification_ = inferClassification(options_, loss_, train);
-  schedule_ = makeSchedule(options_, job_.optimizer(), stepsPerEpoch());
+  schedule_ = makeSchedule(options_, job_.optimizer(),
+                           options_.epochs == 0 ? options_.maxSteps : options_.epochs * stepsPerEpoch());
   // The settings first, so that ranks given different data fail alike, naming the difference.
   job_.agree(trainerSettings(trainData_, train, options_, classification_, lrSchedule()));
+  // Epochs until maxSteps: a Hogwild worker's own (its share of an epoch may be a batch shorter).
+  if (options_.epochs == 0) options_.epochs = (options_.maxSteps + stepsPerEpoch() - 1) / stepsPerEpoch();
   checkData(train, "training");
   if (test_) checkData(*test_, "test");
   prepareOutputs();
@@ -203,7 +205,10 @@ void Trainer::checkOptions() const {
     COHORT_THROW(InvalidArgument) << "asyncCheckpoints needs a checkpoint path and a sharded job (zero >= 1): the shard "
                                      "files are what is written in the background";
   }
-  if (options_.epochs <= 0) COHORT_THROW(InvalidArgument) << "epochs must be positive, got " << options_.epochs;
+  if (options_.epochs < 0 || (options_.epochs == 0 && options_.maxSteps <= 0)) {
+    COHORT_THROW(InvalidArgument) << "epochs must be positive (or 0 with maxSteps: as many as it takes), got "
+                                  << options_.epochs;
+  }
   if (options_.accumulateSteps < 1) {
     COHORT_THROW(InvalidArgument) << "accumulateSteps must be at least 1, got " << options_.accumulateSteps;
   }

@@ -158,5 +158,26 @@ TEST_F(DiscoverableCliTest, PredictOnAGptGivesTheNextTokenAfterEachWindow) {
   EXPECT_NE(bad.stderrText.find("--tokenizer is for --top-k K"), std::string::npos) << bad.describe();
 }
 
+// nanoGPT's max_iters: --max-steps without --epochs trains as many epochs as it takes, and a cosine
+// schedule decays over those steps (its last step at --min-lr), where the default of one epoch
+// used to end the run at 15 steps without a word.
+TEST_F(DiscoverableCliTest, MaxStepsWithoutEpochsTrainsThatManyStepsAndTheScheduleFollows) {
+  const std::string data = writeLargestOfThreeCsv(dir_ + "/three.csv");  // 240 rows: 15 steps of 16 per epoch
+  const CommandResult r = runCohort({"train", "--model", "mlp:3,8,3", "--data", data, "--batch-size", "16", "--lr", "0.1",
+                                     "--lr-schedule", "cosine", "--min-lr", "0.001", "--max-steps", "40",
+                                     "--log-every-steps", "20", "--progress-every", "0"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find("epoch 3/3 step 40 "), std::string::npos) << r.stdoutText;
+  EXPECT_NE(r.stdoutText.find("step 40/40 | loss "), std::string::npos) << r.stdoutText;
+  // Step 40 applies the rate of t = 39 of 40: 0.001 + 0.099 (1 + cos(39 pi / 40)) / 2 = 0.00115259 (over
+  // the 3 epochs' 45 steps it would be 0.00529).
+  EXPECT_NE(r.stdoutText.find(" | lr 0.00115259 | "), std::string::npos) << "cosine over --max-steps\n" << r.stdoutText;
+  // --epochs given: the run ends there, as before.
+  const CommandResult two = runCohort({"train", "--model", "mlp:3,8,3", "--data", data, "--batch-size", "16",
+                                       "--epochs", "2", "--max-steps", "40", "--progress-every", "0"});
+  ASSERT_EQ(two.exitCode, 0) << two.describe();
+  EXPECT_NE(two.stdoutText.find("epoch 2/2 step 30 "), std::string::npos) << two.stdoutText;
+}
+
 }  // namespace
 }  // namespace cohort::testing

@@ -88,7 +88,7 @@ TEST_F(CliErrorsTest, UnknownModelSpec) {
 TEST_F(CliErrorsTest, BadNumbers) {
   expectInputError(withOutputs({"--batch-size", "0"}), {"--batch-size", "0"});
   expectInputError(withOutputs({"--batch-size", "-3"}), {"--batch-size", "-3"});
-  expectInputError(withOutputs({"--epochs", "0"}), {"--epochs", "0"});
+  expectInputError(withOutputs({"--epochs", "-1"}), {"--epochs", "-1"});
   // Issue 33: a batch whose counts overflow used to train nothing and exit 0.
   expectInputError(withOutputs({"--batch-size", "9223372036854775807"}), {"--batch-size 9223372036854775807", "2^40"});
   expectInputError(withOutputs({"--accumulate-steps", "9223372036854775807"}), {"--accumulate-steps", "1..1048576"});
