@@ -38,7 +38,9 @@ void addTokenizeFlags(CLI::App& c, TokenizeFlags& f) {
                                  "last component of --out-dir)");
   c.add_option("--split", f.split, "what a document is: auto (.jsonl: jsonl, else file), file, lines, jsonl")
       ->capture_default_str();
-  c.add_option("--val-tokens", f.valTokens, "the first documents, until they hold at least N tokens, are the val split");
+  c.add_option("--val-tokens", f.valTokens,
+               "the first N tokens are the val split, as llm.c's scripts cut theirs (the document they end in goes on "
+               "in train)");
   c.add_option("--val-fraction", f.valFraction, "the documents that start within the first F of the input's bytes are "
                                                 "the val split (0 < F < 1)");
   c.add_option("--shard-tokens", f.shardTokens, "tokens per shard (llm.c's scripts: 100M)")->capture_default_str();
@@ -178,19 +180,28 @@ class SplitSink {
   }
 
   void operator()(const nn::EncodedBatch& batch) {
+    documents_ += static_cast<int64_t>(batch.documents.size());
+    if (valTokens_ > 0) {  // exactly the first N tokens, as llm.c's scripts cut theirs
+      const size_t take = inVal_ ? std::min(batch.tokens.size(), static_cast<size_t>(valTokens_ - inValTokens_)) : 0;
+      write(batch, 0, take);
+      if (inVal_ && inValTokens_ == valTokens_) {
+        inVal_ = false;
+        writer_.beginSplit(runtime::data::TokenSplit::kTrain);
+      }
+      write(batch, take, batch.tokens.size());
+      return;
+    }
     size_t from = 0;
     for (const nn::EncodedBatch::DocumentStart& document : batch.documents) {
       if (!inVal_) break;
       write(batch, from, document.token);
       from = document.token;
-      const bool stays = valTokens_ > 0 ? inValTokens_ < valTokens_ : document.inputOffset < valBytes_;
-      if (!stays) {
+      if (document.inputOffset >= valBytes_) {
         inVal_ = false;
         writer_.beginSplit(runtime::data::TokenSplit::kTrain);
       }
     }
     write(batch, from, batch.tokens.size());
-    documents_ += static_cast<int64_t>(batch.documents.size());
   }
   int64_t documents() const { return documents_; }
 

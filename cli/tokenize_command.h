@@ -10,9 +10,10 @@
 // is cut into shards of --shard-tokens tokens (runtime/data/token_shard_writer.h): val first, then
 // train, numbered over both: NAME_val_000000.bin, NAME_train_000001.bin, ... NAME is --name, by
 // default the last component of --out-dir.
-// The validation split takes whole documents from the start of the input: with --val-tokens N, the
-// documents until it holds at least N tokens; with --val-fraction F, the documents that start within
-// the first F of the input's bytes. Without either, there is no val split.
+// The validation split is the start of the input: with --val-tokens N, exactly its first N tokens,
+// as llm.c's scripts cut theirs (the first shard of FineWeb, the first 32768 tokens of
+// tinyshakespeare), the document they end in going on in train; with --val-fraction F, the whole
+// documents that start within the first F of the input's bytes. Without either, there is no val split.
 //
 // --threads N threads encode (default: the CPUs this process may use); the shards are the same bytes
 // whatever N. Memory stays bounded however large the input (a few megabytes a thread). Progress: on a

@@ -114,11 +114,15 @@ function shards(specFile) {
   const valBytes = Math.floor((spec.valFraction || 0) * totalBytes);
   const splits = {val: [], train: []};
   for (const doc of docs) {
-    const inVal = splits.train.length === 0 &&
-        (spec.valTokens > 0 ? splits.val.length < spec.valTokens : doc.offset < valBytes);
+    // valFraction: the documents that start within its bytes; valTokens: the stream's first N tokens.
+    const inVal = splits.train.length === 0 && (spec.valTokens > 0 || doc.offset < valBytes);
     const into = inVal ? splits.val : splits.train;
     into.push(50256);
     for (const id of encoding.encode_ordinary(doc.text)) into.push(id);
+  }
+  if (spec.valTokens > 0) {
+    splits.train = splits.val.slice(spec.valTokens);
+    splits.val = splits.val.slice(0, spec.valTokens);
   }
   let index = 0;
   for (const split of ['val', 'train']) {
