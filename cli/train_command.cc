@@ -229,7 +229,7 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
                        .report = f.memoryReport,
                        .testAvailableBytes = testMemoryAvailableFromEnvironment()},
                       world, log);
-  run.optimizer = job.makeOptimizer(optimizerOptions(f, run.lr), *run.model);  // a ZeRO job's: the shard's
+  run.optimizer = job.makeOptimizer(optimizerOptions(f, run.lr, *run.model), *run.model);  // a ZeRO job's: the shard's
   job.place(*run.model, *run.optimizer,
             {.seed = f.seed,
              .initialise = init ? std::function<void(nn::Model&)>([&](nn::Model& m) { nn::copyWeights(m, *init); }) : nullptr,
@@ -261,6 +261,7 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           .metricsPath = metricsPath,
           .tensorboardDir = f.tensorboard,
           .logEverySteps = f.logEverySteps,
+          .evalBatchSize = f.evalBatchSize,
           .lrSchedule = lrScheduleOptions(f, run.lr),
           .clipGradNorm = static_cast<float>(f.clipGradNorm),
           .skipNonFinite = f.skipNonFinite,

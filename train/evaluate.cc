@@ -70,8 +70,11 @@ void joinSums(std::span<const double> pieces, std::span<double> sums) {
 
 int64_t evaluationChunk(const nn::Model& model, int64_t requested) {
   const int64_t positions = datasetHints(model, 0).context;
-  if (positions <= 0) return requested;
-  return std::max<int64_t>(1, std::min(requested, kEvaluationPositions / positions));
+  const int64_t bytesPerSample = std::max<int64_t>(1, positions) * std::max<int64_t>(1, model.outputs) *
+                                 static_cast<int64_t>(sizeof(float));
+  int64_t chunk = std::min(requested, kEvaluationLogitBytes / bytesPerSample);
+  if (positions > 0) chunk = std::min(chunk, kEvaluationPositions / positions);
+  return std::max<int64_t>(1, chunk);
 }
 
 std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std::string& path) {
