@@ -109,7 +109,8 @@ void addStepFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--weight-decay", f.weightDecay, "L2 penalty (sgd, adam) or decoupled decay (adamw; default 0.01)");
   c.add_option("--weight-decay-groups", f.weightDecayGroups,
                "matrices: the weight decay on the >= 2-D parameters only, not biases and LayerNorm (nanoGPT's "
-               "groups; the default for a gpt) | all: on every parameter (the default for mlp and cnn models)");
+               "groups; the default for a gpt) | all: on every parameter (the default for mlp and cnn models)")
+      ->check(CLI::IsMember({"matrices", "all"}));
   c.add_option("--loss", f.loss, "ce (softmax cross-entropy) | mse")->capture_default_str();
 }
 

@@ -1,5 +1,5 @@
 // The fragments of docs/api.md (a loop of your own, micro-batches, clipping, deferred steps, the
-// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer), each compiled in a function whose parameters are the names the doc's
+// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer, parameter groups), each compiled in a function whose parameters are the names the doc's
 // fragment uses, so that a renamed or retyped API breaks this build instead of the doc's readers.
 // Compiled, not run: the loops need a job; tests/train runs the same calls.
 #include <cstdint>
@@ -56,6 +56,11 @@ void asyncCheckpoints(train::Job& job, const std::string& path, int64_t step) {
 
 void tokenizer(const std::string& path, const std::string& text) {
 #include "tests/docs/tokenizer.inc"
+}
+
+std::unique_ptr<nn::Optimizer> paramGroups(train::Job& job, std::unique_ptr<nn::Model>& model) {
+#include "tests/docs/param_groups.inc"
+  return optimizer;
 }
 
 }  // namespace cohort::docs_fragments
