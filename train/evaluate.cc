@@ -4,6 +4,7 @@
 #include <bit>
 #include <vector>
 
+#include "nn/gpt.h"
 #include "nn/model_spec.h"
 #include "runtime/error.h"
 
@@ -88,9 +89,12 @@ std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std
 
 runtime::data::DatasetHints datasetHints(const nn::Model& model, uint64_t seed) {
   const bool languageModel = model.name.rfind("gpt:", 0) == 0;
+  // A padded vocabulary's extra ids are no tokens (their logits are −inf): the data's ids stay below
+  // the real vocabulary.
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(model.net.get());
   return {.context = languageModel ? model.sampleShape.numel() : 0,
           .seed = seed,
-          .vocabulary = languageModel ? model.outputs : 0};
+          .vocabulary = languageModel ? (gpt ? gpt->options().predictedVocab() : model.outputs) : 0};
 }
 
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path) {

@@ -256,6 +256,20 @@ TEST_F(TokensCliTest, EvaluatingAGpt2VocabularyModelChunksByBytesOfLogits) {
   EXPECT_LT(smaller, peak);
 }
 
+// Issue 47, item 6: a padded vocabulary (padded_vocab=P) trains on ids below the real vocabulary
+// and refuses an id between the two (its logit is −inf: the loss would be infinite) with one line.
+TEST_F(TokensCliTest, APaddedVocabularyTakesOnlyTheRealVocabularysIds) {
+  auto run = [&](const std::string& vocab) {
+    return runCommand({cohortBinary(), "train", "--model", "gpt:layers=1,heads=1,dim=8,ctx=16," + vocab, "--data",
+                       "tokens:" + dir_ + "/train_000.bin", "--batch-size", "4", "--max-steps", "3", "--epochs", "1",
+                       "--threads", "1", "--progress-every", "0"});
+  };
+  expectSuccess(run("vocab=19,padded_vocab=64"));  // ids 0..18
+  const CommandResult r = run("vocab=15,padded_vocab=64");
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find("is not below the model's vocabulary of 15"), std::string::npos) << r.stderrText;
+}
+
 // Issue 44: a shard truncated, or rewritten in place with ids past the vocabulary, while a run reads
 // it. Memory-mapped, the first killed the worker with SIGBUS (exit 135, not a line) and the second
 // failed in the Embedding naming the layer; now each is exit 2 naming the shard (the window, or

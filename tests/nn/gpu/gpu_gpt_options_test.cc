@@ -85,18 +85,22 @@ TEST(GpuGptOptions, GroupedShardsStepAsTheWholeBufferBitForBit) {
   for (int64_t i = 0; i < n; ++i) values.at(i) = rng.uniform(-2.0f, 2.0f);
   Tensor whole = values.clone(gpu.allocator()), pieces = values.clone(gpu.allocator());
   auto wholeOpt = nn::makeOptimizer(opt, layout.numel(), &gpu);
-  std::vector<std::unique_ptr<nn::Optimizer>> ranks;
+  std::vector<std::unique_ptr<nn::Optimizer>> ranks, piecesOpt;
   std::vector<nn::ShardMap> maps;
-  std::vector<Tensor> shards;
   for (int r = 0; r < world; ++r) {
     maps.emplace_back(units, nn::ShardMap::Options{.worldSize = world, .rank = r});
     ranks.push_back(nn::makeShardOptimizer(opt, maps.back(), &gpu));
-    Tensor shard = Tensor::zeros(Shape{static_cast<int64_t>(layout.shardNumel())});
-    maps.back().pack(values.data(), r, shard.data());
-    shards.push_back(shard.clone(gpu.allocator()));
+    piecesOpt.push_back(nn::makeShardOptimizer(opt, maps.back(), &gpu));
   }
-  auto piecesOpt = std::vector<std::unique_ptr<nn::Optimizer>>();
-  for (int r = 0; r < world; ++r) piecesOpt.push_back(nn::makeShardOptimizer(opt, maps[r], &gpu));
+  // The optimizers' zero fills are enqueued on the stream, and the state blocks they freed may be
+  // the ones the blocking copies below write: let the fills run first.
+  gpu.stream().synchronize();
+  std::vector<Tensor> hostShards, shards;
+  for (int r = 0; r < world; ++r) {
+    hostShards.push_back(Tensor::zeros(Shape{static_cast<int64_t>(layout.shardNumel())}));
+    maps[r].pack(values.data(), r, hostShards.back().data());
+    shards.push_back(hostShards.back().clone(gpu.allocator()));
+  }
   for (int step = 0; step < 3; ++step) {
     Tensor g = Tensor::zeros(Shape{n});
     for (int64_t i = 0; i < n; ++i) g.at(i) = rng.uniform(-1.0f, 1.0f);
