@@ -5,6 +5,7 @@
 //     evaluation is the identity; recompute is refused with it;
 //   - bias=false: no bias parameters (nanoGPT's bias=False), the gradients of the model whose
 //     biases are all zero bit for bit, training lowers the loss;
+//     HuggingFace's and llm.c's GPT-2 files refuse it, both ways;
 //   - the spec's keys: refused values name the key.
 #include <gtest/gtest.h>
 
@@ -15,9 +16,11 @@
 #include <vector>
 
 #include "nn/gpt.h"
+#include "nn/gpt_files.h"
 #include "nn/loss.h"
 #include "nn/model.h"
 #include "nn/model_spec.h"
+#include "nn/model_weights.h"
 #include "nn/optimizer.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
@@ -161,6 +164,27 @@ TEST(GptBias, WithoutBiasesHasNoBiasParametersAndTrains) {
                           e.numel * sizeof(float)),
               0)
         << e.name;
+  }
+}
+
+// GPT-2's files hold biases: a model without them neither writes those files nor takes their weights.
+TEST(GptBias, WeightFilesOfGpt2RefuseAModelWithoutBiases) {
+  auto model = bound("gpt:layers=1,heads=1,dim=8,ctx=8,vocab=29,bias=false", 6);
+  const GptOptions& o = dynamic_cast<const Gpt&>(*model->net).options();
+  std::vector<NamedTensor> tensors;
+  for (size_t e = 0; e < model->params.entries().size(); ++e) {
+    tensors.push_back({model->params.entries()[e].name, model->params.value(e)});
+  }
+  const std::string dir = ::testing::TempDir();
+  EXPECT_THROW(writeHuggingFaceGpt(dir + "/hf.safetensors", o, tensors), InvalidArgument);
+  EXPECT_THROW(writeLlmcGpt(dir + "/gpt2.bin", o, tensors, runtime::DType::kF32), InvalidArgument);
+  tensors.push_back({"transformer.h.0.ln_1.bias", Tensor::zeros(Shape{8})});
+  const ModelWeights withBiases{.path = "gpt2.bin", .format = "llm.c (fp32)", .tensors = tensors};
+  try {
+    checkWeightsFit(*model, withBiases);
+    ADD_FAILURE() << "a file with biases fitted a model without them";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 'transformer.h.0.ln_1.bias'"), std::string::npos) << e.what();
   }
 }
 
