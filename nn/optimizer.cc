@@ -254,6 +254,8 @@ void Optimizer::update(float* params, const float* grads, int64_t stateBegin, in
 
 void Optimizer::stepDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) {
   COHORT_CHECK(step.control) << "a deferred step without its StepControl";
+  // The buffers are the whole model's (flat index = offset): a shard's would need its pieces' map.
+  COHORT_CHECK(!sharded_ || runs_.size() == 1) << "a deferred step of a shard with parameter groups";
   requireGpuBuffers(params, grads);
   forEachRun(0, params.numel(), [&](int64_t offset, int64_t count, const ParamGroup& run) {
     stepGpuDeferred(params.data() + offset, grads.data() + offset, offset, count, run, step);
