@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -122,8 +123,7 @@ void reportMemory(const runtime::Logger& log, const train::Job& job) {
 }
 
 // --model, else the model of --init-from's weights, else the default. A gpt: --model without vocab=
-// takes the tokenizer's size (--pad-vocab: padded to a multiple of 128, as llm.c's 50304); without a
-// tokenizer, token shards need the vocab said.
+// takes the tokenizer's size (--pad-vocab: padded to a multiple of 128, as llm.c's 50304).
 std::string modelSpec(const TrainFlags& f, const nn::ModelWeights* init, const nn::Tokenizer* tokenizer) {
   if (f.padVocab && !tokenizer) COHORT_THROW(InvalidArgument) << "--pad-vocab pads --tokenizer's vocabulary: give --tokenizer";
   if (f.model.starts_with("gpt:") && f.model.find("vocab=") == std::string::npos) {
@@ -131,11 +131,6 @@ std::string modelSpec(const TrainFlags& f, const nn::ModelWeights* init, const n
       const int64_t size = tokenizer->size(), padded = (size + 127) / 128 * 128;
       const std::string pad = f.padVocab && padded != size ? ",padded_vocab=" + std::to_string(padded) : "";
       return f.model + ",vocab=" + std::to_string(size) + pad;
-    }
-    if (f.data.starts_with("tokens:")) {
-      COHORT_THROW(InvalidArgument) << "--model " << f.model << " has no vocab=, so its vocabulary is bytes (256), but "
-                                    << f.data << " holds a tokenizer's ids: add vocab=50257 for GPT-2's (llm.c's padded "
-                                    << "vocab=50304), or give --tokenizer to take its size";
     }
   } else if (f.padVocab) {
     COHORT_THROW(InvalidArgument) << "--pad-vocab is for a gpt: --model without vocab= (it sets vocab= from --tokenizer)";
@@ -204,6 +199,20 @@ train::JobOptions jobOptions(const TrainFlags& f) {
           .testHooks = testHooksFromEnvironment()};
 }
 
+// A gpt: spec without vocab= (or a tokenizer) has a vocabulary of bytes: token shards of a tokenizer's ids
+// (llm.c's begin with <|endoftext|>, 50256) are refused at their first windows, naming the vocab to
+// add, rather than at the first id past 255 within training.
+void checkByteVocabulary(const TrainFlags& f, const std::string& spec, const data::Dataset& train) {
+  if (!f.data.starts_with("tokens:") || !spec.starts_with("gpt:") || spec.find("vocab=") != std::string::npos) return;
+  try {
+    (void)train.rows(0, std::min<int64_t>(train.size(), 8));
+  } catch (const InvalidArgument& e) {
+    COHORT_THROW(InvalidArgument) << e.what() << ": --model " << spec << " has no vocab=, so its vocabulary is bytes; "
+                                  << "add vocab=50257 for GPT-2's (padded as llm.c's: vocab=50257,padded_vocab=50304), "
+                                  << "or give --tokenizer to take its size";
+  }
+}
+
 // What a run trains: the model (from --model or --init-from's weights), its data and optimizer.
 struct Run {
   std::string spec;
@@ -234,6 +243,7 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
   run.lr = scaledLr(f, world);
   run.hints = train::datasetHints(*run.model, f.seed);
   run.trainSet = data::openDataset(f.data, data::Split::kTrain, run.hints);
+  checkByteVocabulary(f, run.spec, *run.trainSet);
   run.testSet = openTestSet(f, run.hints);
   if (!run.testSet && world.rank == 0) {
     const bool tokens = f.data.rfind("tokens:", 0) == 0;
@@ -262,7 +272,7 @@ Run placeRun(const TrainFlags& f, const runtime::WorldInfo& world, const runtime
                        .report = f.memoryReport,
                        .testAvailableBytes = testMemoryAvailableFromEnvironment()},
                       world, log);
-  run.optimizer = job.makeOptimizer(optimizerOptions(f, run.lr), *run.model);  // a ZeRO job's: the shard's
+  run.optimizer = job.makeOptimizer(optimizerOptions(f, run.lr, *run.model), *run.model);  // a ZeRO job's: the shard's
   job.place(*run.model, *run.optimizer,
             {.seed = f.seed,
              .initialise = init ? std::function<void(nn::Model&)>([&](nn::Model& m) { nn::copyWeights(m, *init); }) : nullptr,
@@ -296,6 +306,7 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           .metricsPath = metricsPath,
           .tensorboardDir = f.tensorboard,
           .logEverySteps = f.logEverySteps,
+          .evalBatchSize = f.evalBatchSize,
           .evalEverySteps = f.evalEvery,
           .evalBatches = f.evalBatches,
           .sampleEverySteps = f.sampleEvery,

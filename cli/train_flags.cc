@@ -117,6 +117,10 @@ void addStepFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--gamma", f.gamma, "step: the decay factor")->capture_default_str();
   c.add_option("--optimizer", f.optimizer, "sgd | adam | adamw")->capture_default_str();
   c.add_option("--weight-decay", f.weightDecay, "L2 penalty (sgd, adam) or decoupled decay (adamw; default 0.01)");
+  c.add_option("--weight-decay-groups", f.weightDecayGroups,
+               "matrices: the weight decay on the >= 2-D parameters only, not biases and LayerNorm (nanoGPT's "
+               "groups; the default for a gpt) | all: on every parameter (the default for mlp and cnn models)")
+      ->check(CLI::IsMember({"matrices", "all"}));
   c.add_option("--loss", f.loss, "ce (softmax cross-entropy) | mse")->capture_default_str();
 }
 
@@ -124,6 +128,11 @@ void addStepFlags(CLI::App& c, TrainFlags& f) {
 void addRunFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--threads", f.threads, "BLAS threads per worker")->capture_default_str();
   addSeedOption(c, f.seed, "seed for initialisation, shuffling and dropout (0 to 2^64-1)");
+  c.add_option("--eval-batch-size", f.evalBatchSize,
+               "samples per forward pass of the test set's evaluation, at most (fewer where their outputs would "
+               "pass 64 MiB, or a language model's 4096 positions)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   c.add_option("--prefetch", f.prefetch,
                "batches the data loader gathers ahead (capped at the batches per epoch and 256 MiB of batches)")
       ->capture_default_str();
@@ -408,6 +417,18 @@ nn::OptimizerOptions optimizerOptions(const TrainFlags& f, double lr) {
   opt.beta1 = static_cast<float>(f.betas[0]);
   opt.beta2 = static_cast<float>(f.betas[1]);
   opt.weightDecay = static_cast<float>(f.weightDecay >= 0 ? f.weightDecay : opt.kind == nn::OptimizerKind::kAdamW ? 0.01 : 0.0);
+  return opt;
+}
+
+nn::OptimizerOptions optimizerOptions(const TrainFlags& f, double lr, const nn::Model& model) {
+  nn::OptimizerOptions opt = optimizerOptions(f, lr);
+  const std::string& groups =
+      f.weightDecayGroups.empty() ? (model.name.rfind("gpt:", 0) == 0 ? "matrices" : "all") : f.weightDecayGroups;
+  if (groups == "matrices") {
+    opt.groups = nn::decayMatricesOnly(model.params, opt.weightDecay);
+  } else if (groups != "all") {
+    COHORT_THROW(InvalidArgument) << "unknown --weight-decay-groups '" << groups << "': expected matrices or all";
+  }
   return opt;
 }
 

@@ -45,6 +45,8 @@ struct TrainFlags {
   bool nesterov = false;
   std::string optimizer = "sgd";
   double weightDecay = -1;  // < 0: the optimizer's default (0; 0.01 for adamw)
+  std::string weightDecayGroups;  // matrices | all; empty: matrices for a gpt (nanoGPT's), all otherwise
+  int64_t evalBatchSize = 1000;   // samples per evaluation forward at most (train::TrainerOptions::evalBatchSize)
   std::string loss = "ce";
   int threads = 1;
   uint64_t seed = 0;
@@ -108,6 +110,9 @@ int64_t batchFactor(const TrainFlags& flags, const runtime::WorldInfo& world);
 // square root, from the batch of one worker to the effective batch.
 double scaledLr(const TrainFlags& flags, const runtime::WorldInfo& world);
 nn::OptimizerOptions optimizerOptions(const TrainFlags& flags, double lr);
+// The same with the weight decay's groups for `model` (--weight-decay-groups): nanoGPT's
+// nn::decayMatricesOnly (a gpt's default) or none (every parameter decays).
+nn::OptimizerOptions optimizerOptions(const TrainFlags& flags, double lr, const nn::Model& model);
 // --lr-schedule and its flags; nothing for a constant rate without warmup (the optimizer's own).
 std::optional<nn::LrScheduleOptions> lrScheduleOptions(const TrainFlags& flags, double lr);
 

@@ -49,8 +49,8 @@ void softmaxBackwardRows(const float* p, float* d, int64_t rows, int64_t cols) {
 
 CausalSelfAttention::CausalSelfAttention(const AttentionOptions& o)
     : options_(o),
-      cAttn_(LinearOptions{.in = o.dim > 0 ? o.dim : 1, .out = o.dim > 0 ? 3 * o.dim : 1}),
-      cProj_(LinearOptions{.in = o.dim > 0 ? o.dim : 1, .out = o.dim > 0 ? o.dim : 1}) {
+      cAttn_(LinearOptions{.in = o.dim > 0 ? o.dim : 1, .out = o.dim > 0 ? 3 * o.dim : 1, .bias = o.bias}),
+      cProj_(LinearOptions{.in = o.dim > 0 ? o.dim : 1, .out = o.dim > 0 ? o.dim : 1, .bias = o.bias}) {
   if (o.dim <= 0 || o.heads <= 0 || o.dim % o.heads != 0) {
     COHORT_THROW(InvalidArgument) << "causal self-attention needs a positive width divisible by a positive number of "
                                      "heads, got width "

@@ -37,6 +37,7 @@ namespace cohort::nn {
 struct AttentionOptions {
   int64_t dim = 0;    // D, the embedding width (a multiple of heads)
   int64_t heads = 1;  // H
+  bool bias = true;   // false: c_attn and c_proj without biases (nanoGPT's bias=False)
 };
 
 class CausalSelfAttention final : public Module, public PlannedInit {

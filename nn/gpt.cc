@@ -1,6 +1,8 @@
 #include "nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "nn/gpu_dispatch.h"
 #include "nn/precision.h"
@@ -21,6 +23,10 @@ const GptOptions& checked(const GptOptions& o) {
                                   << o.vocab << ", " << o.layers << " layers, " << o.heads << " heads, width "
                                   << o.dim << ", context " << o.context;
   }
+  if (o.realVocab < 0 || o.realVocab > o.vocab) {
+    COHORT_THROW(InvalidArgument) << "a GPT's real vocabulary " << o.realVocab << " must be in 1.." << o.vocab
+                                  << ", the padded vocabulary";
+  }
   return o;
 }
 
@@ -30,14 +36,23 @@ Gpt::Gpt(const GptOptions& o)
     : options_(checked(o)),
       wte_({.vocab = o.vocab, .dim = o.dim}),
       wpe_({.vocab = o.context, .dim = o.dim}),
-      lnF_(o.dim) {
-  for (int64_t i = 0; i < o.layers; ++i) blocks_.push_back(std::make_unique<TransformerBlock>(AttentionOptions{o.dim, o.heads}));
+      lnF_(LayerNormOptions{.features = o.dim, .bias = o.bias}),
+      drop_(o.dropout) {
+  for (int64_t i = 0; i < o.layers; ++i) {
+    blocks_.push_back(std::make_unique<TransformerBlock>(
+        TransformerBlockOptions{.attention = {.dim = o.dim, .heads = o.heads, .bias = o.bias}, .dropout = o.dropout}));
+  }
   blockUnits_.resize(blocks_.size());
   setRecompute(o.recompute);
 }
 
 void Gpt::setRecompute(RecomputeMode mode) {
   if (forwardRan_) COHORT_THROW(InvalidArgument) << name() << ": the recompute mode is set before the first forward";
+  if (mode != RecomputeMode::kNone && options_.dropout > 0.0f) {
+    // A recomputed forward would draw other dropout masks than the forward whose output was used.
+    COHORT_THROW(InvalidArgument) << name() << " with dropout " << options_.dropout
+                                  << " cannot recompute activations: use dropout=0 or no recompute";
+  }
   options_.recompute = mode;
   recomputed_.clear();
   for (auto& block : blocks_) {
@@ -93,7 +108,7 @@ void Gpt::planInit(InitPlan& plan) const {
     for (const Linear* l : {&block->attn().cAttn(), &block->attn().cProj(), &block->mlpFc(), &block->mlpProjection()}) {
       const bool projection = l == &block->attn().cProj() || l == &block->mlpProjection();
       plan.normal(l->weightTarget(), projection ? residual : 0.02f, InitPlan::NormalScale::kFloat);
-      plan.constant(l->biasTarget(), 0.0f);
+      if (options_.bias) plan.constant(l->biasTarget(), 0.0f);
     }
   }
   lnF_.planInit(plan);
@@ -141,7 +156,7 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
       for (int64_t i = 0; i < T * D; ++i) x_.data()[b * T * D + i] = tokens.data()[b * T * D + i] + pos.data()[i];
     }
   }
-  const Tensor* h = &x_;
+  const Tensor* h = options_.dropout > 0.0f ? &drop_.forward(x_, pass) : &x_;  // nanoGPT's transformer.drop
   for (size_t i = 0; i < blocks_.size(); ++i) {
     h = &forwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return blockForward(i, *h, pass); });
   }
@@ -168,17 +183,37 @@ void Gpt::headForward(const Tensor& f, const Tensor& logits, const Pass& pass) {
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(f)) {
     auto& gpu = gpuFor(pass, f, name());
-    if (pass.precision != runtime::DType::kBF16) return gpu.blas().gemm(head, f.data(), wte_.weight().data(), logits.data());
+    if (pass.precision != runtime::DType::kBF16) {
+      gpu.blas().gemm(head, f.data(), wte_.weight().data(), logits.data());
+      return maskPadding(logits, pass);
+    }
     const runtime::DType bf16 = runtime::DType::kBF16;
     final16_ = precision::toType(f, bf16, finalCast_, pass, *this);  // ln_f writes bf16 in a bf16 pass
     runtime::ensureShape(wte16_, wte_.weight().shape(), gpu.allocator(), bf16);
     runtime::cuda::convertToBf16(wte_.weight().data(), wte16_.raw(), wte_.weight().numel(), gpu.stream());
     gpu.blas().gemmEx(head, {}, bf16, bf16, final16_.raw(), wte16_.raw(), logits.raw());
-    return;
+    return maskPadding(logits, pass);
   }
 #endif
   precision::checkCpuPrecision(pass, *this);
   runtime::cpu::gemm(head, f.data(), wte_.weight().data(), logits.data());
+  maskPadding(logits, pass);
+}
+
+// The padded ids' logits −inf (GptOptions::realVocab): exp(−inf − max) is exactly 0, so each row's
+// softmax, loss and gradient are the unpadded row's.
+void Gpt::maskPadding(const Tensor& logits, const Pass& pass) {
+  const int64_t V = options_.vocab, real = options_.predictedVocab(), rows = batch_ * time_;
+  if (real == V) return;
+  const float inf = std::numeric_limits<float>::infinity();
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(logits)) {
+    auto& gpu = gpuFor(pass, logits, name());
+    return runtime::cuda::fillColumns(logits.raw(), logits.dtype(), rows, V, real, -inf, gpu.stream());
+  }
+#endif
+  (void)pass;
+  for (int64_t r = 0; r < rows; ++r) std::fill(logits.data() + r * V + real, logits.data() + (r + 1) * V, -inf);
 }
 
 // dwte = dlogitsᵀ·x (written, or added), d(x) = dlogits·wte: as headForward computed.
@@ -230,6 +265,7 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
     g = &backwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return backward.backward(*g, inner); });
     later = &block;
   }
+  if (options_.dropout > 0.0f) g = &drop_.backward(*g, inner);
   // The position embedding's gradient: d(x) summed over the batch.
 #ifdef COHORT_HAVE_CUDA
   if (gpu) {

@@ -22,6 +22,11 @@
 // embeddings, so the gradient buckets of the later blocks are all-reduced while the earlier blocks'
 // backward runs (train/placement/grad_sync.h). GptOptions::recompute changes none of this: a block's
 // recomputed forward runs inside its backward, between beforeBackward and afterBackward.
+// A padded vocabulary (GptOptions::realVocab, llm.c's 50257 ids in a table of 50304 rows): the
+// logits of the ids past the real vocabulary are −inf, so every softmax over them (the loss,
+// sampling, predict's distribution) counts only the real ids, and the loss and its gradients are
+// those of the unpadded model (the padded columns' gradient is 0, or on the CPU a subnormal below
+// 1e-37 from the vectorised exp of −inf; so are the padded rows' of wte's gradient).
 // CPU and CUDA (the head through oneDNN or cuBLAS). Thread safety: as Module.
 #pragma once
 
@@ -29,6 +34,7 @@
 #include <optional>
 #include <vector>
 
+#include "nn/dropout.h"
 #include "nn/embedding.h"
 #include "nn/init_plan.h"
 #include "nn/layer_norm.h"
@@ -51,6 +57,17 @@ struct GptOptions {
   // backward, and what backward never reads (TransformerBlock::shareSelectiveBuffers). The
   // gradients are the same bits in every mode; only memory and time differ.
   RecomputeMode recompute = RecomputeMode::kNone;
+  // The real vocabulary when wte's `vocab` rows pad it (the spec's vocab=V,padded_vocab=P): ids in
+  // [realVocab, vocab) get −inf logits. 0 (or vocab): no padding. InvalidArgument past vocab.
+  int64_t realVocab = 0;
+  // nanoGPT's dropout: in training, after wte + wpe and on each block's two branch outputs (the
+  // attention's c_proj and the MLP's c_proj, before they join the residual stream); not on the
+  // attention's probabilities (nanoGPT's attn_dropout: not implemented). 0: none. In [0, 1).
+  float dropout = 0.0f;
+  // false: no biases in the Linears and LayerNorms (nanoGPT's bias=False).
+  bool bias = true;
+  // The ids a model predicts: realVocab when it pads, else vocab.
+  int64_t predictedVocab() const { return realVocab > 0 ? realVocab : vocab; }
 };
 
 class Gpt final : public Module, public PlannedInit {
@@ -86,6 +103,7 @@ class Gpt final : public Module, public PlannedInit {
   std::vector<std::unique_ptr<Recompute>> recomputed_;  // kFull: a wrapper per block (borrowing it)
   bool forwardRan_ = false;
   LayerNorm lnF_;
+  Dropout drop_;  // after wte + wpe (GptOptions::dropout)
   // The units this model declared (none when a container declared one around it).
   std::optional<ParamBuffer::Unit> embeddingsUnit_, lnFUnit_;
   std::vector<std::optional<ParamBuffer::Unit>> blockUnits_;
@@ -102,6 +120,7 @@ class Gpt final : public Module, public PlannedInit {
   Tensor wte16_, gradLogits16_;
 
   void headForward(const Tensor& f, const Tensor& logits, const Pass& pass);
+  void maskPadding(const Tensor& logits, const Pass& pass);
   void headBackward(const Tensor& gradLogits, const Pass& pass);
   const Tensor& blockForward(size_t i, const Tensor& input, const Pass& pass);
 };

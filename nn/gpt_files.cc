@@ -353,11 +353,24 @@ GptFile readLlmcGpt(const std::string& path) {
 // Writing
 
 std::string gptSpec(const GptOptions& o) {
-  return "gpt:layers=" + std::to_string(o.layers) + ",heads=" + std::to_string(o.heads) + ",dim=" + std::to_string(o.dim) +
-         ",ctx=" + std::to_string(o.context) + ",vocab=" + std::to_string(o.vocab);
+  std::string spec = "gpt:layers=" + std::to_string(o.layers) + ",heads=" + std::to_string(o.heads) +
+                     ",dim=" + std::to_string(o.dim) + ",ctx=" + std::to_string(o.context) +
+                     ",vocab=" + std::to_string(o.predictedVocab());
+  if (o.predictedVocab() != o.vocab) spec += ",padded_vocab=" + std::to_string(o.vocab);
+  if (!o.bias) spec += ",bias=false";
+  return spec;
 }
 
 namespace {
+
+// GPT-2's files (HuggingFace's, llm.c's) hold every bias: a model without them has none to write.
+void requireBiases(const std::string& out, const GptOptions& o, const char* format) {
+  if (!o.bias) {
+    COHORT_THROW(InvalidArgument) << out << ": " << gptSpec(o) << " has no biases (bias=false), and " << format
+                                  << "'s GPT-2 layout needs them; keep its Cohort checkpoint (safetensors, nanoGPT's "
+                                     "names) instead";
+  }
+}
 
 std::string configJson(const GptOptions& o) {
   nlohmann::ordered_json config = {{"architectures", {"GPT2LMHeadModel"}},
@@ -386,6 +399,7 @@ std::string configJson(const GptOptions& o) {
 
 void writeHuggingFaceGpt(const std::string& out, const GptOptions& o, const std::vector<NamedTensor>& tensors,
                          const Metadata& extra) {
+  requireBiases(out, o, "HuggingFace");
   std::vector<NamedTensor> hf;
   const int64_t c = o.dim;
   hf.push_back({"transformer.wte.weight", gptTensor(tensors, "transformer.wte.weight", Shape{o.vocab, c})});
@@ -411,10 +425,13 @@ void writeHuggingFaceGpt(const std::string& out, const GptOptions& o, const std:
 
 void writeLlmcGpt(const std::string& path, const GptOptions& o, const std::vector<NamedTensor>& tensors,
                   runtime::DType dtype) {
+  requireBiases(path, o, "llm.c");
   const int64_t c = o.dim, paddedVocab = (o.vocab + 127) / 128 * 128;
   const bool bf16 = dtype == runtime::DType::kBF16;
   std::vector<int32_t> header(kHeaderInts, 0);
-  const int64_t sizes[] = {kLlmcModelMagic, bf16 ? 5 : 3, o.context, o.vocab, o.layers, o.heads, c, paddedVocab};
+  // A padded model's real vocabulary is llm.c's vocab_size; its table (and zeros to a multiple of
+  // 128) the padded one.
+  const int64_t sizes[] = {kLlmcModelMagic, bf16 ? 5 : 3, o.context, o.predictedVocab(), o.layers, o.heads, c, paddedVocab};
   for (size_t i = 0; i < std::size(sizes); ++i) {
     if (sizes[i] > INT32_MAX) COHORT_THROW(InvalidArgument) << path << ": " << gptSpec(o) << " is too large for llm.c's header";
     header[i] = static_cast<int32_t>(sizes[i]);

@@ -70,12 +70,14 @@ GptFile readLlmcGpt(const std::string& path);
 // into the directory `out` (created if missing; its parent must exist) model.safetensors (F32, names
 // "transformer.…", Conv1D layouts, metadata {"format": "pt", "cohort_model": spec} and `extra`'s keys,
 // e.g. "cohort_tokenizer_digest") and config.json; or, where `out` ends in ".safetensors", that file
-// alone. Each file is written atomically.
+// alone. Each file is written atomically. InvalidArgument for a model without biases
+// (GptOptions::bias false; also writeLlmcGpt): GPT-2's layouts hold them.
 void writeHuggingFaceGpt(const std::string& out, const GptOptions& options, const std::vector<NamedTensor>& tensors,
                          const Metadata& extra = {});
 
 // Writes llm.c's model file: version 3 (fp32) or, for dtype kBF16, 5 (bf16, rounded to nearest
-// even); V = the model's vocabulary, Vp = V rounded up to a multiple of 128 with zero rows. Atomic.
+// even); V = the model's real vocabulary (GptOptions::predictedVocab), Vp = its table rounded up to
+// a multiple of 128 with zero rows. Atomic.
 void writeLlmcGpt(const std::string& path, const GptOptions& options, const std::vector<NamedTensor>& tensors,
                   runtime::DType dtype = runtime::DType::kF32);
 

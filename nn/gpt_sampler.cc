@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "nn/gelu.h"
@@ -59,27 +60,36 @@ GptSampler::GptSampler(const Gpt& model, const ParamBuffer& params)
     const std::string h = "transformer.h." + std::to_string(i) + ".";
     blocks_.push_back({
         .ln1Weight = offsetOf(h + "ln_1.weight", Shape{D}),
-        .ln1Bias = offsetOf(h + "ln_1.bias", Shape{D}),
+        .ln1Bias = biasOffsetOf(h + "ln_1.bias", Shape{D}),
         .attnWeight = offsetOf(h + "attn.c_attn.weight", Shape{3 * D, D}),
-        .attnBias = offsetOf(h + "attn.c_attn.bias", Shape{3 * D}),
+        .attnBias = biasOffsetOf(h + "attn.c_attn.bias", Shape{3 * D}),
         .attnProjWeight = offsetOf(h + "attn.c_proj.weight", Shape{D, D}),
-        .attnProjBias = offsetOf(h + "attn.c_proj.bias", Shape{D}),
+        .attnProjBias = biasOffsetOf(h + "attn.c_proj.bias", Shape{D}),
         .ln2Weight = offsetOf(h + "ln_2.weight", Shape{D}),
-        .ln2Bias = offsetOf(h + "ln_2.bias", Shape{D}),
+        .ln2Bias = biasOffsetOf(h + "ln_2.bias", Shape{D}),
         .fcWeight = offsetOf(h + "mlp.c_fc.weight", Shape{4 * D, D}),
-        .fcBias = offsetOf(h + "mlp.c_fc.bias", Shape{4 * D}),
+        .fcBias = biasOffsetOf(h + "mlp.c_fc.bias", Shape{4 * D}),
         .mlpProjWeight = offsetOf(h + "mlp.c_proj.weight", Shape{D, 4 * D}),
-        .mlpProjBias = offsetOf(h + "mlp.c_proj.bias", Shape{D}),
+        .mlpProjBias = biasOffsetOf(h + "mlp.c_proj.bias", Shape{D}),
     });
   }
   lnFWeight_ = offsetOf("transformer.ln_f.weight", Shape{D});
-  lnFBias_ = offsetOf("transformer.ln_f.bias", Shape{D});
+  lnFBias_ = biasOffsetOf("transformer.ln_f.bias", Shape{D});
   const auto cacheSize = static_cast<size_t>(options_.layers * C * D);  // heads · headDim = D
   kCache_.assign(cacheSize, 0.0f);
   vCache_.assign(cacheSize, 0.0f);
   probs_.assign(static_cast<size_t>(C), 0.0f);
   logits_.assign(static_cast<size_t>(V), 0.0f);
+  if (!options_.bias) zeros_.assign(static_cast<size_t>(4 * D), 0.0f);
   ensureRows(1);
+}
+
+size_t GptSampler::biasOffsetOf(const std::string& name, const Shape& shape) const {
+  return options_.bias ? offsetOf(name, shape) : kNoBias;
+}
+
+const float* GptSampler::bias(const float* values, size_t offset) const {
+  return offset == kNoBias ? zeros_.data() : values + offset;
 }
 
 size_t GptSampler::offsetOf(const std::string& name, const Shape& shape) const {
@@ -134,9 +144,11 @@ std::span<const float> GptSampler::feed(std::span<const int64_t> tokens) {
   length_ += n;
   // Only the last row's logits are asked for: ln_f and the tied head on it alone.
   const float* last = x_.data() + (n - 1) * D;
-  layerNormRows(last, 1, D, values + lnFWeight_, values + lnFBias_, kLayerNormEps, normed_.data());
+  layerNormRows(last, 1, D, values + lnFWeight_, bias(values, lnFBias_), kLayerNormEps, normed_.data());
   runtime::cpu::gemm({.m = 1, .n = static_cast<int>(V), .k = static_cast<int>(D), .transB = true}, normed_.data(), wte,
                      logits_.data());  // logits = x · wteᵀ
+  // A padded vocabulary's extra ids are never drawn (Gpt's −inf logits).
+  std::fill(logits_.begin() + options_.predictedVocab(), logits_.end(), -std::numeric_limits<float>::infinity());
   return logits_;
 }
 
@@ -144,16 +156,16 @@ void GptSampler::runBlock(int64_t layer, const float* values) {
   const BlockOffsets& at = blocks_[static_cast<size_t>(layer)];
   const int64_t n = rows_, D = options_.dim;
   // h = x + c_proj(attention(c_attn(ln_1(x))))
-  layerNormRows(x_.data(), n, D, values + at.ln1Weight, values + at.ln1Bias, kLayerNormEps, normed_.data());
-  project({values + at.attnWeight, values + at.attnBias, D, 3 * D}, normed_.data(), n, qkv_.data());
+  layerNormRows(x_.data(), n, D, values + at.ln1Weight, bias(values, at.ln1Bias), kLayerNormEps, normed_.data());
+  project({values + at.attnWeight, bias(values, at.attnBias), D, 3 * D}, normed_.data(), n, qkv_.data());
   appendToCache(layer);
   attend(layer);
-  addProjection({values + at.attnProjWeight, values + at.attnProjBias, D, D}, attention_.data(), n, x_.data());
+  addProjection({values + at.attnProjWeight, bias(values, at.attnProjBias), D, D}, attention_.data(), n, x_.data());
   // out = h + c_proj(gelu(c_fc(ln_2(h))))
-  layerNormRows(x_.data(), n, D, values + at.ln2Weight, values + at.ln2Bias, kLayerNormEps, normed_.data());
-  project({values + at.fcWeight, values + at.fcBias, D, 4 * D}, normed_.data(), n, hidden_.data());
+  layerNormRows(x_.data(), n, D, values + at.ln2Weight, bias(values, at.ln2Bias), kLayerNormEps, normed_.data());
+  project({values + at.fcWeight, bias(values, at.fcBias), D, 4 * D}, normed_.data(), n, hidden_.data());
   geluForward(hidden_.data(), hidden_.data(), n * 4 * D);
-  addProjection({values + at.mlpProjWeight, values + at.mlpProjBias, 4 * D, D}, hidden_.data(), n, x_.data());
+  addProjection({values + at.mlpProjWeight, bias(values, at.mlpProjBias), 4 * D, D}, hidden_.data(), n, x_.data());
 }
 
 // qkv_ row r is [q | k | v], each D = heads · headDim wide with the heads side by side (c_attn's
@@ -232,7 +244,7 @@ std::vector<int64_t> GptSampler::generate(std::span<const int64_t> prompt, int64
 // order (by id for all of them, else by falling logit then id), so the choice depends only on the
 // logits and the seed. A tiny temperature gives the largest logit weight 1 and the others 0.
 int64_t GptSampler::sample(const SampleOptions& options, runtime::Rng& rng) {
-  const int64_t V = options_.vocab;
+  const int64_t V = options_.predictedVocab();  // a padded vocabulary's extra ids are no candidates
   candidates_.clear();
   for (int64_t id = 0; id < V; ++id) candidates_.emplace_back(logits_[static_cast<size_t>(id)], id);
   if (options.topK > 0 && options.topK < V) {

@@ -93,6 +93,11 @@ class GptSampler {
   };
 
   size_t offsetOf(const std::string& name, const Shape& shape) const;
+  // A bias's offset, or kNoBias for a model without biases (GptOptions::bias false), whose bias()
+  // reads zeros_.
+  static constexpr size_t kNoBias = SIZE_MAX;
+  size_t biasOffsetOf(const std::string& name, const Shape& shape) const;
+  const float* bias(const float* values, size_t offset) const;
   // Runs rows_ = tokens.size() new positions through block `layer`, in place on x_.
   void runBlock(int64_t layer, const float* values);
   // attention_[r] for each new row r: its query against the cached positions 0..length_ + r.
@@ -119,6 +124,7 @@ class GptSampler {
   // logits [V].
   std::vector<float> x_, normed_, qkv_, attention_, hidden_, probs_, logits_;
   std::vector<std::pair<double, int64_t>> candidates_;  // sample()'s scratch: (logit, id)
+  std::vector<float> zeros_;  // [4D] without biases: every bias read
 };
 
 }  // namespace cohort::nn

@@ -13,24 +13,40 @@
 
 namespace cohort::nn {
 
-LayerNorm::LayerNorm(int64_t features, double eps) : features_(features), eps_(eps) {
-  if (features < 1 || !(eps > 0.0)) {
-    COHORT_THROW(InvalidArgument) << "LayerNorm needs features >= 1 and eps > 0; got " << features << ", " << eps;
+LayerNorm::LayerNorm(const LayerNormOptions& o) : features_(o.features), eps_(o.eps), hasBias_(o.bias) {
+  if (o.features < 1 || !(o.eps > 0.0)) {
+    COHORT_THROW(InvalidArgument) << "LayerNorm needs features >= 1 and eps > 0; got " << o.features << ", " << o.eps;
   }
+}
+
+void LayerNorm::placeZeroBias(const Pass& pass) {
+  if (hasBias_ || (bias_.defined() && bias_.device() == input_.device())) return;
+  const Shape shape{features_};
+#ifdef COHORT_HAVE_CUDA
+  if (onGpu(input_)) {
+    auto& gpu = gpuFor(pass, input_, name());
+    bias_ = Tensor::zeros(shape).clone(gpu.allocator());
+    biasGrad_ = Tensor::zeros(shape).clone(gpu.allocator());
+    return;
+  }
+#endif
+  (void)pass;
+  bias_ = Tensor::zeros(shape);
+  biasGrad_ = Tensor::zeros(shape);
 }
 
 std::string LayerNorm::name() const { return "LayerNorm(" + std::to_string(features_) + ")"; }
 
 void LayerNorm::registerParams(ParamBuffer& params, const std::string& prefix) {
   weightEntry_ = params.add(prefix + "weight", Shape{features_}, &weight_, &weightGrad_);
-  biasEntry_ = params.add(prefix + "bias", Shape{features_}, &bias_, &biasGrad_);
+  if (hasBias_) biasEntry_ = params.add(prefix + "bias", Shape{features_}, &bias_, &biasGrad_);
 }
 
 void LayerNorm::resetParams(runtime::Rng& rng) { resetByPlan(*this, rng); }
 
 void LayerNorm::planInit(InitPlan& plan) const {
   plan.constant(initTarget(*this, weightEntry_, features_, weight_), 1.0f);
-  plan.constant(initTarget(*this, biasEntry_, features_, bias_), 0.0f);
+  if (hasBias_) plan.constant(initTarget(*this, biasEntry_, features_, bias_), 0.0f);
 }
 
 Shape LayerNorm::outputShape(const Shape& input) const {
@@ -45,6 +61,7 @@ const Tensor& LayerNorm::forward(const Tensor& input, const Pass& pass) {
   outputShape(input.shape());
   input_ = input;
   rows_ = input.numel() / features_;
+  placeZeroBias(pass);
   if (onGpu(input)) return forwardGpu(pass);
   precision::checkCpuPrecision(pass, *this);
   runtime::ensureShape(output_, input.shape());

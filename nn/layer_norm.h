@@ -37,10 +37,19 @@ namespace cohort::nn {
 void layerNormRows(const float* x, int64_t rows, int64_t features, const float* weight, const float* bias, double eps,
                    float* y, float* mean = nullptr, float* rstd = nullptr);
 
+struct LayerNormOptions {
+  int64_t features = 0;
+  double eps = 1e-5;
+  // false: no "bias" parameter (nanoGPT's bias=False): y = weight · (x − mean) · rstd, the
+  // arithmetic of a bias of zeros (which the layer keeps privately, with a gradient it discards).
+  bool bias = true;
+};
+
 class LayerNorm final : public Module, public PlannedInit {
  public:
   // Throws InvalidArgument for features < 1 or eps <= 0.
-  explicit LayerNorm(int64_t features, double eps = 1e-5);
+  explicit LayerNorm(int64_t features, double eps = 1e-5) : LayerNorm(LayerNormOptions{features, eps}) {}
+  explicit LayerNorm(const LayerNormOptions& options);
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
@@ -82,8 +91,12 @@ class LayerNorm final : public Module, public PlannedInit {
   const Tensor& forwardGpu(const Pass& pass);
   const Tensor& backwardGpu(const Tensor& gradOutput, const Pass& pass);
 
+  // Without a bias parameter: bias_ zeros and biasGrad_ a scratch, on the device of the input.
+  void placeZeroBias(const Pass& pass);
+
   int64_t features_;
   double eps_;
+  bool hasBias_ = true;
   Tensor weight_, bias_, weightGrad_, biasGrad_;
   size_t weightEntry_ = InitTarget::kNoEntry, biasEntry_ = InitTarget::kNoEntry;  // in the last registration
   Tensor input_;      // a handle to the last forward's input

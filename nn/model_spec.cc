@@ -1,5 +1,6 @@
 #include "nn/model_spec.h"
 
+#include <algorithm>
 #include <charconv>
 #include <vector>
 
@@ -19,7 +20,8 @@ namespace {
 
 constexpr const char* kAccepted =
     "accepted: mlp:IN,HIDDEN...,OUT (e.g. mlp:784,512,256,10), cnn:lenet, cnn:lenet-bn, cnn:rosetta, "
-    "gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V] (e.g. gpt:layers=4,heads=4,dim=128,ctx=64)";
+    "gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V][,padded_vocab=P][,dropout=P][,bias=false] (e.g. "
+    "gpt:layers=4,heads=4,dim=128,ctx=64)";
 
 std::vector<int64_t> parseSizes(const std::string& spec, const std::string& list) {
   std::vector<int64_t> sizes;
@@ -95,11 +97,44 @@ void buildRosetta(Sequential& net, ModelInfo& info) {
 
 namespace {
 
-// gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V]: keys in any order, each once; vocab 256 (bytes) unless given.
+// The value of one gpt: key: a positive size, dropout's probability in [0, 1), bias's true/false.
+struct GptKey {
+  const std::string& spec;
+  const std::string& item;
+  const std::string value;
+  [[noreturn]] void bad(const std::string& what) const {
+    COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': '" << item << "' " << what << "; " << kAccepted;
+  }
+  int64_t size() const {
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (ec != std::errc() || end != value.data() + value.size() || v <= 0 || v > (int64_t{1} << 24)) {
+      bad("is not KEY=N with N a positive size");
+    }
+    return v;
+  }
+  float probability() const {
+    float v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (ec != std::errc() || end != value.data() + value.size() || !(v >= 0.0f && v < 1.0f)) {
+      bad("is not dropout=P with P in [0, 1)");
+    }
+    return v;
+  }
+  bool flag() const {
+    if (value == "true" || value == "1") return true;
+    if (value == "false" || value == "0") return false;
+    bad("is not bias=true or bias=false");
+  }
+};
+
+// gpt:layers=L,heads=H,dim=D,ctx=T[,vocab=V][,padded_vocab=P][,dropout=P][,bias=B]: keys in any
+// order, each once; vocab 256 (bytes) unless given.
 GptOptions parseGpt(const std::string& spec) {
   GptOptions o;
   o.vocab = 256;
-  bool layers = false, heads = false, dim = false, ctx = false, vocab = false;
+  int64_t padded = 0;
+  std::vector<std::string> seen;
   const std::string list = spec.substr(4);
   size_t pos = 0;
   while (pos <= list.size()) {
@@ -108,28 +143,36 @@ GptOptions parseGpt(const std::string& spec) {
     const std::string item = list.substr(pos, comma - pos);
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    int64_t v = 0;
-    const char* first = item.data() + (eq == std::string::npos ? item.size() : eq + 1);
-    auto [end, ec] = std::from_chars(first, item.data() + item.size(), v);
-    if (eq == std::string::npos || ec != std::errc() || end != item.data() + item.size() || v <= 0 || v > (int64_t{1} << 24)) {
-      COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': '" << item
-                                    << "' is not KEY=N with N a positive size; " << kAccepted;
+    const GptKey k{spec, item, eq == std::string::npos ? std::string() : item.substr(eq + 1)};
+    if (eq == std::string::npos) k.bad("is not KEY=VALUE");
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': '" << key << "' given twice";
     }
-    auto set = [&](bool& seen, int64_t& field) {
-      if (seen) COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': '" << key << "' given twice";
-      seen = true;
-      field = v;
-    };
-    if (key == "layers") set(layers, o.layers);
-    else if (key == "heads") set(heads, o.heads);
-    else if (key == "dim") set(dim, o.dim);
-    else if (key == "ctx") set(ctx, o.context);
-    else if (key == "vocab") set(vocab, o.vocab);
+    seen.push_back(key);
+    if (key == "layers") o.layers = k.size();
+    else if (key == "heads") o.heads = k.size();
+    else if (key == "dim") o.dim = k.size();
+    else if (key == "ctx") o.context = k.size();
+    else if (key == "vocab") o.vocab = k.size();
+    else if (key == "padded_vocab") padded = k.size();
+    else if (key == "dropout") o.dropout = k.probability();
+    else if (key == "bias") o.bias = k.flag();
     else COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': unknown key '" << key << "'; " << kAccepted;
     pos = comma + 1;
   }
-  if (!layers || !heads || !dim || !ctx) {
-    COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': a gpt needs layers, heads, dim and ctx; " << kAccepted;
+  for (const char* key : {"layers", "heads", "dim", "ctx"}) {
+    if (std::find(seen.begin(), seen.end(), key) == seen.end()) {
+      COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': a gpt needs layers, heads, dim and ctx; "
+                                    << kAccepted;
+    }
+  }
+  if (padded > 0 && padded < o.vocab) {
+    COHORT_THROW(InvalidArgument) << "bad model spec '" << spec << "': padded_vocab=" << padded
+                                  << " is below the vocabulary " << o.vocab;
+  }
+  if (padded > o.vocab) {
+    o.realVocab = o.vocab;
+    o.vocab = padded;
   }
   return o;
 }

@@ -111,6 +111,16 @@ ModelWeights readModelWeights(const std::string& path) {
 
 void checkWeightsFit(const Model& model, const ModelWeights& w) {
   const Gpt* gpt = gptOf(model);
+  if (gpt && !gpt->options().bias) {
+    // Dropping a file's biases would make another model than the file's, silently.
+    for (const NamedTensor& t : w.tensors) {
+      if (t.name.ends_with(".bias")) {
+        COHORT_THROW(InvalidArgument) << "model " << model.name << " has no biases (bias=false), but " << w.path << " ("
+                                      << w.format << ") holds '" << t.name
+                                      << "': its weights need a model with biases (leave bias=false out)";
+      }
+    }
+  }
   forEachEntry(model, [&](const ParamBuffer::Entry& e, auto) {
     const Tensor* t = find(w, e.name);
     if (!t) {

@@ -46,7 +46,7 @@ struct ModelWeights {
 ModelWeights readModelWeights(const std::string& path);
 
 // InvalidArgument naming the first parameter (or buffer) whose shape differs, or that is missing,
-// or the heads where a GPT's differ.
+// or the heads where a GPT's differ, or a bias for a GPT without biases (GptOptions::bias false).
 void checkWeightsFit(const Model& model, const ModelWeights& weights);
 
 // Copies the weights into `model`'s parameters and buffers (bound on the CPU), after checkWeightsFit.

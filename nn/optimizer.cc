@@ -5,6 +5,7 @@
 #include <span>
 
 #include "nn/gpu_dispatch.h"
+#include "nn/param_buffer.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 #include "runtime/prefetch.h"
@@ -33,8 +34,9 @@ class Sgd final : public Optimizer {
   }
   std::string name() const override { return "sgd"; }
 
-  void stepRange(float* __restrict p, const float* __restrict g, int64_t stateBegin, int64_t n) override {
-    const float lr = options_.lr, wd = options_.weightDecay, m = options_.momentum;
+  void stepRange(float* __restrict p, const float* __restrict g, int64_t stateBegin, int64_t n,
+                 const RunRate& rate) override {
+    const float lr = rate.lr, wd = rate.weightDecay, m = options_.momentum;
     if (m == 0.0f) {
       for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
       return;
@@ -51,32 +53,32 @@ class Sgd final : public Optimizer {
   }
 
 #ifdef COHORT_HAVE_CUDA
-  runtime::cuda::SgdStepOptions gpuOptions(int64_t steps, float lr) const {
-    return {.lr = lr, .momentum = options_.momentum, .weightDecay = options_.weightDecay,
+  runtime::cuda::SgdStepOptions gpuOptions(int64_t steps, const RunRate& rate) const {
+    return {.lr = rate.lr, .momentum = options_.momentum, .weightDecay = rate.weightDecay,
             .nesterov = options_.nesterov, .firstStep = steps == 0};
   }
-  runtime::cuda::SgdBuffers gpuBuffers(const Tensor& params, const Tensor& grads) {
-    const size_t n = static_cast<size_t>(params.numel());
-    return {.param = {params.data(), n},
-            .grad = {grads.data(), n},
-            .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data(), n) : std::span<float>()};
-  }
-#endif
-  void stepGpuRange(float* p, const float* g, int64_t stateBegin, int64_t n) override {
-#ifdef COHORT_HAVE_CUDA
+  runtime::cuda::SgdBuffers gpuBuffers(float* p, const float* g, int64_t stateBegin, int64_t n) {
     const auto count = static_cast<size_t>(n);
-    const runtime::cuda::SgdBuffers buffers{
-        .param = {p, count},
-        .grad = {g, count},
-        .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data() + stateBegin, count) : std::span<float>()};
-    runtime::cuda::sgdStep(buffers, gpuOptions(steps_, options_.lr), gpu_->stream());
+    return {.param = {p, count},
+            .grad = {g, count},
+            .momentumBuffer = buf_.defined() ? std::span<float>(buf_.data() + stateBegin, count) : std::span<float>()};
+  }
+#endif
+  void stepGpuRange(float* p, const float* g, int64_t stateBegin, int64_t n, const RunRate& rate) override {
+#ifdef COHORT_HAVE_CUDA
+    runtime::cuda::sgdStep(gpuBuffers(p, g, stateBegin, n), gpuOptions(steps_, rate), gpu_->stream());
+#else
+    (void)p, (void)g, (void)stateBegin, (void)n, (void)rate;
 #endif
   }
-  void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) override {
+  void stepGpuDeferred(float* p, const float* g, int64_t stateBegin, int64_t n, const ParamGroup& run,
+                       const DeferredStep& step) override {
 #ifdef COHORT_HAVE_CUDA
-    const auto options = [this](int64_t steps, float lr) { return gpuOptions(steps, lr); };
-    runtime::cuda::sgdStep(gpuBuffers(params, grads), candidates<runtime::cuda::SgdStepOptions>(step, steps_, options),
-                           gpu_->stream());
+    const auto options = [&](int64_t steps, float lr) { return gpuOptions(steps, rateOf(run, lr)); };
+    runtime::cuda::sgdStep(gpuBuffers(p, g, stateBegin, n),
+                           candidates<runtime::cuda::SgdStepOptions>(step, steps_, options), gpu_->stream());
+#else
+    (void)p, (void)g, (void)stateBegin, (void)n, (void)run, (void)step;
 #endif
   }
   std::vector<StateTensor> state() const override {
@@ -109,16 +111,21 @@ class Adam final : public Optimizer {
     bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)));
   }
 
-  void beginStep() override { biasCorrections(steps_, options_.lr, stepSize_, bc2Sqrt_); }
+  void beginStep() override {
+    const double t = static_cast<double>(steps_ + 1);
+    bc1_ = 1.0 - std::pow(static_cast<double>(options_.beta1), t);
+    bc2Sqrt_ = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)));
+  }
 
-  void stepRange(float* __restrict p, const float* __restrict g, int64_t stateBegin, int64_t n) override {
+  void stepRange(float* __restrict p, const float* __restrict g, int64_t stateBegin, int64_t n,
+                 const RunRate& rate) override {
     float* __restrict m = expAvg_.data() + stateBegin;
     float* __restrict v = expAvgSq_.data() + stateBegin;
-    const float lr = options_.lr, b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
-    const float wd = options_.weightDecay;
+    const float lr = rate.lr, b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
+    const float wd = rate.weightDecay;
     const float decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
     const float coupledWd = decoupled_ ? 0.0f : wd;
-    const float stepSize = stepSize_, bc2Sqrt = bc2Sqrt_;
+    const float stepSize = static_cast<float>(lr / bc1_), bc2Sqrt = bc2Sqrt_;
     for (int64_t i = 0; i < n; ++i) {
       float pi = p[i] * decay;
       float gi = g[i] + coupledWd * pi;
@@ -131,29 +138,31 @@ class Adam final : public Optimizer {
   }
 
 #ifdef COHORT_HAVE_CUDA
-  runtime::cuda::AdamStepOptions gpuOptions(int64_t steps, float lr) const {
-    const float wd = options_.weightDecay;
+  runtime::cuda::AdamStepOptions gpuOptions(int64_t steps, const RunRate& rate) const {
+    const float lr = rate.lr, wd = rate.weightDecay;
     runtime::cuda::AdamStepOptions o{.beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
                                      .decay = decoupled_ ? 1.0f - lr * wd : 1.0f,
                                      .coupledWeightDecay = decoupled_ ? 0.0f : wd};
     biasCorrections(steps, lr, o.stepSize, o.bc2Sqrt);
     return o;
   }
-  runtime::cuda::AdamBuffers gpuBuffers(const Tensor& params, const Tensor& grads) {
-    return {params.data(), grads.data(), expAvg_.data(), expAvgSq_.data(), params.numel()};
-  }
 #endif
-  void stepGpuRange(float* p, const float* g, int64_t stateBegin, int64_t n) override {
+  void stepGpuRange(float* p, const float* g, int64_t stateBegin, int64_t n, const RunRate& rate) override {
 #ifdef COHORT_HAVE_CUDA
     runtime::cuda::adamStep(p, g, expAvg_.data() + stateBegin, expAvgSq_.data() + stateBegin, n,
-                            gpuOptions(steps_, options_.lr), gpu_->stream());
+                            gpuOptions(steps_, rate), gpu_->stream());
+#else
+    (void)p, (void)g, (void)stateBegin, (void)n, (void)rate;
 #endif
   }
-  void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) override {
+  void stepGpuDeferred(float* p, const float* g, int64_t stateBegin, int64_t n, const ParamGroup& run,
+                       const DeferredStep& step) override {
 #ifdef COHORT_HAVE_CUDA
-    const auto options = [this](int64_t steps, float lr) { return gpuOptions(steps, lr); };
-    runtime::cuda::adamStep(gpuBuffers(params, grads), candidates<runtime::cuda::AdamStepOptions>(step, steps_, options),
-                            gpu_->stream());
+    const auto options = [&](int64_t steps, float lr) { return gpuOptions(steps, rateOf(run, lr)); };
+    const runtime::cuda::AdamBuffers buffers{p, g, expAvg_.data() + stateBegin, expAvgSq_.data() + stateBegin, n};
+    runtime::cuda::adamStep(buffers, candidates<runtime::cuda::AdamStepOptions>(step, steps_, options), gpu_->stream());
+#else
+    (void)p, (void)g, (void)stateBegin, (void)n, (void)run, (void)step;
 #endif
   }
   std::vector<StateTensor> state() const override { return {{"exp_avg", expAvg_}, {"exp_avg_sq", expAvgSq_}}; }
@@ -162,7 +171,8 @@ class Adam final : public Optimizer {
  private:
   bool decoupled_;
   Tensor expAvg_, expAvgSq_;
-  float stepSize_ = 0, bc2Sqrt_ = 1;  // this step's bias corrections
+  double bc1_ = 1;    // this step's bias corrections: 1 − β1ᵗ (the step size is lr / bc1_, rounded once)
+  float bc2Sqrt_ = 1;  // and sqrt(1 − β2ᵗ)
 };
 
 }  // namespace
@@ -192,17 +202,71 @@ void Optimizer::requireGpuBuffers(const Tensor& params, const Tensor& grads) con
   }
 }
 
+void Optimizer::makeRuns() {
+  size_t at = 0;
+  const float wd = options_.weightDecay;
+  std::vector<ParamGroup> runs;
+  auto add = [&runs](ParamGroup run) {
+    if (run.begin == run.end) return;
+    if (!runs.empty() && runs.back().weightDecay == run.weightDecay && runs.back().lrScale == run.lrScale) {
+      runs.back().end = run.end;
+    } else {
+      runs.push_back(run);
+    }
+  };
+  for (const ParamGroup& g : options_.groups) {
+    add({.begin = at, .end = g.begin, .weightDecay = wd, .lrScale = 1.0f});
+    add(g);
+    at = g.end;
+  }
+  add({.begin = at, .end = SIZE_MAX, .weightDecay = wd, .lrScale = 1.0f});
+  runs_ = std::move(runs);
+}
+
+template <class Visit>
+void Optimizer::forEachRun(int64_t flatBegin, int64_t n, Visit visit) const {
+  const auto first = static_cast<size_t>(flatBegin), end = first + static_cast<size_t>(n);
+  auto run = std::upper_bound(runs_.begin(), runs_.end(), first,
+                              [](size_t at, const ParamGroup& r) { return at < r.begin; }) - 1;
+  for (size_t at = first; at < end; ++run) {
+    const size_t stop = std::min(end, run->end);
+    visit(static_cast<int64_t>(at - first), static_cast<int64_t>(stop - at), *run);
+    at = stop;
+  }
+}
+
+Optimizer::RunRate Optimizer::rateOf(const ParamGroup& run, float lr) const {
+  // lr · scale in double, as PyTorch's group lr is a Python float; the scale 1 leaves lr's bits.
+  const float scaled = run.lrScale == 1.0f ? lr : static_cast<float>(static_cast<double>(lr) * run.lrScale);
+  return {.lr = scaled, .weightDecay = run.weightDecay};
+}
+
+void Optimizer::update(float* params, const float* grads, int64_t stateBegin, int64_t flatBegin, int64_t n) {
+  forEachRun(flatBegin, n, [&](int64_t offset, int64_t count, const ParamGroup& run) {
+    const RunRate rate = rateOf(run, options_.lr);
+    if (gpu_) {
+      stepGpuRange(params + offset, grads + offset, stateBegin + offset, count, rate);
+    } else {
+      stepRange(params + offset, grads + offset, stateBegin + offset, count, rate);
+    }
+  });
+}
+
 void Optimizer::stepDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) {
   COHORT_CHECK(step.control) << "a deferred step without its StepControl";
+  // The buffers are the whole model's (flat index = offset): a shard's would need its pieces' map.
+  COHORT_CHECK(!sharded_ || runs_.size() == 1) << "a deferred step of a shard with parameter groups";
   requireGpuBuffers(params, grads);
-  stepGpuDeferred(params, grads, step);
+  forEachRun(0, params.numel(), [&](int64_t offset, int64_t count, const ParamGroup& run) {
+    stepGpuDeferred(params.data() + offset, grads.data() + offset, offset, count, run, step);
+  });
 }
 
 void Optimizer::step(const Tensor& params, const Tensor& grads) {
   if (onGpu(params) || gpu_) {
     requireGpuBuffers(params, grads);
     beginStep();
-    stepGpuRange(params.data(), grads.data(), 0, params.numel());
+    update(params.data(), grads.data(), 0, 0, params.numel());
     ++steps_;
     return;
   }
@@ -225,13 +289,14 @@ void Optimizer::step(const Tensor& params, const Tensor& grads) {
 // Blocks of kSweepBlock elements; before updating one, ask for the next block's parameter lines in
 // exclusive state (PREFETCHW). With Hogwild those lines were last written by another core, and
 // fetching them one store at a time made the update 2.5 times slower than on private memory.
-void Optimizer::sweep(float* params, const float* grads, int64_t begin, int64_t end, const BlockHook* prepareBlock) {
+void Optimizer::sweep(float* params, const float* grads, int64_t begin, int64_t end, const BlockHook* prepareBlock,
+                      int64_t flatShift) {
   constexpr int64_t kSweepBlock = 1024;
   for (int64_t b = begin; b < end; b += kSweepBlock) {
     const int64_t e = std::min(end, b + kSweepBlock);
     if (prepareBlock) (*prepareBlock)(b, e);
     runtime::prefetchRangeForWrite(params + e, static_cast<size_t>(std::min(end, e + kSweepBlock) - e) * sizeof(float));
-    stepRange(params + b, grads + b, b, e - b);
+    update(params + b, grads + b, b, b + flatShift, e - b);
   }
 }
 
@@ -253,14 +318,20 @@ void Optimizer::stepShard(const Tensor& values, const Tensor& grads) {
     COHORT_THROW(InvalidArgument) << name() << " over a shard of " << numel_ << " elements was given values of "
                                   << values.numel() << " and gradients of " << grads.numel();
   }
-  if (onGpu(values) || gpu_) {
-    step(values, grads);
+  if ((onGpu(values) || gpu_) && runs_.size() == 1) {
+    step(values, grads);  // one group: the whole shard in one kernel, padding included
     return;
   }
+  if (onGpu(values) || gpu_) requireGpuBuffers(values, grads);
   beginStep();
   for (const ShardMap::Piece& p : pieces_) {
     const auto begin = static_cast<int64_t>(p.shardOffset);
-    sweep(values.data(), grads.data(), begin, begin + static_cast<int64_t>(p.realNumel()));
+    const int64_t flatShift = static_cast<int64_t>(p.flatBegin) - begin;
+    if (gpu_) {
+      update(values.data() + begin, grads.data() + begin, begin, begin + flatShift, static_cast<int64_t>(p.realNumel()));
+    } else {
+      sweep(values.data(), grads.data(), begin, begin + static_cast<int64_t>(p.realNumel()), nullptr, flatShift);
+    }
   }
   ++steps_;
 }
@@ -276,11 +347,7 @@ void Optimizer::stepPieces(const PieceBuffers& b) {
     float* values = b.values + (b.valuesPacked ? p.shardOffset : p.flatBegin);
     const float* grads = b.grads + (b.gradsPacked ? p.shardOffset : p.flatBegin);
     if (b.prepare) b.prepare(p);
-    if (gpu_) {
-      stepGpuRange(values, grads, stateBegin, static_cast<int64_t>(p.realNumel()));
-    } else {
-      stepRange(values, grads, stateBegin, static_cast<int64_t>(p.realNumel()));
-    }
+    update(values, grads, stateBegin, static_cast<int64_t>(p.flatBegin), static_cast<int64_t>(p.realNumel()));
   }
   ++steps_;
 }
@@ -331,14 +398,27 @@ OptimizerKind parseOptimizerKind(const std::string& name) {
   COHORT_THROW(InvalidArgument) << "unknown optimizer '" << name << "': expected sgd, adam or adamw";
 }
 
-std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions& options, const ShardMap& map,
-                                              runtime::cuda::GpuContext* gpu) {
-  std::unique_ptr<Optimizer> optimizer = makeOptimizer(options, map.shardNumel(), gpu);
-  optimizer->shardOver(map);
-  return optimizer;
+namespace {
+
+void validateGroups(const std::vector<ParamGroup>& groups, size_t flatNumel) {
+  size_t at = 0;
+  for (const ParamGroup& g : groups) {
+    if (g.begin < at || g.begin >= g.end || g.end > flatNumel) {
+      COHORT_THROW(InvalidArgument) << "parameter group [" << g.begin << ", " << g.end
+                                    << ") is empty, overlaps the previous group or ends past the " << flatNumel
+                                    << " parameters: groups must be sorted and disjoint";
+    }
+    if (!(g.weightDecay >= 0.0f) || !(g.lrScale > 0.0f) || !std::isfinite(g.lrScale)) {
+      COHORT_THROW(InvalidArgument) << "parameter group [" << g.begin << ", " << g.end << ") has weight decay "
+                                    << g.weightDecay << " and lr scale " << g.lrScale
+                                    << ": the decay must be >= 0 and the scale positive";
+    }
+    at = g.end;
+  }
 }
 
-std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) {
+// makeOptimizer's checks of everything but the groups, and the optimizer with state for `numel`.
+std::unique_ptr<Optimizer> makeChecked(const OptimizerOptions& o, size_t numel, runtime::cuda::GpuContext* gpu) {
   if (!(o.lr > 0.0f) || !std::isfinite(o.lr)) COHORT_THROW(InvalidArgument) << "--lr must be positive, got " << o.lr;
   if (!(o.weightDecay >= 0.0f)) COHORT_THROW(InvalidArgument) << "--weight-decay must be >= 0, got " << o.weightDecay;
   switch (o.kind) {
@@ -357,6 +437,35 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& o, size_t numel
       return std::make_unique<Adam>(o, numel, o.kind == OptimizerKind::kAdamW, gpu);
   }
   COHORT_THROW(InvalidArgument) << "unknown optimizer";
+}
+
+}  // namespace
+
+std::vector<ParamGroup> decayMatricesOnly(const ParamBuffer& params, float weightDecay) {
+  std::vector<ParamGroup> groups;
+  for (const ParamBuffer::Entry& e : params.entries()) {
+    if (e.numel == 0) continue;
+    const float wd = e.shape.rank() >= 2 ? weightDecay : 0.0f;
+    if (!groups.empty() && groups.back().end == e.offset && groups.back().weightDecay == wd) {
+      groups.back().end = e.offset + e.numel;
+    } else {
+      groups.push_back({.begin = e.offset, .end = e.offset + e.numel, .weightDecay = wd});
+    }
+  }
+  return groups;
+}
+
+std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions& options, const ShardMap& map,
+                                              runtime::cuda::GpuContext* gpu) {
+  validateGroups(options.groups, map.numel());
+  std::unique_ptr<Optimizer> optimizer = makeChecked(options, map.shardNumel(), gpu);
+  optimizer->shardOver(map);
+  return optimizer;
+}
+
+std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& options, size_t numel, runtime::cuda::GpuContext* gpu) {
+  validateGroups(options.groups, numel);
+  return makeChecked(options, numel, gpu);
 }
 
 }  // namespace cohort::nn

@@ -15,9 +15,14 @@
 // Sharded (ZeRO-3 / FSDP2) training: makeShardOptimizer builds one over a rank's packed shard of an
 // nn::ShardMap, its state sized to the shard, and stepShard() updates the real elements of each
 // piece the rank owns, each with the arithmetic the whole-buffer step gives that element, so the
-// ranks' shards after a step are bit for bit the slices of the whole step's buffer (every rule
-// above is the same for all parameters; a per-parameter rule would look up the parameter of a
-// shard element from its piece's flat range, which the optimizer keeps).
+// ranks' shards after a step are bit for bit the slices of the whole step's buffer.
+// Parameter groups (PyTorch's param_groups, over the flat layout): OptimizerOptions::groups give
+// ranges of the whole model's flat buffer their own weight decay and learning-rate multiplier
+// (nanoGPT's decay on the >= 2-D weights only: decayMatricesOnly). Every step looks the group of
+// each element up from its flat index — a slice (stepSlice), a shard's pieces (stepShard,
+// stepPieces, from each piece's flat range) or the whole buffer — and updates each run of one
+// group with that group's numbers (on a GPU one kernel per run), so any slice may cross groups and
+// a shard's elements step as the whole buffer's do.
 // Thread safety: one thread at a time per optimizer.
 #pragma once
 
@@ -37,8 +42,18 @@ struct StepControl;
 namespace cohort::nn {
 
 using runtime::Tensor;
+class ParamBuffer;
 
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+// One parameter group: the elements [begin, end) of the whole model's flat buffer (ParamBuffer
+// offsets), stepped with weight decay `weightDecay` and learning rate lr · lrScale (PyTorch's
+// group "weight_decay" and "lr").
+struct ParamGroup {
+  size_t begin = 0, end = 0;
+  float weightDecay = 0.0f;
+  float lrScale = 1.0f;
+};
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kSgd;
@@ -47,7 +62,17 @@ struct OptimizerOptions {
   bool nesterov = false;  // SGD
   float weightDecay = 0.0f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // Adam, AdamW
+  // Empty: one group, every element with weightDecay and lr. Otherwise sorted by begin, not
+  // overlapping, begin < end; elements outside every group take weightDecay and lr scale 1
+  // (e.g. the alignment padding between a ParamBuffer's entries).
+  std::vector<ParamGroup> groups = {};
 };
+
+// nanoGPT's configure_optimizers grouping for `params`' entries: weight decay `weightDecay` on every
+// parameter of two or more dimensions (Linear and convolution weights, embedding tables), none on
+// the rest (biases, LayerNorm and BatchNorm weights); lr scale 1. Adjacent entries of one kind
+// share a group.
+std::vector<ParamGroup> decayMatricesOnly(const ParamBuffer& params, float weightDecay);
 
 class Optimizer {
  public:
@@ -58,6 +83,11 @@ class Optimizer {
 
   virtual ~Optimizer() = default;
   virtual std::string name() const = 0;
+  // One run's numbers: the learning rate (lr · the group's scale) and weight decay.
+  struct RunRate {
+    float lr = 0;
+    float weightDecay = 0;
+  };
   // One update of `params` from `grads` (both flat, numel() elements).
   void step(const Tensor& params, const Tensor& grads);
   // GPU only: one update that `step.control` (device memory, runtime/cuda/step_guard.h) decides:
@@ -133,21 +163,31 @@ class Optimizer {
 
  protected:
   Optimizer(const OptimizerOptions& options, size_t numel, runtime::cuda::GpuContext* gpu)
-      : options_(options), numel_(numel), gpu_(gpu) {}
+      : options_(options), numel_(numel), gpu_(gpu) {
+    makeRuns();
+  }
   // A zeroed state buffer of `numel` floats on the optimizer's device.
   Tensor zeroState(size_t numel) const;
-  // Updates n elements for the step being taken (steps_ not yet incremented): params[0..n) and
-  // grads[0..n) with the state's elements [stateBegin, stateBegin + n).
-  virtual void stepRange(float* params, const float* grads, int64_t stateBegin, int64_t n) = 0;
+  // Updates n elements of one group for the step being taken (steps_ not yet incremented):
+  // params[0..n) and grads[0..n) with the state's elements [stateBegin, stateBegin + n).
+  virtual void stepRange(float* params, const float* grads, int64_t stateBegin, int64_t n, const RunRate& rate) = 0;
   virtual void beginStep() {}
-  // stepRange over [begin, end) in blocks, prefetching the parameter lines ahead for writing.
-  void sweep(float* params, const float* grads, int64_t begin, int64_t end, const BlockHook* prepareBlock = nullptr);
+  // The update of n elements whose first is element flatBegin of the whole flat buffer, cut into
+  // runs of one group each (stepRange, or stepGpuRange on a GPU).
+  void update(float* params, const float* grads, int64_t stateBegin, int64_t flatBegin, int64_t n);
+  // update over [begin, end) in blocks, prefetching the parameter lines ahead for writing; element
+  // i is element i + flatShift of the whole flat buffer.
+  void sweep(float* params, const float* grads, int64_t begin, int64_t end, const BlockHook* prepareBlock = nullptr,
+             int64_t flatShift = 0);
+  RunRate rateOf(const ParamGroup& run, float lr) const;
   // The state tensors, for placeState() (a subset of state(), same order).
   virtual std::vector<Tensor*> stateTensors() = 0;
   // The update of n elements on the GPU (params and grads device buffers of gpu_'s device), with
   // the state's elements [stateBegin, stateBegin + n), for the step being taken; one kernel.
-  virtual void stepGpuRange(float* params, const float* grads, int64_t stateBegin, int64_t n) = 0;
-  virtual void stepGpuDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) = 0;
+  virtual void stepGpuRange(float* params, const float* grads, int64_t stateBegin, int64_t n, const RunRate& rate) = 0;
+  // The deferred update of n elements of one group (its weight decay and lr scale `run`).
+  virtual void stepGpuDeferred(float* params, const float* grads, int64_t stateBegin, int64_t n, const ParamGroup& run,
+                               const DeferredStep& step) = 0;
   // Throws InvalidArgument unless params and grads are on this optimizer's GPU.
   void requireGpuBuffers(const Tensor& params, const Tensor& grads) const;
   OptimizerOptions options_;
@@ -157,18 +197,29 @@ class Optimizer {
   runtime::cuda::GpuContext* gpu_ = nullptr;
   bool sharded_ = false;  // made over a shard map, whose rank's pieces are:
   std::vector<ShardMap::Piece> pieces_;
+  // options_.groups with the gaps filled, adjacent equal ones merged: sorted runs tiling the flat
+  // index space [0, SIZE_MAX).
+  std::vector<ParamGroup> runs_;
+
+ private:
+  void makeRuns();
+  // Calls visit(offset, count, run) for each run of one group within flat [flatBegin, flatBegin + n).
+  template <class Visit>
+  void forEachRun(int64_t flatBegin, int64_t n, Visit visit) const;
 
   friend std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions&, const ShardMap&,
                                                        runtime::cuda::GpuContext*);
 };
 
 // Validates the options (lr > 0, momentum in [0, 1), betas in [0, 1), eps > 0, weight decay >= 0,
-// nesterov only with momentum) and makes the optimizer for buffers of `numel` elements, with its
+// nesterov only with momentum; groups sorted, not overlapping, inside [0, numel), decay >= 0 and
+// lr scale > 0) and makes the optimizer for buffers of `numel` elements, with its
 // state on `gpu`'s device when given (CUDA builds), else on the CPU.
 std::unique_ptr<Optimizer> makeOptimizer(const OptimizerOptions& options, size_t numel,
                                          runtime::cuda::GpuContext* gpu = nullptr);
 
-// The same, for the packed shard of rank map.rank(): numel() is map.shardNumel().
+// The same, for the packed shard of rank map.rank(): numel() is map.shardNumel(); the groups are
+// over the whole flat buffer (inside [0, map.numel())).
 std::unique_ptr<Optimizer> makeShardOptimizer(const OptimizerOptions& options, const ShardMap& map,
                                               runtime::cuda::GpuContext* gpu = nullptr);
 

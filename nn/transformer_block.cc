@@ -6,13 +6,16 @@
 
 namespace cohort::nn {
 
-TransformerBlock::TransformerBlock(const AttentionOptions& o)
-    : options_(o),
-      ln1_(o.dim > 0 ? o.dim : 1),
-      attn_(o),
-      ln2_(o.dim),
-      fc_(LinearOptions{.in = o.dim, .out = 4 * o.dim, .gelu = true}),
-      mlpProj_(LinearOptions{.in = 4 * o.dim, .out = o.dim}) {}
+TransformerBlock::TransformerBlock(const TransformerBlockOptions& b)
+    : options_(b.attention),
+      ln1_(LayerNormOptions{.features = b.attention.dim > 0 ? b.attention.dim : 1, .bias = b.attention.bias}),
+      attn_(b.attention),
+      ln2_(LayerNormOptions{.features = b.attention.dim, .bias = b.attention.bias}),
+      fc_(LinearOptions{.in = b.attention.dim, .out = 4 * b.attention.dim, .bias = b.attention.bias, .gelu = true}),
+      mlpProj_(LinearOptions{.in = 4 * b.attention.dim, .out = b.attention.dim, .bias = b.attention.bias}),
+      dropout_(b.dropout > 0.0f),
+      attnDrop_(b.dropout),
+      mlpDrop_(b.dropout) {}
 
 void TransformerBlock::shareBackwardBuffers(const TransformerBlock& peer) {
   ln1_.shareBackwardBuffers(peer.ln1_);
@@ -74,8 +77,12 @@ const Tensor& TransformerBlock::forward(const Tensor& input, const Pass& pass) {
   outputShape(input.shape());
   const Tensor& x = precision::toFp32(input, inputCast_, pass, *this);
   input_ = recompute_ == RecomputeMode::kSelective && pass.training ? x : Tensor();
-  addInto(h_, x, attn_.forward(ln1_.forward(x, pass), pass), pass);
-  addInto(output_, h_, mlpProj_.forward(fc_.forward(ln2_.forward(h_, pass), pass), pass), pass);
+  const Tensor* a = &attn_.forward(ln1_.forward(x, pass), pass);
+  if (dropout_) a = &attnDrop_.forward(precision::toFp32(*a, attnCast_, pass, *this), pass);
+  addInto(h_, x, *a, pass);
+  const Tensor* m = &mlpProj_.forward(fc_.forward(ln2_.forward(h_, pass), pass), pass);
+  if (dropout_) m = &mlpDrop_.forward(precision::toFp32(*m, mlpCast_, pass, *this), pass);
+  addInto(output_, h_, *m, pass);
   return output_;
 }
 
@@ -89,14 +96,15 @@ const Tensor& TransformerBlock::backward(const Tensor& gradOutput, const Pass& p
   const bool selective = input_.defined();
   const bool onCpu = !dy.device().isCuda();
   if (selective && onCpu) fc_.recomputeGelu();
-  const Tensor& gu = mlpProj_.backwardThroughGelu(dy, inner, fc_.preActivation());
+  const Tensor& gu =
+      mlpProj_.backwardThroughGelu(dropout_ ? mlpDrop_.backward(dy, inner) : dy, inner, fc_.preActivation());
   if (selective) ln2_.forward(h_, pass);
   addInto(gradH_, dy, ln2_.backward(fc_.backwardFromPreActivation(gu, inner), inner), pass);
   if (selective) {
     ln1_.forward(input_, pass);
     if (onCpu) attn_.recomputeProbabilities();
   }
-  const Tensor& ga = ln1_.backward(attn_.backward(gradH_, inner), pass);
+  const Tensor& ga = ln1_.backward(attn_.backward(dropout_ ? attnDrop_.backward(gradH_, inner) : gradH_, inner), pass);
   if (!pass.needInputGrad) {
     gradInput_ = Tensor();
     return gradInput_;

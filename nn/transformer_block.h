@@ -14,6 +14,7 @@
 #pragma once
 
 #include "nn/attention.h"
+#include "nn/dropout.h"
 #include "nn/layer_norm.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -21,10 +22,18 @@
 
 namespace cohort::nn {
 
+struct TransformerBlockOptions {
+  AttentionOptions attention = {};  // its bias also the MLP's and the LayerNorms' (nanoGPT's bias)
+  // nanoGPT's resid_dropout and the MLP's dropout: in training, each branch's output (attn.c_proj's,
+  // mlp.c_proj's) through Dropout(p) before it joins the residual stream. 0: none.
+  float dropout = 0.0f;
+};
+
 class TransformerBlock final : public Module, public PlannedInit {
  public:
-  // InvalidArgument as CausalSelfAttention's (dim a positive multiple of heads).
-  explicit TransformerBlock(const AttentionOptions& options);
+  // InvalidArgument as CausalSelfAttention's (dim a positive multiple of heads), or as Dropout's.
+  explicit TransformerBlock(const AttentionOptions& options) : TransformerBlock(TransformerBlockOptions{options}) {}
+  explicit TransformerBlock(const TransformerBlockOptions& options);
 
   std::string name() const override;
   void registerParams(ParamBuffer& params, const std::string& prefix) override;
@@ -71,6 +80,9 @@ class TransformerBlock final : public Module, public PlannedInit {
   LayerNorm ln2_;
   Linear fc_;  // with the GELU
   Linear mlpProj_;
+  bool dropout_ = false;
+  Dropout attnDrop_, mlpDrop_;
+  Tensor attnCast_, mlpCast_;  // bf16 passes with dropout: the branch outputs in fp32
   RecomputeMode recompute_ = RecomputeMode::kNone;
   Tensor h_, output_, gradH_, gradInput_;
   Tensor input_;  // kSelective: the last forward's input (ln_1's, kept by it too), for the recompute

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"  // sumOverRanks
+#include "nn/gpt.h"
 #include "nn/model_spec.h"
 #include "runtime/error.h"
 
@@ -71,8 +72,11 @@ void joinSums(std::span<const double> pieces, std::span<double> sums) {
 
 int64_t evaluationChunk(const nn::Model& model, int64_t requested) {
   const int64_t positions = datasetHints(model, 0).context;
-  if (positions <= 0) return requested;
-  return std::max<int64_t>(1, std::min(requested, kEvaluationPositions / positions));
+  const int64_t bytesPerSample = std::max<int64_t>(1, positions) * std::max<int64_t>(1, model.outputs) *
+                                 static_cast<int64_t>(sizeof(float));
+  int64_t chunk = std::min(requested, kEvaluationLogitBytes / bytesPerSample);
+  if (positions > 0) chunk = std::min(chunk, kEvaluationPositions / positions);
+  return std::max<int64_t>(1, chunk);
 }
 
 std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std::string& path) {
@@ -86,9 +90,12 @@ std::unique_ptr<nn::Model> loadModel(const nn::Checkpoint& checkpoint, const std
 
 runtime::data::DatasetHints datasetHints(const nn::Model& model, uint64_t seed) {
   const bool languageModel = model.name.rfind("gpt:", 0) == 0;
+  // A padded vocabulary's extra ids are no tokens (their logits are −inf): the data's ids stay below
+  // the real vocabulary.
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(model.net.get());
   return {.context = languageModel ? model.sampleShape.numel() : 0,
           .seed = seed,
-          .vocabulary = languageModel ? model.outputs : 0};
+          .vocabulary = languageModel ? (gpt ? gpt->options().predictedVocab() : model.outputs) : 0};
 }
 
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path) {

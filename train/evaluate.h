@@ -70,12 +70,17 @@ void joinSums(std::span<const double> pieces, std::span<double> sums);
 std::vector<int64_t> sumOverRanks(std::span<const int64_t> counts, const runtime::WorldInfo& world,
                                   std::chrono::milliseconds timeout);
 
-// The samples per forward pass of an evaluation that asks for `requested`: that many, but for a
-// language model (a gpt: spec, T positions a sample) no more than kEvaluationPositions / T, at least
-// one: its activations grow with T (the attention's with T²), so 1000 windows of 64 bytes would hold
-// some 2.6 GB for a 4 x 128 GPT where 64 hold 170 MB. The Trainer and `cohort eval` both chunk so, and
-// so print the same bits.
+// The samples per forward pass of an evaluation that asks for `requested`: that many, but no more
+// than kEvaluationLogitBytes of outputs (the model's outputs per sample, times T positions for a
+// language model, in fp32), and for a language model (a gpt: spec) no more than
+// kEvaluationPositions / T; at least one. The logits and the loss's probabilities of the same size
+// dominate a large vocabulary's evaluation: 4096 positions of GPT-2's 50257 logits are 823 MB
+// (a 3.3M-parameter model peaked at 1.6 GiB evaluating), 64 MiB of them 5 windows of 64; the
+// positions bound the activations of a small vocabulary (1000 windows of 64 bytes would hold some
+// 2.6 GB for a 4 x 128 GPT where 64 hold 170 MB). The Trainer, `cohort eval` and `predict` all chunk
+// so, and so print the same bits.
 inline constexpr int64_t kEvaluationPositions = 4096;
+inline constexpr int64_t kEvaluationLogitBytes = int64_t{64} << 20;
 int64_t evaluationChunk(const nn::Model& model, int64_t requested);
 
 void loadWeights(nn::Model& model, const nn::Checkpoint& checkpoint, const std::string& path);

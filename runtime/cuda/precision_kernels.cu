@@ -28,6 +28,12 @@ __global__ void broadcastToBf16Kernel(const float* __restrict__ bias, __nv_bfloa
   for (size_t i = firstIndex(); i < n; i += gridStride()) out[i] = __float2bfloat16_rn(bias[i % cols]);
 }
 
+template <class T>
+__global__ void fillColumnsKernel(T* __restrict__ data, size_t n, size_t width, size_t cols, size_t firstCol, float value) {
+  const T v = elements::store<T>(value);
+  for (size_t i = firstIndex(); i < n; i += gridStride()) data[(i / width) * cols + firstCol + i % width] = v;
+}
+
 // Four elements per access where every buffer allows it (quads), the rest one by one.
 template <class T>
 __global__ void addMixedKernel(const float* a, const T* b, float* out, size_t n, size_t quads) {
@@ -69,6 +75,22 @@ void broadcastToBf16(const float* bias, void* out, int64_t rows, int64_t cols, c
   CudaDeviceGuard guard(stream.device().index);
   COHORT_LAUNCH(broadcastToBf16Kernel, launch::blocksFor(stream, n), launch::kThreads, 0, launch::nativeStream(stream))(
       bias, static_cast<__nv_bfloat16*>(out), n, static_cast<size_t>(cols));
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void fillColumns(void* data, DType type, int64_t rows, int64_t cols, int64_t firstCol, float value,
+                 const Stream& stream) {
+  COHORT_CHECK(rows >= 0 && 0 <= firstCol && firstCol <= cols)
+      << "fillColumns of columns " << firstCol << ".. of [" << rows << ", " << cols << "]";
+  launch::checkCudaStream(stream);
+  const size_t width = static_cast<size_t>(cols - firstCol), n = static_cast<size_t>(rows) * width;
+  if (n == 0) return;
+  CudaDeviceGuard guard(stream.device().index);
+  elements::dispatch(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    COHORT_LAUNCH(fillColumnsKernel<T>, launch::blocksFor(stream, n), launch::kThreads, 0, launch::nativeStream(stream))(
+        static_cast<T*>(data), n, width, static_cast<size_t>(cols), static_cast<size_t>(firstCol), value);
+  });
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,5 +29,9 @@ void broadcastToBf16(const float* bias, void* out, int64_t rows, int64_t cols, c
 // out[i] = a[i] + float(b[i]) over n elements, b of bType (fp32, or bf16 widened exactly): the
 // residual stream (fp32) plus a branch's output or gradient, in one pass. out may equal a.
 void addMixed(const float* a, const void* b, DType bType, float* out, int64_t n, const Stream& stream);
+// data[r, c] = value for c in [firstCol, cols) over [rows, cols] of `type` (fp32, or bf16 rounded
+// once): a GPT's logits of a padded vocabulary's extra ids set to −inf, so no softmax counts them.
+void fillColumns(void* data, DType type, int64_t rows, int64_t cols, int64_t firstCol, float value,
+                 const Stream& stream);
 
 }  // namespace cohort::runtime::cuda

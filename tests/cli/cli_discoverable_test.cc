@@ -179,5 +179,49 @@ TEST_F(DiscoverableCliTest, MaxStepsWithoutEpochsTrainsThatManyStepsAndTheSchedu
   EXPECT_NE(two.stdoutText.find("epoch 2/2 step 30 "), std::string::npos) << two.stdoutText;
 }
 
+// A gpt: spec without vocab= takes --tokenizer's size (--pad-vocab: rounded up to a multiple of 128,
+// the padding left out of the loss); without a tokenizer, token shards are refused naming the vocab.
+TEST_F(DiscoverableCliTest, TheVocabularyComesFromTheTokenizer) {
+  // A tokenizer of 300 tokens (llm.c's layout: the bytes, then 44 made-up pieces) and shards of its ids.
+  uint32_t header[256] = {20240328, 1, 300};
+  std::string tokenizer(reinterpret_cast<const char*>(header), sizeof(header));
+  for (int i = 0; i < 300; ++i) {
+    const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : "<" + std::to_string(i) + ">";
+    tokenizer += static_cast<char>(piece.size()) + piece;
+  }
+  writeFile(dir_ + "/t300.bin", tokenizer);
+  std::vector<uint16_t> ids(2000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i % 3 ? (i * 7) % 256 : 256 + i % 44);
+  writeFile(dir_ + "/train.bin", std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2));
+  const std::vector<std::string> base = {"train", "--model", "gpt:layers=1,heads=2,dim=16,ctx=8", "--data",
+                                         "tokens:raw:" + dir_ + "/train.bin", "--max-steps", "2", "--progress-every", "0"};
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return runCohort(argv);
+  };
+  const CommandResult sized = run({"--tokenizer", dir_ + "/t300.bin"});
+  ASSERT_EQ(sized.exitCode, 0) << sized.describe();
+  EXPECT_NE(sized.stdoutText.find("cohort train: gpt:layers=1,heads=2,dim=16,ctx=8,vocab=300 "), std::string::npos)
+      << sized.stdoutText;
+  const CommandResult padded = run({"--tokenizer", dir_ + "/t300.bin", "--pad-vocab"});
+  ASSERT_EQ(padded.exitCode, 0) << padded.describe();
+  EXPECT_NE(padded.stdoutText.find("cohort train: gpt:layers=1,heads=2,dim=16,ctx=8,vocab=300,padded_vocab=384 "),
+            std::string::npos)
+      << padded.stdoutText;
+  const CommandResult none = run({});
+  EXPECT_EQ(none.exitCode, 2) << none.describe();
+  EXPECT_EQ(countLines(none.stderrText), 1) << none.describe();
+  EXPECT_NE(none.stderrText.find("is not below the model's vocabulary of 256: --model gpt:layers=1,heads=2,dim=16,ctx=8 "
+                                 "has no vocab=, so its vocabulary is bytes"),
+            std::string::npos)
+      << none.describe();
+  EXPECT_NE(none.stderrText.find("add vocab=50257 for GPT-2's"), std::string::npos) << none.describe();
+  const CommandResult alone = run({"--pad-vocab"});
+  EXPECT_EQ(alone.exitCode, 2) << alone.describe();
+  EXPECT_NE(alone.stderrText.find("--pad-vocab pads --tokenizer's vocabulary: give --tokenizer"), std::string::npos)
+      << alone.describe();
+}
+
 }  // namespace
 }  // namespace cohort::testing

@@ -230,6 +230,46 @@ TEST_F(TokensCliTest, AWholeRunOverAHundredGigabytesOfShardsPeaksAsOverOneSmallS
   for (const char* name : {"/shard_000.bin", "/shard_001.bin", "/shard_002.bin"}) std::filesystem::remove(big + name);
 }
 
+// Issue 47, item 7: evaluating a GPT of GPT-2's vocabulary (3.3M parameters, context 64) chunks
+// the test windows by bytes of logits (train::kEvaluationLogitBytes, 64 MiB: 5 windows of 12.9 MB),
+// not by 4096 positions (64 windows: 823 MB of logits, and as much again for the loss's
+// probabilities: the 1.7 GiB the issue measured). The run's peak stays under 512 MiB; --eval-batch-size
+// asks for fewer windows still.
+TEST_F(TokensCliTest, EvaluatingAGpt2VocabularyModelChunksByBytesOfLogits) {
+  writeFile(dir_ + "/val_wide.bin", shard(sentences(128 * 64 + 1, 5), true));
+  auto peakOf = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {cohortBinary(), "train", "--model", "gpt:layers=1,heads=1,dim=64,ctx=64,vocab=50257",
+                                     "--data", "tokens:" + dir_ + "/train_000.bin", "--test-data",
+                                     "tokens:" + dir_ + "/val_wide.bin", "--optimizer", "adamw", "--lr", "1e-3",
+                                     "--batch-size", "1", "--max-steps", "1", "--epochs", "1", "--threads", "1",
+                                     "--progress-every", "0", "--memory-report"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandResult r = runCommand(args);
+    ResultLine result = expectSuccess(r);
+    EXPECT_NE(result.fields["test_loss"], "") << r.describe();
+    return peakResident(r.stdoutText);
+  };
+  const double peak = peakOf({}), smaller = peakOf({"--eval-batch-size", "2"});
+  std::printf("peak resident evaluating 128 windows of GPT-2's vocabulary: %.1f MB (--eval-batch-size 2: %.1f MB)\n",
+              peak / 1e6, smaller / 1e6);
+  EXPECT_LT(peak, 512.0 * (1 << 20));
+  EXPECT_LT(smaller, peak);
+}
+
+// Issue 47, item 6: a padded vocabulary (padded_vocab=P) trains on ids below the real vocabulary
+// and refuses an id between the two (its logit is −inf: the loss would be infinite) with one line.
+TEST_F(TokensCliTest, APaddedVocabularyTakesOnlyTheRealVocabularysIds) {
+  auto run = [&](const std::string& vocab) {
+    return runCommand({cohortBinary(), "train", "--model", "gpt:layers=1,heads=1,dim=8,ctx=16," + vocab, "--data",
+                       "tokens:" + dir_ + "/train_000.bin", "--batch-size", "4", "--max-steps", "3", "--epochs", "1",
+                       "--threads", "1", "--progress-every", "0"});
+  };
+  expectSuccess(run("vocab=19,padded_vocab=64"));  // ids 0..18
+  const CommandResult r = run("vocab=15,padded_vocab=64");
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find("is not below the model's vocabulary of 15"), std::string::npos) << r.stderrText;
+}
+
 // Issue 44: a shard truncated, or rewritten in place with ids past the vocabulary, while a run reads
 // it. Memory-mapped, the first killed the worker with SIGBUS (exit 135, not a line) and the second
 // failed in the Embedding naming the layer; now each is exit 2 naming the shard (the window, or

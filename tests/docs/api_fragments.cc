@@ -1,8 +1,8 @@
 // The fragments of docs/api.md (a loop of your own, micro-batches, clipping, deferred steps, the
-// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer, watching a run), each compiled
-// in a function whose parameters are the names the doc's fragment uses, so that a renamed or retyped API
-// breaks this build instead of the doc's readers. Compiled, not run: the loops need a job; tests/train
-// runs the same calls.
+// Trainer, TensorBoard, asynchronous sharded checkpoints, the tokenizer, watching a run, parameter
+// groups), each compiled in a function whose parameters are the names the doc's fragment uses, so that
+// a renamed or retyped API breaks this build instead of the doc's readers. Compiled, not run: the loops
+// need a job; tests/train runs the same calls.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -63,6 +63,11 @@ void watching(train::Job& job, nn::Loss& loss, const Dataset& trainSet, const Da
 
 void tokenizer(const std::string& path, const std::string& text) {
 #include "tests/docs/tokenizer.inc"
+}
+
+std::unique_ptr<nn::Optimizer> paramGroups(train::Job& job, std::unique_ptr<nn::Model>& model) {
+#include "tests/docs/param_groups.inc"
+  return optimizer;
 }
 
 }  // namespace cohort::docs_fragments

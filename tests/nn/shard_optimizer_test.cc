@@ -111,6 +111,55 @@ TEST(ShardOptimizer, EveryRanksShardStepIsTheWholeStepsSliceBitForBit) {
   }
 }
 
+// Parameter groups over the flat buffer (1145 elements) that cross the units' edges (37, 42, 1142)
+// and so the ranks' pieces: each shard element steps with its flat index's group.
+const std::vector<ParamGroup> kGroups = {{.begin = 3, .end = 40, .weightDecay = 0.2f},
+                                         {.begin = 40, .end = 700, .weightDecay = 0.0f, .lrScale = 0.5f},
+                                         {.begin = 900, .end = 1144, .weightDecay = 0.05f, .lrScale = 3.0f}};
+const std::vector<Case> kGroupedCases = {
+    {"adamw groups", {.kind = OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f, .groups = kGroups}},
+    {"adam groups", {.kind = OptimizerKind::kAdam, .lr = 3e-3f, .weightDecay = 0.01f, .groups = kGroups}, 2},
+    {"momentum groups",
+     {.kind = OptimizerKind::kSgd, .lr = 0.05f, .momentum = 0.9f, .weightDecay = 0.1f, .groups = kGroups}},
+};
+
+TEST(ShardOptimizer, GroupsCrossingPiecesStepAsTheWholeBuffer) {
+  for (const Case& c : kGroupedCases) {
+    for (int world = 1; world <= 5; ++world) expectShardsMatchWhole(c, world, 3);
+  }
+}
+
+// ZeRO 1 and 2 step each owned piece in place in the whole buffer (stepPieces): with groups, the
+// rank's pieces together give the whole step's values.
+TEST(ShardOptimizer, GroupedPiecesInTheWholeBufferStepAsTheWholeBuffer) {
+  for (const Case& c : kGroupedCases) {
+    for (int world : {1, 2, 3, 5}) {
+      SCOPED_TRACE(std::string(c.name) + ", world " + std::to_string(world));
+      const ShardMap layout(kUnits, {.worldSize = world, .rank = 0});
+      const size_t n = layout.numel();
+      Tensor whole = tensorOf(randomValues(n, 1)), pieces = whole.clone();
+      auto wholeOptimizer = makeOptimizer(c.options, n);
+      std::vector<std::unique_ptr<Optimizer>> ranks;
+      for (int r = 0; r < world; ++r) {
+        ranks.push_back(makeShardOptimizer(c.options, ShardMap(kUnits, {.worldSize = world, .rank = r})));
+      }
+      for (int step = 0; step < 3; ++step) {
+        const Tensor grads = tensorOf(randomValues(n, 70 + static_cast<uint64_t>(step)));
+        wholeOptimizer->step(whole, grads);
+        for (auto& o : ranks) o->stepPieces({.values = pieces.data(), .grads = grads.data()});
+        ASSERT_TRUE(sameBits(valuesOf(pieces), valuesOf(whole))) << "step " << step;
+      }
+    }
+  }
+}
+
+TEST(ShardOptimizer, RefusesGroupsPastTheMapsBuffer) {
+  const ShardMap map(kUnits, {.worldSize = 2, .rank = 0});
+  EXPECT_THROW(makeShardOptimizer({.lr = 0.1f, .groups = {{.begin = 0, .end = map.numel() + 1}}}, map),
+               InvalidArgument);
+  EXPECT_NO_THROW(makeShardOptimizer({.lr = 0.1f, .groups = {{.begin = 0, .end = map.numel()}}}, map));
+}
+
 // On a GPU stepShard updates the whole packed shard in one kernel: that is only right because a
 // padding element that is zero in the values and the gradient stays zero. The same arithmetic on
 // the CPU (step() over the whole shard) shows it, and gives stepShard's bits.

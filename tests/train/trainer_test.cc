@@ -217,13 +217,19 @@ TEST_F(TrainerTest, TheRanksShareTheTestSetsEvaluationExactly) {
   }
 }
 
-// Evaluation chunks: a language model's hold at most kEvaluationPositions positions (at least one
-// window), anything else's what was asked.
+// Evaluation chunks: at most kEvaluationLogitBytes of outputs, and a language model's at most
+// kEvaluationPositions positions (at least one window); otherwise what was asked.
 TEST(EvaluationChunk, BoundsALanguageModelsPositions) {
   EXPECT_EQ(evaluationChunk(*nn::buildModel("mlp:784,16,10"), 1000), 1000);
   EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=64"), 1000), kEvaluationPositions / 64);
   EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=64"), 10), 10);
   EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=8192"), 1000), 1);
+  // GPT-2's vocabulary: 64 MiB of logits (12.9 MB a window of 64), not 4096 positions (64 windows).
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=64,vocab=50257"), 1000),
+            kEvaluationLogitBytes / (64 * 50257 * 4));
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=64,vocab=50257"), 1000), 5);
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("gpt:layers=1,heads=1,dim=8,ctx=1024,vocab=50257"), 1000), 1);
+  EXPECT_EQ(evaluationChunk(*nn::buildModel("mlp:4,100000"), 1000), kEvaluationLogitBytes / 400000);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 // token ids [STEPS, B, T + 1]; step s takes ids[s, :, :T] as input and ids[s, :, 1:] as targets,
 // the mean cross-entropy over the B·T tokens, and one AdamW step (betas 0.9, 0.999, eps 1e-8,
 // weight decay on every parameter); it writes "losses" [STEPS] and the parameters after the last
-// step as "final.<parameter>". The worker adds "output", "grad_input" and "grad.<parameter>" for every
+// step as "final.<parameter>". MODULE "gpt-train-nanogpt" is the same with nanoGPT's
+// configure_optimizers instead: AdamW with betas 0.9, 0.95 and the weight decay on the >= 2-D
+// parameters only (nn::decayMatricesOnly). The worker adds "output", "grad_input" and "grad.<parameter>" for every
 // parameter to DIR (and to the manifest). Exit 1 with a line on stderr for anything unexpected.
 #include <cstdio>
 #include <fstream>
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
       module = std::make_unique<cohort::nn::CausalSelfAttention>(options);
     } else if (kind == "block") {
       module = std::make_unique<cohort::nn::TransformerBlock>(options);
-    } else if ((kind == "gpt" && argc == 8) || (kind == "gpt-train" && argc == 11)) {
+    } else if ((kind == "gpt" && argc == 8) || ((kind == "gpt-train" || kind == "gpt-train-nanogpt") && argc == 11)) {
       module = std::make_unique<cohort::nn::Gpt>(cohort::nn::GptOptions{.vocab = std::stoll(argv[5]),
                                                                         .layers = std::stoll(argv[6]),
                                                                         .heads = options.heads,
@@ -104,14 +106,18 @@ int main(int argc, char** argv) {
       params.value(i).copyFrom(it->second);
     }
     cohort::nn::Pass pass;
-    if (kind == "gpt-train") {
+    if (kind == "gpt-train" || kind == "gpt-train-nanogpt") {
       const Tensor& ids = given.at("input");
       const int64_t steps = std::stoll(argv[8]), batch = ids.dim(1), time = ids.dim(2) - 1;
       if (ids.rank() != 3 || ids.dim(0) != steps) COHORT_THROW(InvalidArgument) << "ids " << ids.shape().str();
-      auto optimizer = cohort::nn::makeOptimizer({.kind = cohort::nn::OptimizerKind::kAdamW,
-                                                  .lr = std::stof(argv[9]),
-                                                  .weightDecay = std::stof(argv[10])},
-                                                 static_cast<size_t>(params.numel()));
+      cohort::nn::OptimizerOptions adamw{.kind = cohort::nn::OptimizerKind::kAdamW,
+                                         .lr = std::stof(argv[9]),
+                                         .weightDecay = std::stof(argv[10])};
+      if (kind == "gpt-train-nanogpt") {
+        adamw.beta2 = 0.95f;
+        adamw.groups = cohort::nn::decayMatricesOnly(params, adamw.weightDecay);
+      }
+      auto optimizer = cohort::nn::makeOptimizer(adamw, static_cast<size_t>(params.numel()));
       cohort::nn::SoftmaxCrossEntropy loss;
       Tensor losses = Tensor::zeros(Shape{steps});
       Tensor x = Tensor::zeros(Shape{batch, time}), y = Tensor::zeros(Shape{batch * time});
