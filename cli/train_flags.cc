@@ -191,8 +191,8 @@ void addWatchFlags(CLI::App& c, TrainFlags& f) {
       "--eval-every", f.evalEvery,
       "also evaluate the test set every N optimizer steps and before the first (log, metrics, TensorBoard, plot)");
   c.add_option("--eval-batches", f.evalBatches,
-               "evaluations (the epochs' too) cover the test set's first K evaluation batches, the same every time "
-               "(default: all of it)");
+               "evaluations (the epochs' too) cover the test set's first K batches of --eval-batch-size samples, the "
+               "same every time (nanoGPT's eval_iters; default: all of it)");
   c.add_option("--sample-every", f.sampleEvery,
                "a gpt: model: every N optimizer steps rank 0 prints a sample continuing --sample-prompt");
   c.add_option("--sample-tokens", f.sampleTokens, "tokens of each sample")->capture_default_str();

@@ -143,9 +143,9 @@ struct TrainerOptions {
   // taking part as at an epoch's end; rank 0 logs "eval step S: test_loss ..." and writes an "eval"
   // metrics line (docs/observing.md). In Hogwild each worker's own step count decides, as for maxSteps.
   int64_t evalEverySteps = 0;
-  // > 0: every evaluation (the epochs' too) covers the first evalBatches evaluation chunks of the test
-  // set (train::evaluationChunk of evalBatchSize): the same samples every time, so the figures compare
-  // (llm.c's val_max_steps). 0: the whole test set.
+  // > 0: every evaluation (the epochs' too) covers the first evalBatches x evalBatchSize samples of
+  // the test set (in passes of train::evaluationChunk): the same samples every time, so the figures
+  // compare (nanoGPT's eval_iters, llm.c's val_max_steps). 0: the whole test set.
   int64_t evalBatches = 0;
   // Samples while training (llm.c's sample_every), GPT models only: > 0, after every sampleEverySteps
   // optimizer steps rank 0 continues samplePrompt (token ids) by sampleTokens tokens with
@@ -469,7 +469,7 @@ class Trainer {
   int64_t stepsPerEpoch() const;
   // Whether something every `every` steps is due after step `step` (every > 0).
   static bool everyDue(int64_t every, int64_t step) { return every > 0 && step > 0 && step % every == 0; }
-  // The test samples an evaluation covers: evalBatches chunks, or all (trainer_eval.cc).
+  // The test samples an evaluation covers: evalBatches x evalBatchSize, or all (trainer_eval.cc).
   int64_t evalSamples() const;
   // evaluateTest() over the test set's first `samples` samples (0: all of them). Collective.
   std::optional<Evaluation> evaluateTestPrefix(int64_t samples);

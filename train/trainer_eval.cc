@@ -18,7 +18,7 @@ namespace cohort::train {
 
 int64_t Trainer::evalSamples() const {
   if (options_.evalBatches <= 0) return 0;
-  return options_.evalBatches * evaluationChunk(model_, options_.evalBatchSize);
+  return options_.evalBatches * options_.evalBatchSize;
 }
 
 void Trainer::evaluateAtStep(const Position& pos) {

@@ -29,7 +29,7 @@ using nlohmann::json;
 constexpr char kModel[] = "gpt:layers=1,heads=2,dim=32,ctx=16";
 
 // About 80 KB of sentences: the test split (the last 10%) holds 500 windows of 16, so one
-// evaluation batch (4096 positions / 16 = 256 windows) is part of it.
+// evaluation batch of 200 windows is part of it (evaluated in one pass: 3200 positions).
 std::string sentences() {
   const char* subjects[] = {"the cat", "a dog", "my friend", "the old man", "our teacher", "a small bird"};
   const char* verbs[] = {"sees", "likes", "follows", "finds", "helps", "remembers"};
@@ -83,12 +83,13 @@ class WatchingCliTest : public ShmDirTest {
     a.insert(a.end(), argv.begin(), argv.end());
     return runCommand(a, {.timeout = std::chrono::seconds(180)});
   }
-  // A run of 12 steps evaluating every 4 on one batch, with step lines every 4: the figures in the
+  // A run of 12 steps evaluating every 4 on one batch of 200, with step lines every 4: the figures in the
   // log, the metrics, TensorBoard, and the step lines' fields.
   void expectEvaluationsAndStepLines(int workers, const std::vector<std::string>& mode) {
     const std::string metrics = dir_ + "/m.jsonl", tb = dir_ + "/tb";
     std::vector<std::string> flags = {"--max-steps",       "12", "--eval-every", "4",     "--eval-batches", "1",
-                                      "--log-every-steps", "4",  "--metrics",    metrics, "--tensorboard",  tb};
+                                      "--eval-batch-size", "200", "--log-every-steps", "4", "--metrics", metrics,
+                                      "--tensorboard",     tb};
     flags.insert(flags.end(), mode.begin(), mode.end());
     CommandResult r = run(workers, train(flags));
     ASSERT_EQ(r.exitCode, 0) << r.describe();
@@ -98,13 +99,13 @@ class WatchingCliTest : public ShmDirTest {
     for (size_t i = 0; i < evals.size(); ++i) {
       const int64_t step = evals[i].at("step");
       EXPECT_EQ(step, static_cast<int64_t>(4 * i));
-      EXPECT_EQ(evals[i].at("test_samples"), 256) << "one batch of 256 windows of the 500";
+      EXPECT_EQ(evals[i].at("test_samples"), 200) << "one batch of 200 windows of the 500";
       loss[step] = evals[i].at("test_loss");
       EXPECT_NE(logLine(r.stdoutText, "eval step " + std::to_string(step) + " (epoch 1): test_loss "), "")
           << r.stdoutText;
     }
     EXPECT_LT(loss[12], loss[0]) << "it learned";
-    // The epoch's evaluation at step 12 is the same one (the same 256 windows).
+    // The epoch's evaluation at step 12 is the same one (the same 200 windows).
     const std::vector<json> epochs = metricsLines(metrics, "epoch");
     ASSERT_EQ(epochs.size(), 1u);
     EXPECT_EQ(epochs[0].at("test_loss").get<double>(), loss[12]);
