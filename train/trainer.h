@@ -361,7 +361,7 @@ class Trainer {
   // (InvalidArgument naming both) or, with resumeOnNewData, true (trainer_checkpoint.cc).
   bool resumesOnNewData(const nn::Metadata& m) const;
   // The settings a resume may change but logs, as a checkpoint records them: "lr" (the base rate),
-  // "weight_decay", "momentum", "betas", "lr_schedule", "clip_grad_norm".
+  // "weight_decay", "momentum", "betas", "lr_schedule", "clip_grad_norm", "weight_decay_groups".
   std::vector<std::pair<std::string, std::string>> runSettings() const;
   // Logs (rank 0) each of them that the checkpoint's run (metadata `m`) had otherwise.
   void noteChangedSettings(const nn::Metadata& m) const;

@@ -203,6 +203,29 @@ bool Trainer::resumesOnNewData(const nn::Metadata& m) const {
   return true;
 }
 
+namespace {
+
+// The optimizer's parameter groups, as a run's setting: the elements of each (decay, lr scale), in
+// the order they first appear ("none" without groups).
+std::string describeGroups(const nn::OptimizerOptions& o) {
+  if (o.groups.empty()) return "none";
+  std::vector<std::pair<std::pair<float, float>, size_t>> kinds;
+  for (const nn::ParamGroup& g : o.groups) {
+    const std::pair<float, float> kind{g.weightDecay, g.lrScale};
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), {kind, 0});
+    it->second += g.end - g.begin;
+  }
+  std::string text;
+  for (const auto& [kind, elements] : kinds) {
+    text += (text.empty() ? "" : "; ") + std::to_string(elements) + " elements at decay " + settingValue(kind.first) +
+            ", lr x" + settingValue(kind.second);
+  }
+  return text;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, std::string>> Trainer::runSettings() const {
   const nn::OptimizerOptions& o = job_.optimizer().options();
   // With a schedule the optimizer's rate is the step's: the schedule's base is the run's.
@@ -212,7 +235,8 @@ std::vector<std::pair<std::string, std::string>> Trainer::runSettings() const {
           {"momentum", settingValue(o.momentum) + (o.nesterov ? " (nesterov)" : "")},
           {"betas", settingValue(o.beta1) + "," + settingValue(o.beta2)},
           {"lr_schedule", schedule_ ? schedule_->describe() : "none"},
-          {"clip_grad_norm", settingValue(options_.clipGradNorm)}};
+          {"clip_grad_norm", settingValue(options_.clipGradNorm)},
+          {"weight_decay_groups", describeGroups(o)}};
 }
 
 void Trainer::noteChangedSettings(const nn::Metadata& m) const {
@@ -223,6 +247,13 @@ void Trainer::noteChangedSettings(const nn::Metadata& m) const {
     std::string name = key;
     std::replace(name.begin(), name.end(), '_', ' ');
     job_.log().info() << "resuming with " << name << " " << value << " (the checkpoint's run had " << was->second << ")";
+  }
+  // Another tokenizer's ids mean other text: the run goes on, but says so.
+  auto tokenizer = m.find("tokenizer_digest");
+  if (tokenizer != m.end() && !options_.tokenizerDigest.empty() && tokenizer->second != options_.tokenizerDigest) {
+    job_.log().warn() << "resuming with another tokenizer (digest " << options_.tokenizerDigest
+                      << "; the checkpoint's run had " << tokenizer->second
+                      << "): the same ids now stand for other text";
   }
 }
 

@@ -223,5 +223,36 @@ TEST_F(DiscoverableCliTest, TheVocabularyComesFromTheTokenizer) {
       << alone.describe();
 }
 
+// A resume notes what changed that the checkpoint records: the weight-decay groups (logged, as the
+// other optimizer settings), and another tokenizer (a warning: its ids stand for other text).
+TEST_F(DiscoverableCliTest, AResumeSaysWhenTheGroupsOrTheTokenizerChanged) {
+  writeFile(dir_ + "/bytes.bin", byteTokenizer());
+  uint32_t header[256] = {20240328, 1, 300};
+  std::string other(reinterpret_cast<const char*>(header), sizeof(header));
+  for (int i = 0; i < 300; ++i) {
+    const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : "<" + std::to_string(i) + ">";
+    other += static_cast<char>(piece.size()) + piece;
+  }
+  writeFile(dir_ + "/t300.bin", other);
+  auto run = [&](const std::string& tokenizer, const std::string& groups, const std::string& steps) {
+    return runCohort({"train", "--model", "gpt:layers=1,heads=2,dim=16,ctx=8,vocab=300", "--data",
+                      "text:" + dir_ + "/corpus.txt", "--optimizer", "adamw", "--max-steps", steps, "--progress-every",
+                      "0", "--checkpoint", dir_ + "/r.st", "--resume", "--tokenizer", tokenizer,
+                      "--weight-decay-groups", groups});
+  };
+  ASSERT_EQ(run(dir_ + "/bytes.bin", "matrices", "3").exitCode, 0);
+  const CommandResult same = run(dir_ + "/bytes.bin", "matrices", "5");
+  ASSERT_EQ(same.exitCode, 0) << same.describe();
+  EXPECT_EQ(same.stdoutText.find("resuming with weight decay groups"), std::string::npos) << same.stdoutText;
+  EXPECT_EQ(same.stderrText.find("another tokenizer"), std::string::npos) << same.describe();
+  const CommandResult changed = run(dir_ + "/t300.bin", "all", "7");
+  ASSERT_EQ(changed.exitCode, 0) << changed.describe();
+  EXPECT_NE(changed.stdoutText.find("resuming with weight decay groups none (the checkpoint's run had "),
+            std::string::npos)
+      << changed.stdoutText;
+  EXPECT_NE((changed.stdoutText + changed.stderrText).find("resuming with another tokenizer (digest "), std::string::npos)
+      << changed.describe();
+}
+
 }  // namespace
 }  // namespace cohort::testing
