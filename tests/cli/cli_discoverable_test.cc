@@ -31,13 +31,13 @@ std::string sentences() {
   return text;
 }
 
-// llm.c's tokenizer layout for 256 tokens: token i is byte i.
-std::string byteTokenizer() {
-  uint32_t header[256] = {20240328, 1, 256};
+// llm.c's tokenizer layout for `size` tokens: token i < 256 is byte i, the others made-up "<i>".
+std::string byteTokenizer(uint32_t size = 256) {
+  uint32_t header[256] = {20240328, 1, size};
   std::string out(reinterpret_cast<const char*>(header), sizeof(header));
-  for (int i = 0; i < 256; ++i) {
-    out += static_cast<char>(1);
-    out += static_cast<char>(i);
+  for (uint32_t i = 0; i < size; ++i) {
+    const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : "<" + std::to_string(i) + ">";
+    out += static_cast<char>(piece.size()) + piece;
   }
   return out;
 }
@@ -182,14 +182,8 @@ TEST_F(DiscoverableCliTest, MaxStepsWithoutEpochsTrainsThatManyStepsAndTheSchedu
 // A gpt: spec without vocab= takes --tokenizer's size (--pad-vocab: rounded up to a multiple of 128,
 // the padding left out of the loss); without a tokenizer, token shards are refused naming the vocab.
 TEST_F(DiscoverableCliTest, TheVocabularyComesFromTheTokenizer) {
-  // A tokenizer of 300 tokens (llm.c's layout: the bytes, then 44 made-up pieces) and shards of its ids.
-  uint32_t header[256] = {20240328, 1, 300};
-  std::string tokenizer(reinterpret_cast<const char*>(header), sizeof(header));
-  for (int i = 0; i < 300; ++i) {
-    const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : "<" + std::to_string(i) + ">";
-    tokenizer += static_cast<char>(piece.size()) + piece;
-  }
-  writeFile(dir_ + "/t300.bin", tokenizer);
+  // A tokenizer of 300 tokens and shards of its ids.
+  writeFile(dir_ + "/t300.bin", byteTokenizer(300));
   std::vector<uint16_t> ids(2000);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i % 3 ? (i * 7) % 256 : 256 + i % 44);
   writeFile(dir_ + "/train.bin", std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2));
@@ -227,13 +221,7 @@ TEST_F(DiscoverableCliTest, TheVocabularyComesFromTheTokenizer) {
 // other optimizer settings), and another tokenizer (a warning: its ids stand for other text).
 TEST_F(DiscoverableCliTest, AResumeSaysWhenTheGroupsOrTheTokenizerChanged) {
   writeFile(dir_ + "/bytes.bin", byteTokenizer());
-  uint32_t header[256] = {20240328, 1, 300};
-  std::string other(reinterpret_cast<const char*>(header), sizeof(header));
-  for (int i = 0; i < 300; ++i) {
-    const std::string piece = i < 256 ? std::string(1, static_cast<char>(i)) : "<" + std::to_string(i) + ">";
-    other += static_cast<char>(piece.size()) + piece;
-  }
-  writeFile(dir_ + "/t300.bin", other);
+  writeFile(dir_ + "/t300.bin", byteTokenizer(300));
   auto run = [&](const std::string& tokenizer, const std::string& groups, const std::string& steps) {
     return runCohort({"train", "--model", "gpt:layers=1,heads=2,dim=16,ctx=8,vocab=300", "--data",
                       "text:" + dir_ + "/corpus.txt", "--optimizer", "adamw", "--max-steps", steps, "--progress-every",
