@@ -66,8 +66,7 @@ void addEvalFlags(CLI::App& c, EvalFlags& f, bool predict) {
   c.add_option("file", f.taskFile, "--task's file (FILE.jsonl)");
   c.add_option("--metrics", f.metrics, "--task: also write the figures to this file, one JSON line");
   c.add_option("--tokenizer", f.tokenizer,
-               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
-               "merges.txt, tiktoken's .tiktoken): encodes --task's text (a byte model without one: its bytes)");
+               std::string(kTokenizerForms) + ": encodes --task's text (a byte model without one: its bytes)");
 }
 
 namespace {

@@ -20,6 +20,11 @@ inline constexpr char kDataForms[] =
     "tokens:PATTERN (llm.c's token shards, a file or a glob; cohort tokenize writes them) | tokens:raw:PATTERN "
     "(headerless uint16 shards, nanoGPT's)";
 
+// What --tokenizer takes, wherever a command takes one (nn::Tokenizer::read).
+inline constexpr char kTokenizerForms[] =
+    "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
+    "merges.txt, tiktoken's .tiktoken)";
+
 // "--seed" on `command`, stored in `seed` (whose value is the default shown by --help).
 CLI::Option* addSeedOption(CLI::App& command, uint64_t& seed, const std::string& help);
 

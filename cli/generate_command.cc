@@ -37,8 +37,7 @@ void addGenerateFlags(CLI::App& c, GenerateFlags& f) {
                "the prompt as token ids, e.g. 15496,995 (a vocabulary past bytes); ids are printed with a '|' after "
                "the prompt's");
   c.add_option("--tokenizer", f.tokenizer,
-               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
-               "merges.txt, tiktoken's .tiktoken): encode --prompt, print tokens as text");
+               std::string(kTokenizerForms) + ": encode --prompt, print tokens as text");
   c.add_option("--tokens", f.tokens, "how many tokens (bytes) to generate after the prompt, > 0")->required();
   c.add_option("--temperature", f.temperature, "logits are divided by it before the softmax, > 0")
       ->capture_default_str();

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 
+#include "cli/flag_values.h"                     // kTokenizerForms
 #include "cli/train_flags.h"                     // allowedCpus
 #include "nn/corpus_reader.h"                    // documents from files
 #include "nn/corpus_tokenizer.h"                 // encoding on a pool of threads, in input order
@@ -27,8 +28,7 @@ namespace cohort::cli {
 
 void addTokenizeFlags(CLI::App& c, TokenizeFlags& f) {
   c.add_option("--tokenizer", f.tokenizer,
-               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
-               "merges.txt, tiktoken's .tiktoken)")
+               kTokenizerForms)
       ->required();
   c.add_option("inputs", f.inputs, "text files: each a document, or with --split lines each line, or for .jsonl "
                                    "the \"text\" of each JSON line")

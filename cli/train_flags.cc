@@ -36,8 +36,7 @@ void addModelAndDataFlags(CLI::App& c, TrainFlags& f) {
   c.add_option("--test-data", f.testData,
                "test data, any --data form (default: the test split of --data; none for csv and tokens:)");
   c.add_option("--tokenizer", f.tokenizer,
-               "GPT-2's tokenizer, FILE or DIR (llm.c's gpt2_tokenizer.bin, HuggingFace's tokenizer.json or vocab.json + "
-               "merges.txt, tiktoken's .tiktoken): a gpt: spec without vocab= takes its size; it encodes "
+               std::string(kTokenizerForms) + ": a gpt: spec without vocab= takes its size; it encodes "
                "--sample-prompt and prints the samples; its digest is recorded in checkpoints, for generate to check");
   c.add_flag("--pad-vocab", f.padVocab,
              "with --tokenizer and a gpt: spec without vocab=: pad the vocabulary to a multiple of 128 (llm.c's 50304 for "
