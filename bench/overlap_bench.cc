@@ -124,10 +124,7 @@ int runOverlapBench(const TrainBenchOptions& o) {
                   .precision = precision});
   runtime::cpu::setBlasThreads(o.threads.empty() ? 1 : o.threads.front());  // each worker's
   auto model = nn::buildModel(o.model);
-  const nn::OptimizerOptions optimizer =
-      isGpt(o.model) ? nn::OptimizerOptions{.kind = nn::OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f}
-                     : nn::OptimizerOptions{.kind = nn::OptimizerKind::kSgd, .lr = 0.01f, .momentum = 0.9f};
-  auto opt = job.makeOptimizer(optimizer, *model);
+  auto opt = job.makeOptimizer(benchOptimizer(o.model), *model);
   job.place(*model, *opt, {.seed = 1});
   const int64_t samples = o.samples > 0 ? o.samples : 30 * o.batchSize;  // per run and rank
   const int64_t steps = std::max<int64_t>(1, samples / o.batchSize);

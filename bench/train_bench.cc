@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <functional>
 #include <memory>
 
 #include "bench/overlap_bench.h"
@@ -21,11 +20,6 @@
 #include "runtime/error.h"
 #include "runtime/gpu_options.h"
 #include "runtime/random.h"
-
-#ifdef COHORT_HAVE_CUDA
-#include "runtime/cuda/gpu_context.h"
-#include "runtime/data/device_loader.h"
-#endif
 
 namespace cohort::bench {
 
@@ -60,6 +54,11 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
       ->capture_default_str();
   c.add_option("--prefetch", o.prefetch, "--zero 3: gather the next unit while one computes: on | off")
       ->capture_default_str();
+  c.add_option("--clip-grad-norm", o.clipGradNorm, "--device cuda: as cohort train's (0: no clipping)")
+      ->capture_default_str();
+  c.add_flag("--profile", o.profile,
+             "--device cuda: the timed steps between cudaProfilerStart and cudaProfilerStop, for nsys or ncu "
+             "started with their capture range off (bench/gpu_profile.sh)");
 }
 
 bool isGpt(const std::string& model) { return model.rfind("gpt:", 0) == 0; }
@@ -73,16 +72,15 @@ namespace {
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-constexpr int kWarmupSteps = 20;
-
-// A GPT's throughput does not depend on which tokens it reads: windows of random bytes (seeded), as
-// many as `windows` train samples need.
+// A GPT's throughput does not depend on which tokens it reads: windows of random bytes (seeded) from
+// 16 values, so that the loss has somewhere to fall (bench/train_bench_gpu.cc checks it does), as many
+// as `windows` train samples need.
 std::unique_ptr<runtime::data::Dataset> randomText(int64_t context, int64_t windows) {
   // The train split is the first 90% of the bytes and holds floor((bytes - 1) / context) windows.
   const int64_t bytes = (windows + 2) * context * 10 / 9 + 4 * (context + 1);
   std::string text(static_cast<size_t>(bytes), '\0');
   runtime::Rng rng(7);
-  for (char& c : text) c = static_cast<char>(rng.nextU64() & 0xff);
+  for (char& c : text) c = static_cast<char>('a' + (rng.nextU64() & 0xf));
   return runtime::data::textDataset(text, "random bytes", {.context = context, .seed = 1}, runtime::data::Split::kTrain);
 }
 
@@ -115,96 +113,36 @@ double timeGemm(const runtime::cpu::GemmOptions& o) {
   return median(t);
 }
 
-// What one run measured: its speed and, on a GPU, the most memory its context's caching allocator had
-// handed out at once (parameters, gradients, optimizer state, activations, workspaces: PyTorch's
-// torch.cuda.max_memory_allocated).
-struct TrainRun {
-  double samplesPerSecond = 0;
-  double peakAllocatedGib = 0;
-};
-
-// One epoch of training (SGD lr 0.01 momentum 0.9, dropout active). On a GPU the batches come through
-// the DeviceLoader and the clock stops when the compute stream is done.
-TrainRun trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data, uint64_t seed,
-                   runtime::Device device) {
-  // The context first: the model's device tensors come from its allocator, which must outlive them.
-  runtime::cuda::GpuContext* gpu = nullptr;
-#ifdef COHORT_HAVE_CUDA
-  std::unique_ptr<runtime::cuda::GpuContext> gpuOwner;
-  if (device.isCuda()) {
-    gpuOwner = std::make_unique<runtime::cuda::GpuContext>(
-        device, runtime::GpuOptions{.conv = {.algorithms = runtime::parseConvAlgorithms(o.convAlgorithms), .tf32 = o.tf32},
-                            .tf32 = o.tf32});
-    gpu = gpuOwner.get();
-  }
-#endif
+// One epoch of training on the CPU (the peers' optimizer: benchOptimizer; dropout active): samples per second.
+double trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& data, uint64_t seed) {
   auto model = nn::buildModel(o.model);
-  auto host = nn::buildModel(o.model);
-  host->params.allocate(runtime::cpuAllocator());
+  model->params.allocate(runtime::cpuAllocator());
   runtime::Rng rng(seed);
-  host->net->resetParams(rng);
-  if (gpu) {
-    nn::bindOnGpu(*model, *host, *gpu);
-  } else {
-    model = std::move(host);
-  }
-  // The peers' optimizers: SGD with momentum for the classifiers, AdamW for a GPT (gpu_torch.py).
-  const nn::OptimizerOptions optimizer =
-      isGpt(o.model) ? nn::OptimizerOptions{.kind = nn::OptimizerKind::kAdamW, .lr = 3e-3f, .weightDecay = 0.01f}
-                     : nn::OptimizerOptions{.kind = nn::OptimizerKind::kSgd, .lr = 0.01f, .momentum = 0.9f};
-  auto opt = nn::makeOptimizer(optimizer, model->params.numel(), gpu);
+  model->net->resetParams(rng);
+  auto opt = nn::makeOptimizer(benchOptimizer(o.model), model->params.numel(), nullptr);
   nn::SoftmaxCrossEntropy loss;
   runtime::data::DataLoader loader(data, {.batchSize = o.batchSize, .seed = seed});
   runtime::Rng dropoutRng(seed + 1);
   nn::Pass pass;
   pass.needInputGrad = false;
   pass.rng = &dropoutRng;
-  pass.gpu = gpu;
-  pass.precision = runtime::parseDType(o.precision, "--precision");
-  loss.setGradType(pass.precision);
-  std::function<void(int64_t)> startEpoch = [&](int64_t e) { loader.startEpoch(e); };
-  std::function<bool(runtime::data::Batch&)> next = [&](runtime::data::Batch& b) { return loader.next(b); };
-  std::function<void()> finish = [] {};
-#ifdef COHORT_HAVE_CUDA
-  std::unique_ptr<runtime::data::DeviceLoader> deviceBatches;
-  if (gpu) {
-    deviceBatches = std::make_unique<runtime::data::DeviceLoader>(loader, *gpu);
-    startEpoch = [&](int64_t e) { deviceBatches->startEpoch(e); };
-    next = [&](runtime::data::Batch& b) { return deviceBatches->next(b); };
-    finish = [&] { loss.takeGpuSums(*gpu); };
-  }
-#endif
   auto step = [&](const runtime::data::Batch& b) {
-    const Tensor& out = model->forward(b.inputs, pass);  // fp32 whatever the pass computes in
-#ifdef COHORT_HAVE_CUDA
-    if (gpu) {
-      loss.forwardGpu(out, b.targets, *gpu);
-    } else
-#endif
-    {
-      loss.forward(out, b.targets);
-    }
+    loss.forward(model->forward(b.inputs, pass), b.targets);
     model->net->backward(loss.backward(), pass);
     opt->step(model->params.values(), model->params.grads());
   };
   // Warm-up (the peers do the same on a throwaway model).
-  startEpoch(1000);
+  loader.startEpoch(1000);
   runtime::data::Batch b;
-  for (int i = 0; i < kWarmupSteps && next(b); ++i) step(b);
-  finish();
-  startEpoch(0);
+  for (int i = 0; i < kTrainWarmupSteps && loader.next(b); ++i) step(b);
+  loader.startEpoch(0);
   int64_t done = 0;
   auto start = Clock::now();
-  while (done < o.samples && next(b)) {
+  while (done < o.samples && loader.next(b)) {
     step(b);
     done += b.size;
   }
-  finish();
-  TrainRun run{.samplesPerSecond = static_cast<double>(done) / seconds(start, Clock::now())};
-#ifdef COHORT_HAVE_CUDA
-  if (gpu) run.peakAllocatedGib = static_cast<double>(gpu->allocator().stats().peakAllocatedBytes) / (1u << 30);
-#endif
-  return run;
+  return static_cast<double>(done) / seconds(start, Clock::now());
 }
 
 }  // namespace
@@ -213,7 +151,7 @@ std::unique_ptr<runtime::data::Dataset> benchData(const std::string& model, int6
   auto probe = nn::buildModel(model);
   const bool cifarShaped = probe->sampleShape.numel() == 3 * 32 * 32;
   const int64_t context = probe->sampleShape.numel();
-  auto data = isGpt(model)  ? randomText(context, std::max<int64_t>(samples, kWarmupSteps * batchSize))
+  auto data = isGpt(model)  ? randomText(context, std::max<int64_t>(samples, kTrainWarmupSteps * batchSize))
               : cifarShaped ? runtime::data::syntheticCifar(std::max<int64_t>(samples, batchSize))
                             : runtime::data::syntheticMnist(runtime::data::Split::kTrain);
   if (data->sampleShape().numel() != probe->sampleShape.numel()) {
@@ -236,6 +174,9 @@ int runTrainBench(const TrainBenchOptions& options) {
   if ((precision != runtime::DType::kF32 || o.tf32) && !device.isCuda()) {
     COHORT_THROW(InvalidArgument) << "bench train: --precision bf16 and --tf32 apply to --device cuda";
   }
+  if ((o.clipGradNorm != 0 || o.profile) && !device.isCuda()) {
+    COHORT_THROW(InvalidArgument) << "bench train: --clip-grad-norm and --profile apply to --device cuda";
+  }
   if (precision != runtime::DType::kF32 && !probe->net->takesBf16()) {
     COHORT_THROW(InvalidArgument) << "bench train: model " << o.model << " does not implement bf16 passes yet";
   }
@@ -249,23 +190,7 @@ int runTrainBench(const TrainBenchOptions& options) {
   if (o.samples == 0) o.samples = gpt ? 30 * o.batchSize : cifarShaped ? runtime::data::kSyntheticCifarTrainSize : 60000;
   const int64_t context = probe->sampleShape.numel();
   auto data = benchData(o.model, o.samples, o.batchSize);
-  if (device.isCuda()) {
-    std::vector<double> runs;
-    double peakGib = 0;
-    for (int r = 0; r < o.repeats; ++r) {
-      const TrainRun run = trainOnce(o, *data, static_cast<uint64_t>(r), device);
-      runs.push_back(run.samplesPerSecond);
-      peakGib = std::max(peakGib, run.peakAllocatedGib);
-    }
-    std::printf("RESULT bench=train model=%s device=%s batch=%lld conv_algorithms=%s precision=%s tf32=%s "
-                "samples_per_s=%.0f min=%.0f max=%.0f peak_mem_gib=%.3f",
-                o.model.c_str(), device.str().c_str(), static_cast<long long>(o.batchSize), o.convAlgorithms.c_str(),
-                o.precision.c_str(), o.tf32 ? "yes" : "no", median(runs),
-                *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()), peakGib);
-    if (gpt) std::printf(" tokens_per_s=%.0f", median(runs) * static_cast<double>(context));
-    std::printf("\n");
-    return 0;
-  }
+  if (device.isCuda()) return runTrainBenchGpu(o, *data, context);
   // An MLP's step is all GEMMs: time them alone for the bound (other models get the SGEMM peak only).
   std::vector<std::pair<int, int>> layers;
   bool mlp = o.model.rfind("mlp:", 0) == 0;
@@ -298,7 +223,7 @@ int runTrainBench(const TrainBenchOptions& options) {
   for (int threads : o.threads) {
     runtime::cpu::setBlasThreads(threads);
     std::vector<double> runs;
-    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r), device).samplesPerSecond);
+    for (int r = 0; r < o.repeats; ++r) runs.push_back(trainOnce(o, *data, static_cast<uint64_t>(r)));
     double sps = median(runs);
     std::printf("RESULT bench=train model=%s threads=%d samples_per_s=%.0f min=%.0f max=%.0f", o.model.c_str(), threads, sps,
                 *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()));

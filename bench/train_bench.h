@@ -9,9 +9,12 @@
 //   RESULT bench=train model=mlp:784,512,256,10 threads=T samples_per_s=.. gflops=.. sgemm_fraction=..
 //   RESULT bench=train model=… device=cuda:0 batch=B conv_algorithms=A samples_per_s=..   (--device cuda)
 // A GPT (gpt:…, GPU only) trains with AdamW (lr 3e-3, weight decay 0.01, as bench-peers' gpu_torch.py)
-// on windows of random bytes, --samples windows (default 30 batches) after 20 warm-up steps, and its
-// line adds tokens_per_s. Every figure is the steady state: the warm-up steps, the data set's
-// making and the model's start-up are outside the clock, which stops when the stream is done.
+// on windows of random bytes from 16 values, --samples windows (default 30 batches) after 20 warm-up
+// steps, and its line adds tokens_per_s. Every figure is the steady state: the warm-up steps, the data
+// set's making and the model's start-up are outside the clock, which stops when the stream is done.
+// On a GPU each run is the step `cohort train` runs (train::Trainer on a local train::Job:
+// bench/train_bench_gpu.cc), its line adds the Job's peak memory and the warm-up's and the timed
+// steps' mean losses, and a run whose loss did not fall prints no speed (train::Diverged, exit 6).
 // With --mode allreduce (under cohortrun) it measures data-parallel steps instead: bench/overlap_bench.h.
 #pragma once
 
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/optimizer.h"
 #include "runtime/data/dataset.h"
 
 namespace CLI {
@@ -43,6 +47,8 @@ struct TrainBenchOptions {
   std::vector<std::string> overlap = {"on", "off"};  // --mode allreduce: the sides measured, in turn
   int zero = 0;  // --mode allreduce: the job's ZeRO stage (train::JobOptions::zero)
   std::string prefetch = "on";  // --zero 3: on | off (train::JobOptions::zeroPrefetch)
+  float clipGradNorm = 0;       // --device cuda: as cohort train's --clip-grad-norm
+  bool profile = false;         // --device cuda: the timed steps between cudaProfilerStart and Stop
 };
 
 void addTrainBenchFlags(CLI::App& command, TrainBenchOptions& options);
@@ -54,5 +60,10 @@ int runTrainBench(const TrainBenchOptions& options);
 std::unique_ptr<runtime::data::Dataset> benchData(const std::string& model, int64_t samples, int64_t batchSize);
 bool isGpt(const std::string& model);
 double median(std::vector<double> values);
+// The peers' optimizer for `model`: SGD with momentum for the classifiers, AdamW for a GPT.
+nn::OptimizerOptions benchOptimizer(const std::string& model);
+inline constexpr int kTrainWarmupSteps = 20;  // steps before a run's clock starts
+// The --device cuda runs of runTrainBench (bench/train_bench_gpu.cc): `context` tokens a sample.
+int runTrainBenchGpu(const TrainBenchOptions& options, const runtime::data::Dataset& data, int64_t context);
 
 }  // namespace cohort::bench

@@ -8,9 +8,12 @@
 #  2. --sanitize: compute-sanitizer's memcheck over every binary (children included), racecheck and
 #     synccheck over the kernel tests, with COHORT_GPU_TEST_UNDER_SANITIZER=1 (the smaller
 #     workloads the emulated device runs, no death tests) and COHORT_TEST_TIMEOUT_SCALE=4 and a limit of 200 s each, several at a time: one summary line each;
-#  3. --bench: GPU Hogwild with 1, 2 and 4 processes on GPU 0 (and 4 under cohortrun --mps), then
-#     bench/gpu_compare.sh: Cohort against PyTorch (--torch, default gpu_torch.py beside the bundle)
-#     on the same work, one table with ratios.
+#  3. --bench: bench/gpu_compare.sh: Cohort against PyTorch (--torch, default gpu_torch.py beside
+#     the bundle) on the same work, one table with ratios, bf16 first; then bench/gpu_profile.sh:
+#     where one GPT-2 bf16 step's GPU time goes (nsys or ncu: the largest kernels and their share);
+#     then GPU Hogwild with 1, 2 and 4 processes on GPU 0 (and 4 under cohortrun --mps).
+#     The tests and the sanitizers stop in time to leave the benchmarks their reserve
+#     (BENCH_SECONDS, default 300): a hung test cannot eat it.
 # Everything is logged under a folder packed at the end into gpu-logs.tar.gz in $OUT (the device
 # tool's folder) or gpu-bundle-results/, beside summary.txt (the lines printed here) and, with
 # --bench, gpu_compare.md (the table). Planned to end within 8 minutes on an H100/H200; each phase
@@ -97,9 +100,9 @@ run_jobs() {
 }
 
 binaries=("$here"/bin/*)
-# Seconds kept for the benchmarks at the end.
+# Seconds kept for the benchmarks at the end: no test or sanitizer job runs into them.
 reserve=0
-$bench && reserve=240
+$bench && reserve=${BENCH_SECONDS:-300}
 # 1. The tests.
 say "== gpu tests ($((SECONDS - start)) s)"
 for t in "${binaries[@]}"; do
@@ -110,7 +113,7 @@ for t in "${binaries[@]}"; do
     add_job "$name" 120 "$t"
   fi
 done
-run_jobs 4 $(( $(left) - 60 ))
+run_jobs 4 $(( $(left) - reserve - 30 ))
 
 # 2. The sanitizers.
 if $sanitize; then
@@ -150,27 +153,39 @@ if $bench; then
   if [ "$(left)" -lt 120 ]; then
     say "SKIPPED benchmarks: $(left) s left of the run"
   else
-    job=(train --device cuda:0 --data synthetic --model mlp:784,512,256,10 --epochs 1 --batch-size 64 --lr 0.05 --momentum 0.9)
-    hogwild() {  # hogwild LABEL N [cohortrun flags]: one line with the job's RESULT figures
-      local label=$1 n=$2 r
-      shift 2
-      if [ "$n" -eq 1 ]; then r=$(timeout 60 "$cohort" "${job[@]}" --mode local 2>> "$logs/hogwild.err" | grep RESULT)
-      else r=$(timeout 60 "$cohortrun" --nproc-per-node "$n" "$@" -- "$cohort" "${job[@]}" --mode hogwild 2>> "$logs/hogwild.err" | grep RESULT)
-      fi
-      r=$(sed -nE 's/.*(test_acc=[^ ]+).*(samples_per_s=[^ ]+).*/\2 \1/p' <<<"$r" | head -n1)
-      say "hogwild $label: ${r:-failed (hogwild.err)}"
-    }
-    hogwild "1 process" 1
-    hogwild "2 processes" 2
-    hogwild "4 processes" 4
-    hogwild "4 processes, --mps" 4 --mps
-    say "after --mps: $(ls -d "${TMPDIR:-/tmp}"/cohortrun-* 2>/dev/null | wc -l) job folders left, $(pgrep -c -f nvidia-cuda-mps) MPS processes left"
-    pgrep -a -f nvidia-cuda-mps >> "$logs/hogwild.err"
     if [ -f "$torch_script" ]; then
-      COHORT="$cohort" timeout $(( $(left) > 60 ? $(left) : 60 )) bash "$here/gpu_compare.sh" "$torch_script" "$logs/bench" "$scratch" > "$logs/gpu_compare.log" 2>&1
+      COHORT="$cohort" timeout $(( $(left) - 100 > 60 ? $(left) - 100 : 60 )) bash "$here/gpu_compare.sh" "$torch_script" "$logs/bench" "$scratch" > "$logs/gpu_compare.log" 2>&1
       sed -n '/^| case/,$p' "$logs/gpu_compare.log" | tee "$results/gpu_compare.md" | tee -a "$summary"
     else
       say "SKIPPED gpu_compare: no PyTorch script at $torch_script (copy bench-peers' gpu_torch.py beside the bundle)"
+    fi
+    if [ "$(left)" -lt 60 ]; then
+      say "SKIPPED gpu_profile: $(left) s left of the run"
+    else
+      COHORT="$cohort" timeout $(( $(left) - 40 )) bash "$here/gpu_profile.sh" "$logs/profile" > "$logs/gpu_profile.log" 2>&1
+      sed -n '/^profile:/,$p' "$logs/gpu_profile.log" | tee "$results/gpu_profile.md" | tee -a "$summary"
+      grep -q '^profile:' "$logs/gpu_profile.log" || say "gpu_profile failed: $(tail -n 3 "$logs/gpu_profile.log" | tr '\n' ' ')"
+    fi
+
+    if [ "$(left)" -lt 100 ]; then
+      say "SKIPPED hogwild: $(left) s left of the run"
+    else
+      job=(train --device cuda:0 --data synthetic --model mlp:784,512,256,10 --epochs 1 --batch-size 64 --lr 0.05 --momentum 0.9)
+      hogwild() {  # hogwild LABEL N [cohortrun flags]: one line with the job's RESULT figures
+        local label=$1 n=$2 r
+        shift 2
+        if [ "$n" -eq 1 ]; then r=$(timeout 60 "$cohort" "${job[@]}" --mode local 2>> "$logs/hogwild.err" | grep RESULT)
+        else r=$(timeout 60 "$cohortrun" --nproc-per-node "$n" "$@" -- "$cohort" "${job[@]}" --mode hogwild 2>> "$logs/hogwild.err" | grep RESULT)
+        fi
+        r=$(sed -nE 's/.*(test_acc=[^ ]+).*(samples_per_s=[^ ]+).*/\2 \1/p' <<<"$r" | head -n1)
+        say "hogwild $label: ${r:-failed (hogwild.err)}"
+      }
+      hogwild "1 process" 1
+      hogwild "2 processes" 2
+      hogwild "4 processes" 4
+      hogwild "4 processes, --mps" 4 --mps
+      say "after --mps: $(ls -d "${TMPDIR:-/tmp}"/cohortrun-* 2>/dev/null | wc -l) job folders left, $(pgrep -c -f nvidia-cuda-mps) MPS processes left"
+      pgrep -a -f nvidia-cuda-mps >> "$logs/hogwild.err"
     fi
   fi
 fi

@@ -187,6 +187,21 @@ TEST_F(CliGpuTest, BenchTrainPrintsItsResult) {
   }
 }
 
+// A GPT's bench runs the step cohort train runs (train::Trainer: the guarded optimizer, bf16 logits
+// in a bf16 pass) and prints its speed only beside losses that fell.
+TEST_F(CliGpuTest, BenchTrainOfAGptReportsLossesThatFell) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    CommandResult r = runCohort({"bench", "train", "--device", "cuda", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16",
+                                 "--batch-size", "8", "--samples", "80", "--repeats", "1", "--precision", precision});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    const ResultLine result = parseResultLine(r.stdoutText);
+    EXPECT_GT(result.number("tokens_per_s"), 0) << r.describe();
+    EXPECT_GT(result.number("peak_mem_gib"), 0) << r.describe();
+    EXPECT_LT(result.number("loss"), result.number("warmup_loss")) << r.describe();
+    EXPECT_NE(r.stdoutText.find(" precision=" + precision + " "), std::string::npos) << r.describe();
+  }
+}
+
 TEST_F(CliGpuTest, HogwildWithFourWorkersOnOneGpuReachesTheSingleGpuAccuracy) {
   const std::vector<std::string> job =
       withMlp({"train", "--device", "cuda:0", "--epochs", "2", "--lr", "0.05", "--momentum", "0.9"});
