@@ -142,4 +142,14 @@ __device__ __forceinline__ uint32_t packBf16x2(float low, float high) {
 #endif
 }
 
+// x combined by `op` over the 4 lanes that hold one row of a C fragment (lanes 4·groupID..+3):
+// __shfl_xor_sync 1, then 2. Each step combines the same two operands in every lane (in either order,
+// which a commutative op does not see), so all four lanes get the same bits: a row's softmax max and
+// sum agree in every lane that uses them.
+template <class Op>
+__device__ __forceinline__ float acrossFragmentRow(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
 }  // namespace cohort::runtime::cuda::ptx

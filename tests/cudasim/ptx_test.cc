@@ -1,12 +1,14 @@
 // The warp-level PTX layer (runtime/cuda/warp_mma.h) as the emulated device runs it
 // (cudasim/include/cudasim/ptx.h): mma m16n8k16 on random bf16 equals a scalar product with the
 // PTX ISA's fragment layouts, also with its operands taken by ldmatrix from shared tiles; ldmatrix
-// .x4, .x2 and .trans give each lane the elements the ISA documents; cp.async copies land at the
+// .x4, .x2 and .trans give each lane the elements the ISA documents; a fragment row's 4 lanes
+// combine a sum to the same bits in each; cp.async copies land at the
 // wait that covers their group and not before (a kernel that forgets the wait reads stale bytes),
 // with zeros where the copy is not valid; and the mistakes the hardware refuses (a misaligned or
 // global address, a warp with a lane gone) stop the program with a message.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -170,6 +172,35 @@ TEST(CudasimPtx, LdmatrixGivesEachLaneTheDocumentedPairs) {
     }
   }
   cudaFree(out);
+}
+
+// Each lane's x combined over its fragment row's 4 lanes, summed, to out[lane].
+__global__ void acrossRowKernel(const float* x, float* out) {
+  out[threadIdx.x] = ptx::acrossFragmentRow(x[threadIdx.x], [](float a, float b) { return a + b; });
+}
+
+// Values whose fp32 sum depends on the order: 1e8 + 1 is 1e8, so a lane adding its own value first
+// and the others in lane order gets 1 in lane 0 and 0 in lane 1. The butterfly gives all four 0.
+TEST(CudasimPtx, AcrossFragmentRowGivesEveryLaneTheSameBits) {
+  std::vector<float> x(32);
+  for (int lane = 0; lane < 32; ++lane) x[lane] = std::vector<float>{1e8f, 1.0f, -1e8f, 1.0f}[lane % 4] * (1 + lane / 4);
+  auto ownFirst = [&](int lane) {  // what a lane-dependent order gives: not the same in every lane
+    float sum = x[lane];
+    for (int i = 1; i < 4; ++i) sum += x[lane ^ i];
+    return sum;
+  };
+  ASSERT_NE(ownFirst(0), ownFirst(1)) << "the data must make the order show";
+  float* dx = toDevice(x);
+  float* out = toDevice(std::vector<float>(32));
+  LAUNCH(acrossRowKernel, 1, 32)(dx, out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = toHost(out, 32);
+  for (int lane = 0; lane < 32; ++lane) {
+    const int first = lane / 4 * 4;
+    const float want = (x[first] + x[first + 1]) + (x[first + 2] + x[first + 3]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[lane]), std::bit_cast<uint32_t>(want)) << "lane " << lane;
+  }
+  cudaFree(dx), cudaFree(out);
 }
 
 constexpr uint32_t kStale = 0xdeadbeefu;
