@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "cudasim/ptx.h"
 #include "cudasim/sim.h"
 #include "cuda_runtime.h"
 
@@ -49,12 +51,21 @@ class Random {
 
 enum class State { kNew, kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
 
+// One cp.async of a thread, queued until the wait that covers it (cudasim/ptx.h).
+struct AsyncCopy {
+  void* shared;
+  const void* global;
+  bool valid;
+};
+
 struct Thread {
   ThreadIndex index;
   unsigned linear = 0, warp = 0, lane = 0;
   State state = State::kNew;
   unsigned warpMask = 0;  // lanes of the exchange this thread waits in
   ctx::fiber fiber;       // its context while suspended
+  std::vector<AsyncCopy> asyncOpen;                // cp.async copies not yet committed
+  std::deque<std::vector<AsyncCopy>> asyncGroups;  // committed groups, oldest first
 };
 
 class Block;
@@ -135,6 +146,7 @@ class Block {
   }
   bool direct() const { return direct_; }
   Thread& thread(unsigned linear) { return threads_[linear]; }
+  size_t size() const { return threads_.size(); }
 
  private:
   void resume(Thread& th) {
@@ -265,6 +277,63 @@ void syncWarp(unsigned mask) {
   if (tlsBlock->direct()) barrierInDirectRun();
   tlsBlock->wait(State::kAtWarpBarrier, mask);
 }
+
+void requireWholeWarp(const char* what) {
+  if (!tlsBlock || !tlsThread) outsideKernel(what);
+  Block& block = *tlsBlock;
+  const unsigned first = tlsThread->warp * 32;
+  bool whole = first + 32 <= block.size();
+  for (unsigned l = 0; whole && l < 32; ++l) whole = block.thread(first + l).state != State::kDone;
+  if (!whole) {
+    std::fprintf(stderr, "cudasim: %s needs all 32 lanes of the warp, and warp %u has fewer running\n", what,
+                 tlsThread->warp);
+    std::abort();
+  }
+}
+
+namespace ptx {
+namespace {
+
+[[noreturn]] void refuseCopy(const char* problem, const void* shared, const void* global) {
+  std::fprintf(stderr, "cudasim: cp.async of 16 bytes from %p to %p: %s\n", global, shared, problem);
+  std::abort();
+}
+
+}  // namespace
+
+void cpAsync16(void* shared, const void* global, bool valid) {
+  if (!tlsThread) outsideKernel("cp.async");
+  if (reinterpret_cast<uintptr_t>(shared) % 16 != 0 || reinterpret_cast<uintptr_t>(global) % 16 != 0) {
+    refuseCopy("both addresses must be 16-byte aligned", shared, global);
+  }
+  if (isDeviceRange(shared, 16)) refuseCopy("the destination is device (global) memory, not shared", shared, global);
+  if (valid && !isDeviceRange(global, 16)) refuseCopy("the source is not device (global) memory", shared, global);
+  tlsThread->asyncOpen.push_back({shared, global, valid});
+}
+
+void cpAsyncCommit() {
+  if (!tlsThread) outsideKernel("cp.async.commit_group");
+  tlsThread->asyncGroups.push_back(std::move(tlsThread->asyncOpen));
+  tlsThread->asyncOpen.clear();
+}
+
+// The copies of every committed group but the newest `pending` land now.
+void cpAsyncWait(int pending) {
+  if (!tlsThread) outsideKernel("cp.async.wait_group");
+  auto& groups = tlsThread->asyncGroups;
+  while (groups.size() > static_cast<size_t>(std::max(pending, 0))) {
+    for (const AsyncCopy& c : groups.front()) {
+      if (c.valid) {
+        std::memcpy(c.shared, c.global, 16);
+      } else {
+        std::memset(c.shared, 0, 16);
+      }
+    }
+    groups.pop_front();
+  }
+}
+
+}  // namespace ptx
 
 void runGrid(const LaunchConfig& c, const std::function<void()>& body, uint64_t seed) {
   Random rng(seed);

@@ -32,6 +32,10 @@ cudaError_t enqueue(cudaStream_t stream, std::function<void()> op);
 // Whether [p, p + bytes) lies inside one live device allocation (or an opened IPC mapping).
 bool isDeviceRange(const void* p, size_t bytes);
 
+// Aborts, naming `what`, unless every one of the 32 lanes of the running thread's warp exists and
+// has not ended (the warp-collective instructions of cudasim/ptx.h need the whole warp).
+void requireWholeWarp(const char* what);
+
 // A fresh seed for the next randomised decision (delays, orders).
 uint64_t nextSeed();
 
