@@ -282,7 +282,7 @@ __device__ void keyPassTile(const Bf16 (*kTile)[M::kLd], const Bf16 (*vTile)[M::
     COHORT_FRAGMENT_LOOP
     for (int e = 0; e < 4; ++e) {
       const int column = n * 8 + lane % 4 * 2 + e % 2;
-      p[n][e] = exp2f(p[n][e] * scaleLog2 - tile.lse[column]);  // Pᵀ
+      p[n][e] = exp2f(fmaf(p[n][e], scaleLog2, -tile.lse[column]));  // Pᵀ = 2^((S·scale − L)·log₂e)
       if (diagonal && key + e / 2 * 8 > queryFirst + column) p[n][e] = 0.0f;
     }
   }

@@ -150,7 +150,9 @@ KernelRun runKernels(const AttentionCase& c, runtime::DType type, const Tensor& 
   auto onDevice = [&](const Tensor& t) {
     return type == runtime::DType::kF32 ? t.clone(gpu.allocator()) : toBf16OnDevice(t, gpu);
   };
-  KernelRun r{.qkv = onDevice(qkv), .dy = onDevice(dy)};
+  KernelRun r;
+  r.qkv = onDevice(qkv);
+  r.dy = onDevice(dy);
   r.y = Tensor::empty(dy.shape(), gpu.allocator(), type);
   r.dqkv = Tensor::empty(qkv.shape(), gpu.allocator(), type);
   r.lse = Tensor::empty(Shape{c.batch, c.heads, c.time}, gpu.allocator());
