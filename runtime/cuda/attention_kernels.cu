@@ -46,6 +46,7 @@
 
 #include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/attention_mma.h"
+#include "runtime/cuda/attention_mma_backward.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
@@ -351,6 +352,11 @@ void attentionForward(const AttentionForwardBuffers& b, const AttentionShape& s,
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
+size_t attentionBackwardScratchBytes(const AttentionShape& s, DType type) {
+  const Geometry g = geometryOf(s);
+  return type == DType::kBF16 ? attention::backwardMmaScratchBytes(g, s.batch) : 0;
+}
+
 void attentionBackward(const AttentionBackwardBuffers& b, const AttentionShape& s, const Stream& stream) {
   checkCudaStream(stream);
   const Geometry g = geometryOf(s);
@@ -364,10 +370,11 @@ void attentionBackward(const AttentionBackwardBuffers& b, const AttentionShape& 
     COHORT_LAUNCH(attentionRowDotKernel<T>, dotBlocks, kThreads, 0, native)(
         static_cast<const T*>(b.y), static_cast<const T*>(b.dy), b.rowDot, g, rows);
   });
-  if (b.type == DType::kBF16) {  // tensor cores
-    const attention::GradBuffers buffers{.qkv = b.qkv, .dy = b.dy, .lse = b.lse, .rowDot = b.rowDot, .dqkv = b.dqkv};
-    attention::keyGradMma(buffers, g, s.batch, native);
-    attention::queryGradMma(buffers, g, s.batch, native);
+  if (b.type == DType::kBF16) {  // tensor cores, dS formed once (attention_mma_backward.cu)
+    COHORT_CHECK(b.scratch != nullptr) << "bf16 attention backward without its scratch";
+    attention::backwardMma(
+        {.qkv = b.qkv, .dy = b.dy, .lse = b.lse, .rowDot = b.rowDot, .dqkv = b.dqkv, .dsScratch = b.scratch}, g,
+        s.batch, native);
   } else {
     const auto* qkv = static_cast<const float*>(b.qkv);
     const auto* dy = static_cast<const float*>(b.dy);

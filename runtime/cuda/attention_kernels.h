@@ -22,6 +22,7 @@
 //   cuda::attentionBackward({.qkv = qkv, .y = y, .lse = lse, .dy = dy, .dqkv = dqkv, .rowDot = d}, shape, stream);
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "runtime/dtype.h"
@@ -54,11 +55,17 @@ struct AttentionBackwardBuffers {
   const void* dy = nullptr;    // [B, T, D]
   void* dqkv = nullptr;        // [B, T, 3D]: dq, dk, dv, every element written; not an input
   float* rowDot = nullptr;     // [B, H, T] scratch: D = rowsum(dy ⊙ y) per row
+  void* scratch = nullptr;     // attentionBackwardScratchBytes of device memory (16-byte aligned), or none
   DType type = DType::kF32;    // of qkv, y, dy and dqkv
 };
 
+// Bytes of AttentionBackwardBuffers::scratch: 0 for fp32; for bf16, dS of every tile pair on or below
+// the diagonal, about B·H·T² bytes / 2 (102 MiB at B 8, H 12, T 1024). Needed only until the
+// backward's kernels have run: a caller frees it after the call (stream order keeps it alive).
+size_t attentionBackwardScratchBytes(const AttentionShape& shape, DType type);
+
 // dq, dk, dv of attentionForward for the upstream gradient dy (three kernels: D, then dK and dV per
-// key tile, then dQ per query tile).
+// key tile (bf16: with dS to the scratch), then dQ per query tile (bf16: from that dS)).
 void attentionBackward(const AttentionBackwardBuffers& buffers, const AttentionShape& shape, const Stream& stream);
 
 }  // namespace cohort::runtime::cuda
