@@ -1,6 +1,7 @@
 // The pieces the fused attention's kernel files share (internal to runtime/cuda/): the shape as the
-// kernels see it, the head-size buckets, and the bf16 kernels on tensor cores (attention_mma.cu),
-// which attentionForward and attentionBackward (attention_kernels.cu) launch for bf16 data.
+// kernels see it, the head-size buckets, and the bf16 forward on tensor cores (attention_mma.cu),
+// which attentionForward (attention_kernels.cu) launches for bf16 data (the bf16 backward:
+// attention_mma_backward.h).
 // Conventions are attention_kernels.h's; the launches enqueue on `stream` and check nothing more.
 #pragma once
 
@@ -31,20 +32,5 @@ void forBucket(int headSize, Launch launch) {
 
 // The bf16 forward: y and L from qkv (all [B, ...] as attentionForward's, bf16 data).
 void forwardMma(const void* qkv, void* y, float* lse, const Geometry& g, int64_t batch, cudaStream_t stream);
-
-// What the backward kernels read and write.
-struct GradBuffers {
-  const void* qkv;
-  const void* dy;
-  const float* lse;
-  const float* rowDot;  // D, already computed
-  void* dqkv;           // its dq columns (queryGradMma) or dk and dv columns (keyGradMma) written
-};
-
-// The bf16 dQ of attentionBackward, from qkv, dy, L and D.
-void queryGradMma(const GradBuffers& buffers, const Geometry& g, int64_t batch, cudaStream_t stream);
-
-// The bf16 dK and dV of attentionBackward, from the same.
-void keyGradMma(const GradBuffers& buffers, const Geometry& g, int64_t batch, cudaStream_t stream);
 
 }  // namespace cohort::runtime::cuda::attention
