@@ -118,11 +118,13 @@ class Gpt final : public Module, public PlannedInit {
   Tensor final16_;    // a handle on ln_f's bf16 output (or on finalCast_)
   Tensor finalCast_;  // ln_f's output in bf16, where it gave fp32
   Tensor wte16_, gradLogits16_;
+  Tensor gradStream16_;  // bf16 passes, chained blocks: the residual stream's gradient between blocks in bf16
 
   void headForward(const Tensor& f, const Tensor& logits, const Pass& pass);
   void maskPadding(const Tensor& logits, const Pass& pass);
   void headBackward(const Tensor& gradLogits, const Pass& pass);
-  const Tensor& blockForward(size_t i, const Tensor& input, const Pass& pass);
+  void shareBlockBuffers(size_t i, runtime::Device device);
+  const Tensor& blocksForward(const Tensor& input, const Pass& pass);
 };
 
 }  // namespace cohort::nn
