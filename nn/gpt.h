@@ -27,6 +27,9 @@
 // sampling, predict's distribution) counts only the real ids, and the loss and its gradients are
 // those of the unpadded model (the padded columns' gradient is 0, or on the CPU a subnormal below
 // 1e-37 from the vectorised exp of −inf; so are the padded rows' of wte's gradient).
+// The blocks are chained (TransformerBlock::forwardChained) except with GptOptions::recompute kFull:
+// each residual addition between blocks, and the last block's before ln_f, is made by the LayerNorm
+// that reads it (one kernel on a GPU), with the same bits as the blocks' own forward.
 // CPU and CUDA (the head through oneDNN or cuBLAS). Thread safety: as Module.
 #pragma once
 
