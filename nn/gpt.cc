@@ -61,15 +61,34 @@ void Gpt::setRecompute(RecomputeMode mode) {
   }
 }
 
-// Block i's forward, its buffers shared with block 0's as the recompute mode allows (block 0 has run
-// this pass, so a buffer it grew is the one shared).
-const Tensor& Gpt::blockForward(size_t i, const Tensor& input, const Pass& pass) {
-  TransformerBlock& block = *blocks_[i];
-  if (i > 0 && options_.recompute == RecomputeMode::kFull) block.shareForwardBuffers(*blocks_[0]);
-  if (i > 0 && options_.recompute == RecomputeMode::kSelective)
-    block.shareSelectiveBuffers(*blocks_[0], input.device());
-  if (options_.recompute == RecomputeMode::kFull) return recomputed_[i]->forward(input, pass);
-  return block.forward(input, pass);
+// Block i's buffers shared with block 0's as the recompute mode allows (block 0 has run this pass,
+// so a buffer it grew is the one shared).
+void Gpt::shareBlockBuffers(size_t i, runtime::Device device) {
+  if (i == 0) return;
+  if (options_.recompute == RecomputeMode::kFull) blocks_[i]->shareForwardBuffers(*blocks_[0]);
+  if (options_.recompute == RecomputeMode::kSelective) blocks_[i]->shareSelectiveBuffers(*blocks_[0], device);
+}
+
+// The blocks and ln_f. Chained (every mode but kFull, whose nn::Recompute wrappers take and give
+// tensors): each residual addition between blocks is made by the LayerNorm that reads it, the next
+// block's ln_1 or ln_f (TransformerBlock::forwardChained; one kernel on a GPU).
+const Tensor& Gpt::blocksForward(const Tensor& input, const Pass& pass) {
+  if (options_.recompute == RecomputeMode::kFull) {
+    const Tensor* h = &input;
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      shareBlockBuffers(i, input.device());
+      h = &forwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return recomputed_[i]->forward(*h, pass); });
+    }
+    return forwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.forward(*h, pass); });
+  }
+  std::optional<ResidualAdd> open;  // the last block's output, as the addition it left
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    shareBlockBuffers(i, input.device());
+    const BlockInput in = open ? BlockInput{.add = &*open} : BlockInput{.x = &input};
+    const ResidualAdd next = forwardOfUnit(pass, blockUnits_[i], [&] { return blocks_[i]->forwardChained(in, pass); });
+    open.emplace(next);
+  }
+  return forwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.forwardAdded(*open, pass); });
 }
 
 std::string Gpt::name() const {
@@ -157,10 +176,7 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
     }
   }
   const Tensor* h = options_.dropout > 0.0f ? &drop_.forward(x_, pass) : &x_;  // nanoGPT's transformer.drop
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    h = &forwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return blockForward(i, *h, pass); });
-  }
-  const Tensor& f = forwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.forward(*h, pass); });
+  const Tensor& f = blocksForward(*h, pass);
   final_ = &f;
 #ifdef COHORT_HAVE_CUDA
   if (onGpu(input)) {  // bf16 logits in a bf16 pass
@@ -255,14 +271,24 @@ const Tensor& Gpt::backward(const Tensor& gradOutput, const Pass& pass) {
 #endif
   Pass inner = pass;
   inner.needInputGrad = true;
-  const Tensor* g =
-      &backwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& { return lnF_.backward(gradFinal_, inner); });
+  // Chained blocks in a bf16 pass on a GPU: each gradient of the residual stream between blocks is
+  // written with its bf16 copy (gradStream16_, one buffer: a block reads its copy before it writes
+  // the next), which mlp.c_proj's backward reads as it is.
+  const bool chained = recomputed_.empty();
+  Tensor* copy = chained && onGpu(gradOutput) && pass.precision == runtime::DType::kBF16 && options_.dropout == 0.0f
+                     ? &gradStream16_
+                     : nullptr;
+  const Tensor* g = &backwardOfUnit(pass, lnFUnit_, [&]() -> const Tensor& {
+    return lnF_.backwardAdded(gradFinal_, {.out16 = copy}, inner);
+  });
   const TransformerBlock* later = nullptr;  // the block whose backward ran last
   for (size_t i = blocks_.size(); i-- > 0;) {
     TransformerBlock& block = *blocks_[i];
     if (later) block.shareBackwardBuffers(*later);  // one set of gradient buffers for every block
-    Module& backward = recomputed_.empty() ? static_cast<Module&>(block) : *recomputed_[i];
-    g = &backwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& { return backward.backward(*g, inner); });
+    g = &backwardOfUnit(pass, blockUnits_[i], [&]() -> const Tensor& {
+      if (!chained) return recomputed_[i]->backward(*g, inner);
+      return block.backwardChained({.grad = g, .grad16 = copy, .gradInput16 = i > 0 ? copy : nullptr}, inner);
+    });
     later = &block;
   }
   if (options_.dropout > 0.0f) g = &drop_.backward(*g, inner);

@@ -27,6 +27,9 @@
 // sampling, predict's distribution) counts only the real ids, and the loss and its gradients are
 // those of the unpadded model (the padded columns' gradient is 0, or on the CPU a subnormal below
 // 1e-37 from the vectorised exp of −inf; so are the padded rows' of wte's gradient).
+// The blocks are chained (TransformerBlock::forwardChained) except with GptOptions::recompute kFull:
+// each residual addition between blocks, and the last block's before ln_f, is made by the LayerNorm
+// that reads it (one kernel on a GPU), with the same bits as the blocks' own forward.
 // CPU and CUDA (the head through oneDNN or cuBLAS). Thread safety: as Module.
 #pragma once
 
@@ -118,11 +121,13 @@ class Gpt final : public Module, public PlannedInit {
   Tensor final16_;    // a handle on ln_f's bf16 output (or on finalCast_)
   Tensor finalCast_;  // ln_f's output in bf16, where it gave fp32
   Tensor wte16_, gradLogits16_;
+  Tensor gradStream16_;  // bf16 passes, chained blocks: the residual stream's gradient between blocks in bf16
 
   void headForward(const Tensor& f, const Tensor& logits, const Pass& pass);
   void maskPadding(const Tensor& logits, const Pass& pass);
   void headBackward(const Tensor& gradLogits, const Pass& pass);
-  const Tensor& blockForward(size_t i, const Tensor& input, const Pass& pass);
+  void shareBlockBuffers(size_t i, runtime::Device device);
+  const Tensor& blocksForward(const Tensor& input, const Pass& pass);
 };
 
 }  // namespace cohort::nn

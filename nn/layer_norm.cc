@@ -4,6 +4,7 @@
 
 #include "nn/gpu_dispatch.h"
 #include "nn/precision.h"
+#include "nn/residual.h"
 #include "runtime/cpu/blas.h"
 #include "runtime/error.h"
 
@@ -62,7 +63,7 @@ const Tensor& LayerNorm::forward(const Tensor& input, const Pass& pass) {
   input_ = input;
   rows_ = input.numel() / features_;
   placeZeroBias(pass);
-  if (onGpu(input)) return forwardGpu(pass);
+  if (onGpu(input)) return forwardGpu(pass, nullptr);
   precision::checkCpuPrecision(pass, *this);
   runtime::ensureShape(output_, input.shape());
   runtime::ensureShape(mean_, Shape{rows_});
@@ -70,6 +71,34 @@ const Tensor& LayerNorm::forward(const Tensor& input, const Pass& pass) {
   layerNormRows(input.data(), rows_, features_, weight_.data(), bias_.data(), eps_, output_.data(), mean_.data(),
                 rstd_.data());
   return output_;
+}
+
+const Tensor& LayerNorm::forwardAdded(const ResidualAdd& add, const Pass& pass) {
+  if (!onGpu(add.residual)) {
+    addInto(add.sum, add.residual, add.branch, pass);
+    return forward(add.sum, pass);
+  }
+  COHORT_CHECK(add.branch.shape() == add.residual.shape() && add.residual.dtype() == runtime::DType::kF32)
+      << name() << ": adding " << add.branch.shape().str() << " to a residual stream of " << add.residual.shape().str();
+  outputShape(add.residual.shape());
+  input_ = add.residual;  // replaced by the sum once it is sized
+  rows_ = add.residual.numel() / features_;
+  placeZeroBias(pass);
+  return forwardGpu(pass, &add);
+}
+
+const Tensor& LayerNorm::backwardAdded(const Tensor& gradOutput, const ResidualGrad& grad, const Pass& pass) {
+  COHORT_CHECK(pass.needInputGrad) << name() << ": an added backward needs the input gradient";
+  if (onGpu(gradOutput)) {
+    COHORT_CHECK(gradOutput.numel() == input_.numel())
+        << name() << ": gradient " << gradOutput.shape().str() << " for input " << input_.shape().str();
+    return backwardGpu(gradOutput, pass, grad);
+  }
+  const Tensor& gradInput = backward(gradOutput, pass);
+  if (grad.residualGrad == nullptr) return grad.out != nullptr ? (*grad.out = gradInput) : gradInput;
+  Tensor& out = grad.out != nullptr ? *grad.out : gradInput_;  // addInto may write over its second input
+  addInto(out, *grad.residualGrad, gradInput, pass);
+  return out;
 }
 
 namespace {
@@ -106,7 +135,7 @@ void layerNormRows(const float* x, int64_t rows, int64_t features, const float* 
 const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
   COHORT_CHECK(gradOutput.numel() == input_.numel())
       << name() << ": gradient " << gradOutput.shape().str() << " for input " << input_.shape().str();
-  if (onGpu(gradOutput)) return backwardGpu(gradOutput, pass);
+  if (onGpu(gradOutput)) return backwardGpu(gradOutput, pass, {});
   if (pass.needInputGrad) {
     runtime::ensureShape(gradInput_, input_.shape());
   } else {
@@ -184,29 +213,48 @@ const Tensor& LayerNorm::backward(const Tensor& gradOutput, const Pass& pass) {
 
 #ifdef COHORT_HAVE_CUDA
 
-const Tensor& LayerNorm::forwardGpu(const Pass& pass) {
+// With `add`, the input is add->residual + add->branch, written to add->sum by the same kernel.
+const Tensor& LayerNorm::forwardGpu(const Pass& pass, const ResidualAdd* add) {
   auto& gpu = gpuFor(pass, input_, name());
+  if (add != nullptr) {
+    runtime::ensureShape(add->sum, add->residual.shape(), gpu.allocator());
+    input_ = add->sum;
+  }
   runtime::ensureShape(output_, input_.shape(), gpu.allocator(), pass.precision);
   runtime::ensureShape(mean_, Shape{rows_}, gpu.allocator());
   runtime::ensureShape(rstd_, Shape{rows_}, gpu.allocator());
-  runtime::cuda::layerNormForward({.x = input_.raw(),
+  runtime::cuda::layerNormForward({.x = add != nullptr ? add->residual.raw() : input_.raw(),
+                                   .branch = add != nullptr ? add->branch.raw() : nullptr,
+                                   .sum = add != nullptr ? add->sum.data() : nullptr,
                                    .weight = weight_.data(),
                                    .bias = bias_.data(),
                                    .y = output_.raw(),
                                    .mean = mean_.data(),
                                    .rstd = rstd_.data(),
-                                   .xType = input_.dtype(),
-                                   .yType = output_.dtype()},
+                                   .xType = add != nullptr ? add->residual.dtype() : input_.dtype(),
+                                   .yType = output_.dtype(),
+                                   .branchType = add != nullptr ? add->branch.dtype() : input_.dtype()},
                                   {.rows = rows_, .cols = features_, .eps = eps_}, gpu.stream());
   return output_;
 }
 
-const Tensor& LayerNorm::backwardGpu(const Tensor& gradOutput, const Pass& pass) {
+// The input gradient into gradInput_, or with grad.out into *grad.out (plus grad.residualGrad,
+// and the bf16 copy into *grad.out16 in a bf16 pass).
+const Tensor& LayerNorm::backwardGpu(const Tensor& gradOutput, const Pass& pass, const ResidualGrad& grad) {
   auto& gpu = gpuFor(pass, gradOutput, name());
+  Tensor& dx = grad.out != nullptr ? *grad.out : gradInput_;
   if (pass.needInputGrad) {
-    runtime::ensureShape(gradInput_, input_.shape(), gpu.allocator(), input_.dtype());
+    runtime::ensureShape(dx, input_.shape(), gpu.allocator(), input_.dtype());
   } else {
     gradInput_ = Tensor();
+  }
+  const bool copy16 = grad.out16 != nullptr && pass.precision == runtime::DType::kBF16;
+  if (copy16) runtime::ensureShape(*grad.out16, input_.shape(), gpu.allocator(), runtime::DType::kBF16);
+  if (grad.residualGrad != nullptr) {
+    COHORT_CHECK(grad.residualGrad->numel() == input_.numel() && grad.residualGrad->dtype() == runtime::DType::kF32 &&
+                 input_.dtype() == runtime::DType::kF32)
+        << name() << ": a residual gradient of " << grad.residualGrad->shape().str() << " for an input of "
+        << input_.shape().str();
   }
   runtime::ensureShape(scratch_, Shape{runtime::cuda::layerNormScratchFloats(rows_, features_)}, gpu.allocator());
   runtime::cuda::layerNormBackward({.dy = gradOutput.raw(),
@@ -216,22 +264,26 @@ const Tensor& LayerNorm::backwardGpu(const Tensor& gradOutput, const Pass& pass)
                                     .rstd = rstd_.data(),
                                     .dweight = weightGrad_.data(),
                                     .dbias = biasGrad_.data(),
-                                    .dx = pass.needInputGrad ? gradInput_.raw() : nullptr,
+                                    .dx = pass.needInputGrad ? dx.raw() : nullptr,
+                                    .residualGrad = grad.residualGrad != nullptr ? grad.residualGrad->data() : nullptr,
+                                    .dx16 = copy16 ? grad.out16->raw() : nullptr,
                                     .scratch = scratch_.data(),
                                     .dyType = gradOutput.dtype(),
                                     .xType = input_.dtype()},
                                    {.rows = rows_, .cols = features_, .accumulate = pass.accumulateGrads},
                                    gpu.stream());
-  return gradInput_;
+  return pass.needInputGrad ? dx : gradInput_;
 }
 
 #else
 
-const Tensor& LayerNorm::forwardGpu(const Pass& pass) {
+const Tensor& LayerNorm::forwardGpu(const Pass& pass, const ResidualAdd*) {
   COHORT_THROW(InvalidArgument) << name() << " got a tensor on " << input_.device().str() << " in a build without CUDA";
 }
 
-const Tensor& LayerNorm::backwardGpu(const Tensor& gradOutput, const Pass& pass) { return forwardGpu(pass); }
+const Tensor& LayerNorm::backwardGpu(const Tensor&, const Pass& pass, const ResidualGrad&) {
+  return forwardGpu(pass, nullptr);
+}
 
 #endif
 

@@ -45,6 +45,26 @@ struct LayerNormOptions {
   bool bias = true;
 };
 
+// "Add then normalise": the residual stream's addition fused with the LayerNorm that reads its
+// result (TransformerBlock's h = x + attn(…) and ln_2(h)). `sum` is the caller's buffer.
+struct ResidualAdd {
+  const Tensor& residual;  // fp32, [..., features]
+  const Tensor& branch;    // residual's shape and device; fp32, or on a GPU bf16 (widened)
+  Tensor& sum;             // written: residual + branch (fp32), the LayerNorm's input
+};
+
+// The backward of "add then normalise" on the gradient side: the stream's gradient past the
+// LayerNorm plus the LayerNorm's input gradient, written to `out` in one pass on a GPU.
+struct ResidualGrad {
+  const Tensor* residualGrad = nullptr;  // fp32, the input's shape; null: nothing to add
+  // Written: *residualGrad + the input gradient (fp32). Null: the layer's own input-gradient
+  // buffer (as backward's), the residual gradient added there.
+  Tensor* out = nullptr;
+  // A bf16 pass on a GPU: *out rounded once to bf16, for the bf16 product that reads the gradient
+  // next (a projection's backward takes it as it is), written by the same kernel; else untouched.
+  Tensor* out16 = nullptr;
+};
+
 class LayerNorm final : public Module, public PlannedInit {
  public:
   // Throws InvalidArgument for features < 1 or eps <= 0.
@@ -61,6 +81,14 @@ class LayerNorm final : public Module, public PlannedInit {
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
   bool takesBf16() const override { return true; }
+  // forward(add.residual + add.branch), the sum written to add.sum: on a GPU one kernel
+  // (runtime/cuda/norm_kernels.h's fused add), on the CPU addInto then forward (the same bits as
+  // the two apart). The LayerNorm keeps a handle on add.sum as its input, for backward.
+  const Tensor& forwardAdded(const ResidualAdd& add, const Pass& pass);
+  // backward(gradOutput), its input gradient added to *grad.residualGrad and written to *grad.out
+  // (and *grad.out16), which is returned: on a GPU one kernel, on the CPU backward then addInto. The
+  // pass must ask for the input gradient. The parameter gradients are backward's.
+  const Tensor& backwardAdded(const Tensor& gradOutput, const ResidualGrad& grad, const Pass& pass);
 
   int64_t features() const { return features_; }
   // Aliases this layer's backward-only buffers (the input gradient, the parameter reduction's scratch) to `peer`'s, so that the two hold
@@ -88,8 +116,8 @@ class LayerNorm final : public Module, public PlannedInit {
   const Tensor& rstd() const { return rstd_; }
 
  private:
-  const Tensor& forwardGpu(const Pass& pass);
-  const Tensor& backwardGpu(const Tensor& gradOutput, const Pass& pass);
+  const Tensor& forwardGpu(const Pass& pass, const ResidualAdd* add);
+  const Tensor& backwardGpu(const Tensor& gradOutput, const Pass& pass, const ResidualGrad& grad);
 
   // Without a bias parameter: bias_ zeros and biasGrad_ a scratch, on the device of the input.
   void placeZeroBias(const Pass& pass);

@@ -10,7 +10,9 @@
 // default (LayerNorm 1 and 0, Linear PyTorch's uniform); GPT-2's initialisation is the model's to
 // apply. Backward: dh = dout + ln_2'(mlp'(dout)), dx = dh + ln_1'(attn'(dh)); every part's
 // parameter gradients come whether or not the input gradient is asked for. CPU and CUDA, through
-// the parts' own paths (the two additions as Residual's addInto). Thread safety: as Module.
+// the parts' own paths: the first addition and ln_2 as LayerNorm::forwardAdded ("add then
+// normalise", one kernel on a GPU), the second as Residual's addInto; in backward both additions
+// as LayerNorm::backwardAdded (ln_2's with dh's bf16 copy in a bf16 pass). Thread safety: as Module.
 #pragma once
 
 #include "nn/attention.h"
@@ -29,6 +31,23 @@ struct TransformerBlockOptions {
   float dropout = 0.0f;
 };
 
+// A block's input in GPT's chain of blocks: a tensor, or the addition the block before left open
+// (TransformerBlock::forwardChained), which ln_1 makes while normalising.
+struct BlockInput {
+  const Tensor* x = nullptr;
+  const ResidualAdd* add = nullptr;
+};
+
+// A block's output gradient in the chain: fp32, and its bf16 copy when the kernel that wrote it
+// wrote one (the next block's ln_1, GPT's ln_f); gradInput16, when given, receives the input
+// gradient's bf16 copy in a bf16 pass on a GPU, for the block before. grad16 may be gradInput16:
+// the copy is read before the block writes its own.
+struct BlockGrad {
+  const Tensor* grad = nullptr;
+  const Tensor* grad16 = nullptr;
+  Tensor* gradInput16 = nullptr;
+};
+
 class TransformerBlock final : public Module, public PlannedInit {
  public:
   // InvalidArgument as CausalSelfAttention's (dim a positive multiple of heads), or as Dropout's.
@@ -42,6 +61,16 @@ class TransformerBlock final : public Module, public PlannedInit {
   Shape outputShape(const Shape& input) const override { return attn_.outputShape(input); }
   const Tensor& forward(const Tensor& input, const Pass& pass) override;
   const Tensor& backward(const Tensor& gradOutput, const Pass& pass) override;
+
+  // GPT's chain of blocks (nn::Gpt): the residual stream's additions between blocks made by the
+  // LayerNorm that reads their result ("add then normalise", one kernel on a GPU). forwardChained
+  // is forward but for its ends: its input may arrive as an addition (BlockInput::add, made by
+  // ln_1 into add.sum), and it leaves its own output's addition h + mlp(…) to the reader, naming it
+  // (into the block's output buffer) for the next block's forwardChained or a LayerNorm's
+  // forwardAdded; backwardChained is backward with the bf16 copies of BlockGrad. forward and
+  // backward are these with a tensor at each end. The same bits as forward and backward.
+  ResidualAdd forwardChained(const BlockInput& input, const Pass& pass);
+  const Tensor& backwardChained(const BlockGrad& grad, const Pass& pass);
 
   CausalSelfAttention& attn() { return attn_; }
   // Aliases every backward-only buffer of the block and its layers to `peer`'s (a block of the same
@@ -85,6 +114,7 @@ class TransformerBlock final : public Module, public PlannedInit {
   Tensor attnCast_, mlpCast_;  // bf16 passes with dropout: the branch outputs in fp32
   RecomputeMode recompute_ = RecomputeMode::kNone;
   Tensor h_, output_, gradH_, gradInput_;
+  Tensor gradH16_;  // bf16 passes on a GPU: gradH_ in bf16, written with it, for attn.c_proj's backward
   Tensor input_;  // kSelective: the last forward's input (ln_1's, kept by it too), for the recompute
   // bf16 passes: fp32 copies of a bf16 input or output gradient (from a bf16 layer around the block).
   Tensor inputCast_, gradOutputCast_;

@@ -1,12 +1,13 @@
 // The kernels of runtime/cuda/norm_kernels.h.
 //
 // GELU is a flat grid-stride kernel that moves four elements per access (float4, or 8 bytes of
-// bf16) when every buffer is aligned to that, like the activations of kernels.cu. LayerNorm's row kernels give each row a row group
-// (a warp for rows of at most kWarpRowMaxCols columns, else the whole block), as kernels.cu's
-// softmax does; the group's partial sums meet through warp shuffles (and, for a block, one pass
-// through shared memory), so every thread of the group ends with the same bits and the row loop is
-// uniform over the group. The parameter gradients are column sums: see layerNormBackward in the
-// header for their two fixed-order stages.
+// bf16) when every buffer is aligned to that, like the activations of kernels.cu. LayerNorm's row
+// kernels give each row a row group (a warp for rows of at most kWarpRowMaxCols columns, else the
+// whole block), as kernels.cu's softmax does; the group's partial sums meet through warp shuffles
+// (and, for a block, one pass through shared memory), so every thread of the group ends with the
+// same bits and the row loop is uniform over the group. A row moves in 16-byte accesses and stays
+// in registers between its passes (see "LayerNorm" below). The parameter gradients are column
+// sums: see layerNormBackward in the header for their two fixed-order stages.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -71,23 +72,166 @@ __global__ void geluBackwardKernel(const TX* x, const TDY* dy, TX* dx, size_t n,
 }
 
 // ---- LayerNorm ----
+//
+// The row kernels move a row in chunks of kChunk = 8 consecutive elements: one 16-byte access of
+// bf16 (two of fp32) when every buffer of the row is 16-byte aligned (checked per row, so a width
+// that is not a multiple of 8 still gets them on the rows that allow) and the chunk lies inside
+// the row; otherwise element by element (the scalar tail). Thread `lane` of a row group of kWidth
+// threads takes chunks lane, lane + kWidth, ... of its row; the first kHeld of them stay in
+// registers between the passes over the row, so the row is read once. Only a block's row wider
+// than kWidth · kChunk · kHeldMax (8192 columns) reads its remaining chunks again.
 
-// As nn::LayerNorm::forward, one row per group.
-template <unsigned kWidth, class TX, class TY>
-__global__ void layerNormForwardKernel(const TX* __restrict__ x, const float* __restrict__ weight,
+constexpr int kChunk = 8;
+constexpr int kHeldMax = 4;
+
+struct alignas(16) Bf16Eight {
+  __nv_bfloat162 pair[kChunk / 2];
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// v = elements [c, c + kChunk) of row, 0 past cols.
+__device__ __forceinline__ void loadChunk(const float* row, int64_t c, int64_t cols, bool vec, float (&v)[kChunk]) {
+  if (vec && c + kChunk <= cols) {
+    const float4 lo = reinterpret_cast<const float4*>(row + c)[0], hi = reinterpret_cast<const float4*>(row + c)[1];
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) v[i] = c + i < cols ? row[c + i] : 0.0f;
+}
+
+__device__ __forceinline__ void loadChunk(const __nv_bfloat16* row, int64_t c, int64_t cols, bool vec,
+                                          float (&v)[kChunk]) {
+  if (vec && c + kChunk <= cols) {
+    const Bf16Eight e = *reinterpret_cast<const Bf16Eight*>(row + c);
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) {
+      const float2 f = __bfloat1622float2(e.pair[i]);
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) v[i] = c + i < cols ? load(row[c + i]) : 0.0f;
+}
+
+// Elements [c, c + kChunk) of row = v, those before cols.
+__device__ __forceinline__ void storeChunk(float* row, int64_t c, int64_t cols, bool vec, const float (&v)[kChunk]) {
+  if (vec && c + kChunk <= cols) {
+    reinterpret_cast<float4*>(row + c)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(row + c)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) {
+    if (c + i < cols) row[c + i] = v[i];
+  }
+}
+
+__device__ __forceinline__ void storeChunk(__nv_bfloat16* row, int64_t c, int64_t cols, bool vec,
+                                           const float (&v)[kChunk]) {
+  if (vec && c + kChunk <= cols) {
+    Bf16Eight e;
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) e.pair[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<Bf16Eight*>(row + c) = e;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) {
+    if (c + i < cols) row[c + i] = store<__nv_bfloat16>(v[i]);
+  }
+}
+
+// The forward's row r: the input x (and, fused, the branch added to it and the sum written), the
+// output y; whether every one of them allows 16-byte accesses.
+template <class TX, class TB, class TY>
+struct ForwardRow {
+  const TX* x;
+  const TB* branch;  // null: not fused
+  float* sum;
+  TY* y;
+  bool vec;
+
+  // v = chunk c of the input (x + branch, written to sum); returns its elements' total.
+  __device__ double load(int64_t c, int64_t cols, float (&v)[kChunk]) const {
+    loadChunk(x, c, cols, vec, v);
+    if (branch != nullptr) {
+      float b[kChunk];
+      loadChunk(branch, c, cols, vec, b);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] += b[i];
+      storeChunk(sum, c, cols, vec, v);
+    }
+    double total = 0.0;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) total += v[i];  // 0 past cols
+    return total;
+  }
+  // Chunk c of the input again (the sum this thread wrote, when fused).
+  __device__ void reload(int64_t c, int64_t cols, float (&v)[kChunk]) const {
+    if (branch != nullptr) return loadChunk(sum, c, cols, vec, v);
+    loadChunk(x, c, cols, vec, v);
+  }
+};
+
+__device__ __forceinline__ double squaredDeviations(const float (&v)[kChunk], int64_t c, int64_t cols, double mu) {
+  double sq = 0.0;
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) {
+    const double d = v[i] - mu;
+    if (c + i < cols) sq += d * d;
+  }
+  return sq;
+}
+
+// y = weight · ((v − mean) · rstd) + bias over chunk c.
+template <class TY>
+__device__ __forceinline__ void normalizeChunk(float (&v)[kChunk], const float* weight, const float* bias, TY* y,
+                                               int64_t c, int64_t cols, bool vec, float meanF, float inv) {
+  float w[kChunk], b[kChunk];
+  loadChunk(weight, c, cols, vec, w);
+  loadChunk(bias, c, cols, vec, b);
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) v[i] = w[i] * ((v[i] - meanF) * inv) + b[i];
+  storeChunk(y, c, cols, vec, v);
+}
+
+// As nn::LayerNorm::forward, one row per group, of x or (fused) of x + branch, which it writes to
+// sum. x may equal sum: each element is read before the thread that reads it writes it.
+template <unsigned kWidth, class TX, class TB, class TY>
+__global__ void layerNormForwardKernel(const TX* x, const TB* branch, float* sum, const float* __restrict__ weight,
                                        const float* __restrict__ bias, TY* __restrict__ y, float* __restrict__ mean,
                                        float* __restrict__ rstd, int64_t rows, int64_t cols, double eps) {
   using G = RowGroup<kWidth>;
+  constexpr int64_t kSpan = static_cast<int64_t>(kWidth) * kChunk;
+  const int64_t first = static_cast<int64_t>(G::lane()) * kChunk;
+  const bool paramsVec = aligned16(weight) && aligned16(bias);
   for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
+    const bool fused = branch != nullptr;
     const TX* xr = x + r * cols;
+    const TB* br = fused ? branch + r * cols : nullptr;
+    float* sr = fused ? sum + r * cols : nullptr;
     TY* yr = y + r * cols;
-    double sum = 0.0;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) sum += load(xr[c]);
-    const double mu = groupReduce<kWidth>(sum, SumOp{}) / static_cast<double>(cols);
+    const bool vec = paramsVec && aligned16(xr) && aligned16(yr) && (!fused || (aligned16(br) && aligned16(sr)));
+    const ForwardRow<TX, TB, TY> row{xr, br, sr, yr, vec};
+    float v[kHeldMax][kChunk], t[kChunk];
+    double total = 0.0;
+#pragma unroll
+    for (int k = 0; k < kHeldMax; ++k) {
+      if (first + k * kSpan < cols) total += row.load(first + k * kSpan, cols, v[k]);
+    }
+    for (int64_t c = first + kHeldMax * kSpan; c < cols; c += kSpan) total += row.load(c, cols, t);
+    const double mu = groupReduce<kWidth>(total, SumOp{}) / static_cast<double>(cols);
     double sq = 0.0;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) {
-      const double d = load(xr[c]) - mu;
-      sq += d * d;
+#pragma unroll
+    for (int k = 0; k < kHeldMax; ++k) {
+      if (first + k * kSpan < cols) sq += squaredDeviations(v[k], first + k * kSpan, cols, mu);
+    }
+    for (int64_t c = first + kHeldMax * kSpan; c < cols; c += kSpan) {
+      row.reload(c, cols, t);
+      sq += squaredDeviations(t, c, cols, mu);
     }
     const double var = groupReduce<kWidth>(sq, SumOp{}) / static_cast<double>(cols);
     const float meanF = static_cast<float>(mu);
@@ -96,100 +240,194 @@ __global__ void layerNormForwardKernel(const TX* __restrict__ x, const float* __
       mean[r] = meanF;
       rstd[r] = inv;
     }
-    for (int64_t c = G::lane(); c < cols; c += kWidth) {
-      yr[c] = store<TY>(weight[c] * ((load(xr[c]) - meanF) * inv) + bias[c]);
+#pragma unroll
+    for (int k = 0; k < kHeldMax; ++k) {
+      if (first + k * kSpan < cols) normalizeChunk(v[k], weight, bias, row.y, first + k * kSpan, cols, row.vec, meanF, inv);
+    }
+    for (int64_t c = first + kHeldMax * kSpan; c < cols; c += kSpan) {
+      row.reload(c, cols, t);
+      normalizeChunk(t, weight, bias, row.y, c, cols, row.vec, meanF, inv);
     }
   }
 }
 
-// As nn::LayerNorm::backward's input gradient, one row per group.
-template <unsigned kWidth, class TDY, class TX>
-__global__ void layerNormInputGradKernel(const TDY* __restrict__ dy, const TX* __restrict__ x,
-                                         const float* __restrict__ weight, const float* __restrict__ mean,
-                                         const float* __restrict__ rstd, TX* __restrict__ dx, int64_t rows,
-                                         int64_t cols) {
+// What layerNormBackwardKernel reads and writes (norm_kernels.h's LayerNormBackwardBuffers, typed).
+template <class TDY, class TX>
+struct BackwardArgs {
+  const TDY* dy;
+  const TX* x;
+  const float *weight, *mean, *rstd;
+  const float* residualGrad;  // or null; may equal dx
+  TX* dx;                     // or null
+  __nv_bfloat16* dx16;        // or null
+  float *partialW, *partialB;  // [chunks, cols]
+  int64_t rows, cols, chunkRows;
+};
+
+// Chunk c of one row of the backward: g = dy · weight and xhat = (x − mean) · rstd into g and xh;
+// dy · xhat and dy added to accW and accB; returns Σ g and Σ g · xhat through sumG and sumGXhat.
+template <class TDY, class TX>
+__device__ __forceinline__ void gradChunk(const TDY* dyr, const TX* xr, const float* weight, int64_t c, int64_t cols,
+                                          bool vec, float meanF, float inv, float (&g)[kChunk], float (&xh)[kChunk],
+                                          float (&accW)[kChunk], float (&accB)[kChunk], double& sumG,
+                                          double& sumGXhat) {
+  float d[kChunk], w[kChunk];
+  loadChunk(dyr, c, cols, vec, d);
+  loadChunk(xr, c, cols, vec, xh);
+  loadChunk(weight, c, cols, vec, w);
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) {
+    xh[i] = (xh[i] - meanF) * inv;
+    g[i] = d[i] * w[i];  // 0 past cols, as d
+    accW[i] += d[i] * xh[i];
+    accB[i] += d[i];
+    sumG += g[i];
+    sumGXhat += static_cast<double>(g[i]) * xh[i];
+  }
+}
+
+// dx = residualGrad + rstd · (g − mean(g) − xhat · mean(g · xhat)) over chunk c, and its bf16 copy.
+template <class TDY, class TX>
+__device__ __forceinline__ void inputGradChunk(const BackwardArgs<TDY, TX>& a, int64_t r, int64_t c, bool vec,
+                                               const float (&g)[kChunk], const float (&xh)[kChunk], float inv,
+                                               float meanG, float meanGXhat) {
+  float out[kChunk];
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) out[i] = inv * (g[i] - meanG - xh[i] * meanGXhat);
+  if (a.residualGrad != nullptr) {
+    float res[kChunk];
+    loadChunk(a.residualGrad + r * a.cols, c, a.cols, vec, res);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) out[i] = res[i] + out[i];
+  }
+  storeChunk(a.dx + r * a.cols, c, a.cols, vec, out);
+  if (a.dx16 != nullptr) storeChunk(a.dx16 + r * a.cols, c, a.cols, vec, out);
+}
+
+// The block's column sums into its rows of partialW and partialB. A warp per row: the block's
+// warps' sums are added in warp order through shared memory; a block per row: each thread owns
+// its columns (those past the held chunks it has written there already).
+template <unsigned kWidth, int kHeld, class TDY, class TX>
+__device__ void writeColumnPartials(const BackwardArgs<TDY, TX>& a, const float (&accW)[kHeld][kChunk],
+                                    const float (&accB)[kHeld][kChunk]) {
   using G = RowGroup<kWidth>;
-  for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
-    const TDY* dyr = dy + r * cols;
-    const TX* xr = x + r * cols;
-    TX* dxr = dx + r * cols;
-    const float meanF = mean[r], inv = rstd[r];
+  constexpr int64_t kSpan = static_cast<int64_t>(kWidth) * kChunk;
+  const int64_t first = static_cast<int64_t>(G::lane()) * kChunk, cols = a.cols;
+  float* pw = a.partialW + static_cast<int64_t>(blockIdx.x) * cols;
+  float* pb = a.partialB + static_cast<int64_t>(blockIdx.x) * cols;
+  if constexpr (kWidth == kWarpSize) {
+    __shared__ float sumW[kWarpRowMaxCols], sumB[kWarpRowMaxCols];
+    for (unsigned w = 0; w < G::kRowsPerBlock; ++w) {
+      if (G::groupInBlock() == w) {
+#pragma unroll
+        for (int k = 0; k < kHeld; ++k) {
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) {
+            const int64_t c = first + k * kSpan + i;
+            if (c >= cols) continue;
+            sumW[c] = w == 0 ? accW[k][i] : sumW[c] + accW[k][i];
+            sumB[c] = w == 0 ? accB[k][i] : sumB[c] + accB[k][i];
+          }
+        }
+      }
+      __syncthreads();
+    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      pw[c] = sumW[c];
+      pb[c] = sumB[c];
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t c = first + k * kSpan;
+      if (c >= cols) continue;
+      storeChunk(pw, c, cols, false, accW[k]);
+      storeChunk(pb, c, cols, false, accB[k]);
+    }
+  }
+}
+
+// One chunk of rows per block, [blockIdx.x · chunkRows, + chunkRows), its rows dealt to the
+// block's row groups in turn. Per row, nn::LayerNorm::backward's input gradient plus the residual
+// gradient (dx, and dx16), from dy and x read once; the block's column sums of dy · xhat and dy
+// go to its rows of the partials. A warp's row (at most kWarpRowMaxCols columns) is held whole
+// (kHeld = its chunks per lane); a block's wider than kHeld chunks per thread reads the rest again
+// and sums its columns straight into its rows of the partials.
+template <unsigned kWidth, int kHeld, class TDY, class TX>
+__global__ void layerNormBackwardKernel(BackwardArgs<TDY, TX> a) {
+  using G = RowGroup<kWidth>;
+  constexpr int64_t kSpan = static_cast<int64_t>(kWidth) * kChunk;
+  const int64_t first = static_cast<int64_t>(G::lane()) * kChunk, cols = a.cols;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * a.chunkRows;
+  const int64_t end = begin + a.chunkRows < a.rows ? begin + a.chunkRows : a.rows;
+  float* pw = a.partialW + static_cast<int64_t>(blockIdx.x) * cols;
+  float* pb = a.partialB + static_cast<int64_t>(blockIdx.x) * cols;
+  float accW[kHeld][kChunk] = {}, accB[kHeld][kChunk] = {};
+  for (int64_t r = begin + G::groupInBlock(); r < end; r += G::kRowsPerBlock) {
+    const TDY* dyr = a.dy + r * cols;
+    const TX* xr = a.x + r * cols;
+    const bool vec = aligned16(dyr) && aligned16(xr) && aligned16(a.weight) &&
+                     (a.residualGrad == nullptr || aligned16(a.residualGrad + r * cols)) &&
+                     (a.dx == nullptr || aligned16(a.dx + r * cols)) && (a.dx16 == nullptr || aligned16(a.dx16 + r * cols));
+    const float meanF = a.mean[r], inv = a.rstd[r];
+    float g[kHeld][kChunk], xh[kHeld][kChunk], tg[kChunk], txh[kChunk], tw[kChunk], tb[kChunk];
     double sumG = 0.0, sumGXhat = 0.0;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) {
-      const float g = load(dyr[c]) * weight[c];
-      const float xhat = (load(xr[c]) - meanF) * inv;
-      sumG += g;
-      sumGXhat += static_cast<double>(g) * xhat;
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t c = first + k * kSpan;
+      if (c < cols) gradChunk(dyr, xr, a.weight, c, cols, vec, meanF, inv, g[k], xh[k], accW[k], accB[k], sumG, sumGXhat);
+    }
+    for (int64_t c = first + kHeld * kSpan; c < cols; c += kSpan) {  // a block's row past 8192 columns
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) tw[i] = tb[i] = 0.0f;
+      gradChunk(dyr, xr, a.weight, c, cols, false, meanF, inv, tg, txh, tw, tb, sumG, sumGXhat);
+      for (int i = 0; i < kChunk && c + i < cols; ++i) {
+        pw[c + i] = r == begin ? tw[i] : pw[c + i] + tw[i];
+        pb[c + i] = r == begin ? tb[i] : pb[c + i] + tb[i];
+      }
     }
     const float meanG = static_cast<float>(groupReduce<kWidth>(sumG, SumOp{}) / static_cast<double>(cols));
     const float meanGXhat = static_cast<float>(groupReduce<kWidth>(sumGXhat, SumOp{}) / static_cast<double>(cols));
-    for (int64_t c = G::lane(); c < cols; c += kWidth) {
-      const float g = load(dyr[c]) * weight[c];
-      const float xhat = (load(xr[c]) - meanF) * inv;
-      dxr[c] = store<TX>(inv * (g - meanG - xhat * meanGXhat));
+    if (a.dx == nullptr) continue;
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int64_t c = first + k * kSpan;
+      if (c < cols) inputGradChunk(a, r, c, vec, g[k], xh[k], inv, meanG, meanGXhat);
+    }
+    for (int64_t c = first + kHeld * kSpan; c < cols; c += kSpan) {
+      double unused = 0.0;
+      gradChunk(dyr, xr, a.weight, c, cols, false, meanF, inv, tg, txh, tw, tb, unused, unused);
+      inputGradChunk(a, r, c, vec, tg, txh, inv, meanG, meanGXhat);
     }
   }
+  writeColumnPartials<kWidth, kHeld>(a, accW, accB);
 }
 
-// Rows per chunk of the parameter-gradient reduction: at least kMinChunkRows (enough work per
-// thread row), and more once a chunk count would pass kMaxChunks (bounded scratch). Both depend only
-// on the row count, so the order of additions does too.
-constexpr int64_t kMinChunkRows = 64;
-constexpr int64_t kMaxChunks = 1024;
+// Rows per chunk (a block of layerNormBackwardKernel) of the parameter-gradient reduction: at
+// least kMinChunkRows (work per row group), more once a chunk count would pass kMaxChunks (bounded
+// scratch and second stage). Both depend only on the row count, so the order of additions does too.
+constexpr int64_t kMinChunkRows = 32;
+constexpr int64_t kMaxChunks = 512;
 
 int64_t chunkRowsFor(int64_t rows) { return std::max(kMinChunkRows, (rows + kMaxChunks - 1) / kMaxChunks); }
 int64_t chunksFor(int64_t rows) { return (rows + chunkRowsFor(rows) - 1) / chunkRowsFor(rows); }
 
-// Stage 1 of dweight and dbias: block (x, y) sums chunk blockIdx.y of tiles of kWarpSize columns.
-// Thread (tx, ty) adds every kWarpsPerBlock-th row of the chunk from ty in double; thread row 0
-// adds the kWarpsPerBlock results in order and writes chunk partials, [chunks, cols] each.
-template <class TDY, class TX>
-__global__ void layerNormParamPartialsKernel(const TDY* __restrict__ dy, const TX* __restrict__ x,
-                                             const float* __restrict__ mean, const float* __restrict__ rstd,
-                                             float* __restrict__ partialW, float* __restrict__ partialB, int64_t rows,
-                                             int64_t cols, int64_t chunkRows) {
-  __shared__ double sharedW[kWarpsPerBlock][kWarpSize];
-  __shared__ double sharedB[kWarpsPerBlock][kWarpSize];
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * chunkRows;
-  const int64_t end = first + chunkRows < rows ? first + chunkRows : rows;
-  for (int64_t tile = static_cast<int64_t>(blockIdx.x) * kWarpSize; tile < cols;
-       tile += static_cast<int64_t>(gridDim.x) * kWarpSize) {
-    const int64_t c = tile + threadIdx.x;
-    double sumW = 0.0, sumB = 0.0;
-    if (c < cols) {
-      for (int64_t r = first + threadIdx.y; r < end; r += kWarpsPerBlock) {
-        const float g = load(dy[r * cols + c]);
-        const float xhat = (load(x[r * cols + c]) - mean[r]) * rstd[r];
-        sumW += static_cast<double>(g) * xhat;
-        sumB += g;
-      }
-    }
-    sharedW[threadIdx.y][threadIdx.x] = sumW;
-    sharedB[threadIdx.y][threadIdx.x] = sumB;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-      double totalW = 0.0, totalB = 0.0;
-      for (unsigned k = 0; k < kWarpsPerBlock; ++k) {
-        totalW += sharedW[k][threadIdx.x];
-        totalB += sharedB[k][threadIdx.x];
-      }
-      partialW[blockIdx.y * cols + c] = static_cast<float>(totalW);
-      partialB[blockIdx.y * cols + c] = static_cast<float>(totalB);
-    }
-    __syncthreads();  // the next tile overwrites the shared sums
-  }
-}
-
-// Stage 2: each column's chunk partials added in chunk order (none: 0).
+// Stage 2: a warp per column; lane k adds the column's chunk partials k, k + 32, ... in double, the
+// warp's butterfly adds the lanes' sums (none: 0), so the order depends only on the chunk count.
 __global__ void layerNormParamReduceKernel(const float* __restrict__ partialW, const float* __restrict__ partialB,
                                            float* __restrict__ dweight, float* __restrict__ dbias, int64_t chunks,
                                            int64_t cols, bool accumulate) {
-  for (int64_t c = static_cast<int64_t>(firstIndex()); c < cols; c += static_cast<int64_t>(gridStride())) {
+  const unsigned lane = threadIdx.x % kWarpSize;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; c < cols; c += warps) {
     double totalW = 0.0, totalB = 0.0;
-    for (int64_t k = 0; k < chunks; ++k) {
+    for (int64_t k = lane; k < chunks; k += kWarpSize) {
       totalW += partialW[k * cols + c];
       totalB += partialB[k * cols + c];
     }
+    totalW = groupReduce<kWarpSize>(totalW, SumOp{});
+    totalB = groupReduce<kWarpSize>(totalB, SumOp{});
+    if (lane != 0) continue;
     dweight[c] = accumulate ? dweight[c] + static_cast<float>(totalW) : static_cast<float>(totalW);
     dbias[c] = accumulate ? dbias[c] + static_cast<float>(totalB) : static_cast<float>(totalB);
   }
@@ -237,27 +475,58 @@ void geluBackward(const void* x, const void* dy, void* dx, int64_t n, const Stre
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+// The forward's kernel for a row group of kWidth threads, its types from the buffers' DTypes.
+template <unsigned kWidth>
+void launchLayerNormForward(const LayerNormForwardBuffers& b, const LayerNormOptions& o, const Stream& stream) {
+  const unsigned blocks = rowBlocks(stream, o.rows, o.cols);
+  elements::dispatch(b.xType, [&](auto xTag) {
+    elements::dispatch(b.branch != nullptr ? b.branchType : b.xType, [&](auto branchTag) {
+      elements::dispatch(b.yType, [&](auto yTag) {
+        using TX = typename decltype(xTag)::type;
+        using TB = typename decltype(branchTag)::type;
+        using TY = typename decltype(yTag)::type;
+        COHORT_LAUNCH((layerNormForwardKernel<kWidth, TX, TB, TY>), blocks, kThreads, 0, nativeStream(stream))(
+            static_cast<const TX*>(b.x), static_cast<const TB*>(b.branch), b.sum, b.weight, b.bias,
+            static_cast<TY*>(b.y), b.mean, b.rstd, o.rows, o.cols, o.eps);
+      });
+    });
+  });
+}
+
+// The backward's row kernel for a row group of kWidth threads holding kHeld chunks each.
+template <unsigned kWidth, int kHeld, class TDY, class TX>
+void launchLayerNormBackward(const BackwardArgs<TDY, TX>& args, int64_t chunks, const Stream& stream) {
+  COHORT_LAUNCH((layerNormBackwardKernel<kWidth, kHeld, TDY, TX>), static_cast<unsigned>(chunks), kThreads, 0,
+                nativeStream(stream))(args);
+}
+
+// A warp's row is held whole: kHeld, its chunks per lane, is the fewest that cover it.
+template <class TDY, class TX>
+void launchLayerNormBackward(const BackwardArgs<TDY, TX>& args, int64_t chunks, const Stream& stream) {
+  const int64_t perLane = (args.cols + kWarpSize * kChunk - 1) / (kWarpSize * kChunk);
+  if (!warpPerRow(args.cols)) return launchLayerNormBackward<kThreads, kHeldMax>(args, chunks, stream);
+  if (perLane <= 1) return launchLayerNormBackward<kWarpSize, 1>(args, chunks, stream);
+  if (perLane <= 2) return launchLayerNormBackward<kWarpSize, 2>(args, chunks, stream);
+  if (perLane <= 3) return launchLayerNormBackward<kWarpSize, 3>(args, chunks, stream);
+  launchLayerNormBackward<kWarpSize, kHeldMax>(args, chunks, stream);
+}
+
+}  // namespace
+
 void layerNormForward(const LayerNormForwardBuffers& b, const LayerNormOptions& o, const Stream& stream) {
   checkCudaStream(stream);
   checkShape(o);
+  COHORT_CHECK(b.branch == nullptr || (b.sum != nullptr && b.xType == DType::kF32))
+      << "a fused add's LayerNorm needs an fp32 input and a sum to write";
   if (o.rows == 0) return;
   CudaDeviceGuard guard(stream.device().index);
-  const unsigned blocks = rowBlocks(stream, o.rows, o.cols);
-  elements::dispatch(b.xType, [&](auto xTag) {
-    elements::dispatch(b.yType, [&](auto yTag) {
-      using TX = typename decltype(xTag)::type;
-      using TY = typename decltype(yTag)::type;
-      const auto* x = static_cast<const TX*>(b.x);
-      auto* y = static_cast<TY*>(b.y);
-      if (warpPerRow(o.cols)) {
-        COHORT_LAUNCH((layerNormForwardKernel<kWarpSize, TX, TY>), blocks, kThreads, 0, nativeStream(stream))(
-            x, b.weight, b.bias, y, b.mean, b.rstd, o.rows, o.cols, o.eps);
-      } else {
-        COHORT_LAUNCH((layerNormForwardKernel<kThreads, TX, TY>), blocks, kThreads, 0, nativeStream(stream))(
-            x, b.weight, b.bias, y, b.mean, b.rstd, o.rows, o.cols, o.eps);
-      }
-    });
-  });
+  if (warpPerRow(o.cols)) {
+    launchLayerNormForward<kWarpSize>(b, o, stream);
+  } else {
+    launchLayerNormForward<kThreads>(b, o, stream);
+  }
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -269,43 +538,41 @@ int64_t layerNormScratchFloats(int64_t rows, int64_t cols) {
 void layerNormBackward(const LayerNormBackwardBuffers& b, const LayerNormOptions& o, const Stream& stream) {
   checkCudaStream(stream);
   checkShape(o);
+  COHORT_CHECK(b.dx != nullptr || (b.residualGrad == nullptr && b.dx16 == nullptr))
+      << "LayerNorm's backward adds a residual gradient or writes a bf16 copy only with an input gradient";
   // With no rows the sums are 0: the reduction still runs to write them unless it would add nothing.
   if (o.rows == 0 && o.accumulate) return;
   CudaDeviceGuard guard(stream.device().index);
   const int64_t chunks = o.rows == 0 ? 0 : chunksFor(o.rows);
   float* partialW = b.scratch;
   float* partialB = b.scratch + chunks * o.cols;
-  elements::dispatch(b.dyType, [&](auto dyTag) {
-    elements::dispatch(b.xType, [&](auto xTag) {
-      using TDY = typename decltype(dyTag)::type;
-      using TX = typename decltype(xTag)::type;
-      const auto* dy = static_cast<const TDY*>(b.dy);
-      const auto* x = static_cast<const TX*>(b.x);
-      if (chunks > 0) {
-        const int64_t tiles = (o.cols + kWarpSize - 1) / kWarpSize;
-        const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, maxBlocks(stream))),
-                        static_cast<unsigned>(chunks));
-        COHORT_LAUNCH((layerNormParamPartialsKernel<TDY, TX>), grid, dim3(kWarpSize, kWarpsPerBlock), 0,
-                      nativeStream(stream))(dy, x, b.mean, b.rstd, partialW, partialB, o.rows, o.cols,
-                                            chunkRowsFor(o.rows));
-        COHORT_CUDA_CHECK(cudaGetLastError());
-      }
-      COHORT_LAUNCH(layerNormParamReduceKernel, blocksFor(stream, static_cast<size_t>(o.cols)), kThreads, 0,
-                    nativeStream(stream))(partialW, partialB, b.dweight, b.dbias, chunks, o.cols, o.accumulate);
-      COHORT_CUDA_CHECK(cudaGetLastError());
-      if (b.dx == nullptr || o.rows == 0) return;
-      auto* dx = static_cast<TX*>(b.dx);
-      const unsigned blocks = rowBlocks(stream, o.rows, o.cols);
-      if (warpPerRow(o.cols)) {
-        COHORT_LAUNCH((layerNormInputGradKernel<kWarpSize, TDY, TX>), blocks, kThreads, 0, nativeStream(stream))(
-            dy, x, b.weight, b.mean, b.rstd, dx, o.rows, o.cols);
-      } else {
-        COHORT_LAUNCH((layerNormInputGradKernel<kThreads, TDY, TX>), blocks, kThreads, 0, nativeStream(stream))(
-            dy, x, b.weight, b.mean, b.rstd, dx, o.rows, o.cols);
-      }
-      COHORT_CUDA_CHECK(cudaGetLastError());
+  if (chunks > 0) {
+    elements::dispatch(b.dyType, [&](auto dyTag) {
+      elements::dispatch(b.xType, [&](auto xTag) {
+        using TDY = typename decltype(dyTag)::type;
+        using TX = typename decltype(xTag)::type;
+        const BackwardArgs<TDY, TX> args{.dy = static_cast<const TDY*>(b.dy),
+                                         .x = static_cast<const TX*>(b.x),
+                                         .weight = b.weight,
+                                         .mean = b.mean,
+                                         .rstd = b.rstd,
+                                         .residualGrad = b.residualGrad,
+                                         .dx = static_cast<TX*>(b.dx),
+                                         .dx16 = static_cast<__nv_bfloat16*>(b.dx16),
+                                         .partialW = partialW,
+                                         .partialB = partialB,
+                                         .rows = o.rows,
+                                         .cols = o.cols,
+                                         .chunkRows = chunkRowsFor(o.rows)};
+        launchLayerNormBackward(args, chunks, stream);
+      });
     });
-  });
+    COHORT_CUDA_CHECK(cudaGetLastError());
+  }
+  const unsigned reduceBlocks = blocksFor(stream, static_cast<size_t>(o.cols), kWarpsPerBlock);
+  COHORT_LAUNCH(layerNormParamReduceKernel, reduceBlocks, kThreads, 0, nativeStream(stream))(
+      partialW, partialB, b.dweight, b.dbias, chunks, o.cols, o.accumulate);
+  COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace cohort::runtime::cuda

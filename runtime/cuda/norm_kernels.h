@@ -7,6 +7,8 @@
 // `stream` (a CUDA stream; a CPU stream fails a CHECK) and returns without waiting; launch errors
 // throw cohort::Error. Results match the CPU code in nn/ to float32 rounding (nvcc contracts a·b + c
 // into FMAs, and tanhf is not std::tanh); tests/nn/gpu/gpu_norm_test.cc compares the two.
+// LayerNorm's forward may add the residual stream's branch first, and its backward add the residual
+// gradient and write a bf16 copy (the fused "add + LayerNorm" of a transformer block).
 // LayerNorm's parameter gradients are column sums over every row; they are reduced without
 // floating-point atomics, in an order fixed by the shape alone, so the same inputs give the same
 // bits on every run (see layerNormBackward). Thread safety: no state; ordering is the stream's.
@@ -39,17 +41,25 @@ struct LayerNormOptions {
 
 struct LayerNormForwardBuffers {
   const void* x = nullptr;        // [rows, cols] of xType
+  // The residual stream's add fused in front (TransformerBlock, "add then normalise"): with a
+  // branch, the rows normalised are s = x + branch (x fp32, branch of branchType), and s is written
+  // to sum. sum may equal x.
+  const void* branch = nullptr;   // [rows, cols] of branchType, or null: normalise x
+  float* sum = nullptr;           // [rows, cols]; only with a branch
   const float* weight = nullptr;  // [cols]
   const float* bias = nullptr;    // [cols]
   void* y = nullptr;              // [rows, cols] of yType; not x
   float* mean = nullptr;          // [rows], for backward
   float* rstd = nullptr;          // [rows]: 1 / sqrt(var + eps), for backward
-  DType xType = DType::kF32, yType = DType::kF32;
+  DType xType = DType::kF32, yType = DType::kF32, branchType = DType::kF32;
 };
 
-// Per row, nn::LayerNorm's arithmetic: mean and biased variance summed in double (two passes),
-// rstd = float(1 / sqrt(var + eps)), y = weight · ((x − mean) · rstd) + bias in float. A warp takes
-// a row of up to 1024 columns, a block a wider one.
+// Per row, nn::LayerNorm's arithmetic: mean and biased variance summed in double (two passes over
+// the row held in registers), rstd = float(1 / sqrt(var + eps)), y = weight · ((x − mean) · rstd) +
+// bias in float; with a branch, of s = x + branch (float), written to sum in the same kernel. One
+// kernel; a warp takes a row of up to 1024 columns, a block a wider one; rows move in 16-byte
+// accesses where their buffers are 16-byte aligned, element by element otherwise (a width that
+// is not a multiple of 8 elements: the scalar tail).
 void layerNormForward(const LayerNormForwardBuffers& buffers, const LayerNormOptions& options, const Stream& stream);
 
 struct LayerNormBackwardBuffers {
@@ -61,6 +71,10 @@ struct LayerNormBackwardBuffers {
   float* dweight = nullptr;       // [cols]
   float* dbias = nullptr;         // [cols]
   void* dx = nullptr;             // [rows, cols] of xType, or null: no input gradient; not dy or x
+  // The residual stream's gradient accumulated in the same kernel (TransformerBlock): dx =
+  // residualGrad + LayerNorm's input gradient. May equal dx. Only with dx.
+  const float* residualGrad = nullptr;  // [rows, cols], or null
+  void* dx16 = nullptr;  // [rows, cols] of bf16: dx rounded once, for a bf16 product that reads it; or null
   float* scratch = nullptr;       // layerNormScratchFloats(rows, cols) floats
   DType dyType = DType::kF32, xType = DType::kF32;
 };
@@ -69,12 +83,15 @@ struct LayerNormBackwardBuffers {
 int64_t layerNormScratchFloats(int64_t rows, int64_t cols);
 
 // xhat = (x − mean) · rstd recomputed per element, then
-//   dx = rstd · (g − mean(g) − xhat · mean(g · xhat)), g = dy · weight (row sums in double);
+//   dx = [residualGrad +] rstd · (g − mean(g) − xhat · mean(g · xhat)), g = dy · weight (row sums in
+//   double), and dx16 = bf16(dx) when asked;
 //   dweight = Σ_rows dy · xhat, dbias = Σ_rows dy (+= with accumulate; 0 for no rows).
-// The column sums run in two fixed-order stages: the rows are cut into chunks (their number and size
-// depend only on rows), a block sums one chunk of a tile of columns in double (thread rows, then
-// shared memory in thread-row order) into scratch, and a second kernel adds each column's chunks in
-// chunk order. So every run with the same shape adds in the same order.
+// Two kernels. The first reads dy and x once (a row held in registers, 16-byte accesses as the
+// forward's): the rows are cut into chunks (their number and size depend only on rows), a block
+// takes one chunk, its row groups its rows in turn, and besides dx it sums each column of its chunk
+// (float per row group, the groups added in a fixed order) into scratch. The second gives each
+// column one warp, which adds the column's chunk sums in double in a fixed order. So every run with
+// the same shape adds in the same order.
 void layerNormBackward(const LayerNormBackwardBuffers& buffers, const LayerNormOptions& options, const Stream& stream);
 
 }  // namespace cohort::runtime::cuda
