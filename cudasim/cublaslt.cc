@@ -4,8 +4,9 @@
 // the epilogue runs on its fp32 result, which is rounded once as it is stored.
 //
 // The checks are the real library's where Cohort could trip them (dimensions, leading dimensions,
-// types, the aux leading dimension's multiple of 8, the bias and aux pointers an epilogue needs),
-// and, beyond them, that every operand lies inside one live device allocation.
+// types, the aux leading dimension's multiple of 8, the bias and aux pointers an epilogue needs, an
+// algorithm's alignment and workspace), and, beyond them, that every operand lies inside one live
+// device allocation. The algorithms and their made-up times are cublaslt_algorithms.h's.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "cublasLt.h"
 #include "cublas_gemm.h"
 #include "cuda_bf16.h"
+#include "cudasim/cublaslt_algorithms.h"
 #include "cudasim/sim.h"
 
 struct cublasLtContext {
@@ -62,6 +64,16 @@ struct Layout {
   int64_t rows = 0, cols = 0, ld = 0;
 };
 
+// What the caller allows the heuristic: workspace (the real default is none) and the alignments it
+// promises of A, B, C and D (the real default: 256 bytes).
+struct Preference {
+  uint64_t maxWorkspace = 0;
+  uint32_t alignment[4] = {256, 256, 256, 256};
+};
+
+// Marks an algorithm the heuristic filled in (its data[1]); data[0] is the algorithm's id.
+constexpr uint64_t kAlgoMark = 0x636f686f72744c74;
+
 // The descriptors' state lives in the opaque structs' own storage, as in the real library.
 template <class State, class Opaque>
 State* stateOf(Opaque* opaque) {
@@ -99,8 +111,13 @@ struct LtGemm {
 
 bool validOp(int32_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; }
 
+bool biasGradient(uint32_t epilogue) {
+  return epilogue == CUBLASLT_EPILOGUE_BGRADA || epilogue == CUBLASLT_EPILOGUE_BGRADB;
+}
+
 bool supportedEpilogue(const MatmulDesc& desc, const Layout& d) {
-  const bool needsBias = desc.epilogue == CUBLASLT_EPILOGUE_BIAS || desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool needsBias = desc.epilogue == CUBLASLT_EPILOGUE_BIAS ||
+                         desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || biasGradient(desc.epilogue);
   const bool needsAux = desc.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || desc.epilogue == CUBLASLT_EPILOGUE_DGELU;
   if (desc.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !needsBias && !needsAux) return false;
   if (needsBias && (!desc.bias || (desc.biasType != -1 && desc.biasType != d.type))) return false;
@@ -160,10 +177,30 @@ void store(void* p, bool bf16, int64_t at, float v) {
   }
 }
 
+// BGRADA: Σ_k op(A)[i, k] for each row i of D; BGRADB: Σ_k op(B)[k, j] for each column j. The
+// inputs widened, summed in fp32 in k order, stored in D's type.
+void biasGradientOf(const LtGemm& op) {
+  const Gemm& g = op.gemm;
+  const bool ofA = op.epilogue == CUBLASLT_EPILOGUE_BGRADA;
+  const int64_t count = ofA ? g.m : g.n;
+  for (int64_t i = 0; i < count; ++i) {
+    float sum = 0.0f;
+    for (int64_t k = 0; k < g.k; ++k) {
+      const bool trans = ofA ? g.transA : g.transB;
+      const int64_t ld = ofA ? g.lda : g.ldb;
+      // op(A)[i, k] is A[k, i] when transposed; op(B)[k, j] is B[j, k] (column-major).
+      const int64_t at = ofA ? (trans ? k + i * ld : i + k * ld) : (trans ? i + k * ld : k + i * ld);
+      sum += load(ofA ? g.a : g.b, g.bf16, at);
+    }
+    store(const_cast<void*>(op.bias), op.d == CUDA_R_16BF, i, sum);
+  }
+}
+
 // The product in fp32 (C widened where beta reads it), then the epilogue per element, then D.
 void runLtGemm(const LtGemm& op) {
   const Gemm& g = op.gemm;
   const bool bf16 = op.d == CUDA_R_16BF;
+  if (biasGradient(op.epilogue)) biasGradientOf(op);
   std::vector<float> wide(static_cast<size_t>(g.m) * static_cast<size_t>(g.n), 0.0f);
   if (!g.beta.knownZero()) wide = packed(g.c, bf16, false, g.m, g.n, g.ldc);
   runFloatGemm(g, wide.data(), g.m);
@@ -195,13 +232,61 @@ bool operandsOnDevice(const LtGemm& op, const Layout& a, const Layout& b) {
   const Gemm& g = op.gemm;
   const size_t ab = elementBytes(a.type), d = elementBytes(op.d);
   const bool readsAB = g.k > 0 && !g.alpha.knownZero();
-  const bool readsBias = op.epilogue == CUBLASLT_EPILOGUE_BIAS || op.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool readsBias = op.epilogue == CUBLASLT_EPILOGUE_BIAS || op.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                         op.epilogue == CUBLASLT_EPILOGUE_BGRADA;
+  const int64_t biasLength = op.epilogue == CUBLASLT_EPILOGUE_BGRADB ? g.n : g.m;
   const bool usesAux = op.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || op.epilogue == CUBLASLT_EPILOGUE_DGELU;
   return (!readsAB || (onDevice(g.a, spanBytes(a.rows, a.cols, a.ld, ab)) &&
                        onDevice(g.b, spanBytes(b.rows, b.cols, b.ld, ab)))) &&
          (g.beta.knownZero() || onDevice(g.c, spanBytes(g.m, g.n, g.ldc, d))) &&
-         onDevice(op.out, spanBytes(g.m, g.n, op.ldd, d)) && (!readsBias || onDevice(op.bias, g.m * d)) &&
+         onDevice(op.out, spanBytes(g.m, g.n, op.ldd, d)) && (!(readsBias || biasGradient(op.epilogue)) || onDevice(op.bias, biasLength * d)) &&
          (!usesAux || onDevice(op.aux, spanBytes(g.m, g.n, op.auxLd, d)));
+}
+
+// Whether `algo` may run on matrices of these layouts given these alignments (bytes) of A, B, C, D.
+bool alignmentsFit(const lt::Algo& algo, const Layout* const (&layouts)[4], const uint32_t (&alignment)[4]) {
+  for (int i = 0; i < 4; ++i) {
+    const size_t element = elementBytes(layouts[i]->type);
+    const uint32_t need = lt::alignmentNeeded(algo, element);
+    if (alignment[i] < need || (static_cast<size_t>(layouts[i]->ld) * element) % need != 0) return false;
+  }
+  return true;
+}
+
+lt::ProductSizes sizesOf(const LtGemm& op, const Layout& a) {
+  return {.m = op.gemm.m, .n = op.gemm.n, .k = op.gemm.k, .elementBytes = elementBytes(a.type)};
+}
+
+// The largest power of two up to 256 that divides the address (the real library's notion).
+uint32_t alignmentOf(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  return address == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, address & (~address + 1)));
+}
+
+// The algorithm cublasLtMatmul runs: `given` (NOT_SUPPORTED when the call's pointers, leading
+// dimensions or workspace do not meet its needs), or without one the heuristic's first that fits.
+cublasStatus_t algorithmFor(const cublasLtMatmulAlgo_t* given, const LtGemm& op,
+                            const Layout* const (&layouts)[4], size_t workspace, const lt::Algo** out) {
+  const uint32_t actual[4] = {alignmentOf(op.gemm.a), alignmentOf(op.gemm.b), alignmentOf(op.gemm.c),
+                              alignmentOf(op.out)};
+  const lt::ProductSizes sizes = sizesOf(op, *layouts[0]);
+  auto fits = [&](const lt::Algo& a) {
+    return alignmentsFit(a, layouts, actual) && lt::workspaceBytes(a, sizes) <= workspace;
+  };
+  if (given) {
+    const lt::Algo* a = given->data[1] == kAlgoMark ? lt::algoById(static_cast<int>(given->data[0])) : nullptr;
+    if (!a) return CUBLAS_STATUS_INVALID_VALUE;
+    *out = a;
+    return fits(*a) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  for (int i = 0; i < lt::kAlgoCount; ++i) {
+    const lt::Algo* a = lt::algoById(lt::heuristicOrder()[i]);
+    if (fits(*a)) {
+      *out = a;
+      return CUBLAS_STATUS_SUCCESS;
+    }
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
 }  // namespace
@@ -277,12 +362,8 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// Preferences are accepted and stored nowhere: the one emulated algorithm needs no workspace and
-// reads any alignment.
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
-  if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
-  *pref = new cublasLtMatmulPreferenceOpaque_t{};
-  return CUBLAS_STATUS_SUCCESS;
+  return createState(pref, Preference{});
 }
 
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
@@ -293,16 +374,18 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) 
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
                                                     size_t sizeInBytes) {
-  uint64_t bytes = 0;
-  uint32_t alignment = 0;
+  if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
+  Preference& p = *stateOf<Preference>(pref);
   switch (attr) {
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
-      return pref && setValue(&bytes, buf, sizeInBytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+      return setValue(&p.maxWorkspace, buf, sizeInBytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
-      return pref && setValue(&alignment, buf, sizeInBytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: {
+      const int i = attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES;
+      return setValue(&p.alignment[i], buf, sizeInBytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    }
     default:
       return CUBLAS_STATUS_INVALID_VALUE;
   }
@@ -321,13 +404,45 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cubl
   }
   *returnAlgoCount = 0;
   LtGemm op;
-  const cublasStatus_t s = plan(*stateOf<MatmulDesc>(operationDesc), *stateOf<Layout>(Adesc), *stateOf<Layout>(Bdesc),
-                                *stateOf<Layout>(Cdesc), *stateOf<Layout>(Ddesc), &op);
+  const Layout* const layouts[4] = {stateOf<Layout>(Adesc), stateOf<Layout>(Bdesc), stateOf<Layout>(Cdesc),
+                                    stateOf<Layout>(Ddesc)};
+  const cublasStatus_t s =
+      plan(*stateOf<MatmulDesc>(operationDesc), *layouts[0], *layouts[1], *layouts[2], *layouts[3], &op);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  heuristicResultsArray[0] = {};
-  heuristicResultsArray[0].state = CUBLAS_STATUS_SUCCESS;
-  heuristicResultsArray[0].wavesCount = 1.0f;
-  *returnAlgoCount = 1;
+  const Preference& p = *stateOf<Preference>(preference);
+  const lt::ProductSizes sizes = sizesOf(op, *layouts[0]);
+  int found = 0;
+  for (int i = 0; i < lt::kAlgoCount && found < requestedAlgoCount; ++i) {
+    const lt::Algo& a = *lt::algoById(lt::heuristicOrder()[i]);
+    const size_t workspace = lt::workspaceBytes(a, sizes);
+    if (!alignmentsFit(a, layouts, p.alignment) || workspace > p.maxWorkspace) continue;
+    cublasLtMatmulHeuristicResult_t& r = heuristicResultsArray[found++];
+    r = {};
+    r.algo.data[0] = static_cast<uint64_t>(a.id);
+    r.algo.data[1] = kAlgoMark;
+    r.workspaceSize = workspace;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+  }
+  *returnAlgoCount = found;
+  return found > 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
+                                                    size_t sizeInBytes, size_t* sizeWritten) {
+  const lt::Algo* a = algo && algo->data[1] == kAlgoMark ? lt::algoById(static_cast<int>(algo->data[0])) : nullptr;
+  if (!a || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr == CUBLASLT_ALGO_CONFIG_ID && sizeInBytes == sizeof(int32_t)) {
+    const int32_t id = a->id;
+    std::memcpy(buf, &id, sizeof id);
+  } else if (attr == CUBLASLT_ALGO_CONFIG_SPLITK_NUM && sizeInBytes == sizeof(uint32_t)) {
+    const uint32_t splitK = static_cast<uint32_t>(a->splitK);
+    std::memcpy(buf, &splitK, sizeof splitK);
+  } else {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (sizeWritten) *sizeWritten = sizeInBytes;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -336,19 +451,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
                               const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
                               size_t workspaceSizeInBytes, cudaStream_t stream) {
-  static_cast<void>(algo), static_cast<void>(workspace), static_cast<void>(workspaceSizeInBytes);
   if (!liveOnCurrentDevice(lightHandle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!computeDesc || !Adesc || !Bdesc || !Cdesc || !Ddesc || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   const Layout &a = *stateOf<Layout>(Adesc), &b = *stateOf<Layout>(Bdesc);
+  const Layout* const layouts[4] = {&a, &b, stateOf<Layout>(Cdesc), stateOf<Layout>(Ddesc)};
   LtGemm op;
-  const cublasStatus_t s =
-      plan(*stateOf<MatmulDesc>(computeDesc), a, b, *stateOf<Layout>(Cdesc), *stateOf<Layout>(Ddesc), &op);
+  const cublasStatus_t s = plan(*stateOf<MatmulDesc>(computeDesc), a, b, *layouts[2], *layouts[3], &op);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   op.gemm.alpha.value = *static_cast<const float*>(alpha);
   op.gemm.beta.value = *static_cast<const float*>(beta);
   op.gemm.a = A, op.gemm.b = B, op.gemm.c = const_cast<void*>(C), op.out = D;
   if (op.gemm.m == 0 || op.gemm.n == 0) return CUBLAS_STATUS_SUCCESS;
-  if (!operandsOnDevice(op, a, b)) return CUBLAS_STATUS_INVALID_VALUE;
+  const lt::Algo* chosen = nullptr;
+  if (cublasStatus_t fit = algorithmFor(algo, op, layouts, workspace ? workspaceSizeInBytes : 0, &chosen);
+      fit != CUBLAS_STATUS_SUCCESS) {
+    return fit;
+  }
+  const size_t needed = lt::workspaceBytes(*chosen, sizesOf(op, a));
+  if (!operandsOnDevice(op, a, b) || (needed > 0 && !onDevice(workspace, needed))) return CUBLAS_STATUS_INVALID_VALUE;
   return enqueue(stream, [op] { runLtGemm(op); }) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                                                   : CUBLAS_STATUS_EXECUTION_FAILED;
 }

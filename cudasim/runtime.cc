@@ -772,6 +772,13 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return s->done == s->enqueued ? cudaSuccess : cudaErrorNotReady;
 }
 
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* pCaptureStatus) {
+  if (!pCaptureStatus) return fail(cudaErrorInvalidValue);
+  if (!resolve(stream)) return fail(cudaErrorInvalidResourceHandle);
+  *pCaptureStatus = cudaStreamCaptureStatusNone;  // capture is not emulated (cuda_runtime.h)
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
   CUstream_st* s = resolve(stream);
   if (!s || !flags) return fail(!s ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);

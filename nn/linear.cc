@@ -9,6 +9,7 @@
 #include "runtime/error.h"
 
 #ifdef COHORT_HAVE_CUDA
+#include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/kernels.h"
 #include "runtime/cuda/norm_kernels.h"
 #include "runtime/cuda/precision_kernels.h"
@@ -269,13 +270,37 @@ void Linear::biasGradGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const
                             sum, gpu.stream());
 }
 
+// dW (fp32) = dYᵀ · X (+= when accumulating) from dY and X of the input's type, and with a bias
+// db = Σ dY over rows: out of the same product (cuBLASLt's bias-gradient epilogue) where cuBLASLt
+// can, else by the fixed-order reduction. The epilogue writes its sum and never adds, so when
+// accumulating the sum goes to biasScratch_ and is added to db, as the reduction would.
+void Linear::paramGradsGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const Pass& pass) {
+  using runtime::DType;
+  const runtime::GemmOptions o{.m = static_cast<int>(options_.out), .n = static_cast<int>(options_.in),
+                               .k = static_cast<int>(input_.dim(0)), .transA = true,
+                               .beta = pass.accumulateGrads ? 1.0f : 0.0f};
+  const runtime::cuda::GemmTypes types{dy.dtype(), DType::kF32};
+  if (options_.bias) {
+    if (pass.accumulateGrads) runtime::ensureShape(biasScratch_, Shape{options_.out}, gpu.allocator());
+    float* sum = pass.accumulateGrads ? biasScratch_.data() : biasGrad_.data();
+    if (gpu.blas().gemmFused(o, runtime::cuda::GemmEpilogue::kBiasGrad, types, dy.raw(), input_.raw(),
+                             weightGrad_.data(), {.bias = sum})) {
+      const auto n = static_cast<size_t>(options_.out);
+      if (pass.accumulateGrads) runtime::cuda::axpy(1.0f, {sum, n}, {biasGrad_.data(), n}, gpu.stream());
+      return;
+    }
+  }
+  if (types.ab == DType::kF32) {
+    gpu.blas().gemm(o, dy.data(), input_.data(), weightGrad_.data());
+  } else {
+    gpu.blas().gemmEx(o, {}, types.ab, types.c, dy.raw(), input_.raw(), weightGrad_.data());
+  }
+  if (options_.bias) biasGradGpu(gpu, dy, pass);
+}
+
 const Tensor& Linear::backwardFp32(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput) {
   auto& gpu = gpuFor(pass, gradOutput, *this);
-  const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
-  const int rows = static_cast<int>(input_.dim(0));
-  gpu.blas().gemm({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f},
-                  gradOutput.data(), input_.data(), weightGrad_.data());
-  if (options_.bias) biasGradGpu(gpu, gradOutput, pass);
+  paramGradsGpu(gpu, gradOutput, pass);
   if (!pass.needInputGrad) return gradInput_ = Tensor();
   inputGradGpu(gpu, gradOutput, weight_.data(), runtime::DType::kF32, geluInput);
   return gradInput_;
@@ -285,12 +310,8 @@ const Tensor& Linear::backwardFp32(const Tensor& gradOutput, const Pass& pass, c
 const Tensor& Linear::backwardBf16(const Tensor& gradOutput, const Pass& pass, const Tensor* geluInput) {
   auto& gpu = gpuFor(pass, gradOutput, *this);
   COHORT_CHECK(input_.dtype() == runtime::DType::kBF16) << name() << ": a bf16 backward after an fp32 forward";
-  const int in = static_cast<int>(options_.in), out = static_cast<int>(options_.out);
-  const int rows = static_cast<int>(input_.dim(0));
   const Tensor& dy = precision::toType(gradOutput, runtime::DType::kBF16, gradCast_, pass, *this);
-  gpu.blas().gemmEx({.m = out, .n = in, .k = rows, .transA = true, .beta = pass.accumulateGrads ? 1.0f : 0.0f}, {},
-                    runtime::DType::kBF16, runtime::DType::kF32, dy.raw(), input_.raw(), weightGrad_.data());
-  if (options_.bias) biasGradGpu(gpu, dy, pass);
+  paramGradsGpu(gpu, dy, pass);
   if (!pass.needInputGrad) return gradInput_ = Tensor();
   inputGradGpu(gpu, dy, weight16_.raw(), runtime::DType::kBF16, geluInput);
   return gradInput_;

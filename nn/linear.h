@@ -91,7 +91,7 @@ class Linear final : public Module, public PlannedInit {
   Tensor preActivation_;  // GELU Linear: x · Wᵀ + b, the GELU's input
   Tensor gradInput_;
   Tensor gradPreActivation_;  // GELU Linear: the gradient through the GELU
-  Tensor biasScratch_;  // GPU only: the per-chunk partial sums of the bias gradient
+  Tensor biasScratch_;  // GPU only: the bias gradient's partial sums, or the epilogue's sum to add
   // bf16 passes: the weight's bf16 copy (made at forward, used again by backward), and the bf16
   // copies of an fp32 input or output gradient.
   Tensor weight16_, inputCast_, gradCast_, bias16_;
@@ -105,6 +105,7 @@ class Linear final : public Module, public PlannedInit {
   void inputGradGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const void* w, runtime::DType type,
                     const Tensor* geluInput);
   void biasGradGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const Pass& pass);
+  void paramGradsGpu(runtime::cuda::GpuContext& gpu, const Tensor& dy, const Pass& pass);
 };
 
 }  // namespace cohort::nn

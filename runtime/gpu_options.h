@@ -43,6 +43,9 @@ struct GpuOptions {
   // mantissa, sums in fp32, several times plain fp32's rate. Off by default, so a plain fp32 run stays
   // within fp32 rounding of the CPU. Convolutions follow conv.tf32 (a job sets both from --tf32).
   bool tf32 = false;
+  // Time cuBLASLt's candidate algorithms for each new product shape and keep the fastest
+  // (runtime/cuda/gemm_tuner.h); off: the heuristic's first. COHORT_GEMM_TUNING=off turns it off.
+  bool tuneGemms = true;
 };
 
 }  // namespace cohort::runtime

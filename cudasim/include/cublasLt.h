@@ -7,13 +7,17 @@
 // C and D of one layout) with fp32 or bf16 matrices (A and B one type, C and D one type, fp32
 // accumulation, as cublasGemmStridedBatchedEx in cublas_v2.h computes it), and the epilogues
 // DEFAULT, BIAS (bias[row] added), GELU_AUX_BIAS (bias added, the sum written to the aux matrix,
-// GELU of it to D) and DGELU (D = product · GELU'(aux)); GELU is the tanh approximation, computed in
-// fp32 from the unrounded sum. The bias and aux have D's element type. The heuristic returns one
-// algorithm, needing no workspace, for every configuration the matmul can run, and
-// CUBLAS_STATUS_NOT_SUPPORTED with none otherwise: for an aux leading dimension that is not a
-// multiple of 8 (the real library's rule), a missing bias or aux pointer, or another epilogue.
-// cublasLtMatmul checks the same, and that every matrix and vector lies inside one live device
-// allocation, then runs as one operation of the given stream. Scalars are host pointers.
+// GELU of it to D), DGELU (D = product · GELU'(aux)), BGRADA (the bias pointer receives
+// Σ_k op(A)[row, k], one per row of D) and BGRADB (Σ_k op(B)[k, col], one per column of D); GELU is
+// the tanh approximation, computed in fp32 from the unrounded sum, and the bias gradients are fp32
+// sums in k order. The bias and aux have D's element type. The heuristic returns the algorithms of
+// cudasim/cublaslt_algorithms.h that fit the preference's workspace limit and promised alignments
+// (up to the count asked for, in its order), and CUBLAS_STATUS_NOT_SUPPORTED with none: also for an
+// aux leading dimension that is not a multiple of 8 (the real library's rule), a missing bias or aux
+// pointer, or another epilogue. cublasLtMatmul checks the same, that the pointers and leading
+// dimensions have the algorithm's alignment and the workspace its size (else NOT_SUPPORTED), and
+// that every matrix and vector lies inside one live device allocation, then runs as one operation of
+// the given stream. Scalars are host pointers.
 #pragma once
 
 #include <cstddef>
@@ -66,7 +70,15 @@ typedef enum {
   CUBLASLT_EPILOGUE_GELU_AUX = (CUBLASLT_EPILOGUE_GELU | 128),
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS = (CUBLASLT_EPILOGUE_GELU_AUX | CUBLASLT_EPILOGUE_BIAS),
   CUBLASLT_EPILOGUE_DGELU = 64 | 128,
+  CUBLASLT_EPILOGUE_BGRADA = 256,
+  CUBLASLT_EPILOGUE_BGRADB = 512,
 } cublasLtEpilogue_t;
+
+typedef enum {
+  CUBLASLT_ALGO_CONFIG_ID = 0,
+  CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
+  CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,
+} cublasLtMatmulAlgoConfigAttributes_t;
 
 typedef enum {
   CUBLASLT_MATMUL_PREF_SEARCH_MODE = 0,
@@ -114,6 +126,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cubl
                                               cublasLtMatmulPreference_t preference, int requestedAlgoCount,
                                               cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
                                               int* returnAlgoCount);
+
+// CUBLASLT_ALGO_CONFIG_ID (int32: the emulation's algorithm id, cudasim/cublaslt_algorithms.h) and
+// CUBLASLT_ALGO_CONFIG_SPLITK_NUM (uint32) of an algorithm the heuristic returned; others are
+// CUBLAS_STATUS_INVALID_VALUE.
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
+                                                    size_t sizeInBytes, size_t* sizeWritten);
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc, const void* alpha,
                               const void* A, cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,

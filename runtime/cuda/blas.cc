@@ -1,4 +1,5 @@
-// Blas (runtime/cuda/kernels.h): cuBLAS SGEMM on one stream, row-major.
+// Blas (runtime/cuda/kernels.h): single products through cuBLASLt (blas_lt.h), batches and what
+// cuBLASLt cannot run through cuBLAS, on one stream, row-major.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -33,7 +34,7 @@ cudaDataType dataType(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R
 
 }  // namespace
 
-Blas::Blas(const Stream& stream) : stream_(stream) {
+Blas::Blas(const Stream& stream, const BlasOptions& options) : stream_(stream), options_(options) {
   COHORT_CHECK(stream.device().isCuda()) << "cuBLAS needs a CUDA stream, got " << stream.describe();
   cublas_ = std::make_unique<const CublasLibrary>();
   const CublasLibrary& cublas = *cublas_;
@@ -80,6 +81,7 @@ void Blas::gemm(const GemmOptions& o, const float* a, const float* b, float* c) 
     }
     return;
   }
+  if (ltProduct(o, GemmEpilogue::kNone, DType::kF32, a, b, c, {})) return;
   int lda = o.transA ? o.m : o.k;
   int ldb = o.transB ? o.k : o.n;
   COHORT_CUBLAS_CHECK(*cublas_, cublas_->sgemm(handle, op(o.transB), op(o.transA), o.n, o.m, o.k, &o.alpha, b, ldb, a,
@@ -121,6 +123,7 @@ void Blas::gemmEx(const GemmOptions& o, const GemmBatch& batch, DType ab, DType 
     }
     return;
   }
+  if (batch.count == 1 && ltProduct(o, GemmEpilogue::kNone, {ab, cType}, a, b, c, {})) return;
   const int lda = o.transA ? o.m : o.k;
   const int ldb = o.transB ? o.k : o.n;
   COHORT_CUBLAS_CHECK(*cublas_, cublas_->gemmStridedBatchedEx(
@@ -137,15 +140,27 @@ void Blas::setTf32(bool on) {
                                                      on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
-bool Blas::gemmFused(const GemmOptions& o, GemmEpilogue epilogue, DType type, const void* a, const void* b, void* c,
-                     const EpilogueOperands& operands) const {
-  if (o.m <= 0 || o.n <= 0 || o.k <= 0 || o.beta != 0.0f) {
-    COHORT_THROW(InvalidArgument) << "gemmFused of " << o.m << " x " << o.n << " x " << o.k << " with beta " << o.beta
-                                  << ": it needs positive sizes and adds no C";
+bool Blas::gemmFused(const GemmOptions& o, GemmEpilogue epilogue, GemmTypes types, const void* a, const void* b,
+                     void* c, const EpilogueOperands& operands) const {
+  if (o.m <= 0 || o.n <= 0 || o.k <= 0) {
+    COHORT_THROW(InvalidArgument) << "gemmFused of " << o.m << " x " << o.n << " x " << o.k
+                                  << ": it needs positive sizes";
   }
-  CudaDeviceGuard guard(stream_.device().index);
-  if (!lt_) lt_ = std::make_unique<LtMatmul>(stream_);
-  return lt_->run({.options = o, .epilogue = epilogue, .type = type, .tf32 = tf32_}, a, b, c, operands);
+  if (types.ab == DType::kF32 && types.c != DType::kF32) {
+    COHORT_THROW(InvalidArgument) << "gemmFused: fp32 inputs give an fp32 product, not " << dtypeName(types.c);
+  }
+  return ltProduct(o, epilogue, types, a, b, c, operands);
 }
+
+bool Blas::ltProduct(const GemmOptions& o, GemmEpilogue epilogue, GemmTypes types, const void* a, const void* b,
+                     void* c, const EpilogueOperands& operands) const {
+  CudaDeviceGuard guard(stream_.device().index);
+  if (!lt_) lt_ = std::make_unique<LtMatmul>(stream_, options_);
+  return lt_->run({.options = o, .epilogue = epilogue, .types = types, .tf32 = tf32_}, a, b, c, operands);
+}
+
+std::vector<GemmChoice> Blas::gemmChoices() const { return lt_ ? lt_->choices() : std::vector<GemmChoice>{}; }
+
+int64_t Blas::gemmTunings() const { return lt_ ? lt_->tunings() : 0; }
 
 }  // namespace cohort::runtime::cuda

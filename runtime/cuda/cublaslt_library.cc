@@ -22,6 +22,7 @@ CublasLtLibrary::CublasLtLibrary()
       matmulPreferenceDestroy(COHORT_LIBRARY_FUNCTION(library, cublasLtMatmulPreferenceDestroy)),
       matmulPreferenceSetAttribute(COHORT_LIBRARY_FUNCTION(library, cublasLtMatmulPreferenceSetAttribute)),
       matmulAlgoGetHeuristic(COHORT_LIBRARY_FUNCTION(library, cublasLtMatmulAlgoGetHeuristic)),
+      matmulAlgoConfigGetAttribute(COHORT_LIBRARY_FUNCTION(library, cublasLtMatmulAlgoConfigGetAttribute)),
       matmul(COHORT_LIBRARY_FUNCTION(library, cublasLtMatmul)),
       getStatusName(COHORT_LIBRARY_FUNCTION(library, cublasLtGetStatusName)),
       getStatusString(COHORT_LIBRARY_FUNCTION(library, cublasLtGetStatusString)) {}

@@ -25,6 +25,7 @@ struct CublasLtLibrary {
   decltype(&::cublasLtMatmulPreferenceDestroy) const matmulPreferenceDestroy;
   decltype(&::cublasLtMatmulPreferenceSetAttribute) const matmulPreferenceSetAttribute;
   decltype(&::cublasLtMatmulAlgoGetHeuristic) const matmulAlgoGetHeuristic;
+  decltype(&::cublasLtMatmulAlgoConfigGetAttribute) const matmulAlgoConfigGetAttribute;
   decltype(&::cublasLtMatmul) const matmul;
   decltype(&::cublasLtGetStatusName) const getStatusName;
   decltype(&::cublasLtGetStatusString) const getStatusString;

@@ -10,6 +10,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cudnn_library.h"
+#include "runtime/cuda/fastest.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
@@ -139,15 +140,10 @@ bool accumulatesInFp32(ConvDirection direction, int algo) {
 
 const ConvAlgoTiming* chooseConvAlgorithm(std::span<const ConvAlgoTiming> timings, ConvDirection direction,
                                           const ConvPolicy& policy) {
-  const ConvAlgoTiming* best = nullptr;
-  for (const ConvAlgoTiming& t : timings) {
-    if (!t.ran || t.convertsInputs || (!t.plainMath && !policy.tf32) || t.workspaceBytes > policy.maxWorkspaceBytes) {
-      continue;
-    }
-    if (policy.algorithms == ConvAlgorithms::kExact && !accumulatesInFp32(direction, t.algo)) continue;
-    if (!best || t.ms < best->ms) best = &t;
-  }
-  return best;
+  return fastestQualifying(timings, [&](const ConvAlgoTiming& t) {
+    return t.ran && !t.convertsInputs && (t.plainMath || policy.tf32) && t.workspaceBytes <= policy.maxWorkspaceBytes &&
+           (policy.algorithms != ConvAlgorithms::kExact || accumulatesInFp32(direction, t.algo));
+  });
 }
 
 Convolution::Convolution() : cudnn_(std::make_unique<const CudnnLibrary>()) {

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/gemm_tuner.h"
 #include "runtime/error.h"
 
 namespace cohort::runtime::cuda {
@@ -27,7 +28,7 @@ GpuContext::GpuContext(Device device, const GpuOptions& options)
       options_(options),
       stream_(device, StreamOptions{.name = "compute"}),
       allocator_(device),
-      blas_(stream_) {
+      blas_(stream_, {.allocator = &allocator_, .tuneGemms = gemmTuningFromEnvironment(options.tuneGemms), .timer = nullptr}) {
   if (options.tf32) blas_.setTf32(true);
 }
 

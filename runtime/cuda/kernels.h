@@ -19,9 +19,12 @@
 //   cuda::biasActivation(ActivationOp::kRelu, y, b, 64, 512, stream);
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "runtime/allocator.h"
 #include "runtime/cuda/step_guard.h"
 #include "runtime/dtype.h"
 #include "runtime/gemm_options.h"
@@ -31,18 +34,55 @@ namespace cohort::runtime::cuda {
 
 struct CublasLibrary;  // cublas_library.h
 class LtMatmul;       // blas_lt.h
+class GemmTimer;      // gemm_tuner.h
 
-// What a fused product (Blas::gemmFused) does to it before storing C, on the row-major C[m, n]:
+// What a fused product (Blas::gemmFused) does to it before storing C, on the row-major C[m, n]
+// (A·B stands for alpha · op(A) · op(B) + beta · C):
+//   kNone:     C = A·B (the plain product: what gemm and gemmEx run through cuBLASLt)
 //   kBias:     C = A·B + bias[col]
 //   kBiasGelu: pre = A·B + bias[col] written to `aux`, C = GELU(pre) (the tanh approximation)
 //   kGeluGrad: C = (A·B) · GELU'(aux), elementwise (the gradient through GELU of its input `aux`)
-enum class GemmEpilogue { kBias, kBiasGelu, kGeluGrad };
+//   kBiasGrad: C = A·B, and bias[row] = Σ_k op(A)[row, k], written (never accumulated, whatever
+//              beta): a Linear's bias gradient out of its weight gradient's product dW = dYᵀ · X
+//              (cuBLASLt's BGRADB; bias has m elements of C's type)
+enum class GemmEpilogue { kNone, kBias, kBiasGelu, kGeluGrad, kBiasGrad };
 
-// The vectors and matrices an epilogue reads or writes: bias [n] and aux [m, n] (row-major, packed),
-// both of the product's element type.
+// The vectors and matrices an epilogue reads or writes: bias [n] (kBiasGrad: [m]) and aux [m, n]
+// (row-major, packed), both of C's element type.
 struct EpilogueOperands {
   const void* bias = nullptr;
   void* aux = nullptr;
+};
+
+// A product's element types: A and B, and C (fp32 and fp32, bf16 and bf16, or bf16 and fp32).
+struct GemmTypes {
+  DType ab = DType::kF32, c = DType::kF32;
+  GemmTypes() = default;
+  GemmTypes(DType both) : ab(both), c(both) {}  // NOLINT: implicit, as one type was the old argument
+  GemmTypes(DType abType, DType cType) : ab(abType), c(cType) {}
+};
+
+// How a Blas chooses cuBLASLt's algorithms and where its workspace comes from (gemm_tuner.h).
+struct BlasOptions {
+  // The workspace (32 MiB on sm_90 and later, 4 MiB before, held for the Blas's life) and the
+  // tuning runs' scratch outputs; nullptr: a caching allocator of the Blas's own.
+  Allocator* allocator = nullptr;
+  // Time the heuristic's candidates for each new product and keep the fastest (else its first).
+  bool tuneGemms = true;
+  // What times them; nullptr: CUDA events on the stream (EventGemmTimer). Tests give their own.
+  std::shared_ptr<GemmTimer> timer;
+};
+
+// The algorithm chosen for one product (Blas::gemmChoices): its cuBLASLt id
+// (CUBLASLT_ALGO_CONFIG_ID; -1: cuBLASLt offered none, cuBLAS runs it), how many candidates the
+// heuristic offered, whether they were timed, and the workspace it uses.
+struct GemmChoice {
+  int m = 0, n = 0, k = 0;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  int algorithm = -1;
+  int candidates = 0;
+  bool tuned = false;
+  size_t workspaceBytes = 0;
 };
 
 enum class ActivationOp { kIdentity, kRelu, kTanh, kSigmoid };
@@ -53,9 +93,13 @@ enum class ActivationOp { kIdentity, kRelu, kTanh, kSigmoid };
 // reference to the stream, which must outlive it (and not be moved from). fp32 math is plain fp32
 // unless setTf32(true). cuBLAS failures throw cohort::Error naming the call and status (OutOfMemory for
 // CUBLAS_STATUS_ALLOC_FAILED). Thread safety: one thread at a time per Blas.
+// Single products (gemm, gemmEx with one product, gemmFused) run through cuBLASLt (opened at the
+// first), with an algorithm chosen once per product shape (BlasOptions, gemm_tuner.h); cuBLAS runs
+// what cuBLASLt has no algorithm for, strided batches (gemmBatched, gemmEx with count > 1) and k = 0.
+// Choosing synchronises the stream once per new shape unless tuning is off.
 class Blas {
  public:
-  explicit Blas(const Stream& stream);
+  explicit Blas(const Stream& stream, const BlasOptions& options = {});
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
@@ -72,15 +116,17 @@ class Blas {
   // once. With k == 0, beta must be 0 or 1. Other types throw InvalidArgument.
   void gemmEx(const GemmOptions& options, const GemmBatch& batch, DType ab, DType cType, const void* a, const void* b,
               void* c) const;
-  // One product C = op(A) · op(B) (options.alpha; InvalidArgument for a beta other than 0 or a size
-  // of 0) with its epilogue fused
-  // into the product's kernel (cuBLASLt, opened at the first call): A, B, C and the epilogue's
-  // operands all of type `type` (fp32, or bf16 on tensor cores; fp32 accumulation either way, TF32
+  // One product C = alpha · op(A) · op(B) + beta · C (InvalidArgument for a size of 0) with its
+  // epilogue fused into the product's kernel (cuBLASLt): A and B of types.ab, C and the epilogue's
+  // operands of types.c (fp32, or bf16 inputs on tensor cores; fp32 accumulation either way, TF32
   // for fp32 under setTf32(true)). Returns false, having done nothing, where cuBLASLt has no
   // algorithm for it (among others: aux with n not a multiple of 8): the caller runs the unfused
-  // steps. The answer is kept per shape, type and operand alignment, so asking again costs a lookup.
-  bool gemmFused(const GemmOptions& options, GemmEpilogue epilogue, DType type, const void* a, const void* b, void* c,
-                 const EpilogueOperands& operands) const;
+  // steps. The answer is kept per shape, types and operand alignment, so asking again costs a lookup.
+  bool gemmFused(const GemmOptions& options, GemmEpilogue epilogue, GemmTypes types, const void* a, const void* b,
+                 void* c, const EpilogueOperands& operands) const;
+  // The algorithms chosen so far, one per product shape; and how many shapes were tuned (timed).
+  std::vector<GemmChoice> gemmChoices() const;
+  int64_t gemmTunings() const;
   // TF32 tensor cores for fp32 products (--tf32): inputs rounded to 10 bits of mantissa. Off at start.
   void setTf32(bool on);
   const Stream& stream() const { return stream_; }
@@ -90,7 +136,11 @@ class Blas {
   std::unique_ptr<const CublasLibrary> cublas_;
   void* handle_ = nullptr;  // cublasHandle_t
   bool tf32_ = false;
-  mutable std::unique_ptr<LtMatmul> lt_;  // made at the first gemmFused
+  BlasOptions options_;
+  mutable std::unique_ptr<LtMatmul> lt_;  // made at the first product
+  // Runs one product through cuBLASLt (made here at the first); false where it has no algorithm.
+  bool ltProduct(const GemmOptions& options, GemmEpilogue epilogue, GemmTypes types, const void* a, const void* b,
+                 void* c, const EpilogueOperands& operands) const;
 };
 
 // y[r, c] = act(y[r, c] + bias[c]); bias may be nullptr (activation only).

@@ -404,7 +404,8 @@ TEST_F(PrecisionTest, FusedEpiloguesMatchTheHostsSteps) {
 }
 
 // cuBLASLt's rule for the aux matrix: its leading dimension (n here) a multiple of 8. Otherwise
-// gemmFused declines, touching nothing, and the caller runs the unfused steps. It adds no C.
+// gemmFused declines, touching nothing, and the caller runs the unfused steps. fp32 inputs with a
+// bf16 C are refused.
 TEST_F(PrecisionTest, FusedEpilogueDeclinesAnAuxMatrixCublasLtCannotRun) {
   Blas blas(stream());
   const GemmOptions o{.m = 5, .n = 12, .k = 9};
@@ -416,10 +417,8 @@ TEST_F(PrecisionTest, FusedEpilogueDeclinesAnAuxMatrixCublasLtCannotRun) {
   }
   EXPECT_EQ(download<float>(*dc, 60), Floats(60, 7.0f));
   EXPECT_EQ(download<float>(*daux, 60), Floats(60, 7.0f));
-  GemmOptions withC = o;
-  withC.beta = 1.0f;
-  EXPECT_THROW(blas.gemmFused(withC, GemmEpilogue::kBias, DType::kF32, da->data(), db->data(), dc->data(),
-                                  {.bias = dbias->data()}),
+  EXPECT_THROW(blas.gemmFused(o, GemmEpilogue::kBias, {DType::kF32, DType::kBF16}, da->data(), db->data(),
+                              dc->data(), {.bias = dbias->data()}),
                InvalidArgument);
 }
 
