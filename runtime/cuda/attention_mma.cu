@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/cuda/warp_mma.h"
 
@@ -176,7 +177,7 @@ __device__ void storeOutput(const float (&o)[F::kHeadTiles][4], const float (&l)
     const int r = i / F::kChunks, d = i % F::kChunks * 8, t = rowFirst + r;
     if (t >= g.time) continue;
     if constexpr (kVector) {
-      if (d < g.headSize) *reinterpret_cast<float4*>(y + t * rowStride + d) = *reinterpret_cast<const float4*>(&stage[r][d]);
+      if (d < g.headSize) *reinterpret_cast<elements::Bf16Eight*>(y + t * rowStride + d) = *reinterpret_cast<const elements::Bf16Eight*>(&stage[r][d]);
     } else {
       for (int c = d; c < d + 8 && c < g.headSize; ++c) y[t * rowStride + c] = stage[r][c];
     }

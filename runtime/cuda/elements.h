@@ -49,6 +49,11 @@ __device__ __forceinline__ void storeQuad(__nv_bfloat16* p, size_t i, float4 v) 
   reinterpret_cast<Bf16Quad*>(p)[i] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
 }
 
+// Eight consecutive bf16 elements moved as one 16-byte access (p aligned to 16 bytes).
+struct alignas(16) Bf16Eight {
+  __nv_bfloat162 pair[4];
+};
+
 // Whether p may be read or written by quads of `type` (4 · its size in bytes).
 inline bool quadAligned(const void* p, DType type) {
   return reinterpret_cast<uintptr_t>(p) % (4 * static_cast<uintptr_t>(sizeOf(type))) == 0;

@@ -42,6 +42,7 @@ __device__ __forceinline__ float geluGrad(float x, float dy) {
   return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
 }
 
+using elements::Bf16Eight;
 using elements::load;
 using elements::loadQuad;
 using elements::quadsFor;
@@ -83,10 +84,6 @@ __global__ void geluBackwardKernel(const TX* x, const TDY* dy, TX* dx, size_t n,
 
 constexpr int kChunk = 8;
 constexpr int kHeldMax = 4;
-
-struct alignas(16) Bf16Eight {
-  __nv_bfloat162 pair[kChunk / 2];
-};
 
 __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
