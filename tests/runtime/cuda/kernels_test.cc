@@ -153,10 +153,12 @@ class KernelsTest : public ::testing::Test {
                       int times = 1) {
     auto dlogits = upload(logits), dtargets = upload(targets);
     auto dgrad = upload(Floats(logits.size(), 7.0f)), dsums = upload({0.0f, 0.0f, 0.0f});
+    auto dscratch = upload(Floats(static_cast<size_t>(crossEntropyScratchFloats(rows))));
     float* s = dsums->data();
     for (int i = 0; i < times; ++i) {
-      softmaxCrossEntropy({.logits = dlogits->data(), .targets = dtargets->data(), .grad = dgrad->data(), .sums = s}, rows,
-                          cols, stream());
+      softmaxCrossEntropy({.logits = dlogits->data(), .targets = dtargets->data(), .grad = dgrad->data(), .sums = s,
+                           .scratch = dscratch->data()},
+                          rows, cols, stream());
     }
     grad = download(*dgrad);
     Floats sums = download(*dsums);
