@@ -160,8 +160,13 @@ void MeanSquaredError::forwardGpu(const Tensor& output, const Tensor& targets, r
   // Summed per sample like the CPU loop (the batch mean times its rows).
   const int64_t n = output.numel();
   const float lossScale = n ? static_cast<float>(output.rank() ? output.dim(0) : 1) / static_cast<float>(n) : 0.0f;
-  runtime::cuda::meanSquaredError(output.data(), targets.data(), grad_.data(), n, lossScale, gpuSums(gpu),
-                                  gpu.stream());
+  runtime::ensureShape(scratch_, Shape{static_cast<int64_t>(2 * runtime::cuda::kMseScratchDoubles)}, gpu.allocator());
+  runtime::cuda::meanSquaredError({.out = output.data(),
+                                   .targets = targets.data(),
+                                   .grad = grad_.data(),
+                                   .lossSum = gpuSums(gpu),
+                                   .scratch = reinterpret_cast<double*>(scratch_.data())},
+                                  n, lossScale, gpu.stream());
 }
 #else
 // The same declarations as a CUDA build, so the class layout does not depend on the build.

@@ -117,6 +117,7 @@ class MeanSquaredError final : public Loss {
 
  private:
   Tensor grad_;
+  Tensor scratch_;  // GPU: the blocks' sums of squares (kMseScratchDoubles doubles)
 };
 
 enum class LossKind { kCrossEntropy, kMse };

@@ -168,10 +168,10 @@ __global__ void softmaxBackwardKernel(const float* y, const float* dy, float* dx
 // ---- losses ----
 
 // As nn::MeanSquaredError::forward: grad = scale · d with the caller's scale = 2/n, the squares
-// summed in double; each block adds lossScale times its share with one atomicAdd.
+// summed in double; each block writes its share to partials[block] (a grid sized from n alone).
 __global__ void meanSquaredErrorKernel(const float* __restrict__ out, const float* __restrict__ targets,
                                        float* __restrict__ grad, size_t n, size_t vecCount, float scale,
-                                       float lossScale, float* lossSum) {
+                                       double* __restrict__ partials) {
   double total = 0.0;
   for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
     float4 o = reinterpret_cast<const float4*>(out)[i];
@@ -187,7 +187,16 @@ __global__ void meanSquaredErrorKernel(const float* __restrict__ out, const floa
     grad[i] = scale * d;
   }
   total = groupReduce<kThreads>(total, SumOp{});
-  if (threadIdx.x == 0 && total != 0.0) atomicAdd(lossSum, static_cast<float>(total * lossScale));
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+// One block: *lossSum += lossScale · Σ partials, in a fixed order (no atomics).
+__global__ void meanSquaredErrorSumKernel(const double* __restrict__ partials, unsigned count, float lossScale,
+                                          float* __restrict__ lossSum) {
+  double total = 0.0;
+  for (unsigned b = threadIdx.x; b < count; b += kThreads) total += partials[b];
+  total = blockSum(total);
+  if (threadIdx.x == 0) *lossSum += static_cast<float>(total * lossScale);
 }
 
 // ---- dropout ----
@@ -411,17 +420,21 @@ void multiply(const float* a, const float* b, float* out, int64_t n, const Strea
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale, float* lossSum,
-                      const Stream& stream) {
+void meanSquaredError(const MseBuffers& b, int64_t n, float lossScale, const Stream& stream) {
   checkCudaStream(stream);
   COHORT_CHECK(n >= 0) << n;
   if (n == 0) return;
   size_t count = static_cast<size_t>(n);
-  size_t vecCount = vecCountFor(count, out, targets, grad);
+  size_t vecCount = vecCountFor(count, b.out, b.targets, b.grad);
   const float scale = 2.0f / static_cast<float>(n);  // as nn/loss.cc
+  const size_t work = flatWork(count, vecCount);
+  const auto blocks = static_cast<unsigned>(std::min<size_t>((work + kThreads - 1) / kThreads, kMseScratchDoubles));
   CudaDeviceGuard guard(stream.device().index);
-  COHORT_LAUNCH(meanSquaredErrorKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
-      out, targets, grad, count, vecCount, scale, lossScale, lossSum);
+  COHORT_LAUNCH(meanSquaredErrorKernel, blocks, kThreads, 0, nativeStream(stream))(
+      b.out, b.targets, b.grad, count, vecCount, scale, b.scratch);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+  COHORT_LAUNCH(meanSquaredErrorSumKernel, 1, kThreads, 0, nativeStream(stream))(b.scratch, blocks, lossScale,
+                                                                                  b.lossSum);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -143,9 +143,19 @@ struct CrossEntropyBuffers {
 int64_t crossEntropyScratchFloats(int64_t rows);
 void softmaxCrossEntropy(const CrossEntropyBuffers& buffers, int64_t rows, int64_t cols, const Stream& stream);
 // Mean squared error over n elements: grad = 2 (out − target) / n, and
-// *lossSum += lossScale · Σ (out − target)² (lossScale = rows / n sums the batch mean per sample).
-void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale,
-                      float* lossSum, const Stream& stream);
+// *lossSum += lossScale · Σ (out − target)² (lossScale = rows / n sums the batch mean per sample),
+// added in an order fixed by n (a grid of at most kMseScratchDoubles blocks sized from n, each
+// block's share in `scratch`, then one block adds them in order): no atomics, the same bits on every
+// run and device.
+constexpr size_t kMseScratchDoubles = 1024;
+struct MseBuffers {
+  const float* out = nullptr;
+  const float* targets = nullptr;
+  float* grad = nullptr;
+  float* lossSum = nullptr;
+  double* scratch = nullptr;  // kMseScratchDoubles doubles of device memory
+};
+void meanSquaredError(const MseBuffers& buffers, int64_t n, float lossScale, const Stream& stream);
 
 // One Adam/AdamW step over the flat buffers (PyTorch's rule, as nn/optimizer.h states):
 //   p ·= decay (AdamW: 1 − lr·wd, Adam: 1); g' = g + coupledWd · p (Adam: wd, AdamW: 0)
