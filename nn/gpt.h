@@ -90,6 +90,8 @@ class Gpt final : public Module, public PlannedInit {
   // product computes in bf16 with fp32 sums and writes bf16 logits (Model::forward widens them unless
   // the loss reads bf16); the embeddings and the residual stream stay fp32.
   bool takesBf16() const override { return true; }
+  // No: the head's backward reads the logits' gradient, ln_f's output and wte, never the logits.
+  bool backwardReadsOutput() const override { return false; }
 
   // The token ids' check (Embedding::checkIds; the positions are the model's own).
   void checkInputs(const Pass& pass) const override;

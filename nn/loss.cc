@@ -34,6 +34,8 @@ float SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& targets) 
   checkCrossEntropyShapes(logits, targets, "");
   const int64_t cols = logits.dim(logits.rank() - 1), rows = logits.numel() / std::max<int64_t>(cols, 1);
   positions_ = logits.dim(0) ? rows / logits.dim(0) : 1;
+  if (gradIsLogits_) grad_ = Tensor();  // a GPU call's logits are the model's: never written again
+  gradIsLogits_ = false;
   runtime::ensureShape(grad_, logits.shape());
   const float invRows = rows ? 1.0f / static_cast<float>(rows) : 0.0f;
   // Each chunk of rows (runtime::cpu::parallelRange) sums its own losses, in row order; the chunks'
@@ -130,13 +132,21 @@ void SoftmaxCrossEntropy::forwardGpu(const Tensor& logits, const Tensor& targets
   checkCrossEntropyShapes(logits, targets, " on a GPU");
   const int64_t cols = logits.dim(logits.rank() - 1), rows = logits.numel() / std::max<int64_t>(cols, 1);
   positions_ = logits.dim(0) ? rows / logits.dim(0) : 1;
-  runtime::ensureShape(grad_, logits.shape(), gpu.allocator(), gradType_);
+  if (gradIsLogits_) grad_ = Tensor();  // the last call's logits are the model's: never written again
+  gradIsLogits_ = gradInPlace_;
+  if (gradInPlace_) {
+    grad_ = logits;  // shares the storage: the kernel writes the gradient over the logits
+  } else {
+    runtime::ensureShape(grad_, logits.shape(), gpu.allocator(), gradType_);
+  }
+  runtime::ensureShape(rowScratch_, Shape{runtime::cuda::crossEntropyScratchFloats(rows)}, gpu.allocator());
   runtime::cuda::softmaxCrossEntropy({.logits = logits.raw(),
                                       .targets = targets.data(),
                                       .grad = grad_.raw(),
                                       .sums = gpuSums(gpu),
+                                      .scratch = rowScratch_.data(),
                                       .logitsType = logits.dtype(),
-                                      .gradType = gradType_},
+                                      .gradType = grad_.dtype()},
                                      rows, cols, gpu.stream());
 }
 
@@ -150,8 +160,13 @@ void MeanSquaredError::forwardGpu(const Tensor& output, const Tensor& targets, r
   // Summed per sample like the CPU loop (the batch mean times its rows).
   const int64_t n = output.numel();
   const float lossScale = n ? static_cast<float>(output.rank() ? output.dim(0) : 1) / static_cast<float>(n) : 0.0f;
-  runtime::cuda::meanSquaredError(output.data(), targets.data(), grad_.data(), n, lossScale, gpuSums(gpu),
-                                  gpu.stream());
+  runtime::ensureShape(scratch_, Shape{static_cast<int64_t>(2 * runtime::cuda::kMseScratchDoubles)}, gpu.allocator());
+  runtime::cuda::meanSquaredError({.out = output.data(),
+                                   .targets = targets.data(),
+                                   .grad = grad_.data(),
+                                   .lossSum = gpuSums(gpu),
+                                   .scratch = reinterpret_cast<double*>(scratch_.data())},
+                                  n, lossScale, gpu.stream());
 }
 #else
 // The same declarations as a CUDA build, so the class layout does not depend on the build.

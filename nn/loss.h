@@ -12,7 +12,8 @@
 // (gradient for backward() plus device-side sums of the loss and of correct predictions) and
 // returns without waiting; takeGpuSums() waits for the stream and returns and resets the sums, so a
 // training loop reads them once per epoch or checkpoint rather than waiting every step. The sums are
-// float32 on the device: exact for counts up to 2^24 per read. The class layout is the same in
+// float32 on the device: exact for counts up to 2^24 per read; the cross-entropy adds them in an
+// order fixed by the shape (no atomics), so the same logits give the same bits on every run. The class layout is the same in
 // every build; in a build without CUDA, forwardGpu() and takeGpuSums() throw InvalidArgument. A
 // user's own loss need not implement forwardGpu(): the default throws InvalidArgument (CPU only).
 // Thread safety: one thread at a time.
@@ -63,6 +64,13 @@ class Loss {
   // the model hands it a bf16 pass's bf16 output without converting it (Model::forward's
   // keepBf16): for GPT-2's logits at batch 8, 0.8 GB less than an fp32 copy. The default: no.
   virtual bool readsBf16() const { return false; }
+  // Whether forwardGpu may write the gradient over the output it is given (no buffer of the
+  // output's size: 0.8 GB less at GPT-2's logits in bf16, batch 8), so that backward() returns the
+  // output's own storage. Only for a caller that reads the output no more once forwardGpu has
+  // returned (the trainer sets it when the model's top module says its backward does not read its
+  // output: Module::backwardReadsOutput); sums, accuracy and the loss are taken before it is
+  // overwritten. A loss that cannot ignores it; the CPU's forward() never writes in place.
+  virtual void setGradInPlace(bool inPlace) { (void)inPlace; }
 
  protected:
   // [loss sum, correct, bad targets] on the device, zeroed on first use and by every read.
@@ -85,10 +93,15 @@ class SoftmaxCrossEntropy final : public Loss {
   // Yes: bf16 logits give the loss and gradient of their fp32 values (the argmax of tied rounded
   // logits is the first, as in fp32).
   bool readsBf16() const override { return true; }
+  // Yes: the gradient takes the logits' type there, whatever setGradType said.
+  void setGradInPlace(bool inPlace) override { gradInPlace_ = inPlace; }
 
  private:
-  Tensor grad_;
+  Tensor grad_;  // the gradient; after an in-place forwardGpu, the logits' tensor itself
+  Tensor rowScratch_;  // GPU: the rows' losses until the kernel adds them (crossEntropyScratchFloats)
   runtime::DType gradType_ = runtime::DType::kF32;
+  bool gradInPlace_ = false;
+  bool gradIsLogits_ = false;  // grad_ aliases a caller's logits: never write it out of place
   int64_t correct_ = 0;
   int64_t positions_ = 1;
   std::vector<double> chunkLoss_;      // per chunk of rows (runtime::cpu::parallelRange), kept to
@@ -104,6 +117,7 @@ class MeanSquaredError final : public Loss {
 
  private:
   Tensor grad_;
+  Tensor scratch_;  // GPU: the blocks' sums of squares (kMseScratchDoubles doubles)
 };
 
 enum class LossKind { kCrossEntropy, kMse };

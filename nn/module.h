@@ -124,6 +124,11 @@ class Module {
   // True when the module implements bf16 passes (above); the composites convert for the others.
   virtual bool takesBf16() const { return false; }
 
+  // Whether backward reads the output forward returned (an activation's derivative taken through
+  // its output does). When false, a caller may write over the output once forward has returned: a
+  // loss writes its gradient there (Loss::setGradInPlace), and the trainer asks. Default: true.
+  virtual bool backwardReadsOutput() const { return true; }
+
   // Throws InvalidArgument naming the first bad value of the last forward's input that the device
   // could only count, not refuse (an Embedding's ids on a GPU, which give NaN rows there); nothing
   // for a module without such checks, and on the CPU, where forward already threw. Waits for

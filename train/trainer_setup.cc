@@ -126,6 +126,7 @@ Trainer::Trainer(Job& job, nn::Loss& loss, const runtime::data::Dataset& train, 
       timeline_(job.timeline()) {
   openSampleLog();
   loss_.setGradType(job_.options().precision);  // bf16 passes: the gradient the model's bf16 head reads
+  loss_.setGradInPlace(!model_.net->backwardReadsOutput());  // a GPT: its logits take their gradient
   checkOptions();
   classification_ = inferClassification(options_, loss_, train);
   schedule_ = makeSchedule(options_, job_.optimizer(),

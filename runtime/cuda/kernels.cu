@@ -2,15 +2,16 @@
 //
 // Launch shapes. Elementwise kernels use kThreads-thread blocks and grid-stride loops over a grid
 // capped at kBlocksPerSm blocks per SM, with float4 loads and stores when every buffer is 16-byte
-// aligned (a scalar loop finishes the tail), like elementwise.cu. Row kernels (softmax,
-// cross-entropy) give each row a row group: a warp when the row has at most kWarpRowMaxCols
-// columns, else a whole block. A group combines its threads' partial results with warp shuffles
-// (a block adds one pass through shared memory); every thread of the group ends with the same bits,
-// and the row loop is uniform over the group, so the shuffles and barriers are always reached.
+// aligned (a scalar loop finishes the tail), like elementwise.cu. Row kernels (softmax here; the
+// cross-entropy's are in cross_entropy_kernels.cu) give each row a row group: a warp when the row
+// has at most kWarpRowMaxCols columns, else a whole block. A group combines its threads' partial
+// results with warp shuffles (a block adds one pass through shared memory); every thread of the
+// group ends with the same bits, and the row loop is uniform over the group, so the shuffles and
+// barriers are always reached.
 // Precision follows the CPU reference: softmax and the MSE loss accumulate in double as
-// nn/softmax.cc and nn/loss.cc do, cross-entropy's exp sum in float as nn/loss.cc does, and each
-// expression keeps the CPU's operation order. Both compilers may contract a·b + c into an FMA,
-// which is why the two agree to float32 rounding rather than bit for bit.
+// nn/softmax.cc and nn/loss.cc do, and each expression keeps the CPU's operation order. Both
+// compilers may contract a·b + c into an FMA, which is why the two agree to float32 rounding rather
+// than bit for bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -116,39 +117,6 @@ __global__ void activationBackwardKernel(ActivationOp op, const float* y, const 
   for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) dx[i] = activationGrad(op, y[i], dy[i]);
 }
 
-// A row's maximum and the first column holding it (nn/loss.cc's argmax: the first maximum wins).
-struct ArgMax {
-  float value;
-  int64_t index;
-};
-
-__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b) {
-  return b.value > a.value || (b.value == a.value && b.index < a.index) ? b : a;
-}
-
-template <unsigned kWidth>
-__device__ ArgMax groupArgMax(ArgMax v) {
-  for (unsigned offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    ArgMax other{__shfl_xor_sync(kFullMask, v.value, offset), __shfl_xor_sync(kFullMask, v.index, offset)};
-    v = better(v, other);
-  }
-  if constexpr (kWidth == kWarpSize) {
-    return v;
-  } else {
-    __shared__ float values[kWarpsPerBlock];
-    __shared__ int64_t indices[kWarpsPerBlock];
-    __syncthreads();
-    if (threadIdx.x % kWarpSize == 0) {
-      values[threadIdx.x / kWarpSize] = v.value;
-      indices[threadIdx.x / kWarpSize] = v.index;
-    }
-    __syncthreads();
-    ArgMax best{values[0], indices[0]};
-    for (unsigned w = 1; w < kWarpsPerBlock; ++w) best = better(best, {values[w], indices[w]});
-    return best;
-  }
-}
-
 // ---- softmax ----
 
 // As nn::softmaxRows: max-subtracted, the exp sum in double. x may equal y. kCausal (not with log):
@@ -199,70 +167,11 @@ __global__ void softmaxBackwardKernel(const float* y, const float* dy, float* dx
 
 // ---- losses ----
 
-// As nn::SoftmaxCrossEntropy::forward, with bad targets counted instead of thrown. Each group's
-// first thread keeps its rows' loss and counts; they meet per block in shared memory, and the block
-// adds them to the device scalars with one atomicAdd each.
-template <unsigned kWidth, class TX, class TG>
-__global__ void softmaxCrossEntropyKernel(const TX* __restrict__ logits, const float* __restrict__ targets,
-                                          TG* __restrict__ grad, int64_t rows, int64_t cols, float invRows,
-                                          float* sums) {
-  using G = RowGroup<kWidth>;
-  double loss = 0.0;
-  float hits = 0.0f, bad = 0.0f;
-  for (int64_t r = G::firstRow(); r < rows; r += G::rowStride()) {
-    const TX* x = logits + r * cols;
-    TG* g = grad + r * cols;
-    const float t = targets[r];
-    // The same for the whole group, so `continue` keeps the group together.
-    if (!(t >= 0.0f && t < static_cast<float>(cols) && truncf(t) == t)) {
-      for (int64_t c = G::lane(); c < cols; c += kWidth) g[c] = elements::store<TG>(0.0f);
-      if (G::lane() == 0) bad += 1.0f;
-      continue;
-    }
-    const int64_t label = static_cast<int64_t>(t);
-    ArgMax best{-INFINITY, INT64_MAX};  // a lane without columns never wins
-    if (G::lane() < cols) best = {elements::load(x[G::lane()]), G::lane()};
-    for (int64_t c = G::lane() + kWidth; c < cols; c += kWidth) best = better(best, {elements::load(x[c]), c});
-    best = groupArgMax<kWidth>(best);
-    const float mx = best.value;
-    float sum = 0.0f;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) sum += expf(elements::load(x[c]) - mx);
-    sum = groupReduce<kWidth>(sum, SumOp{});
-    const float scale = invRows / sum;
-    for (int64_t c = G::lane(); c < cols; c += kWidth) {
-      float p = expf(elements::load(x[c]) - mx) * scale;
-      g[c] = elements::store<TG>(c == label ? p - invRows : p);
-    }
-    if (G::lane() == 0) {
-      loss += static_cast<double>(logf(sum) + mx - elements::load(x[label]));
-      hits += best.index == label ? 1.0f : 0.0f;
-    }
-  }
-  __shared__ double groupLoss[G::kRowsPerBlock];
-  __shared__ float groupHits[G::kRowsPerBlock], groupBad[G::kRowsPerBlock];
-  if (G::lane() == 0) {
-    groupLoss[G::groupInBlock()] = loss;
-    groupHits[G::groupInBlock()] = hits;
-    groupBad[G::groupInBlock()] = bad;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (unsigned k = 1; k < G::kRowsPerBlock; ++k) {
-      loss += groupLoss[k];
-      hits += groupHits[k];
-      bad += groupBad[k];
-    }
-    if (loss != 0.0) atomicAdd(&sums[0], static_cast<float>(loss));
-    if (hits != 0.0f) atomicAdd(&sums[1], hits);
-    if (bad != 0.0f) atomicAdd(&sums[2], bad);
-  }
-}
-
 // As nn::MeanSquaredError::forward: grad = scale · d with the caller's scale = 2/n, the squares
-// summed in double; each block adds lossScale times its share with one atomicAdd.
+// summed in double; each block writes its share to partials[block] (a grid sized from n alone).
 __global__ void meanSquaredErrorKernel(const float* __restrict__ out, const float* __restrict__ targets,
                                        float* __restrict__ grad, size_t n, size_t vecCount, float scale,
-                                       float lossScale, float* lossSum) {
+                                       double* __restrict__ partials) {
   double total = 0.0;
   for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
     float4 o = reinterpret_cast<const float4*>(out)[i];
@@ -278,7 +187,16 @@ __global__ void meanSquaredErrorKernel(const float* __restrict__ out, const floa
     grad[i] = scale * d;
   }
   total = groupReduce<kThreads>(total, SumOp{});
-  if (threadIdx.x == 0 && total != 0.0) atomicAdd(lossSum, static_cast<float>(total * lossScale));
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+// One block: *lossSum += lossScale · Σ partials, in a fixed order (no atomics).
+__global__ void meanSquaredErrorSumKernel(const double* __restrict__ partials, unsigned count, float lossScale,
+                                          float* __restrict__ lossSum) {
+  double total = 0.0;
+  for (unsigned b = threadIdx.x; b < count; b += kThreads) total += partials[b];
+  total = blockSum(total);
+  if (threadIdx.x == 0) *lossSum += static_cast<float>(total * lossScale);
 }
 
 // ---- dropout ----
@@ -502,43 +420,21 @@ void multiply(const float* a, const float* b, float* out, int64_t n, const Strea
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void softmaxCrossEntropy(const CrossEntropyBuffers& b, int64_t rows, int64_t cols, const Stream& stream) {
-  checkCudaStream(stream);
-  checkMatrix(rows, cols);
-  if (rows == 0) return;
-  COHORT_CHECK(cols > 0) << "cross-entropy over " << rows << " rows of 0 classes";
-  const float invRows = 1.0f / static_cast<float>(rows);  // as nn/loss.cc
-  CudaDeviceGuard guard(stream.device().index);
-  unsigned blocks = rowBlocks(stream, rows, cols);
-  elements::dispatch(b.logitsType, [&](auto logitsTag) {
-    using TX = typename decltype(logitsTag)::type;
-    elements::dispatch(b.gradType, [&](auto gradTag) {
-      using TG = typename decltype(gradTag)::type;
-      const auto* x = static_cast<const TX*>(b.logits);
-      auto* g = static_cast<TG*>(b.grad);
-      if (warpPerRow(cols)) {
-        COHORT_LAUNCH((softmaxCrossEntropyKernel<kWarpSize, TX, TG>), blocks, kThreads, 0, nativeStream(stream))(
-            x, b.targets, g, rows, cols, invRows, b.sums);
-      } else {
-        COHORT_LAUNCH((softmaxCrossEntropyKernel<kThreads, TX, TG>), blocks, kThreads, 0, nativeStream(stream))(
-            x, b.targets, g, rows, cols, invRows, b.sums);
-      }
-    });
-  });
-  COHORT_CUDA_CHECK(cudaGetLastError());
-}
-
-void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale, float* lossSum,
-                      const Stream& stream) {
+void meanSquaredError(const MseBuffers& b, int64_t n, float lossScale, const Stream& stream) {
   checkCudaStream(stream);
   COHORT_CHECK(n >= 0) << n;
   if (n == 0) return;
   size_t count = static_cast<size_t>(n);
-  size_t vecCount = vecCountFor(count, out, targets, grad);
+  size_t vecCount = vecCountFor(count, b.out, b.targets, b.grad);
   const float scale = 2.0f / static_cast<float>(n);  // as nn/loss.cc
+  const size_t work = flatWork(count, vecCount);
+  const auto blocks = static_cast<unsigned>(std::min<size_t>((work + kThreads - 1) / kThreads, kMseScratchDoubles));
   CudaDeviceGuard guard(stream.device().index);
-  COHORT_LAUNCH(meanSquaredErrorKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
-      out, targets, grad, count, vecCount, scale, lossScale, lossSum);
+  COHORT_LAUNCH(meanSquaredErrorKernel, blocks, kThreads, 0, nativeStream(stream))(
+      b.out, b.targets, b.grad, count, vecCount, scale, b.scratch);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+  COHORT_LAUNCH(meanSquaredErrorSumKernel, 1, kThreads, 0, nativeStream(stream))(b.scratch, blocks, lossScale,
+                                                                                  b.lossSum);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

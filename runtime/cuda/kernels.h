@@ -170,25 +170,42 @@ void permute0213(const float* x, float* y, int64_t a, int64_t b, int64_t c, int6
 void multiply(const float* a, const float* b, float* out, int64_t n, const Stream& stream);
 
 // Fused softmax cross-entropy over logits [rows, cols] with targets [rows] holding class indices
-// as floats: grad = (softmax − onehot) / rows, and adds to the three device scalars at `sums`:
-// sums[0] += Σ_r (logsumexp − logit[target]), sums[1] += rows whose first argmax equals the target,
-// and sums[2] += rows whose target is not an integer in [0, cols) (their loss and gradient are 0;
-// the caller checks sums[2] when it reads them and throws InvalidArgument). The caller zeroes the
-// scalars before the first call it wants summed. cols must be positive when rows is. The logits are
-// fp32, or bf16 (a bf16 pass's head writes them so: read widened, the arithmetic fp32 either way);
-// the gradient fp32, or bf16 (what a bf16 head's product reads, rounded once).
+// as floats (cross_entropy_kernels.cu): grad = (softmax − onehot) / rows, and adds to the three
+// device scalars at `sums`: sums[0] += Σ_r (logsumexp − logit[target]), sums[1] += rows whose first
+// argmax equals the target, and sums[2] += rows whose target is not an integer in [0, cols) (their
+// loss and gradient are 0; the caller checks sums[2] when it reads them and throws
+// InvalidArgument). The caller zeroes the scalars before the first call it wants summed. cols must
+// be positive when rows is. The logits are fp32, or bf16 (a bf16 pass's head writes them so: read
+// widened, the arithmetic fp32 either way); the gradient fp32, or bf16 (what a bf16 head's product
+// reads, rounded once). `grad` may be `logits` itself (then of the same type): the gradient is
+// written over the logits, for a caller that does not read them after the loss. A −inf logit (a
+// padded vocabulary's column) gets probability and gradient exactly 0. The sums are added in an
+// order fixed by `rows` (no atomics): the same bits on every run. `scratch` holds
+// crossEntropyScratchFloats(rows) floats of device memory, the rows' losses until the sums are added.
 struct CrossEntropyBuffers {
   const void* logits = nullptr;  // [rows, cols] of logitsType
   const float* targets = nullptr;
-  void* grad = nullptr;  // [rows, cols] of gradType
+  void* grad = nullptr;  // [rows, cols] of gradType; may equal logits
   float* sums = nullptr;
+  float* scratch = nullptr;
   DType logitsType = DType::kF32, gradType = DType::kF32;
 };
+int64_t crossEntropyScratchFloats(int64_t rows);
 void softmaxCrossEntropy(const CrossEntropyBuffers& buffers, int64_t rows, int64_t cols, const Stream& stream);
 // Mean squared error over n elements: grad = 2 (out − target) / n, and
-// *lossSum += lossScale · Σ (out − target)² (lossScale = rows / n sums the batch mean per sample).
-void meanSquaredError(const float* out, const float* targets, float* grad, int64_t n, float lossScale,
-                      float* lossSum, const Stream& stream);
+// *lossSum += lossScale · Σ (out − target)² (lossScale = rows / n sums the batch mean per sample),
+// added in an order fixed by n (a grid of at most kMseScratchDoubles blocks sized from n, each
+// block's share in `scratch`, then one block adds them in order): no atomics, the same bits on every
+// run and device.
+constexpr size_t kMseScratchDoubles = 1024;
+struct MseBuffers {
+  const float* out = nullptr;
+  const float* targets = nullptr;
+  float* grad = nullptr;
+  float* lossSum = nullptr;
+  double* scratch = nullptr;  // kMseScratchDoubles doubles of device memory
+};
+void meanSquaredError(const MseBuffers& buffers, int64_t n, float lossScale, const Stream& stream);
 
 // One Adam/AdamW step over the flat buffers (PyTorch's rule, as nn/optimizer.h states):
 //   p ·= decay (AdamW: 1 − lr·wd, Adam: 1); g' = g + coupledWd · p (Adam: wd, AdamW: 0)

@@ -9,8 +9,10 @@
 // does too: the same bits on every run and every GPU model.
 //   stage 1, grid = chunk × channel tile: a block adds its chunk of its channels in a fixed order
 //            and writes one float per channel into partial[chunk, channel];
-//   stage 2: one thread per channel adds partial[0..chunks, channel] in chunk order, then writes (or
-//            adds to) sums[channel].
+//   stage 2: one warp per channel: lane l adds partials l, l + 32, ... of the channel in chunk
+//            order, a fixed xor butterfly adds the 32 lanes, and lane 0 writes (or adds to)
+//            sums[channel]. The partials were just written, so the lanes' strided reads hit L2;
+//            32 lanes per channel instead of one thread walking every chunk, and channels/8 blocks.
 // Stage 1 comes in two layouts, both reading along the contiguous dimension:
 //   inner == 1 (Linear, x[rows, channels]): a 32 × 8 block owns a tile of 32 channels (threadIdx.x,
 //            so a warp reads 128 contiguous bytes of a row); thread row ty adds rows ty, ty + 8, ...
@@ -116,13 +118,16 @@ __global__ void channelSumInnerKernel(const float* __restrict__ x, float* __rest
   }
 }
 
-// Stage 2: each channel's chunk partials added in chunk order (no chunks: 0).
+// Stage 2: a warp per channel (RowGroup's rows are the channels here), its lanes over the chunks
+// (no chunks: 0). The loop is uniform over the warp, so every lane reaches the shuffles.
 __global__ void channelSumFinishKernel(const float* __restrict__ partial, float* __restrict__ sums, int64_t chunks,
                                        int64_t channels, bool accumulate) {
-  for (int64_t c = static_cast<int64_t>(firstIndex()); c < channels; c += static_cast<int64_t>(gridStride())) {
+  using G = RowGroup<kWarpSize>;
+  for (int64_t c = G::firstRow(); c < channels; c += G::rowStride()) {
     float total = 0.0f;
-    for (int64_t k = 0; k < chunks; ++k) total += partial[k * channels + c];
-    sums[c] = accumulate ? sums[c] + total : total;
+    for (int64_t k = G::lane(); k < chunks; k += kWarpSize) total += partial[k * channels + c];
+    total = groupReduce<kWarpSize>(total, SumOp{});
+    if (G::lane() == 0) sums[c] = accumulate ? sums[c] + total : total;
   }
 }
 
@@ -165,8 +170,8 @@ void channelSum(const ChannelSumBuffers& b, const ChannelSumOptions& o, const St
     }
     COHORT_CUDA_CHECK(cudaGetLastError());
   }
-  COHORT_LAUNCH(channelSumFinishKernel, blocksFor(stream, static_cast<size_t>(o.channels)), kThreads, 0,
-                nativeStream(stream))(b.scratch, b.sums, chunks, o.channels, o.accumulate);
+  COHORT_LAUNCH(channelSumFinishKernel, blocksFor(stream, static_cast<size_t>(o.channels), kWarpsPerBlock), kThreads,
+                0, nativeStream(stream))(b.scratch, b.sums, chunks, o.channels, o.accumulate);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

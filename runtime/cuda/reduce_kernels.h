@@ -43,10 +43,10 @@ int64_t channelSumScratchFloats(const ChannelSumOptions& options);
 // sums[c] = Σ x[o, c, i] (+= with accumulate; with no elements that is 0, or sums unchanged).
 // Two kernels. Stage 1 cuts each channel's outer·inner elements into chunks whose size depends only
 // on the shape, and a block sums one chunk of a tile of channels in float, in a fixed order, into
-// scratch [chunks, channels]; stage 2 adds each channel's chunk partials in chunk order. With
-// inner == 1 a block is 32 channels (threads along the contiguous channels) by 8 thread rows over a
-// chunk of rows; otherwise a block is one channel with 256 threads along the contiguous inner
-// elements. The result is a float sum of outer·inner terms: within (outer·inner)·2⁻²⁴·Σ|x| of the
+// scratch [chunks, channels]; stage 2 adds each channel's chunk partials on one warp (lane l takes
+// chunks l, l + 32, ..., then a fixed butterfly). With inner == 1 a block is 32 channels (threads
+// along the contiguous channels) by 8 thread rows over a chunk of rows; otherwise a block is one
+// channel with 256 threads along the contiguous inner elements. The result is a float sum of outer·inner terms: within (outer·inner)·2⁻²⁴·Σ|x| of the
 // exact sum (the bound of any summation order; tests/runtime/cuda:reduce_kernels_test checks it).
 void channelSum(const ChannelSumBuffers& buffers, const ChannelSumOptions& options, const Stream& stream);
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <span>
@@ -269,6 +270,34 @@ TEST_F(ElementwiseTest, SumOfSquaresMatchesReferenceAndSeesNonFiniteValues) {
       data.upload(values, *stream_);
       EXPECT_TRUE(std::isinf(sumOnGpu(data))) << "n=" << n;
     }
+  }
+}
+
+// Values whose squares round: the sum must not depend on where the span starts (16-byte loads or
+// four scalar ones, the same additions), must repeat bit for bit, and must be within double rounding
+// of an exact-order reference. Lengths with every tail n % 4 and more quads than the grid's threads.
+TEST_F(ElementwiseTest, SumOfSquaresIsTheSameBitsAtEveryAlignment) {
+  DeviceFloats scratch(*allocator_, 2 * kSumOfSquaresScratch, 0);
+  double* out = reinterpret_cast<double*>(scratch.span().data());
+  for (size_t n : {size_t{1}, size_t{6}, size_t{1027}, (size_t{1} << 20) + 1, (size_t{1} << 20) + 2}) {
+    std::vector<float> values(n);
+    for (size_t i = 0; i < n; ++i) values[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f) * 3.3f;
+    double want = 0;
+    for (float v : values) want += static_cast<double>(v) * v;
+    std::vector<double> got;
+    for (size_t offset : {0, 1, 2, 3, 0}) {
+      DeviceFloats data(*allocator_, n, offset);
+      data.upload(values, *stream_);
+      sumOfSquares(data.span(), out, *stream_);
+      double host = -1;
+      ASSERT_EQ(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost,
+                                static_cast<cudaStream_t>(stream_->native())),
+                cudaSuccess);
+      stream_->synchronize(milliseconds(10000));
+      got.push_back(host);
+    }
+    for (double g : got) EXPECT_EQ(std::memcmp(&g, &got[0], sizeof g), 0) << "n=" << n << ": " << g << " vs " << got[0];
+    EXPECT_NEAR(got[0], want, 1e-12 * want) << "n=" << n;
   }
 }
 

@@ -153,10 +153,12 @@ class KernelsTest : public ::testing::Test {
                       int times = 1) {
     auto dlogits = upload(logits), dtargets = upload(targets);
     auto dgrad = upload(Floats(logits.size(), 7.0f)), dsums = upload({0.0f, 0.0f, 0.0f});
+    auto dscratch = upload(Floats(static_cast<size_t>(crossEntropyScratchFloats(rows))));
     float* s = dsums->data();
     for (int i = 0; i < times; ++i) {
-      softmaxCrossEntropy({.logits = dlogits->data(), .targets = dtargets->data(), .grad = dgrad->data(), .sums = s}, rows,
-                          cols, stream());
+      softmaxCrossEntropy({.logits = dlogits->data(), .targets = dtargets->data(), .grad = dgrad->data(), .sums = s,
+                           .scratch = dscratch->data()},
+                          rows, cols, stream());
     }
     grad = download(*dgrad);
     Floats sums = download(*dsums);
@@ -445,11 +447,12 @@ TEST_F(KernelsTest, MeanSquaredErrorMatchesNn) {
       std::string what = "mse n=" + std::to_string(n) + " offset=" + std::to_string(offset);
       Floats out = randomFloats(n, n + 12), targets = randomFloats(n, n + 13);
       auto dout = upload(out, offset), dtargets = upload(targets, offset), dgrad = upload(Floats(n, 7.0f), offset);
-      auto dloss = upload({0.0f});
+      auto dloss = upload({0.0f}), dscratch = upload(Floats(2 * kMseScratchDoubles));
       // lossScale 3/n: three times the mean, as for a batch of 3 samples.
       const float lossScale = n ? 3.0f / static_cast<float>(n) : 0.0f;
-      meanSquaredError(dout->data(), dtargets->data(), dgrad->data(), static_cast<int64_t>(n), lossScale, dloss->data(),
-                       stream());
+      meanSquaredError({.out = dout->data(), .targets = dtargets->data(), .grad = dgrad->data(), .lossSum = dloss->data(),
+                        .scratch = reinterpret_cast<double*>(dscratch->data())},
+                       static_cast<int64_t>(n), lossScale, stream());
       Floats grad = download(*dgrad);
       float loss = download(*dloss)[0];
       nn::MeanSquaredError mse;
@@ -573,7 +576,7 @@ TEST_F(KernelsTest, EmptyInputsEnqueueNothing) {
   dropoutForward(nullptr, nullptr, nullptr, 0, 0.5f, 1, stream());
   multiply(nullptr, nullptr, nullptr, 0, stream());
   softmaxCrossEntropy({}, 0, 10, stream());
-  meanSquaredError(nullptr, nullptr, nullptr, 0, 1.0f, nullptr, stream());
+  meanSquaredError({}, 0, 1.0f, stream());
   adamStep(nullptr, nullptr, nullptr, nullptr, 0, {}, stream());
   stream().synchronize(kSyncTimeout);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);

@@ -424,8 +424,8 @@ TEST_F(PrecisionTest, FusedEpilogueDeclinesAnAuxMatrixCublasLtCannotRun) {
 
 // A bf16 pass's loss (Loss::readsBf16, Loss::setGradType): bf16 logits are read widened and the
 // arithmetic is fp32 either way, so every combination gives the fp32 kernel's sums on the same
-// (rounded) logits (the loss to the order of the blocks' atomic adds) and its gradient bit for bit,
-// rounded once where it is written in bf16 (a bad row's zeros included).
+// (rounded) logits and its gradient bit for bit, rounded once where it is written in bf16 (a bad
+// row's zeros included): the sums are added in a fixed order.
 TEST_F(PrecisionTest, CrossEntropyReadsAndWritesBf16) {
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{33, 37}, {5, 3000}}) {
     const auto n = static_cast<size_t>(rows * cols);
@@ -441,11 +441,12 @@ TEST_F(PrecisionTest, CrossEntropyReadsAndWritesBf16) {
     auto d32 = upload(logits), d16 = upload(bitsOf(logits)), dtargets = upload(targets);
     const auto run = [&](DType logitsType, DType gradType, std::unique_ptr<DeviceBytes>& grad) {
       grad = upload(Floats(n, 7.0f));
-      auto sums = upload(Floats{0.0f, 0.0f, 0.0f});
+      auto sums = upload(Floats{0.0f, 0.0f, 0.0f}), scratch = upload(Floats(static_cast<size_t>(2 * rows)));
       softmaxCrossEntropy({.logits = (logitsType == DType::kBF16 ? d16 : d32)->data(),
                            .targets = static_cast<const float*>(dtargets->data()),
                            .grad = grad->data(),
                            .sums = static_cast<float*>(sums->data()),
+                           .scratch = static_cast<float*>(scratch->data()),
                            .logitsType = logitsType,
                            .gradType = gradType},
                           rows, cols, stream());
@@ -461,7 +462,7 @@ TEST_F(PrecisionTest, CrossEntropyReadsAndWritesBf16) {
         const std::string what = std::string("logits ") + dtypeName(logitsType) + ", gradient " + dtypeName(gradType) +
                                  ", " + std::to_string(rows) + "x" + std::to_string(cols);
         const Floats sums = run(logitsType, gradType, grad);
-        EXPECT_NEAR(sums[0], wantSums[0], 1e-6 * wantSums[0]) << what;  // blocks add it in any order
+        EXPECT_EQ(sums[0], wantSums[0]) << what;
         EXPECT_EQ(sums[1], wantSums[1]) << what;
         EXPECT_EQ(sums[2], wantSums[2]) << what;
         if (gradType == DType::kBF16) {

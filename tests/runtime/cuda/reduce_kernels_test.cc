@@ -6,8 +6,9 @@
 // (terms + 1)·2⁻²⁴·(Σ|x| + |old|) (terms = outer·inner additions per channel, + 1 for accumulate).
 // Every case runs twice with different garbage in the scratch and the output (when overwriting) and
 // must give the same bits. Shapes: no rows, one row, rows not a multiple of the 128-row chunk,
-// several chunks, one channel, channels not a multiple of the 32-channel tile; for NCHW inner sizes
-// below and above the 256-thread block and several 4096-element chunks. Kept small for the emulator.
+// several chunks, more chunks than a warp has lanes (stage 2), one channel, channels not a multiple
+// of the 32-channel tile; for NCHW inner sizes below and above the 256-thread block and several
+// 4096-element chunks. Kept small for the emulator.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,8 +41,10 @@ struct Case {
 const Case kCases[] = {
     // Linear: x[rows, cols]
     {0, 5, 1}, {1, 1, 1}, {1, 40, 1}, {127, 1, 1}, {129, 33, 1}, {300, 70, 1}, {1000, 3, 1},
+    {5000, 3, 1},  // 40 chunks: more than stage 2's 32 lanes
     // NCHW: x[N, C, H·W]
     {0, 4, 9}, {1, 1, 2}, {3, 5, 7}, {2, 33, 49}, {700, 2, 7}, {9, 3, 1000}, {2, 1, 5000},
+    {40, 2, 4100},  // 41 chunks
 };
 
 std::string describe(const Case& c, bool accumulate) {
