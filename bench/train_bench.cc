@@ -21,6 +21,7 @@
 #include "runtime/error.h"
 #include "runtime/gpu_options.h"
 #include "runtime/random.h"
+#include "train/step_graph.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -45,6 +46,11 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
       ->capture_default_str();
   c.add_option("--precision", o.precision, "--device cuda: fp32 | bf16 (as cohort train's)")->capture_default_str();
   c.add_flag("--tf32", o.tf32, "--device cuda: TF32 tensor cores for fp32 matrix products and convolutions (as cohort train's)");
+  c.add_option("--cuda-graphs", o.cudaGraphs,
+               "--device cuda: on | off, the step's forward and backward captured once as a CUDA graph and replayed "
+               "(as cohort train's)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   c.add_option("--samples", o.samples, "training samples per run (default: 60000 for MNIST-shaped models, 5000 for "
                                        "cnn:rosetta, the peers' figures)");
   c.add_option("--mode", o.mode,
@@ -174,7 +180,7 @@ TrainRun trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& dat
     finish = [&] { loss.takeGpuSums(*gpu); };
   }
 #endif
-  auto step = [&](const runtime::data::Batch& b) {
+  auto forwardBackward = [&](const runtime::data::Batch& b) {
     const Tensor& out = model->forward(b.inputs, pass);  // fp32 whatever the pass computes in
 #ifdef COHORT_HAVE_CUDA
     if (gpu) {
@@ -185,6 +191,17 @@ TrainRun trainOnce(const TrainBenchOptions& o, const runtime::data::Dataset& dat
       loss.forward(out, b.targets);
     }
     model->net->backward(loss.backward(), pass);
+  };
+  // --cuda-graphs: as cohort train's (train/step_graph.h); dropout's host Rng makes it fall back.
+  const runtime::Logger log{runtime::WorldInfo{}};
+  std::unique_ptr<train::StepGraph> graph;
+  if (gpu) graph = std::make_unique<train::StepGraph>(*gpu, log, train::StepGraphOptions{.enabled = o.cudaGraphs == "on", .rng = &dropoutRng});
+  auto step = [&](const runtime::data::Batch& b) {
+    if (graph) {
+      graph->run(b, forwardBackward);
+    } else {
+      forwardBackward(b);
+    }
     opt->step(model->params.values(), model->params.grads());
   };
   // Warm-up (the peers do the same on a throwaway model).
