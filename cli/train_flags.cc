@@ -222,7 +222,7 @@ void addTuningFlags(CLI::App& c, TrainFlags& f) {
                "--device cuda: on (default) | off. On: a step's forward and backward are captured once as a CUDA "
                "graph and replayed for every later step of the same shapes (the optimizer step runs after it; a "
                "partial last batch and evaluation run uncaptured); local mode with one micro-batch per step, "
-               "elsewhere steps run uncaptured and one line says why; same results bit for bit (docs/gpu.md, "
+               "elsewhere steps run uncaptured and one line says why; the same parameters bit for bit (docs/gpu.md, "
                "\"CUDA graphs\"). No effect on the CPU")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

@@ -200,7 +200,7 @@ struct TrainerOptions {
   // GPU: capture a step's forward and backward once as a CUDA graph and replay it for every later
   // step of the same shapes (train/step_graph.h; `cohort train --cuda-graphs`): in local mode with one
   // micro-batch per step; elsewhere, and where a capture fails, steps run uncaptured and one line says
-  // why. The losses and parameters are the same bit for bit. Has run on the emulated device only.
+  // why. The parameters and optimizer state are the same bit for bit. Has run on the emulated device only.
   bool cudaGraphs = true;
   // Who logs (see LogRanks), and whether they log a start-up line when run() begins: the model and
   // its parameter count, the data, the mode and world size, the batch per rank and the effective
