@@ -56,6 +56,11 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
       ->capture_default_str();
   c.add_option("--clip-grad-norm", o.clipGradNorm, "--device cuda: as cohort train's (0: no clipping)")
       ->capture_default_str();
+  c.add_option("--cuda-graphs", o.cudaGraphs,
+               "--device cuda: on | off, the step's forward and backward captured once as a CUDA graph and replayed "
+               "(as cohort train's)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   c.add_flag("--profile", o.profile,
              "--device cuda: the timed steps between cudaProfilerStart and cudaProfilerStop, for nsys or ncu "
              "started with their capture range off (bench/gpu_profile.sh)");

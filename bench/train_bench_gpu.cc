@@ -48,6 +48,7 @@ train::TrainerOptions benchTrainer(const TrainBenchOptions& o, int64_t steps, ui
           .maxSteps = steps,
           .clipGradNorm = o.clipGradNorm,
           .progressEverySeconds = 0,
+          .cudaGraphs = o.cudaGraphs == "on",
           .logStartLine = false};
 }
 

@@ -323,6 +323,7 @@ train::TrainerOptions trainerOptions(const TrainFlags& f, const Run& run, const 
           .tracePath = f.trace,
           .traceSpans = static_cast<size_t>(f.traceSpans),
           .stepReport = f.stepReport,
+          .cudaGraphs = f.cudaGraphs == "on",
           // Every rank's epoch line (each with its own samples/s: Hogwild workers differ); the
           // start-up lines are this command's own (logStart).
           .logRanks = train::LogRanks::kEveryRank,

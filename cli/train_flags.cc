@@ -218,6 +218,14 @@ void addTuningFlags(CLI::App& c, TrainFlags& f) {
              "--device cuda: let fp32 matrix products and convolutions use TF32 tensor cores (inputs rounded to 10 "
              "bits of mantissa); "
              "off by default, so plain fp32 stays comparable to the CPU");
+  c.add_option("--cuda-graphs", f.cudaGraphs,
+               "--device cuda: on (default) | off. On: a step's forward and backward are captured once as a CUDA "
+               "graph and replayed for every later step of the same shapes (the optimizer step runs after it; a "
+               "partial last batch and evaluation run uncaptured); local mode with one micro-batch per step, "
+               "elsewhere steps run uncaptured and one line says why; the same parameters bit for bit (docs/gpu.md, "
+               "\"CUDA graphs\"). No effect on the CPU")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
                  "wait about 100 years")
       ->capture_default_str();

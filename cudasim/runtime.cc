@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "cudasim/capture.h"
 #include "cudasim/sim.h"
 
 struct CUstream_st {
@@ -230,7 +231,9 @@ CUstream_st* resolve(cudaStream_t stream) {
   return r.streams.count(stream) ? stream : nullptr;
 }
 
+// An op of a capturing stream goes into its capture instead (graph.cc); its ticket is then 0.
 uint64_t push(CUstream_st* s, std::function<void()> op) {
+  if (captureTake(s, op)) return 0;
   std::lock_guard lock(s->m);
   s->queue.push_back(std::move(op));
   const uint64_t ticket = ++s->enqueued;
@@ -325,6 +328,10 @@ cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, 
     w = classify(r, src, count);
   }
   if (!kindMatches(kind, d, w)) return fail(cudaErrorInvalidMemcpyDirection);
+  const CaptureUse use = sync                                                 ? CaptureUse::kDeviceWait
+                         : d == Where::kPageable || w == Where::kPageable ? CaptureUse::kPageableCopy
+                                                                          : CaptureUse::kStreamWork;
+  if (cudaError_t e = captureCheck(s, use, tlsDevice)) return fail(e);
   uint64_t ticket;
   if (w == Where::kPageable) {
     // The real runtime stages pageable memory before the call returns: the caller may reuse it.
@@ -345,6 +352,9 @@ cudaError_t set(void* p, int value, size_t count, cudaStream_t stream, bool sync
     Registry& r = registry();
     std::lock_guard lock(r.m);
     if (!findDevice(r, p, count)) return fail(cudaErrorInvalidValue);
+  }
+  if (cudaError_t e = captureCheck(s, sync ? CaptureUse::kDeviceWait : CaptureUse::kStreamWork, tlsDevice)) {
+    return fail(e);
   }
   const uint64_t ticket = push(s, [p, value, count] { std::memset(p, value, count); });
   if (sync) waitFor(s, ticket);
@@ -381,9 +391,15 @@ uint64_t nextSeed() {
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> op) {
   CUstream_st* s = resolve(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = captureCheck(s, CaptureUse::kStreamWork, tlsDevice)) return fail(e);
   push(s, std::move(op));
   return cudaSuccess;
 }
+
+cudaStream_t resolveStream(cudaStream_t stream) { return resolve(stream); }
+int streamDevice(cudaStream_t stream) { return stream->device; }
+int currentDevice() { return tlsDevice; }
+cudaError_t failWith(cudaError_t error) { return fail(error); }
 
 bool isDeviceRange(const void* p, size_t bytes) {
   Registry& r = registry();
@@ -401,6 +417,10 @@ void launchKernel(const LaunchConfig& c, std::function<void()> body) {
   CUstream_st* s = resolve(c.stream);
   if (!s) {
     fail(cudaErrorInvalidResourceHandle);
+    return;
+  }
+  if (cudaError_t e = captureCheck(s, CaptureUse::kStreamWork, tlsDevice)) {
+    fail(e);
     return;
   }
   const uint64_t seed = nextSeed();
@@ -434,6 +454,12 @@ const char* cudaGetErrorName(cudaError_t error) {
     COHORT_CUDASIM_NAME(cudaErrorNotReady)
     COHORT_CUDASIM_NAME(cudaErrorIllegalAddress)
     COHORT_CUDASIM_NAME(cudaErrorLaunchFailure)
+    COHORT_CUDASIM_NAME(cudaErrorIllegalState)
+    COHORT_CUDASIM_NAME(cudaErrorStreamCaptureUnsupported)
+    COHORT_CUDASIM_NAME(cudaErrorStreamCaptureInvalidated)
+    COHORT_CUDASIM_NAME(cudaErrorStreamCaptureIsolation)
+    COHORT_CUDASIM_NAME(cudaErrorCapturedEvent)
+    COHORT_CUDASIM_NAME(cudaErrorStreamCaptureWrongThread)
 #undef COHORT_CUDASIM_NAME
   }
   return "cudaErrorUnknown";
@@ -581,6 +607,7 @@ cudaError_t cudaGetDevice(int* device) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  if (cudaError_t e = captureCheck(nullptr, CaptureUse::kDeviceWait, tlsDevice)) return fail(e);
   for (CUstream_st* s : streamsOf(tlsDevice)) synchronizeStream(s);
   return cudaSuccess;
 }
@@ -599,6 +626,7 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
   if (deviceCount() == 0) return fail(cudaErrorNoDevice);
   *devPtr = nullptr;
   if (size == 0) return cudaSuccess;
+  if (cudaError_t e = captureCheck(nullptr, CaptureUse::kUnsafe, tlsDevice)) return fail(e);
   Registry& r = registry();
   {
     std::lock_guard lock(r.m);
@@ -642,6 +670,7 @@ cudaError_t cudaFree(void* devPtr) {
     a = it->second;
   }
   // cudaFree synchronises the device, as the real one does: work already enqueued may finish.
+  if (cudaError_t e = captureCheck(nullptr, CaptureUse::kDeviceWait, tlsDevice)) return fail(e);
   cudaDeviceSynchronize();
   checkGuards(a);
   std::lock_guard lock(r.m);
@@ -761,6 +790,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   CUstream_st* s = resolve(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = captureCheck(s, CaptureUse::kStreamWait, tlsDevice)) return fail(e);
   synchronizeStream(s);
   return cudaSuccess;
 }
@@ -768,15 +798,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   CUstream_st* s = resolve(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = captureCheck(s, CaptureUse::kStreamWait, tlsDevice)) return fail(e);
   std::lock_guard lock(s->m);
   return s->done == s->enqueued ? cudaSuccess : cudaErrorNotReady;
-}
-
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* pCaptureStatus) {
-  if (!pCaptureStatus) return fail(cudaErrorInvalidValue);
-  if (!resolve(stream)) return fail(cudaErrorInvalidResourceHandle);
-  *pCaptureStatus = cudaStreamCaptureStatusNone;  // capture is not emulated (cuda_runtime.h)
-  return cudaSuccess;
 }
 
 cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
@@ -790,6 +814,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   CUstream_st* s = resolve(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (!validEvent(event)) return fail(cudaErrorInvalidResourceHandle);
+  bool captured = false;
+  if (cudaError_t e = captureEventWait(s, event, captured)) return fail(e);
+  if (captured) return cudaSuccess;
   uint64_t generation;
   {
     std::lock_guard lock(event->m);
@@ -834,6 +861,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!validEvent(event)) return fail(cudaErrorInvalidResourceHandle);
   CUstream_st* s = resolve(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = captureCheck(s, CaptureUse::kStreamWork, tlsDevice)) return fail(e);
+  if (captureEventRecord(event, s)) return cudaSuccess;
   uint64_t generation;
   {
     std::lock_guard lock(event->m);
@@ -852,12 +881,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!validEvent(event)) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = captureEventUse(event)) return fail(e);
   std::lock_guard lock(event->m);
   return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!validEvent(event)) return fail(cudaErrorInvalidResourceHandle);
+  if (cudaError_t e = captureEventUse(event)) return fail(e);
   std::unique_lock lock(event->m);
   const uint64_t generation = event->recorded;
   event->cv.wait(lock, [&] { return event->completed >= generation; });

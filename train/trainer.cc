@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "runtime/error.h"
@@ -21,6 +22,7 @@
 #include "train/observe/metrics_sink.h"
 #include "train/observe/progress.h"
 #include "train/observe/trace_file.h"
+#include "train/step_graph.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
@@ -79,6 +81,7 @@ TrainResult Trainer::run() {
   if (nothingToTrain(pos)) return alreadyDone(pos, start);  // the checkpoint left as it is
   if (options_.logStartLine) logStart();
   Batches batches = openBatches();
+  stepGraph_ = makeStepGraph();
   job_.barrier("start");
   startObserving();
   // The schedule is a pure function of the optimizer's step count, which checkpoints hold: a resumed
@@ -91,6 +94,11 @@ TrainResult Trainer::run() {
     if (runEpoch(pos, batches, result)) break;
   }
   progress_.reset();  // erases a line still showing
+  if (stepGraph_) {
+    result.cudaGraphSteps = stepGraph_->graphSteps();
+    result.cudaGraphsOff = stepGraph_->fallbackReason();
+    stepGraph_.reset();  // its pool back to the allocator
+  }
   finishRun(result, start);
 #ifdef COHORT_HAVE_CUDA
   if (batches.device) result.inputWaitMs = batches.device->inputWaitMs();
@@ -210,23 +218,49 @@ bool Trainer::trainBatch(const runtime::data::Batch& batch, Position& pos, StepG
   return stopsMidEpoch(pos, window, result);
 }
 
+std::unique_ptr<StepGraph> Trainer::makeStepGraph() {
+  runtime::cuda::GpuContext* gpu = job_.gpu();
+  if (!gpu) return nullptr;
+  std::string off;
+  if (!job_.world().isSingle() || job_.options().mode != Mode::kLocal) {
+    off = "the multi-process modes are not captured (their gradient exchange waits on the host)";
+  } else if (options_.accumulateSteps > 1) {
+    off = "steps of several micro-batches are not captured";
+  } else if (typeid(loss_) != typeid(nn::SoftmaxCrossEntropy) && typeid(loss_) != typeid(nn::MeanSquaredError)) {
+    // A loss of one's own may decide on the host, step by step, what it enqueues: a replay would not.
+    off = "the loss " + loss_.name() + " is not one of Cohort's (it may act on the host every step)";
+  }
+  // Only rank 0 says so where the reason is the run's, not the rank's.
+  if (!off.empty() && job_.world().rank != 0) return nullptr;
+  return std::make_unique<StepGraph>(*gpu, job_.log(),
+                                     StepGraphOptions{.enabled = options_.cudaGraphs, .offReason = off, .rng = &rng_});
+}
+
 void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group) {
   runtime::cuda::GpuContext* gpu = job_.gpu();
   double batchLoss = std::numeric_limits<double>::quiet_NaN();
-  {
-    Timeline::Scope span(timeline_, SpanKind::kForward);
-    const Tensor& out = model_.forward(batch.inputs, pass, gpu && loss_.readsBf16());
-    if (gpu) {
-      loss_.forwardGpu(out, batch.targets, *gpu);
-    } else {
-      batchLoss = loss_.forward(out, batch.targets);
-      group.correct += loss_.correct();
+  // On a GPU the body enqueues work only (the loss stays on the device), so a CUDA graph may replay it.
+  const auto body = [&](const runtime::data::Batch& b) {
+    {
+      Timeline::Scope span(timeline_, SpanKind::kForward);
+      const Tensor& out = model_.forward(b.inputs, pass, gpu && loss_.readsBf16());
+      if (gpu) {
+        loss_.forwardGpu(out, b.targets, *gpu);
+      } else {
+        batchLoss = loss_.forward(out, b.targets);
+        group.correct += loss_.correct();
+      }
     }
+    Timeline::Scope span(timeline_, SpanKind::kBackward);
+    model_.backward(loss_.backward(), pass);
+  };
+  if (stepGraph_) {
+    stepGraph_->run(batch, body);
+  } else {
+    body(batch);
   }
   group.samples += batch.size;
   group.loss += batchLoss * static_cast<double>(batch.size);
-  Timeline::Scope span(timeline_, SpanKind::kBackward);
-  model_.backward(loss_.backward(), pass);
   // The test hook TestHooks::slowBackward (a test slows one rank on purpose).
   if (const TestHooks::SlowBackward& slow = job_.options().testHooks.slowBackward; slow.rank == job_.world().rank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(slow.ms));

@@ -71,6 +71,7 @@
 #include "train/evaluate.h"
 #include "train/job.h"
 #include "train/observe/step_times.h"
+#include "train/step_graph.h"
 
 namespace cohort::train {
 
@@ -196,6 +197,11 @@ struct TrainerOptions {
   // "When results arrive"), with the same parameters bit for bit; onStepEnd then runs for step n
   // after step n + 1 was queued, so a stop it asks for in a one-rank run comes a step later.
   bool synchronousSteps = false;
+  // GPU: capture a step's forward and backward once as a CUDA graph and replay it for every later
+  // step of the same shapes (train/step_graph.h; `cohort train --cuda-graphs`): in local mode with one
+  // micro-batch per step; elsewhere, and where a capture fails, steps run uncaptured and one line says
+  // why. The parameters and optimizer state are the same bit for bit. Has run on the emulated device only.
+  bool cudaGraphs = true;
   // Who logs (see LogRanks), and whether they log a start-up line when run() begins: the model and
   // its parameter count, the data, the mode and world size, the batch per rank and the effective
   // batch of a step, steps per epoch, epochs and whether accuracy is reported (off for a program
@@ -275,6 +281,10 @@ struct TrainResult {
   double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
   int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
   int64_t skippedSpikes = 0;  // spikes skipped over the whole run (resumes included; this rank's)
+  // TrainerOptions::cudaGraphs: the steps whose forward and backward ran as the CUDA graph's replay,
+  // and why graphs were off (empty: they were on, or not asked for).
+  int64_t cudaGraphSteps = 0;
+  std::string cudaGraphsOff = {};
 };
 
 class MetricsSink;
@@ -399,6 +409,8 @@ class Trainer {
   bool trainBatch(const runtime::data::Batch& batch, Position& pos, StepGroup& group, StepWindow& window,
                   TrainResult& result);
   void forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group);
+  // The step's CUDA graph (TrainerOptions::cudaGraphs) for this run; nullptr on the CPU.
+  std::unique_ptr<StepGraph> makeStepGraph();
   // After a step within an epoch: checkpoints where due, and stops (true) on an agreed stop request
   // or at maxSteps.
   bool stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& result);
@@ -511,6 +523,7 @@ class Trainer {
   Timeline& timeline_;        // the job's
   std::unique_ptr<MetricsSink> metrics_;  // rank 0's, with a metrics path or a TensorBoard directory
   std::unique_ptr<Progress> progress_;              // rank 0's, unless off
+  std::unique_ptr<StepGraph> stepGraph_;            // GPU, during run(): the step's CUDA graph
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> sampleLog_{nullptr, &std::fclose};
   std::deque<QueuedStep> queued_;  // deferred steps whose results are not handled yet, oldest first
   // The last evaluation at a step (evaluateAtStep): its step (-1: none) and rank 0's figures.

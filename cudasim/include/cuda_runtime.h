@@ -34,6 +34,12 @@ typedef enum cudaError {
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchFailure = 719,
+  cudaErrorIllegalState = 401,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
 } cudaError_t;
 
 typedef struct CUstream_st* cudaStream_t;
@@ -41,6 +47,22 @@ typedef struct CUstream_st* cudaStream_t;
 #define cudaStreamLegacy ((cudaStream_t)0x1)
 typedef struct CUevent_st* cudaEvent_t;
 typedef void (*cudaHostFn_t)(void* userData);
+// Graphs (cudasim/graph.cc): what a stream captures, and its instantiated, launchable form.
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraphExec_st* cudaGraphExec_t;
+typedef struct CUgraphNode_st* cudaGraphNode_t;
+
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -138,13 +160,6 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flag
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
-// Stream capture is not emulated: every valid stream answers cudaStreamCaptureStatusNone.
-enum cudaStreamCaptureStatus {
-  cudaStreamCaptureStatusNone = 0,
-  cudaStreamCaptureStatusActive = 1,
-  cudaStreamCaptureStatusInvalidated = 2
-};
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus);
 cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData);
@@ -157,6 +172,21 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+// Stream capture and graphs (cudasim/graph.cc). Operations enqueued on a capturing stream are
+// recorded, not run; cudaGraphLaunch replays them in order on the stream it is given. What CUDA
+// forbids during a capture (waiting for the capturing stream or the device, a synchronous copy, a
+// copy to or from pageable memory, cudaMalloc/cudaFree where the capture mode forbids unsafe calls)
+// fails with CUDA's error and invalidates the capture, so cudaStreamEndCapture fails too.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus);
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode);
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* numNodes);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr);
 cudaError_t cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned int flags);

@@ -42,6 +42,9 @@ CudaCachingAllocator::~CudaCachingAllocator() {
   if (restore) cudaSetDevice(device_.index);
   for (auto& [size, ptr] : smallFree_) cudaFree(ptr);
   for (auto& [size, ptr] : largeFree_) cudaFree(ptr);
+  for (auto& [id, pool] : graphPools_) {
+    for (auto& [size, ptr] : pool.free) cudaFree(ptr);
+  }
   if (restore) cudaSetDevice(previous);
 }
 
@@ -58,7 +61,7 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
                               << bytes << " bytes is too large";
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  Block block = takeCachedLocked(rounded);
+  Block block = capturing_ ? takeForCaptureLocked(rounded, bytes) : takeCachedLocked(rounded);
   if (!block.ptr) block = {mallocLocked(rounded, bytes), rounded};
   active_.emplace(block.ptr, block.size);
   stats_.allocatedBytes += block.size;
@@ -73,6 +76,32 @@ CudaCachingAllocator::Block CudaCachingAllocator::takeCachedLocked(size_t rounde
   if (it == pool.end() || it->first - rounded >= rounded) return {};
   Block block{it->second, it->first};
   pool.erase(it);
+  return block;
+}
+
+CudaCachingAllocator::Block CudaCachingAllocator::takeForCaptureLocked(size_t rounded, size_t requested) {
+  GraphPool& pool = graphPools_[capturing_];
+  Block block;
+  auto it = pool.free.lower_bound(rounded);
+  if (it != pool.free.end() && it->first - rounded < rounded && (it->first <= kSmallLimit) == (rounded <= kSmallLimit)) {
+    block = {it->second, it->first};
+    pool.free.erase(it);
+  } else {
+    block = takeCachedLocked(rounded);
+  }
+  if (!block.ptr) {
+    // Not a stream operation: allowed in a capture only in relaxed mode, which this thread takes for it.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    COHORT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    try {
+      block = {mallocLocked(rounded, requested), rounded};
+    } catch (...) {
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      throw;
+    }
+    COHORT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  }
+  graphBlocks_[block.ptr] = capturing_;
   return block;
 }
 
@@ -115,7 +144,48 @@ void CudaCachingAllocator::deallocate(void* ptr, size_t bytes) {
   COHORT_CHECK(bytes <= size) << "deallocate of " << bytes << " bytes, block holds " << size;
   active_.erase(it);
   stats_.allocatedBytes -= size;
-  (size <= kSmallLimit ? smallFree_ : largeFree_).emplace(size, ptr);
+  auto graph = graphBlocks_.find(ptr);
+  if (graph != graphBlocks_.end()) {
+    graphPools_[graph->second].free.emplace(size, ptr);  // the graph's still: replays write it
+    return;
+  }
+  commonPool(size).emplace(size, ptr);
+}
+
+uint64_t CudaCachingAllocator::beginGraphCapture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  COHORT_CHECK(capturing_ == 0) << "a graph capture began on " << device_.str() << " while pool " << capturing_
+                                << " still captures";
+  capturing_ = ++lastPool_;
+  graphPools_[capturing_];
+  // The graph may use any block handed out now (a module's activations, the inputs): freed later,
+  // each stays the graph's too.
+  for (const auto& [ptr, size] : active_) graphBlocks_.emplace(ptr, capturing_);
+  return capturing_;
+}
+
+void CudaCachingAllocator::endGraphCapture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capturing_ = 0;
+}
+
+void CudaCachingAllocator::releaseGraphPool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  COHORT_CHECK(pool != capturing_) << "graph pool " << pool << " released while it captures";
+  auto it = graphPools_.find(pool);
+  if (it == graphPools_.end()) return;
+  for (auto& [size, ptr] : it->second.free) commonPool(size).emplace(size, ptr);
+  graphPools_.erase(it);
+  std::erase_if(graphBlocks_, [pool](const auto& entry) { return entry.second == pool; });
+}
+
+size_t CudaCachingAllocator::graphPoolBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t bytes = 0;
+  for (const auto& [id, pool] : graphPools_) {
+    for (const auto& [size, ptr] : pool.free) bytes += size;
+  }
+  return bytes;
 }
 
 void CudaCachingAllocator::freeCachedLocked() {

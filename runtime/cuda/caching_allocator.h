@@ -17,6 +17,15 @@
 // recordStream) is out of scope; a side stream (data copies, communication) must use its own
 // allocator or keep its buffers alive until an event says that stream is done with them.
 //
+// CUDA graphs (train/step_graph.h; PyTorch's private pools): a graph replays the addresses it was
+// captured with, so a block the graph used must not go to anyone else while the graph lives. Between
+// beginGraphCapture() and endGraphCapture() every block handed out belongs to that capture's pool,
+// and so does every block handed out when the capture begins (the graph may use it too); freed, such
+// a block is cached for that pool's allocations only, until releaseGraphPool() (the graph destroyed)
+// returns the pool's blocks to the common cache. During a capture cudaMalloc runs in
+// CUDA's relaxed capture mode: it is no stream operation, and the block it makes stays the pool's.
+// Blocks freed before the capture are taken as usual (stream order: the graph's work comes after).
+//
 // Statistics: allocatedBytes counts the rounded sizes of blocks handed out and not yet returned;
 // reservedBytes counts everything obtained from cudaMalloc (handed out + cached).
 // Ownership: the allocator owns all device memory it obtained and must outlive every tensor it
@@ -33,6 +42,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -68,6 +78,14 @@ class CudaCachingAllocator final : public Allocator {
   // The size a request of `bytes` occupies.
   static size_t roundSize(size_t bytes);
 
+  // Graph pools (see the header comment). One capture at a time; its pool's id, never 0.
+  uint64_t beginGraphCapture();
+  void endGraphCapture();
+  // The pool's blocks go back to the common cache; those still handed out on their free.
+  void releaseGraphPool(uint64_t pool);
+  // Cached blocks held for graph pools (part of reservedBytes).
+  size_t graphPoolBytes() const;
+
  private:
   using FreeBlocks = std::multimap<size_t, void*>;  // size -> block, ordered for best fit
 
@@ -81,12 +99,23 @@ class CudaCachingAllocator final : public Allocator {
   void* mallocLocked(size_t rounded, size_t requested);
   // cudaFree of every cached block.
   void freeCachedLocked();
+  // A block handed out during a capture: its pool's cached blocks first.
+  Block takeForCaptureLocked(size_t rounded, size_t requested);
+  FreeBlocks& commonPool(size_t size) { return size <= kSmallLimit ? smallFree_ : largeFree_; }
+
+  struct GraphPool {
+    FreeBlocks free;  // the pool's freed blocks, any size class
+  };
 
   Device device_;
   mutable std::mutex mutex_;
   FreeBlocks smallFree_;
   FreeBlocks largeFree_;
   std::unordered_map<void*, size_t> active_;  // handed-out block -> rounded size
+  std::map<uint64_t, GraphPool> graphPools_;
+  std::unordered_map<void*, uint64_t> graphBlocks_;  // block -> its graph pool (handed out or cached there)
+  uint64_t capturing_ = 0;                           // the pool of the capture under way; 0: none
+  uint64_t lastPool_ = 0;
   AllocatorStats stats_;
 };
 

@@ -237,6 +237,7 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError(withOutputs({"--device", "cuda", "--precision", "fp16"}), {"--precision", "fp32 or bf16", "'fp16'"});
   expectInputError({"--precision", "bf16"}, {"--precision bf16 needs --device cuda"});
   expectInputError({"--tf32"}, {"--tf32 applies to --device cuda"});
+  expectInputError(withOutputs({"--device", "cuda", "--cuda-graphs", "yes"}), {"--cuda-graphs", "yes"});
 }
 
 // Errors found by the flag parser (CLI11) follow the same one-line contract.

@@ -203,6 +203,46 @@ TEST_F(CachingAllocatorTest, ThreadsShareOneAllocator) {
   EXPECT_LE(s.systemAllocations, 4u * 7u);  // at most one block per thread per size class
 }
 
+// A graph replays the addresses it was captured with: a block handed out during a capture, or when
+// it began, stays the graph's pool's once freed (another allocation gets a fresh block), and a capture that needs new
+// memory gets it without invalidating the capture (cudaMalloc in relaxed mode); released, the pool's
+// blocks serve everyone again.
+TEST_F(CachingAllocatorTest, GraphPoolsKeepTheCapturedBlocksForTheGraph) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  void* before = alloc.allocate(4096);
+  alloc.deallocate(before, 4096);  // cached: a capture may take it
+  void* held = alloc.allocate(8192);  // handed out when the capture begins: the graph may use it
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const uint64_t pool = alloc.beginGraphCapture();
+  void* reused = alloc.allocate(4096);
+  void* fresh = alloc.allocate(3 * kMiB);  // nothing cached fits: cudaMalloc during the capture
+  ASSERT_EQ(cudaMemsetAsync(fresh, 0, 3 * kMiB, stream), cudaSuccess);
+  alloc.deallocate(reused, 4096);
+  void* again = alloc.allocate(4096);  // the pool's own freed block, within the capture
+  alloc.endGraphCapture();
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);  // not invalidated by the cudaMalloc
+  EXPECT_EQ(reused, before);
+  EXPECT_EQ(again, reused);
+  alloc.deallocate(again, 4096);
+  alloc.deallocate(fresh, 3 * kMiB);
+  alloc.deallocate(held, 8192);
+  EXPECT_EQ(alloc.graphPoolBytes(), 4096u + 8192u + 4 * kMiB);
+  void* outside = alloc.allocate(4096);
+  EXPECT_NE(outside, again);  // the graph's block is not handed to others
+  alloc.deallocate(outside, 4096);
+  alloc.releaseGraphPool(pool);
+  EXPECT_EQ(alloc.graphPoolBytes(), 0u);
+  void* big = alloc.allocate(3 * kMiB);
+  EXPECT_EQ(big, fresh);  // back in the common cache
+  alloc.deallocate(big, 3 * kMiB);
+  EXPECT_EQ(alloc.stats().allocatedBytes, 0u);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(PinnedHostAllocatorTest, AllocatesHostVisiblePinnedMemory) {
   COHORT_SKIP_WITHOUT_CUDA_DEVICE();
   PinnedHostAllocator pinned;

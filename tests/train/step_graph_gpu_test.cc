@@ -1,0 +1,166 @@
+// The training step's CUDA graph (train/step_graph.h, TrainerOptions::cudaGraphs; tags = ["gpu"]: the
+// emulated device in CI). A run whose forward and backward are captured once and replayed ends bit
+// for bit where the uncaptured run ends (parameters and optimizer state; every epoch's train and test
+// loss to a float's rounding, with evaluations between steps), in fp32 and bf16, with the epoch's partial last batch run
+// uncaptured; a step that draws random numbers on the host (dropout) cannot be replayed, so the
+// capture is discarded, the run falls back with one line naming the reason, and it still ends where
+// the uncaptured run ends; a loss of one's own is not captured, and says so.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "nn/loss.h"
+#include "nn/model_spec.h"
+#include "nn/optimizer.h"
+#include "runtime/data/dataset.h"
+#include "runtime/dtype.h"
+#include "tests/runtime/cuda/gpu_test_util.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace cohort::train {
+namespace {
+
+using runtime::Shape;
+using runtime::Tensor;
+
+// `windows` windows of 4 token ids below 6.
+runtime::data::Dataset ids(int64_t windows, int64_t offset) {
+  runtime::data::DatasetContents c{.name = "ids",
+                                   .inputs = Tensor::zeros(Shape{windows, 4}),
+                                   .targets = Tensor::zeros(Shape{windows, 4}),
+                                   .numClasses = 6};
+  for (int64_t i = 0; i < windows * 4; ++i) {
+    c.inputs.at(i) = static_cast<float>((i * 5 + offset) % 6);
+    c.targets.at(i) = static_cast<float>((i * 5 + offset + 1) % 6);
+  }
+  return runtime::data::Dataset(std::move(c));
+}
+
+std::vector<float> toHost(const Tensor& t) {
+  Tensor host = Tensor::zeros(t.shape());
+  host.copyFrom(t);
+  return std::vector<float>(host.data(), host.data() + host.numel());
+}
+
+struct RunEnd {
+  std::vector<float> values;       // parameters, then the optimizer's state
+  std::vector<double> losses;      // each epoch's train loss and test loss
+  TrainResult result;
+};
+
+struct RunOptions {
+  std::string model = "gpt:layers=1,heads=2,dim=8,ctx=4,vocab=6";
+  runtime::DType precision = runtime::DType::kF32;
+  bool cudaGraphs = true;
+  bool ownLoss = false;
+};
+
+// A loss of one's own: Cohort's cross-entropy under another type.
+class OwnLoss final : public nn::Loss {
+ public:
+  std::string name() const override { return "own"; }
+  float forward(const Tensor& out, const Tensor& targets) override { return inner_.forward(out, targets); }
+  void forwardGpu(const Tensor& out, const Tensor& targets, runtime::cuda::GpuContext& gpu) override {
+    inner_.forwardGpu(out, targets, gpu);
+  }
+  const Tensor& backward() override { return inner_.backward(); }
+  int64_t correct() const override { return inner_.correct(); }
+
+ private:
+  nn::SoftmaxCrossEntropy inner_;
+};
+
+// 2 epochs of 18 windows in batches of 4: 4 full batches and one of 2 an epoch; an evaluation every
+// 3 steps between them.
+RunEnd train(const RunOptions& o) {
+  Job job({.device = "cuda", .precision = o.precision}, runtime::WorldInfo{});
+  auto model = nn::buildModel(o.model);
+  auto optimizer =
+      nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW, .lr = 0.01f, .weightDecay = 0.1f}, model->params.numel(), job.gpu());
+  job.place(*model, *optimizer, {.seed = 1});
+  nn::SoftmaxCrossEntropy crossEntropy;
+  OwnLoss own;
+  const runtime::data::Dataset data = ids(18, 0), test = ids(6, 1);
+  RunEnd end;
+  TrainerCallbacks callbacks{.onEpochEnd = [&](EpochReport& r) {
+    end.losses.push_back(r.trainLoss);
+    end.losses.push_back(r.testLoss);
+    return Next::kContinue;
+  }};
+  Trainer trainer(job, o.ownLoss ? static_cast<nn::Loss&>(own) : crossEntropy, data, &test,
+                  {.epochs = 2, .batchSize = 4, .seed = 2, .evalEverySteps = 3, .clipGradNorm = 1.0f,
+                   .progressEverySeconds = 0, .cudaGraphs = o.cudaGraphs},
+                  callbacks);
+  end.result = trainer.run();
+  end.values = toHost(model->params.values());
+  for (const auto& s : optimizer->state()) {
+    const std::vector<float> state = toHost(s.tensor);
+    end.values.insert(end.values.end(), state.begin(), state.end());
+  }
+  return end;
+}
+
+// The parameters and optimizer state bit for bit. The losses to a float's rounding: the loss kernel
+// adds its blocks' sums with float atomics (runtime/cuda/kernels.cu), in an order that varies run to
+// run with or without graphs.
+void expectSameEnd(const RunEnd& a, const RunEnd& b, bool compareLosses = true) {
+  ASSERT_EQ(a.values.size(), b.values.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.values.size(); ++i) differ += std::memcmp(&a.values[i], &b.values[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0u) << "of " << a.values.size() << " values";
+  EXPECT_EQ(a.result.steps, b.result.steps);
+  if (!compareLosses) return;
+  ASSERT_EQ(a.losses.size(), 4u);
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-6 * std::abs(b.losses[i])) << i;
+}
+
+// Epoch 1: batch 1 eager (the warm-up), batch 2 captured, 3 and 4 replayed, the partial batch 5
+// eager; epoch 2: batches 1–4 replayed, 5 eager. 7 graph steps of 10.
+TEST(StepGraphGpu, ReplayedStepsEndBitForBitWhereUncapturedStepsEnd) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  for (runtime::DType precision : {runtime::DType::kF32, runtime::DType::kBF16}) {
+    SCOPED_TRACE(runtime::dtypeName(precision));
+    const RunEnd uncaptured = train({.precision = precision, .cudaGraphs = false});
+    const RunEnd graphs = train({.precision = precision});
+    EXPECT_EQ(uncaptured.result.cudaGraphSteps, 0);
+    EXPECT_EQ(graphs.result.cudaGraphSteps, 7);
+    EXPECT_EQ(graphs.result.cudaGraphsOff, "");
+    EXPECT_EQ(graphs.result.steps, 10);
+    expectSameEnd(graphs, uncaptured);
+  }
+}
+
+TEST(StepGraphGpu, DropoutFallsBackWithItsReasonAndTheSameResult) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::string model = "gpt:layers=1,heads=2,dim=8,ctx=4,vocab=6,dropout=0.25";
+  const RunEnd uncaptured = train({.model = model, .cudaGraphs = false});
+  ::testing::internal::CaptureStdout();  // the job's log lines
+  const RunEnd graphs = train({.model = model});
+  const std::string log = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(graphs.result.cudaGraphSteps, 0);
+  EXPECT_NE(graphs.result.cudaGraphsOff.find("draws random numbers on the host (dropout)"), std::string::npos)
+      << graphs.result.cudaGraphsOff;
+  const std::string line = "CUDA graphs off: " + graphs.result.cudaGraphsOff;
+  const size_t at = log.find(line);
+  EXPECT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.find(line, at + 1), std::string::npos) << "logged more than once:\n" << log;
+  expectSameEnd(graphs, uncaptured);
+}
+
+TEST(StepGraphGpu, ALossOfOnesOwnIsNotCapturedAndSaysSo) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  const RunEnd uncaptured = train({.cudaGraphs = false});
+  const RunEnd own = train({.ownLoss = true});
+  EXPECT_EQ(own.result.cudaGraphSteps, 0);
+  EXPECT_NE(own.result.cudaGraphsOff.find("the loss own is not one of Cohort's"), std::string::npos)
+      << own.result.cudaGraphsOff;
+  expectSameEnd(own, uncaptured, false);  // its sums are its inner loss's, which the Trainer does not read
+}
+
+}  // namespace
+}  // namespace cohort::train

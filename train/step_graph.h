@@ -1,0 +1,93 @@
+// StepGraph: a training step's forward and backward captured once as a CUDA graph and replayed
+// (TrainerOptions::cudaGraphs, `cohort train --cuda-graphs`), so that a step costs one launch instead
+// of hundreds.
+//
+// Per batch of the compute stream, run() does one of three things:
+//   eager    the body as it is (kernels enqueued one by one): graphs off, a step whose shapes differ
+//            from the graph's (the epoch's last, partial batch), or the first step of new shapes (the
+//            warm-up: it fills the allocator's cache, creates library handles, chooses algorithms);
+//   capture  the second step of the same shapes: the batch is copied into device buffers of the
+//            graph's own, the body runs under cudaStreamBeginCapture (global mode: any host wait
+//            inside it fails) with the allocator's graph pool (caching_allocator.h), and the graph is
+//            instantiated and launched for this step;
+//   replay   later steps of those shapes: the batch copied into those buffers, the graph launched.
+// What is read back after it (the loss sums, the gradient the optimizer reads) is where the eager
+// step would have left it, bit for bit: the replay runs the captured kernels with their arguments.
+//
+// What is not captured, and why (docs/gpu.md, "CUDA graphs"): the optimizer step, its gradient
+// clipping and the step guard (their learning rate, Adam's step count and the guard's ring slot are
+// kernel arguments that change every step), which run eagerly after each replay; steps of several
+// micro-batches, the multi-process modes and a loss other than Cohort's own (one may decide on the
+// host what it enqueues each step): not offered (the Trainer passes the reason as offReason). The
+// body's contract: what it enqueues depends on the batch's shapes and the Rng only. A capture that fails (a host wait, a copy from pageable memory inside the step, an error)
+// or that drew random numbers on the host (dropout: its masks' seed is a kernel argument, so a replay
+// would repeat the first step's) is discarded: the step runs eagerly, graphs stay off for the run,
+// and one warning line names the reason.
+// Ownership: owns the graph, its executable form, its input buffers and its allocator pool (released
+// when destroyed). Borrows the GPU context, which must outlive it.
+// Thread safety: the training thread only; everything is enqueued on the context's compute stream.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/data/data_loader.h"
+#include "runtime/logging.h"
+#include "runtime/random.h"
+
+namespace cohort::runtime::cuda {
+class GpuContext;
+}
+
+namespace cohort::train {
+
+struct StepGraphOptions {
+  bool enabled = true;
+  // Why graphs are off though asked for (one warning line at the first step); empty: they are not.
+  std::string offReason = {};
+  // The host Rng the body may draw from (Pass::rng): a capture that advanced it is discarded.
+  runtime::Rng* rng = nullptr;
+};
+
+class StepGraph {
+ public:
+  StepGraph(runtime::cuda::GpuContext& gpu, const runtime::Logger& log, StepGraphOptions options);
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  using Body = std::function<void(const runtime::data::Batch& batch)>;
+  // Runs `body` for `batch` (device tensors), eagerly, captured or replayed (see the header
+  // comment). Exceptions of an eager body propagate.
+  void run(const runtime::data::Batch& batch, const Body& body);
+
+  // Steps whose body ran as the graph (the captured one included).
+  int64_t graphSteps() const { return graphSteps_; }
+  // Why graphs went off for the run; empty while they are on.
+  const std::string& fallbackReason() const { return fallback_; }
+
+ private:
+  // The shapes and types of a batch, which decide whether the graph fits it.
+  static std::vector<int64_t> keyOf(const runtime::data::Batch& batch);
+  void capture(const runtime::data::Batch& batch, const Body& body);
+  void replay(const runtime::data::Batch& batch);
+  // Off for the rest of the run: a configuration not offered (info), a failed capture (warn).
+  void turnOff(const std::string& reason, runtime::LogLevel level);
+  void destroyGraph();
+
+  runtime::cuda::GpuContext& gpu_;
+  const runtime::Logger& log_;
+  StepGraphOptions options_;
+  std::vector<int64_t> warmKey_;   // the shapes of the last eager step
+  std::vector<int64_t> graphKey_;  // the shapes the graph was captured with
+  runtime::data::Batch inputs_;    // the graph's own input buffers
+  void* exec_ = nullptr;           // cudaGraphExec_t
+  void* graph_ = nullptr;          // cudaGraph_t
+  uint64_t pool_ = 0;              // the allocator's graph pool; 0: none
+  int64_t graphSteps_ = 0;
+  std::string fallback_;
+};
+
+}  // namespace cohort::train
