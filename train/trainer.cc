@@ -279,7 +279,10 @@ bool Trainer::stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& resu
   // Before the checkpoint of this step, so that a run resumed from it does not repeat them; their
   // time is not the step window's.
   const double paused = pausedSeconds_;
-  if (evalDue) evaluateAtStep(pos);
+  if (evalDue) {
+    collectGpuSums(pos);  // the evaluation's passes share the loss's device sums: the training's first
+    evaluateAtStep(pos);
+  }
   if (sampleDue) sampleAtStep(pos.step);
   window.start += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(pausedSeconds_ - paused));
   if (stopAgreed(pos.step, false) && midEpoch) {

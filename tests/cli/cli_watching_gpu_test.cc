@@ -57,7 +57,17 @@ TEST(WatchingGpuTest, EvaluationsStepLinesAndSamplesFromTheDevice) {
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   for (const char* step : {"eval step 0 (epoch 1): test_loss ", "eval step 2 (epoch 1): test_loss ",
                            "eval step 4 (epoch 1): test_loss "}) {
-    EXPECT_NE(r.stdoutText.find(step), std::string::npos) << step << "\n" << r.stdoutText;
+    const size_t at = r.stdoutText.find(step);
+    ASSERT_NE(at, std::string::npos) << step << "\n" << r.stdoutText;
+    // The evaluation's own figures: before the loss's device sums were collected first, an evaluation
+    // between steps counted the training steps' sums too (test_acc above 1, the loss far above ln 256).
+    double loss = 0, accuracy = 0;
+    ASSERT_EQ(std::sscanf(r.stdoutText.c_str() + at + std::string(step).size(), "%lf test_ppl %*f test_acc %lf", &loss,
+                          &accuracy),
+              2)
+        << r.stdoutText.substr(at, 120);
+    EXPECT_LT(loss, 5.9) << step << "\n" << r.stdoutText;
+    EXPECT_LE(accuracy, 1.0) << step << "\n" << r.stdoutText;
   }
   EXPECT_NE(r.stdoutText.find("step 2/4 | lr 0.01 | norm "), std::string::npos) << r.stdoutText;
   EXPECT_NE(r.stdoutText.find("tokens/s | MFU "), std::string::npos) << r.stdoutText;
