@@ -46,6 +46,15 @@ struct Floor {
   }
 };
 
+// Whether the loss writes the logits' gradient over them: on a GPU, for a model whose backward does
+// not read its output (a GPT; the Trainer's Loss::setGradInPlace).
+bool gradientOverLogits(const MemoryEstimateInputs& in) { return in.onGpu && !in.model.net->backwardReadsOutput(); }
+
+const char* logitsWhat(const MemoryEstimateInputs& in) {
+  return gradientOverLogits(in) ? "the logits of a step (their gradient written over them)"
+                                : "the logits of a step and their gradient";
+}
+
 Floor floorAt(const MemoryEstimateInputs& in, int zero, std::optional<nn::RecomputeMode> recompute) {
   std::vector<size_t> units;
   for (const auto& u : in.model.params.units()) units.push_back(u.numel);
@@ -63,7 +72,10 @@ Floor floorAt(const MemoryEstimateInputs& in, int zero, std::optional<nn::Recomp
   f.state = train::zeroStateBytes(zeroOptions);
   f.placement = static_cast<double>(train::zeroPlacementPeakBytes(zeroOptions));
   const double vocabulary = in.context > 0 ? static_cast<double>(in.model.outputs) : 0.0;
-  f.logits = 2.0 * static_cast<double>(in.batchSize) * static_cast<double>(in.context) * vocabulary * sizeof(float);
+  // On a GPU a GPT's loss writes the gradient over its logits (Loss::setGradInPlace), bf16 in a bf16 pass.
+  const double element = in.onGpu && in.precision == runtime::DType::kBF16 ? 2.0 : 4.0;
+  f.logits = (gradientOverLogits(in) ? 1.0 : 2.0) * static_cast<double>(in.batchSize) *
+             static_cast<double>(in.context) * vocabulary * element;
   if (const nn::Gpt* gpt = gptOf(in.model)) {
     nn::GptOptions o = gpt->options();
     o.recompute = *recompute;
@@ -130,7 +142,7 @@ std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
   if (in.zero > 0)
     what += " at --zero " + std::to_string(in.zero) + " over " + std::to_string(in.shardGroup) + " ranks";
   if (s.staging > 0) what += ", the shards' temporary buffers " + bytes(static_cast<double>(s.staging));
-  if (f.logits > 0) what += ", the logits of a step and their gradient " + bytes(f.logits);
+  if (f.logits > 0) what += std::string(", ") + logitsWhat(in) + " " + bytes(f.logits);
   if (f.placement > static_cast<double>(s.total()) + f.logits + f.activations) {
     what += "; while the job places the model " + bytes(f.placement) +
             (in.onGpu ? " (the whole parameters and gradients before they are sharded)"
@@ -153,7 +165,10 @@ void reportEstimate(const MemoryEstimateInputs& in, const Floor& f, const runtim
        << bytes(static_cast<double>(f.state.grads)) << ", optimizer state "
        << bytes(static_cast<double>(f.state.optimizer)) << ", temporary buffers "
        << bytes(static_cast<double>(f.state.staging)) << ", activations " << bytes(f.activations + f.logits);
-  if (f.logits > 0) line << " (logits and their gradient " << bytes(f.logits) << ")";
+  if (f.logits > 0) {
+    line << (gradientOverLogits(in) ? " (logits, their gradient written over them, " : " (logits and their gradient ")
+         << bytes(f.logits) << ")";
+  }
   line << "; " << bytes(f.total()) << " in all";
 }
 

@@ -6,7 +6,8 @@
 // optimizer's state and the sharded placement's temporary buffers; ZeRO's Figure 1 in
 // docs/sharding.md, "Memory per rank"), and for a language model the logits of one step and their
 // gradient (batch × context × vocabulary floats each, where the model spends most of its activation
-// memory once the vocabulary is large), and for a GPT the activations its backward keeps at its
+// memory once the vocabulary is large; on a GPU a GPT's loss writes the gradient over the logits, which
+// are bf16 in a bf16 pass: one buffer of the logits' type), and for a GPT the activations its backward keeps at its
 // recompute mode and the gradients beside them (nn/gpt_memory.h: about 22 × batch × context × width
 // floats per block without recompute, 1 with --recompute full, and on the CPU attention's
 // probabilities, batch × heads × context² floats per block: the largest at long contexts; issues

@@ -173,6 +173,20 @@ TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
   std::printf("test loss: fp32 %.4f, bf16 %.4f\n", want, got);
 }
 
+// The memory floor on a GPU counts a GPT's logits once, in their type: the loss writes their gradient
+// over them (Loss::setGradInPlace). 8 × 16 × 256 bf16 logits: 64.0 KiB.
+TEST_F(CliGpuTest, MemoryReportCountsTheLogitsOnceInTheirType) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += i % 2 ? "the cat sees a dog. " : "a bird finds the river. ";
+  writeFile(dir_ + "/corpus.txt", text);
+  CommandResult r = runCohort({"train", "--device", "cuda", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16", "--data",
+                               "text:" + dir_ + "/corpus.txt", "--precision", "bf16", "--batch-size", "8",
+                               "--max-steps", "1", "--progress-every", "0", "--memory-report"});
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find("(logits, their gradient written over them, 64.0 KiB)"), std::string::npos)
+      << r.stdoutText;
+}
+
 TEST_F(CliGpuTest, LenetWithBatchNormLearnsOnTheGpu) {
   const std::string mnist = dir_ + "/mnist";
   ASSERT_EQ(::mkdir(mnist.c_str(), 0700), 0);
