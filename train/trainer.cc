@@ -253,6 +253,11 @@ void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass&
     }
     Timeline::Scope span(timeline_, SpanKind::kBackward);
     model_.backward(loss_.backward(), pass);
+    // The test hook TestHooks::slowBackward (a test slows one rank's backward on purpose; host time,
+    // so a graph's replay, which runs no host code, does not repeat it).
+    if (const TestHooks::SlowBackward& slow = job_.options().testHooks.slowBackward; slow.rank == job_.world().rank) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(slow.ms));
+    }
   };
   if (stepGraph_) {
     stepGraph_->run(batch, body);
@@ -261,10 +266,6 @@ void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass&
   }
   group.samples += batch.size;
   group.loss += batchLoss * static_cast<double>(batch.size);
-  // The test hook TestHooks::slowBackward (a test slows one rank on purpose).
-  if (const TestHooks::SlowBackward& slow = job_.options().testHooks.slowBackward; slow.rank == job_.world().rank) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(slow.ms));
-  }
 }
 
 bool Trainer::stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& result) {
