@@ -24,6 +24,7 @@
 #include "nn/optimizer.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
+#include "tests/nn/token_ids.h"
 
 namespace cohort::nn::testing {
 namespace {
@@ -31,12 +32,7 @@ namespace {
 using runtime::Shape;
 using runtime::Tensor;
 
-Tensor ids(int64_t rows, int64_t time, int64_t vocab, uint64_t seed) {
-  runtime::Rng rng(seed);
-  Tensor t = Tensor::zeros(Shape{rows, time});
-  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = static_cast<float>(rng.below(static_cast<uint64_t>(vocab)));
-  return t;
-}
+using cohort::testing::randomTokenIds;
 
 std::unique_ptr<Model> bound(const std::string& spec, uint64_t seed) {
   auto model = buildModel(spec);
@@ -68,7 +64,7 @@ Trained train(Model& model, int64_t vocab, int steps, uint64_t dropoutSeed, int 
   Trained out;
   for (int s = 0; s < steps; ++s) {
     const auto batch = static_cast<uint64_t>(s % batches);
-    const Tensor x = ids(3, 8, vocab, 100 + batch), y = ids(3, 8, vocab, 200 + batch);
+    const Tensor x = randomTokenIds(3, 8, vocab, 100 + batch), y = randomTokenIds(3, 8, vocab, 200 + batch);
     model.params.zeroGrads();
     out.losses.push_back(loss.forward(model.forward(x, pass), y));
     out.correct.push_back(loss.correct());
@@ -103,7 +99,7 @@ TEST(GptPaddedVocab, LossAndTrainingEqualTheUnpaddedModelsExactly) {
   // The padded ids' logits are −inf; a padded row of wte got no gradient.
   Pass eval;
   eval.training = false;
-  const Tensor& logits = padded->forward(ids(1, 8, 37, 5), eval);
+  const Tensor& logits = padded->forward(randomTokenIds(1, 8, 37, 5), eval);
   for (int64_t t = 0; t < 8; ++t) {
     EXPECT_TRUE(std::isfinite(logits.at(t * 64 + 36)));
     EXPECT_EQ(logits.at(t * 64 + 37), -INFINITY);
@@ -125,7 +121,7 @@ TEST(GptDropout, TheSameSeedDrawsTheSameMasks) {
   none->params.values().copyFrom(a->params.values());
   Pass eval;
   eval.training = false;
-  const Tensor x = ids(2, 8, 29, 3);
+  const Tensor x = randomTokenIds(2, 8, 29, 3);
   EXPECT_TRUE(sameBits(a->forward(x, eval), none->forward(x, eval)));
   EXPECT_THROW(Gpt({.vocab = 29, .layers = 1, .heads = 1, .dim = 8, .context = 8, .recompute = RecomputeMode::kFull,
                     .dropout = 0.1f}),
@@ -151,7 +147,7 @@ TEST(GptBias, WithoutBiasesHasNoBiasParametersAndTrains) {
   }
   SoftmaxCrossEntropy loss;
   Pass pass;
-  const Tensor x = ids(2, 8, 29, 1), y = ids(2, 8, 29, 2);
+  const Tensor x = randomTokenIds(2, 8, 29, 1), y = randomTokenIds(2, 8, 29, 2);
   for (Model* m : {model.get(), zeroBiases.get()}) {
     m->params.zeroGrads();
     loss.forward(m->forward(x, pass), y);

@@ -22,6 +22,7 @@
 #include "nn/sequential.h"
 #include "runtime/error.h"
 #include "tests/nn/grad_check.h"
+#include "tests/nn/token_ids.h"
 #include "tests/nn/unit_recorder.h"
 
 namespace cohort::nn::testing {
@@ -34,12 +35,7 @@ bool sameBits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<size_t>(a.numel()) * sizeof(float)) == 0;
 }
 
-Tensor tokens(int64_t batch, int64_t time, int64_t vocab, uint64_t seed) {
-  runtime::Rng rng(seed);
-  Tensor t = Tensor::zeros(Shape{batch, time});
-  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = static_cast<float>(rng.below(static_cast<uint64_t>(vocab)));
-  return t;
-}
+using cohort::testing::randomTokenIds;
 
 // What a run of passes leaves: every gradient (accumulated), the last logits and input gradient.
 struct Outcome {
@@ -180,7 +176,7 @@ TEST(Recompute, ParsesItsModesAndRefusesOthers) {
 // recomputed ones with selective), which a wrong alias or a missed recompute would show here.
 TEST(Recompute, GptGivesTheSameBitsInEveryMode) {
   const GptOptions base{.vocab = 13, .layers = 3, .heads = 2, .dim = 16, .context = 8};
-  const std::vector<Tensor> inputs{tokens(2, 8, 13, 1), tokens(2, 8, 13, 2)};
+  const std::vector<Tensor> inputs{randomTokenIds(2, 8, 13, 1), randomTokenIds(2, 8, 13, 2)};
   Outcome reference;
   for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {
     SCOPED_TRACE(recomputeName(mode));
@@ -210,7 +206,7 @@ TEST(Recompute, GptTellsItsUnitsTheSameEventsInEveryMode) {
     UnitRecorder recorder;
     runtime::Rng rng(1);
     const Pass pass{.training = true, .rng = &rng, .units = &recorder};
-    const Tensor& y = gpt.forward(tokens(2, 8, 13, 1), pass);
+    const Tensor& y = gpt.forward(randomTokenIds(2, 8, 13, 1), pass);
     gpt.backward(Tensor::zeros(y.shape()), pass);
     EXPECT_EQ(recorder.events.size(), 4u * 4u);  // embeddings, two blocks, ln_f: four events each
     if (mode == RecomputeMode::kNone)

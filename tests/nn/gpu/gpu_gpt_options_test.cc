@@ -16,6 +16,7 @@
 #include "runtime/cuda/gpu_context.h"
 #include "runtime/random.h"
 #include "tests/nn/gpu/gpu_compare.h"
+#include "tests/nn/token_ids.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
 
 namespace cohort::testing {
@@ -24,13 +25,6 @@ namespace {
 using runtime::Device;
 using runtime::Shape;
 using runtime::Tensor;
-
-Tensor ids(int64_t rows, int64_t time, int64_t vocab, uint64_t seed) {
-  runtime::Rng rng(seed);
-  Tensor t = Tensor::zeros(Shape{rows, time});
-  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = static_cast<float>(rng.below(static_cast<uint64_t>(vocab)));
-  return t;
-}
 
 TEST(GpuGptOptions, PaddedBiaslessDropoutGptWithGroupsStepsAsOnTheCpu) {
   COHORT_SKIP_WITHOUT_CUDA_DEVICE();
@@ -48,7 +42,7 @@ TEST(GpuGptOptions, PaddedBiaslessDropoutGptWithGroupsStepsAsOnTheCpu) {
   runtime::Rng cpuDropout(21), devDropout(21);
   Tensor x, y;
   for (int step = 0; step < 3; ++step) {
-    const Tensor hx = ids(4, 8, 37, 100 + static_cast<uint64_t>(step)), hy = ids(4, 8, 37, 200 + static_cast<uint64_t>(step));
+    const Tensor hx = randomTokenIds(4, 8, 37, 100 + static_cast<uint64_t>(step)), hy = randomTokenIds(4, 8, 37, 200 + static_cast<uint64_t>(step));
     x = hx.clone(gpu.allocator());
     y = hy.clone(gpu.allocator());
     nn::Pass cpuPass, devPass;

@@ -22,6 +22,7 @@
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/gpu_context.h"
 #include "tests/nn/gpu/gpu_compare.h"
+#include "tests/nn/token_ids.h"
 #endif
 
 namespace cohort::nn {
@@ -70,12 +71,7 @@ Outcome train(TwinModules& twins, runtime::cuda::GpuContext& gpu, const std::vec
   return o;
 }
 
-Tensor tokens(int64_t batch, int64_t time, int64_t vocab, uint64_t seed) {
-  runtime::Rng rng(seed);
-  Tensor t = Tensor::zeros(Shape{batch, time});
-  for (int64_t i = 0; i < t.numel(); ++i) t.at(i) = static_cast<float>(rng.below(static_cast<uint64_t>(vocab)));
-  return t;
-}
+using cohort::testing::randomTokenIds;
 
 Tensor values(const Shape& shape, uint64_t seed) {
   runtime::Rng rng(seed);
@@ -91,7 +87,7 @@ class GpuRecomputeTest : public ::testing::TestWithParam<DType> {
 
 TEST_P(GpuRecomputeTest, GptGivesTheSameBitsInEveryMode) {
   const DType precision = GetParam();
-  const std::vector<Tensor> inputs{tokens(2, 8, 16, 1), tokens(2, 8, 16, 2)};
+  const std::vector<Tensor> inputs{randomTokenIds(2, 8, 16, 1), randomTokenIds(2, 8, 16, 2)};
   Outcome reference;
   for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kSelective, RecomputeMode::kFull}) {
     SCOPED_TRACE(recomputeName(mode));
