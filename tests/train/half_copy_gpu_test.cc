@@ -123,6 +123,8 @@ TEST(HalfCopyGpu, TrustedRunsEndBitForBitWhereUntrustedRunsEnd) {
       const RunEnd untrusted = train({.model = model, .trusted = false, .accumulate = accumulate});
       expectSameEnd(trusted, untrusted);
       EXPECT_EQ(trusted.steps, 8 / accumulate);
+      // The run's start and each step's: none in the training's or the evaluations' forwards.
+      EXPECT_EQ(trusted.conversions, 1u + static_cast<uint64_t>(trusted.steps));
       EXPECT_FALSE(trusted.trustedAfter) << "still trusted after the run";
     }
   }
@@ -135,6 +137,7 @@ TEST(HalfCopyGpu, CudaGraphsReplayTheUntrustedRefreshAndSkipTheTrustedOne) {
   const RunEnd untrusted = train({.trusted = false, .cudaGraphs = true});
   EXPECT_GT(trusted.graphSteps, 0);
   EXPECT_EQ(untrusted.graphSteps, trusted.graphSteps);
+  EXPECT_EQ(trusted.conversions, 1u + static_cast<uint64_t>(trusted.steps)) << "a conversion in a forward";
   expectSameEnd(trusted, eager);
   expectSameEnd(untrusted, eager);
 }
