@@ -99,7 +99,9 @@ std::string Gpt::name() const {
 
 void Gpt::registerParams(ParamBuffer& params, const std::string& prefix) {
   params.beginUnit(prefix + "transformer.embeddings");
+  params_ = &params;
   wte_.registerParams(params, prefix + "transformer.wte.");
+  wteEntry_ = params.entries().size() - 1;  // the head reads it rounded, from the bf16 copy
   wpe_.registerParams(params, prefix + "transformer.wpe.");
   embeddingsUnit_ = params.endUnit();
   blockUnits_.assign(blocks_.size(), std::nullopt);
@@ -191,8 +193,8 @@ const Tensor& Gpt::forward(const Tensor& input, const Pass& pass) {
   return logits_;
 }
 
-// logits = x · wteᵀ: fp32, or on a GPU in a bf16 pass from x and wte rounded to bf16 (fp32 sums,
-// logits rounded once to bf16, as autocast and llm.c write them).
+// logits = x · wteᵀ: fp32, or on a GPU in a bf16 pass from x and wte rounded to bf16 (the
+// ParamBuffer's bf16 copy; fp32 sums, logits rounded once to bf16, as autocast and llm.c write them).
 void Gpt::headForward(const Tensor& f, const Tensor& logits, const Pass& pass) {
   const int64_t D = options_.dim, V = options_.vocab, rows = batch_ * time_;
   const runtime::GemmOptions head{.m = static_cast<int>(rows), .n = static_cast<int>(V), .k = static_cast<int>(D), .transB = true};
@@ -205,8 +207,8 @@ void Gpt::headForward(const Tensor& f, const Tensor& logits, const Pass& pass) {
     }
     const runtime::DType bf16 = runtime::DType::kBF16;
     final16_ = precision::toType(f, bf16, finalCast_, pass, *this);  // ln_f writes bf16 in a bf16 pass
-    runtime::ensureShape(wte16_, wte_.weight().shape(), gpu.allocator(), bf16);
-    runtime::cuda::convertToBf16(wte_.weight().data(), wte16_.raw(), wte_.weight().numel(), gpu.stream());
+    COHORT_CHECK(params_) << name() << ": a bf16 forward before registerParams";
+    wte16_ = params_->halfValue(wteEntry_, gpu.allocator(), gpu.stream());  // a view into the bf16 copy
     gpu.blas().gemmEx(head, {}, bf16, bf16, final16_.raw(), wte16_.raw(), logits.raw());
     return maskPadding(logits, pass);
   }

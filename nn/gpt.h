@@ -122,7 +122,10 @@ class Gpt final : public Module, public PlannedInit {
   // bf16 passes: ln_f's output, wte and the logits' gradient in bf16, for the head's products.
   Tensor final16_;    // a handle on ln_f's bf16 output (or on finalCast_)
   Tensor finalCast_;  // ln_f's output in bf16, where it gave fp32
-  Tensor wte16_, gradLogits16_;
+  Tensor wte16_;      // wte rounded, a view into the ParamBuffer's bf16 copy (taken at forward)
+  Tensor gradLogits16_;
+  ParamBuffer* params_ = nullptr;  // where it registered, and wte's entry there
+  size_t wteEntry_ = 0;
   Tensor gradStream16_;  // bf16 passes, chained blocks: the residual stream's gradient between blocks in bf16
 
   void headForward(const Tensor& f, const Tensor& logits, const Pass& pass);

@@ -39,11 +39,12 @@ std::string Linear::name() const {
 }
 
 void Linear::registerParams(ParamBuffer& params, const std::string& prefix) {
+  params_ = &params;
   weightEntry_ = params.add(prefix + "weight", Shape{options_.out, options_.in}, &weight_, &weightGrad_);
-  params.declareReadAsBf16(weightEntry_);  // forwardGpu's weight16_
+  params.declareReadAsBf16(weightEntry_);  // forwardGpu's weight16_, from the bf16 copy
   if (options_.bias) {
     biasEntry_ = params.add(prefix + "bias", Shape{options_.out}, &bias_, &biasGrad_);
-    params.declareReadAsBf16(biasEntry_);  // bias16_, or broadcastToBf16
+    params.declareReadAsBf16(biasEntry_);  // the bf16 copy, or broadcastToBf16
   }
 }
 
@@ -186,7 +187,8 @@ const Tensor& Linear::backwardWith(const Tensor& gradOutput, const Pass& pass, c
 }
 
 #ifdef COHORT_HAVE_CUDA
-// y = x · Wᵀ + b (then GELU) in the pass's precision: fp32, or bf16 with x and W rounded to bf16,
+// y = x · Wᵀ + b (then GELU) in the pass's precision: fp32, or bf16 with x and W rounded to bf16
+// (W and b read from the ParamBuffer's bf16 copy),
 // fp32 sums and the output rounded once. The bias and GELU run in the product's epilogue where
 // cuBLASLt has an algorithm for the shape (the bias rounded to bf16 in a bf16 pass); otherwise the
 // bias is written first as the C that the product adds to (bf16) or added after it (fp32), and the
@@ -200,14 +202,10 @@ const Tensor& Linear::forwardGpu(const Tensor& input2d, const Shape& outShape, c
   const void* bias = options_.bias ? bias_.data() : nullptr;
   if (type == DType::kBF16) {
     input_ = precision::toType(input2d, DType::kBF16, inputCast_, pass, *this);
-    runtime::ensureShape(weight16_, weight_.shape(), gpu.allocator(), DType::kBF16);
-    runtime::cuda::convertToBf16(weight_.data(), weight16_.raw(), weight_.numel(), gpu.stream());
+    COHORT_CHECK(params_) << name() << ": a bf16 forward before registerParams";
+    weight16_ = params_->halfValue(weightEntry_, gpu.allocator(), gpu.stream());
     w = weight16_.raw();
-    if (bias) {
-      runtime::ensureShape(bias16_, bias_.shape(), gpu.allocator(), DType::kBF16);
-      runtime::cuda::convertToBf16(bias_.data(), bias16_.raw(), out, gpu.stream());
-      bias = bias16_.raw();
-    }
+    if (bias) bias = params_->halfValue(biasEntry_, gpu.allocator(), gpu.stream()).raw();
   }
   runtime::ensureShape(output_, outShape, gpu.allocator(), type);
   if (options_.gelu) runtime::ensureShape(preActivation_, outShape, gpu.allocator(), type);

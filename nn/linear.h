@@ -49,7 +49,8 @@ class Linear final : public Module, public PlannedInit {
   const Tensor& backwardFromPreActivation(const Tensor& gradPreActivation, const Pass& pass);
   // A GELU Linear's last forward's x · Wᵀ + b (empty for the others).
   const Tensor& preActivation() const { return preActivation_; }
-  // bf16 passes on a GPU (docs/architecture.md): the weight converted to bf16 at each forward, the
+  // bf16 passes on a GPU (docs/architecture.md): the weight and bias read rounded to bf16 from the
+  // ParamBuffer's bf16 copy (param_buffer.h, "The bf16 copy"; none of its own), the
   // products on tensor cores with fp32 accumulation, the output and input gradient in bf16, the
   // weight and bias gradients in fp32. So it declares its weight and bias read as bf16
   // (ParamBuffer::declareReadAsBf16): a sharded bf16 job gathers them in bf16.
@@ -92,9 +93,10 @@ class Linear final : public Module, public PlannedInit {
   Tensor gradInput_;
   Tensor gradPreActivation_;  // GELU Linear: the gradient through the GELU
   Tensor biasScratch_;  // GPU only: the bias gradient's partial sums, or the epilogue's sum to add
-  // bf16 passes: the weight's bf16 copy (made at forward, used again by backward), and the bf16
-  // copies of an fp32 input or output gradient.
-  Tensor weight16_, inputCast_, gradCast_, bias16_;
+  ParamBuffer* params_ = nullptr;  // where it registered: bf16 passes read its bf16 copy
+  // bf16 passes: the weight rounded to bf16, a view into the ParamBuffer's bf16 copy (taken at
+  // forward, read again by backward), and the bf16 copies of an fp32 input or output gradient.
+  Tensor weight16_, inputCast_, gradCast_;
 
   void forwardCpu(const Shape& outShape);
   const Tensor& forwardGpu(const Tensor& input2d, const Shape& outShape, const Pass& pass);

@@ -35,8 +35,11 @@ struct Model {
   // The network's output, in fp32 whatever the pass computes in (a bf16 output is converted into a
   // buffer the model owns), so that losses and metrics read fp32; with keepBf16, a bf16 output as it
   // is, for a reader that takes bf16 (a loss whose readsBf16() is true).
+  // A bf16 pass on a GPU reads the parameters' bf16 copy (ParamBuffer, "The bf16 copy"): forward
+  // refreshes it once at its start unless its owner trusts it; backward's layers read what that
+  // forward read.
   const Tensor& forward(const Tensor& input, const Pass& pass, bool keepBf16 = false);
-  const Tensor& backward(const Tensor& gradOutput, const Pass& pass) { return net->backward(gradOutput, pass); }
+  const Tensor& backward(const Tensor& gradOutput, const Pass& pass);
 
   std::string name;
   Shape sampleShape;

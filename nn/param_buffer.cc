@@ -186,6 +186,8 @@ void ParamBuffer::relocate(const Placement& where) {
   }
   bind(*where.allocator);  // fresh buffers; then the current values go over the initial ones
   buffers_.copyFrom(oldBuffers);
+  half_ = Tensor();  // made again where the values now are, at its next use
+  halfTrusted_ = halfCurrent_ = halfOfForward_ = false;
 }
 
 void ParamBuffer::placeGrads(float* grads) {

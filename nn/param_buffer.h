@@ -31,11 +31,30 @@
 //
 // How a bf16 pass reads each parameter (Entry::readAsBf16): the layer that owns it declares, with
 // declareReadAsBf16(), a parameter that every bf16 pass (Pass::precision kBF16) reads only rounded
-// to bf16 (nn::Linear's weight and bias, converted at each forward); every other parameter is read
+// to bf16 (nn::Linear's weight and bias, read from the bf16 copy below); every other parameter is read
 // exactly, in fp32 (LayerNorm's, an embedding table: a GPT's wte is read exactly by its lookup, so
 // its head's rounded read does not make it bf16-read). A sharded job may then send the declared
 // ones over the wire as bf16 (train/placement/gather_plan.h): declare only what holds for every
 // module that reads the parameter.
+//
+// The bf16 copy (GPUs): one flat buffer of numel() bf16 elements in the value buffer's layout,
+// element i = bf16(values[i]) rounded as runtime/cuda convertToBf16 rounds (the padding too), made
+// on first use on the values' device and kept until relocate(). Every module that reads a parameter
+// rounded to bf16 (nn::Linear's weight and bias, a GPT head's wte) reads halfValue(), a view into
+// it, and keeps no bf16 copy of its own. The rule: the copy is never read stale.
+//   trusted   trustHalfCopy(true) by an owner that controls every write of the values (the Trainer
+//             over a placement whose values change only by its optimizer's step: one process, or
+//             replicas on GPUs; train::Job::trustHalfCopy): it refreshes the copy then, and after
+//             each write (the step, a checkpoint load); halfValue() converts nothing. An owner
+//             that writes the values another way refreshes it (refreshHalfCopy) before the next
+//             pass, and says trustHalfCopy(false) when it stops (the Trainer at the end of run()).
+//   untrusted (a loop of one's own, ZeRO, Hogwild, whose values others write; the default) a bf16
+//             nn::Model::forward refreshes the copy once at its start (openHalfPass: one kernel over
+//             the whole buffer) and its layers read it; Model::backward's layers (a recomputed
+//             forward) read what that forward read. Outside a Model's pass, or where the whole value
+//             buffer is not there to read (ZeRO-3), halfValue() first converts the entry's own value
+//             (one kernel) into its slice of the copy, as each layer did before the copy existed.
+// The copy is this process's (private device memory, also where the values are shared).
 // Thread safety: none; binding happens once at start-up.
 //
 //   ParamBuffer params;
@@ -49,6 +68,7 @@
 #include <vector>
 
 #include "runtime/allocator.h"
+#include "runtime/stream.h"
 #include "runtime/tensor.h"
 
 namespace cohort::nn {
@@ -162,6 +182,33 @@ class ParamBuffer {
   const Tensor& buffers() const { return buffers_; }  // shape [bufferNumel()]
   Tensor buffer(size_t index) const;
 
+  // Whether some parameter is declared read as bf16 (declareReadAsBf16): a bf16 pass reads the copy.
+  bool readsAnyAsBf16() const;
+  // The bf16 copy (above; GPUs only: InvalidArgument for values on the CPU or a build without CUDA).
+  // Its device address, numel() bf16 elements (what an optimizer kernel that writes it takes);
+  // nullptr until made.
+  void* halfCopy() const { return half_.defined() ? half_.raw() : nullptr; }
+  // Makes the copy from `allocator` (the values' device) unless it exists.
+  void makeHalfCopy(runtime::Allocator& allocator);
+  // Rewrites the whole copy from the whole value buffer: one kernel on `stream`. InvalidArgument
+  // without the copy or the whole values (ZeRO-3 dropped them).
+  void refreshHalfCopy(const runtime::Stream& stream);
+  // The owner's word (above). trusted: the copy is current now and stays so by its care.
+  void trustHalfCopy(bool trusted);
+  bool halfCopyTrusted() const { return halfTrusted_; }
+  // nn::Model's bf16 passes on a GPU (above): a forward's makes the copy (from `allocator`) and,
+  // untrusted and with the whole values, refreshes it; a backward's lets its layers read what the
+  // last forward's refresh wrote. closeHalfPass() ends either.
+  enum class HalfPass { kForward, kBackward };
+  void openHalfPass(HalfPass kind, runtime::Allocator& allocator, const runtime::Stream& stream);
+  void closeHalfPass() { halfCurrent_ = false; }
+  // Parameter `index` rounded to bf16, a view into the copy (its shape, dtype bf16) for a layer of
+  // a bf16 pass: converted first from the entry's value unless the copy is current (above).
+  Tensor halfValue(size_t index, runtime::Allocator& allocator, const runtime::Stream& stream);
+  // Conversion kernels the copy's refreshes and halfValue() have enqueued (tests count them; a CUDA
+  // graph's replays run no host code and are not counted).
+  uint64_t halfConversions() const { return halfConversions_; }
+
  private:
   void bind(runtime::Allocator& bufferAllocator);
   void allocateWhole(runtime::Allocator& allocator, bool withGrads);
@@ -185,6 +232,11 @@ class ParamBuffer {
   std::vector<float> bufferInitial_;
   size_t bufferNumel_ = 0;
   Tensor buffers_;
+  Tensor half_;               // the bf16 copy (above)
+  bool halfTrusted_ = false;  // trustHalfCopy
+  bool halfCurrent_ = false;  // inside a Model pass that may read the copy as it is
+  bool halfOfForward_ = false;  // the copy holds the last Model forward's refresh
+  uint64_t halfConversions_ = 0;
 };
 
 }  // namespace cohort::nn

@@ -454,6 +454,25 @@ bool Job::sharedParams() const {
   return placed_->placement->sharedParams();
 }
 
+bool Job::trustHalfCopy(bool trust) {
+  requirePlaced("Job::trustHalfCopy()");
+  nn::ParamBuffer& params = model_->params;
+  params.trustHalfCopy(false);
+#ifdef COHORT_HAVE_CUDA
+  if (!trust || options_.precision != runtime::DType::kBF16 || !gpu_ || !params.readsAnyAsBf16() ||
+      !placed_->placement->keepsHalfCopy()) {
+    return false;
+  }
+  params.makeHalfCopy(gpu_->allocator());
+  params.refreshHalfCopy(gpu_->stream());
+  params.trustHalfCopy(true);
+  return true;
+#else
+  (void)trust;
+  return false;
+#endif
+}
+
 void Job::barrier(const std::string& what) {
   requirePlaced("Job::barrier()");
   failingTogether([&] { placed_->collectives->barrier(what); });
@@ -517,7 +536,11 @@ bool Job::checkpointInFlight() const { return checkpointer_ && checkpointer_->in
 std::optional<nn::Metadata> Job::load(const std::string& path, const nn::Metadata& mustMatch) {
   requirePlaced("Job::load()");
   requireSettled("Job::load()");
-  return checkpointer_->load(path, mustMatch);
+  std::optional<nn::Metadata> meta = checkpointer_->load(path, mustMatch);
+#ifdef COHORT_HAVE_CUDA
+  if (model_->params.halfCopyTrusted()) model_->params.refreshHalfCopy(gpu_->stream());  // the values loaded
+#endif
+  return meta;
 }
 
 runtime::data::DataLoaderOptions Job::dataSplit(runtime::data::DataLoaderOptions options) const {

@@ -244,6 +244,12 @@ class Job {
   // kAllReduce: whether every rank keeps a replica (JobOptions::paramCopies resolved; always on a GPU
   // and over mpi). False in the other modes.
   bool replicas() const;
+  // bf16 runs on a GPU whose placement alone writes the values (local, replicas; not ZeRO or
+  // Hogwild): with `trust`, makes the model's bf16 copy current and trusts it (nn/param_buffer.h,
+  // "The bf16 copy"): each step and load() keep it current, and the passes convert nothing. Returns
+  // whether it is trusted; false elsewhere (the passes refresh it). The Trainer trusts it for its
+  // run; a loop of one's own may too, if it writes the values in no other way. Not collective.
+  bool trustHalfCopy(bool trust);
   // Where the parameters live and what carries the collectives, resolved from the options and the
   // world by resolvePlacement (train/placement/placement_choice.h) when the Job was made; place() agrees on it
   // and makes exactly that.

@@ -40,6 +40,9 @@ struct TestHooks {
     int rank = -1;
     int64_t sequence = -1;
   } mpiMismatch = {};
+  // The Trainer leaves the parameters' bf16 copy untrusted (nn/param_buffer.h, "The bf16 copy"):
+  // each bf16 forward refreshes it, as in a loop of one's own, so that tests compare the two.
+  bool untrustedHalfCopy = false;
 
   // The clock skew of `rank` in nanoseconds (0 unless it is the skewed rank).
   int64_t clockSkewNs(int rank) const {

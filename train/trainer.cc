@@ -79,6 +79,13 @@ TrainResult Trainer::run() {
            << " (step " << pos.step << ")";
   }
   if (nothingToTrain(pos)) return alreadyDone(pos, start);  // the checkpoint left as it is
+  // Only the placement's step writes the values from here on: the bf16 copy is trusted for the run
+  // (Job::trustHalfCopy) and no longer once it ends, thrown or not.
+  struct HalfCopyTrust {
+    Job& job;
+    ~HalfCopyTrust() { job.trustHalfCopy(false); }
+  } trust{job_};
+  if (!job_.options().testHooks.untrustedHalfCopy) job_.trustHalfCopy(true);
   if (options_.logStartLine) logStart();
   Batches batches = openBatches();
   stepGraph_ = makeStepGraph();

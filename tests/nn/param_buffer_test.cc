@@ -88,6 +88,24 @@ TEST(ParamBuffer, AModelWithoutBuffersHasAnEmptyBufferTensor) {
   EXPECT_EQ(params.buffers().numel(), 0);
 }
 
+// The bf16 copy lives on a GPU: on the CPU it is refused, and nothing trusts a copy that is not there.
+TEST(ParamBuffer, TheBf16CopyIsAGpusAndTrustNeedsIt) {
+  Linear fc(3, 2);
+  ParamBuffer params;
+  fc.registerParams(params, "fc.");
+  EXPECT_TRUE(params.readsAnyAsBf16());
+  params.allocate(runtime::cpuAllocator());
+  EXPECT_EQ(params.halfCopy(), nullptr);
+  EXPECT_THROW(params.makeHalfCopy(runtime::cpuAllocator()), InvalidArgument);
+  EXPECT_THROW(params.trustHalfCopy(true), InvalidArgument);
+  EXPECT_THROW(params.refreshHalfCopy(runtime::Stream()), InvalidArgument);
+  EXPECT_FALSE(params.halfCopyTrusted());
+  ParamBuffer norms;
+  LayerNorm ln(4);
+  ln.registerParams(norms, "ln.");
+  EXPECT_FALSE(norms.readsAnyAsBf16()) << "LayerNorm reads its parameters exactly";
+}
+
 TEST(ParamBuffer, PlaceGradsPointsEveryGradientIntoOutsideMemory) {
   ParamBuffer params;
   Tensor w, wGrad, b, bGrad;

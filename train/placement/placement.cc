@@ -90,9 +90,19 @@ PartialNorm WholeGradient::squaredNorm(const StepPlan& plan) const {
   return {.squares = plan.guard->sumOfSquares(params.grads()), .scale = plan.gradScale};
 }
 
+// A trusted bf16 copy (nn/param_buffer.h) made current after the optimizer wrote the values: one
+// conversion on the compute stream, after the step's kernels (a deferred step's too).
+void WholeGradient::refreshHalfCopy() const {
+  if (!params.halfCopyTrusted()) return;
+  const runtime::Stream* stream = computeStreamOf(gpu);
+  COHORT_CHECK(stream) << "a trusted bf16 copy without a GPU";
+  params.refreshHalfCopy(*stream);
+}
+
 void WholeGradient::update(const StepPlan& plan, float clip) const {
   scaleGradients(params, plan.gradScale * clip, gpu);
   optimizer.step(params.values(), params.grads());
+  refreshHalfCopy();
 }
 
 StepResult WholeGradient::stepDeferred(const StepPlan& plan, LossVerdict loss, int gradientRank) const {
@@ -105,6 +115,7 @@ StepResult WholeGradient::stepDeferred(const StepPlan& plan, LossVerdict loss, i
                                                                                  .settledSteps = optimizer.steps()});
   optimizer.stepDeferred(params.values(), params.grads(),
                          {.control = control, .lrIfSettled = plan.lrIfSettled, .lrIfOneMore = plan.lrIfOneMore});
+  refreshHalfCopy();
   return StepResult{.pending = true};
 }
 

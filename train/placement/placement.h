@@ -138,6 +138,9 @@ class Placement {
   // Whether the parameters are one copy that several ranks share (only one rank may load them,
   // and nobody may update them while rank 0 writes a checkpoint).
   virtual bool sharedParams() const { return false; }
+  // Whether the values on this rank's GPU change only by its own optimizer's step (update and
+  // stepDeferred), which then keeps a trusted bf16 copy current (Job::trustHalfCopy).
+  virtual bool keepsHalfCopy() const { return false; }
   // How many times this rank has reduced gradients across ranks (bucket all-reduces, or slice
   // reductions); 0 where gradients are never reduced (local, Hogwild).
   virtual uint64_t gradientReductions() const { return 0; }
@@ -201,8 +204,11 @@ struct WholeGradient {
   runtime::cuda::GpuContext* gpu = nullptr;
 
   PartialNorm squaredNorm(const StepPlan& plan) const;
+  // Both keep a trusted bf16 copy of the values current (nn/param_buffer.h): one conversion after
+  // the optimizer's step, until the optimizer writes the copy itself.
   void update(const StepPlan& plan, float clip) const;
   StepResult stepDeferred(const StepPlan& plan, LossVerdict loss, int gradientRank) const;
+  void refreshHalfCopy() const;
 };
 
 // A placement that is its ranks' whole gradient (local, replicas): the WholeGradient stages.
@@ -213,6 +219,7 @@ class WholeGradientPlacement : public Placement {
   StepResult stepDeferred(const StepPlan& plan, LossVerdict loss) override {
     return whole_.stepDeferred(plan, loss, gradientRank());
   }
+  bool keepsHalfCopy() const override { return whole_.gpu != nullptr; }
 
  protected:
   explicit WholeGradientPlacement(const WholeGradient& whole) : whole_(whole) {}
