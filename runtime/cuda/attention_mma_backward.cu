@@ -31,8 +31,8 @@
 // dP in a dQ kernel is the seven-product design this replaces. The scratch holds only the tile pairs
 // on or below the diagonal, packed by query tile (pairsBefore): B·H·Σ_i (i / kRatio + 1) tiles of
 // kKeys·kQueries bf16, about B·H·T² bytes / 2 — 102 MiB at GPT-2 124M (B 8, H 12, T 1024, hd 64). It
-// lives only during one layer's backward (the caller frees it after enqueueing; the caching
-// allocator hands the same block to the next layer's backward).
+// lives only during one layer's backward (nn/attention.cc borrows it from the GpuContext's workspace,
+// workspace.h: one block for every layer and step).
 //
 // Tiles per head-size bucket: hd ≤ 64: 4 warps, 64 keys, 32-query tiles (shared memory 36.9 KiB at
 // kHd 64, dQ pass 28.4 KiB); kHd 128: 2 warps, 32 keys, 16-query tiles, so that the 128 fp32

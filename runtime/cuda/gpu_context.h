@@ -1,14 +1,16 @@
 // GpuContext: what the nn runtime needs to run on one GPU, made once per worker: the compute
 // stream every kernel of a training step is enqueued on, the caching allocator every device buffer
-// comes from (statistics for --memory-report), a cuBLAS handle bound to that stream, and (when the
-// build found cuDNN) a cuDNN handle on it, created at the first dnn() call so that models without
-// convolutions never load cuDNN. Its GpuOptions (runtime/gpu_options.h) say how it runs what it
+// comes from (statistics for --memory-report), a cuBLAS handle bound to that stream, the transient
+// workspace that kernels within one call borrow (workspace.h: one block for all layers, not one per
+// call), and (when the build found cuDNN) a cuDNN handle on it, created at the first dnn() call so
+// that models without convolutions never load cuDNN. Its GpuOptions (runtime/gpu_options.h) say how it runs what it
 // runs: which convolution algorithms the layers may choose (ConvPolicy; dnn.h).
 //
 // Everything a step enqueues goes to the one compute stream, which is what makes the caching
 // allocator's immediate reuse of freed blocks safe (caching_allocator.h, single-stream contract).
 // Side streams (the data prefetcher's copy stream) hand work over with events.
-// Ownership: owns the three; members are destroyed in reverse order (cuBLAS before the stream).
+// Ownership: owns them all; members are destroyed in reverse order (the workspace before the
+// allocator, cuBLAS before the stream).
 // Thread safety: as its members; one training thread uses it.
 // Only built when CUDA is compiled in (COHORT_HAVE_CUDA).
 //
@@ -21,6 +23,7 @@
 
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/kernels.h"
+#include "runtime/cuda/workspace.h"
 #include "runtime/gpu_options.h"
 #include "runtime/stream.h"
 
@@ -42,6 +45,8 @@ class GpuContext {
   const Stream& stream() const { return stream_; }
   CudaCachingAllocator& allocator() { return allocator_; }
   const Blas& blas() const { return blas_; }
+  // The compute stream's transient workspace (workspace.h).
+  Workspace& workspace() { return workspace_; }
 #ifdef COHORT_HAVE_CUDNN
   // The cuDNN handle on the compute stream, created on first use.
   const Dnn& dnn() {
@@ -56,6 +61,7 @@ class GpuContext {
   Stream stream_;
   CudaCachingAllocator allocator_;
   Blas blas_;
+  Workspace workspace_;  // declared after the allocator: its block goes back before the allocator ends
 #ifdef COHORT_HAVE_CUDNN
   std::unique_ptr<Dnn> dnn_;  // declared after the stream: destroyed before it
 #endif
