@@ -174,7 +174,10 @@ TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
 }
 
 // The memory floor on a GPU counts a GPT's logits once, in their type: the loss writes their gradient
-// over them (Loss::setGradInPlace). 8 × 16 × 256 bf16 logits: 64.0 KiB.
+// over them (Loss::setGradInPlace). 8 × 16 × 256 bf16 logits: 64.0 KiB. It counts the GPU's
+// workspaces too (runtime/gpu_scratch.h): the bf16 attention backward's dS once, for batch 8, 2 heads
+// and one 64 × 32 tile pair per head, 8·2·64·32·2 B = 64.0 KiB, and cuBLASLt's workspace, 32 MiB on
+// the emulated device (compute 9.0): 33619968 B = 32.1 MiB; fp32 has no dS scratch.
 TEST_F(CliGpuTest, MemoryReportCountsTheLogitsOnceInTheirType) {
   std::string text;
   for (int i = 0; i < 300; ++i) text += i % 2 ? "the cat sees a dog. " : "a bird finds the river. ";
@@ -185,6 +188,16 @@ TEST_F(CliGpuTest, MemoryReportCountsTheLogitsOnceInTheirType) {
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_NE(r.stdoutText.find("(logits, their gradient written over them, 64.0 KiB)"), std::string::npos)
       << r.stdoutText;
+  EXPECT_NE(r.stdoutText.find(", GPU workspaces 32.1 MiB (the attention backward's dS scratch 64.0 KiB, cuBLASLt's "
+                              "workspace 32.0 MiB); "),
+            std::string::npos)
+      << r.stdoutText;
+  CommandResult fp32 = runCohort({"train", "--device", "cuda", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16", "--data",
+                                  "text:" + dir_ + "/corpus.txt", "--batch-size", "8", "--max-steps", "1",
+                                  "--progress-every", "0", "--memory-report"});
+  ASSERT_EQ(fp32.exitCode, 0) << fp32.describe();
+  EXPECT_NE(fp32.stdoutText.find(", GPU workspaces 32.0 MiB (cuBLASLt's workspace 32.0 MiB); "), std::string::npos)
+      << fp32.stdoutText;
 }
 
 TEST_F(CliGpuTest, LenetWithBatchNormLearnsOnTheGpu) {
