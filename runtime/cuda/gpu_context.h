@@ -3,8 +3,9 @@
 // comes from (statistics for --memory-report), a cuBLAS handle bound to that stream, the transient
 // workspace that kernels within one call borrow (workspace.h: one block for all layers, not one per
 // call), and (when the build found cuDNN) a cuDNN handle on it, created at the first dnn() call so
-// that models without convolutions never load cuDNN. Its GpuOptions (runtime/gpu_options.h) say how it runs what it
-// runs: which convolution algorithms the layers may choose (ConvPolicy; dnn.h).
+// that models without convolutions never load cuDNN. Its GpuOptions (runtime/gpu_options.h) say how
+// it runs what it runs: which convolution algorithms the layers may choose (ConvPolicy; dnn.h),
+// whether GEMM algorithms are timed per shape (tuneGemms; gemm_tuner.h).
 //
 // Everything a step enqueues goes to the one compute stream, which is what makes the caching
 // allocator's immediate reuse of freed blocks safe (caching_allocator.h, single-stream contract).
@@ -45,6 +46,9 @@ class GpuContext {
   const Stream& stream() const { return stream_; }
   CudaCachingAllocator& allocator() { return allocator_; }
   const Blas& blas() const { return blas_; }
+  // Whether the Blas times cuBLASLt's candidates per product shape (GpuOptions::tuneGemms, else
+  // COHORT_GEMM_TUNING, else on).
+  bool tunesGemms() const { return tuneGemms_; }
   // The compute stream's transient workspace (workspace.h).
   Workspace& workspace() { return workspace_; }
 #ifdef COHORT_HAVE_CUDNN
@@ -60,6 +64,7 @@ class GpuContext {
   GpuOptions options_;
   Stream stream_;
   CudaCachingAllocator allocator_;
+  bool tuneGemms_;  // declared before the Blas, which is made with it
   Blas blas_;
   Workspace workspace_;  // declared after the allocator: its block goes back before the allocator ends
 #ifdef COHORT_HAVE_CUDNN

@@ -4,6 +4,7 @@
 // learns cli_cnn_test's MNIST-shaped task on the GPU, and cnn:rosetta trains there with --augment.
 // GPU Hogwild (issue 7): 4 workers sharing one GPU's parameters through CUDA IPC reach the single-GPU
 // accuracy; killing the owner (local rank 0) makes the other worker exit with a clear error.
+// --gemm-tuning reaches the GPU (off: a line says so) and the flag wins over COHORT_GEMM_TUNING.
 // All-reduce over NCCL with one rank runs the bucket path and matches a local GPU run; two workers on
 // two GPUs train like one GPU with their combined batch, and at --zero 2 write a sharded checkpoint
 // that `cohort eval` reads on the CPU.
@@ -133,6 +134,48 @@ TEST_F(CliGpuTest, CudaGraphsChangeNothingInTheResult) {
   ASSERT_EQ(off.exitCode, 0) << off.describe();
   EXPECT_EQ(parseResultLine(on.stdoutText).number("test_loss"), parseResultLine(off.stdoutText).number("test_loss"));
   expectIdenticalCheckpoints(dir_ + "/off.st", dir_ + "/on.st", "graphs against none");
+}
+
+// --gemm-tuning reaches the job's GpuContext: off, rank 0 says so and names the flag; without the flag
+// COHORT_GEMM_TUNING=off turns it off and is named; the flag wins over the environment (on: no line);
+// bench train takes the flag too and refuses a value other than on or off (exit 2, one line).
+TEST_F(CliGpuTest, GemmTuningFlagReachesTheGpu) {
+  std::string text;
+  for (int i = 0; text.size() < 2000; ++i) text += (i % 3 ? "the cat sees a dog. " : "a bird finds the door. ");
+  writeFile(dir_ + "/text.txt", text);
+  auto run = [&](std::vector<std::string> extra, const std::vector<std::string>& environment) {
+    std::vector<std::string> argv = {"train", "--device", "cuda", "--model", "gpt:layers=1,heads=2,dim=16,ctx=8",
+                                     "--data", "text:" + dir_ + "/text.txt", "--batch-size", "8", "--max-steps", "2",
+                                     "--epochs", "1", "--progress-every", "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    CommandResult r = runCohort(argv, {.extraEnvironment = environment});
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    return r;
+  };
+  const std::string off = "GEMM tuning off (";
+  CommandResult byFlag = run({"--gemm-tuning", "off"}, {});
+  EXPECT_NE(byFlag.stdoutText.find(off + "--gemm-tuning off)"), std::string::npos) << byFlag.describe();
+  CommandResult byDefault = run({}, {});
+  EXPECT_EQ(byDefault.stdoutText.find(off), std::string::npos) << byDefault.describe();
+  CommandResult byEnvironment = run({}, {"COHORT_GEMM_TUNING=off"});
+  EXPECT_NE(byEnvironment.stdoutText.find(off + "COHORT_GEMM_TUNING)"), std::string::npos) << byEnvironment.describe();
+  CommandResult flagWins = run({"--gemm-tuning", "on"}, {"COHORT_GEMM_TUNING=off"});
+  EXPECT_EQ(flagWins.stdoutText.find(off), std::string::npos) << flagWins.describe();
+
+  const std::vector<std::string> bench = {"bench", "train", "--device", "cuda", "--model",
+                                          "gpt:layers=1,heads=2,dim=32,ctx=16", "--batch-size", "8", "--samples",
+                                          "80", "--repeats", "1", "--gemm-tuning"};
+  std::vector<std::string> benchOff = bench;
+  benchOff.push_back("off");
+  CommandResult r = runCohort(benchOff);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find(off + "--gemm-tuning off)"), std::string::npos) << r.describe();
+  std::vector<std::string> benchBad = bench;
+  benchBad.push_back("fast");
+  r = runCohort(benchBad);
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find("--gemm-tuning"), std::string::npos) << r.describe();
+  EXPECT_EQ(std::count(r.stderrText.begin(), r.stderrText.end(), '\n'), 1) << r.describe();
 }
 
 // Mixed precision learns what fp32 learns (issue 31): a 4×128 GPT trained 200 steps with
