@@ -121,6 +121,7 @@ int runOverlapBench(const TrainBenchOptions& o) {
                   .zeroPrefetch = prefetchOn(o.prefetch),
                   .device = o.device,
                   .tf32 = o.tf32,
+                  .gemmTuning = runtime::parseGemmTuning(o.gemmTuning, "--gemm-tuning"),
                   .precision = precision});
   runtime::cpu::setBlasThreads(o.threads.empty() ? 1 : o.threads.front());  // each worker's
   auto model = nn::buildModel(o.model);

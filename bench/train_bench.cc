@@ -61,6 +61,10 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
                "(as cohort train's)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  c.add_option("--gemm-tuning", o.gemmTuning,
+               "--device cuda: on (default) | off, cuBLASLt's algorithms timed per product shape (as cohort train's; "
+               "without the flag COHORT_GEMM_TUNING decides)")
+      ->check(CLI::IsMember({"on", "off"}));
   c.add_flag("--profile", o.profile,
              "--device cuda: the timed steps between cudaProfilerStart and cudaProfilerStop, for nsys or ncu "
              "started with their capture range off (bench/gpu_profile.sh)");

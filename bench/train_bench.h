@@ -42,6 +42,7 @@ struct TrainBenchOptions {
   std::string precision = "fp32";          // --device cuda: fp32 | bf16 (as cohort train's --precision)
   bool tf32 = false;                       // --device cuda: TF32 for fp32 matrix products
   std::string cudaGraphs = "on";          // --device cuda: on | off, the step's CUDA graph (as cohort train's)
+  std::string gemmTuning;                 // --device cuda: on | off (as cohort train's); empty: not given
   // "local" (one process, above) or "allreduce": several ranks, the step time with and without
   // backward overlap (bench/overlap_bench.h).
   std::string mode = "local";

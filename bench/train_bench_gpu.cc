@@ -67,6 +67,7 @@ GpuRun trainOnGpu(const TrainBenchOptions& o, const runtime::data::Dataset& data
   train::Job job({.device = o.device,
                   .convAlgorithms = runtime::parseConvAlgorithms(o.convAlgorithms),
                   .tf32 = o.tf32,
+                  .gemmTuning = runtime::parseGemmTuning(o.gemmTuning, "--gemm-tuning"),
                   .precision = runtime::parseDType(o.precision, "--precision")});
   auto model = nn::buildModel(o.model);
   auto optimizer = job.makeOptimizer(benchOptimizer(o.model), *model);

@@ -12,6 +12,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/device_query.h"
 #include "runtime/error.h"
+#include "runtime/gpu_scratch.h"
 #include "runtime/logging.h"
 #include "runtime/process_memory.h"
 #include "runtime/world_info.h"
@@ -41,10 +42,31 @@ struct Floor {
   double activations = 0;  // what a GPT's pass keeps (nn/gpt_memory.h)
   double attention = 0;    // of which the CPU attention's T×T scores
   double placement = 0;    // the most held while the job places the model (train/zero_memory.h)
+  // On a GPU, device scratch beside the tensors (runtime/gpu_scratch.h): the bf16 attention backward's
+  // dS (one block for all layers: the largest layer's) and cuBLASLt's workspace.
+  double attentionScratch = 0;
+  double blasWorkspace = 0;
+  double workspaces() const { return attentionScratch + blasWorkspace; }
   double total() const {
-    return std::max(static_cast<double>(state.total()) + logits + activations, placement);
+    return std::max(static_cast<double>(state.total()) + logits + activations + workspaces(), placement);
   }
 };
+
+// The GPU's scratch beside the tensors: a GPT's bf16 attention backward borrows its dS from the
+// context's workspace (every block has the same shape, so the block is one layer's); every model
+// `cohort train` builds has a Linear (its head, at least), so its products take cuBLASLt's
+// workspace, whose size depends on the device's compute capability (the smaller when the runtime
+// cannot say). The step guard's few KiB of sums (train/step) are not counted.
+void countGpuWorkspaces(const MemoryEstimateInputs& in, Floor& f) {
+  if (!in.onGpu) return;
+  const std::optional<runtime::CudaMemory> device = runtime::cudaMemory(in.device);
+  f.blasWorkspace = static_cast<double>(runtime::cublasLtWorkspaceBytes(device ? device->computeCapabilityMajor : 0));
+  const nn::Gpt* gpt = gptOf(in.model);
+  if (!gpt || in.precision != runtime::DType::kBF16) return;  // the fp32 kernels keep no dS
+  const nn::GptOptions& o = gpt->options();
+  f.attentionScratch = static_cast<double>(runtime::bf16AttentionScratchBytes(
+      {.batch = in.batchSize, .heads = o.heads, .time = in.context, .headSize = o.dim / o.heads}));
+}
 
 // Whether the loss writes the logits' gradient over them: on a GPU, for a model whose backward does
 // not read its output (a GPT; the Trainer's Loss::setGradInPlace).
@@ -84,6 +106,7 @@ Floor floorAt(const MemoryEstimateInputs& in, int zero, std::optional<nn::Recomp
     f.activations = b.total();
     f.attention = b.attention;
   }
+  countGpuWorkspaces(in, f);
   return f;
 }
 
@@ -134,6 +157,13 @@ std::string fitHint(const MemoryEstimateInputs& in, const Floor& run, double per
   return "";
 }
 
+// "GPU workspaces X (the attention backward's dS scratch Y, cuBLASLt's workspace Z)".
+std::string workspacesWhat(const Floor& f) {
+  std::string what = "GPU workspaces " + bytes(f.workspaces()) + " (";
+  if (f.attentionScratch > 0) what += "the attention backward's dS scratch " + bytes(f.attentionScratch) + ", ";
+  return what + "cuBLASLt's workspace " + bytes(f.blasWorkspace) + ")";
+}
+
 // "at least X per worker (parameters, gradients and optimizer state Y, …)": what the floor counts.
 std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
   const train::StateBytes& s = f.state;
@@ -143,7 +173,7 @@ std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
     what += " at --zero " + std::to_string(in.zero) + " over " + std::to_string(in.shardGroup) + " ranks";
   if (s.staging > 0) what += ", the shards' temporary buffers " + bytes(static_cast<double>(s.staging));
   if (f.logits > 0) what += std::string(", ") + logitsWhat(in) + " " + bytes(f.logits);
-  if (f.placement > static_cast<double>(s.total()) + f.logits + f.activations) {
+  if (f.placement > static_cast<double>(s.total()) + f.logits + f.activations + f.workspaces()) {
     what += "; while the job places the model " + bytes(f.placement) +
             (in.onGpu ? " (the whole parameters and gradients before they are sharded)"
                       : " (the whole parameters before they are sharded)");
@@ -153,6 +183,7 @@ std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
             bytes(f.activations);
     if (f.attention > 0) what += " (attention's T×T scores and their gradient " + bytes(f.attention) + ")";
   }
+  if (f.workspaces() > 0) what += ", " + workspacesWhat(f);
   return what + ")";
 }
 
@@ -169,6 +200,7 @@ void reportEstimate(const MemoryEstimateInputs& in, const Floor& f, const runtim
     line << (gradientOverLogits(in) ? " (logits, their gradient written over them, " : " (logits and their gradient ")
          << bytes(f.logits) << ")";
   }
+  if (f.workspaces() > 0) line << ", " << workspacesWhat(f);
   line << "; " << bytes(f.total()) << " in all";
 }
 

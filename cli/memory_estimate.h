@@ -11,8 +11,13 @@
 // recompute mode and the gradients beside them (nn/gpt_memory.h: about 22 × batch × context × width
 // floats per block without recompute, 1 with --recompute full, and on the CPU attention's
 // probabilities, batch × heads × context² floats per block: the largest at long contexts; issues
-// 44, item 16, and 46, items 2 and 4). Other models' activations come on top. With --memory-report
-// rank 0 prints the estimate by kind before anything is allocated.
+// 44, item 16, and 46, items 2 and 4). Other models' activations come on top. On a GPU it counts the
+// device scratch held beside the tensors (runtime/gpu_scratch.h): cuBLASLt's workspace (32 MiB on
+// sm_90 and later, 4 MiB before) and, for a GPT in bf16, the attention backward's dS scratch once
+// (one block for all layers; 102 MiB at GPT-2 124M's batch 8); the step guard's sums (under 9 KiB)
+// are not counted. With --memory-report rank 0 prints the estimate by kind before anything is
+// allocated, the workspaces named ("GPU workspaces X (the attention backward's dS scratch Y,
+// cuBLASLt's workspace Z)").
 //
 // On the CPU a floor beyond what the node's workers can have (runtime::memoryHeadroom: the least of
 // MemAvailable and what the cgroup limits of this process leave, shared by its local workers; a

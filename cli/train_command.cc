@@ -195,6 +195,7 @@ train::JobOptions jobOptions(const TrainFlags& f) {
           .averageEvery = f.averageEvery,
           .convAlgorithms = runtime::parseConvAlgorithms(f.convAlgorithms.empty() ? "fastest" : f.convAlgorithms),
           .tf32 = f.tf32,
+          .gemmTuning = runtime::parseGemmTuning(f.gemmTuning, "--gemm-tuning"),
           .precision = runtime::parseDType(f.precision, "--precision"),
           .testHooks = testHooksFromEnvironment()};
 }

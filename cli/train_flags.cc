@@ -226,6 +226,12 @@ void addTuningFlags(CLI::App& c, TrainFlags& f) {
                "\"CUDA graphs\"). No effect on the CPU")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  c.add_option("--gemm-tuning", f.gemmTuning,
+               "--device cuda: on (default) | off. On: the first product of each shape times up to 8 of cuBLASLt's "
+               "algorithms and keeps the fastest; off: the heuristic's first, the same algorithms run after run "
+               "(docs/gpu.md, \"GEMM algorithms\"). Without the flag COHORT_GEMM_TUNING=on|off decides; the flag "
+               "wins over it. No effect on the CPU")
+      ->check(CLI::IsMember({"on", "off"}));
   c.add_option("--timeout", f.timeout, "seconds to wait for other workers (start-up, barriers, collectives) before failing; huge values and inf "
                  "wait about 100 years")
       ->capture_default_str();

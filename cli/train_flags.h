@@ -91,6 +91,7 @@ struct TrainFlags {
   std::string precision = "fp32";  // fp32 | bf16 (--device cuda, a model that takes bf16)
   bool tf32 = false;               // --device cuda: TF32 tensor cores for fp32 matrix products
   std::string cudaGraphs = "on";   // --device cuda: on | off, the step's CUDA graph (train/step_graph.h)
+  std::string gemmTuning;          // --device cuda: on | off, cuBLASLt's algorithms timed per shape; empty: not given
   std::string recompute = "none";  // none | selective | full: a GPT's activation recompute (nn/recompute.h)
 };
 

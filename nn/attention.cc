@@ -279,19 +279,16 @@ const Tensor& CausalSelfAttention::attendBackwardOnGpu(const Tensor& gradY, cons
   runtime::ensureShape(rowDot_, lse_.shape(), gpu.allocator());
   runtime::ensureShape(gradQkv_, qkv_.shape(), gpu.allocator(), type);
   const auto shape = attentionShape(batch_, time_, options_);
-  // bf16's dS between the backward's kernels: freed on return, so the next layer's backward gets the
-  // same block from the caching allocator (stream order keeps it alive until the kernels have run).
-  const size_t scratchBytes = runtime::cuda::attentionBackwardScratchBytes(shape, type);
-  const Tensor scratch = scratchBytes == 0 ? Tensor()
-                                           : Tensor::empty(Shape{static_cast<int64_t>(scratchBytes / 2)},
-                                                           gpu.allocator(), runtime::DType::kBF16);
+  // bf16's dS between the backward's kernels: borrowed from the context's workspace, one block for
+  // every layer and step (used and finished within this call, in stream order; workspace.h).
+  void* scratch = gpu.workspace().borrow(runtime::cuda::attentionBackwardScratchBytes(shape, type));
   runtime::cuda::attentionBackward({.qkv = qkv_.raw(),
                                     .y = y_.raw(),
                                     .lse = lse_.data(),
                                     .dy = dy.raw(),
                                     .dqkv = gradQkv_.raw(),
                                     .rowDot = rowDot_.data(),
-                                    .scratch = scratchBytes == 0 ? nullptr : scratch.raw(),
+                                    .scratch = scratch,
                                     .type = type},
                                    shape, gpu.stream());
   return gradQkv_;

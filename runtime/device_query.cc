@@ -169,7 +169,10 @@ std::optional<CudaMemory> cudaMemory(int index) {
     known = cudaMemGetInfo(&freeBytes, &totalBytes) == cudaSuccess;
   }
   cudaGetLastError();
-  if (known) return CudaMemory{.name = prop.name, .freeBytes = freeBytes, .totalBytes = totalBytes};
+  if (known) {
+    return CudaMemory{
+        .name = prop.name, .freeBytes = freeBytes, .totalBytes = totalBytes, .computeCapabilityMajor = prop.major};
+  }
 #endif
   (void)index;
   return std::nullopt;

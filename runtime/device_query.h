@@ -71,6 +71,7 @@ struct CudaMemory {
   std::string name;  // the device's ("NVIDIA H200")
   size_t freeBytes = 0;
   size_t totalBytes = 0;
+  int computeCapabilityMajor = 0;  // 9 for 9.0 (cuBLASLt's workspace depends on it: runtime/gpu_scratch.h)
 };
 std::optional<CudaMemory> cudaMemory(int index);
 

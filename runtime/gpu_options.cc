@@ -1,4 +1,4 @@
-// GpuOptions (runtime/gpu_options.h): the names of the convolution policies.
+// GpuOptions (runtime/gpu_options.h): the names of the convolution policies and of GEMM tuning.
 #include "runtime/gpu_options.h"
 
 #include "runtime/error.h"
@@ -9,6 +9,13 @@ ConvAlgorithms parseConvAlgorithms(const std::string& name) {
   if (name == "fastest") return ConvAlgorithms::kFastest;
   if (name == "exact") return ConvAlgorithms::kExact;
   COHORT_THROW(InvalidArgument) << "unknown convolution algorithms '" << name << "': expected fastest or exact";
+}
+
+std::optional<bool> parseGemmTuning(const std::string& value, const std::string& flag) {
+  if (value.empty()) return std::nullopt;
+  if (value == "on") return true;
+  if (value == "off") return false;
+  COHORT_THROW(InvalidArgument) << flag << " " << value << ": expected on or off";
 }
 
 const char* toString(ConvAlgorithms algorithms) {

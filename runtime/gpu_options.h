@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace cohort::runtime {
@@ -37,6 +38,9 @@ struct ConvPolicy {
   bool operator==(const ConvPolicy&) const = default;
 };
 
+// A --gemm-tuning value: "on", "off", or "" (not given: nullopt); InvalidArgument naming `flag` otherwise.
+std::optional<bool> parseGemmTuning(const std::string& value, const std::string& flag);
+
 struct GpuOptions {
   ConvPolicy conv = {};
   // TF32 tensor cores for fp32 matrix products (cuBLAS; --tf32): inputs rounded to 10 bits of
@@ -44,8 +48,10 @@ struct GpuOptions {
   // within fp32 rounding of the CPU. Convolutions follow conv.tf32 (a job sets both from --tf32).
   bool tf32 = false;
   // Time cuBLASLt's candidate algorithms for each new product shape and keep the fastest
-  // (runtime/cuda/gemm_tuner.h); off: the heuristic's first. COHORT_GEMM_TUNING=off turns it off.
-  bool tuneGemms = true;
+  // (runtime/cuda/gemm_tuner.h); false: the heuristic's first. nullopt (`cohort train` without
+  // --gemm-tuning): COHORT_GEMM_TUNING (on | off) decides, and without it tuning is on. A value set
+  // here wins over the environment.
+  std::optional<bool> tuneGemms = std::nullopt;
 };
 
 }  // namespace cohort::runtime

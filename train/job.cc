@@ -130,7 +130,13 @@ Job::Job(const JobOptions& options, const runtime::WorldInfo& world)
   if (device_.isCuda()) {
     gpu_ = std::make_unique<runtime::cuda::GpuContext>(
         device_, runtime::GpuOptions{.conv = {.algorithms = options_.convAlgorithms, .tf32 = options_.tf32},
-                                     .tf32 = options_.tf32});
+                                     .tf32 = options_.tf32,
+                                     .tuneGemms = options_.gemmTuning});
+    if (!gpu_->tunesGemms() && world_.rank == 0) {
+      log_.info() << "GEMM tuning off ("
+                  << (options_.gemmTuning ? "--gemm-tuning off" : "COHORT_GEMM_TUNING")
+                  << "): every product takes cuBLASLt's heuristic's first algorithm";
+    }
   }
 #endif
 }

@@ -137,6 +137,9 @@ struct JobOptions {
   // On a GPU, whether fp32 matrix products may use TF32 tensor cores (runtime/gpu_options.h).
   // InvalidArgument on the CPU.
   bool tf32 = false;
+  // On a GPU, whether cuBLASLt's candidate algorithms are timed per product shape
+  // (GpuOptions::tuneGemms: nullopt leaves it to COHORT_GEMM_TUNING, else on). No effect on the CPU.
+  std::optional<bool> gemmTuning = std::nullopt;
   // What the model's passes compute in (nn::Pass::precision; docs/architecture.md): fp32, or bf16
   // on a GPU. bf16 on the CPU is InvalidArgument, and so is a model that does not take bf16
   // (Module::takesBf16) at place().

@@ -51,6 +51,7 @@
 #include "runtime/cuda/elements.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/error.h"
+#include "runtime/gpu_scratch.h"
 
 namespace cohort::runtime::cuda {
 namespace {
@@ -353,8 +354,9 @@ void attentionForward(const AttentionForwardBuffers& b, const AttentionShape& s,
 }
 
 size_t attentionBackwardScratchBytes(const AttentionShape& s, DType type) {
+  if (type != DType::kBF16) return 0;
   const Geometry g = geometryOf(s);
-  return type == DType::kBF16 ? attention::backwardMmaScratchBytes(g, s.batch) : 0;
+  return bf16AttentionScratchBytes({.batch = s.batch, .heads = g.heads, .time = g.time, .headSize = g.headSize});
 }
 
 void attentionBackward(const AttentionBackwardBuffers& b, const AttentionShape& s, const Stream& stream) {

@@ -60,8 +60,9 @@ struct AttentionBackwardBuffers {
 };
 
 // Bytes of AttentionBackwardBuffers::scratch: 0 for fp32; for bf16, dS of every tile pair on or below
-// the diagonal, about B·H·T² bytes / 2 (102 MiB at B 8, H 12, T 1024). Needed only until the
-// backward's kernels have run: a caller frees it after the call (stream order keeps it alive).
+// the diagonal, about B·H·T² bytes / 2 (102 MiB at B 8, H 12, T 1024; runtime::bf16AttentionScratchBytes,
+// runtime/gpu_scratch.h). Needed only until the backward's kernels have run, so one block serves
+// every layer (nn/attention.cc borrows it from GpuContext::workspace(), workspace.h).
 size_t attentionBackwardScratchBytes(const AttentionShape& shape, DType type);
 
 // dq, dk, dv of attentionForward for the upstream gradient dy (three kernels: D, then dK and dV per

@@ -31,8 +31,8 @@
 // dP in a dQ kernel is the seven-product design this replaces. The scratch holds only the tile pairs
 // on or below the diagonal, packed by query tile (pairsBefore): B·H·Σ_i (i / kRatio + 1) tiles of
 // kKeys·kQueries bf16, about B·H·T² bytes / 2 — 102 MiB at GPT-2 124M (B 8, H 12, T 1024, hd 64). It
-// lives only during one layer's backward (the caller frees it after enqueueing; the caching
-// allocator hands the same block to the next layer's backward).
+// lives only during one layer's backward (nn/attention.cc borrows it from the GpuContext's workspace,
+// workspace.h: one block for every layer and step).
 //
 // Tiles per head-size bucket: hd ≤ 64: 4 warps, 64 keys, 32-query tiles (shared memory 36.9 KiB at
 // kHd 64, dQ pass 28.4 KiB); kHd 128: 2 warps, 32 keys, 16-query tiles, so that the 128 fp32
@@ -52,6 +52,7 @@
 #include "runtime/cuda/launch.h"
 #include "runtime/cuda/warp_mma.h"
 #include "runtime/error.h"
+#include "runtime/gpu_scratch.h"
 
 namespace cohort::runtime::cuda::attention {
 namespace {
@@ -92,6 +93,20 @@ __host__ __device__ constexpr int64_t pairsBefore(int64_t i) {
   const int64_t a = i / M::kRatio, b = i % M::kRatio;
   return M::kRatio * a * (a + 1) / 2 + b * (a + 1);
 }
+
+// The scratch's size comes from runtime/gpu_scratch.h (so that the memory floor counts it in every
+// build): its tiles and packing must be these.
+template <class M>
+constexpr bool scratchLayoutAgrees() {
+  const AttentionBackwardTiles t = attentionBackwardTiles(M::kHd);
+  if (t.keys != M::kKeys || t.queries != M::kQueries) return false;
+  for (int64_t i = 0; i < 64; ++i) {
+    if (attentionTilePairsBefore(i, M::kRatio) != pairsBefore<M>(i)) return false;
+  }
+  return true;
+}
+static_assert(scratchLayoutAgrees<BackwardTiles<32>>() && scratchLayoutAgrees<BackwardTiles<64>>() &&
+              scratchLayoutAgrees<BackwardTiles<128>>());
 
 struct BackwardArgs {
   const Bf16* qkv;
@@ -383,16 +398,6 @@ __global__ void __launch_bounds__(BackwardTiles<kHd>::kQueryThreads)
 }
 
 }  // namespace
-
-size_t backwardMmaScratchBytes(const Geometry& g, int64_t batch) {
-  size_t bytes = 0;
-  forBucket(g.headSize, [&](auto bucket) {
-    using M = BackwardTiles<decltype(bucket)::value>;
-    const int64_t queryTiles = (g.time + M::kQueries - 1) / M::kQueries;
-    bytes = static_cast<size_t>(batch * g.heads * pairsBefore<M>(queryTiles) * M::kTileElements) * sizeof(Bf16);
-  });
-  return bytes;
-}
 
 void backwardMma(const BackwardMmaBuffers& b, const Geometry& g, int64_t batch, cudaStream_t stream) {
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };

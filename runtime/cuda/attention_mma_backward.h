@@ -21,12 +21,10 @@ struct BackwardMmaBuffers {
   const float* lse;     // L per row, [B, H, T]
   const float* rowDot;  // D per row, [B, H, T], already computed
   void* dqkv;           // every element written
-  void* dsScratch;      // backwardMmaScratchBytes: dSᵀ tiles, written by the first kernel, read by the second
+  // runtime::bf16AttentionScratchBytes (runtime/gpu_scratch.h): dSᵀ tiles, written by the first kernel,
+  // read by the second
+  void* dsScratch;
 };
-
-// Bytes of the dS scratch for `batch` samples of shape g (bf16 dS of every query-key tile pair on or
-// below the diagonal): about B·H·T²·2 / 2 (102 MiB at GPT-2 124M's B = 8, H = 12, T = 1024).
-size_t backwardMmaScratchBytes(const Geometry& g, int64_t batch);
 
 // dq, dk and dv of the bf16 attention from qkv, dy, L and D (two kernels on `stream`).
 void backwardMma(const BackwardMmaBuffers& buffers, const Geometry& g, int64_t batch, cudaStream_t stream);

@@ -13,14 +13,10 @@
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/gemm_tuner.h"
 #include "runtime/error.h"
+#include "runtime/gpu_scratch.h"
 
 namespace cohort::runtime::cuda {
 namespace {
-
-// The workspace: what NVIDIA recommends for Hopper and later, and what llm.c gives it; 4 MiB (its
-// recommendation for earlier GPUs) before.
-constexpr size_t kHopperWorkspaceBytes = size_t{32} << 20;
-constexpr size_t kWorkspaceBytes = size_t{4} << 20;
 
 [[noreturn]] void throwLtError(const CublasLtLibrary& lt, cublasStatus_t status, const char* call, const char* file,
                                int line) {
@@ -196,7 +192,7 @@ void LtMatmul::ensureWorkspace() {
   if (workspace_) return;
   cudaDeviceProp prop{};
   COHORT_CUDA_CHECK(cudaGetDeviceProperties(&prop, stream_.device().index));
-  const size_t bytes = prop.major >= 9 ? kHopperWorkspaceBytes : kWorkspaceBytes;
+  const size_t bytes = cublasLtWorkspaceBytes(prop.major);  // runtime/gpu_scratch.h: the memory floor counts it
   workspace_ = allocator_.allocate(bytes);
   workspaceBytes_ = bytes;
 }

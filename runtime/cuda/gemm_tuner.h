@@ -2,8 +2,8 @@
 // pieces Blas (kernels.h) uses and tests reach. For each distinct product (sizes, transposes, types,
 // epilogue, operand alignments) Blas asks cuBLASLt's heuristic for up to kGemmCandidates algorithms,
 // times each on its stream with a GemmTimer, and keeps the fastest that ran (chooseGemmAlgorithm),
-// as cuDNN's Find does for convolutions (dnn.h). Without tuning (BlasOptions::tuneGemms false,
-// COHORT_GEMM_TUNING=off), while the stream is being captured into a CUDA graph (measuring would
+// as cuDNN's Find does for convolutions (dnn.h). Without tuning (BlasOptions::tuneGemms false:
+// `--gemm-tuning off`, or COHORT_GEMM_TUNING=off without the flag; GpuOptions::tuneGemms), while the stream is being captured into a CUDA graph (measuring would
 // record the timing runs into the graph), or when no candidate ran, it takes the heuristic's first.
 //
 // GemmTimer runs on the product's stream; EventGemmTimer synchronises with its last event (once per

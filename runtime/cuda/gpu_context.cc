@@ -28,7 +28,9 @@ GpuContext::GpuContext(Device device, const GpuOptions& options)
       options_(options),
       stream_(device, StreamOptions{.name = "compute"}),
       allocator_(device),
-      blas_(stream_, {.allocator = &allocator_, .tuneGemms = gemmTuningFromEnvironment(options.tuneGemms), .timer = nullptr}) {
+      tuneGemms_(options.tuneGemms ? *options.tuneGemms : gemmTuningFromEnvironment(true)),
+      blas_(stream_, {.allocator = &allocator_, .tuneGemms = tuneGemms_, .timer = nullptr}),
+      workspace_(allocator_) {
   if (options.tf32) blas_.setTf32(true);
 }
 

@@ -1,14 +1,17 @@
 // GpuContext: what the nn runtime needs to run on one GPU, made once per worker: the compute
 // stream every kernel of a training step is enqueued on, the caching allocator every device buffer
-// comes from (statistics for --memory-report), a cuBLAS handle bound to that stream, and (when the
-// build found cuDNN) a cuDNN handle on it, created at the first dnn() call so that models without
-// convolutions never load cuDNN. Its GpuOptions (runtime/gpu_options.h) say how it runs what it
-// runs: which convolution algorithms the layers may choose (ConvPolicy; dnn.h).
+// comes from (statistics for --memory-report), a cuBLAS handle bound to that stream, the transient
+// workspace that kernels within one call borrow (workspace.h: one block for all layers, not one per
+// call), and (when the build found cuDNN) a cuDNN handle on it, created at the first dnn() call so
+// that models without convolutions never load cuDNN. Its GpuOptions (runtime/gpu_options.h) say how
+// it runs what it runs: which convolution algorithms the layers may choose (ConvPolicy; dnn.h),
+// whether GEMM algorithms are timed per shape (tuneGemms; gemm_tuner.h).
 //
 // Everything a step enqueues goes to the one compute stream, which is what makes the caching
 // allocator's immediate reuse of freed blocks safe (caching_allocator.h, single-stream contract).
 // Side streams (the data prefetcher's copy stream) hand work over with events.
-// Ownership: owns the three; members are destroyed in reverse order (cuBLAS before the stream).
+// Ownership: owns them all; members are destroyed in reverse order (the workspace before the
+// allocator, cuBLAS before the stream).
 // Thread safety: as its members; one training thread uses it.
 // Only built when CUDA is compiled in (COHORT_HAVE_CUDA).
 //
@@ -21,6 +24,7 @@
 
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/kernels.h"
+#include "runtime/cuda/workspace.h"
 #include "runtime/gpu_options.h"
 #include "runtime/stream.h"
 
@@ -42,6 +46,11 @@ class GpuContext {
   const Stream& stream() const { return stream_; }
   CudaCachingAllocator& allocator() { return allocator_; }
   const Blas& blas() const { return blas_; }
+  // Whether the Blas times cuBLASLt's candidates per product shape (GpuOptions::tuneGemms, else
+  // COHORT_GEMM_TUNING, else on).
+  bool tunesGemms() const { return tuneGemms_; }
+  // The compute stream's transient workspace (workspace.h).
+  Workspace& workspace() { return workspace_; }
 #ifdef COHORT_HAVE_CUDNN
   // The cuDNN handle on the compute stream, created on first use.
   const Dnn& dnn() {
@@ -55,7 +64,9 @@ class GpuContext {
   GpuOptions options_;
   Stream stream_;
   CudaCachingAllocator allocator_;
+  bool tuneGemms_;  // declared before the Blas, which is made with it
   Blas blas_;
+  Workspace workspace_;  // declared after the allocator: its block goes back before the allocator ends
 #ifdef COHORT_HAVE_CUDNN
   std::unique_ptr<Dnn> dnn_;  // declared after the stream: destroyed before it
 #endif

@@ -238,6 +238,7 @@ TEST_F(CliErrorsTest, BadModeAndFlagCombinations) {
   expectInputError({"--precision", "bf16"}, {"--precision bf16 needs --device cuda"});
   expectInputError({"--tf32"}, {"--tf32 applies to --device cuda"});
   expectInputError(withOutputs({"--device", "cuda", "--cuda-graphs", "yes"}), {"--cuda-graphs", "yes"});
+  expectInputError(withOutputs({"--device", "cuda", "--gemm-tuning", "fast"}), {"--gemm-tuning", "fast"});
 }
 
 // Errors found by the flag parser (CLI11) follow the same one-line contract.

@@ -4,6 +4,7 @@
 // learns cli_cnn_test's MNIST-shaped task on the GPU, and cnn:rosetta trains there with --augment.
 // GPU Hogwild (issue 7): 4 workers sharing one GPU's parameters through CUDA IPC reach the single-GPU
 // accuracy; killing the owner (local rank 0) makes the other worker exit with a clear error.
+// --gemm-tuning reaches the GPU (off: a line says so) and the flag wins over COHORT_GEMM_TUNING.
 // All-reduce over NCCL with one rank runs the bucket path and matches a local GPU run; two workers on
 // two GPUs train like one GPU with their combined batch, and at --zero 2 write a sharded checkpoint
 // that `cohort eval` reads on the CPU.
@@ -135,6 +136,48 @@ TEST_F(CliGpuTest, CudaGraphsChangeNothingInTheResult) {
   expectIdenticalCheckpoints(dir_ + "/off.st", dir_ + "/on.st", "graphs against none");
 }
 
+// --gemm-tuning reaches the job's GpuContext: off, rank 0 says so and names the flag; without the flag
+// COHORT_GEMM_TUNING=off turns it off and is named; the flag wins over the environment (on: no line);
+// bench train takes the flag too and refuses a value other than on or off (exit 2, one line).
+TEST_F(CliGpuTest, GemmTuningFlagReachesTheGpu) {
+  std::string text;
+  for (int i = 0; text.size() < 2000; ++i) text += (i % 3 ? "the cat sees a dog. " : "a bird finds the door. ");
+  writeFile(dir_ + "/text.txt", text);
+  auto run = [&](std::vector<std::string> extra, const std::vector<std::string>& environment) {
+    std::vector<std::string> argv = {"train", "--device", "cuda", "--model", "gpt:layers=1,heads=2,dim=16,ctx=8",
+                                     "--data", "text:" + dir_ + "/text.txt", "--batch-size", "8", "--max-steps", "2",
+                                     "--epochs", "1", "--progress-every", "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    CommandResult r = runCohort(argv, {.extraEnvironment = environment});
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    return r;
+  };
+  const std::string off = "GEMM tuning off (";
+  CommandResult byFlag = run({"--gemm-tuning", "off"}, {});
+  EXPECT_NE(byFlag.stdoutText.find(off + "--gemm-tuning off)"), std::string::npos) << byFlag.describe();
+  CommandResult byDefault = run({}, {});
+  EXPECT_EQ(byDefault.stdoutText.find(off), std::string::npos) << byDefault.describe();
+  CommandResult byEnvironment = run({}, {"COHORT_GEMM_TUNING=off"});
+  EXPECT_NE(byEnvironment.stdoutText.find(off + "COHORT_GEMM_TUNING)"), std::string::npos) << byEnvironment.describe();
+  CommandResult flagWins = run({"--gemm-tuning", "on"}, {"COHORT_GEMM_TUNING=off"});
+  EXPECT_EQ(flagWins.stdoutText.find(off), std::string::npos) << flagWins.describe();
+
+  const std::vector<std::string> bench = {"bench", "train", "--device", "cuda", "--model",
+                                          "gpt:layers=1,heads=2,dim=32,ctx=16", "--batch-size", "8", "--samples",
+                                          "80", "--repeats", "1", "--gemm-tuning"};
+  std::vector<std::string> benchOff = bench;
+  benchOff.push_back("off");
+  CommandResult r = runCohort(benchOff);
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_NE(r.stdoutText.find(off + "--gemm-tuning off)"), std::string::npos) << r.describe();
+  std::vector<std::string> benchBad = bench;
+  benchBad.push_back("fast");
+  r = runCohort(benchBad);
+  EXPECT_EQ(r.exitCode, 2) << r.describe();
+  EXPECT_NE(r.stderrText.find("--gemm-tuning"), std::string::npos) << r.describe();
+  EXPECT_EQ(std::count(r.stderrText.begin(), r.stderrText.end(), '\n'), 1) << r.describe();
+}
+
 // Mixed precision learns what fp32 learns (issue 31): a 4×128 GPT trained 200 steps with
 // --precision bf16 reaches a test loss within 2% of the fp32 run's from the same seed (bf16's
 // rounding changes the path, not where it leads). The text is six words drawn at random (a fixed
@@ -174,7 +217,10 @@ TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
 }
 
 // The memory floor on a GPU counts a GPT's logits once, in their type: the loss writes their gradient
-// over them (Loss::setGradInPlace). 8 × 16 × 256 bf16 logits: 64.0 KiB.
+// over them (Loss::setGradInPlace). 8 × 16 × 256 bf16 logits: 64.0 KiB. It counts the GPU's
+// workspaces too (runtime/gpu_scratch.h): the bf16 attention backward's dS once, for batch 8, 2 heads
+// and one 64 × 32 tile pair per head, 8·2·64·32·2 B = 64.0 KiB, and cuBLASLt's workspace, 32 MiB on
+// the emulated device (compute 9.0): 33619968 B = 32.1 MiB; fp32 has no dS scratch.
 TEST_F(CliGpuTest, MemoryReportCountsTheLogitsOnceInTheirType) {
   std::string text;
   for (int i = 0; i < 300; ++i) text += i % 2 ? "the cat sees a dog. " : "a bird finds the river. ";
@@ -185,6 +231,16 @@ TEST_F(CliGpuTest, MemoryReportCountsTheLogitsOnceInTheirType) {
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_NE(r.stdoutText.find("(logits, their gradient written over them, 64.0 KiB)"), std::string::npos)
       << r.stdoutText;
+  EXPECT_NE(r.stdoutText.find(", GPU workspaces 32.1 MiB (the attention backward's dS scratch 64.0 KiB, cuBLASLt's "
+                              "workspace 32.0 MiB); "),
+            std::string::npos)
+      << r.stdoutText;
+  CommandResult fp32 = runCohort({"train", "--device", "cuda", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16", "--data",
+                                  "text:" + dir_ + "/corpus.txt", "--batch-size", "8", "--max-steps", "1",
+                                  "--progress-every", "0", "--memory-report"});
+  ASSERT_EQ(fp32.exitCode, 0) << fp32.describe();
+  EXPECT_NE(fp32.stdoutText.find(", GPU workspaces 32.0 MiB (cuBLASLt's workspace 32.0 MiB); "), std::string::npos)
+      << fp32.stdoutText;
 }
 
 TEST_F(CliGpuTest, LenetWithBatchNormLearnsOnTheGpu) {

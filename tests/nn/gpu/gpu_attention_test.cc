@@ -4,7 +4,8 @@
 // magnitude, over T = 1, odd T, T one past several tiles, several heads and head sizes in each bucket
 // (8, 40, 64, 100, 128); the bf16 kernels give the fp32 kernels' results rounded, also at GPT-2's
 // shape (T = 1024, head size 64), where the bf16 backward's dq, dk and dv are each close to the fp32
-// kernels' and repeat bit for bit; two runs give the same bits; P is refused after a GPU forward.
+// kernels' and repeat bit for bit; two runs give the same bits; bf16 layers share one dS scratch,
+// allocated once for all layers and steps; P is refused after a GPU forward.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -295,6 +296,54 @@ TEST(GpuAttention, TwoRunsGiveTheSameBits) {
   EXPECT_TRUE(sameBits(runs[0], runs[3])) << "output";
   EXPECT_TRUE(sameBits(runs[1], runs[4])) << "input gradient";
   EXPECT_TRUE(sameBits(runs[2], runs[5])) << "parameter gradients";
+}
+
+// bf16 layers take the backward's dS scratch from their context's workspace (workspace.h): one block,
+// allocated at the first backward, for every layer and step after it; nothing of the device's is
+// allocated in the steps after the first; and a layer's gradients are the same bits whatever another
+// layer left in the block. A larger layer grows the block once; smaller ones then fit in it.
+struct Bf16Layer {
+  Bf16Layer(const AttentionCase& c, runtime::cuda::GpuContext& gpu, uint64_t seed) : layer(c, gpu) {
+    layer.devPass.precision = runtime::DType::kBF16;
+    x = uniform(Shape{c.batch, c.time, c.dim}, 2.0f, seed).clone(gpu.allocator());
+    dy = uniform(Shape{c.batch, c.time, c.dim}, 1.0f, seed + 1).clone(gpu.allocator());
+  }
+  // One forward and backward; the parameter gradients on the host.
+  Tensor step(runtime::cuda::GpuContext& gpu) {
+    layer.dev.forward(x, layer.devPass);
+    layer.dev.backward(dy, layer.devPass);
+    return toHost(layer.devParams.grads(), gpu);
+  }
+  Twins layer;
+  Tensor x, dy;
+};
+
+TEST(GpuAttention, Bf16ScratchIsAllocatedOnceForAllLayersAndSteps) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  runtime::cuda::GpuContext gpu(Device::cuda(0));
+  const AttentionCase c{"shared", 2, 70, 2, 64};
+  Bf16Layer first(c, gpu, 3), second(c, gpu, 11);
+  const Tensor firstGrads = first.step(gpu);
+  const size_t scratchBytes = runtime::cuda::attentionBackwardScratchBytes(
+      {.batch = c.batch, .time = c.time, .heads = c.heads, .dim = c.dim}, runtime::DType::kBF16);
+  ASSERT_GT(scratchBytes, 0u);
+  EXPECT_EQ(gpu.workspace().bytes(), scratchBytes);
+  EXPECT_EQ(gpu.workspace().growths(), 1u);
+  second.step(gpu);
+  const runtime::AllocatorStats before = gpu.allocator().stats();
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_TRUE(sameBits(first.step(gpu), firstGrads)) << "step " << step << ": the first layer's gradients";
+    second.step(gpu);
+  }
+  EXPECT_EQ(gpu.allocator().stats().allocationCount, before.allocationCount) << "device allocations in later steps";
+  EXPECT_EQ(gpu.workspace().growths(), 1u);
+
+  Bf16Layer longer({"longer", 2, 130, 2, 64}, gpu, 5);
+  longer.step(gpu);
+  EXPECT_EQ(gpu.workspace().growths(), 2u);
+  EXPECT_GT(gpu.workspace().bytes(), scratchBytes);
+  EXPECT_TRUE(sameBits(first.step(gpu), firstGrads)) << "the first layer's gradients in the grown block";
+  EXPECT_EQ(gpu.workspace().growths(), 2u);
 }
 
 TEST(GpuAttention, ProbabilitiesAreRefusedAfterAGpuForward) {

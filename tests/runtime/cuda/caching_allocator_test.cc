@@ -16,6 +16,7 @@
 
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/pinned_allocator.h"
+#include "runtime/cuda/workspace.h"
 
 namespace cohort::runtime::cuda {
 namespace {
@@ -241,6 +242,37 @@ TEST_F(CachingAllocatorTest, GraphPoolsKeepTheCapturedBlocksForTheGraph) {
   EXPECT_EQ(alloc.stats().allocatedBytes, 0u);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// GpuContext's transient workspace (workspace.h) on the allocator: one block, grown only by a
+// larger request; a block that a captured graph may use (handed out when the capture began) and that
+// a later growth frees stays the graph's pool's, so nothing else gets it until the pool is released.
+TEST_F(CachingAllocatorTest, WorkspaceGrowsOnceAndKeepsACapturedBlockForItsGraph) {
+  CudaCachingAllocator alloc(Device::cuda(0));
+  Workspace workspace(alloc);
+  EXPECT_EQ(workspace.borrow(0), nullptr);
+  void* first = workspace.borrow(4 * kMiB);
+  EXPECT_EQ(workspace.borrow(3 * kMiB), first);
+  EXPECT_EQ(workspace.borrow(4 * kMiB), first);
+  EXPECT_EQ(workspace.growths(), 1u);
+  EXPECT_EQ(alloc.stats().allocationCount, 1u);
+  const uint64_t pool = alloc.beginGraphCapture();  // the graph records `first`
+  alloc.endGraphCapture();
+  void* grown = workspace.borrow(6 * kMiB);
+  EXPECT_NE(grown, first);
+  EXPECT_EQ(workspace.growths(), 2u);
+  EXPECT_EQ(workspace.bytes(), 6 * kMiB);
+  EXPECT_EQ(alloc.graphPoolBytes(), 4 * kMiB);
+  void* other = alloc.allocate(4 * kMiB);
+  EXPECT_NE(other, first) << "the graph's block went to another user";
+  alloc.deallocate(other, 4 * kMiB);
+  alloc.releaseGraphPool(pool);
+  EXPECT_EQ(alloc.graphPoolBytes(), 0u);
+  void* a = alloc.allocate(4 * kMiB);
+  void* b = alloc.allocate(4 * kMiB);
+  EXPECT_TRUE(a == first || b == first) << "the released pool's block serves everyone again";
+  alloc.deallocate(a, 4 * kMiB);
+  alloc.deallocate(b, 4 * kMiB);
 }
 
 TEST(PinnedHostAllocatorTest, AllocatesHostVisiblePinnedMemory) {
