@@ -46,9 +46,12 @@ struct Floor {
   // dS (one block for all layers: the largest layer's) and cuBLASLt's workspace.
   double attentionScratch = 0;
   double blasWorkspace = 0;
+  // On a GPU in bf16: the parameters' bf16 copy the layers read (nn/param_buffer.h), 2 bytes per
+  // element of the whole flat buffer at every --zero stage.
+  double halfCopy = 0;
   double workspaces() const { return attentionScratch + blasWorkspace; }
   double total() const {
-    return std::max(static_cast<double>(state.total()) + logits + activations + workspaces(), placement);
+    return std::max(static_cast<double>(state.total()) + halfCopy + logits + activations + workspaces(), placement);
   }
 };
 
@@ -66,6 +69,13 @@ void countGpuWorkspaces(const MemoryEstimateInputs& in, Floor& f) {
   const nn::GptOptions& o = gpt->options();
   f.attentionScratch = static_cast<double>(runtime::bf16AttentionScratchBytes(
       {.batch = in.batchSize, .heads = o.heads, .time = in.context, .headSize = o.dim / o.heads}));
+}
+
+// A bf16 pass on a GPU reads the parameters its layers declare (Linear's, a GPT head's) from one bf16
+// copy of the whole flat buffer (ParamBuffer::halfValue), whatever the stage: 2 bytes per element.
+void countHalfCopy(const MemoryEstimateInputs& in, Floor& f) {
+  if (!in.onGpu || in.precision != runtime::DType::kBF16 || !in.model.params.readsAnyAsBf16()) return;
+  f.halfCopy = 2.0 * static_cast<double>(in.model.params.numel());
 }
 
 // Whether the loss writes the logits' gradient over them: on a GPU, for a model whose backward does
@@ -107,6 +117,7 @@ Floor floorAt(const MemoryEstimateInputs& in, int zero, std::optional<nn::Recomp
     f.attention = b.attention;
   }
   countGpuWorkspaces(in, f);
+  countHalfCopy(in, f);
   return f;
 }
 
@@ -172,8 +183,9 @@ std::string describeFloor(const MemoryEstimateInputs& in, const Floor& f) {
   if (in.zero > 0)
     what += " at --zero " + std::to_string(in.zero) + " over " + std::to_string(in.shardGroup) + " ranks";
   if (s.staging > 0) what += ", the shards' temporary buffers " + bytes(static_cast<double>(s.staging));
+  if (f.halfCopy > 0) what += ", the parameters' bf16 copy " + bytes(f.halfCopy);
   if (f.logits > 0) what += std::string(", ") + logitsWhat(in) + " " + bytes(f.logits);
-  if (f.placement > static_cast<double>(s.total()) + f.logits + f.activations + f.workspaces()) {
+  if (f.placement > static_cast<double>(s.total()) + f.halfCopy + f.logits + f.activations + f.workspaces()) {
     what += "; while the job places the model " + bytes(f.placement) +
             (in.onGpu ? " (the whole parameters and gradients before they are sharded)"
                       : " (the whole parameters before they are sharded)");
@@ -192,8 +204,9 @@ void reportEstimate(const MemoryEstimateInputs& in, const Floor& f, const runtim
   auto line = log.info();
   line << "memory estimate per rank (--zero " << in.zero << " over " << in.shardGroup << " rank(s)";
   if (f.recompute) line << ", --recompute " << nn::recomputeName(*f.recompute);
-  line << "): parameters " << bytes(static_cast<double>(f.state.params)) << ", gradients "
-       << bytes(static_cast<double>(f.state.grads)) << ", optimizer state "
+  line << "): parameters " << bytes(static_cast<double>(f.state.params));
+  if (f.halfCopy > 0) line << " (and their bf16 copy " << bytes(f.halfCopy) << ")";
+  line << ", gradients " << bytes(static_cast<double>(f.state.grads)) << ", optimizer state "
        << bytes(static_cast<double>(f.state.optimizer)) << ", temporary buffers "
        << bytes(static_cast<double>(f.state.staging)) << ", activations " << bytes(f.activations + f.logits);
   if (f.logits > 0) {

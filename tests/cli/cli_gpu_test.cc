@@ -220,7 +220,8 @@ TEST_F(CliGpuTest, GptInBf16LearnsWhatFp32Learns) {
 // over them (Loss::setGradInPlace). 8 × 16 × 256 bf16 logits: 64.0 KiB. It counts the GPU's
 // workspaces too (runtime/gpu_scratch.h): the bf16 attention backward's dS once, for batch 8, 2 heads
 // and one 64 × 32 tile pair per head, 8·2·64·32·2 B = 64.0 KiB, and cuBLASLt's workspace, 32 MiB on
-// the emulated device (compute 9.0): 33619968 B = 32.1 MiB; fp32 has no dS scratch.
+// the emulated device (compute 9.0): 33619968 B = 32.1 MiB; fp32 has no dS scratch. In bf16 the
+// parameters' bf16 copy (nn/param_buffer.h) is counted beside them: half their fp32 bytes.
 TEST_F(CliGpuTest, MemoryReportCountsTheLogitsOnceInTheirType) {
   std::string text;
   for (int i = 0; i < 300; ++i) text += i % 2 ? "the cat sees a dog. " : "a bird finds the river. ";
@@ -235,12 +236,21 @@ TEST_F(CliGpuTest, MemoryReportCountsTheLogitsOnceInTheirType) {
                               "workspace 32.0 MiB); "),
             std::string::npos)
       << r.stdoutText;
+  // "parameters 84.0 KiB (and their bf16 copy 42.0 KiB)": both figures in KiB at this size.
+  const size_t at = r.stdoutText.find("): parameters ");
+  ASSERT_NE(at, std::string::npos) << r.stdoutText;
+  double params = 0, copy = 0;
+  ASSERT_EQ(std::sscanf(r.stdoutText.c_str() + at, "): parameters %lf KiB (and their bf16 copy %lf KiB)", &params, &copy), 2)
+      << r.stdoutText.substr(at, 120);
+  EXPECT_GT(copy, 10.0);
+  EXPECT_NEAR(copy, params / 2, 0.1) << r.stdoutText.substr(at, 120);
   CommandResult fp32 = runCohort({"train", "--device", "cuda", "--model", "gpt:layers=1,heads=2,dim=32,ctx=16", "--data",
                                   "text:" + dir_ + "/corpus.txt", "--batch-size", "8", "--max-steps", "1",
                                   "--progress-every", "0", "--memory-report"});
   ASSERT_EQ(fp32.exitCode, 0) << fp32.describe();
   EXPECT_NE(fp32.stdoutText.find(", GPU workspaces 32.0 MiB (cuBLASLt's workspace 32.0 MiB); "), std::string::npos)
       << fp32.stdoutText;
+  EXPECT_EQ(fp32.stdoutText.find("bf16 copy"), std::string::npos) << fp32.stdoutText;
 }
 
 TEST_F(CliGpuTest, LenetWithBatchNormLearnsOnTheGpu) {
