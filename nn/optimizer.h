@@ -37,6 +37,7 @@
 namespace cohort::runtime::cuda {
 class GpuContext;
 struct StepControl;
+struct OptimizerChunk;
 }
 
 namespace cohort::nn {
@@ -102,6 +103,21 @@ class Optimizer {
     float lrIfOneMore = 0;  // control->appliedBefore == steps() + 1
   };
   void stepDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step);
+  // stepDeferred in its two halves, for a step whose device work a CUDA graph captures
+  // (train/step_graph.h): stageDeferred writes the step's options (learning rates, bias corrections,
+  // for both counts) into the optimizer's device arguments (one kernel, which must not be captured:
+  // enqueue it before the graph's launch); applyDeferred enqueues the update, which reads them
+  // through a pointer that never changes (one kernel, which a graph may capture). stepDeferred is
+  // stageDeferred then applyDeferred.
+  void stageDeferred(const DeferredStep& step);
+  void applyDeferred(const Tensor& params, const Tensor& grads, const runtime::cuda::StepControl* control);
+  // GPU: the bf16 copy of the parameters the whole-buffer steps (step(), stepDeferred()) keep: device
+  // memory of numel() bf16 values laid out as the flat buffer, into which the step's kernel also
+  // writes bf16(new value) (rounded to nearest even, as runtime/cuda's convertToBf16) at the index
+  // of every element it updates; a step not applied writes nothing, so the copy still matches.
+  // nullptr: none (the default). The memory must outlive the steps that write it. InvalidArgument
+  // for an optimizer on the CPU or over a shard.
+  void setHalfCopy(void* bf16Flat);
   virtual std::vector<StateTensor> state() const = 0;
 
   // One step over elements [begin, end) only (CPU): a worker that owns that shard of the parameters
@@ -185,11 +201,23 @@ class Optimizer {
   // The update of n elements on the GPU (params and grads device buffers of gpu_'s device), with
   // the state's elements [stateBegin, stateBegin + n), for the step being taken; one kernel.
   virtual void stepGpuRange(float* params, const float* grads, int64_t stateBegin, int64_t n, const RunRate& rate) = 0;
-  // The deferred update of n elements of one group (its weight decay and lr scale `run`).
-  virtual void stepGpuDeferred(float* params, const float* grads, int64_t stateBegin, int64_t n, const ParamGroup& run,
-                               const DeferredStep& step) = 0;
+  // The whole-buffer GPU steps (step(), stepDeferred()) are one multi-tensor kernel over the chunk
+  // table (runtime/cuda/step_guard.h, OptimizerChunk): stageGpu writes the step's options per rate
+  // into stepArgs_ (uncaptured), applyGpu enqueues the kernel over params and grads (numel()
+  // elements each; control null: an undecided step, applied with ifSettled).
+  struct GpuStep {
+    int64_t settledSteps = 0;
+    float lrIfSettled = 0, lrIfOneMore = 0;
+  };
+  virtual void stageGpu(const GpuStep& step) = 0;
+  virtual void applyGpu(float* params, const float* grads, const runtime::cuda::StepControl* control) = 0;
+  // Builds the chunk table and the step arguments' device memory, once (CUDA builds, gpu_ set).
+  void prepareGpu();
+  const runtime::cuda::OptimizerChunk* chunks() const;
   // Throws InvalidArgument unless params and grads are on this optimizer's GPU.
   void requireGpuBuffers(const Tensor& params, const Tensor& grads) const;
+  // And that both are numel() elements long.
+  void requireWholeGpuBuffers(const Tensor& params, const Tensor& grads) const;
   OptimizerOptions options_;
   size_t numel_ = 0;
   int64_t steps_ = 0;
@@ -200,6 +228,12 @@ class Optimizer {
   // options_.groups with the gaps filled, adjacent equal ones merged: sorted runs tiling the flat
   // index space [0, SIZE_MAX).
   std::vector<ParamGroup> runs_;
+  // The runs' distinct (weightDecay, lrScale), in order of first appearance: the chunks' rates.
+  std::vector<ParamGroup> rates_;
+  Tensor chunkTable_;  // GPU: the OptimizerChunks over [0, numel()), made by prepareGpu
+  int chunkCount_ = 0;
+  Tensor stepArgs_;  // GPU: the step's OptimizerStepArgs (of the optimizer's options type)
+  void* half_ = nullptr;  // setHalfCopy's
 
  private:
   void makeRuns();

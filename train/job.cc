@@ -402,7 +402,8 @@ StepResult Job::step(const StepOptions& options) {
                     .defer = defer,
                     .skipsLeft = options.skipNonFinite,
                     .lrIfSettled = lrIfSettled,
-                    .lrIfOneMore = lrIfOneMore},
+                    .lrIfOneMore = lrIfOneMore,
+                    .graph = defer ? options.graph : nullptr},
                    {.rank = world_.rank, .worldSize = world_.worldSize, .timeline = timeline_});
   });
   if (defer) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/elements.h"
 #include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/error.h"
@@ -48,6 +49,10 @@ struct SgdArgs {
   bool firstStep;
 };
 
+__host__ __device__ inline SgdArgs sgdArgs(const SgdStepOptions& o) {
+  return {o.lr, o.momentum, o.weightDecay, o.nesterov, o.firstStep};
+}
+
 __device__ __forceinline__ void sgdElement(float& p, float g, float& buf, const SgdArgs& a) {
   float d = g;
   if (a.weightDecay != 0.0f) d = d + a.weightDecay * p;
@@ -88,6 +93,42 @@ __global__ void sgdKernel(float* __restrict__ param, const float* __restrict__ g
     sgdElement(p, __fmul_rn(grad[i], mult), b, a);
     param[i] = p;
     if (buf) buf[i] = b;
+  }
+}
+
+// A multi-tensor SGD step (step_guard.h): block b the chunks b, b + grid, ...; each element as
+// sgdKernel's.
+__global__ void sgdChunksKernel(SgdChunks b, bool vectorize, const OptimizerStepArgs<SgdStepOptions>* __restrict__ args,
+                                const StepControl* __restrict__ control) {
+  float mult;
+  const SgdStepOptions* rates = launch::chunkArgs(control, args, mult);
+  if (rates == nullptr) return;
+  auto* half = static_cast<__nv_bfloat16*>(b.half);
+  for (int c = blockIdx.x; c < b.chunkCount; c += gridDim.x) {
+    const OptimizerChunk chunk = b.chunks[c];
+    const SgdArgs a = sgdArgs(rates[chunk.rate]);
+    const bool readBuf = b.momentumBuffer != nullptr && !a.firstStep;
+    const auto one = [&](size_t i) {
+      float buf = readBuf ? b.momentumBuffer[i] : 0.0f;
+      float p = b.param[i];
+      sgdElement(p, __fmul_rn(b.grad[i], mult), buf, a);
+      b.param[i] = p;
+      if (b.momentumBuffer) b.momentumBuffer[i] = buf;
+      if (half) half[i] = elements::store<__nv_bfloat16>(p);
+    };
+    const auto quad = [&](size_t q) {
+      float4 p = elements::loadQuad(b.param, q);
+      const float4 g = elements::loadQuad(b.grad, q);
+      float4 buf = readBuf ? elements::loadQuad(b.momentumBuffer, q) : make_float4(0, 0, 0, 0);
+      sgdElement(p.x, __fmul_rn(g.x, mult), buf.x, a);
+      sgdElement(p.y, __fmul_rn(g.y, mult), buf.y, a);
+      sgdElement(p.z, __fmul_rn(g.z, mult), buf.z, a);
+      sgdElement(p.w, __fmul_rn(g.w, mult), buf.w, a);
+      elements::storeQuad(b.param, q, p);
+      if (b.momentumBuffer) elements::storeQuad(b.momentumBuffer, q, buf);
+      if (half) elements::storeQuad(half, q, p);
+    };
+    launch::forChunkElements(chunk, vectorize, one, quad);
   }
 }
 
@@ -174,8 +215,6 @@ __global__ void sumPartialsKernel(const double* __restrict__ partials, unsigned 
   if (threadIdx.x == 0) *out = total;
 }
 
-SgdArgs sgdArgs(const SgdStepOptions& o) { return {o.lr, o.momentum, o.weightDecay, o.nesterov, o.firstStep}; }
-
 void launchSgd(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, const Stream& stream) {
   checkCudaStream(stream);
   size_t n = buffers.param.size();
@@ -199,6 +238,22 @@ void launchSgd(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, c
 }
 
 }  // namespace
+
+void sgdStep(const SgdChunks& buffers, const OptimizerStepArgs<SgdStepOptions>* args, const StepControl* control,
+             const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(args != nullptr && buffers.chunkCount >= 0) << "a multi-tensor SGD step without its arguments";
+  if (buffers.chunkCount == 0) return;
+  const bool vectorize = aligned16(buffers.param) && aligned16(buffers.grad) &&
+                         (buffers.momentumBuffer == nullptr || aligned16(buffers.momentumBuffer)) &&
+                         reinterpret_cast<uintptr_t>(buffers.half) % 8 == 0;
+  CudaDeviceGuard guard(stream.device().index);
+  const auto blocks = static_cast<unsigned>(std::min<size_t>(static_cast<size_t>(buffers.chunkCount),
+                                                             launch::maxBlocks(stream)));
+  COHORT_LAUNCH(sgdChunksKernel, blocks, kThreads, 0, static_cast<cudaStream_t>(stream.native()))(buffers, vectorize,
+                                                                                                 args, control);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
 
 void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
   launchSgd(buffers, {.control = nullptr, .settledSteps = 0, .ifSettled = options, .ifOneMore = options}, stream);

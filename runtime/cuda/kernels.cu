@@ -289,6 +289,41 @@ __global__ void adamKernel(float* __restrict__ param, const float* __restrict__ 
   }
 }
 
+// A multi-tensor Adam step (step_guard.h): block b the chunks b, b + grid, ...; each element as
+// adamKernel's.
+__global__ void adamChunksKernel(AdamChunks b, bool vectorize, const OptimizerStepArgs<AdamStepOptions>* __restrict__ args,
+                                 const StepControl* __restrict__ control) {
+  float mult;
+  const AdamStepOptions* rates = chunkArgs(control, args, mult);
+  if (rates == nullptr) return;
+  auto* half = static_cast<__nv_bfloat16*>(b.half);
+  for (int c = blockIdx.x; c < b.chunkCount; c += gridDim.x) {
+    const OptimizerChunk chunk = b.chunks[c];
+    const AdamStepOptions o = rates[chunk.rate];
+    const auto one = [&](size_t i) {
+      float p = b.param[i], m = b.expAvg[i], v = b.expAvgSq[i];
+      adamElement(p, __fmul_rn(b.grad[i], mult), m, v, o);
+      b.param[i] = p;
+      b.expAvg[i] = m;
+      b.expAvgSq[i] = v;
+      if (half) half[i] = elements::store<__nv_bfloat16>(p);
+    };
+    const auto quad = [&](size_t q) {
+      float4 p = elements::loadQuad(b.param, q), m = elements::loadQuad(b.expAvg, q), v = elements::loadQuad(b.expAvgSq, q);
+      const float4 g = elements::loadQuad(b.grad, q);
+      adamElement(p.x, __fmul_rn(g.x, mult), m.x, v.x, o);
+      adamElement(p.y, __fmul_rn(g.y, mult), m.y, v.y, o);
+      adamElement(p.z, __fmul_rn(g.z, mult), m.z, v.z, o);
+      adamElement(p.w, __fmul_rn(g.w, mult), m.w, v.w, o);
+      elements::storeQuad(b.param, q, p);
+      elements::storeQuad(b.expAvg, q, m);
+      elements::storeQuad(b.expAvgSq, q, v);
+      if (half) elements::storeQuad(half, q, p);
+    };
+    forChunkElements(chunk, vectorize, one, quad);
+  }
+}
+
 void checkMatrix(int64_t rows, int64_t cols) {
   COHORT_CHECK(rows >= 0 && cols >= 0) << "matrix of " << rows << " x " << cols;
 }
@@ -459,6 +494,19 @@ void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, i
               const AdamStepOptions& options, const Stream& stream) {
   launchAdam({param, grad, expAvg, expAvgSq, n},
              {.control = nullptr, .settledSteps = 0, .ifSettled = options, .ifOneMore = options}, stream);
+}
+
+void adamStep(const AdamChunks& b, const OptimizerStepArgs<AdamStepOptions>* args, const StepControl* control,
+              const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(args != nullptr && b.chunkCount >= 0) << "a multi-tensor Adam step without its arguments";
+  if (b.chunkCount == 0) return;
+  const bool vectorize = vecCountFor(4, b.param, b.grad, b.expAvg, b.expAvgSq) > 0 &&
+                         reinterpret_cast<uintptr_t>(b.half) % 8 == 0;
+  CudaDeviceGuard guard(stream.device().index);
+  const auto blocks = static_cast<unsigned>(std::min<size_t>(static_cast<size_t>(b.chunkCount), maxBlocks(stream)));
+  COHORT_LAUNCH(adamChunksKernel, blocks, kThreads, 0, nativeStream(stream))(b, vectorize, args, control);
+  COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
 void adamStep(const AdamBuffers& buffers, const Guarded<AdamStepOptions>& step, const Stream& stream) {

@@ -86,6 +86,35 @@ __device__ __forceinline__ bool guardedArgs(const StepControl* control, long lon
   return true;
 }
 
+// The options of a multi-tensor optimizer kernel (step_guard.h, OptimizerStepArgs): null when the
+// step applies nothing; else the rates' options for the step count the device holds, and `mult`
+// the gradient's multiplier (as guardedArgs).
+template <class Options>
+__device__ __forceinline__ const Options* chunkArgs(const StepControl* control, const OptimizerStepArgs<Options>* args,
+                                                    float& mult) {
+  mult = 1.0f;
+  if (control == nullptr) return args->ifSettled;
+  if (!control->apply) return nullptr;
+  mult = control->gradMultiplier;
+  return control->appliedBefore == args->settledSteps ? args->ifSettled : args->ifOneMore;
+}
+
+// The block's threads over one chunk's elements: one(i) for element i, quad(q) for elements 4q..4q+3
+// where `vectorize` (every buffer aligned for quads) and the quad lies inside the chunk; the chunk's
+// unaligned ends one by one. Each element is visited once, whatever the split.
+template <class One, class Quad>
+__device__ __forceinline__ void forChunkElements(const OptimizerChunk& chunk, bool vectorize, One one, Quad quad) {
+  const long long begin = chunk.begin, end = chunk.begin + chunk.count;
+  // [begin, quadsBegin) one by one, [quadsBegin, quadsEnd) in quads (both multiples of 4 when it
+  // is not empty), [quadsEnd, end) one by one.
+  const long long aligned = (begin + 3) / 4 * 4;
+  const long long quadsBegin = vectorize && aligned < end ? aligned : end;
+  const long long quadsEnd = end / 4 * 4 > quadsBegin ? end / 4 * 4 : quadsBegin;
+  for (long long i = begin + threadIdx.x; i < quadsBegin; i += blockDim.x) one(static_cast<size_t>(i));
+  for (long long q = quadsBegin / 4 + threadIdx.x; q < quadsEnd / 4; q += blockDim.x) quad(static_cast<size_t>(q));
+  for (long long i = quadsEnd + threadIdx.x; i < end; i += blockDim.x) one(static_cast<size_t>(i));
+}
+
 // ---- row groups (row-wise kernels: softmax, losses, LayerNorm) ----
 
 // Rows up to this wide get one warp (no barriers, kWarpsPerBlock rows per block); wider rows a

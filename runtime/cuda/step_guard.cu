@@ -1,4 +1,5 @@
-// judgeStep (step_guard.h): one thread turns a step's sum of squares into its decision.
+// judgeStep (step_guard.h): one thread turns a step's sum of squares into its decision; and
+// storeOnDevice, the one uncaptured write of a step's changing values.
 //
 // The roundings are the host's (train/strategy.cc, nn/grad_norm.cc), in its order: the norm in
 // double, gradScale x sqrt(sum); the clip coefficient in float, maxNorm / (float(norm) + 1e-6),
@@ -9,6 +10,8 @@
 #include <cfloat>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/kernels.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/cuda/step_guard.h"
 #include "runtime/error.h"
@@ -16,9 +19,10 @@
 namespace cohort::runtime::cuda {
 namespace {
 
-__global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, StepGuardState* __restrict__ state,
-                                StepRecord* __restrict__ record, JudgeOptions o) {
+__global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, const JudgeOptions* __restrict__ options,
+                                StepGuardState* __restrict__ state, StepRecord* __restrict__ record) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const JudgeOptions o = *options;
   if (o.seed) {
     state->applied = o.seedApplied;
     state->nonFinite = 0;
@@ -53,14 +57,34 @@ __global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, StepGua
   record->spike = spike;
 }
 
+template <class T>
+__global__ void storeKernel(T* __restrict__ device, T value) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *device = value;
+}
+
 }  // namespace
 
-void judgeStep(const double* sumOfSquares, StepGuardState* state, StepRecord* record, const JudgeOptions& options,
+void judgeStep(const double* sumOfSquares, const JudgeOptions* options, StepGuardState* state, StepRecord* record,
                const Stream& stream) {
   launch::checkCudaStream(stream);
   CudaDeviceGuard guard(stream.device().index);
-  COHORT_LAUNCH(judgeStepKernel, 1, 1, 0, launch::nativeStream(stream))(sumOfSquares, state, record, options);
+  COHORT_LAUNCH(judgeStepKernel, 1, 1, 0, launch::nativeStream(stream))(sumOfSquares, options, state, record);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
+
+template <class T>
+void storeOnDevice(T* device, const T& value, const Stream& stream) {
+  static_assert(sizeof(T) <= 4000, "a kernel's arguments hold at most 4 KiB");
+  launch::checkCudaStream(stream);
+  CudaDeviceGuard guard(stream.device().index);
+  COHORT_LAUNCH(storeKernel<T>, 1, 1, 0, launch::nativeStream(stream))(device, value);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+template void storeOnDevice(JudgeOptions*, const JudgeOptions&, const Stream&);
+template void storeOnDevice(OptimizerStepArgs<SgdStepOptions>*, const OptimizerStepArgs<SgdStepOptions>&,
+                            const Stream&);
+template void storeOnDevice(OptimizerStepArgs<AdamStepOptions>*, const OptimizerStepArgs<AdamStepOptions>&,
+                            const Stream&);
 
 }  // namespace cohort::runtime::cuda

@@ -8,6 +8,7 @@
 #include "nn/grad_norm.h"
 #include "runtime/error.h"
 #include "train/checkpoint/checkpointer.h"
+#include "train/step_graph.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/elementwise.h"
@@ -96,15 +97,28 @@ void WholeGradient::update(const StepPlan& plan, float clip) const {
 }
 
 StepResult WholeGradient::stepDeferred(const StepPlan& plan, LossVerdict loss, int gradientRank) const {
-  const runtime::cuda::StepControl* control = plan.guard->judge(params.grads(), {.gradScale = plan.gradScale,
-                                                                                 .clipGradNorm = plan.clipGradNorm,
-                                                                                 .loss = loss,
-                                                                                 .gradientRank = gradientRank,
-                                                                                 .maxGradNorm = plan.maxGradNorm,
-                                                                                 .skipsLeft = plan.skipsLeft,
-                                                                                 .settledSteps = optimizer.steps()});
-  optimizer.stepDeferred(params.values(), params.grads(),
-                         {.control = control, .lrIfSettled = plan.lrIfSettled, .lrIfOneMore = plan.lrIfOneMore});
+  // The host's part and the uncaptured writes of what changes per step (`stage`); the kernels that
+  // read them, which a CUDA graph may capture (`device`); then the record's copy into its ring slot.
+  const auto stage = [&] {
+    plan.guard->stageJudge({.gradScale = plan.gradScale,
+                            .clipGradNorm = plan.clipGradNorm,
+                            .loss = loss,
+                            .gradientRank = gradientRank,
+                            .maxGradNorm = plan.maxGradNorm,
+                            .skipsLeft = plan.skipsLeft,
+                            .settledSteps = optimizer.steps()});
+    optimizer.stageDeferred({.lrIfSettled = plan.lrIfSettled, .lrIfOneMore = plan.lrIfOneMore});
+  };
+  const auto device = [&] {
+    optimizer.applyDeferred(params.values(), params.grads(), plan.guard->judgeOnDevice(params.grads()));
+  };
+  if (plan.graph) {
+    plan.graph->finishStep(stage, device);
+  } else {
+    stage();
+    device();
+  }
+  plan.guard->sendRecord();
   return StepResult{.pending = true};
 }
 

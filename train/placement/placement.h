@@ -101,6 +101,7 @@ struct StepPlan {
   bool defer = false;
   int64_t skipsLeft = 0;  // StepOptions::skipNonFinite
   float lrIfSettled = 0, lrIfOneMore = 0;
+  StepGraph* graph = nullptr;  // a deferred step's device work joins it (StepOptions::graph)
 };
 
 // What a placement adds to a checkpoint: the optimizer state tensors and step counts.
