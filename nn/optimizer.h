@@ -9,7 +9,9 @@
 // The state (buffers and the step count) is exposed for checkpoints. step() works on CPU buffers and
 // may run against shared parameters (Hogwild): it reads and writes each parameter element once.
 // GPU (CUDA builds): made with a GpuContext, the state lives on that GPU and step() enqueues one
-// fused kernel over the flat buffers on its stream (runtime/cuda/elementwise.h, kernels.h).
+// fused multi-tensor kernel over the flat buffers on its stream (runtime/cuda/elementwise.h,
+// kernels.h): a chunk table built once covers every group's runs, and the step's options per
+// distinct (decay, lr scale) are written into device memory by one tiny kernel before it.
 // stepDeferred() is the same kernel for a step the device decides (train/step/step_guard.h): applied or
 // not, the gradient's multiplier and the step count are device values the host learns later.
 // Sharded (ZeRO-3 / FSDP2) training: makeShardOptimizer builds one over a rank's packed shard of an
@@ -21,8 +23,9 @@
 // (nanoGPT's decay on the >= 2-D weights only: decayMatricesOnly). Every step looks the group of
 // each element up from its flat index — a slice (stepSlice), a shard's pieces (stepShard,
 // stepPieces, from each piece's flat range) or the whole buffer — and updates each run of one
-// group with that group's numbers (on a GPU one kernel per run), so any slice may cross groups and
-// a shard's elements step as the whole buffer's do.
+// group with that group's numbers (on a GPU: the whole buffer in one kernel over its chunk table,
+// a shard's pieces one kernel per piece and run), so any slice may cross groups and a shard's
+// elements step as the whole buffer's do.
 // Thread safety: one thread at a time per optimizer.
 #pragma once
 

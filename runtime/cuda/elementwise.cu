@@ -63,16 +63,10 @@ __device__ __forceinline__ void sgdElement(float& p, float g, float& buf, const 
   p = p - a.lr * d;
 }
 
-// Elements [0, 4 * vecCount) as float4, the rest one by one. `buf` is null without momentum.
-// Guarded (control set): nothing unless control->apply; the gradient is multiplied by
-// control->gradMultiplier first (rounded, never fused: the product the host's scale pass stored);
-// the arguments are `ifOneMore` when a step the host has not read yet applied.
+// One run's step (the shard steps' per-piece launches; the whole buffer's is sgdChunksKernel):
+// elements [0, 4 * vecCount) as float4, the rest one by one. `buf` is null without momentum.
 __global__ void sgdKernel(float* __restrict__ param, const float* __restrict__ grad,
-                          float* __restrict__ buf, size_t n, size_t vecCount, SgdArgs a,
-                          const StepControl* __restrict__ control, long long settledSteps,
-                          SgdArgs ifOneMore) {
-  float mult;
-  if (!launch::guardedArgs(control, settledSteps, ifOneMore, a, mult)) return;
+                          float* __restrict__ buf, size_t n, size_t vecCount, SgdArgs a) {
   size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
   size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   bool readBuf = buf != nullptr && !a.firstStep;
@@ -80,17 +74,17 @@ __global__ void sgdKernel(float* __restrict__ param, const float* __restrict__ g
     float4 p = reinterpret_cast<float4*>(param)[i];
     float4 g = reinterpret_cast<const float4*>(grad)[i];
     float4 b = readBuf ? reinterpret_cast<float4*>(buf)[i] : make_float4(0, 0, 0, 0);
-    sgdElement(p.x, __fmul_rn(g.x, mult), b.x, a);
-    sgdElement(p.y, __fmul_rn(g.y, mult), b.y, a);
-    sgdElement(p.z, __fmul_rn(g.z, mult), b.z, a);
-    sgdElement(p.w, __fmul_rn(g.w, mult), b.w, a);
+    sgdElement(p.x, g.x, b.x, a);
+    sgdElement(p.y, g.y, b.y, a);
+    sgdElement(p.z, g.z, b.z, a);
+    sgdElement(p.w, g.w, b.w, a);
     reinterpret_cast<float4*>(param)[i] = p;
     if (buf) reinterpret_cast<float4*>(buf)[i] = b;
   }
   for (size_t i = 4 * vecCount + first; i < n; i += stride) {
     float b = readBuf ? buf[i] : 0.0f;
     float p = param[i];
-    sgdElement(p, __fmul_rn(grad[i], mult), b, a);
+    sgdElement(p, grad[i], b, a);
     param[i] = p;
     if (buf) buf[i] = b;
   }
@@ -215,12 +209,11 @@ __global__ void sumPartialsKernel(const double* __restrict__ partials, unsigned 
   if (threadIdx.x == 0) *out = total;
 }
 
-void launchSgd(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, const Stream& stream) {
+void launchSgd(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
   checkCudaStream(stream);
   size_t n = buffers.param.size();
   COHORT_CHECK_EQ(buffers.grad.size(), n);
-  bool useMomentum = step.ifSettled.momentum != 0.0f;
-  COHORT_CHECK_EQ(useMomentum, step.ifOneMore.momentum != 0.0f);
+  bool useMomentum = options.momentum != 0.0f;
   if (useMomentum) {
     COHORT_CHECK_EQ(buffers.momentumBuffer.size(), n);
   }
@@ -232,8 +225,7 @@ void launchSgd(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, c
   CudaDeviceGuard guard(stream.device().index);
   Launch launch = launchFor(stream, vectorize ? vecCount + n % 4 : n);
   COHORT_LAUNCH(sgdKernel, launch.blocks, kThreads, 0, launch.stream)(
-      buffers.param.data(), buffers.grad.data(), buf, n, vecCount, sgdArgs(step.ifSettled), step.control,
-      step.settledSteps, sgdArgs(step.ifOneMore));
+      buffers.param.data(), buffers.grad.data(), buf, n, vecCount, sgdArgs(options));
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -256,12 +248,7 @@ void sgdStep(const SgdChunks& buffers, const OptimizerStepArgs<SgdStepOptions>* 
 }
 
 void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
-  launchSgd(buffers, {.control = nullptr, .settledSteps = 0, .ifSettled = options, .ifOneMore = options}, stream);
-}
-
-void sgdStep(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, const Stream& stream) {
-  COHORT_CHECK(step.control != nullptr) << "a guarded SGD step without its StepControl";
-  launchSgd(buffers, step, stream);
+  launchSgd(buffers, options, stream);
 }
 
 void fill(std::span<float> data, float value, const Stream& stream) {

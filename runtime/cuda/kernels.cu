@@ -260,29 +260,25 @@ __device__ __forceinline__ void adamElement(float& p, float g, float& m, float& 
   p = pi - o.stepSize * mi / (sqrtf(vi) / o.bc2Sqrt + o.eps);
 }
 
-// Guarded (control set): as sgdKernel in elementwise.cu.
+// One run's step (the shard steps' per-piece launches); the whole buffer's is adamChunksKernel.
 __global__ void adamKernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ expAvg,
-                           float* __restrict__ expAvgSq, size_t n, size_t vecCount, AdamStepOptions o,
-                           const StepControl* __restrict__ control, long long settledSteps,
-                           AdamStepOptions ifOneMore) {
-  float mult;
-  if (!guardedArgs(control, settledSteps, ifOneMore, o, mult)) return;
+                           float* __restrict__ expAvgSq, size_t n, size_t vecCount, AdamStepOptions o) {
   for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
     float4 p = reinterpret_cast<float4*>(param)[i];
     float4 g = reinterpret_cast<const float4*>(grad)[i];
     float4 m = reinterpret_cast<float4*>(expAvg)[i];
     float4 v = reinterpret_cast<float4*>(expAvgSq)[i];
-    adamElement(p.x, __fmul_rn(g.x, mult), m.x, v.x, o);
-    adamElement(p.y, __fmul_rn(g.y, mult), m.y, v.y, o);
-    adamElement(p.z, __fmul_rn(g.z, mult), m.z, v.z, o);
-    adamElement(p.w, __fmul_rn(g.w, mult), m.w, v.w, o);
+    adamElement(p.x, g.x, m.x, v.x, o);
+    adamElement(p.y, g.y, m.y, v.y, o);
+    adamElement(p.z, g.z, m.z, v.z, o);
+    adamElement(p.w, g.w, m.w, v.w, o);
     reinterpret_cast<float4*>(param)[i] = p;
     reinterpret_cast<float4*>(expAvg)[i] = m;
     reinterpret_cast<float4*>(expAvgSq)[i] = v;
   }
   for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) {
     float p = param[i], m = expAvg[i], v = expAvgSq[i];
-    adamElement(p, __fmul_rn(grad[i], mult), m, v, o);
+    adamElement(p, grad[i], m, v, o);
     param[i] = p;
     expAvg[i] = m;
     expAvgSq[i] = v;
@@ -473,27 +469,17 @@ void meanSquaredError(const MseBuffers& b, int64_t n, float lossScale, const Str
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-namespace {
-
-void launchAdam(const AdamBuffers& b, const Guarded<AdamStepOptions>& step, const Stream& stream) {
-  checkCudaStream(stream);
-  COHORT_CHECK(b.n >= 0) << b.n;
-  if (b.n == 0) return;
-  size_t count = static_cast<size_t>(b.n);
-  size_t vecCount = vecCountFor(count, b.param, b.grad, b.expAvg, b.expAvgSq);
-  CudaDeviceGuard guard(stream.device().index);
-  COHORT_LAUNCH(adamKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
-      b.param, b.grad, b.expAvg, b.expAvgSq, count, vecCount, step.ifSettled, step.control, step.settledSteps,
-      step.ifOneMore);
-  COHORT_CUDA_CHECK(cudaGetLastError());
-}
-
-}  // namespace
-
 void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
               const AdamStepOptions& options, const Stream& stream) {
-  launchAdam({param, grad, expAvg, expAvgSq, n},
-             {.control = nullptr, .settledSteps = 0, .ifSettled = options, .ifOneMore = options}, stream);
+  checkCudaStream(stream);
+  COHORT_CHECK(n >= 0) << n;
+  if (n == 0) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, param, grad, expAvg, expAvgSq);
+  CudaDeviceGuard guard(stream.device().index);
+  COHORT_LAUNCH(adamKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
+      param, grad, expAvg, expAvgSq, count, vecCount, options);
+  COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
 void adamStep(const AdamChunks& b, const OptimizerStepArgs<AdamStepOptions>* args, const StepControl* control,
@@ -507,11 +493,6 @@ void adamStep(const AdamChunks& b, const OptimizerStepArgs<AdamStepOptions>* arg
   const auto blocks = static_cast<unsigned>(std::min<size_t>(static_cast<size_t>(b.chunkCount), maxBlocks(stream)));
   COHORT_LAUNCH(adamChunksKernel, blocks, kThreads, 0, nativeStream(stream))(b, vectorize, args, control);
   COHORT_CUDA_CHECK(cudaGetLastError());
-}
-
-void adamStep(const AdamBuffers& buffers, const Guarded<AdamStepOptions>& step, const Stream& stream) {
-  COHORT_CHECK(step.control != nullptr) << "a guarded Adam step without its StepControl";
-  launchAdam(buffers, step, stream);
 }
 
 }  // namespace cohort::runtime::cuda

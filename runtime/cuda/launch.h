@@ -70,25 +70,11 @@ __device__ inline double blockSum(double v) {
   return total;
 }
 
-// ---- guarded optimizer steps (step_guard.h) ----
-
-// A guarded kernel's first reads: false when the step applies nothing; else `mult` is the
-// gradient's multiplier and `args` the candidate for the step count the device holds. Unguarded
-// (control null): true, multiplier 1, `args` as given.
-template <class Args>
-__device__ __forceinline__ bool guardedArgs(const StepControl* control, long long settledSteps, const Args& ifOneMore,
-                                            Args& args, float& mult) {
-  mult = 1.0f;
-  if (control == nullptr) return true;
-  if (!control->apply) return false;
-  mult = control->gradMultiplier;
-  if (control->appliedBefore != settledSteps) args = ifOneMore;
-  return true;
-}
+// ---- multi-tensor optimizer steps (step_guard.h) ----
 
 // The options of a multi-tensor optimizer kernel (step_guard.h, OptimizerStepArgs): null when the
 // step applies nothing; else the rates' options for the step count the device holds, and `mult`
-// the gradient's multiplier (as guardedArgs).
+// the gradient's multiplier (1 without a control).
 template <class Options>
 __device__ __forceinline__ const Options* chunkArgs(const StepControl* control, const OptimizerStepArgs<Options>* args,
                                                     float& mult) {

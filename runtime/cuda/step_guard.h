@@ -4,9 +4,13 @@
 //
 // The step's decision lives in device memory (StepGuardState). Per step, on the compute stream and
 // without a host wait:
-//   sumOfSquares (elementwise.h) -> judgeStep (here, one thread) -> the optimizer kernel, which
+//   storeOnDevice of the step's JudgeOptions and of the optimizer's OptimizerStepArgs (what changes
+//   every step; never inside a CUDA graph) -> sumOfSquares (elementwise.h) -> judgeStep (here, one
+//   thread, reading its options through a pointer) -> the optimizer's multi-tensor kernel, which
 //   reads StepControl: `apply`, the gradient multiplier and how many steps were applied before it
 //   -> an asynchronous copy of the StepRecord to pinned host memory, read a step later.
+// Everything between the two copies reads fixed addresses only, so a CUDA graph may capture it
+// (train/step_graph.h).
 // judgeStep computes what train::judgeStep and nn::clipCoefficient compute on the host, with the
 // same roundings (double norm, float coefficient), so the guarded update is bit for bit the one the
 // host would have ordered. A non-finite step counts against `nonFiniteLimit`; the first one beyond
@@ -98,17 +102,6 @@ struct OptimizerStepArgs {
   long long settledSteps = 0;
   Options ifSettled[kMaxOptimizerRates] = {};
   Options ifOneMore[kMaxOptimizerRates] = {};
-};
-
-// An optimizer step whose hyper-parameters depend on whether the step still unknown to the host
-// applied: `ifSettled` when control->appliedBefore == settledSteps, else `ifOneMore` (the host reads
-// a step's record only after queueing the next one, so there is at most one such step).
-template <class Options>
-struct Guarded {
-  const StepControl* control = nullptr;
-  long long settledSteps = 0;
-  Options ifSettled;
-  Options ifOneMore;
 };
 
 }  // namespace cohort::runtime::cuda
