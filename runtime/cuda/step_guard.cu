@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cstring>
+#include <type_traits>
 
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/elementwise.h"
@@ -57,9 +59,14 @@ __global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, const J
   record->spike = spike;
 }
 
-template <class T>
-__global__ void storeKernel(T* __restrict__ device, T value) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) *device = value;
+// storeOnDevice's value, as bytes (one kernel for every type, its arguments well below 4 KiB).
+constexpr unsigned kStoreBytes = 1024;
+struct StoreBytes {
+  alignas(8) unsigned char bytes[kStoreBytes];
+};
+
+__global__ void storeKernel(unsigned char* __restrict__ device, StoreBytes value, unsigned bytes) {
+  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) device[i] = value.bytes[i];
 }
 
 }  // namespace
@@ -74,10 +81,13 @@ void judgeStep(const double* sumOfSquares, const JudgeOptions* options, StepGuar
 
 template <class T>
 void storeOnDevice(T* device, const T& value, const Stream& stream) {
-  static_assert(sizeof(T) <= 4000, "a kernel's arguments hold at most 4 KiB");
+  static_assert(sizeof(T) <= kStoreBytes && std::is_trivially_copyable_v<T>);
   launch::checkCudaStream(stream);
+  StoreBytes bytes{};
+  std::memcpy(bytes.bytes, &value, sizeof(T));
   CudaDeviceGuard guard(stream.device().index);
-  COHORT_LAUNCH(storeKernel<T>, 1, 1, 0, launch::nativeStream(stream))(device, value);
+  COHORT_LAUNCH(storeKernel, 1, launch::kWarpSize, 0, launch::nativeStream(stream))(
+      reinterpret_cast<unsigned char*>(device), bytes, static_cast<unsigned>(sizeof(T)));
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
