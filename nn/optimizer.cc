@@ -16,14 +16,23 @@ namespace {
 using runtime::Shape;
 
 #ifdef COHORT_HAVE_CUDA
-// A deferred step's two candidate kernel options: `options(steps, lr)` for the settled count and
-// for one more.
-template <class Options, class MakeOptions>
-runtime::cuda::Guarded<Options> candidates(const Optimizer::DeferredStep& step, int64_t steps, MakeOptions options) {
-  return {.control = step.control,
-          .settledSteps = steps,
-          .ifSettled = options(steps, step.lrIfSettled),
-          .ifOneMore = options(steps + 1, step.lrIfOneMore)};
+// Writes a step's options for every rate (Optimizer::rates_) into the optimizer's device arguments
+// (one kernel, uncaptured): `options(steps, rate, lr)` for the settled count at lrIfSettled and for
+// one more at lrIfOneMore (`step`: an Optimizer::GpuStep).
+// One store per block of kOptimizerRatesPerBlock rates (one for the usual two).
+template <class Options, class Step, class MakeOptions>
+void storeStepArgs(void* device, const Step& step, const std::vector<ParamGroup>& rates, MakeOptions options,
+                   const runtime::Stream& stream) {
+  constexpr size_t kPerBlock = runtime::cuda::kOptimizerRatesPerBlock;
+  auto* blocks = static_cast<runtime::cuda::OptimizerStepArgs<Options>*>(device);
+  for (size_t first = 0; first < std::max<size_t>(rates.size(), 1); first += kPerBlock) {
+    runtime::cuda::OptimizerStepArgs<Options> args{.settledSteps = step.settledSteps};
+    for (size_t r = first; r < std::min(rates.size(), first + kPerBlock); ++r) {
+      args.ifSettled[r - first] = options(step.settledSteps, rates[r], step.lrIfSettled);
+      args.ifOneMore[r - first] = options(step.settledSteps + 1, rates[r], step.lrIfOneMore);
+    }
+    runtime::cuda::storeOnDevice(blocks + first / kPerBlock, args, stream);
+  }
 }
 #endif
 
@@ -71,14 +80,23 @@ class Sgd final : public Optimizer {
     (void)p, (void)g, (void)stateBegin, (void)n, (void)rate;
 #endif
   }
-  void stepGpuDeferred(float* p, const float* g, int64_t stateBegin, int64_t n, const ParamGroup& run,
-                       const DeferredStep& step) override {
+  void stageGpu(const GpuStep& step) override {
 #ifdef COHORT_HAVE_CUDA
-    const auto options = [&](int64_t steps, float lr) { return gpuOptions(steps, rateOf(run, lr)); };
-    runtime::cuda::sgdStep(gpuBuffers(p, g, stateBegin, n),
-                           candidates<runtime::cuda::SgdStepOptions>(step, steps_, options), gpu_->stream());
+    const auto options = [&](int64_t steps, const ParamGroup& rate, float lr) { return gpuOptions(steps, rateOf(rate, lr)); };
+    storeStepArgs<runtime::cuda::SgdStepOptions, GpuStep>(stepArgs_.data(), step, rates_, options, gpu_->stream());
 #else
-    (void)p, (void)g, (void)stateBegin, (void)n, (void)run, (void)step;
+    (void)step;
+#endif
+  }
+  void applyGpu(float* p, const float* g, const runtime::cuda::StepControl* control) override {
+#ifdef COHORT_HAVE_CUDA
+    runtime::cuda::sgdStep({.param = p, .grad = g, .momentumBuffer = buf_.defined() ? buf_.data() : nullptr,
+                            .half = half_, .chunks = chunks(), .chunkCount = chunkCount_},
+                           static_cast<const runtime::cuda::OptimizerStepArgs<runtime::cuda::SgdStepOptions>*>(
+                               static_cast<const void*>(stepArgs_.data())),
+                           control, gpu_->stream());
+#else
+    (void)p, (void)g, (void)control;
 #endif
   }
   std::vector<StateTensor> state() const override {
@@ -155,14 +173,23 @@ class Adam final : public Optimizer {
     (void)p, (void)g, (void)stateBegin, (void)n, (void)rate;
 #endif
   }
-  void stepGpuDeferred(float* p, const float* g, int64_t stateBegin, int64_t n, const ParamGroup& run,
-                       const DeferredStep& step) override {
+  void stageGpu(const GpuStep& step) override {
 #ifdef COHORT_HAVE_CUDA
-    const auto options = [&](int64_t steps, float lr) { return gpuOptions(steps, rateOf(run, lr)); };
-    const runtime::cuda::AdamBuffers buffers{p, g, expAvg_.data() + stateBegin, expAvgSq_.data() + stateBegin, n};
-    runtime::cuda::adamStep(buffers, candidates<runtime::cuda::AdamStepOptions>(step, steps_, options), gpu_->stream());
+    const auto options = [&](int64_t steps, const ParamGroup& rate, float lr) { return gpuOptions(steps, rateOf(rate, lr)); };
+    storeStepArgs<runtime::cuda::AdamStepOptions, GpuStep>(stepArgs_.data(), step, rates_, options, gpu_->stream());
 #else
-    (void)p, (void)g, (void)stateBegin, (void)n, (void)run, (void)step;
+    (void)step;
+#endif
+  }
+  void applyGpu(float* p, const float* g, const runtime::cuda::StepControl* control) override {
+#ifdef COHORT_HAVE_CUDA
+    runtime::cuda::adamStep({.param = p, .grad = g, .expAvg = expAvg_.data(), .expAvgSq = expAvgSq_.data(),
+                             .half = half_, .chunks = chunks(), .chunkCount = chunkCount_},
+                            static_cast<const runtime::cuda::OptimizerStepArgs<runtime::cuda::AdamStepOptions>*>(
+                                static_cast<const void*>(stepArgs_.data())),
+                            control, gpu_->stream());
+#else
+    (void)p, (void)g, (void)control;
 #endif
   }
   std::vector<StateTensor> state() const override { return {{"exp_avg", expAvg_}, {"exp_avg_sq", expAvgSq_}}; }
@@ -221,6 +248,57 @@ void Optimizer::makeRuns() {
   }
   add({.begin = at, .end = SIZE_MAX, .weightDecay = wd, .lrScale = 1.0f});
   runs_ = std::move(runs);
+  for (const ParamGroup& run : runs_) {
+    const auto same = [&run](const ParamGroup& r) { return r.weightDecay == run.weightDecay && r.lrScale == run.lrScale; };
+    if (std::none_of(rates_.begin(), rates_.end(), same)) rates_.push_back(run);
+  }
+}
+
+void Optimizer::prepareGpu() {
+#ifdef COHORT_HAVE_CUDA
+  if (chunkTable_.defined()) return;
+  using runtime::cuda::OptimizerChunk;
+  std::vector<OptimizerChunk> table;
+  forEachRun(0, static_cast<int64_t>(numel_), [&](int64_t offset, int64_t count, const ParamGroup& run) {
+    const auto rate = std::find_if(rates_.begin(), rates_.end(), [&run](const ParamGroup& r) {
+      return r.weightDecay == run.weightDecay && r.lrScale == run.lrScale;
+    });
+    for (int64_t at = 0; at < count; at += runtime::cuda::kOptimizerChunkElements) {
+      table.push_back({.begin = offset + at,
+                       .count = static_cast<int>(std::min<int64_t>(count - at, runtime::cuda::kOptimizerChunkElements)),
+                       .rate = static_cast<int>(rate - rates_.begin())});
+    }
+  });
+  const auto floatsFor = [](size_t bytes) { return Shape{static_cast<int64_t>((bytes + 3) / 4)}; };
+  chunkTable_ = Tensor::empty(floatsFor(std::max<size_t>(1, table.size()) * sizeof(OptimizerChunk)), gpu_->allocator());
+  runtime::cuda::copyToDevice(chunkTable_.data(), table.data(), table.size() * sizeof(OptimizerChunk), gpu_->stream());
+  chunkCount_ = static_cast<int>(table.size());
+  const size_t blocks = (std::max<size_t>(rates_.size(), 1) + runtime::cuda::kOptimizerRatesPerBlock - 1) /
+                        runtime::cuda::kOptimizerRatesPerBlock;
+  const size_t argsBytes = blocks * std::max(sizeof(runtime::cuda::OptimizerStepArgs<runtime::cuda::SgdStepOptions>),
+                                             sizeof(runtime::cuda::OptimizerStepArgs<runtime::cuda::AdamStepOptions>));
+  stepArgs_ = Tensor::empty(floatsFor(argsBytes), gpu_->allocator());
+#endif
+}
+
+const runtime::cuda::OptimizerChunk* Optimizer::chunks() const {
+  return static_cast<const runtime::cuda::OptimizerChunk*>(static_cast<const void*>(chunkTable_.data()));
+}
+
+void Optimizer::requireWholeGpuBuffers(const Tensor& params, const Tensor& grads) const {
+  requireGpuBuffers(params, grads);
+  if (static_cast<size_t>(params.numel()) != numel_ || static_cast<size_t>(grads.numel()) != numel_) {
+    COHORT_THROW(InvalidArgument) << name() << " over " << numel_ << " elements was given parameters of "
+                                  << params.numel() << " and gradients of " << grads.numel();
+  }
+}
+
+void Optimizer::setHalfCopy(void* bf16Flat) {
+  if (!gpu_ || sharded_) {
+    COHORT_THROW(InvalidArgument) << name() << (gpu_ ? " steps a shard" : " steps on the CPU")
+                                  << ": only a whole-buffer GPU optimizer keeps a bf16 copy of the parameters";
+  }
+  half_ = bf16Flat;
 }
 
 template <class Visit>
@@ -254,19 +332,31 @@ void Optimizer::update(float* params, const float* grads, int64_t stateBegin, in
 
 void Optimizer::stepDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step) {
   COHORT_CHECK(step.control) << "a deferred step without its StepControl";
+  stageDeferred(step);
+  applyDeferred(params, grads, step.control);
+}
+
+void Optimizer::stageDeferred(const DeferredStep& step) {
   // The buffers are the whole model's (flat index = offset): a shard's would need its pieces' map.
   COHORT_CHECK(!sharded_ || runs_.size() == 1) << "a deferred step of a shard with parameter groups";
-  requireGpuBuffers(params, grads);
-  forEachRun(0, params.numel(), [&](int64_t offset, int64_t count, const ParamGroup& run) {
-    stepGpuDeferred(params.data() + offset, grads.data() + offset, offset, count, run, step);
-  });
+  COHORT_CHECK(gpu_) << "a deferred step of an optimizer on the CPU";
+  prepareGpu();
+  stageGpu({.settledSteps = steps_, .lrIfSettled = step.lrIfSettled, .lrIfOneMore = step.lrIfOneMore});
+}
+
+void Optimizer::applyDeferred(const Tensor& params, const Tensor& grads, const runtime::cuda::StepControl* control) {
+  COHORT_CHECK(control) << "a deferred step without its StepControl";
+  requireWholeGpuBuffers(params, grads);
+  prepareGpu();  // made by an earlier stageDeferred (a graph captures this before the step's stage)
+  applyGpu(params.data(), grads.data(), control);
 }
 
 void Optimizer::step(const Tensor& params, const Tensor& grads) {
   if (onGpu(params) || gpu_) {
-    requireGpuBuffers(params, grads);
-    beginStep();
-    update(params.data(), grads.data(), 0, 0, params.numel());
+    requireWholeGpuBuffers(params, grads);
+    prepareGpu();
+    stageGpu({.settledSteps = steps_, .lrIfSettled = options_.lr, .lrIfOneMore = options_.lr});
+    applyGpu(params.data(), grads.data(), nullptr);
     ++steps_;
     return;
   }
@@ -357,6 +447,9 @@ void Optimizer::shardOver(const ShardMap& map) {
     COHORT_THROW(InvalidArgument) << name() << " has taken " << steps_
                                   << " steps: only a fresh optimizer can be sharded (its state would be lost)";
   }
+  if (half_) COHORT_THROW(InvalidArgument) << name() << " keeps a bf16 copy of the whole buffer: it cannot be sharded";
+  chunkTable_ = stepArgs_ = Tensor();  // the table was the whole buffer's
+  chunkCount_ = 0;
   // Every new tensor before the old ones go: a caching allocator would otherwise hand a shard the
   // whole state's block just freed (runtime/cuda/caching_allocator.h: blocks are never split).
   std::vector<Tensor> fresh;

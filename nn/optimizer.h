@@ -9,7 +9,9 @@
 // The state (buffers and the step count) is exposed for checkpoints. step() works on CPU buffers and
 // may run against shared parameters (Hogwild): it reads and writes each parameter element once.
 // GPU (CUDA builds): made with a GpuContext, the state lives on that GPU and step() enqueues one
-// fused kernel over the flat buffers on its stream (runtime/cuda/elementwise.h, kernels.h).
+// fused multi-tensor kernel over the flat buffers on its stream (runtime/cuda/elementwise.h,
+// kernels.h): a chunk table built once covers every group's runs, and the step's options per
+// distinct (decay, lr scale) are written into device memory by one tiny kernel before it.
 // stepDeferred() is the same kernel for a step the device decides (train/step/step_guard.h): applied or
 // not, the gradient's multiplier and the step count are device values the host learns later.
 // Sharded (ZeRO-3 / FSDP2) training: makeShardOptimizer builds one over a rank's packed shard of an
@@ -21,8 +23,9 @@
 // (nanoGPT's decay on the >= 2-D weights only: decayMatricesOnly). Every step looks the group of
 // each element up from its flat index — a slice (stepSlice), a shard's pieces (stepShard,
 // stepPieces, from each piece's flat range) or the whole buffer — and updates each run of one
-// group with that group's numbers (on a GPU one kernel per run), so any slice may cross groups and
-// a shard's elements step as the whole buffer's do.
+// group with that group's numbers (on a GPU: the whole buffer in one kernel over its chunk table,
+// a shard's pieces one kernel per piece and run), so any slice may cross groups and a shard's
+// elements step as the whole buffer's do.
 // Thread safety: one thread at a time per optimizer.
 #pragma once
 
@@ -37,6 +40,7 @@
 namespace cohort::runtime::cuda {
 class GpuContext;
 struct StepControl;
+struct OptimizerChunk;
 }
 
 namespace cohort::nn {
@@ -102,6 +106,22 @@ class Optimizer {
     float lrIfOneMore = 0;  // control->appliedBefore == steps() + 1
   };
   void stepDeferred(const Tensor& params, const Tensor& grads, const DeferredStep& step);
+  // stepDeferred in its two halves, for a step whose device work a CUDA graph captures
+  // (train/step_graph.h): stageDeferred writes the step's options (learning rates, bias corrections,
+  // for both counts) into the optimizer's device arguments (one kernel, which must not be captured:
+  // enqueue it before the graph's launch); applyDeferred enqueues the update, which reads them
+  // through a pointer that never changes (one kernel, which a graph may capture). stepDeferred is
+  // stageDeferred then applyDeferred.
+  void stageDeferred(const DeferredStep& step);
+  void applyDeferred(const Tensor& params, const Tensor& grads, const runtime::cuda::StepControl* control);
+  // GPU: the bf16 copy of the parameters the whole-buffer steps (step(), stepDeferred()) keep: device
+  // memory of numel() bf16 values laid out as the flat buffer, into which the step's kernel also
+  // writes bf16(new value) (rounded to nearest even, as runtime/cuda's convertToBf16) at the index
+  // of every element it updates; a step not applied writes nothing, so the copy still matches.
+  // nullptr: none (the default). The memory must outlive the steps that write it. InvalidArgument
+  // for an optimizer on the CPU or over a shard.
+  void setHalfCopy(void* bf16Flat);
+  void* halfCopy() const { return half_; }
   virtual std::vector<StateTensor> state() const = 0;
 
   // One step over elements [begin, end) only (CPU): a worker that owns that shard of the parameters
@@ -185,11 +205,23 @@ class Optimizer {
   // The update of n elements on the GPU (params and grads device buffers of gpu_'s device), with
   // the state's elements [stateBegin, stateBegin + n), for the step being taken; one kernel.
   virtual void stepGpuRange(float* params, const float* grads, int64_t stateBegin, int64_t n, const RunRate& rate) = 0;
-  // The deferred update of n elements of one group (its weight decay and lr scale `run`).
-  virtual void stepGpuDeferred(float* params, const float* grads, int64_t stateBegin, int64_t n, const ParamGroup& run,
-                               const DeferredStep& step) = 0;
+  // The whole-buffer GPU steps (step(), stepDeferred()) are one multi-tensor kernel over the chunk
+  // table (runtime/cuda/step_guard.h, OptimizerChunk): stageGpu writes the step's options per rate
+  // into stepArgs_ (uncaptured), applyGpu enqueues the kernel over params and grads (numel()
+  // elements each; control null: an undecided step, applied with ifSettled).
+  struct GpuStep {
+    int64_t settledSteps = 0;
+    float lrIfSettled = 0, lrIfOneMore = 0;
+  };
+  virtual void stageGpu(const GpuStep& step) = 0;
+  virtual void applyGpu(float* params, const float* grads, const runtime::cuda::StepControl* control) = 0;
+  // Builds the chunk table and the step arguments' device memory, once (CUDA builds, gpu_ set).
+  void prepareGpu();
+  const runtime::cuda::OptimizerChunk* chunks() const;
   // Throws InvalidArgument unless params and grads are on this optimizer's GPU.
   void requireGpuBuffers(const Tensor& params, const Tensor& grads) const;
+  // And that both are numel() elements long.
+  void requireWholeGpuBuffers(const Tensor& params, const Tensor& grads) const;
   OptimizerOptions options_;
   size_t numel_ = 0;
   int64_t steps_ = 0;
@@ -200,6 +232,12 @@ class Optimizer {
   // options_.groups with the gaps filled, adjacent equal ones merged: sorted runs tiling the flat
   // index space [0, SIZE_MAX).
   std::vector<ParamGroup> runs_;
+  // The runs' distinct (weightDecay, lrScale), in order of first appearance: the chunks' rates.
+  std::vector<ParamGroup> rates_;
+  Tensor chunkTable_;  // GPU: the OptimizerChunks over [0, numel()), made by prepareGpu
+  int chunkCount_ = 0;
+  Tensor stepArgs_;  // GPU: the step's OptimizerStepArgs (of the optimizer's options type)
+  void* half_ = nullptr;  // setHalfCopy's
 
  private:
   void makeRuns();

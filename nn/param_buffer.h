@@ -44,8 +44,9 @@
 // it, and keeps no bf16 copy of its own. The rule: the copy is never read stale.
 //   trusted   trustHalfCopy(true) by an owner that controls every write of the values (the Trainer
 //             over a placement whose values change only by its optimizer's step: one process, or
-//             replicas on GPUs; train::Job::trustHalfCopy): it refreshes the copy then, and after
-//             each write (the step, a checkpoint load); halfValue() converts nothing. An owner
+//             replicas on GPUs; train::Job::trustHalfCopy): it refreshes the copy then, and keeps it
+//             current at each write (the optimizer's step kernel writes it, nn::Optimizer::
+//             setHalfCopy; a checkpoint load refreshes it); halfValue() converts nothing. An owner
 //             that writes the values another way refreshes it (refreshHalfCopy) before the next
 //             pass, and says trustHalfCopy(false) when it stops (the Trainer at the end of run()).
 //   untrusted (a loop of one's own, ZeRO, Hogwild, whose values others write; the default) a bf16

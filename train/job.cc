@@ -408,7 +408,8 @@ StepResult Job::step(const StepOptions& options) {
                     .defer = defer,
                     .skipsLeft = options.skipNonFinite,
                     .lrIfSettled = lrIfSettled,
-                    .lrIfOneMore = lrIfOneMore},
+                    .lrIfOneMore = lrIfOneMore,
+                    .graph = defer ? options.graph : nullptr},
                    {.rank = world_.rank, .worldSize = world_.worldSize, .timeline = timeline_});
   });
   if (defer) {
@@ -463,7 +464,9 @@ bool Job::sharedParams() const {
 bool Job::trustHalfCopy(bool trust) {
   requirePlaced("Job::trustHalfCopy()");
   nn::ParamBuffer& params = model_->params;
+  nn::Optimizer& optimizer = this->optimizer();
   params.trustHalfCopy(false);
+  if (optimizer.halfCopy()) optimizer.setHalfCopy(nullptr);
 #ifdef COHORT_HAVE_CUDA
   if (!trust || options_.precision != runtime::DType::kBF16 || !gpu_ || !params.readsAnyAsBf16() ||
       !placed_->placement->keepsHalfCopy()) {
@@ -471,6 +474,8 @@ bool Job::trustHalfCopy(bool trust) {
   }
   params.makeHalfCopy(gpu_->allocator());
   params.refreshHalfCopy(gpu_->stream());
+  // The optimizer's step writes the copy with the values from here on (nn/optimizer.h).
+  optimizer.setHalfCopy(params.halfCopy());
   params.trustHalfCopy(true);
   return true;
 #else

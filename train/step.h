@@ -38,6 +38,8 @@
 
 namespace cohort::train {
 
+class StepGraph;
+
 struct StepOptions {
   // > 0: scale the gradient so that its global L2 norm is at most this (PyTorch's clip_grad_norm_:
   // by max / (norm + 1e-6) when that is below 1). 0: no clipping.
@@ -61,6 +63,10 @@ struct StepOptions {
   // given) or gradient norm lies more than skipSpikes standard deviations above the mean of the
   // recent applied steps is not applied. 0: off.
   double skipSpikes = 0;
+  // A deferred step's device work (Σ g², the judge, the optimizer's kernel) joins this CUDA graph
+  // (train/step_graph.h: the Trainer's, which captures the step's forward and backward and calls
+  // Job::step from StepGraph::run). Null: enqueued as it comes (a loop of one's own).
+  StepGraph* graph = nullptr;
 };
 
 enum class NonFinite { kNone, kLoss, kGradient };

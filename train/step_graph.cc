@@ -33,14 +33,52 @@ void StepGraph::turnOff(const std::string& reason, runtime::LogLevel level) {
       << "CUDA graphs off: " << reason << "; the training steps run uncaptured";
 }
 
-void StepGraph::run(const runtime::data::Batch& batch, const Body& body) {
+void StepGraph::run(const runtime::data::Batch& batch, const Body& body, const Work& step) {
+  COHORT_CHECK(pending_ == Pending::kNone) << "a step graph run while the last step has not finished it";
   if (options_.enabled && !options_.offReason.empty()) turnOff(options_.offReason, runtime::LogLevel::kInfo);
-  if (!options_.enabled) return body(batch);
-  const std::vector<int64_t> key = keyOf(batch);
-  if (exec_ && key == graphKey_) return replay(batch);
-  if (!exec_ && key == warmKey_) return capture(batch, body);
-  warmKey_ = key;  // a warm-up for these shapes, or shapes other than the graph's (a partial batch)
+  const std::vector<int64_t> key = options_.enabled ? keyOf(batch) : std::vector<int64_t>{};
+  if (options_.enabled && exec_ && key == graphKey_) {
+    if (!options_.withStep) {
+      launch(batch);
+      return step();
+    }
+    pending_ = Pending::kReplay;
+    pendingBatch_ = &batch;
+    step();
+    COHORT_CHECK(pending_ == Pending::kNone) << "the step of a replayed graph did not finish it";
+    return;
+  }
+  if (options_.enabled && !exec_ && key == warmKey_) return capture(batch, body, step);
+  if (options_.enabled) warmKey_ = key;  // a warm-up for these shapes, or shapes other than the graph's (a partial batch)
   body(batch);
+  step();
+}
+
+void StepGraph::finishStep(const Work& stage, const Work& device) {
+  const Pending pending = pending_;
+  pending_ = Pending::kNone;
+  if (pending == Pending::kNone) {
+    stage();
+    return device();
+  }
+  const runtime::data::Batch& batch = *pendingBatch_;
+  if (pending == Pending::kCapture) {
+    std::string failure;
+    try {
+      device();
+    } catch (const std::exception& e) {
+      failure = std::string("the step failed under capture: ") + e.what();
+    }
+    failure = endCapture(failure);
+    if (!failure.empty()) {
+      discard(failure, batch, *pendingBody_);  // what the capture recorded never ran
+      stage();
+      return device();
+    }
+    graphKey_ = keyOf(batch);
+  }
+  stage();
+  launch(batch);
 }
 
 #ifdef COHORT_HAVE_CUDA
@@ -68,67 +106,104 @@ void StepGraph::destroyGraph() {
   cudaGetLastError();
 }
 
-void StepGraph::replay(const runtime::data::Batch& batch) {
+void StepGraph::launch(const runtime::data::Batch& batch) {
   copyInto(inputs_.inputs, batch.inputs, gpu_);
   copyInto(inputs_.targets, batch.targets, gpu_);
   COHORT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), streamOf(gpu_)));
   ++graphSteps_;
 }
 
-void StepGraph::capture(const runtime::data::Batch& batch, const Body& body) {
+void StepGraph::capture(const runtime::data::Batch& batch, const Body& body, const Work& step) {
   runtime::cuda::CudaCachingAllocator& allocator = gpu_.allocator();
   inputs_ = runtime::data::Batch{.inputs = runtime::Tensor::empty(batch.inputs.shape(), allocator, batch.inputs.dtype()),
                                  .targets = runtime::Tensor::empty(batch.targets.shape(), allocator, batch.targets.dtype()),
                                  .index = batch.index,
                                  .size = batch.size};
-  const runtime::Rng rngBefore = options_.rng ? *options_.rng : runtime::Rng();
+  rngBefore_ = options_.rng ? *options_.rng : runtime::Rng();
   std::string failure;
-  cudaStream_t stream = streamOf(gpu_);
-  cudaError_t status = cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
-  if (status == cudaSuccess) {
-    pool_ = allocator.beginGraphCapture();
-    try {
-      body(inputs_);
-    } catch (const std::exception& e) {
-      failure = std::string("the step failed under capture: ") + e.what();
-    }
-    allocator.endGraphCapture();
-    cudaGraph_t graph = nullptr;
-    status = cudaStreamEndCapture(stream, &graph);
-    graph_ = graph;
+  const cudaError_t status = cudaStreamBeginCapture(streamOf(gpu_), cudaStreamCaptureModeGlobal);
+  if (status != cudaSuccess) {
+    discard(std::string("capturing the step failed (") + cudaGetErrorName(status) + ")", batch, body);
+    return step();
   }
+  pool_ = allocator.beginGraphCapture();
+  try {
+    body(inputs_);
+  } catch (const std::exception& e) {
+    failure = std::string("the step failed under capture: ") + e.what();
+  }
+  if (!options_.withStep || !failure.empty()) {
+    failure = endCapture(failure);
+    if (!failure.empty()) {
+      discard(failure, batch, body);
+      return step();
+    }
+    graphKey_ = keyOf(batch);
+    launch(batch);
+    return step();
+  }
+  // The capture stays open for the step's device work (finishStep).
+  pending_ = Pending::kCapture;
+  pendingBatch_ = &batch;
+  pendingBody_ = &body;
+  try {
+    step();
+  } catch (...) {
+    if (pending_ == Pending::kCapture) {
+      pending_ = Pending::kNone;
+      endCapture("");
+      destroyGraph();
+      inputs_ = {};
+    }
+    throw;
+  }
+  COHORT_CHECK(pending_ == Pending::kNone) << "the step of a captured graph did not finish it";
+}
+
+std::string StepGraph::endCapture(std::string failure) {
+  gpu_.allocator().endGraphCapture();
+  cudaGraph_t graph = nullptr;
+  cudaError_t status = cudaStreamEndCapture(streamOf(gpu_), &graph);
+  graph_ = graph;
   if (failure.empty() && status != cudaSuccess) {
     failure = std::string("capturing the step failed (") + cudaGetErrorName(status) + ")";
   }
   if (failure.empty() && options_.rng &&
-      (options_.rng->counter() != rngBefore.counter() || options_.rng->seed() != rngBefore.seed())) {
+      (options_.rng->counter() != rngBefore_.counter() || options_.rng->seed() != rngBefore_.seed())) {
     failure = "the step draws random numbers on the host (dropout), which a replay would repeat";
   }
   if (failure.empty()) {
+    size_t nodes = 0;
+    status = cudaGraphGetNodes(graph, nullptr, &nodes);
+    capturedNodes_ = static_cast<int64_t>(nodes);
     cudaGraphExec_t exec = nullptr;
-    status = cudaGraphInstantiate(&exec, static_cast<cudaGraph_t>(graph_), 0);
+    if (status == cudaSuccess) status = cudaGraphInstantiate(&exec, graph, 0);
     exec_ = exec;
     if (status != cudaSuccess) failure = std::string("instantiating the graph failed (") + cudaGetErrorName(status) + ")";
   }
-  if (!failure.empty()) {
-    destroyGraph();
-    inputs_ = {};
-    if (options_.rng) *options_.rng = rngBefore;
-    turnOff(failure, runtime::LogLevel::kWarn);
-    return body(batch);  // what the capture recorded never ran: the step runs eagerly
-  }
-  graphKey_ = keyOf(batch);
-  replay(batch);
+  return failure;
+}
+
+void StepGraph::discard(const std::string& failure, const runtime::data::Batch& batch, const Body& body) {
+  destroyGraph();
+  inputs_ = {};
+  capturedNodes_ = 0;
+  if (options_.rng) *options_.rng = rngBefore_;
+  turnOff(failure, runtime::LogLevel::kWarn);
+  body(batch);
 }
 
 #else
 
 StepGraph::~StepGraph() = default;
 void StepGraph::destroyGraph() {}
-void StepGraph::replay(const runtime::data::Batch&) {}
-void StepGraph::capture(const runtime::data::Batch& batch, const Body& body) {
+void StepGraph::launch(const runtime::data::Batch&) {}
+std::string StepGraph::endCapture(std::string failure) { return failure; }
+void StepGraph::discard(const std::string&, const runtime::data::Batch& batch, const Body& body) { body(batch); }
+void StepGraph::capture(const runtime::data::Batch& batch, const Body& body, const Work& step) {
   turnOff("this build has no CUDA", runtime::LogLevel::kInfo);
   body(batch);
+  step();
 }
 
 #endif

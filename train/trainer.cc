@@ -103,6 +103,7 @@ TrainResult Trainer::run() {
   progress_.reset();  // erases a line still showing
   if (stepGraph_) {
     result.cudaGraphSteps = stepGraph_->graphSteps();
+    result.cudaGraphNodes = stepGraph_->capturedNodes();
     result.cudaGraphsOff = stepGraph_->fallbackReason();
     stepGraph_.reset();  // its pool back to the allocator
   }
@@ -197,18 +198,25 @@ bool Trainer::trainBatch(const runtime::data::Batch& batch, Position& pos, StepG
   const int micro = static_cast<int>(batch.index - first);
   const int groupSize = static_cast<int>(std::min(k, epochEndBatch() - first));
   const nn::Pass pass = job_.pass({.microBatch = micro, .microBatches = groupSize, .rng = &rng_});
-  forwardBackward(batch, pass, group);
-  if (micro + 1 < groupSize) return false;  // more micro-batches before this step
   // On a GPU the losses stay on the device: the step checks the gradient only. There, unless told
-  // otherwise, the step is deferred: its result is handled after the next step is queued.
+  // otherwise, the step is deferred: its result is handled after the next step is queued (and its
+  // device work joins the step's CUDA graph, train/step_graph.h).
   runtime::cuda::GpuContext* gpu = job_.gpu();
-  const double stepLoss = group.loss / static_cast<double>(group.samples);
-  const StepResult stepped = job_.step({.clipGradNorm = options_.clipGradNorm,
-                                        .loss = gpu ? std::nullopt : std::optional<double>(stepLoss),
-                                        .lrAt = lrAt_,
-                                        .deferResult = gpu && !options_.synchronousSteps,
-                                        .skipNonFinite = options_.skipNonFinite - pos.skipped,
-                                        .skipSpikes = options_.skipSpikes});
+  double stepLoss = 0;
+  StepResult stepped;
+  const bool lastMicroBatch = micro + 1 == groupSize;
+  forwardBackward(batch, pass, group, [&] {
+    if (!lastMicroBatch) return;  // more micro-batches before this step
+    stepLoss = group.loss / static_cast<double>(group.samples);
+    stepped = job_.step({.clipGradNorm = options_.clipGradNorm,
+                         .loss = gpu ? std::nullopt : std::optional<double>(stepLoss),
+                         .lrAt = lrAt_,
+                         .deferResult = gpu && !options_.synchronousSteps,
+                         .skipNonFinite = options_.skipNonFinite - pos.skipped,
+                         .skipSpikes = options_.skipSpikes,
+                         .graph = stepGraph_.get()});
+  });
+  if (!lastMicroBatch) return false;
   ++pos.step;
   pos.batch = batch.index + 1;
   pos.seen = loader_.samplesSeenAfter(batch.index);
@@ -240,10 +248,14 @@ std::unique_ptr<StepGraph> Trainer::makeStepGraph() {
   // Only rank 0 says so where the reason is the run's, not the rank's.
   if (!off.empty() && job_.world().rank != 0) return nullptr;
   return std::make_unique<StepGraph>(*gpu, job_.log(),
-                                     StepGraphOptions{.enabled = options_.cudaGraphs, .offReason = off, .rng = &rng_});
+                                     StepGraphOptions{.enabled = options_.cudaGraphs,
+                                                      .offReason = off,
+                                                      .rng = &rng_,
+                                                      .withStep = !options_.synchronousSteps});
 }
 
-void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group) {
+void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group,
+                              const std::function<void()>& step) {
   runtime::cuda::GpuContext* gpu = job_.gpu();
   double batchLoss = std::numeric_limits<double>::quiet_NaN();
   // On a GPU the body enqueues work only (the loss stays on the device), so a CUDA graph may replay it.
@@ -266,13 +278,17 @@ void Trainer::forwardBackward(const runtime::data::Batch& batch, const nn::Pass&
       std::this_thread::sleep_for(std::chrono::milliseconds(slow.ms));
     }
   };
+  const auto afterBody = [&] {
+    group.samples += batch.size;
+    group.loss += batchLoss * static_cast<double>(batch.size);
+    step();
+  };
   if (stepGraph_) {
-    stepGraph_->run(batch, body);
+    stepGraph_->run(batch, body, afterBody);
   } else {
     body(batch);
+    afterBody();
   }
-  group.samples += batch.size;
-  group.loss += batchLoss * static_cast<double>(batch.size);
 }
 
 bool Trainer::stopsMidEpoch(Position& pos, StepWindow& window, TrainResult& result) {

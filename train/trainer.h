@@ -282,8 +282,10 @@ struct TrainResult {
   int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
   int64_t skippedSpikes = 0;  // spikes skipped over the whole run (resumes included; this rank's)
   // TrainerOptions::cudaGraphs: the steps whose forward and backward ran as the CUDA graph's replay,
-  // and why graphs were off (empty: they were on, or not asked for).
+  // the captured graph's nodes (kernels and copies; 0: none captured) and why graphs were off
+  // (empty: they were on, or not asked for).
   int64_t cudaGraphSteps = 0;
+  int64_t cudaGraphNodes = 0;
   std::string cudaGraphsOff = {};
 };
 
@@ -408,7 +410,10 @@ class Trainer {
   // when the run stops at it (a stop request or maxSteps, checkpointed).
   bool trainBatch(const runtime::data::Batch& batch, Position& pos, StepGroup& group, StepWindow& window,
                   TrainResult& result);
-  void forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group);
+  // The batch's forward and backward, then `step` (the optimizer step, or nothing before the last
+  // micro-batch), through the step's CUDA graph where there is one (train/step_graph.h).
+  void forwardBackward(const runtime::data::Batch& batch, const nn::Pass& pass, StepGroup& group,
+                       const std::function<void()>& step);
   // The step's CUDA graph (TrainerOptions::cudaGraphs) for this run; nullptr on the CPU.
   std::unique_ptr<StepGraph> makeStepGraph();
   // After a step within an epoch: checkpoints where due, and stops (true) on an agreed stop request

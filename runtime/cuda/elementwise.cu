@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/elements.h"
 #include "runtime/cuda/elementwise.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/error.h"
@@ -48,6 +49,10 @@ struct SgdArgs {
   bool firstStep;
 };
 
+__host__ __device__ inline SgdArgs sgdArgs(const SgdStepOptions& o) {
+  return {o.lr, o.momentum, o.weightDecay, o.nesterov, o.firstStep};
+}
+
 __device__ __forceinline__ void sgdElement(float& p, float g, float& buf, const SgdArgs& a) {
   float d = g;
   if (a.weightDecay != 0.0f) d = d + a.weightDecay * p;
@@ -58,16 +63,10 @@ __device__ __forceinline__ void sgdElement(float& p, float g, float& buf, const 
   p = p - a.lr * d;
 }
 
-// Elements [0, 4 * vecCount) as float4, the rest one by one. `buf` is null without momentum.
-// Guarded (control set): nothing unless control->apply; the gradient is multiplied by
-// control->gradMultiplier first (rounded, never fused: the product the host's scale pass stored);
-// the arguments are `ifOneMore` when a step the host has not read yet applied.
+// One run's step (the shard steps' per-piece launches; the whole buffer's is sgdChunksKernel):
+// elements [0, 4 * vecCount) as float4, the rest one by one. `buf` is null without momentum.
 __global__ void sgdKernel(float* __restrict__ param, const float* __restrict__ grad,
-                          float* __restrict__ buf, size_t n, size_t vecCount, SgdArgs a,
-                          const StepControl* __restrict__ control, long long settledSteps,
-                          SgdArgs ifOneMore) {
-  float mult;
-  if (!launch::guardedArgs(control, settledSteps, ifOneMore, a, mult)) return;
+                          float* __restrict__ buf, size_t n, size_t vecCount, SgdArgs a) {
   size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
   size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   bool readBuf = buf != nullptr && !a.firstStep;
@@ -75,19 +74,55 @@ __global__ void sgdKernel(float* __restrict__ param, const float* __restrict__ g
     float4 p = reinterpret_cast<float4*>(param)[i];
     float4 g = reinterpret_cast<const float4*>(grad)[i];
     float4 b = readBuf ? reinterpret_cast<float4*>(buf)[i] : make_float4(0, 0, 0, 0);
-    sgdElement(p.x, __fmul_rn(g.x, mult), b.x, a);
-    sgdElement(p.y, __fmul_rn(g.y, mult), b.y, a);
-    sgdElement(p.z, __fmul_rn(g.z, mult), b.z, a);
-    sgdElement(p.w, __fmul_rn(g.w, mult), b.w, a);
+    sgdElement(p.x, g.x, b.x, a);
+    sgdElement(p.y, g.y, b.y, a);
+    sgdElement(p.z, g.z, b.z, a);
+    sgdElement(p.w, g.w, b.w, a);
     reinterpret_cast<float4*>(param)[i] = p;
     if (buf) reinterpret_cast<float4*>(buf)[i] = b;
   }
   for (size_t i = 4 * vecCount + first; i < n; i += stride) {
     float b = readBuf ? buf[i] : 0.0f;
     float p = param[i];
-    sgdElement(p, __fmul_rn(grad[i], mult), b, a);
+    sgdElement(p, grad[i], b, a);
     param[i] = p;
     if (buf) buf[i] = b;
+  }
+}
+
+// A multi-tensor SGD step (step_guard.h): block b the chunks b, b + grid, ...; each element as
+// sgdKernel's.
+__global__ void sgdChunksKernel(SgdChunks b, bool vectorize, const OptimizerStepArgs<SgdStepOptions>* __restrict__ args,
+                                const StepControl* __restrict__ control) {
+  float mult;
+  const launch::StepCount which = launch::chunkArgs(control, args, mult);
+  if (which == launch::StepCount::kNone) return;
+  auto* half = static_cast<__nv_bfloat16*>(b.half);
+  for (int c = blockIdx.x; c < b.chunkCount; c += gridDim.x) {
+    const OptimizerChunk chunk = b.chunks[c];
+    const SgdArgs a = sgdArgs(launch::rateArgs(args, which, chunk.rate));
+    const bool readBuf = b.momentumBuffer != nullptr && !a.firstStep;
+    const auto one = [&](size_t i) {
+      float buf = readBuf ? b.momentumBuffer[i] : 0.0f;
+      float p = b.param[i];
+      sgdElement(p, __fmul_rn(b.grad[i], mult), buf, a);
+      b.param[i] = p;
+      if (b.momentumBuffer) b.momentumBuffer[i] = buf;
+      if (half) half[i] = elements::store<__nv_bfloat16>(p);
+    };
+    const auto quad = [&](size_t q) {
+      float4 p = elements::loadQuad(b.param, q);
+      const float4 g = elements::loadQuad(b.grad, q);
+      float4 buf = readBuf ? elements::loadQuad(b.momentumBuffer, q) : make_float4(0, 0, 0, 0);
+      sgdElement(p.x, __fmul_rn(g.x, mult), buf.x, a);
+      sgdElement(p.y, __fmul_rn(g.y, mult), buf.y, a);
+      sgdElement(p.z, __fmul_rn(g.z, mult), buf.z, a);
+      sgdElement(p.w, __fmul_rn(g.w, mult), buf.w, a);
+      elements::storeQuad(b.param, q, p);
+      if (b.momentumBuffer) elements::storeQuad(b.momentumBuffer, q, buf);
+      if (half) elements::storeQuad(half, q, p);
+    };
+    launch::forChunkElements(chunk, vectorize, one, quad);
   }
 }
 
@@ -174,14 +209,11 @@ __global__ void sumPartialsKernel(const double* __restrict__ partials, unsigned 
   if (threadIdx.x == 0) *out = total;
 }
 
-SgdArgs sgdArgs(const SgdStepOptions& o) { return {o.lr, o.momentum, o.weightDecay, o.nesterov, o.firstStep}; }
-
-void launchSgd(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, const Stream& stream) {
+void launchSgd(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
   checkCudaStream(stream);
   size_t n = buffers.param.size();
   COHORT_CHECK_EQ(buffers.grad.size(), n);
-  bool useMomentum = step.ifSettled.momentum != 0.0f;
-  COHORT_CHECK_EQ(useMomentum, step.ifOneMore.momentum != 0.0f);
+  bool useMomentum = options.momentum != 0.0f;
   if (useMomentum) {
     COHORT_CHECK_EQ(buffers.momentumBuffer.size(), n);
   }
@@ -193,20 +225,30 @@ void launchSgd(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, c
   CudaDeviceGuard guard(stream.device().index);
   Launch launch = launchFor(stream, vectorize ? vecCount + n % 4 : n);
   COHORT_LAUNCH(sgdKernel, launch.blocks, kThreads, 0, launch.stream)(
-      buffers.param.data(), buffers.grad.data(), buf, n, vecCount, sgdArgs(step.ifSettled), step.control,
-      step.settledSteps, sgdArgs(step.ifOneMore));
+      buffers.param.data(), buffers.grad.data(), buf, n, vecCount, sgdArgs(options));
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
-  launchSgd(buffers, {.control = nullptr, .settledSteps = 0, .ifSettled = options, .ifOneMore = options}, stream);
+void sgdStep(const SgdChunks& buffers, const OptimizerStepArgs<SgdStepOptions>* args, const StepControl* control,
+             const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(args != nullptr && buffers.chunkCount >= 0) << "a multi-tensor SGD step without its arguments";
+  if (buffers.chunkCount == 0) return;
+  const bool vectorize = aligned16(buffers.param) && aligned16(buffers.grad) &&
+                         (buffers.momentumBuffer == nullptr || aligned16(buffers.momentumBuffer)) &&
+                         reinterpret_cast<uintptr_t>(buffers.half) % 8 == 0;
+  CudaDeviceGuard guard(stream.device().index);
+  const auto blocks = static_cast<unsigned>(std::min<size_t>(static_cast<size_t>(buffers.chunkCount),
+                                                             launch::maxBlocks(stream)));
+  COHORT_LAUNCH(sgdChunksKernel, blocks, kThreads, 0, static_cast<cudaStream_t>(stream.native()))(buffers, vectorize,
+                                                                                                 args, control);
+  COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void sgdStep(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, const Stream& stream) {
-  COHORT_CHECK(step.control != nullptr) << "a guarded SGD step without its StepControl";
-  launchSgd(buffers, step, stream);
+void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream) {
+  launchSgd(buffers, options, stream);
 }
 
 void fill(std::span<float> data, float value, const Stream& stream) {

@@ -44,10 +44,26 @@ struct SgdBuffers {
 //     d   = nesterov ? d + momentum * buf : buf
 //   param = param - lr * d
 void sgdStep(const SgdBuffers& buffers, const SgdStepOptions& options, const Stream& stream);
-// The same update decided on the device (step_guard.h): nothing unless step.control->apply, the
-// gradient multiplied by control->gradMultiplier, with the options of whichever candidate holds.
-// Bit for bit sgdStep after scale(grad, multiplier) (the multiplier 1 is not a pass of its own).
-void sgdStep(const SgdBuffers& buffers, const Guarded<SgdStepOptions>& step, const Stream& stream);
+
+// The same update over every chunk of a multi-tensor apply (step_guard.h) in one kernel, each chunk
+// with its rate's options out of *args (device memory, storeOnDevice). Decided on the device when
+// `control` is set (step_guard.h): nothing unless control->apply; the gradient multiplied by
+// control->gradMultiplier first (rounded, never fused: bit for bit sgdStep after scale(grad,
+// multiplier)); args->ifOneMore when control->appliedBefore != args->settledSteps. Null: always
+// applied, multiplier 1, args->ifSettled.
+// Each element's arithmetic is sgdStep's. `half`, when set, receives bf16(new param) (rounded to
+// nearest even, as convertToBf16) at each updated element's index. Every pointer is device memory
+// indexed by the chunks' flat indices; `momentumBuffer` null without momentum.
+struct SgdChunks {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* momentumBuffer = nullptr;
+  void* half = nullptr;
+  const OptimizerChunk* chunks = nullptr;
+  int chunkCount = 0;
+};
+void sgdStep(const SgdChunks& buffers, const OptimizerStepArgs<SgdStepOptions>* args, const StepControl* control,
+             const Stream& stream);
 
 // data[i] = value.
 void fill(std::span<float> data, float value, const Stream& stream);

@@ -260,32 +260,63 @@ __device__ __forceinline__ void adamElement(float& p, float g, float& m, float& 
   p = pi - o.stepSize * mi / (sqrtf(vi) / o.bc2Sqrt + o.eps);
 }
 
-// Guarded (control set): as sgdKernel in elementwise.cu.
+// One run's step (the shard steps' per-piece launches); the whole buffer's is adamChunksKernel.
 __global__ void adamKernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ expAvg,
-                           float* __restrict__ expAvgSq, size_t n, size_t vecCount, AdamStepOptions o,
-                           const StepControl* __restrict__ control, long long settledSteps,
-                           AdamStepOptions ifOneMore) {
-  float mult;
-  if (!guardedArgs(control, settledSteps, ifOneMore, o, mult)) return;
+                           float* __restrict__ expAvgSq, size_t n, size_t vecCount, AdamStepOptions o) {
   for (size_t i = firstIndex(); i < vecCount; i += gridStride()) {
     float4 p = reinterpret_cast<float4*>(param)[i];
     float4 g = reinterpret_cast<const float4*>(grad)[i];
     float4 m = reinterpret_cast<float4*>(expAvg)[i];
     float4 v = reinterpret_cast<float4*>(expAvgSq)[i];
-    adamElement(p.x, __fmul_rn(g.x, mult), m.x, v.x, o);
-    adamElement(p.y, __fmul_rn(g.y, mult), m.y, v.y, o);
-    adamElement(p.z, __fmul_rn(g.z, mult), m.z, v.z, o);
-    adamElement(p.w, __fmul_rn(g.w, mult), m.w, v.w, o);
+    adamElement(p.x, g.x, m.x, v.x, o);
+    adamElement(p.y, g.y, m.y, v.y, o);
+    adamElement(p.z, g.z, m.z, v.z, o);
+    adamElement(p.w, g.w, m.w, v.w, o);
     reinterpret_cast<float4*>(param)[i] = p;
     reinterpret_cast<float4*>(expAvg)[i] = m;
     reinterpret_cast<float4*>(expAvgSq)[i] = v;
   }
   for (size_t i = 4 * vecCount + firstIndex(); i < n; i += gridStride()) {
     float p = param[i], m = expAvg[i], v = expAvgSq[i];
-    adamElement(p, __fmul_rn(grad[i], mult), m, v, o);
+    adamElement(p, grad[i], m, v, o);
     param[i] = p;
     expAvg[i] = m;
     expAvgSq[i] = v;
+  }
+}
+
+// A multi-tensor Adam step (step_guard.h): block b the chunks b, b + grid, ...; each element as
+// adamKernel's.
+__global__ void adamChunksKernel(AdamChunks b, bool vectorize, const OptimizerStepArgs<AdamStepOptions>* __restrict__ args,
+                                 const StepControl* __restrict__ control) {
+  float mult;
+  const StepCount which = chunkArgs(control, args, mult);
+  if (which == StepCount::kNone) return;
+  auto* half = static_cast<__nv_bfloat16*>(b.half);
+  for (int c = blockIdx.x; c < b.chunkCount; c += gridDim.x) {
+    const OptimizerChunk chunk = b.chunks[c];
+    const AdamStepOptions o = rateArgs(args, which, chunk.rate);
+    const auto one = [&](size_t i) {
+      float p = b.param[i], m = b.expAvg[i], v = b.expAvgSq[i];
+      adamElement(p, __fmul_rn(b.grad[i], mult), m, v, o);
+      b.param[i] = p;
+      b.expAvg[i] = m;
+      b.expAvgSq[i] = v;
+      if (half) half[i] = elements::store<__nv_bfloat16>(p);
+    };
+    const auto quad = [&](size_t q) {
+      float4 p = elements::loadQuad(b.param, q), m = elements::loadQuad(b.expAvg, q), v = elements::loadQuad(b.expAvgSq, q);
+      const float4 g = elements::loadQuad(b.grad, q);
+      adamElement(p.x, __fmul_rn(g.x, mult), m.x, v.x, o);
+      adamElement(p.y, __fmul_rn(g.y, mult), m.y, v.y, o);
+      adamElement(p.z, __fmul_rn(g.z, mult), m.z, v.z, o);
+      adamElement(p.w, __fmul_rn(g.w, mult), m.w, v.w, o);
+      elements::storeQuad(b.param, q, p);
+      elements::storeQuad(b.expAvg, q, m);
+      elements::storeQuad(b.expAvgSq, q, v);
+      if (half) elements::storeQuad(half, q, p);
+    };
+    forChunkElements(chunk, vectorize, one, quad);
   }
 }
 
@@ -438,32 +469,30 @@ void meanSquaredError(const MseBuffers& b, int64_t n, float lossScale, const Str
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-namespace {
-
-void launchAdam(const AdamBuffers& b, const Guarded<AdamStepOptions>& step, const Stream& stream) {
+void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
+              const AdamStepOptions& options, const Stream& stream) {
   checkCudaStream(stream);
-  COHORT_CHECK(b.n >= 0) << b.n;
-  if (b.n == 0) return;
-  size_t count = static_cast<size_t>(b.n);
-  size_t vecCount = vecCountFor(count, b.param, b.grad, b.expAvg, b.expAvgSq);
+  COHORT_CHECK(n >= 0) << n;
+  if (n == 0) return;
+  size_t count = static_cast<size_t>(n);
+  size_t vecCount = vecCountFor(count, param, grad, expAvg, expAvgSq);
   CudaDeviceGuard guard(stream.device().index);
   COHORT_LAUNCH(adamKernel, blocksFor(stream, flatWork(count, vecCount)), kThreads, 0, nativeStream(stream))(
-      b.param, b.grad, b.expAvg, b.expAvgSq, count, vecCount, step.ifSettled, step.control, step.settledSteps,
-      step.ifOneMore);
+      param, grad, expAvg, expAvgSq, count, vecCount, options);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-}  // namespace
-
-void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
-              const AdamStepOptions& options, const Stream& stream) {
-  launchAdam({param, grad, expAvg, expAvgSq, n},
-             {.control = nullptr, .settledSteps = 0, .ifSettled = options, .ifOneMore = options}, stream);
-}
-
-void adamStep(const AdamBuffers& buffers, const Guarded<AdamStepOptions>& step, const Stream& stream) {
-  COHORT_CHECK(step.control != nullptr) << "a guarded Adam step without its StepControl";
-  launchAdam(buffers, step, stream);
+void adamStep(const AdamChunks& b, const OptimizerStepArgs<AdamStepOptions>* args, const StepControl* control,
+              const Stream& stream) {
+  checkCudaStream(stream);
+  COHORT_CHECK(args != nullptr && b.chunkCount >= 0) << "a multi-tensor Adam step without its arguments";
+  if (b.chunkCount == 0) return;
+  const bool vectorize = vecCountFor(4, b.param, b.grad, b.expAvg, b.expAvgSq) > 0 &&
+                         reinterpret_cast<uintptr_t>(b.half) % 8 == 0;
+  CudaDeviceGuard guard(stream.device().index);
+  const auto blocks = static_cast<unsigned>(std::min<size_t>(static_cast<size_t>(b.chunkCount), maxBlocks(stream)));
+  COHORT_LAUNCH(adamChunksKernel, blocks, kThreads, 0, nativeStream(stream))(b, vectorize, args, control);
+  COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace cohort::runtime::cuda

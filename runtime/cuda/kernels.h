@@ -219,15 +219,20 @@ struct AdamStepOptions {
 };
 void adamStep(float* param, const float* grad, float* expAvg, float* expAvgSq, int64_t n,
               const AdamStepOptions& options, const Stream& stream);
-struct AdamBuffers {
-  float* param;
-  const float* grad;
-  float* expAvg;
-  float* expAvgSq;
-  int64_t n;
+// The same update over every chunk of a multi-tensor apply in one kernel, as sgdStep of SgdChunks
+// (elementwise.h): each chunk with its rate's options out of *args, decided by `control` when set,
+// bf16(new param) into `half` when set.
+struct AdamChunks {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* expAvg = nullptr;
+  float* expAvgSq = nullptr;
+  void* half = nullptr;
+  const OptimizerChunk* chunks = nullptr;
+  int chunkCount = 0;
 };
-// The same update decided on the device (step_guard.h; as the guarded sgdStep in elementwise.h).
-void adamStep(const AdamBuffers& buffers, const Guarded<AdamStepOptions>& step, const Stream& stream);
+void adamStep(const AdamChunks& buffers, const OptimizerStepArgs<AdamStepOptions>* args, const StepControl* control,
+              const Stream& stream);
 
 // ---- images (NCHW; image_kernels.cu) ----
 

@@ -70,20 +70,44 @@ __device__ inline double blockSum(double v) {
   return total;
 }
 
-// ---- guarded optimizer steps (step_guard.h) ----
+// ---- multi-tensor optimizer steps (step_guard.h) ----
 
-// A guarded kernel's first reads: false when the step applies nothing; else `mult` is the
-// gradient's multiplier and `args` the candidate for the step count the device holds. Unguarded
-// (control null): true, multiplier 1, `args` as given.
-template <class Args>
-__device__ __forceinline__ bool guardedArgs(const StepControl* control, long long settledSteps, const Args& ifOneMore,
-                                            Args& args, float& mult) {
+// Which options of a multi-tensor optimizer kernel's arguments (step_guard.h, OptimizerStepArgs: its
+// blocks of kOptimizerRatesPerBlock rates) the step takes: kNone when it applies nothing; else
+// those for the step count the device holds, with `mult` the gradient's multiplier (1 without a
+// control).
+enum class StepCount { kNone, kSettled, kOneMore };
+template <class Options>
+__device__ __forceinline__ StepCount chunkArgs(const StepControl* control, const OptimizerStepArgs<Options>* args,
+                                               float& mult) {
   mult = 1.0f;
-  if (control == nullptr) return true;
-  if (!control->apply) return false;
+  if (control == nullptr) return StepCount::kSettled;
+  if (!control->apply) return StepCount::kNone;
   mult = control->gradMultiplier;
-  if (control->appliedBefore != settledSteps) args = ifOneMore;
-  return true;
+  return control->appliedBefore == args->settledSteps ? StepCount::kSettled : StepCount::kOneMore;
+}
+// Rate `rate`'s options for the step count `which` (not kNone).
+template <class Options>
+__device__ __forceinline__ const Options& rateArgs(const OptimizerStepArgs<Options>* args, StepCount which, int rate) {
+  const OptimizerStepArgs<Options>& block = args[rate / kOptimizerRatesPerBlock];
+  const int r = rate % kOptimizerRatesPerBlock;
+  return which == StepCount::kSettled ? block.ifSettled[r] : block.ifOneMore[r];
+}
+
+// The block's threads over one chunk's elements: one(i) for element i, quad(q) for elements 4q..4q+3
+// where `vectorize` (every buffer aligned for quads) and the quad lies inside the chunk; the chunk's
+// unaligned ends one by one. Each element is visited once, whatever the split.
+template <class One, class Quad>
+__device__ __forceinline__ void forChunkElements(const OptimizerChunk& chunk, bool vectorize, One one, Quad quad) {
+  const long long begin = chunk.begin, end = chunk.begin + chunk.count;
+  // [begin, quadsBegin) one by one, [quadsBegin, quadsEnd) in quads (both multiples of 4 when it
+  // is not empty), [quadsEnd, end) one by one.
+  const long long aligned = (begin + 3) / 4 * 4;
+  const long long quadsBegin = vectorize && aligned < end ? aligned : end;
+  const long long quadsEnd = end / 4 * 4 > quadsBegin ? end / 4 * 4 : quadsBegin;
+  for (long long i = begin + threadIdx.x; i < quadsBegin; i += blockDim.x) one(static_cast<size_t>(i));
+  for (long long q = quadsBegin / 4 + threadIdx.x; q < quadsEnd / 4; q += blockDim.x) quad(static_cast<size_t>(q));
+  for (long long i = quadsEnd + threadIdx.x; i < end; i += blockDim.x) one(static_cast<size_t>(i));
 }
 
 // ---- row groups (row-wise kernels: softmax, losses, LayerNorm) ----

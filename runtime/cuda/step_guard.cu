@@ -1,4 +1,5 @@
-// judgeStep (step_guard.h): one thread turns a step's sum of squares into its decision.
+// judgeStep (step_guard.h): one thread turns a step's sum of squares into its decision; and
+// storeOnDevice, the one uncaptured write of a step's changing values.
 //
 // The roundings are the host's (train/strategy.cc, nn/grad_norm.cc), in its order: the norm in
 // double, gradScale x sqrt(sum); the clip coefficient in float, maxNorm / (float(norm) + 1e-6),
@@ -7,8 +8,12 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cstring>
+#include <type_traits>
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/elementwise.h"
+#include "runtime/cuda/kernels.h"
 #include "runtime/cuda/launch.h"
 #include "runtime/cuda/step_guard.h"
 #include "runtime/error.h"
@@ -16,9 +21,10 @@
 namespace cohort::runtime::cuda {
 namespace {
 
-__global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, StepGuardState* __restrict__ state,
-                                StepRecord* __restrict__ record, JudgeOptions o) {
+__global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, const JudgeOptions* __restrict__ options,
+                                StepGuardState* __restrict__ state, StepRecord* __restrict__ record) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  const JudgeOptions o = *options;
   if (o.seed) {
     state->applied = o.seedApplied;
     state->nonFinite = 0;
@@ -53,14 +59,42 @@ __global__ void judgeStepKernel(const double* __restrict__ sumOfSquares, StepGua
   record->spike = spike;
 }
 
+// storeOnDevice's value, as bytes (one kernel for every type, its arguments well below 4 KiB).
+constexpr unsigned kStoreBytes = 1024;
+struct StoreBytes {
+  alignas(8) unsigned char bytes[kStoreBytes];
+};
+
+__global__ void storeKernel(unsigned char* __restrict__ device, StoreBytes value, unsigned bytes) {
+  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) device[i] = value.bytes[i];
+}
+
 }  // namespace
 
-void judgeStep(const double* sumOfSquares, StepGuardState* state, StepRecord* record, const JudgeOptions& options,
+void judgeStep(const double* sumOfSquares, const JudgeOptions* options, StepGuardState* state, StepRecord* record,
                const Stream& stream) {
   launch::checkCudaStream(stream);
   CudaDeviceGuard guard(stream.device().index);
-  COHORT_LAUNCH(judgeStepKernel, 1, 1, 0, launch::nativeStream(stream))(sumOfSquares, state, record, options);
+  COHORT_LAUNCH(judgeStepKernel, 1, 1, 0, launch::nativeStream(stream))(sumOfSquares, options, state, record);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
+
+template <class T>
+void storeOnDevice(T* device, const T& value, const Stream& stream) {
+  static_assert(sizeof(T) <= kStoreBytes && std::is_trivially_copyable_v<T>);
+  launch::checkCudaStream(stream);
+  StoreBytes bytes{};
+  std::memcpy(bytes.bytes, &value, sizeof(T));
+  CudaDeviceGuard guard(stream.device().index);
+  COHORT_LAUNCH(storeKernel, 1, launch::kWarpSize, 0, launch::nativeStream(stream))(
+      reinterpret_cast<unsigned char*>(device), bytes, static_cast<unsigned>(sizeof(T)));
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+template void storeOnDevice(JudgeOptions*, const JudgeOptions&, const Stream&);
+template void storeOnDevice(OptimizerStepArgs<SgdStepOptions>*, const OptimizerStepArgs<SgdStepOptions>&,
+                            const Stream&);
+template void storeOnDevice(OptimizerStepArgs<AdamStepOptions>*, const OptimizerStepArgs<AdamStepOptions>&,
+                            const Stream&);
 
 }  // namespace cohort::runtime::cuda

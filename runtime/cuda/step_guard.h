@@ -4,9 +4,13 @@
 //
 // The step's decision lives in device memory (StepGuardState). Per step, on the compute stream and
 // without a host wait:
-//   sumOfSquares (elementwise.h) -> judgeStep (here, one thread) -> the optimizer kernel, which
+//   storeOnDevice of the step's JudgeOptions and of the optimizer's OptimizerStepArgs (what changes
+//   every step; never inside a CUDA graph) -> sumOfSquares (elementwise.h) -> judgeStep (here, one
+//   thread, reading its options through a pointer) -> the optimizer's multi-tensor kernel, which
 //   reads StepControl: `apply`, the gradient multiplier and how many steps were applied before it
 //   -> an asynchronous copy of the StepRecord to pinned host memory, read a step later.
+// Everything between the two copies reads fixed addresses only, so a CUDA graph may capture it
+// (train/step_graph.h).
 // judgeStep computes what train::judgeStep and nn::clipCoefficient compute on the host, with the
 // same roundings (double norm, float coefficient), so the guarded update is bit for bit the one the
 // host would have ordered. A non-finite step counts against `nonFiniteLimit`; the first one beyond
@@ -66,19 +70,41 @@ struct JudgeOptions {
 };
 
 // Judges one step from `sumOfSquares` (device, one double: elementwise.h's scratch[0]) into
-// state->control and *record (both device memory). One thread; enqueued on `stream`.
-void judgeStep(const double* sumOfSquares, StepGuardState* state, StepRecord* record, const JudgeOptions& options,
+// state->control and *record (both device memory), with the options *options (device memory,
+// written by storeOnDevice before: the kernel's arguments never change, so a CUDA graph may
+// capture it). One thread; enqueued on `stream`.
+void judgeStep(const double* sumOfSquares, const JudgeOptions* options, StepGuardState* state, StepRecord* record,
                const Stream& stream);
 
-// An optimizer step whose hyper-parameters depend on whether the step still unknown to the host
-// applied: `ifSettled` when control->appliedBefore == settledSteps, else `ifOneMore` (the host reads
-// a step's record only after queueing the next one, so there is at most one such step).
+// *device = value (device memory), by one tiny kernel that takes the value as its argument: how the
+// values that change every step (the judge's options, the optimizer's learning rates) reach the
+// kernels that read them through a pointer, outside any CUDA graph (train/step_graph.h). Defined for
+// JudgeOptions and OptimizerStepArgs of SgdStepOptions and AdamStepOptions.
+template <class T>
+void storeOnDevice(T* device, const T& value, const Stream& stream);
+
+// The optimizer's multi-tensor apply: the whole flat buffer cut into chunks of at most
+// kOptimizerChunkElements elements, each inside one parameter group's run, built once per optimizer
+// in device memory; one kernel steps every chunk (block b the chunks b, b + grid, ...), each with its
+// rate's options (a rate: one distinct (weight decay, lr scale) of the runs).
+constexpr int kOptimizerChunkElements = 1 << 16;
+constexpr int kOptimizerRatesPerBlock = 16;
+struct OptimizerChunk {
+  long long begin = 0;  // flat index of its first element
+  int count = 0;
+  int rate = 0;  // index into OptimizerStepArgs's options
+};
+// A step's options per rate, in device memory (storeOnDevice): `ifSettled` unless a StepControl says
+// that a step still unknown to the host applied (control->appliedBefore != settledSteps: at most
+// one, as the host reads a step's record only after queueing the next), then `ifOneMore`. One
+// block holds kOptimizerRatesPerBlock rates (a kernel argument's size bounds what one store
+// carries); an optimizer with more rates has consecutive blocks, rate r in block r / 16 (every
+// block's settledSteps the same), each stored by its own storeOnDevice.
 template <class Options>
-struct Guarded {
-  const StepControl* control = nullptr;
+struct OptimizerStepArgs {
   long long settledSteps = 0;
-  Options ifSettled;
-  Options ifOneMore;
+  Options ifSettled[kOptimizerRatesPerBlock] = {};
+  Options ifOneMore[kOptimizerRatesPerBlock] = {};
 };
 
 }  // namespace cohort::runtime::cuda

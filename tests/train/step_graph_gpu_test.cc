@@ -15,6 +15,7 @@
 #include "nn/loss.h"
 #include "nn/model_spec.h"
 #include "nn/optimizer.h"
+#include "runtime/data/data_loader.h"
 #include "runtime/data/dataset.h"
 #include "runtime/dtype.h"
 #include "tests/runtime/cuda/gpu_test_util.h"
@@ -132,6 +133,101 @@ TEST(StepGraphGpu, ReplayedStepsEndBitForBitWhereUncapturedStepsEnd) {
     EXPECT_EQ(graphs.result.steps, 10);
     expectSameEnd(graphs, uncaptured);
   }
+}
+
+// 24 steps of an MLP under squared error with AdamW over nanoGPT's groups (decay on the weights
+// only), a warm-up then cosine learning rate (a new lr every step), clipping, one sample with a NaN
+// (its step is skipped) and one 1000 times the others (a gradient spike once 16 steps are applied).
+struct GuardedRun {
+  RunEnd end;
+  std::vector<double> gradNorms;  // each step's, from the device's record (NaN for the skipped one)
+  std::vector<bool> applied;
+  double testLoss = 0;
+};
+
+GuardedRun trainGuarded(bool cudaGraphs, bool synchronousSteps) {
+  Job job({.device = "cuda"}, runtime::WorldInfo{});
+  auto model = nn::buildModel("mlp:4,8,2");
+  auto optimizer = nn::makeOptimizer({.kind = nn::OptimizerKind::kAdamW,
+                                      .lr = 0.01f,
+                                      .weightDecay = 0.1f,
+                                      .groups = nn::decayMatricesOnly(model->params, 0.1f)},
+                                     model->params.numel(), job.gpu());
+  job.place(*model, *optimizer, {.seed = 1});
+  runtime::data::DatasetContents c{.name = "line", .inputs = Tensor::zeros(Shape{48, 4}), .targets = Tensor::zeros(Shape{48, 2})};
+  for (int64_t i = 0; i < 48 * 4; ++i) c.inputs.at(i) = static_cast<float>((i * 7) % 11 - 5) / 8;
+  for (int64_t i = 0; i < 48 * 2; ++i) c.targets.at(i) = static_cast<float>((i * 3) % 5 - 2) / 4;
+  // The samples the shuffled epoch trains on at steps 11 (NaN) and 21 (the spike: 20 applied before).
+  const std::vector<int64_t> order = runtime::data::epochOrder(48, {.batchSize = 2, .seed = 3}, 0);
+  c.inputs.at(4 * order[2 * 10] + 1) = std::nanf("");
+  for (int64_t k = 0; k < 4; ++k) c.inputs.at(4 * order[2 * 20] + k) *= 1000;
+  runtime::data::DatasetContents t{.name = "test", .inputs = c.inputs.clone(), .targets = c.targets.clone()};
+  for (int64_t i = 0; i < 48 * 4; ++i) t.inputs.at(i) = static_cast<float>((i * 5) % 11 - 5) / 8;
+  const runtime::data::Dataset data(std::move(c)), test(std::move(t));
+  nn::MeanSquaredError loss;
+  GuardedRun run;
+  TrainerCallbacks callbacks{.onStepEnd =
+                                 [&](const StepReport& r) {
+                                   run.gradNorms.push_back(r.gradNorm);
+                                   run.applied.push_back(r.applied);
+                                   return Next::kContinue;
+                                 },
+                             .onEpochEnd =
+                                 [&](EpochReport& r) {
+                                   run.testLoss = r.testLoss;
+                                   return Next::kContinue;
+                                 }};
+  Trainer trainer(job, loss, data, &test,
+                  {.epochs = 1, .batchSize = 2, .seed = 3,
+                   .lrSchedule = nn::LrScheduleOptions{.kind = nn::LrScheduleKind::kCosine, .baseLr = 0.01,
+                                                       .warmupSteps = 4, .totalSteps = 24, .minLr = 0.001},
+                   .clipGradNorm = 0.5f, .skipNonFinite = 1, .skipSpikes = 3, .progressEverySeconds = 0,
+                   .synchronousSteps = synchronousSteps, .cudaGraphs = cudaGraphs},
+                  callbacks);
+  run.end.result = trainer.run();
+  run.end.values = toHost(model->params.values());
+  for (const auto& s : optimizer->state()) {
+    const std::vector<float> state = toHost(s.tensor);
+    run.end.values.insert(run.end.values.end(), state.begin(), state.end());
+  }
+  return run;
+}
+
+// The deferred step's device work is captured with the forward and backward: the graph holds four
+// nodes more than the synchronous run's (Σ g²'s two kernels, the judge, and the optimizer's one
+// multi-tensor kernel for all of the groups' runs), and the replayed steps — whose judge options,
+// learning rates and bias corrections change every step — end bit for bit where the uncaptured run
+// ends, the skipped NaN step and the spike included.
+TEST(StepGraphGpu, TheGuardedOptimizerStepReplaysInsideTheGraph) {
+  COHORT_SKIP_WITHOUT_CUDA_DEVICE();
+  const GuardedRun uncaptured = trainGuarded(false, false);
+  const GuardedRun graphs = trainGuarded(true, false);
+  const GuardedRun synchronous = trainGuarded(true, true);
+  EXPECT_EQ(uncaptured.end.result.steps, 24);
+  EXPECT_EQ(uncaptured.end.result.skippedSteps, 1);
+  EXPECT_EQ(uncaptured.end.result.skippedSpikes, 1);
+  EXPECT_EQ(graphs.end.result.cudaGraphsOff, "");
+  EXPECT_EQ(graphs.end.result.cudaGraphSteps, 23);  // all but the warm-up
+  EXPECT_EQ(graphs.end.result.skippedSteps, 1);
+  EXPECT_EQ(graphs.end.result.skippedSpikes, 1);
+  EXPECT_EQ(synchronous.end.result.cudaGraphSteps, 23);
+  EXPECT_GT(synchronous.end.result.cudaGraphNodes, 0);
+  EXPECT_EQ(graphs.end.result.cudaGraphNodes, synchronous.end.result.cudaGraphNodes + 4);
+  ASSERT_EQ(graphs.end.values.size(), uncaptured.end.values.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < graphs.end.values.size(); ++i) {
+    differ += std::memcmp(&graphs.end.values[i], &uncaptured.end.values[i], sizeof(float)) != 0;
+  }
+  EXPECT_EQ(differ, 0u) << "of " << graphs.end.values.size() << " values";
+  EXPECT_EQ(graphs.applied, uncaptured.applied);
+  ASSERT_EQ(graphs.gradNorms.size(), 24u);
+  ASSERT_EQ(graphs.gradNorms.size(), uncaptured.gradNorms.size());
+  for (size_t i = 0; i < graphs.gradNorms.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&graphs.gradNorms[i], &uncaptured.gradNorms[i], sizeof(double)), 0)
+        << "step " << i << ": " << graphs.gradNorms[i] << " vs " << uncaptured.gradNorms[i];
+  }
+  EXPECT_TRUE(std::isfinite(uncaptured.testLoss));
+  EXPECT_EQ(graphs.testLoss, uncaptured.testLoss);
 }
 
 TEST(StepGraphGpu, DropoutFallsBackWithItsReasonAndTheSameResult) {

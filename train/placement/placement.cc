@@ -8,6 +8,7 @@
 #include "nn/grad_norm.h"
 #include "runtime/error.h"
 #include "train/checkpoint/checkpointer.h"
+#include "train/step_graph.h"
 
 #ifdef COHORT_HAVE_CUDA
 #include "runtime/cuda/elementwise.h"
@@ -90,32 +91,43 @@ PartialNorm WholeGradient::squaredNorm(const StepPlan& plan) const {
   return {.squares = plan.guard->sumOfSquares(params.grads()), .scale = plan.gradScale};
 }
 
-// A trusted bf16 copy (nn/param_buffer.h) made current after the optimizer wrote the values: one
-// conversion on the compute stream, after the step's kernels (a deferred step's too).
-void WholeGradient::refreshHalfCopy() const {
-  if (!params.halfCopyTrusted()) return;
-  const runtime::Stream* stream = computeStreamOf(gpu);
-  COHORT_CHECK(stream) << "a trusted bf16 copy without a GPU";
-  params.refreshHalfCopy(*stream);
+// A trusted bf16 copy (nn/param_buffer.h) is kept current by the optimizer's own kernel
+// (Job::trustHalfCopy hands it the copy): the step writes both.
+void WholeGradient::requireHalfCopyWriter() const {
+  COHORT_CHECK(!params.halfCopyTrusted() || optimizer.halfCopy() == params.halfCopy())
+      << "a trusted bf16 copy that the optimizer does not write";
 }
 
 void WholeGradient::update(const StepPlan& plan, float clip) const {
+  requireHalfCopyWriter();
   scaleGradients(params, plan.gradScale * clip, gpu);
   optimizer.step(params.values(), params.grads());
-  refreshHalfCopy();
 }
 
 StepResult WholeGradient::stepDeferred(const StepPlan& plan, LossVerdict loss, int gradientRank) const {
-  const runtime::cuda::StepControl* control = plan.guard->judge(params.grads(), {.gradScale = plan.gradScale,
-                                                                                 .clipGradNorm = plan.clipGradNorm,
-                                                                                 .loss = loss,
-                                                                                 .gradientRank = gradientRank,
-                                                                                 .maxGradNorm = plan.maxGradNorm,
-                                                                                 .skipsLeft = plan.skipsLeft,
-                                                                                 .settledSteps = optimizer.steps()});
-  optimizer.stepDeferred(params.values(), params.grads(),
-                         {.control = control, .lrIfSettled = plan.lrIfSettled, .lrIfOneMore = plan.lrIfOneMore});
-  refreshHalfCopy();
+  requireHalfCopyWriter();
+  // The host's part and the uncaptured writes of what changes per step (`stage`); the kernels that
+  // read them, which a CUDA graph may capture (`device`); then the record's copy into its ring slot.
+  const auto stage = [&] {
+    plan.guard->stageJudge({.gradScale = plan.gradScale,
+                            .clipGradNorm = plan.clipGradNorm,
+                            .loss = loss,
+                            .gradientRank = gradientRank,
+                            .maxGradNorm = plan.maxGradNorm,
+                            .skipsLeft = plan.skipsLeft,
+                            .settledSteps = optimizer.steps()});
+    optimizer.stageDeferred({.lrIfSettled = plan.lrIfSettled, .lrIfOneMore = plan.lrIfOneMore});
+  };
+  const auto device = [&] {
+    optimizer.applyDeferred(params.values(), params.grads(), plan.guard->judgeOnDevice(params.grads()));
+  };
+  if (plan.graph) {
+    plan.graph->finishStep(stage, device);
+  } else {
+    stage();
+    device();
+  }
+  plan.guard->sendRecord();
   return StepResult{.pending = true};
 }
 

@@ -101,6 +101,7 @@ struct StepPlan {
   bool defer = false;
   int64_t skipsLeft = 0;  // StepOptions::skipNonFinite
   float lrIfSettled = 0, lrIfOneMore = 0;
+  StepGraph* graph = nullptr;  // a deferred step's device work joins it (StepOptions::graph)
 };
 
 // What a placement adds to a checkpoint: the optimizer state tensors and step counts.
@@ -204,11 +205,11 @@ struct WholeGradient {
   runtime::cuda::GpuContext* gpu = nullptr;
 
   PartialNorm squaredNorm(const StepPlan& plan) const;
-  // Both keep a trusted bf16 copy of the values current (nn/param_buffer.h): one conversion after
-  // the optimizer's step, until the optimizer writes the copy itself.
+  // A trusted bf16 copy of the values (nn/param_buffer.h) is the optimizer's to write: both check it
+  // is (Job::trustHalfCopy wires it), and the step's kernel keeps it current.
   void update(const StepPlan& plan, float clip) const;
   StepResult stepDeferred(const StepPlan& plan, LossVerdict loss, int gradientRank) const;
-  void refreshHalfCopy() const;
+  void requireHalfCopyWriter() const;
 };
 
 // A placement that is its ranks' whole gradient (local, replicas): the WholeGradient stages.

@@ -20,12 +20,15 @@ namespace {
 using runtime::cuda::StepGuardState;
 using runtime::cuda::StepRecord;
 
-// The device scratch: the sum's doubles, then the guard's state, then the step's record.
+// The device scratch: the sum's doubles, then the guard's state, then the step's record, then the
+// judge's options.
 constexpr size_t kSumBytes = runtime::cuda::kSumOfSquaresScratch * sizeof(double);
 constexpr size_t kStateOffset = kSumBytes;
 constexpr size_t kRecordOffset = kStateOffset + (sizeof(StepGuardState) + 7) / 8 * 8;
-constexpr size_t kScratchBytes = kRecordOffset + sizeof(StepRecord);
-static_assert(kSumBytes % alignof(StepGuardState) == 0 && kRecordOffset % alignof(StepRecord) == 0);
+constexpr size_t kOptionsOffset = kRecordOffset + (sizeof(StepRecord) + 7) / 8 * 8;
+constexpr size_t kScratchBytes = kOptionsOffset + sizeof(runtime::cuda::JudgeOptions);
+static_assert(kSumBytes % alignof(StepGuardState) == 0 && kRecordOffset % alignof(StepRecord) == 0 &&
+              kOptionsOffset % alignof(runtime::cuda::JudgeOptions) == 0);
 
 template <class T>
 T* at(const runtime::Tensor& t, size_t offset) {
@@ -90,8 +93,16 @@ double StepGuard::sumOfSquares(std::span<const runtime::Tensor> pieces) {
 }
 
 const runtime::cuda::StepControl* StepGuard::judge(const runtime::Tensor& grads, const Judge& j) {
+  stageJudge(j);
+  const runtime::cuda::StepControl* control = judgeOnDevice(grads);
+  sendRecord();
+  return control;
+}
+
+void StepGuard::stageJudge(const Judge& j) {
 #ifdef COHORT_HAVE_CUDA
-  COHORT_CHECK(gpu_ && grads.device().isCuda()) << "a deferred step judges a GPU gradient";
+  COHORT_CHECK(gpu_) << "a deferred step judges a GPU gradient";
+  COHORT_CHECK(!staged_) << "a step staged twice without its record sent";
   COHORT_CHECK(pending_.size() < kMaxPending) << pending_.size() << " steps judged and not settled";
   if (!records_.defined()) {
     runtime::ensureShape(scratch_, runtime::Shape{floatsFor(kScratchBytes)}, gpu_->allocator());
@@ -100,33 +111,51 @@ const runtime::cuda::StepControl* StepGuard::judge(const runtime::Tensor& grads,
   }
   const bool seed = pending_.empty();
   if (seed) settledNonFinite_ = 0;
+  runtime::cuda::storeOnDevice(at<runtime::cuda::JudgeOptions>(scratch_, kOptionsOffset),
+                               {.gradScale = j.gradScale,
+                                .clipGradNorm = j.clipGradNorm,
+                                .lossNonFinite = j.loss.nonFiniteRank >= 0 ? 1 : 0,
+                                .lossSpike = j.loss.spikeRank >= 0 ? 1 : 0,
+                                .maxGradNorm = j.maxGradNorm,
+                                .nonFiniteLimit = settledNonFinite_ + j.skipsLeft,
+                                .seed = seed ? 1 : 0,
+                                .seedApplied = j.settledSteps},
+                               gpu_->stream());
+  pending_.push_back({.slot = next_, .loss = j.loss, .gradientRank = j.gradientRank, .maxGradNorm = j.maxGradNorm});
+  next_ = (next_ + 1) % kMaxPending;
+  staged_ = true;
+#else
+  (void)j;
+  COHORT_CHECK(false) << "a deferred GPU step without CUDA";
+#endif
+}
+
+const runtime::cuda::StepControl* StepGuard::judgeOnDevice(const runtime::Tensor& grads) {
+#ifdef COHORT_HAVE_CUDA
+  // Its memory exists from the first stageJudge on (a graph captures it before the step's stageJudge).
+  COHORT_CHECK(records_.defined() && grads.device().isCuda()) << "a GPU gradient judged before any step was staged";
   const runtime::Stream& stream = gpu_->stream();
   auto* sum = at<double>(scratch_, 0);
   auto* state = at<StepGuardState>(scratch_, kStateOffset);
-  auto* record = at<StepRecord>(scratch_, kRecordOffset);
   runtime::cuda::sumOfSquares({grads.data(), static_cast<size_t>(grads.numel())}, sum, stream);
-  runtime::cuda::judgeStep(sum, state, record,
-                           {.gradScale = j.gradScale,
-                            .clipGradNorm = j.clipGradNorm,
-                            .lossNonFinite = j.loss.nonFiniteRank >= 0 ? 1 : 0,
-                            .lossSpike = j.loss.spikeRank >= 0 ? 1 : 0,
-                            .maxGradNorm = j.maxGradNorm,
-                            .nonFiniteLimit = settledNonFinite_ + j.skipsLeft,
-                            .seed = seed ? 1 : 0,
-                            .seedApplied = j.settledSteps},
-                           stream);
-  // Stream order makes the one device record safe to reuse: this copy runs before the next judge.
-  const size_t slot = next_;
-  next_ = (next_ + 1) % kMaxPending;
-  runtime::cuda::copyToHost(reinterpret_cast<StepRecord*>(records_.data()) + slot, record, sizeof(StepRecord), stream);
-  arrived_[slot].record(stream);
-  pending_.push_back({.slot = slot, .loss = j.loss, .gradientRank = j.gradientRank, .maxGradNorm = j.maxGradNorm});
+  runtime::cuda::judgeStep(sum, at<runtime::cuda::JudgeOptions>(scratch_, kOptionsOffset), state,
+                           at<StepRecord>(scratch_, kRecordOffset), stream);
   return &state->control;
 #else
   (void)grads;
-  (void)j;
-  COHORT_CHECK(false) << "a deferred GPU step without CUDA";
   return nullptr;
+#endif
+}
+
+void StepGuard::sendRecord() {
+#ifdef COHORT_HAVE_CUDA
+  COHORT_CHECK(staged_) << "a step's record sent before the step was staged";
+  // Stream order makes the one device record safe to reuse: this copy runs before the next judge.
+  const size_t slot = pending_.back().slot;
+  runtime::cuda::copyToHost(reinterpret_cast<StepRecord*>(records_.data()) + slot, at<StepRecord>(scratch_, kRecordOffset),
+                            sizeof(StepRecord), gpu_->stream());
+  arrived_[slot].record(gpu_->stream());
+  staged_ = false;
 #endif
 }
 

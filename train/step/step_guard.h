@@ -83,8 +83,18 @@ class StepGuard {
     int64_t settledSteps = 0;  // the optimizer's settled step count (the seed)
   };
   // GPU only: judges the step on the device (see the header comment). The control stays valid
-  // until the next judge().
+  // until the next judge(). judge() is stageJudge, judgeOnDevice and sendRecord in that order.
   const runtime::cuda::StepControl* judge(const runtime::Tensor& grads, const Judge& j);
+  // judge() in three parts, for a step whose device work a CUDA graph captures (train/step_graph.h):
+  //   stageJudge     the host's part (the ring slot, the seed) and one kernel writing the judge's
+  //                  options into device memory: enqueued before the graph's launch, never captured;
+  //   judgeOnDevice  Σ g² and the judge kernel, reading those options through a pointer that never
+  //                  changes: capturable; returns the StepControl (an address that never changes);
+  //   sendRecord     the record's copy into its pinned ring slot and the slot's event: after the
+  //                  graph's launch, never captured (the slot changes every step).
+  void stageJudge(const Judge& j);
+  const runtime::cuda::StepControl* judgeOnDevice(const runtime::Tensor& grads);
+  void sendRecord();
 
   struct Settled {
     StepResult result;
@@ -112,6 +122,7 @@ class StepGuard {
   std::array<runtime::Event, kMaxPending> arrived_;  // one per ring slot: its record is on the host
   std::deque<Pending> pending_;
   size_t next_ = 0;              // the ring slot of the next judged step
+  bool staged_ = false;          // stageJudge ran and sendRecord has not
   int64_t settledNonFinite_ = 0;  // the device's non-finite count as of the last settled record
 };
 

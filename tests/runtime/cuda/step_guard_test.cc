@@ -26,6 +26,7 @@ struct DeviceGuard {
   double sum;
   StepGuardState state;
   StepRecord record;
+  JudgeOptions options;  // written by storeOnDevice, read by the judge through its pointer
 };
 
 class StepGuardTest : public ::testing::Test {
@@ -42,7 +43,8 @@ class StepGuardTest : public ::testing::Test {
   DeviceGuard judge(double sum, const JudgeOptions& o) {
     auto native = static_cast<cudaStream_t>(stream_->native());
     EXPECT_EQ(cudaMemcpyAsync(&device_->sum, &sum, sizeof sum, cudaMemcpyHostToDevice, native), cudaSuccess);
-    judgeStep(&device_->sum, &device_->state, &device_->record, o, *stream_);
+    storeOnDevice(&device_->options, o, *stream_);
+    judgeStep(&device_->sum, &device_->options, &device_->state, &device_->record, *stream_);
     DeviceGuard host;
     EXPECT_EQ(cudaMemcpyAsync(&host, device_, sizeof host, cudaMemcpyDeviceToHost, native), cudaSuccess);
     stream_->synchronize(std::chrono::seconds(10));
