@@ -117,7 +117,9 @@ class GpuOptimizerTest : public ::testing::TestWithParam<OptimizerKind> {
     const std::vector<Optimizer::StateTensor> state = optimizer_->state();
     ASSERT_EQ(state.size(), GetParam() == OptimizerKind::kSgd ? 1u : 2u);
     EXPECT_EQ(bitsOf(state[0].tensor, *gpu_, kNumel * 4), bitsOf(ref_.state0, *gpu_, kNumel * 4));
-    if (state.size() == 2) EXPECT_EQ(bitsOf(state[1].tensor, *gpu_, kNumel * 4), bitsOf(ref_.state1, *gpu_, kNumel * 4));
+    if (state.size() == 2) {
+      EXPECT_EQ(bitsOf(state[1].tensor, *gpu_, kNumel * 4), bitsOf(ref_.state1, *gpu_, kNumel * 4));
+    }
     runtime::cuda::convertToBf16(params_.data(), halfWant_.data(), static_cast<int64_t>(kNumel), gpu_->stream());
     EXPECT_EQ(bitsOf(half_, *gpu_, kNumel * 2), bitsOf(halfWant_, *gpu_, kNumel * 2));
   }
