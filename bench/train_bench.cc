@@ -57,7 +57,7 @@ void addTrainBenchFlags(CLI::App& c, TrainBenchOptions& o) {
   c.add_option("--clip-grad-norm", o.clipGradNorm, "--device cuda: as cohort train's (0: no clipping)")
       ->capture_default_str();
   c.add_option("--cuda-graphs", o.cudaGraphs,
-               "--device cuda: on | off, the step's forward and backward captured once as a CUDA graph and replayed "
+               "--device cuda: on | off, the whole step captured once as a CUDA graph and replayed "
                "(as cohort train's)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

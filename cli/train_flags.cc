@@ -219,9 +219,10 @@ void addTuningFlags(CLI::App& c, TrainFlags& f) {
              "bits of mantissa); "
              "off by default, so plain fp32 stays comparable to the CPU");
   c.add_option("--cuda-graphs", f.cudaGraphs,
-               "--device cuda: on (default) | off. On: a step's forward and backward are captured once as a CUDA "
-               "graph and replayed for every later step of the same shapes (the optimizer step runs after it; a "
-               "partial last batch and evaluation run uncaptured); local mode with one micro-batch per step, "
+               "--device cuda: on (default) | off. On: a whole step (forward, backward, the gradient's norm, the step "
+               "guard and the optimizer) is captured once as a CUDA graph and replayed for every later step of the "
+               "same shapes (with --synchronous-steps the forward and backward only; a partial last batch and "
+               "evaluation run uncaptured); local mode with one micro-batch per step, "
                "elsewhere steps run uncaptured and one line says why; the same parameters bit for bit (docs/gpu.md, "
                "\"CUDA graphs\"). No effect on the CPU")
       ->check(CLI::IsMember({"on", "off"}))

@@ -197,8 +197,9 @@ struct TrainerOptions {
   // "When results arrive"), with the same parameters bit for bit; onStepEnd then runs for step n
   // after step n + 1 was queued, so a stop it asks for in a one-rank run comes a step later.
   bool synchronousSteps = false;
-  // GPU: capture a step's forward and backward once as a CUDA graph and replay it for every later
-  // step of the same shapes (train/step_graph.h; `cohort train --cuda-graphs`): in local mode with one
+  // GPU: capture a whole step (forward, backward, and the deferred step's norm, guard and optimizer;
+  // with synchronous steps the forward and backward only) once as a CUDA graph and replay it for
+  // every later step of the same shapes (train/step_graph.h; `cohort train --cuda-graphs`): in local mode with one
   // micro-batch per step; elsewhere, and where a capture fails, steps run uncaptured and one line says
   // why. The parameters and optimizer state are the same bit for bit. Has run on the emulated device only.
   bool cudaGraphs = true;
@@ -281,7 +282,7 @@ struct TrainResult {
   double inputWaitMs = 0;    // GPU: how long the compute stream waited for input batches
   int64_t skippedSteps = 0;  // non-finite steps skipped over the whole run (resumes included; this rank's)
   int64_t skippedSpikes = 0;  // spikes skipped over the whole run (resumes included; this rank's)
-  // TrainerOptions::cudaGraphs: the steps whose forward and backward ran as the CUDA graph's replay,
+  // TrainerOptions::cudaGraphs: the steps that ran as the CUDA graph (the captured one included),
   // the captured graph's nodes (kernels and copies; 0: none captured) and why graphs were off
   // (empty: they were on, or not asked for).
   int64_t cudaGraphSteps = 0;
